@@ -1,0 +1,106 @@
+"""The error hierarchy shared by every process.
+
+Each error carries one HTTP status (as :class:`http.HTTPStatus`, so the core
+never imports a web framework) and one message that is sent to clients as
+``{"error": message}``. Per-request errors are kept apart from fatal ones:
+everything here concerns a single request or model, never the process.
+"""
+
+from __future__ import annotations
+
+from http import HTTPStatus
+
+
+class SluiceError(Exception):
+    """Root of every error a client can see."""
+
+    status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class InvalidInput(SluiceError):
+    """The request does not fit the protocol or the model's metadata."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class InvalidConfig(SluiceError):
+    """A model configuration or repository entry is unusable."""
+
+    status = HTTPStatus.BAD_REQUEST
+
+
+class NotFound(SluiceError):
+    """Unknown model, version or resource."""
+
+    status = HTTPStatus.NOT_FOUND
+
+
+class PayloadTooLarge(SluiceError):
+    """The request body (or a decompressed body) exceeds the configured limit."""
+
+    status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+
+
+class Unavailable(SluiceError):
+    """The model or a service it depends on (Redis, workers) cannot serve now."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+
+
+class Overloaded(SluiceError):
+    """Admission control refused the request; the client should retry later."""
+
+    status = HTTPStatus.TOO_MANY_REQUESTS
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+class DeadlineExceeded(SluiceError):
+    """The request's deadline passed before it could be answered."""
+
+    status = HTTPStatus.GATEWAY_TIMEOUT
+
+
+class Unsupported(SluiceError):
+    """A feature the request or configuration asks for is not implemented."""
+
+    status = HTTPStatus.NOT_IMPLEMENTED
+
+
+class InferenceFailed(SluiceError):
+    """The backend raised while computing a batch."""
+
+    status = HTTPStatus.INTERNAL_SERVER_ERROR
+
+
+_BY_NAME: dict[str, type[SluiceError]] = {
+    cls.__name__: cls
+    for cls in (
+        SluiceError,
+        InvalidInput,
+        InvalidConfig,
+        NotFound,
+        PayloadTooLarge,
+        Unavailable,
+        Overloaded,
+        DeadlineExceeded,
+        Unsupported,
+        InferenceFailed,
+    )
+}
+
+
+def error_kind(error: SluiceError) -> str:
+    """The name under which an error travels between processes."""
+    return type(error).__name__
+
+
+def error_from_kind(kind: str, message: str) -> SluiceError:
+    """Rebuild an error received from another process; unknown kinds become the root."""
+    return _BY_NAME.get(kind, SluiceError)(message)
