@@ -1,0 +1,204 @@
+"""Closed-loop and open-loop load generators over keep-alive loopback connections.
+
+Both send one pre-encoded request (:class:`bench.payload.InferRequest`) over and over
+and measure with ``time.perf_counter``. A run has a warm-up (not counted), a measured
+window of ``duration`` seconds and a bounded drain; requests still in flight
+``DRAIN_TIMEOUT`` seconds after the window are cancelled and counted as errors.
+
+* closed loop: ``concurrency`` workers, each with its own connection, send back to
+  back; counted are the requests that complete inside the window.
+* open loop: requests are scheduled every ``1/rate`` seconds whatever the completions
+  (at most ``max_in_flight`` outstanding, one connection each); latency runs from the
+  *scheduled* send time, so a stalled server is not hidden by the client waiting for it
+  (no coordinated omission); counted are the requests scheduled inside the window.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from time import perf_counter
+from typing import Any, TypeVar
+
+import numpy as np
+import uvloop
+
+from bench.client import HttpConnection, Target, connect
+
+T = TypeVar("T")
+
+DRAIN_TIMEOUT = 10.0
+MAX_ERROR_SAMPLES = 5
+RECONNECT_BACKOFF = 0.05  # seconds a closed-loop worker waits after a failed connect
+
+# Called with True when the measured window opens and False when it closes.
+WindowHook = Callable[[bool], None]
+
+
+@dataclass
+class Recorder:
+    """Latencies and errors of the requests that fall inside the measured window."""
+
+    window_start: float
+    window_end: float
+    latencies: list[float] = field(default_factory=list)  # seconds, successful requests
+    errors: int = 0
+    error_samples: list[str] = field(default_factory=list)
+    last_end: float = 0.0
+
+    def record(self, key: float, start: float, end: float, status: int, body: bytes) -> None:
+        """Count a request if ``key`` (its completion or scheduled time) is in the window."""
+        if not self.window_start <= key < self.window_end:
+            return
+        self.last_end = max(self.last_end, end)
+        if status == 200:
+            self.latencies.append(end - start)
+        else:
+            self.error(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+
+    def error(self, message: str) -> None:
+        self.errors += 1
+        if len(self.error_samples) < MAX_ERROR_SAMPLES:
+            self.error_samples.append(message)
+
+
+@dataclass
+class LoadResult:
+    """Raw outcome of one load point, before it is summarised."""
+
+    latencies: list[float]
+    errors: int
+    error_samples: list[str]
+    elapsed: float  # seconds the counted requests span (>= duration)
+    dropped: int = 0  # open loop: scheduled in the window but never sent
+
+
+def _window_hooks(warmup: float, duration: float, hook: WindowHook | None) -> None:
+    if hook is not None:
+        loop = asyncio.get_running_loop()
+        loop.call_later(warmup, hook, True)
+        loop.call_later(warmup + duration, hook, False)
+
+
+async def _send(
+    target: Target, connection: HttpConnection | None, raw: bytes
+) -> tuple[HttpConnection | None, int, bytes]:
+    """One request, reconnecting if needed; status 0 and the reason on a transport error."""
+    try:
+        if connection is None or connection.closed:
+            connection = await connect(target)
+        status, body = await connection.request(raw)
+        return connection, status, body
+    except (OSError, ConnectionError) as exc:
+        if connection is not None:
+            connection.close()
+        return None, 0, f"{type(exc).__name__}: {exc}".encode()
+
+
+async def _drain(tasks: list[asyncio.Task[None]], recorder: Recorder, timeout: float) -> None:
+    """Wait for ``tasks``; cancel and count as errors those still running after ``timeout``."""
+    if not tasks:
+        return
+    _, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.0))
+    for task in pending:
+        task.cancel()
+    for _ in pending:
+        recorder.error(f"request still in flight {DRAIN_TIMEOUT:g}s after the window closed")
+    if pending:
+        await asyncio.wait(pending)
+
+
+async def closed_loop(
+    target: Target,
+    raw: bytes,
+    concurrency: int,
+    duration: float,
+    warmup: float = 1.0,
+    on_window: WindowHook | None = None,
+) -> LoadResult:
+    """``concurrency`` workers sending back to back; counts completions inside the window."""
+    start = perf_counter()
+    recorder = Recorder(start + warmup, start + warmup + duration)
+
+    async def worker() -> None:
+        connection: HttpConnection | None = None
+        try:
+            while (sent := perf_counter()) < recorder.window_end:
+                connection, status, body = await _send(target, connection, raw)
+                done = perf_counter()
+                recorder.record(done, sent, done, status, body)
+                if connection is None:
+                    await asyncio.sleep(RECONNECT_BACKOFF)
+        finally:
+            if connection is not None:
+                connection.close()
+
+    _window_hooks(warmup, duration, on_window)
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    await _drain(tasks, recorder, recorder.window_end + DRAIN_TIMEOUT - perf_counter())
+    return LoadResult(recorder.latencies, recorder.errors, recorder.error_samples, duration)
+
+
+async def open_loop(
+    target: Target,
+    raw: bytes,
+    rate: float,
+    duration: float,
+    warmup: float = 1.0,
+    max_in_flight: int = 256,
+    on_window: WindowHook | None = None,
+) -> LoadResult:
+    """Requests scheduled every ``1/rate`` s; latency from the scheduled time."""
+    start = perf_counter()
+    recorder = Recorder(start + warmup, start + warmup + duration)
+    deadline = recorder.window_end + DRAIN_TIMEOUT
+    slots = asyncio.Semaphore(max_in_flight)
+    idle: list[HttpConnection] = []
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(scheduled: float) -> None:
+        try:
+            connection, status, body = await _send(target, idle.pop() if idle else None, raw)
+            recorder.record(scheduled, scheduled, perf_counter(), status, body)
+            if connection is not None:
+                idle.append(connection)
+        finally:
+            slots.release()
+
+    _window_hooks(warmup, duration, on_window)
+    index, dropped = 0, 0
+    while (scheduled := start + index / rate) < recorder.window_end:
+        now = perf_counter()
+        if now >= deadline:  # hopelessly behind: the rest of the window is never sent
+            first = max(index, math.ceil((recorder.window_start - start) * rate))
+            dropped = max(0, math.ceil((recorder.window_end - start) * rate) - first)
+            break
+        if scheduled > now:
+            await asyncio.sleep(scheduled - now)
+        await slots.acquire()
+        tasks.append(asyncio.create_task(one(scheduled)))
+        if len(tasks) >= 4096:
+            tasks = [task for task in tasks if not task.done()]
+        index += 1
+    await _drain(tasks, recorder, deadline - perf_counter())
+    for connection in idle:
+        connection.close()
+    elapsed = max(duration, recorder.last_end - recorder.window_start)
+    return LoadResult(
+        recorder.latencies, recorder.errors, recorder.error_samples, elapsed, dropped=dropped
+    )
+
+
+def run(coroutine: Coroutine[Any, Any, T]) -> T:
+    """Run a coroutine to completion on a fresh uvloop event loop."""
+    return uvloop.run(coroutine)
+
+
+def percentiles_ms(latencies: list[float], points: tuple[float, ...]) -> list[float | None]:
+    """Latency percentiles in milliseconds (None when nothing was measured)."""
+    if not latencies:
+        return [None for _ in points]
+    values = np.percentile(np.asarray(latencies) * 1000.0, points)
+    return [float(value) for value in values]

@@ -1,0 +1,28 @@
+"""``python -m gateway``: one gateway process under uvicorn (uvloop, httptools)."""
+
+from __future__ import annotations
+
+import logging
+
+import uvicorn
+
+from gateway.app import create_app
+from sluice.settings import GatewaySettings
+
+
+def serve(settings: GatewaySettings) -> None:
+    uvicorn.run(
+        create_app(settings),
+        host=settings.http_host,
+        port=settings.http_port,
+        loop="uvloop",
+        http="httptools",
+        access_log=False,
+        log_level="warning",
+        timeout_graceful_shutdown=10,
+    )
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    serve(GatewaySettings())

@@ -1,0 +1,106 @@
+"""The FastAPI application and its lifespan (Redis clients, catalog refresh, reply reader)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from fastapi import FastAPI
+from fastapi.exceptions import RequestValidationError
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.catalog_view import CatalogView
+from gateway.dispatcher import RedisDispatcher
+from gateway.infer_request import RequestLimits
+from gateway.infer_response import encode_error
+from gateway.routes import router
+from gateway.state import GatewayState
+from sluice.errors import Overloaded, SluiceError
+from sluice.keys import Keys
+from sluice.settings import GatewaySettings
+
+log = logging.getLogger(__name__)
+
+_TOUCH_EVERY = 20
+"""Catalog refreshes between two renewals of the reply stream's expiry."""
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
+    return Response(encode_error(message), status, headers=headers, media_type="application/json")
+
+
+async def _sluice_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, SluiceError)
+    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    return _error(int(exc.status), exc.message, headers)
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(exc.status_code, str(exc.detail), getattr(exc, "headers", None))
+
+
+async def _validation_error(_: Request, exc: Exception) -> Response:
+    return _error(400, f"invalid request: {exc}")
+
+
+async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> None:
+    ticks = 0
+    while True:
+        try:
+            await state.view.refresh(state.redis)
+            if ticks % _TOUCH_EVERY == 0:
+                await dispatcher.touch()
+            if not state.redis_ok:
+                log.info("connected to Redis")
+            state.redis_ok = True
+        except RedisError as exc:
+            if state.redis_ok:
+                log.warning("Redis is unreachable: %s", exc)
+            state.redis_ok = False
+        except Exception:
+            log.exception("catalog refresh failed")
+        ticks += 1
+        await asyncio.sleep(state.settings.catalog_refresh_s)
+
+
+def create_app(settings: GatewaySettings) -> FastAPI:
+    keys = Keys(settings.namespace)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2)
+        reader = Redis.from_url(settings.redis_url, socket_connect_timeout=2)
+        dispatcher = RedisDispatcher(redis, reader, keys, stream_max_len=settings.stream_max_len)
+        state = GatewayState(
+            settings=settings,
+            keys=keys,
+            redis=redis,
+            view=CatalogView(keys),
+            dispatcher=dispatcher,
+            limits=RequestLimits(max_elements=settings.max_tensor_elements),
+        )
+        app.state.sluice = state
+        await dispatcher.start()
+        refresher = asyncio.create_task(_refresh_loop(state, dispatcher), name="catalog-refresh")
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            await asyncio.gather(refresher, return_exceptions=True)
+            await dispatcher.stop()
+            await redis.aclose()
+            await reader.aclose()
+
+    app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
+    app.include_router(router)
+    app.add_exception_handler(SluiceError, _sluice_error)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    return app

@@ -1,0 +1,59 @@
+"""Reading request bodies within the configured size limit, compressed or not."""
+
+from __future__ import annotations
+
+import zlib
+
+from starlette.requests import Request
+
+from sluice.errors import InvalidInput, PayloadTooLarge
+
+_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The (decompressed) body; 413 past ``limit`` bytes, 400 for a bad encoding."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.isdigit():
+            raise InvalidInput("header 'Content-Length' is not a non-negative integer")
+        if int(declared) > limit:
+            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+        body = await request.body()
+    else:
+        chunks = bytearray()
+        async for chunk in request.stream():
+            chunks += chunk
+            if len(chunks) > limit:
+                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        body = bytes(chunks)
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        return body
+    if encoding not in _WBITS:
+        raise InvalidInput(f"header 'Content-Encoding': unsupported encoding '{encoding}'")
+    return _decompress(body, _WBITS[encoding], limit, encoding)
+
+
+def _decompress(body: bytes, wbits: int, limit: int, encoding: str) -> bytes:
+    decompressor = zlib.decompressobj(wbits)
+    try:
+        out = decompressor.decompress(body, limit + 1)
+    except zlib.error as exc:
+        raise InvalidInput(f"request body is not valid {encoding}: {exc}") from None
+    if len(out) > limit or decompressor.unconsumed_tail:
+        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
+    if not decompressor.eof:
+        raise InvalidInput(f"request body is truncated {encoding} data")
+    return out
+
+
+def header_length(request: Request) -> int | None:
+    """The ``Inference-Header-Content-Length`` header as an int (None when absent)."""
+    raw = request.headers.get("inference-header-content-length")
+    if raw is None:
+        return None
+    raw = raw.strip()
+    if not raw.isdigit():
+        raise InvalidInput("header 'Inference-Header-Content-Length' is not a non-negative integer")
+    return int(raw)

@@ -1,0 +1,112 @@
+"""The gateway's view of the control plane: models, versions and readiness.
+
+Refreshed from Redis in the background (see :mod:`sluice.keys`), so that the
+request path only reads local dictionaries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from sluice.catalog import CatalogEntry, decode_entry
+from sluice.errors import NotFound, Unavailable
+from sluice.keys import Keys, load_error_field
+from sluice.wire import MalformedEntry
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class CatalogView:
+    keys: Keys
+    models: dict[str, CatalogEntry] = field(default_factory=dict)
+    ready: dict[str, frozenset[int]] = field(default_factory=dict)
+    load_errors: dict[str, str] = field(default_factory=dict)
+    revision: bytes | None = None
+    loaded: bool = False
+
+    async def refresh(self, redis: Redis) -> None:
+        revision = await redis.get(self.keys.catalog_revision)
+        if revision != self.revision or not self.loaded:
+            raw = await redis.hgetall(self.keys.catalog)
+            models: dict[str, CatalogEntry] = {}
+            for name, value in raw.items():
+                try:
+                    entry = decode_entry(value)
+                except MalformedEntry as exc:
+                    log.error("ignoring catalog entry %r: %s", name, exc)
+                    continue
+                models[entry.name] = entry
+            self.models, self.revision, self.loaded = models, revision, True
+        now = time.time()
+        async with redis.pipeline(transaction=False) as pipe:
+            pipe.hgetall(self.keys.load_errors)
+            order: list[tuple[str, int]] = []
+            for entry in self.models.values():
+                for version in entry.versions:
+                    pipe.zcount(self.keys.live_workers(entry.name, version), now, "+inf")
+                    order.append((entry.name, version))
+            results = await pipe.execute()
+        self.load_errors = {k.decode(): v.decode() for k, v in results[0].items()}
+        ready: dict[str, set[int]] = {}
+        for (name, version), live in zip(order, results[1:], strict=True):
+            if live:
+                ready.setdefault(name, set()).add(version)
+        self.ready = {name: frozenset(versions) for name, versions in ready.items()}
+
+    def entry(self, model: str) -> CatalogEntry:
+        entry = self.models.get(model)
+        if entry is None:
+            raise NotFound(f"unknown model: '{model}'")
+        return entry
+
+    def load_error(self, model: str, version: int) -> str | None:
+        return self.load_errors.get(load_error_field(model, version))
+
+    def is_ready(self, model: str, version: int) -> bool:
+        return version in self.ready.get(model, ())
+
+    def resolve(self, model: str, version: str | None) -> tuple[CatalogEntry, int]:
+        """The entry and version a request addresses; raises NotFound or Unavailable."""
+        entry = self.entry(model)
+        if not entry.available:
+            raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
+        if version is not None:
+            number = _parse_version(version)
+            if number not in entry.versions:
+                raise NotFound(f"unknown version {version} of model '{model}'")
+        else:
+            ready = self.ready.get(model, frozenset())
+            candidates = [v for v in entry.versions if v in ready] or [
+                v for v in entry.versions if self.load_error(model, v) is None
+            ]
+            if not candidates:
+                number = entry.versions[-1]
+            else:
+                number = candidates[-1]
+        error = self.load_error(model, number)
+        if error is not None:
+            raise Unavailable(f"model '{model}' version {number} is unavailable: {error}")
+        return entry, number
+
+    def all_ready(self) -> bool:
+        """Every model that can serve has at least one ready version (broken models excluded)."""
+        if not self.loaded:
+            return False
+        for entry in self.models.values():
+            if not entry.available:
+                continue
+            serving = [v for v in entry.versions if self.load_error(entry.name, v) is None]
+            if serving and not any(self.is_ready(entry.name, v) for v in serving):
+                return False
+        return True
+
+
+def _parse_version(version: str) -> int:
+    if not version.isdigit() or (len(version) > 1 and version.startswith("0")):
+        raise NotFound(f"unknown version '{version}'")
+    return int(version)

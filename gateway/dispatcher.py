@@ -1,0 +1,123 @@
+"""The seam between the gateway and the workers.
+
+:class:`Dispatcher` is what the HTTP layer sees: submit one request message,
+get its reply. :class:`RedisDispatcher` appends to the model version's stream
+and resolves replies that arrive on this gateway's own reply stream, read by
+one background task (no per-request connection, no polling).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import uuid
+from typing import Protocol
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from sluice.errors import DeadlineExceeded, Unavailable
+from sluice.keys import Keys
+from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_reply, encode_request
+
+log = logging.getLogger(__name__)
+
+Reply = tuple[ReplyMessage, memoryview]
+
+_REPLY_STREAM_TTL_S = 300
+"""A reply stream outlives its gateway by this much, then Redis drops it."""
+
+
+class Dispatcher(Protocol):
+    async def submit(
+        self, model: str, version: int, message: RequestMessage, payload: bytes, timeout_s: float
+    ) -> Reply: ...
+
+
+class RedisDispatcher:
+    def __init__(self, redis: Redis, reader: Redis, keys: Keys, *, stream_max_len: int) -> None:
+        """``reader`` is a client of its own, so the blocking XREAD never waits behind requests."""
+        self._redis = redis
+        self._reader_redis = reader
+        self._keys = keys
+        self._stream_max_len = stream_max_len
+        self.gateway_id = uuid.uuid4().hex[:12]
+        self.reply_stream = keys.reply_stream(self.gateway_id)
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._counter = itertools.count()
+        self._reader: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
+
+    async def stop(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            await asyncio.gather(self._reader, return_exceptions=True)
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(Unavailable("the gateway is shutting down"))
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    async def submit(
+        self, model: str, version: int, message: RequestMessage, payload: bytes, timeout_s: float
+    ) -> Reply:
+        key = str(next(self._counter))
+        message.request_key = key
+        message.reply_to = self.reply_stream
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[key] = future
+        try:
+            try:
+                await self._redis.xadd(
+                    self._keys.request_stream(model, version),
+                    encode_request(message, payload),  # type: ignore[arg-type]
+                    maxlen=self._stream_max_len,
+                    approximate=True,
+                )
+            except RedisError as exc:
+                raise Unavailable(f"the request queue is unreachable: {exc}") from None
+            try:
+                return await asyncio.wait_for(future, timeout_s)
+            except TimeoutError:
+                raise DeadlineExceeded(
+                    f"no answer from model '{model}' within {timeout_s:.3f} s"
+                ) from None
+        finally:
+            self._pending.pop(key, None)
+
+    async def touch(self) -> None:
+        """Keep this gateway's reply stream alive; called periodically."""
+        await self._redis.expire(self.reply_stream, _REPLY_STREAM_TTL_S)
+
+    async def _read_replies(self) -> None:
+        last_id = b"0-0"
+        while True:
+            try:
+                batches = await self._reader_redis.xread(
+                    {self.reply_stream: last_id}, count=1024, block=1000
+                )
+            except asyncio.CancelledError:
+                raise
+            except RedisError as exc:
+                log.warning("reply stream read failed, retrying: %s", exc)
+                await asyncio.sleep(0.5)
+                continue
+            for _stream, entries in batches:
+                for entry_id, fields in entries:
+                    last_id = entry_id
+                    self._resolve(fields)
+
+    def _resolve(self, fields: dict[bytes, bytes]) -> None:
+        try:
+            reply = decode_reply(fields)
+        except MalformedEntry as exc:
+            log.error("dropping malformed reply: %s", exc)
+            return
+        future = self._pending.get(reply[0].request_key)
+        if future is not None and not future.done():
+            future.set_result(reply)

@@ -1,0 +1,86 @@
+"""``POST /v2/models/{model}[/versions/{version}]/infer``: the online request path."""
+
+from __future__ import annotations
+
+import time
+
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.body import header_length, read_body
+from gateway.infer_request import InferRequest, parse_infer_request
+from gateway.infer_response import OutputTensor, encode_infer_response
+from gateway.state import GatewayState
+from sluice.errors import InvalidInput, error_from_kind
+from sluice.wire import RequestMessage, TensorHeader
+
+_NS_PER_US = 1_000
+
+
+def _timeout_us(request: InferRequest, state: GatewayState, model_default_us: int) -> int:
+    timeout = request.parameters.get("timeout")
+    default_us = model_default_us or int(state.settings.default_timeout_s * 1_000_000)
+    if timeout is None:
+        return default_us
+    if not isinstance(timeout, int) or isinstance(timeout, bool) or timeout < 0:
+        raise InvalidInput("parameter 'timeout' must be a non-negative integer (microseconds)")
+    return min(timeout, default_us) if timeout else default_us
+
+
+def _priority(request: InferRequest) -> int:
+    priority = request.parameters.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise InvalidInput("parameter 'priority' must be a non-negative integer")
+    return priority
+
+
+async def infer(request: Request, state: GatewayState, model: str, version: str | None) -> Response:
+    entry, number = state.view.resolve(model, version)
+    config = entry.config
+    assert config is not None
+    body = await read_body(request, state.settings.max_body_bytes)
+    parsed = parse_infer_request(body, header_length(request), config, state.limits)
+
+    dynamic = config.dynamic_batching
+    timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
+    now_ns = time.time_ns()
+    message = RequestMessage(
+        request_key="",
+        reply_to="",
+        inputs=[TensorHeader(t.name, t.datatype, t.shape, len(t.data)) for t in parsed.inputs],
+        outputs=[o.name for o in parsed.outputs],
+        client_id=parsed.id,
+        deadline_ns=now_ns + timeout_us * _NS_PER_US,
+        enqueued_ns=now_ns,
+        priority=_priority(parsed),
+        parameters={k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")},
+    )
+    payload = b"".join(t.data for t in parsed.inputs)
+    reply, data = await state.dispatcher.submit(
+        model, number, message, payload, timeout_us / 1_000_000
+    )
+    if reply.error_kind:
+        raise error_from_kind(reply.error_kind, reply.error)
+
+    outputs: list[OutputTensor] = []
+    offset = 0
+    for header in reply.outputs:
+        outputs.append(
+            OutputTensor(header.name, header.datatype, header.shape, data[offset : offset + header.nbytes])
+        )
+        offset += header.nbytes
+    binary_by_name = {o.name: o.binary for o in parsed.outputs}
+    content, json_length = encode_infer_response(
+        model_name=model,
+        model_version=str(reply.model_version),
+        request_id=parsed.id,
+        outputs=outputs,
+        binary=[binary_by_name.get(o.name, False) for o in outputs],
+    )
+    if json_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(json_length)},
+    )

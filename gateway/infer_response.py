@@ -1,0 +1,118 @@
+"""Encode a KServe v2 / Triton HTTP inference response.
+
+Outputs arrive in Triton's binary layout. Each goes either as JSON ``data``
+(flat, row-major) or as binary bytes appended after the JSON header, announced
+by ``parameters.binary_data_size``. When no output contributes bytes the body
+is pure JSON and no ``Inference-Header-Content-Length`` is sent, as Triton does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import orjson
+
+from sluice.datatypes import BYTES, ELEMENT_SIZE, deserialize_bytes, element_count, to_numpy
+from sluice.errors import InferenceFailed, InvalidInput
+
+_DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
+
+
+@dataclass(slots=True)
+class OutputTensor:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: bytes | memoryview  # binary layout
+
+
+def encode_infer_response(
+    *,
+    model_name: str,
+    model_version: str,
+    request_id: str,
+    outputs: Sequence[OutputTensor],
+    binary: Sequence[bool],
+) -> tuple[bytes, int | None]:
+    """The response body and the JSON header length (None when the body is pure JSON).
+
+    ``binary[i]`` asks for ``outputs[i]`` as binary data. An output asked for as
+    JSON still goes binary when JSON cannot carry it exactly (BYTES elements that
+    are not UTF-8, non-finite floats); tritonclient reads either form.
+    """
+    if len(binary) != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs but {len(binary)} binary flags")
+    entries: list[dict[str, Any]] = []
+    buffers: list[bytes | memoryview] = []
+    for output, want_binary in zip(outputs, binary, strict=True):
+        nbytes = _checked_nbytes(output)
+        entry: dict[str, Any] = {
+            "name": output.name,
+            "datatype": output.datatype,
+            "shape": list(output.shape),
+        }
+        data = None if want_binary else _json_data(output)
+        if data is None:
+            entry["parameters"] = {"binary_data_size": nbytes}
+            if nbytes:
+                buffers.append(output.data)
+        else:
+            entry["data"] = data
+        entries.append(entry)
+
+    document: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id:
+        document["id"] = request_id
+    document["outputs"] = entries
+    header = orjson.dumps(document, option=_DUMPS_OPTIONS)
+    if not buffers:
+        return header, None
+    return b"".join((header, *buffers)), len(header)
+
+
+def encode_error(message: str) -> bytes:
+    """The error body every endpoint sends: ``{"error": message}``."""
+    return orjson.dumps({"error": message})
+
+
+def _checked_nbytes(output: OutputTensor) -> int:
+    """Byte length of the output's buffer, checked against its shape (fixed width)."""
+    nbytes = memoryview(output.data).nbytes
+    element_size = ELEMENT_SIZE.get(output.datatype)
+    if element_size is not None:
+        expected = element_size * element_count(output.shape)
+        if nbytes != expected:
+            raise InferenceFailed(
+                f"output '{output.name}': {nbytes} bytes do not fit shape "
+                f"{list(output.shape)} of {output.datatype} ({expected} bytes)"
+            )
+    elif output.datatype != BYTES:
+        raise InferenceFailed(f"output '{output.name}': unknown datatype {output.datatype}")
+    return nbytes
+
+
+def _json_data(output: OutputTensor) -> Any:
+    """Flat JSON-ready data (list or numpy array), or None if JSON can't carry it."""
+    if output.datatype == BYTES:
+        try:
+            elements = deserialize_bytes(output.data)
+        except InvalidInput as exc:
+            raise InferenceFailed(f"output '{output.name}': {exc.message}") from None
+        if len(elements) != element_count(output.shape):
+            raise InferenceFailed(
+                f"output '{output.name}': {len(elements)} BYTES elements do not fit shape "
+                f"{list(output.shape)}"
+            )
+        try:
+            return [element.decode() for element in elements]
+        except UnicodeDecodeError:
+            return None
+    array = to_numpy(output.datatype, (-1,), output.data)
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        return None  # JSON has no NaN / Infinity
+    if not array.dtype.isnative:  # orjson serializes native-endian arrays only
+        return array.tolist()
+    return array

@@ -1,0 +1,157 @@
+"""The HTTP routes: health, metadata, configuration, repository index, statistics, inference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway import infer as infer_path
+from gateway.metadata import model_metadata
+from gateway.state import GatewayState
+from sluice import __version__
+from sluice.errors import Unavailable
+from sluice.statistics import render_model_stats
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
+
+router = APIRouter()
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.sluice
+    return state
+
+
+def _json(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
+
+
+@router.get("/v2/health/live")
+async def live() -> Response:
+    return _json({"live": True})
+
+
+@router.get("/v2/health/ready")
+async def ready(request: Request) -> Response:
+    state = _state(request)
+    if not state.redis_ok:
+        return _json({"error": "server is not ready: Redis is unreachable"}, 400)
+    if not state.view.all_ready():
+        return _json({"error": "server is not ready: some models have no live worker yet"}, 400)
+    return _json({"ready": True})
+
+
+@router.get("/v2")
+async def server_metadata() -> Response:
+    return _json({"name": "sluice", "version": __version__, "extensions": EXTENSIONS})
+
+
+@router.post("/v2/repository/index")
+async def repository_index(request: Request) -> Response:
+    state = _state(request)
+    body = await request.body()
+    ready_only = bool(body.strip()) and bool(orjson.loads(body).get("ready", False))
+    rows: list[dict[str, Any]] = []
+    for name in sorted(state.view.models):
+        entry = state.view.models[name]
+        if not entry.available:
+            if not ready_only:
+                rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.error or ""})
+            continue
+        for version in entry.versions:
+            error = state.view.load_error(name, version)
+            if state.view.is_ready(name, version):
+                row = {"name": name, "version": str(version), "state": "READY", "reason": ""}
+            elif error is not None:
+                row = {"name": name, "version": str(version), "state": "UNAVAILABLE", "reason": error}
+            else:
+                row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
+            if not ready_only or row["state"] == "READY":
+                rows.append(row)
+    return _json(rows)
+
+
+async def _stats_for(state: GatewayState, models: list[tuple[str, int]]) -> Response:
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for name, version in models:
+            pipe.hgetall(state.keys.stats(name, version))
+            pipe.hgetall(state.keys.batch_stats(name, version))
+            pipe.hgetall(state.keys.instance_stats(name, version))
+        results = await pipe.execute()
+    stats = [
+        render_model_stats(name, version, *results[3 * i : 3 * i + 3])
+        for i, (name, version) in enumerate(models)
+    ]
+    return _json({"model_stats": stats})
+
+
+@router.get("/v2/models/stats")
+async def all_stats(request: Request) -> Response:
+    state = _state(request)
+    models = [
+        (entry.name, version)
+        for entry in state.view.models.values()
+        if entry.available
+        for version in entry.versions
+    ]
+    return await _stats_for(state, sorted(models))
+
+
+def _versioned(path: str) -> list[str]:
+    return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
+
+
+def _route(method: str, suffix: str):  # type: ignore[no-untyped-def]
+    def register(handler):  # type: ignore[no-untyped-def]
+        for path in _versioned(suffix):
+            router.add_api_route(path, handler, methods=[method], include_in_schema=True)
+        return handler
+
+    return register
+
+
+@_route("GET", "")
+async def metadata(request: Request, model: str, version: str | None = None) -> Response:
+    state = _state(request)
+    if version is None:
+        entry = state.view.entry(model)
+        if not entry.available:
+            raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
+        return _json(model_metadata(entry, list(entry.versions)))
+    entry, number = state.view.resolve(model, version)
+    return _json(model_metadata(entry, [number]))
+
+
+@_route("GET", "/ready")
+async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+    state = _state(request)
+    entry, number = state.view.resolve(model, version)
+    if not state.view.is_ready(model, number):
+        return _json({"error": f"model '{model}' version {number} is not ready"}, 400)
+    return _json({"name": entry.name, "ready": True})
+
+
+@_route("GET", "/config")
+async def model_config(request: Request, model: str, version: str | None = None) -> Response:
+    entry, _ = _state(request).view.resolve(model, version)
+    assert entry.config is not None
+    return _json(dict(entry.config.raw))
+
+
+@_route("GET", "/stats")
+async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
+    state = _state(request)
+    if version is None:
+        entry = state.view.entry(model)
+        return await _stats_for(state, [(model, v) for v in entry.versions])
+    _, number = state.view.resolve(model, version)
+    return await _stats_for(state, [(model, number)])
+
+
+@_route("POST", "/infer")
+async def model_infer(request: Request, model: str, version: str | None = None) -> Response:
+    return await infer_path.infer(request, _state(request), model, version)

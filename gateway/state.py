@@ -1,0 +1,24 @@
+"""Everything a gateway process holds between requests."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from redis.asyncio import Redis
+
+from gateway.catalog_view import CatalogView
+from gateway.dispatcher import Dispatcher
+from gateway.infer_request import RequestLimits
+from sluice.keys import Keys
+from sluice.settings import GatewaySettings
+
+
+@dataclass
+class GatewayState:
+    settings: GatewaySettings
+    keys: Keys
+    redis: Redis
+    view: CatalogView
+    dispatcher: Dispatcher
+    limits: RequestLimits
+    redis_ok: bool = field(default=False)

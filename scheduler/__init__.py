@@ -1,0 +1,1 @@
+"""Control plane: repository reading into the catalog, worker supervision, ``sluice up``."""

@@ -1,0 +1,25 @@
+"""Publishing the repository's models into the Redis catalog."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from redis import Redis
+
+from sluice.catalog import CatalogEntry, encode_entry
+from sluice.keys import Keys
+from sluice.repository import RepositoryModel
+
+
+def to_entry(model: RepositoryModel) -> CatalogEntry:
+    return CatalogEntry(model.name, model.versions, model.config, model.error)
+
+
+def publish_catalog(redis: Redis, keys: Keys, models: Sequence[RepositoryModel]) -> None:
+    """Replace the catalog with these models and bump its revision, atomically."""
+    with redis.pipeline(transaction=True) as pipe:
+        pipe.delete(keys.catalog)
+        if models:
+            pipe.hset(keys.catalog, mapping={m.name: encode_entry(to_entry(m)) for m in models})
+        pipe.incr(keys.catalog_revision)
+        pipe.execute()

@@ -1,0 +1,85 @@
+"""A private redis-server for ``sluice up`` when no SLUICE_REDIS_URL is given."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+INSTALL_HINT = (
+    "redis-server was not found on PATH. Install it (Debian/Ubuntu: 'apt-get install redis-server', "
+    "macOS: 'brew install redis') or point Sluice at a running Redis with SLUICE_REDIS_URL=redis://host:port/0"
+)
+
+
+class RedisNotInstalled(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+@dataclass
+class RedisServer:
+    """A redis-server child on loopback that keeps nothing on disk."""
+
+    port: int = 0
+    process: subprocess.Popen[bytes] | None = None
+    workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sluice-redis-")))
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            raise RedisNotInstalled(INSTALL_HINT)
+        self.port = self.port or free_port()
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port", str(self.port),
+                "--bind", "127.0.0.1",
+                "--save", "",
+                "--appendonly", "no",
+                "--dir", str(self.workdir),
+                "--loglevel", "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + timeout_s
+        client = Redis.from_url(self.url, socket_connect_timeout=0.5)
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except RedisError:
+                    if self.process.poll() is not None or time.monotonic() > deadline:
+                        raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(5)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)

@@ -1,0 +1,143 @@
+"""``sluice up``: Redis, the catalog, a gateway and every worker on one machine."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from redis import Redis
+
+from scheduler.catalog_publisher import publish_catalog
+from scheduler.redis_server import RedisNotInstalled, RedisServer
+from scheduler.supervisor import ChildSpec, Supervisor
+from sluice.errors import InvalidConfig
+from sluice.keys import Keys
+from sluice.repository import RepositoryModel, scan_repository
+from sluice.settings import UpSettings
+
+log = logging.getLogger("sluice.up")
+
+EXIT_LOAD_FAILED = 3
+
+
+def _worker_specs(
+    models: list[RepositoryModel], repository: Path, env: dict[str, str]
+) -> list[ChildSpec]:
+    usable = [m for m in models if m.config is not None and m.error is None]
+    total = sum(m.config.total_instances * len(m.versions) for m in usable if m.config) or 1
+    threads = max(1, (os.cpu_count() or 1) // total)
+    specs: list[ChildSpec] = []
+    for model in usable:
+        assert model.config is not None
+        groups = model.config.instance_groups or ()
+        placements: list[tuple[str, int | None]] = []
+        if not groups:
+            placements.append(("KIND_CPU", None))
+        for group in groups:
+            gpu = group.kind == "KIND_GPU"
+            for device in (group.gpus or (0,)) if gpu else (None,):
+                placements.extend([("KIND_GPU" if gpu else "KIND_CPU", device)] * group.count)
+        for version in model.versions:
+            for index, (kind, device) in enumerate(placements):
+                argv = [
+                    sys.executable, "-m", "workers",
+                    "--model-repository", str(repository),
+                    "--model", model.name,
+                    "--version", str(version),
+                    "--kind", kind,
+                    "--threads", str(threads),
+                ]
+                if device is not None:
+                    argv += ["--gpu", str(device)]
+                specs.append(
+                    ChildSpec(
+                        f"worker {model.name}:{version}#{index}",
+                        argv,
+                        env,
+                        frozenset({EXIT_LOAD_FAILED}),
+                    )
+                )
+    return specs
+
+
+def _ready(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as response:
+            return bool(response.status == 200)
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def _report(models: list[RepositoryModel]) -> None:
+    for model in models:
+        if model.error:
+            log.error("model '%s' is unavailable: %s", model.name, model.error)
+        else:
+            log.info("model '%s' versions %s", model.name, ", ".join(map(str, model.versions)))
+
+
+def up(settings: UpSettings, *, redis_url_given: bool) -> int:
+    repository = Path(settings.model_repository).resolve()
+    try:
+        models = scan_repository(repository)
+    except InvalidConfig as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
+    _report(models)
+
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+
+    redis_server: RedisServer | None = None
+    redis_url = settings.redis_url
+    if not redis_url_given:
+        redis_server = RedisServer()
+        try:
+            redis_server.start()
+        except RedisNotInstalled as exc:
+            print(f"error: {exc}", file=sys.stderr)
+            return 2
+        redis_url = redis_server.url
+        log.info("started a private redis-server at %s", redis_url)
+
+    supervisor: Supervisor | None = None
+    try:
+        keys = Keys(settings.namespace)
+        client = Redis.from_url(redis_url)
+        client.delete(keys.load_errors)
+        publish_catalog(client, keys, models)
+        client.close()
+
+        env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
+        gateway_env = dict(env, SLUICE_HTTP_HOST=settings.http_host, SLUICE_HTTP_PORT=str(settings.http_port))
+        gateway = ChildSpec("gateway", [sys.executable, "-m", "gateway"], gateway_env)
+        supervisor = Supervisor([gateway, *_worker_specs(models, repository, env)])
+        supervisor.start()
+
+        url = f"http://{settings.http_host}:{settings.http_port}"
+        deadline = time.monotonic() + settings.ready_timeout_s
+        while not stop.is_set() and not _ready(url):
+            supervisor.tick()
+            if time.monotonic() > deadline:
+                print(f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s", file=sys.stderr)
+                return 1
+            stop.wait(0.2)
+        if stop.is_set():
+            return 0
+        print(f"Sluice ready at {url}", flush=True)
+        while not stop.wait(0.5):
+            supervisor.tick()
+        return 0
+    finally:
+        if supervisor is not None:
+            supervisor.stop()
+        if redis_server is not None:
+            redis_server.stop()

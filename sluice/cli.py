@@ -1,0 +1,103 @@
+"""The ``sluice`` command.
+
+This module is the composition root: it is the one place in :mod:`sluice` that
+reaches into the services, and it does so lazily inside each command so that
+importing :mod:`sluice` never imports a service.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sluice inference server.")
+
+
+def _logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(name)s %(levelname)s %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def _overrides(**values: Any) -> dict[str, Any]:
+    return {key: value for key, value in values.items() if value is not None}
+
+
+@app.command()
+def up(
+    model_repository: Annotated[Path, typer.Option(help="Triton-layout model repository.")] = Path(
+        "model_repository"
+    ),
+    http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    http_host: Annotated[str | None, typer.Option(help="HTTP bind address.")] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Use this Redis instead of starting a private one.")
+    ] = None,
+    verbose: bool = False,
+) -> None:
+    """Start Redis (unless given), the gateway and one worker per model instance."""
+    from scheduler.up import up as run_up
+    from sluice.settings import UpSettings
+
+    _logging(verbose)
+    given = redis_url is not None or "SLUICE_REDIS_URL" in os.environ
+    settings = UpSettings(
+        **_overrides(
+            model_repository=str(model_repository),
+            http_port=http_port,
+            http_host=http_host,
+            redis_url=redis_url,
+        )
+    )
+    raise typer.Exit(run_up(settings, redis_url_given=given))
+
+
+@app.command()
+def gateway(
+    http_port: Annotated[int | None, typer.Option()] = None,
+    http_host: Annotated[str | None, typer.Option()] = None,
+    redis_url: Annotated[str | None, typer.Option()] = None,
+    verbose: bool = False,
+) -> None:
+    """Run one gateway process (settings from SLUICE_* variables and these options)."""
+    from gateway.__main__ import serve
+    from sluice.settings import GatewaySettings
+
+    _logging(verbose)
+    serve(GatewaySettings(**_overrides(http_port=http_port, http_host=http_host, redis_url=redis_url)))
+
+
+@app.command()
+def worker(
+    model: Annotated[str, typer.Option(help="Model name.")],
+    model_repository: Annotated[Path, typer.Option()] = Path("model_repository"),
+    version: Annotated[int | None, typer.Option(help="Version (default: newest served).")] = None,
+    kind: Annotated[str, typer.Option(help="KIND_CPU or KIND_GPU.")] = "KIND_CPU",
+    gpu: Annotated[int | None, typer.Option()] = None,
+    threads: Annotated[int, typer.Option(help="Compute threads (0: from settings or 1).")] = 0,
+    verbose: bool = False,
+) -> None:
+    """Run one instance of one model version, pulling from its Redis stream."""
+    from sluice.settings import WorkerSettings
+    from workers.__main__ import run_worker
+    from workers.backends.base import Placement
+
+    _logging(verbose)
+    settings = WorkerSettings()
+    placement = Placement(kind=kind, gpu=gpu, threads=settings.threads or threads or 1)
+    raise typer.Exit(run_worker(settings, model_repository, model, version, placement))
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

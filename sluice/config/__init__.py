@@ -1,0 +1,54 @@
+"""Triton model configuration: parsing, validation, autocomplete and JSON rendering."""
+
+from ._schema import model_config_pb2, new_model_config
+from .autocomplete import autocomplete_from_onnx
+from .model import (
+    DynamicBatching,
+    FrozenMap,
+    InstanceGroup,
+    ModelConfig,
+    TensorSpec,
+    VersionPolicy,
+)
+from .parse import (
+    CONFIG_FILENAME,
+    config_from_json,
+    config_from_proto,
+    config_to_json,
+    config_to_proto,
+    parse_config_text,
+)
+from .platforms import (
+    ONNX_BACKEND,
+    ONNX_FILENAME,
+    ONNX_PLATFORM,
+    PLATFORM_BY_FILE_SUFFIX,
+    default_model_filename,
+    is_onnx,
+)
+from .render import render_config
+
+__all__ = [
+    "CONFIG_FILENAME",
+    "ONNX_BACKEND",
+    "ONNX_FILENAME",
+    "ONNX_PLATFORM",
+    "PLATFORM_BY_FILE_SUFFIX",
+    "DynamicBatching",
+    "FrozenMap",
+    "InstanceGroup",
+    "ModelConfig",
+    "TensorSpec",
+    "VersionPolicy",
+    "autocomplete_from_onnx",
+    "config_from_json",
+    "config_from_proto",
+    "config_to_json",
+    "config_to_proto",
+    "default_model_filename",
+    "is_onnx",
+    "model_config_pb2",
+    "new_model_config",
+    "parse_config_text",
+    "render_config",
+]

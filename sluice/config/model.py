@@ -1,0 +1,116 @@
+"""The typed, immutable view of a model configuration used by every process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class FrozenMap(Mapping[str, str]):
+    """A read-only, hashable string mapping (keeps :class:`ModelConfig` hashable)."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, str] | None = None) -> None:
+        self._data: dict[str, str] = dict(data or {})
+
+    def __getitem__(self, key: str) -> str:
+        return self._data[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._data == dict(other.items())
+        return NotImplemented
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+@dataclass(frozen=True, slots=True)
+class TensorSpec:
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    reshape: tuple[int, ...] | None = None
+    optional: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class DynamicBatching:
+    preferred_batch_sizes: tuple[int, ...] = ()
+    max_queue_delay_us: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 0
+    default_priority_level: int = 0
+    max_queue_size: int = 0
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    timeout_action: str = "REJECT"
+
+
+@dataclass(frozen=True, slots=True)
+class InstanceGroup:
+    name: str
+    count: int
+    kind: str
+    gpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class VersionPolicy:
+    kind: str = "latest"
+    num_versions: int = 1
+    versions: tuple[int, ...] = ()
+
+    def select(self, available: Iterable[int]) -> tuple[int, ...]:
+        """The versions to serve among ``available``, ascending."""
+        present = sorted(set(available))
+        if self.kind == "all":
+            return tuple(present)
+        if self.kind == "specific":
+            wanted = set(self.versions)
+            return tuple(v for v in present if v in wanted)
+        return tuple(present[-self.num_versions :]) if self.num_versions > 0 else ()
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    name: str
+    platform: str
+    backend: str
+    max_batch_size: int
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    version_policy: VersionPolicy
+    instance_groups: tuple[InstanceGroup, ...]
+    dynamic_batching: DynamicBatching | None
+    parameters: Mapping[str, str]
+    default_model_filename: str
+    execution_accelerators: tuple[str, ...] = ()
+    raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+    def input(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.inputs if spec.name == name), None)
+
+    def output(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.outputs if spec.name == name), None)
+
+    @property
+    def total_instances(self) -> int:
+        if not self.instance_groups:
+            return 1
+        return sum(group.count for group in self.instance_groups)
+
+    @property
+    def platform_or_backend(self) -> str:
+        return self.platform or self.backend

@@ -1,0 +1,40 @@
+"""Known platforms/backends and the model file each one loads by default."""
+
+from __future__ import annotations
+
+ONNX_PLATFORM = "onnxruntime_onnx"
+ONNX_BACKEND = "onnxruntime"
+ONNX_FILENAME = "model.onnx"
+
+_FILENAME_BY_PLATFORM: dict[str, str] = {
+    ONNX_PLATFORM: ONNX_FILENAME,
+    "pytorch_libtorch": "model.pt",
+    "tensorrt_plan": "model.plan",
+    "tensorflow_savedmodel": "model.savedmodel",
+    "tensorflow_graphdef": "model.graphdef",
+    "torch_aoti": "model.pt2",
+}
+
+_FILENAME_BY_BACKEND: dict[str, str] = {
+    ONNX_BACKEND: ONNX_FILENAME,
+    "pytorch": "model.pt",
+    "tensorrt": "model.plan",
+    "python": "model.py",
+    "torch_aoti": "model.pt2",
+}
+
+# Model files from which Triton infers the platform when the config names none.
+PLATFORM_BY_FILE_SUFFIX: dict[str, tuple[str, str]] = {
+    ".onnx": (ONNX_PLATFORM, ONNX_BACKEND),
+    ".plan": ("tensorrt_plan", "tensorrt"),
+    ".pt": ("pytorch_libtorch", "pytorch"),
+}
+
+
+def default_model_filename(platform: str, backend: str) -> str:
+    """The file Triton loads when ``default_model_filename`` is not set ("" if unknown)."""
+    return _FILENAME_BY_PLATFORM.get(platform) or _FILENAME_BY_BACKEND.get(backend, "")
+
+
+def is_onnx(platform: str, backend: str) -> bool:
+    return platform == ONNX_PLATFORM or backend == ONNX_BACKEND

@@ -1,0 +1,60 @@
+"""The whole Redis layout of a deployment, in one place.
+
+Every key starts with the deployment's namespace. Each name below says what
+the key holds and who writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORKER_GROUP = "workers"
+"""Consumer group of every request stream: each entry goes to one worker of the model version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    namespace: str = "sluice"
+
+    def request_stream(self, model: str, version: int) -> str:
+        """Requests for one model version (gateway XADDs, workers XREADGROUP)."""
+        return f"{self.namespace}:req:{model}:{version}"
+
+    def reply_stream(self, gateway_id: str) -> str:
+        """Answers for one gateway process (workers XADD, the gateway's reader XREADs)."""
+        return f"{self.namespace}:reply:{gateway_id}"
+
+    @property
+    def catalog(self) -> str:
+        """Hash model name -> catalog entry (msgpack), written by the controller."""
+        return f"{self.namespace}:catalog"
+
+    @property
+    def catalog_revision(self) -> str:
+        """Counter bumped on every catalog change, so readers reload only when needed."""
+        return f"{self.namespace}:catalog:rev"
+
+    @property
+    def load_errors(self) -> str:
+        """Hash "model:version" -> reason a worker could not load that version."""
+        return f"{self.namespace}:load-errors"
+
+    def live_workers(self, model: str, version: int) -> str:
+        """Sorted set worker id -> heartbeat expiry (unix seconds)."""
+        return f"{self.namespace}:live:{model}:{version}"
+
+    def stats(self, model: str, version: int) -> str:
+        """Hash of Triton statistics counters for one model version (workers HINCRBY)."""
+        return f"{self.namespace}:stats:{model}:{version}"
+
+    def batch_stats(self, model: str, version: int) -> str:
+        """Hash "<batch size>:<counter>" -> value, Triton's batch_stats."""
+        return f"{self.namespace}:batch-stats:{model}:{version}"
+
+    def instance_stats(self, model: str, version: int) -> str:
+        """Hash worker id -> executions, to show that every instance serves."""
+        return f"{self.namespace}:instance-stats:{model}:{version}"
+
+
+def load_error_field(model: str, version: int) -> str:
+    return f"{model}:{version}"

@@ -1,0 +1,74 @@
+"""Typed settings, one class per process role, read from ``SLUICE_*`` variables.
+
+Settings objects are built once at process start (by the CLI) and passed down
+explicitly; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1 << 20
+
+
+class CommonSettings(BaseSettings):
+    """What every process of one Sluice deployment must agree on."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis that carries the request streams, reply streams and the model catalog."""
+
+    namespace: str = "sluice"
+    """Prefix of every Redis key, so that several deployments can share one Redis."""
+
+
+class GatewaySettings(CommonSettings):
+    http_host: str = "127.0.0.1"
+    """Address the HTTP server binds to."""
+
+    http_port: int = Field(8000, ge=0, le=65535)
+    """Port of the KServe v2 / Triton-compatible HTTP API."""
+
+    max_body_bytes: int = Field(64 * MIB, ge=1)
+    """Largest accepted request body (after decompression), as Triton's --http-max-input-size."""
+
+    max_tensor_elements: int = Field(1 << 26, ge=1)
+    """Largest element count of one input tensor."""
+
+    default_timeout_s: float = Field(60.0, gt=0)
+    """Deadline of a request whose client and model configuration give none."""
+
+    catalog_refresh_s: float = Field(0.5, gt=0)
+    """How often the gateway re-reads the model catalog and worker liveness from Redis."""
+
+    stream_max_len: int = Field(100_000, ge=100)
+    """Approximate cap on each request stream's length (XADD MAXLEN ~)."""
+
+
+class WorkerSettings(CommonSettings):
+    threads: int = Field(0, ge=0)
+    """Compute threads per worker; 0 divides the machine's cores among the model's instances."""
+
+    heartbeat_s: float = Field(1.0, gt=0)
+    """How often a worker announces itself; it counts as dead after three missed beats."""
+
+    reply_max_len: int = Field(100_000, ge=100)
+    """Approximate cap on each gateway's reply stream (XADD MAXLEN ~)."""
+
+
+class UpSettings(CommonSettings):
+    """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
+
+    model_repository: str = "model_repository"
+    """Triton-layout model repository (local directory)."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)
+
+    start_redis: bool = True
+    """Start a private redis-server when SLUICE_REDIS_URL is not set."""
+
+    ready_timeout_s: float = Field(120.0, gt=0)
+    """How long ``sluice up`` waits for every model to become ready."""

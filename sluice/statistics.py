@@ -1,0 +1,80 @@
+"""Triton's statistics extension: the counters workers keep and how they read.
+
+Workers add to per-model-version Redis hashes after each batch; gateways read
+them back and render Triton's ``/v2/models/{m}/stats`` JSON. Both sides use
+the field names defined here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+DURATION_KINDS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+BATCH_KINDS = ("compute_input", "compute_infer", "compute_output")
+INFERENCE_COUNT = "inference_count"
+EXECUTION_COUNT = "execution_count"
+LAST_INFERENCE = "last_inference"
+
+
+def count_field(kind: str) -> str:
+    return f"{kind}.count"
+
+
+def ns_field(kind: str) -> str:
+    return f"{kind}.ns"
+
+
+def batch_field(batch_size: int, kind: str, unit: str) -> str:
+    return f"{batch_size}:{kind}.{unit}"
+
+
+def _int(values: Mapping[bytes, bytes], name: str) -> int:
+    raw = values.get(name.encode())
+    return int(raw) if raw is not None else 0
+
+
+def _duration(values: Mapping[bytes, bytes], kind: str) -> dict[str, int]:
+    return {"count": _int(values, count_field(kind)), "ns": _int(values, ns_field(kind))}
+
+
+def render_model_stats(
+    model: str,
+    version: int,
+    counters: Mapping[bytes, bytes],
+    batch_counters: Mapping[bytes, bytes],
+    instance_counters: Mapping[bytes, bytes],
+) -> dict[str, Any]:
+    """One ``model_stats`` item in Triton's layout (plus Sluice's per-instance counts)."""
+    inference_stats = {kind: _duration(counters, kind) for kind in DURATION_KINDS}
+    inference_stats["cache_hit"] = {"count": 0, "ns": 0}
+    inference_stats["cache_miss"] = {"count": 0, "ns": 0}
+    sizes = sorted({int(field.split(b":", 1)[0]) for field in batch_counters})
+    batch_stats = [
+        {
+            "batch_size": size,
+            **{
+                kind: {
+                    "count": _int(batch_counters, batch_field(size, kind, "count")),
+                    "ns": _int(batch_counters, batch_field(size, kind, "ns")),
+                }
+                for kind in BATCH_KINDS
+            },
+        }
+        for size in sizes
+    ]
+    return {
+        "name": model,
+        "version": str(version),
+        "last_inference": _int(counters, LAST_INFERENCE),
+        "inference_count": _int(counters, INFERENCE_COUNT),
+        "execution_count": _int(counters, EXECUTION_COUNT),
+        "inference_stats": inference_stats,
+        "response_stats": {},
+        "batch_stats": batch_stats,
+        "memory_usage": [],
+        "instance_stats": [
+            {"instance": key.decode(), "execution_count": int(value)}
+            for key, value in sorted(instance_counters.items())
+        ],
+    }

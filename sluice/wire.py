@@ -1,0 +1,173 @@
+"""Typed messages between gateway and workers, as Redis stream entries.
+
+An entry has two fields: ``h``, a msgpack header carrying a schema version,
+and ``d``, the tensor bytes of the message concatenated in header order
+(Triton's binary layout). No pickle anywhere: a header is decoded against the
+declared shape and anything else is rejected as :class:`MalformedEntry`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from sluice.datatypes import DATATYPES
+
+SCHEMA_VERSION = 1
+HEADER_FIELD = b"h"
+DATA_FIELD = b"d"
+
+
+class MalformedEntry(ValueError):
+    """A stream entry that does not follow this schema."""
+
+
+@dataclass(slots=True)
+class TensorHeader:
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    nbytes: int
+
+
+@dataclass(slots=True)
+class RequestMessage:
+    request_key: str
+    """Correlation id, unique within the gateway that sent it."""
+    reply_to: str
+    """Reply stream of that gateway."""
+    inputs: list[TensorHeader]
+    outputs: list[str]
+    """Names of the outputs to compute and return, in response order."""
+    client_id: str = ""
+    deadline_ns: int = 0
+    """Unix time in ns after which the request must not be computed; 0 = none."""
+    enqueued_ns: int = 0
+    priority: int = 0
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class ReplyMessage:
+    request_key: str
+    model_version: int
+    outputs: list[TensorHeader] = field(default_factory=list)
+    error_kind: str = ""
+    """Empty on success, else the name of a :mod:`sluice.errors` class."""
+    error: str = ""
+
+
+def _tensors_out(tensors: Sequence[TensorHeader]) -> list[list[Any]]:
+    return [[t.name, t.datatype, list(t.shape), t.nbytes] for t in tensors]
+
+
+def _tensors_in(raw: Any, payload_size: int) -> list[TensorHeader]:
+    if not isinstance(raw, list):
+        raise MalformedEntry("tensor list is not a list")
+    tensors: list[TensorHeader] = []
+    total = 0
+    for item in raw:
+        if not (isinstance(item, list) and len(item) == 4):
+            raise MalformedEntry("tensor header is not [name, datatype, shape, nbytes]")
+        name, datatype, shape, nbytes = item
+        if not isinstance(name, str) or datatype not in DATATYPES:
+            raise MalformedEntry(f"bad tensor name or datatype: {name!r} {datatype!r}")
+        if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
+            raise MalformedEntry(f"tensor {name!r}: bad shape {shape!r}")
+        if not isinstance(nbytes, int) or nbytes < 0:
+            raise MalformedEntry(f"tensor {name!r}: bad byte size {nbytes!r}")
+        total += nbytes
+        tensors.append(TensorHeader(name, datatype, tuple(shape), nbytes))
+    if total != payload_size:
+        raise MalformedEntry(f"tensor sizes add up to {total} bytes, payload has {payload_size}")
+    return tensors
+
+
+def _unpack(fields: Mapping[bytes, bytes]) -> tuple[dict[str, Any], memoryview]:
+    try:
+        header = msgpack.unpackb(fields[HEADER_FIELD], raw=False, strict_map_key=True)
+        payload = memoryview(fields.get(DATA_FIELD, b""))
+    except KeyError:
+        raise MalformedEntry("entry has no header field") from None
+    except (ValueError, msgpack.UnpackException) as exc:
+        raise MalformedEntry(f"header is not msgpack: {exc}") from None
+    if not isinstance(header, dict) or header.get("v") != SCHEMA_VERSION:
+        raise MalformedEntry("header has no supported schema version")
+    return header, payload
+
+
+def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes]:
+    header = {
+        "v": SCHEMA_VERSION,
+        "k": message.request_key,
+        "r": message.reply_to,
+        "i": _tensors_out(message.inputs),
+        "o": message.outputs,
+        "c": message.client_id,
+        "dl": message.deadline_ns,
+        "t": message.enqueued_ns,
+        "p": message.priority,
+        "pa": message.parameters,
+    }
+    return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
+
+
+def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memoryview]:
+    header, payload = _unpack(fields)
+    try:
+        message = RequestMessage(
+            request_key=_str(header["k"]),
+            reply_to=_str(header["r"]),
+            inputs=_tensors_in(header["i"], len(payload)),
+            outputs=[_str(name) for name in header["o"]],
+            client_id=_str(header.get("c", "")),
+            deadline_ns=_int(header.get("dl", 0)),
+            enqueued_ns=_int(header.get("t", 0)),
+            priority=_int(header.get("p", 0)),
+            parameters=dict(header.get("pa") or {}),
+        )
+    except (KeyError, TypeError) as exc:
+        raise MalformedEntry(f"request header is missing or has a bad field: {exc}") from None
+    return message, payload
+
+
+def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, bytes]:
+    header = {
+        "v": SCHEMA_VERSION,
+        "k": message.request_key,
+        "m": message.model_version,
+        "o": _tensors_out(message.outputs),
+        "ek": message.error_kind,
+        "e": message.error,
+    }
+    return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
+
+
+def decode_reply(fields: Mapping[bytes, bytes]) -> tuple[ReplyMessage, memoryview]:
+    header, payload = _unpack(fields)
+    try:
+        message = ReplyMessage(
+            request_key=_str(header["k"]),
+            model_version=_int(header["m"]),
+            outputs=_tensors_in(header["o"], len(payload)),
+            error_kind=_str(header.get("ek", "")),
+            error=_str(header.get("e", "")),
+        )
+    except (KeyError, TypeError) as exc:
+        raise MalformedEntry(f"reply header is missing or has a bad field: {exc}") from None
+    return message, payload
+
+
+def _str(value: Any) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"expected a string, got {type(value).__name__}")
+    return value
+
+
+def _int(value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise TypeError(f"expected an integer, got {type(value).__name__}")
+    return value

@@ -1,0 +1,101 @@
+"""The example model repository: each model builds, loads in onnxruntime and fits its config."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from google.protobuf import text_format
+from tritonclient.grpc import model_config_pb2
+
+REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+def _load_build_module() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("model_repository_build", REPOSITORY / "build.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build = _load_build_module()
+
+
+def _session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _config(model: str) -> model_config_pb2.ModelConfig:
+    text = (REPOSITORY / model / "config.pbtxt").read_text()
+    return text_format.Parse(text, model_config_pb2.ModelConfig())
+
+
+def _config_dims(config: model_config_pb2.ModelConfig) -> dict[str, list[int]]:
+    """name -> dims of every input and output."""
+    return {tensor.name: list(tensor.dims) for tensor in [*config.input, *config.output]}
+
+
+@pytest.mark.parametrize(
+    ("model", "builder"), [("iris", "build_iris"), ("mlp", "build_mlp"), ("cnn", "build_cnn")]
+)
+def test_model_matches_config(tmp_path: Path, model: str, builder: str) -> None:
+    if model == "iris":
+        pytest.importorskip("sklearn")
+        pytest.importorskip("skl2onnx")
+    path = getattr(build, builder)(tmp_path)
+    assert path == tmp_path / "model.onnx"
+    session = _session(path)
+    config = _config(model)
+    assert config.name == model
+    assert config.platform == "onnxruntime_onnx"
+    dims = _config_dims(config)
+    [model_input] = session.get_inputs()
+    assert model_input.type == "tensor(float)"
+    batch = 3
+    assert batch <= config.max_batch_size
+    data = np.random.default_rng(0).standard_normal([batch, *dims[model_input.name]])
+    outputs = session.run(None, {model_input.name: data.astype(np.float32)})
+    names = [output.name for output in session.get_outputs()]
+    assert set(names) == set(dims) - {model_input.name}
+    for name, value in zip(names, outputs, strict=True):
+        assert list(value.shape) == [batch, *dims[name]], name
+        assert np.all(np.isfinite(value)), name
+
+
+def test_iris_classifier_is_accurate(tmp_path: Path) -> None:
+    pytest.importorskip("skl2onnx")
+    from sklearn.datasets import load_iris
+
+    session = _session(build.build_iris(tmp_path))
+    features, target = load_iris(return_X_y=True)
+    label, probabilities = session.run(
+        ["label", "probabilities"], {"input": features.astype(np.float32)}
+    )
+    assert label.dtype == np.int64 and label.shape == (len(target), 1)
+    assert probabilities.dtype == np.float32 and probabilities.shape == (len(target), 3)
+    np.testing.assert_allclose(probabilities.sum(axis=1), 1.0, rtol=1e-5)
+    assert np.mean(label[:, 0] == target) > 0.9
+    np.testing.assert_array_equal(label[:, 0], probabilities.argmax(axis=1))
+    labels = (REPOSITORY / "iris" / "labels.txt").read_text().split()
+    assert labels == ["setosa", "versicolor", "virginica"]
+
+
+def test_build_all_is_idempotent(tmp_path: Path) -> None:
+    pytest.importorskip("skl2onnx")
+    built = build.build_all(tmp_path)
+    assert sorted(path.parent.parent.name for path in built) == ["cnn", "iris", "mlp"]
+    for name in ("iris", "mlp", "cnn"):
+        assert (tmp_path / name / "config.pbtxt").is_file()
+    assert (tmp_path / "iris" / "labels.txt").is_file()
+    first = {path: path.read_bytes() for path in built}
+    assert build.build_all(tmp_path) == []
+    rebuilt = build.build_all(tmp_path, force=True)
+    assert {path: path.read_bytes() for path in rebuilt} == first

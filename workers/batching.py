@@ -1,0 +1,121 @@
+"""Combining requests into one batch and splitting the outputs back.
+
+Requests are combined along the batch dimension (dim 0) only when every input
+has the same per-item shape; :func:`shape_key` says which requests can share
+a batch. Everything here is pure computation, run off the event loop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sluice.config import ModelConfig, TensorSpec
+from sluice.datatypes import to_buffer, to_numpy
+from sluice.errors import InferenceFailed, InvalidInput
+from sluice.wire import RequestMessage, TensorHeader
+
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    entry_id: bytes
+    message: RequestMessage
+    payload: memoryview
+    items: int
+    """Batch items this request carries (its dim 0; 1 for non-batching models)."""
+    key: ShapeKey
+
+
+def request_items(message: RequestMessage, config: ModelConfig) -> int:
+    if config.max_batch_size == 0 or not message.inputs:
+        return 1
+    return message.inputs[0].shape[0] if message.inputs[0].shape else 1
+
+
+def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
+    """Requests with equal keys can be concatenated; non-batching models never share."""
+    if config.max_batch_size == 0:
+        return ((message.request_key, ()),)
+    return tuple(sorted((t.name, t.shape[1:]) for t in message.inputs))
+
+
+def validate(message: RequestMessage, config: ModelConfig) -> None:
+    """Re-check what the gateway checked: a stream entry is outside input too."""
+    for tensor in message.inputs:
+        spec = config.input(tensor.name)
+        if spec is None:
+            raise InvalidInput(f"unknown input '{tensor.name}'")
+        if spec.datatype != tensor.datatype:
+            raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}")
+    for name in message.outputs:
+        if config.output(name) is None:
+            raise InvalidInput(f"unknown output '{name}'")
+
+
+def _model_shape(spec: TensorSpec, leading: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    if spec.reshape is None:
+        return shape
+    return leading + spec.reshape
+
+
+def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str, np.ndarray]:
+    """Named arrays for the whole batch, reshaped as the model expects."""
+    per_input: dict[str, list[np.ndarray]] = {}
+    for request in requests:
+        offset = 0
+        for tensor in request.message.inputs:
+            data = request.payload[offset : offset + tensor.nbytes]
+            offset += tensor.nbytes
+            per_input.setdefault(tensor.name, []).append(to_numpy(tensor.datatype, tensor.shape, data))
+    batched = config.max_batch_size > 0
+    total = sum(r.items for r in requests)
+    arrays: dict[str, np.ndarray] = {}
+    for name, parts in per_input.items():
+        array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        spec = config.input(name)
+        assert spec is not None
+        leading = (total,) if batched else ()
+        arrays[name] = array.reshape(_model_shape(spec, leading, array.shape))
+    return arrays
+
+
+def output_names(requests: Sequence[PendingRequest]) -> list[str]:
+    names: dict[str, None] = {}
+    for request in requests:
+        names.update(dict.fromkeys(request.message.outputs))
+    return list(names)
+
+
+def split(
+    requests: Sequence[PendingRequest], outputs: dict[str, np.ndarray], config: ModelConfig
+) -> list[tuple[list[TensorHeader], bytes]]:
+    """Each request's requested outputs as (headers, payload), in its requested order."""
+    batched = config.max_batch_size > 0
+    total = sum(r.items for r in requests)
+    if batched:
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise InferenceFailed(
+                    f"output '{name}' has batch dimension {array.shape[:1]} for {total} batch items"
+                )
+    results: list[tuple[list[TensorHeader], bytes]] = []
+    start = 0
+    for request in requests:
+        headers: list[TensorHeader] = []
+        buffers: list[bytes | memoryview] = []
+        for name in request.message.outputs:
+            spec = config.output(name)
+            assert spec is not None
+            array = outputs[name][start : start + request.items] if batched else outputs[name]
+            if spec.reshape is not None and all(d >= 0 for d in spec.dims):
+                array = array.reshape(((request.items,) if batched else ()) + spec.dims)
+            buffer = to_buffer(spec.datatype, array)
+            headers.append(TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer)))
+            buffers.append(buffer)
+        results.append((headers, b"".join(buffers)))
+        start += request.items
+    return results
