@@ -46,16 +46,27 @@ def command_line(pid: int) -> str:
 
 
 def classify(command: str) -> str:
-    """gateway / worker / redis / other, from a command line."""
-    lowered = command.lower()
-    executable = os.path.basename(lowered.split(" ", 1)[0]) if lowered else ""
-    if "redis-server" in lowered or executable.startswith("redis"):
+    """gateway / worker / redis / other, from a command line.
+
+    ``python -m gateway`` and ``python -m workers ...`` (or the ``sluice gateway`` and
+    ``sluice worker`` commands) are recognised by module or sub-command; the rest by
+    keyword, so that a repository path naming a model cannot mislead the match.
+    """
+    tokens = command.split()
+    if not tokens:
+        return "other"
+    if "redis" in os.path.basename(tokens[0]) or "redis-server" in command:
         return "redis"
+    module = tokens[tokens.index("-m") + 1] if "-m" in tokens[:-1] else ""
+    words = {module.split(".")[0], *tokens[1:3]}
+    if words & {"gateway", "uvicorn"}:
+        return "gateway"
+    if words & {"workers", "worker"}:
+        return "worker"
+    lowered = command.lower()
     if "gateway" in lowered or "uvicorn" in lowered:
         return "gateway"
-    if "worker" in lowered:
-        return "worker"
-    return "other"
+    return "worker" if "worker" in lowered else "other"
 
 
 def tree(root: int) -> list[ProcStat]:
@@ -121,7 +132,7 @@ class CpuMeter:
             self.stop()
 
     def group_counts(self) -> dict[str, int]:
-        """How many processes of each group the last sample saw (for the report)."""
+        """How many processes of each group there are now (for the report)."""
         counts = dict.fromkeys(GROUPS, 0)
         for group, _ in self.sample().values():
             counts[group] += 1

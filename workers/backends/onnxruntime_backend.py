@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from sluice.config import ModelConfig
-from sluice.errors import InvalidConfig
+from sluice.errors import InvalidConfig, InvalidInput, Unsupported
 from workers.backends.base import Placement
 
 _GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
@@ -36,6 +37,19 @@ def _providers(config: ModelConfig, placement: Placement) -> list[str | tuple[st
     return [(provider, device) for provider in wanted] + ["CPUExecutionProvider"]
 
 
+def _as_text(name: str, array: np.ndarray) -> np.ndarray:
+    """onnxruntime's Python API holds string tensors as str: BYTES elements must be UTF-8."""
+    text = np.empty(array.shape, dtype=np.object_)
+    try:
+        text.flat[:] = [v.decode() if isinstance(v, bytes) else v for v in array.flat]
+    except UnicodeDecodeError:
+        raise InvalidInput(
+            f"input '{name}': an element is not valid UTF-8, "
+            "and onnxruntime string tensors hold UTF-8 text"
+        ) from None
+    return text
+
+
 class OnnxRuntimeBackend:
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         import onnxruntime as ort
@@ -54,13 +68,55 @@ class OnnxRuntimeBackend:
         except Exception as exc:
             raise InvalidConfig(f"onnxruntime cannot load {model_path.name}: {exc}") from None
         self._input_names = {i.name for i in self._session.get_inputs()}
+        self._bf16 = {
+            t.name for t in (*self._session.get_inputs(), *self._session.get_outputs())
+            if t.type == "tensor(bfloat16)"
+        }
 
     def infer(
         self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
     ) -> dict[str, np.ndarray]:
-        feed = {name: array for name, array in inputs.items() if name in self._input_names}
+        feed = {
+            name: _as_text(name, array) if array.dtype == np.object_ else array
+            for name, array in inputs.items()
+            if name in self._input_names
+        }
+        if self._bf16:
+            return self._infer_bf16(feed, outputs)
         results = self._session.run(list(outputs), feed)
         return dict(zip(outputs, results, strict=True))
+
+    def _infer_bf16(
+        self, feed: Mapping[str, np.ndarray], outputs: Sequence[str]
+    ) -> dict[str, np.ndarray]:
+        """numpy has no bfloat16: BF16 tensors cross as float32 arrays and OrtValues of raw bits."""
+        import onnxruntime as ort
+        from onnx import TensorProto
+
+        values = {}
+        for name, array in feed.items():
+            if name in self._bf16:
+                bits = (np.ascontiguousarray(array, dtype="<f4").view("<u4") >> 16).astype("<u2")
+                values[name] = ort.OrtValue.ortvalue_from_numpy_with_onnx_type(
+                    bits, onnx_element_type=TensorProto.BFLOAT16
+                )
+            elif array.dtype == np.object_:
+                raise Unsupported(
+                    "the onnxruntime backend cannot run models that mix BF16 and BYTES tensors"
+                )
+            else:
+                values[name] = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(array))
+        results = self._session.run_with_ort_values(list(outputs), values)
+        arrays: dict[str, np.ndarray] = {}
+        for name, value in zip(outputs, results, strict=True):
+            if name in self._bf16:
+                count = int(np.prod(value.shape()))
+                raw = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+                bits = np.frombuffer(raw, dtype="<u2").astype("<u4") << 16
+                arrays[name] = bits.view("<f4").reshape(value.shape())
+            else:
+                arrays[name] = value.numpy()
+        return arrays
 
     def close(self) -> None:
         del self._session

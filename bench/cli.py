@@ -1,0 +1,327 @@
+"""``python -m bench``: load a Sluice stack over loopback and compare it with in-process ORT.
+
+Examples::
+
+    python -m bench --model mlp --concurrency 1,4,16,64,128 --duration 5 --mode binary
+    python -m bench --model cnn --rate 100,200,300 --mode binary,json
+    python -m bench --model mlp --url http://127.0.0.1:8000 --stack-pid 12345
+
+Without ``--url`` the bench starts ``sluice up`` itself on a free port and stops it at
+the end. Outputs go to ``--out`` (results.json, results.md, throughput.png,
+latency.png); the Markdown table is also printed to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.util
+import os
+import platform
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import onnxruntime
+
+from bench import loadgen
+from bench.baseline import Baseline, config_max_batch_size, latest_model_file, run_baseline
+from bench.client import (
+    HttpError,
+    Target,
+    connect,
+    get_json,
+    model_path,
+    parse_target,
+    wait_until_ready,
+)
+from bench.cpu import CpuMeter
+from bench.payload import MODES, InferRequest, build_request
+from bench.report import Point, Results, summarize, write_all
+from bench.stack import Stack, start_stack, stop_stack
+
+DEFAULT_CONCURRENCY = "1,4,16,64,128"
+
+
+def _ints(text: str) -> list[int]:
+    values = [int(part) for part in text.split(",") if part.strip()]
+    if any(value < 1 for value in values):
+        raise argparse.ArgumentTypeError("values must be positive")
+    return values
+
+
+def _floats(text: str) -> list[float]:
+    values = [float(part) for part in text.split(",") if part.strip()]
+    if any(value <= 0 for value in values):
+        raise argparse.ArgumentTypeError("values must be positive")
+    return values
+
+
+def _modes(text: str) -> list[str]:
+    modes = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = sorted(set(modes) - set(MODES))
+    if unknown or not modes:
+        raise argparse.ArgumentTypeError(f"modes are {', '.join(MODES)}; got {text!r}")
+    return modes
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description="Load a Sluice stack over loopback and compare it with in-process ORT.",
+    )
+    parser.add_argument("--model", required=True, help="model name in the repository")
+    parser.add_argument(
+        "--concurrency",
+        type=_ints,
+        help=f"closed-loop concurrencies (default {DEFAULT_CONCURRENCY} unless --rate is given)",
+    )
+    parser.add_argument(
+        "--rate",
+        type=_floats,
+        default=[],
+        help="open-loop requests/s, e.g. 500,1000 (default: none)",
+    )
+    parser.add_argument(
+        "--duration", type=float, default=5.0, help="measured seconds per point (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=1.0, help="uncounted warm-up seconds per point (default 1)"
+    )
+    parser.add_argument(
+        "--mode",
+        type=_modes,
+        default=["binary"],
+        help="binary, json or binary,json (default binary)",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=1, help="batch entries per request (default 1)"
+    )
+    parser.add_argument(
+        "--max-in-flight", type=int, default=256, help="open-loop in-flight cap (default 256)"
+    )
+    parser.add_argument("--url", help="use a running stack (loopback only) instead of starting one")
+    parser.add_argument(
+        "--stack-pid", type=int, help="with --url: root pid of the stack, for CPU accounting"
+    )
+    parser.add_argument(
+        "--model-repository",
+        type=Path,
+        default=Path("model_repository"),
+        help="repository for the stack and the baseline (default model_repository)",
+    )
+    parser.add_argument(
+        "--http-port", type=int, help="port for the stack the bench starts (default: a free one)"
+    )
+    parser.add_argument("--stack-args", default="", help="extra arguments for `sluice up`")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="intra-op threads of the baseline (default 1)"
+    )
+    parser.add_argument(
+        "--baseline-seconds",
+        type=float,
+        default=0.5,
+        help="in-process seconds per batch size (default 0.5)",
+    )
+    parser.add_argument("--no-baseline", action="store_true", help="skip the in-process baseline")
+    parser.add_argument(
+        "--out", type=Path, default=Path("bench/out"), help="output folder (default bench/out)"
+    )
+    args = parser.parse_args(argv)
+    if args.concurrency is None:
+        args.concurrency = [] if args.rate else _ints(DEFAULT_CONCURRENCY)
+    if args.url is not None:
+        try:
+            parse_target(args.url)
+        except ValueError as exc:
+            parser.error(str(exc))
+    elif args.stack_pid is not None:
+        parser.error("--stack-pid only makes sense with --url")
+    return args
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------- setup
+
+
+def ensure_model_files(repository: Path) -> None:
+    """Build the example models if the repository has a build.py and they are missing."""
+    script = repository / "build.py"
+    if not script.is_file():
+        return
+    spec = importlib.util.spec_from_file_location("model_repository_build", script)
+    if spec is None or spec.loader is None:
+        return
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for path in module.build_all(repository):
+        log(f"built {path}")
+
+
+def max_batch_size(target: Target, model: str, repository: Path) -> int:
+    """From ``GET /v2/models/<m>/config``, else from the local config.pbtxt."""
+    try:
+        return int(get_json(target, model_path(model, "/config"))["max_batch_size"])
+    except (HttpError, OSError, KeyError, ValueError) as exc:
+        log(f"GET config failed ({exc}); reading {repository / model / 'config.pbtxt'}")
+        return config_max_batch_size(repository, model)
+
+
+def baseline_for(args: argparse.Namespace, max_batch: int) -> Baseline | None:
+    if args.no_baseline:
+        return None
+    try:
+        path = latest_model_file(args.model_repository, args.model)
+    except FileNotFoundError as exc:
+        log(f"no in-process baseline: {exc}")
+        return None
+    log(f"in-process baseline: {path}, batch 1..{max_batch}, {args.threads} thread(s)")
+    baseline = run_baseline(path, max_batch, args.threads, args.baseline_seconds)
+    for point in baseline.points:
+        log(
+            f"  batch {point.batch:4d}: p50 {point.p50_ms:9.3f} ms, "
+            f"{point.items_per_s:12,.0f} items/s"
+        )
+    return baseline
+
+
+async def _probe(target: Target, raw: bytes) -> tuple[int, bytes]:
+    connection = await connect(target)
+    try:
+        return await connection.request(raw)
+    finally:
+        connection.close()
+
+
+def check_request(target: Target, request: InferRequest) -> None:
+    """Send the request once; fail early (with the server's answer) if it is not accepted."""
+    status, body = loadgen.run(_probe(target, request.raw))
+    if status != 200:
+        raise RuntimeError(f"{request.mode} request rejected: HTTP {status}: {body[:500]!r}")
+
+
+# ----------------------------------------------------------------------------- load
+
+
+def run_point(
+    args: argparse.Namespace,
+    target: Target,
+    request: InferRequest,
+    loop: str,
+    load: float,
+    meter: CpuMeter,
+    baseline: Baseline | None,
+) -> Point:
+    if loop == "closed":
+        coroutine = loadgen.closed_loop(
+            target, request.raw, int(load), args.duration, args.warmup, meter.on_window
+        )
+    else:
+        coroutine = loadgen.open_loop(
+            target,
+            request.raw,
+            load,
+            args.duration,
+            args.warmup,
+            args.max_in_flight,
+            meter.on_window,
+        )
+    result = loadgen.run(coroutine)
+    point = summarize(loop, request.mode, load, result, request.items, meter.last, baseline)
+    log(
+        f"{loop:6s} {request.mode:6s} {point.load:>9s}: {point.requests_per_s:9,.0f} req/s, "
+        f"p50 {point.p50_ms or 0:7.2f} ms, p99 {point.p99_ms or 0:7.2f} ms, "
+        f"errors {point.errors}" + (f", dropped {point.dropped}" if point.dropped else "")
+    )
+    return point
+
+
+def build_requests(
+    args: argparse.Namespace, target: Target, metadata: dict[str, Any], max_batch: int
+) -> list[InferRequest]:
+    """One pre-encoded request per mode, each checked once against the server."""
+    requests = []
+    for mode in args.mode:
+        request = build_request(target, args.model, metadata, max_batch, mode, args.batch)
+        check_request(target, request)
+        requests.append(request)
+    return requests
+
+
+def run_load(
+    args: argparse.Namespace,
+    target: Target,
+    requests: list[InferRequest],
+    meter: CpuMeter,
+    baseline: Baseline | None,
+) -> list[Point]:
+    points: list[Point] = []
+    for request in requests:
+        for concurrency in args.concurrency:
+            points.append(run_point(args, target, request, "closed", concurrency, meter, baseline))
+        for rate in args.rate:
+            points.append(run_point(args, target, request, "open", rate, meter, baseline))
+    return points
+
+
+def metadata_of(args: argparse.Namespace, target: Target, stack: Stack | None) -> dict[str, Any]:
+    return {
+        "model": args.model,
+        "modes": args.mode,
+        "url": target.url,
+        "started_stack": stack is not None,
+        "stack_command": shlex.join(stack.process.args) if stack is not None else None,  # type: ignore[arg-type]
+        "duration_s": args.duration,
+        "warmup_s": args.warmup,
+        "batch": args.batch,
+        "threads": args.threads,
+        "max_in_flight": args.max_in_flight,
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "onnxruntime": onnxruntime.__version__,
+        "started_at": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "argv": sys.argv,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.url is None or not args.no_baseline:
+        ensure_model_files(args.model_repository)
+    stack: Stack | None = None
+    try:
+        if args.url is None:
+            log(f"starting sluice up --model-repository {args.model_repository}")
+            stack = start_stack(
+                args.model_repository,
+                args.http_port,
+                args.out / "stack.log",
+                shlex.split(args.stack_args),
+            )
+            log(f"stack ready at {stack.url} (pid {stack.pid}; log {args.out / 'stack.log'})")
+        # The bench's own stack listens on the port it was given, whatever URL it printed.
+        target = Target("127.0.0.1", stack.port) if stack is not None else parse_target(args.url)
+        wait_until_ready(target, args.model)
+        model_metadata = get_json(target, model_path(args.model))
+        max_batch = max_batch_size(target, args.model, args.model_repository)
+        requests = build_requests(args, target, model_metadata, max_batch)
+        baseline = baseline_for(args, max_batch)
+        meter = CpuMeter(stack.pid if stack is not None else args.stack_pid)
+        meta = metadata_of(args, target, stack)
+        meta["max_batch_size"] = max_batch
+        meta["request_body_bytes"] = {request.mode: request.body_bytes for request in requests}
+        meta["processes"] = meter.group_counts()
+        points = run_load(args, target, requests, meter, baseline)
+    finally:
+        if stack is not None:
+            log(f"stopping the stack (exit status {stop_stack(stack)})")
+    results = Results(meta=meta, baseline=baseline, points=points)
+    print(write_all(args.out, results))
+    log(f"wrote {args.out}/results.json, results.md, throughput.png, latency.png")
+    return 1 if any(point.errors for point in points) else 0
