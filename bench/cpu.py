@@ -49,24 +49,22 @@ def classify(command: str) -> str:
     """gateway / worker / redis / other, from a command line.
 
     ``python -m gateway`` and ``python -m workers ...`` (or the ``sluice gateway`` and
-    ``sluice worker`` commands) are recognised by module or sub-command; the rest by
-    keyword, so that a repository path naming a model cannot mislead the match.
+    ``sluice worker`` commands) are recognised by module or sub-command, never by a
+    keyword anywhere in the line (a repository path could contain one).
     """
     tokens = command.split()
     if not tokens:
         return "other"
     if "redis" in os.path.basename(tokens[0]) or "redis-server" in command:
         return "redis"
-    module = tokens[tokens.index("-m") + 1] if "-m" in tokens[:-1] else ""
-    words = {module.split(".")[0], *tokens[1:3]}
+    # "python -m <module> [<command>]" or "<script> <command>"
+    start = tokens.index("-m") + 1 if "-m" in tokens[:-1] else 0
+    words = {os.path.basename(tokens[start]).split(".")[0], *tokens[start + 1 : start + 2]}
     if words & {"gateway", "uvicorn"}:
         return "gateway"
     if words & {"workers", "worker"}:
         return "worker"
-    lowered = command.lower()
-    if "gateway" in lowered or "uvicorn" in lowered:
-        return "gateway"
-    return "worker" if "worker" in lowered else "other"
+    return "other"
 
 
 def tree(root: int) -> list[ProcStat]:

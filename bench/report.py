@@ -162,9 +162,9 @@ def points_markdown(points: list[Point]) -> str:
         if p.cpu_ms_per_request is not None:
             cpu = " / ".join(_number(p.cpu_ms_per_request[group], 3) for group in GROUPS)
         errors = str(p.errors) + (f" (+{p.dropped} dropped)" if p.dropped else "")
-        fraction = (
-            f"{p.fraction_of_inprocess * 100:.2f}%" if p.fraction_of_inprocess is not None else "-"
-        )
+        fraction = "-"
+        if p.fraction_of_inprocess is not None:
+            fraction = f"{p.fraction_of_inprocess * 100:.3g}%"
         rows.append(
             [
                 p.loop,
@@ -192,7 +192,7 @@ def summary_markdown(results: Results) -> str:
             f"(closed loop, c={entry['best_concurrency']})"
         )
         if entry.get("ratio_to_inprocess") is not None:
-            line += f" = {entry['ratio_to_inprocess']:.4f}x the in-process best"
+            line += f" = {entry['ratio_to_inprocess']:.3g}x the in-process best"
         if "p50_ms_at_c1" in entry:
             line += f"; p50 at c=1 {_number(entry['p50_ms_at_c1'], 3)} ms"
         if "latency_overhead_ms_at_c1" in entry:

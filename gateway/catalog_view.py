@@ -84,10 +84,7 @@ class CatalogView:
             candidates = [v for v in entry.versions if v in ready] or [
                 v for v in entry.versions if self.load_error(model, v) is None
             ]
-            if not candidates:
-                number = entry.versions[-1]
-            else:
-                number = candidates[-1]
+            number = candidates[-1] if candidates else entry.versions[-1]
         error = self.load_error(model, number)
         if error is not None:
             raise Unavailable(f"model '{model}' version {number} is unavailable: {error}")

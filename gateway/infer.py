@@ -66,7 +66,9 @@ async def infer(request: Request, state: GatewayState, model: str, version: str 
     offset = 0
     for header in reply.outputs:
         outputs.append(
-            OutputTensor(header.name, header.datatype, header.shape, data[offset : offset + header.nbytes])
+            OutputTensor(
+                header.name, header.datatype, header.shape, data[offset : offset + header.nbytes]
+            )
         )
         offset += header.nbytes
     binary_by_name = {o.name: o.binary for o in parsed.outputs}

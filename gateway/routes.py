@@ -67,7 +67,12 @@ async def repository_index(request: Request) -> Response:
             if state.view.is_ready(name, version):
                 row = {"name": name, "version": str(version), "state": "READY", "reason": ""}
             elif error is not None:
-                row = {"name": name, "version": str(version), "state": "UNAVAILABLE", "reason": error}
+                row = {
+                    "name": name,
+                    "version": str(version),
+                    "state": "UNAVAILABLE",
+                    "reason": error,
+                }
             else:
                 row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
             if not ready_only or row["state"] == "READY":

@@ -14,8 +14,9 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 INSTALL_HINT = (
-    "redis-server was not found on PATH. Install it (Debian/Ubuntu: 'apt-get install redis-server', "
-    "macOS: 'brew install redis') or point Sluice at a running Redis with SLUICE_REDIS_URL=redis://host:port/0"
+    "redis-server was not found on PATH. Install it "
+    "(Debian/Ubuntu: 'apt-get install redis-server', macOS: 'brew install redis') "
+    "or point Sluice at a running Redis with SLUICE_REDIS_URL=redis://host:port/0"
 )
 
 
@@ -50,12 +51,18 @@ class RedisServer:
         self.process = subprocess.Popen(
             [
                 binary,
-                "--port", str(self.port),
-                "--bind", "127.0.0.1",
-                "--save", "",
-                "--appendonly", "no",
-                "--dir", str(self.workdir),
-                "--loglevel", "warning",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+                "--loglevel",
+                "warning",
             ],
             stdout=subprocess.DEVNULL,
             start_new_session=True,
@@ -69,7 +76,9 @@ class RedisServer:
                     return
                 except RedisError:
                     if self.process.poll() is not None or time.monotonic() > deadline:
-                        raise RuntimeError(f"redis-server did not start on port {self.port}") from None
+                        raise RuntimeError(
+                            f"redis-server did not start on port {self.port}"
+                        ) from None
                     time.sleep(0.05)
         finally:
             client.close()

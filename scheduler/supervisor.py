@@ -6,6 +6,7 @@ is not respawned. Stopping sends SIGTERM to all, waits, then kills the rest.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import signal
@@ -23,10 +24,8 @@ _MAX_BACKOFF_S = 30.0
 
 def _die_with_parent() -> None:
     """Children get SIGTERM when the supervisor dies, even by SIGKILL (Linux)."""
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-    except OSError:
-        pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,18 +85,24 @@ class Supervisor:
                 child.process = None
                 if code in child.spec.permanent_exit_codes:
                     child.failed = True
-                    log.error("%s cannot start (exit status %d); not restarting it", child.spec.name, code)
+                    log.error(
+                        "%s cannot start (exit status %d); not restarting it", child.spec.name, code
+                    )
                     continue
                 delay = min(_MAX_BACKOFF_S, 0.5 * 2**child.restarts)
                 child.restart_at = now + delay
                 child.restarts += 1
-                log.warning("%s exited with status %d; restarting in %.1f s", child.spec.name, code, delay)
+                log.warning(
+                    "%s exited with status %d; restarting in %.1f s", child.spec.name, code, delay
+                )
             elif now >= child.restart_at:
                 self._spawn(child)
 
     def stop(self, timeout_s: float = 15.0) -> None:
         self._stopping = True
-        live = [c.process for c in self.children if c.process is not None and c.process.poll() is None]
+        live = [
+            c.process for c in self.children if c.process is not None and c.process.poll() is None
+        ]
         for process in live:
             process.terminate()
         deadline = time.monotonic() + timeout_s

@@ -47,12 +47,19 @@ def _worker_specs(
         for version in model.versions:
             for index, (kind, device) in enumerate(placements):
                 argv = [
-                    sys.executable, "-m", "workers",
-                    "--model-repository", str(repository),
-                    "--model", model.name,
-                    "--version", str(version),
-                    "--kind", kind,
-                    "--threads", str(threads),
+                    sys.executable,
+                    "-m",
+                    "workers",
+                    "--model-repository",
+                    str(repository),
+                    "--model",
+                    model.name,
+                    "--version",
+                    str(version),
+                    "--kind",
+                    kind,
+                    "--threads",
+                    str(threads),
                 ]
                 if device is not None:
                     argv += ["--gpu", str(device)]
@@ -117,7 +124,9 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         client.close()
 
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
-        gateway_env = dict(env, SLUICE_HTTP_HOST=settings.http_host, SLUICE_HTTP_PORT=str(settings.http_port))
+        gateway_env = dict(
+            env, SLUICE_HTTP_HOST=settings.http_host, SLUICE_HTTP_PORT=str(settings.http_port)
+        )
         gateway = ChildSpec("gateway", [sys.executable, "-m", "gateway"], gateway_env)
         supervisor = Supervisor([gateway, *_worker_specs(models, repository, env)])
         supervisor.start()
@@ -127,7 +136,10 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         while not stop.is_set() and not _ready(url):
             supervisor.tick()
             if time.monotonic() > deadline:
-                print(f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s", file=sys.stderr)
+                print(
+                    f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s",
+                    file=sys.stderr,
+                )
                 return 1
             stop.wait(0.2)
         if stop.is_set():

@@ -71,7 +71,9 @@ def gateway(
     from sluice.settings import GatewaySettings
 
     _logging(verbose)
-    serve(GatewaySettings(**_overrides(http_port=http_port, http_host=http_host, redis_url=redis_url)))
+    serve(
+        GatewaySettings(**_overrides(http_port=http_port, http_host=http_host, redis_url=redis_url))
+    )
 
 
 @app.command()

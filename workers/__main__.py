@@ -30,7 +30,9 @@ def run_worker(
     if version is None:
         version = entry.versions[-1]
     elif version not in entry.versions:
-        log.error("model '%s' has no served version %d (served: %s)", model, version, entry.versions)
+        log.error(
+            "model '%s' has no served version %d (served: %s)", model, version, entry.versions
+        )
         return EXIT_LOAD_FAILED
     worker = Worker(settings, entry.config, version, entry.model_file(version), placement)
 
@@ -50,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", type=int)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s"
+    )
     settings = WorkerSettings()
     threads = settings.threads or args.threads or 1
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)

@@ -56,7 +56,9 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
             raise InvalidInput(f"unknown output '{name}'")
 
 
-def _model_shape(spec: TensorSpec, leading: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+def _model_shape(
+    spec: TensorSpec, leading: tuple[int, ...], shape: tuple[int, ...]
+) -> tuple[int, ...]:
     if spec.reshape is None:
         return shape
     return leading + spec.reshape
@@ -70,7 +72,9 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
         for tensor in request.message.inputs:
             data = request.payload[offset : offset + tensor.nbytes]
             offset += tensor.nbytes
-            per_input.setdefault(tensor.name, []).append(to_numpy(tensor.datatype, tensor.shape, data))
+            per_input.setdefault(tensor.name, []).append(
+                to_numpy(tensor.datatype, tensor.shape, data)
+            )
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
     arrays: dict[str, np.ndarray] = {}

@@ -10,6 +10,7 @@ published, and entries acknowledged, in one pipelined round trip per batch.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import os
@@ -77,7 +78,7 @@ class Worker:
         *,
         drain: bool = False,
     ) -> None:
-        """``drain`` makes :meth:`run` return once the stream is empty (for tests and batch runs)."""
+        """``drain``: :meth:`run` returns once the stream is empty (tests, batch runs)."""
         self.settings = settings
         self.config = config
         self.version = version
@@ -128,10 +129,9 @@ class Worker:
         finally:
             heartbeat.cancel()
             await asyncio.gather(heartbeat, return_exceptions=True)
-            try:
-                await self.redis.zrem(self.keys.live_workers(self.config.name, self.version), self.worker_id)
-            except RedisError:
-                pass
+            with contextlib.suppress(RedisError):
+                live = self.keys.live_workers(self.config.name, self.version)
+                await self.redis.zrem(live, self.worker_id)
             backend.close()
         return 0
 
@@ -179,7 +179,11 @@ class Worker:
     async def _read(self, count: int, block_ms: int | None) -> list[PendingRequest]:
         try:
             response = await self.redis.xreadgroup(
-                WORKER_GROUP, self.worker_id, {self.stream: ">"}, count=max(1, count), block=block_ms
+                WORKER_GROUP,
+                self.worker_id,
+                {self.stream: ">"},
+                count=max(1, count),
+                block=block_ms,
             )
         except RedisError as exc:
             log.warning("reading %s failed: %s", self.stream, exc)
@@ -198,7 +202,9 @@ class Worker:
             await self._publish(rejected, None, 0)
         return pending
 
-    def _parse(self, entry_id: bytes, fields: dict[bytes, bytes]) -> PendingRequest | _Outcome | None:
+    def _parse(
+        self, entry_id: bytes, fields: dict[bytes, bytes]
+    ) -> PendingRequest | _Outcome | None:
         try:
             message, payload = decode_request(fields)
         except MalformedEntry as exc:
@@ -220,8 +226,10 @@ class Worker:
             pipe.xdel(self.stream, entry_id)
             await pipe.execute()
 
-    def _select(self, pending: list[PendingRequest]) -> tuple[list[PendingRequest], list[PendingRequest], bool]:
-        """The next batch (first request's shape, in arrival order), the rest, and whether it is full."""
+    def _select(
+        self, pending: list[PendingRequest]
+    ) -> tuple[list[PendingRequest], list[PendingRequest], bool]:
+        """The next batch (first request's shape, arrival order), the rest, and if it is full."""
         limit = max(1, self.config.max_batch_size)
         key = pending[0].key
         batch: list[PendingRequest] = []
@@ -236,7 +244,7 @@ class Worker:
                     full = True
                 rest.append(request)
         if not batch:
-            # A single request larger than the limit cannot happen (the gateway checks), but never stall.
+            # One request over the limit cannot happen (the gateway checks); never stall anyway.
             batch, rest = [pending[0]], pending[1:]
         return batch, rest, full or items >= limit
 
@@ -280,7 +288,9 @@ class Worker:
             deadline = request.message.deadline_ns
             if deadline and deadline < now_ns:
                 error = DeadlineExceeded("the request's deadline passed while it was queued")
-                outcomes.append(_Outcome(request, self._error_reply(request.message.request_key, error)))
+                outcomes.append(
+                    _Outcome(request, self._error_reply(request.message.request_key, error))
+                )
             else:
                 live.append(request)
         timing = _Timing(started_ns=now_ns)
@@ -288,12 +298,18 @@ class Worker:
             loop = asyncio.get_running_loop()
             started = time.monotonic()
             try:
-                results = await loop.run_in_executor(self._executor, self._compute, live, backend, timing)
+                results = await loop.run_in_executor(
+                    self._executor, self._compute, live, backend, timing
+                )
                 for request, (headers, payload) in zip(live, results, strict=True):
                     reply = ReplyMessage(request.message.request_key, self.version, headers)
                     outcomes.append(_Outcome(request, reply, payload))
             except Exception as exc:
-                error = exc if isinstance(exc, SluiceError) else InferenceFailed(f"{type(exc).__name__}: {exc}")
+                error = (
+                    exc
+                    if isinstance(exc, SluiceError)
+                    else InferenceFailed(f"{type(exc).__name__}: {exc}")
+                )
                 log.warning("batch of %d failed: %s", len(live), error.message)
                 outcomes.extend(
                     _Outcome(r, self._error_reply(r.message.request_key, error)) for r in live
@@ -315,7 +331,9 @@ class Worker:
         return results
 
     def _error_reply(self, request_key: str, error: SluiceError) -> ReplyMessage:
-        return ReplyMessage(request_key, self.version, error_kind=error_kind(error), error=error.message)
+        return ReplyMessage(
+            request_key, self.version, error_kind=error_kind(error), error=error.message
+        )
 
     async def _publish(self, outcomes: list[_Outcome], timing: _Timing | None, items: int) -> None:
         if not outcomes:
@@ -335,11 +353,15 @@ class Worker:
                     await pipe.execute()
                 return
             except RedisError as exc:
-                log.warning("publishing %d answers failed (attempt %d): %s", len(outcomes), attempt + 1, exc)
+                log.warning(
+                    "publishing %d answers failed (attempt %d): %s", len(outcomes), attempt + 1, exc
+                )
                 await asyncio.sleep(0.2 * 2**attempt)
         log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
 
-    def _record_stats(self, pipe, outcomes: list[_Outcome], timing: _Timing | None, items: int) -> None:  # type: ignore[no-untyped-def]
+    def _record_stats(
+        self, pipe, outcomes: list[_Outcome], timing: _Timing | None, items: int
+    ) -> None:  # type: ignore[no-untyped-def]
         name, version = self.config.name, self.version
         key = self.keys.stats(name, version)
         now_ns = time.time_ns()
@@ -347,7 +369,11 @@ class Worker:
         failed = [o for o in outcomes if o.reply.error_kind]
         if failed:
             pipe.hincrby(key, st.count_field("fail"), len(failed))
-            pipe.hincrby(key, st.ns_field("fail"), sum(now_ns - o.request.message.enqueued_ns for o in failed))
+            pipe.hincrby(
+                key,
+                st.ns_field("fail"),
+                sum(now_ns - o.request.message.enqueued_ns for o in failed),
+            )
         if not ok or timing is None:
             return
         n = len(ok)
@@ -357,9 +383,15 @@ class Worker:
             st.count_field("success"): n,
             st.ns_field("success"): sum(now_ns - o.request.message.enqueued_ns for o in ok),
             st.count_field("queue"): n,
-            st.ns_field("queue"): sum(max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok),
+            st.ns_field("queue"): sum(
+                max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok
+            ),
         }
-        durations = {"compute_input": timing.input_ns, "compute_infer": timing.infer_ns, "compute_output": timing.output_ns}
+        durations = {
+            "compute_input": timing.input_ns,
+            "compute_infer": timing.infer_ns,
+            "compute_output": timing.output_ns,
+        }
         for kind, ns in durations.items():
             increments[st.count_field(kind)] = n
             increments[st.ns_field(kind)] = ns * n

@@ -18,7 +18,9 @@ BODY_LIMIT = 1 << 20
 
 
 def load_examples_builder() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("example_builder", ROOT / "model_repository" / "build.py")
+    spec = importlib.util.spec_from_file_location(
+        "example_builder", ROOT / "model_repository" / "build.py"
+    )
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

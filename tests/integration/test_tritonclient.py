@@ -109,7 +109,10 @@ def test_every_datatype_round_trips(client: httpclient.InferenceServerClient, bi
         tensor.set_data_from_numpy(array, binary_data=as_binary)
         inputs.append(tensor)
         expected[f"OUT_{datatype}"] = array
-    outputs = [httpclient.InferRequestedOutput(name, binary_data=binary or "BF16" in name) for name in expected]
+    outputs = [
+        httpclient.InferRequestedOutput(name, binary_data=binary or "BF16" in name)
+        for name in expected
+    ]
     result = client.infer("identity", inputs[:-1], outputs=outputs[:-1])
     bf16_result = client.infer("identity_bf16", inputs[-1:], outputs=outputs[-1:])
     for name, array in expected.items():
@@ -120,7 +123,9 @@ def test_every_datatype_round_trips(client: httpclient.InferenceServerClient, bi
             as_bytes = [v.encode() if isinstance(v, str) else bytes(v) for v in got.flat]
             assert as_bytes == [bytes(v) for v in array.flat], name
         else:
-            np.testing.assert_array_equal(got.astype(np.float64), array.astype(np.float64), err_msg=name)
+            np.testing.assert_array_equal(
+                got.astype(np.float64), array.astype(np.float64), err_msg=name
+            )
 
 
 def test_non_batching_model(client: httpclient.InferenceServerClient) -> None:
@@ -156,7 +161,9 @@ def test_unknown_model_raises_404(client: httpclient.InferenceServerClient) -> N
     assert "no_such_model" in raised.value.message()
 
 
-def test_non_utf8_bytes_into_onnxruntime_is_a_clear_400(client: httpclient.InferenceServerClient) -> None:
+def test_non_utf8_bytes_into_onnxruntime_is_a_clear_400(
+    client: httpclient.InferenceServerClient,
+) -> None:
     inputs = []
     for datatype in (dt for dt in ALL_DATATYPES if dt != "BF16"):
         array = sample(datatype, (1, 2))

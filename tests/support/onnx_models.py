@@ -47,10 +47,13 @@ def identity_model(datatypes: Sequence[str], dims: Sequence[int | None]) -> onnx
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def identity_config(name: str, datatypes: Sequence[str], dims: Sequence[int], max_batch_size: int, extra: str = "") -> str:
+def identity_config(
+    name: str, datatypes: Sequence[str], dims: Sequence[int], max_batch_size: int, extra: str = ""
+) -> str:
     def tensor(prefix: str, datatype: str) -> str:
         config_type = "TYPE_STRING" if datatype == "BYTES" else f"TYPE_{datatype}"
-        return f'{{ name: "{prefix}_{datatype}" data_type: {config_type} dims: [ {", ".join(map(str, dims))} ] }}'
+        shape = ", ".join(map(str, dims))
+        return f'{{ name: "{prefix}_{datatype}" data_type: {config_type} dims: [ {shape} ] }}'
 
     inputs = ",\n  ".join(tensor("IN", dt) for dt in datatypes)
     outputs = ",\n  ".join(tensor("OUT", dt) for dt in datatypes)
@@ -74,5 +77,7 @@ def write_identity(
     if max_batch_size > 0:
         model_dims.insert(0, None)
     save(identity_model(datatypes, model_dims), model_dir / "1" / "model.onnx")
-    (model_dir / "config.pbtxt").write_text(identity_config(name, datatypes, dims, max_batch_size, extra))
+    (model_dir / "config.pbtxt").write_text(
+        identity_config(name, datatypes, dims, max_batch_size, extra)
+    )
     return model_dir

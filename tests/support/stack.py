@@ -41,8 +41,16 @@ class Stack:
         env = dict(os.environ, SLUICE_REDIS_URL=self.redis_url, SLUICE_NAMESPACE=self.namespace)
         env.update(self.env)
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(self.repository),
-             "--http-port", str(self.port)],
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "up",
+                "--model-repository",
+                str(self.repository),
+                "--http-port",
+                str(self.port),
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -69,7 +69,8 @@ class OnnxRuntimeBackend:
             raise InvalidConfig(f"onnxruntime cannot load {model_path.name}: {exc}") from None
         self._input_names = {i.name for i in self._session.get_inputs()}
         self._bf16 = {
-            t.name for t in (*self._session.get_inputs(), *self._session.get_outputs())
+            t.name
+            for t in (*self._session.get_inputs(), *self._session.get_outputs())
             if t.type == "tensor(bfloat16)"
         }
 

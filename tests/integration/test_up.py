@@ -1,0 +1,108 @@
+"""``sluice up`` as a user runs it: broken models, Triton repositories as they are, clean stop."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tritonclient.http as httpclient
+
+from tests.support.onnx_models import identity_model, save, write_identity
+from tests.support.stack import Stack
+
+
+def test_broken_models_are_unavailable_with_a_reason_and_others_serve(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=10) as http:
+        index = {row["name"]: row for row in http.post("/v2/repository/index").json()}
+        assert index["corrupt_model"]["state"] == "UNAVAILABLE"
+        assert "onnxruntime cannot load" in index["corrupt_model"]["reason"]
+        assert index["broken_config"]["state"] == "UNAVAILABLE"
+        assert "config.pbtxt" in index["broken_config"]["reason"]
+        for model in ("corrupt_model", "broken_config"):
+            response = http.post(f"/v2/models/{model}/infer", content=b'{"inputs": []}')
+            assert response.status_code == 503
+            assert "unavailable" in response.json()["error"]
+            assert http.get(f"/v2/models/{model}/ready").status_code in (400, 503)
+        assert http.get("/v2/health/ready").status_code == 200
+        assert http.get("/v2/models/iris/ready").status_code == 200
+
+
+def _children(pid: int) -> set[int]:
+    found = set()
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                found.add(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_triton_repository_without_config_is_served_and_stops_cleanly(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    save(identity_model(["FP32"], [None, 3]), tmp_path / "plain_onnx" / "1" / "model.onnx")
+    write_identity(tmp_path, "second", ["INT32"], max_batch_size=0, dims=(2,))
+    stack = start_stack(tmp_path)
+    assert stack.process is not None
+    children = _children(stack.process.pid)
+    assert len(children) == 3  # gateway + two workers
+
+    with httpclient.InferenceServerClient(stack.address) as client:
+        config = client.get_model_config("plain_onnx")
+        assert config["max_batch_size"] == 4
+        assert config["input"][0]["dims"] == [3]
+        data = np.array([[1, 2, 3], [4, 5, 6]], dtype=np.float32)
+        tensor = httpclient.InferInput("IN_FP32", [2, 3], "FP32")
+        tensor.set_data_from_numpy(data)
+        np.testing.assert_array_equal(
+            client.infer("plain_onnx", [tensor]).as_numpy("OUT_FP32"), data
+        )
+
+    assert stack.stop() == 0
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(pid) for pid in children)
+
+
+def test_missing_redis_server_is_reported_not_installed(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLUICE_")}
+    env["PATH"] = str(tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "redis-server was not found" in result.stderr
+    assert "SLUICE_REDIS_URL" in result.stderr
+
+
+def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(tmp_path / "nope")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2
+    assert "nope" in result.stderr
