@@ -42,6 +42,7 @@ from bench.report import Point, Results, summarize, write_all
 from bench.stack import Stack, start_stack, stop_stack
 
 DEFAULT_CONCURRENCY = "1,4,16,64,128"
+IDLE_SECONDS = 1.0  # stack CPU is sampled this long with no load
 
 
 def _ints(text: str) -> list[int]:
@@ -311,12 +312,15 @@ def main(argv: list[str] | None = None) -> int:
         model_metadata = get_json(target, model_path(args.model))
         max_batch = max_batch_size(target, args.model, args.model_repository)
         requests = build_requests(args, target, model_metadata, max_batch)
-        baseline = baseline_for(args, max_batch)
         meter = CpuMeter(stack.pid if stack is not None else args.stack_pid)
         meta = metadata_of(args, target, stack)
         meta["max_batch_size"] = max_batch
         meta["request_body_bytes"] = {request.mode: request.body_bytes for request in requests}
         meta["processes"] = meter.group_counts()
+        if meter.stack_pid is not None:
+            meta["idle_cpu_percent"] = meter.idle_percent(IDLE_SECONDS)
+            log(f"idle stack CPU (% of a core): {meta['idle_cpu_percent']}")
+        baseline = baseline_for(args, max_batch)
         points = run_load(args, target, requests, meter, baseline)
     finally:
         if stack is not None:

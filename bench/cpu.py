@@ -8,6 +8,7 @@ groups the processes by command line into gateway / worker / redis / other.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -135,3 +136,10 @@ class CpuMeter:
         for group, _ in self.sample().values():
             counts[group] += 1
         return counts
+
+    def idle_percent(self, seconds: float = 1.0) -> dict[str, float]:
+        """CPU use of each stack group (percent of one core) while nothing is sent."""
+        self.start()
+        time.sleep(seconds)
+        totals = self.stop()
+        return {group: 100.0 * totals[group] / seconds for group in GROUPS if group != "loadgen"}

@@ -209,6 +209,14 @@ def markdown(results: Results) -> str:
         f"### {meta['model']} ({', '.join(meta['modes'])}; {meta['duration_s']:g} s per point, "
         f"{meta['warmup_s']:g} s warm-up; {meta['cpu_count']} CPUs)",
     ]
+    idle = meta.get("idle_cpu_percent")
+    if idle:
+        parts.append(
+            "Idle stack CPU (% of one core; processes: "
+            + ", ".join(f"{g} {n}" for g, n in meta["processes"].items() if g != "loadgen")
+            + "): "
+            + ", ".join(f"{group} {value:.1f}%" for group, value in idle.items())
+        )
     if results.baseline is not None:
         parts.append(baseline_markdown(results.baseline))
     if results.points:
@@ -240,6 +248,10 @@ def _series(points: list[Point], loop: str) -> dict[str, list[Point]]:
     return series
 
 
+def _loads(points: list[Point]) -> list[float]:
+    return [float(p.concurrency if p.loop == "closed" else p.rate or 0) for p in points]
+
+
 def plot_throughput(path: Path, results: Results) -> None:
     """items/s against concurrency (and against offered rate for open loop points)."""
     import matplotlib
@@ -253,8 +265,8 @@ def plot_throughput(path: Path, results: Results) -> None:
     for axis, panel in zip(axes[0], panels, strict=True):
         is_closed = panel is closed
         for mode, points in panel.items():
-            xs = [p.concurrency if is_closed else p.rate for p in points]
-            axis.plot(xs, [p.items_per_s for p in points], marker="o", label=f"served ({mode})")
+            items = [p.items_per_s for p in points]
+            axis.plot(_loads(points), items, marker="o", label=f"served ({mode})")
         if results.baseline is not None:
             best = results.baseline.best
             axis.axhline(
@@ -265,6 +277,9 @@ def plot_throughput(path: Path, results: Results) -> None:
             )
             axis.set_yscale("log")
         axis.set_xscale("log", base=2 if is_closed else 10)
+        ticks = sorted({x for points in panel.values() for x in _loads(points)})
+        axis.set_xticks(ticks, [f"{x:g}" for x in ticks])
+        axis.minorticks_off()
         axis.set_xlabel("concurrency (closed loop)" if is_closed else "offered requests/s")
         axis.set_ylabel("items/s")
         axis.grid(True, which="both", alpha=0.3)
@@ -286,12 +301,21 @@ def plot_latency(path: Path, results: Results) -> None:
     for loop in ("closed", "open"):
         for mode, points in _series(results.points, loop).items():
             measured = [p for p in points if p.p99_ms is not None]
-            axis.plot(
+            (line,) = axis.plot(
                 [p.items_per_s for p in measured],
                 [p.p99_ms for p in measured],
                 marker="o" if loop == "closed" else "s",
                 label=f"{loop} loop ({mode})",
             )
+            for p in measured:
+                axis.annotate(
+                    p.load,
+                    (p.items_per_s, p.p99_ms),
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                    fontsize=7,
+                    color=line.get_color(),
+                )
     axis.set_xlabel("items/s")
     axis.set_ylabel("p99 latency (ms)")
     axis.set_yscale("log")

@@ -33,6 +33,7 @@ from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request, encode_reply
 from workers.backends import load_backend
 from workers.backends.base import Backend, Placement
+from workers.warmup import warm_up
 from workers.batching import (
     PendingRequest,
     combine,
@@ -114,7 +115,7 @@ class Worker:
         error_field = load_error_field(self.config.name, self.version)
         try:
             backend = await asyncio.get_running_loop().run_in_executor(
-                self._executor, load_backend, self.config, self.model_path, self.placement
+                self._executor, self._load_and_warm_up
             )
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
@@ -134,6 +135,15 @@ class Worker:
                 await self.redis.zrem(live, self.worker_id)
             backend.close()
         return 0
+
+    def _load_and_warm_up(self) -> Backend:
+        backend = load_backend(self.config, self.model_path, self.placement)
+        try:
+            warm_up(backend, self.config, self.model_path.parent.parent)
+        except BaseException:
+            backend.close()
+            raise
+        return backend
 
     async def _ensure_group(self) -> None:
         try:
