@@ -33,7 +33,6 @@ from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request, encode_reply
 from workers.backends import load_backend
 from workers.backends.base import Backend, Placement
-from workers.warmup import warm_up
 from workers.batching import (
     PendingRequest,
     combine,
@@ -43,6 +42,7 @@ from workers.batching import (
     split,
     validate,
 )
+from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
 
