@@ -117,7 +117,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--stack-args", default="", help="extra arguments for `sluice up`")
     parser.add_argument(
-        "--threads", type=int, default=1, help="intra-op threads of the baseline (default 1)"
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads of the baseline, and of the workers of a stack the bench "
+        "starts (as SLUICE_THREADS; default 1)",
     )
     parser.add_argument(
         "--baseline-seconds",
@@ -217,6 +221,7 @@ def run_point(
     meter: CpuMeter,
     baseline: Baseline | None,
 ) -> Point:
+    meter.last = None
     if loop == "closed":
         coroutine = loadgen.closed_loop(
             target, request.raw, int(load), args.duration, args.warmup, meter.on_window
@@ -304,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
                 args.http_port,
                 args.out / "stack.log",
                 shlex.split(args.stack_args),
+                # Workers read SLUICE_THREADS: give them the baseline's thread count.
+                {"SLUICE_THREADS": str(args.threads)},
             )
             log(f"stack ready at {stack.url} (pid {stack.pid}; log {args.out / 'stack.log'})")
         # The bench's own stack listens on the port it was given, whatever URL it printed.

@@ -95,19 +95,24 @@ async def _send(
         if connection is not None:
             connection.close()
         return None, 0, f"{type(exc).__name__}: {exc}".encode()
+    except asyncio.CancelledError:  # a stuck request at the end of the run
+        if connection is not None:
+            connection.close()
+        raise
 
 
 async def _drain(tasks: list[asyncio.Task[None]], recorder: Recorder, timeout: float) -> None:
     """Wait for ``tasks``; cancel and count as errors those still running after ``timeout``."""
     if not tasks:
         return
-    _, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.0))
+    done, pending = await asyncio.wait(tasks, timeout=max(timeout, 0.0))
     for task in pending:
         task.cancel()
-    for _ in pending:
         recorder.error(f"request still in flight {DRAIN_TIMEOUT:g}s after the window closed")
     if pending:
         await asyncio.wait(pending)
+    for task in done:
+        task.result()  # a bug in the load generator must not pass silently
 
 
 async def closed_loop(
@@ -177,7 +182,13 @@ async def open_loop(
             break
         if scheduled > now:
             await asyncio.sleep(scheduled - now)
-        await slots.acquire()
+        if slots.locked():  # max_in_flight reached: wait, but never past the deadline
+            try:
+                await asyncio.wait_for(slots.acquire(), deadline - perf_counter())
+            except TimeoutError:
+                continue  # the deadline check above ends the loop
+        else:
+            await slots.acquire()
         tasks.append(asyncio.create_task(one(scheduled)))
         if len(tasks) >= 4096:
             tasks = [task for task in tasks if not task.done()]

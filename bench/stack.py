@@ -67,9 +67,13 @@ def start_stack(
     port: int | None = None,
     log_path: Path | None = None,
     extra_args: list[str] | None = None,
+    env: dict[str, str] | None = None,
     timeout: float = START_TIMEOUT,
 ) -> Stack:
-    """Run ``sluice up`` and wait for its ready line; raise (after stopping it) if none comes."""
+    """Run ``sluice up`` and wait for its ready line; raise (after stopping it) if none comes.
+
+    ``env`` is added to the bench's environment (e.g. ``SLUICE_THREADS``).
+    """
     port = port or free_port()
     command = [
         sys.executable,
@@ -89,7 +93,7 @@ def start_stack(
         stdin=subprocess.DEVNULL,
         text=True,
         errors="replace",
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         start_new_session=True,  # a Ctrl-C at the terminal reaches the bench, not the stack
     )
     stack = Stack(process=process, port=port)

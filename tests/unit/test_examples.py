@@ -9,8 +9,8 @@ from types import ModuleType
 import numpy as np
 import onnxruntime as ort
 import pytest
-from google.protobuf import text_format
-from tritonclient.grpc import model_config_pb2
+
+from sluice.config import ModelConfig, parse_config_text
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
 
@@ -33,23 +33,20 @@ def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
 
 
-def _config(model: str) -> model_config_pb2.ModelConfig:
+def _config(model: str) -> ModelConfig:
     text = (REPOSITORY / model / "config.pbtxt").read_text()
-    return text_format.Parse(text, model_config_pb2.ModelConfig())
+    return parse_config_text(text, model_name=model)
 
 
-def _config_dims(config: model_config_pb2.ModelConfig) -> dict[str, list[int]]:
+def _config_dims(config: ModelConfig) -> dict[str, list[int]]:
     """name -> dims of every input and output."""
-    return {tensor.name: list(tensor.dims) for tensor in [*config.input, *config.output]}
+    return {tensor.name: list(tensor.dims) for tensor in [*config.inputs, *config.outputs]}
 
 
 @pytest.mark.parametrize(
     ("model", "builder"), [("iris", "build_iris"), ("mlp", "build_mlp"), ("cnn", "build_cnn")]
 )
 def test_model_matches_config(tmp_path: Path, model: str, builder: str) -> None:
-    if model == "iris":
-        pytest.importorskip("sklearn")
-        pytest.importorskip("skl2onnx")
     path = getattr(build, builder)(tmp_path)
     assert path == tmp_path / "model.onnx"
     session = _session(path)
@@ -71,7 +68,6 @@ def test_model_matches_config(tmp_path: Path, model: str, builder: str) -> None:
 
 
 def test_iris_classifier_is_accurate(tmp_path: Path) -> None:
-    pytest.importorskip("skl2onnx")
     from sklearn.datasets import load_iris
 
     session = _session(build.build_iris(tmp_path))
@@ -89,7 +85,6 @@ def test_iris_classifier_is_accurate(tmp_path: Path) -> None:
 
 
 def test_build_all_is_idempotent(tmp_path: Path) -> None:
-    pytest.importorskip("skl2onnx")
     built = build.build_all(tmp_path)
     assert sorted(path.parent.parent.name for path in built) == ["cnn", "iris", "mlp"]
     for name in ("iris", "mlp", "cnn"):
