@@ -61,6 +61,24 @@ class Overloaded(SluiceError):
         self.retry_after_s = retry_after_s
 
 
+class ServerBusy(Overloaded):
+    """The gateway holds as many requests as it may; retry later."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
+
+
+class Unauthorized(SluiceError):
+    """No valid API key was presented."""
+
+    status = HTTPStatus.UNAUTHORIZED
+
+
+class Forbidden(SluiceError):
+    """The key is valid but does not allow this endpoint."""
+
+    status = HTTPStatus.FORBIDDEN
+
+
 class DeadlineExceeded(SluiceError):
     """The request's deadline passed before it could be answered."""
 
@@ -89,6 +107,9 @@ _BY_NAME: dict[str, type[SluiceError]] = {
         PayloadTooLarge,
         Unavailable,
         Overloaded,
+        ServerBusy,
+        Unauthorized,
+        Forbidden,
         DeadlineExceeded,
         Unsupported,
         InferenceFailed,

@@ -16,9 +16,22 @@ WORKER_GROUP = "workers"
 class Keys:
     namespace: str = "sluice"
 
-    def request_stream(self, model: str, version: int) -> str:
-        """Requests for one model version (gateway XADDs, workers XREADGROUP)."""
-        return f"{self.namespace}:req:{model}:{version}"
+    def request_stream(self, model: str, version: int, priority: int = 0) -> str:
+        """Requests for one model version and priority level (gateway XADDs, workers
+        XREADGROUP); level 0 is the only stream of models without priority levels.
+        Workers delete entries once answered, so the length is the queue depth."""
+        suffix = f":p{priority}" if priority else ""
+        return f"{self.namespace}:req:{model}:{version}{suffix}"
+
+    def request_streams(self, model: str, version: int, priority_levels: int) -> list[str]:
+        """Every stream of a model version, highest priority (level 1) first."""
+        if priority_levels <= 0:
+            return [self.request_stream(model, version)]
+        return [self.request_stream(model, version, p) for p in range(1, priority_levels + 1)]
+
+    def dead_letters(self, model: str, version: int) -> str:
+        """Requests that were delivered too often (each killed its worker), kept for a look."""
+        return f"{self.namespace}:dead:{model}:{version}"
 
     def reply_stream(self, gateway_id: str) -> str:
         """Answers for one gateway process (workers XADD, the gateway's reader XREADs)."""

@@ -24,7 +24,23 @@ class CommonSettings(BaseSettings):
     """Prefix of every Redis key, so that several deployments can share one Redis."""
 
 
-class GatewaySettings(CommonSettings):
+class ApiKeySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    api_keys: str = Field("", repr=False)
+    """Comma-separated bearer tokens accepted on inference endpoints; empty = no auth."""
+
+    api_keys_file: str = ""
+    """File with one inference key per line (added to ``api_keys``)."""
+
+    admin_keys: str = Field("", repr=False)
+    """Comma-separated bearer tokens for management endpoints (repository, shared memory)."""
+
+    admin_keys_file: str = ""
+    """File with one admin key per line (added to ``admin_keys``)."""
+
+
+class GatewaySettings(ApiKeySettings, CommonSettings):
     http_host: str = "127.0.0.1"
     """Address the HTTP server binds to."""
 
@@ -44,7 +60,32 @@ class GatewaySettings(CommonSettings):
     """How often the gateway re-reads the model catalog and worker liveness from Redis."""
 
     stream_max_len: int = Field(100_000, ge=100)
-    """Approximate cap on each request stream's length (XADD MAXLEN ~)."""
+    """Approximate cap on each request stream's length (XADD MAXLEN ~); a safety net only,
+    since workers delete entries once answered and admission control bounds the queue."""
+
+    max_in_flight: int = Field(4096, ge=1)
+    """Requests one gateway process holds at once; beyond it new requests get 503 + Retry-After."""
+
+    default_max_queue_size: int = Field(2048, ge=0)
+    """Queue limit of a model whose configuration sets no max_queue_size (0 = unbounded)."""
+
+    redis_timeout_s: float = Field(2.0, gt=0)
+    """Socket timeout of the gateway's Redis commands, so an unresponsive Redis fails fast."""
+
+    max_header_count: int = Field(100, ge=1)
+    """Most HTTP request headers accepted (431 beyond)."""
+
+    max_header_bytes: int = Field(16384, ge=256)
+    """Largest total size of HTTP request headers (431 beyond)."""
+
+    ssl_certfile: str = ""
+    """PEM certificate: serve HTTPS when set (with ``ssl_keyfile``)."""
+
+    ssl_keyfile: str = ""
+    """PEM private key of ``ssl_certfile``."""
+
+    shutdown_timeout_s: float = Field(10.0, gt=0)
+    """How long a stopping gateway waits for in-flight requests."""
 
 
 class WorkerSettings(CommonSettings):
@@ -56,6 +97,15 @@ class WorkerSettings(CommonSettings):
 
     reply_max_len: int = Field(100_000, ge=100)
     """Approximate cap on each gateway's reply stream (XADD MAXLEN ~)."""
+
+    visibility_timeout_s: float = Field(60.0, gt=0)
+    """A request held this long by a worker that still beats is delivered again elsewhere."""
+
+    max_deliveries: int = Field(3, ge=1)
+    """Deliveries after which a request goes to the dead-letter stream with an error answer."""
+
+    reclaim_interval_s: float = Field(1.0, gt=0)
+    """How often a worker looks for requests held by dead workers."""
 
 
 class UpSettings(CommonSettings):

@@ -28,6 +28,11 @@ class PendingRequest:
     items: int
     """Batch items this request carries (its dim 0; 1 for non-batching models)."""
     key: ShapeKey
+    stream: str = ""
+    """The stream the entry came from (one per priority level)."""
+    level: int = 0
+    """Index of that stream in priority order (0 = served first)."""
+    deliveries: int = 1
 
 
 def request_items(message: RequestMessage, config: ModelConfig) -> int:

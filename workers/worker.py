@@ -4,7 +4,9 @@ The loop blocks for the first request, then keeps filling the batch until it
 is full, reaches a preferred size, or the first request has waited
 ``max_queue_delay`` and the compute thread is free. While one batch computes
 on the compute thread, the event loop already gathers the next. Answers are
-published, and entries acknowledged, in one pipelined round trip per batch.
+published, and entries acknowledged, in one pipelined round trip per batch
+(see :mod:`workers.replies`); requests of dead workers are taken over by
+:mod:`workers.reclaim`.
 """
 
 from __future__ import annotations
@@ -19,18 +21,16 @@ import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from pathlib import Path
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
-from sluice import statistics as st
 from sluice.config import ModelConfig
-from sluice.errors import DeadlineExceeded, InferenceFailed, SluiceError, error_kind
+from sluice.errors import DeadlineExceeded, InferenceFailed, SluiceError
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.settings import WorkerSettings
-from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request, encode_reply
+from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request
 from workers.backends import load_backend
 from workers.backends.base import Backend, Placement
 from workers.batching import (
@@ -42,6 +42,8 @@ from workers.batching import (
     split,
     validate,
 )
+from workers.reclaim import Reclaimer
+from workers.replies import Outcome, Publisher, Timing, error_outcome
 from workers.warmup import warm_up
 
 log = logging.getLogger(__name__)
@@ -50,22 +52,6 @@ EXIT_LOAD_FAILED = 3
 """Exit status of a worker whose model cannot load: the supervisor does not respawn it."""
 
 _IDLE_BLOCK_MS = 500
-_PUBLISH_ATTEMPTS = 5
-
-
-@dataclass(slots=True)
-class _Outcome:
-    request: PendingRequest
-    reply: ReplyMessage
-    payload: bytes = b""
-
-
-@dataclass(slots=True)
-class _Timing:
-    input_ns: int = 0
-    infer_ns: int = 0
-    output_ns: int = 0
-    started_ns: int = 0
 
 
 class Worker:
@@ -79,7 +65,7 @@ class Worker:
         *,
         drain: bool = False,
     ) -> None:
-        """``drain``: :meth:`run` returns once the stream is empty (tests, batch runs)."""
+        """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs)."""
         self.settings = settings
         self.config = config
         self.version = version
@@ -87,15 +73,18 @@ class Worker:
         self.placement = placement
         self.drain = drain
         self.keys = Keys(settings.namespace)
-        self.stream = self.keys.request_stream(config.name, version)
+        levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
+        self.streams = self.keys.request_streams(config.name, version, levels)
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="compute")
         self._compute_ewma_s = 0.001
+        self._reclaimed: list[PendingRequest] = []
         self._redis: Redis | None = None
+        self._publisher: Publisher | None = None
 
     def stop(self) -> None:
-        """Finish the current batch, answer it, acknowledge it, then return from :meth:`run`."""
+        """Finish what this worker holds, answer and acknowledge it, then leave :meth:`run`."""
         self._stopping.set()
 
     @property
@@ -103,8 +92,21 @@ class Worker:
         assert self._redis is not None
         return self._redis
 
+    @property
+    def publisher(self) -> Publisher:
+        assert self._publisher is not None
+        return self._publisher
+
     async def run(self) -> int:
-        self._redis = Redis.from_url(self.settings.redis_url)
+        self._redis = Redis.from_url(self.settings.redis_url, socket_timeout=10)
+        self._publisher = Publisher(
+            self._redis,
+            self.keys,
+            self.config.name,
+            self.version,
+            self.worker_id,
+            self.settings.reply_max_len,
+        )
         try:
             return await self._run()
         finally:
@@ -123,13 +125,18 @@ class Worker:
             await self.redis.hset(self.keys.load_errors, error_field, reason)
             return EXIT_LOAD_FAILED
         await self.redis.hdel(self.keys.load_errors, error_field)
-        await self._ensure_group()
-        heartbeat = asyncio.create_task(self._heartbeat(), name="heartbeat")
+        await self._ensure_groups()
+        await self._beat()
+        background = [
+            asyncio.create_task(self._heartbeat(), name="heartbeat"),
+            asyncio.create_task(self._reclaim_loop(), name="reclaim"),
+        ]
         try:
             await self._serve(backend)
         finally:
-            heartbeat.cancel()
-            await asyncio.gather(heartbeat, return_exceptions=True)
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
             with contextlib.suppress(RedisError):
                 live = self.keys.live_workers(self.config.name, self.version)
                 await self.redis.zrem(live, self.worker_id)
@@ -145,25 +152,56 @@ class Worker:
             raise
         return backend
 
-    async def _ensure_group(self) -> None:
-        try:
-            await self.redis.xgroup_create(self.stream, WORKER_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+    async def _ensure_groups(self) -> None:
+        """Create the consumer groups (again, after Redis lost them in a restart)."""
+        for stream in self.streams:
+            try:
+                await self.redis.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def _beat(self) -> None:
+        key = self.keys.live_workers(self.config.name, self.version)
+        now = time.time()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
+            pipe.zremrangebyscore(key, "-inf", now)
+            await pipe.execute()
 
     async def _heartbeat(self) -> None:
-        key = self.keys.live_workers(self.config.name, self.version)
         while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
             try:
-                now = time.time()
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
-                    pipe.zremrangebyscore(key, "-inf", now)
-                    await pipe.execute()
+                await self._beat()
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
-            await asyncio.sleep(self.settings.heartbeat_s)
+
+    async def _reclaim_loop(self) -> None:
+        reclaimer = Reclaimer(
+            self.redis,
+            self.keys,
+            self.settings,
+            self.config.name,
+            self.version,
+            self.worker_id,
+            self.streams,
+            self._parse,
+            self.publisher,
+        )
+        while True:
+            await asyncio.sleep(self.settings.reclaim_interval_s)
+            if self._stopping.is_set():
+                continue
+            try:
+                self._reclaimed += await reclaimer.reclaim()
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    await self._ensure_groups()
+                else:
+                    log.warning("reclaiming failed: %s", exc)
+            except RedisError as exc:
+                log.warning("reclaiming failed: %s", exc)
 
     # -- batch formation -------------------------------------------------------------------
 
@@ -191,55 +229,69 @@ class Worker:
             response = await self.redis.xreadgroup(
                 WORKER_GROUP,
                 self.worker_id,
-                {self.stream: ">"},
+                dict.fromkeys(self.streams, ">"),
                 count=max(1, count),
                 block=block_ms,
             )
+        except ResponseError as exc:
+            if "NOGROUP" in str(exc):
+                log.warning("consumer group missing (Redis restarted?); creating it again")
+                with contextlib.suppress(RedisError):
+                    await self._ensure_groups()
+            else:
+                log.warning("reading requests failed: %s", exc)
+            await asyncio.sleep(0.2)
+            return []
         except RedisError as exc:
-            log.warning("reading %s failed: %s", self.stream, exc)
+            log.warning("reading requests failed: %s", exc)
             await asyncio.sleep(0.5)
             return []
         pending: list[PendingRequest] = []
-        rejected: list[_Outcome] = []
-        for _stream, entries in response or ():
+        rejected: list[Outcome] = []
+        for stream, entries in response or ():
+            name = stream.decode() if isinstance(stream, bytes) else stream
+            level = self.streams.index(name)
             for entry_id, fields in entries:
-                parsed = self._parse(entry_id, fields)
-                if isinstance(parsed, _Outcome):
+                parsed = self._parse(entry_id, fields, name, level)
+                if isinstance(parsed, Outcome):
                     rejected.append(parsed)
                 elif parsed is not None:
                     pending.append(parsed)
         if rejected:
-            await self._publish(rejected, None, 0)
+            await self.publisher.publish(rejected)
         return pending
 
     def _parse(
-        self, entry_id: bytes, fields: dict[bytes, bytes]
-    ) -> PendingRequest | _Outcome | None:
+        self, entry_id: bytes, fields: dict[bytes, bytes], stream: str, level: int
+    ) -> PendingRequest | Outcome | None:
         try:
             message, payload = decode_request(fields)
         except MalformedEntry as exc:
             log.error("dropping malformed entry %s: %s", entry_id, exc)
-            asyncio.get_running_loop().create_task(self._discard(entry_id))
+            asyncio.get_running_loop().create_task(self._discard(stream, entry_id))
             return None
-        request = PendingRequest(entry_id, message, payload, 1, ())
+        request = PendingRequest(entry_id, message, payload, 1, (), stream, level)
         try:
             validate(message, self.config)
             request.items = request_items(message, self.config)
             request.key = shape_key(message, self.config)
         except SluiceError as exc:
-            return _Outcome(request, self._error_reply(message.request_key, exc))
+            return error_outcome(request, self.version, exc)
         return request
 
-    async def _discard(self, entry_id: bytes) -> None:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xack(self.stream, WORKER_GROUP, entry_id)
-            pipe.xdel(self.stream, entry_id)
-            await pipe.execute()
+    async def _discard(self, stream: str, entry_id: bytes) -> None:
+        with contextlib.suppress(RedisError):
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.xack(stream, WORKER_GROUP, entry_id)
+                pipe.xdel(stream, entry_id)
+                await pipe.execute()
 
     def _select(
         self, pending: list[PendingRequest]
     ) -> tuple[list[PendingRequest], list[PendingRequest], bool]:
-        """The next batch (first request's shape, arrival order), the rest, and if it is full."""
+        """The next batch (highest priority first, then arrival order, all of the first
+        request's shape), the rest, and whether the batch is full."""
+        pending.sort(key=lambda r: r.level)
         limit = max(1, self.config.max_batch_size)
         key = pending[0].key
         batch: list[PendingRequest] = []
@@ -258,6 +310,10 @@ class Worker:
             batch, rest = [pending[0]], pending[1:]
         return batch, rest, full or items >= limit
 
+    def _take_reclaimed(self) -> list[PendingRequest]:
+        taken, self._reclaimed = self._reclaimed, []
+        return taken
+
     async def _gather(
         self, carry: list[PendingRequest], idle: asyncio.Event
     ) -> tuple[list[PendingRequest], list[PendingRequest]]:
@@ -265,7 +321,7 @@ class Worker:
         dynamic = self.config.dynamic_batching
         delay_s = dynamic.max_queue_delay_us / 1e6 if dynamic else 0.0
         preferred = set(dynamic.preferred_batch_sizes) if dynamic else set()
-        pending = carry
+        pending = carry + self._take_reclaimed()
         if not pending:
             if self._stopping.is_set():
                 return [], []
@@ -283,7 +339,7 @@ class Worker:
                 return batch, rest
             wait_s = delay_s - waited if waited < delay_s else self._compute_ewma_s / 2
             block_ms = math.ceil(wait_s * 1000) if wait_s >= 0.0005 else None
-            more = await self._read(limit - items, block_ms)
+            more = await self._read(limit - items, block_ms) + self._take_reclaimed()
             pending = batch + rest + more
             if not more and self.drain and idle.is_set():
                 return batch, rest
@@ -292,18 +348,16 @@ class Worker:
 
     async def _execute(self, batch: list[PendingRequest], backend: Backend) -> None:
         now_ns = time.time_ns()
-        outcomes: list[_Outcome] = []
+        outcomes: list[Outcome] = []
         live: list[PendingRequest] = []
         for request in batch:
             deadline = request.message.deadline_ns
             if deadline and deadline < now_ns:
                 error = DeadlineExceeded("the request's deadline passed while it was queued")
-                outcomes.append(
-                    _Outcome(request, self._error_reply(request.message.request_key, error))
-                )
+                outcomes.append(error_outcome(request, self.version, error))
             else:
                 live.append(request)
-        timing = _Timing(started_ns=now_ns)
+        timing = Timing(started_ns=now_ns)
         if live:
             loop = asyncio.get_running_loop()
             started = time.monotonic()
@@ -313,7 +367,7 @@ class Worker:
                 )
                 for request, (headers, payload) in zip(live, results, strict=True):
                     reply = ReplyMessage(request.message.request_key, self.version, headers)
-                    outcomes.append(_Outcome(request, reply, payload))
+                    outcomes.append(Outcome(request, reply, payload))
             except Exception as exc:
                 error = (
                     exc
@@ -321,14 +375,13 @@ class Worker:
                     else InferenceFailed(f"{type(exc).__name__}: {exc}")
                 )
                 log.warning("batch of %d failed: %s", len(live), error.message)
-                outcomes.extend(
-                    _Outcome(r, self._error_reply(r.message.request_key, error)) for r in live
-                )
-            self._compute_ewma_s = 0.8 * self._compute_ewma_s + 0.2 * (time.monotonic() - started)
-        await self._publish(outcomes, timing, sum(r.items for r in live))
+                outcomes.extend(error_outcome(r, self.version, error) for r in live)
+            elapsed = time.monotonic() - started
+            self._compute_ewma_s = 0.8 * self._compute_ewma_s + 0.2 * elapsed
+        await self.publisher.publish(outcomes, timing, sum(r.items for r in live))
 
     def _compute(
-        self, batch: list[PendingRequest], backend: Backend, timing: _Timing
+        self, batch: list[PendingRequest], backend: Backend, timing: Timing
     ) -> list[tuple[list[TensorHeader], bytes]]:
         t0 = time.perf_counter_ns()
         inputs = combine(batch, self.config)
@@ -339,80 +392,6 @@ class Worker:
         t3 = time.perf_counter_ns()
         timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
         return results
-
-    def _error_reply(self, request_key: str, error: SluiceError) -> ReplyMessage:
-        return ReplyMessage(
-            request_key, self.version, error_kind=error_kind(error), error=error.message
-        )
-
-    async def _publish(self, outcomes: list[_Outcome], timing: _Timing | None, items: int) -> None:
-        if not outcomes:
-            return
-        for attempt in range(_PUBLISH_ATTEMPTS):
-            try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    for outcome in outcomes:
-                        pipe.xadd(
-                            outcome.request.message.reply_to,
-                            encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
-                            maxlen=self.settings.reply_max_len,
-                            approximate=True,
-                        )
-                    pipe.xack(self.stream, WORKER_GROUP, *(o.request.entry_id for o in outcomes))
-                    self._record_stats(pipe, outcomes, timing, items)
-                    await pipe.execute()
-                return
-            except RedisError as exc:
-                log.warning(
-                    "publishing %d answers failed (attempt %d): %s", len(outcomes), attempt + 1, exc
-                )
-                await asyncio.sleep(0.2 * 2**attempt)
-        log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
-
-    def _record_stats(
-        self, pipe, outcomes: list[_Outcome], timing: _Timing | None, items: int
-    ) -> None:  # type: ignore[no-untyped-def]
-        name, version = self.config.name, self.version
-        key = self.keys.stats(name, version)
-        now_ns = time.time_ns()
-        ok = [o for o in outcomes if not o.reply.error_kind]
-        failed = [o for o in outcomes if o.reply.error_kind]
-        if failed:
-            pipe.hincrby(key, st.count_field("fail"), len(failed))
-            pipe.hincrby(
-                key,
-                st.ns_field("fail"),
-                sum(now_ns - o.request.message.enqueued_ns for o in failed),
-            )
-        if not ok or timing is None:
-            return
-        n = len(ok)
-        increments = {
-            st.INFERENCE_COUNT: items,
-            st.EXECUTION_COUNT: 1,
-            st.count_field("success"): n,
-            st.ns_field("success"): sum(now_ns - o.request.message.enqueued_ns for o in ok),
-            st.count_field("queue"): n,
-            st.ns_field("queue"): sum(
-                max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok
-            ),
-        }
-        durations = {
-            "compute_input": timing.input_ns,
-            "compute_infer": timing.infer_ns,
-            "compute_output": timing.output_ns,
-        }
-        for kind, ns in durations.items():
-            increments[st.count_field(kind)] = n
-            increments[st.ns_field(kind)] = ns * n
-        for field, value in increments.items():
-            pipe.hincrby(key, field, value)
-        pipe.hset(key, st.LAST_INFERENCE, now_ns // 1_000_000)
-        batch_key = self.keys.batch_stats(name, version)
-        for kind, ns in durations.items():
-            pipe.hincrby(batch_key, st.batch_field(items, kind, "count"), 1)
-            pipe.hincrby(batch_key, st.batch_field(items, kind, "ns"), ns)
-        pipe.hincrby(self.keys.instance_stats(name, version), self.worker_id, 1)
 
 
 def install_signal_handlers(worker: Worker) -> None:

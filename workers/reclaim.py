@@ -1,0 +1,129 @@
+"""Taking over requests held by dead (or stuck) workers of the same model version.
+
+A worker that dies leaves its entries pending in the consumer group. Every
+live worker periodically looks at the other consumers: entries of a consumer
+without a heartbeat are claimed at once; entries of a live one only after the
+visibility timeout. An entry delivered ``max_deliveries`` times has killed
+that many workers: it goes to the dead-letter stream and its client gets an
+error instead of a fourth victim.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from sluice.errors import InferenceFailed
+from sluice.keys import WORKER_GROUP, Keys
+from sluice.settings import WorkerSettings
+from workers.batching import PendingRequest
+from workers.replies import Outcome, Publisher, error_outcome
+
+log = logging.getLogger(__name__)
+
+_CLAIM_BATCH = 256
+_DEAD_LETTER_MAX_LEN = 10_000
+
+Parse = Callable[[bytes, dict[bytes, bytes], str, int], "PendingRequest | Outcome | None"]
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class Reclaimer:
+    redis: Redis
+    keys: Keys
+    settings: WorkerSettings
+    model: str
+    version: int
+    worker_id: str
+    streams: list[str]
+    parse: Parse
+    publisher: Publisher
+
+    async def reclaim(self) -> list[PendingRequest]:
+        """Claim what dead workers held; returns the requests to process here."""
+        now = time.time()
+        live_key = self.keys.live_workers(self.model, self.version)
+        live = {_text(m) for m in await self.redis.zrangebyscore(live_key, now, "+inf")}
+        dead_idle_ms = int(3 * self.settings.heartbeat_s * 1000)
+        claimed: list[PendingRequest] = []
+        for level, stream in enumerate(self.streams):
+            for consumer in await self.redis.xinfo_consumers(stream, WORKER_GROUP):
+                name = _text(consumer["name"])
+                if name == self.worker_id:
+                    continue
+                alive = name in live
+                if not consumer["pending"]:
+                    if not alive and consumer["idle"] > dead_idle_ms:
+                        await self.redis.xgroup_delconsumer(stream, WORKER_GROUP, name)
+                    continue
+                min_idle = int(self.settings.visibility_timeout_s * 1000) if alive else 0
+                claimed += await self._claim(stream, level, name, min_idle)
+        return claimed
+
+    async def _claim(
+        self, stream: str, level: int, consumer: str, min_idle: int
+    ) -> list[PendingRequest]:
+        pending = await self.redis.xpending_range(
+            stream,
+            WORKER_GROUP,
+            min="-",
+            max="+",
+            count=_CLAIM_BATCH,
+            consumername=consumer,
+            idle=min_idle,
+        )
+        if not pending:
+            return []
+        deliveries = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+        entries = await self.redis.xclaim(
+            stream, WORKER_GROUP, self.worker_id, min_idle, list(deliveries)
+        )
+        requests: list[PendingRequest] = []
+        rejected: list[Outcome] = []
+        for entry_id, fields in entries:
+            if not fields:
+                continue
+            parsed = self.parse(entry_id, fields, stream, level)
+            if isinstance(parsed, Outcome):
+                rejected.append(parsed)
+            elif parsed is not None:
+                parsed.deliveries = deliveries.get(entry_id, 1) + 1
+                if parsed.deliveries > self.settings.max_deliveries:
+                    rejected.append(await self._dead_letter(parsed, fields, consumer))
+                else:
+                    requests.append(parsed)
+        if requests or rejected:
+            log.warning(
+                "took over %d requests of worker %s from %s (%d dead-lettered)",
+                len(requests),
+                consumer,
+                stream,
+                len(rejected),
+            )
+        await self.publisher.publish(rejected)
+        return requests
+
+    async def _dead_letter(
+        self, request: PendingRequest, fields: dict[bytes, bytes], consumer: str
+    ) -> Outcome:
+        delivered = request.deliveries - 1
+        await self.redis.xadd(
+            self.keys.dead_letters(self.model, self.version),
+            {**fields, b"reason": f"delivered {delivered} times; last worker {consumer}".encode()},
+            maxlen=_DEAD_LETTER_MAX_LEN,
+            approximate=True,
+        )
+        error = InferenceFailed(
+            f"the request was delivered {delivered} times and its worker died each time; "
+            "it was moved to the dead-letter stream"
+        )
+        return error_outcome(request, self.version, error)

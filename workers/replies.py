@@ -1,0 +1,134 @@
+"""Publishing a batch's answers: reply entries, acknowledgement, deletion and statistics,
+all in one pipelined round trip. An entry is acknowledged only with its answer."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+
+from sluice import statistics as st
+from sluice.errors import SluiceError, error_kind
+from sluice.keys import WORKER_GROUP, Keys
+from sluice.wire import ReplyMessage, encode_reply
+from workers.batching import PendingRequest
+
+log = logging.getLogger(__name__)
+
+_ATTEMPTS = 5
+
+
+@dataclass(slots=True)
+class Outcome:
+    request: PendingRequest
+    reply: ReplyMessage
+    payload: bytes = b""
+
+
+@dataclass(slots=True)
+class Timing:
+    started_ns: int = 0
+    input_ns: int = 0
+    infer_ns: int = 0
+    output_ns: int = 0
+
+
+def error_outcome(request: PendingRequest, version: int, error: SluiceError) -> Outcome:
+    reply = ReplyMessage(
+        request.message.request_key, version, error_kind=error_kind(error), error=error.message
+    )
+    return Outcome(request, reply)
+
+
+@dataclass
+class Publisher:
+    redis: Redis
+    keys: Keys
+    model: str
+    version: int
+    worker_id: str
+    reply_max_len: int
+
+    async def publish(
+        self, outcomes: list[Outcome], timing: Timing | None = None, items: int = 0
+    ) -> bool:
+        """True once published; False after retries failed (the entries stay pending and are
+        delivered again elsewhere)."""
+        if not outcomes:
+            return True
+        by_stream: dict[str, list[bytes]] = defaultdict(list)
+        for outcome in outcomes:
+            by_stream[outcome.request.stream].append(outcome.request.entry_id)
+        for attempt in range(_ATTEMPTS):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for outcome in outcomes:
+                        if outcome.request.message.reply_to:
+                            pipe.xadd(
+                                outcome.request.message.reply_to,
+                                encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
+                                maxlen=self.reply_max_len,
+                                approximate=True,
+                            )
+                    for stream, ids in by_stream.items():
+                        pipe.xack(stream, WORKER_GROUP, *ids)
+                        pipe.xdel(stream, *ids)
+                    self._record(pipe, outcomes, timing, items)
+                    await pipe.execute()
+                return True
+            except RedisError as exc:
+                log.warning(
+                    "publishing %d answers failed (try %d): %s", len(outcomes), attempt + 1, exc
+                )
+                await asyncio.sleep(0.2 * 2**attempt)
+        log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
+        return False
+
+    def _record(
+        self, pipe: Pipeline, outcomes: list[Outcome], timing: Timing | None, items: int
+    ) -> None:
+        key = self.keys.stats(self.model, self.version)
+        now_ns = time.time_ns()
+        ok = [o for o in outcomes if not o.reply.error_kind]
+        failed = len(outcomes) - len(ok)
+        if failed:
+            waited = sum(
+                now_ns - o.request.message.enqueued_ns for o in outcomes if o.reply.error_kind
+            )
+            pipe.hincrby(key, st.count_field("fail"), failed)
+            pipe.hincrby(key, st.ns_field("fail"), waited)
+        if not ok or timing is None:
+            return
+        n = len(ok)
+        durations = {
+            "compute_input": timing.input_ns,
+            "compute_infer": timing.infer_ns,
+            "compute_output": timing.output_ns,
+        }
+        increments = {
+            st.INFERENCE_COUNT: items,
+            st.EXECUTION_COUNT: 1,
+            st.count_field("success"): n,
+            st.ns_field("success"): sum(now_ns - o.request.message.enqueued_ns for o in ok),
+            st.count_field("queue"): n,
+            st.ns_field("queue"): sum(
+                max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok
+            ),
+        }
+        for kind, ns in durations.items():
+            increments[st.count_field(kind)] = n
+            increments[st.ns_field(kind)] = ns * n
+        for field, value in increments.items():
+            pipe.hincrby(key, field, value)
+        pipe.hset(key, st.LAST_INFERENCE, now_ns // 1_000_000)
+        batch_key = self.keys.batch_stats(self.model, self.version)
+        for kind, ns in durations.items():
+            pipe.hincrby(batch_key, st.batch_field(items, kind, "count"), 1)
+            pipe.hincrby(batch_key, st.batch_field(items, kind, "ns"), ns)
+        pipe.hincrby(self.keys.instance_stats(self.model, self.version), self.worker_id, 1)
