@@ -249,7 +249,8 @@ def _series(points: list[Point], loop: str) -> dict[str, list[Point]]:
 
 
 def _loads(points: list[Point]) -> list[float]:
-    return [float(p.concurrency if p.loop == "closed" else p.rate or 0) for p in points]
+    """The x value of each point: concurrency (closed loop) or offered rate (open loop)."""
+    return [float(p.concurrency or 0) if p.loop == "closed" else p.rate or 0.0 for p in points]
 
 
 def plot_throughput(path: Path, results: Results) -> None:
@@ -300,17 +301,17 @@ def plot_latency(path: Path, results: Results) -> None:
     figure, axis = plt.subplots(figsize=(6.5, 4.5))
     for loop in ("closed", "open"):
         for mode, points in _series(results.points, loop).items():
-            measured = [p for p in points if p.p99_ms is not None]
+            measured = [(p, p.p99_ms) for p in points if p.p99_ms is not None]
             (line,) = axis.plot(
-                [p.items_per_s for p in measured],
-                [p.p99_ms for p in measured],
+                [p.items_per_s for p, _ in measured],
+                [p99 for _, p99 in measured],
                 marker="o" if loop == "closed" else "s",
                 label=f"{loop} loop ({mode})",
             )
-            for p in measured:
+            for p, p99 in measured:
                 axis.annotate(
                     p.load,
-                    (p.items_per_s, p.p99_ms),
+                    (p.items_per_s, p99),
                     textcoords="offset points",
                     xytext=(4, 4),
                     fontsize=7,

@@ -19,7 +19,9 @@ def serve(settings: GatewaySettings) -> None:
         http="httptools",
         access_log=False,
         log_level="warning",
-        timeout_graceful_shutdown=10,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
+        ssl_certfile=settings.ssl_certfile or None,
+        ssl_keyfile=settings.ssl_keyfile or None,
     )
 
 

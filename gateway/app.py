@@ -15,13 +15,15 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.admission import Admission
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
+from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
 from gateway.routes import router
 from gateway.state import GatewayState
-from sluice.errors import Overloaded, SluiceError
+from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
 from sluice.settings import GatewaySettings
 
@@ -55,6 +57,7 @@ async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> Non
     while True:
         try:
             await state.view.refresh(state.redis)
+            state.admission.observe(state.view.depths)
             if ticks % _TOUCH_EVERY == 0:
                 await dispatcher.touch()
             if not state.redis_ok:
@@ -63,6 +66,9 @@ async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> Non
         except RedisError as exc:
             if state.redis_ok:
                 log.warning("Redis is unreachable: %s", exc)
+                dispatcher.fail_all(
+                    Unavailable("the request queue (Redis) became unreachable; retry later")
+                )
             state.redis_ok = False
         except Exception:
             log.exception("catalog refresh failed")
@@ -75,8 +81,14 @@ def create_app(settings: GatewaySettings) -> FastAPI:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        redis = Redis.from_url(settings.redis_url, socket_connect_timeout=2)
-        reader = Redis.from_url(settings.redis_url, socket_connect_timeout=2)
+        timeout = settings.redis_timeout_s
+        redis = Redis.from_url(
+            settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout
+        )
+        # The reader blocks up to 1 s in XREAD, so its socket timeout must be longer.
+        reader = Redis.from_url(
+            settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout + 5
+        )
         dispatcher = RedisDispatcher(redis, reader, keys, stream_max_len=settings.stream_max_len)
         state = GatewayState(
             settings=settings,
@@ -85,6 +97,7 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             view=CatalogView(keys),
             dispatcher=dispatcher,
             limits=RequestLimits(max_elements=settings.max_tensor_elements),
+            admission=Admission(settings.max_in_flight),
         )
         app.state.sluice = state
         await dispatcher.start()
@@ -99,6 +112,12 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await reader.aclose()
 
     app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
+    app.add_middleware(
+        EdgeGuard,
+        keys=KeyRing.from_settings(settings),
+        max_header_count=settings.max_header_count,
+        max_header_bytes=settings.max_header_bytes,
+    )
     app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(HTTPException, _http_error)

@@ -26,6 +26,8 @@ class CatalogView:
     models: dict[str, CatalogEntry] = field(default_factory=dict)
     ready: dict[str, frozenset[int]] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)
+    depths: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Entries in each model version's streams: its queue depth."""
     revision: bytes | None = None
     loaded: bool = False
 
@@ -45,18 +47,32 @@ class CatalogView:
         now = time.time()
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.load_errors)
-            order: list[tuple[str, int]] = []
+            order: list[tuple[str, int, int]] = []
             for entry in self.models.values():
+                streams = self._streams(entry)
                 for version in entry.versions:
                     pipe.zcount(self.keys.live_workers(entry.name, version), now, "+inf")
-                    order.append((entry.name, version))
+                    for stream in streams(version):
+                        pipe.xlen(stream)
+                    order.append((entry.name, version, len(streams(version))))
             results = await pipe.execute()
         self.load_errors = {k.decode(): v.decode() for k, v in results[0].items()}
         ready: dict[str, set[int]] = {}
-        for (name, version), live in zip(order, results[1:], strict=True):
-            if live:
+        depths: dict[tuple[str, int], int] = {}
+        position = 1
+        for name, version, stream_count in order:
+            if results[position]:
                 ready.setdefault(name, set()).add(version)
+            depths[(name, version)] = sum(results[position + 1 : position + 1 + stream_count])
+            position += 1 + stream_count
         self.ready = {name: frozenset(versions) for name, versions in ready.items()}
+        self.depths = depths
+
+    def _streams(self, entry: CatalogEntry):  # type: ignore[no-untyped-def]
+        levels = 0
+        if entry.config is not None and entry.config.dynamic_batching is not None:
+            levels = entry.config.dynamic_batching.priority_levels
+        return lambda version: self.keys.request_streams(entry.name, version, levels)
 
     def entry(self, model: str) -> CatalogEntry:
         entry = self.models.get(model)

@@ -17,6 +17,7 @@ from typing import Protocol
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from gateway.coalescer import AppendCoalescer
 from sluice.errors import DeadlineExceeded, Unavailable
 from sluice.keys import Keys
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_reply, encode_request
@@ -31,8 +32,10 @@ _REPLY_STREAM_TTL_S = 300
 
 class Dispatcher(Protocol):
     async def submit(
-        self, model: str, version: int, message: RequestMessage, payload: bytes, timeout_s: float
+        self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
     ) -> Reply: ...
+
+    def fail_all(self, error: Exception) -> None: ...
 
 
 class RedisDispatcher:
@@ -41,7 +44,7 @@ class RedisDispatcher:
         self._redis = redis
         self._reader_redis = reader
         self._keys = keys
-        self._stream_max_len = stream_max_len
+        self._appender = AppendCoalescer(redis, stream_max_len)
         self.gateway_id = uuid.uuid4().hex[:12]
         self.reply_stream = keys.reply_stream(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
@@ -59,12 +62,14 @@ class RedisDispatcher:
             if not future.done():
                 future.set_exception(Unavailable("the gateway is shutting down"))
 
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
+    def fail_all(self, error: Exception) -> None:
+        """Fail every waiting request (Redis went away with their entries)."""
+        for future in self._pending.values():
+            if not future.done():
+                future.set_exception(error)
 
     async def submit(
-        self, model: str, version: int, message: RequestMessage, payload: bytes, timeout_s: float
+        self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
     ) -> Reply:
         key = str(next(self._counter))
         message.request_key = key
@@ -73,12 +78,7 @@ class RedisDispatcher:
         self._pending[key] = future
         try:
             try:
-                await self._redis.xadd(
-                    self._keys.request_stream(model, version),
-                    encode_request(message, payload),  # type: ignore[arg-type]
-                    maxlen=self._stream_max_len,
-                    approximate=True,
-                )
+                await self._appender.append(stream, encode_request(message, payload))
             except RedisError as exc:
                 raise Unavailable(f"the request queue is unreachable: {exc}") from None
             try:
@@ -96,6 +96,7 @@ class RedisDispatcher:
 
     async def _read_replies(self) -> None:
         last_id = b"0-0"
+        trim: asyncio.Task[object] | None = None
         while True:
             try:
                 batches = await self._reader_redis.xread(
@@ -111,6 +112,15 @@ class RedisDispatcher:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     self._resolve(fields)
+            if batches and (trim is None or trim.done()):
+                # Answers are read once: drop them so the reply stream holds only unread ones.
+                trim = asyncio.create_task(self._trim(last_id))
+
+    async def _trim(self, last_id: bytes) -> None:
+        try:
+            await self._redis.xtrim(self.reply_stream, minid=_next_id(last_id))
+        except RedisError as exc:
+            log.debug("trimming the reply stream failed: %s", exc)
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
@@ -121,3 +131,8 @@ class RedisDispatcher:
         future = self._pending.get(reply[0].request_key)
         if future is not None and not future.done():
             future.set_result(reply)
+
+
+def _next_id(entry_id: bytes) -> str:
+    milliseconds, sequence = entry_id.decode().split("-")
+    return f"{milliseconds}-{int(sequence) + 1}"

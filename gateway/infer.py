@@ -11,7 +11,8 @@ from gateway.body import header_length, read_body
 from gateway.infer_request import InferRequest, parse_infer_request
 from gateway.infer_response import OutputTensor, encode_infer_response
 from gateway.state import GatewayState
-from sluice.errors import InvalidInput, error_from_kind
+from sluice.config import DynamicBatching
+from sluice.errors import InvalidInput, Unavailable, error_from_kind
 from sluice.wire import RequestMessage, TensorHeader
 
 _NS_PER_US = 1_000
@@ -27,14 +28,24 @@ def _timeout_us(request: InferRequest, state: GatewayState, model_default_us: in
     return min(timeout, default_us) if timeout else default_us
 
 
-def _priority(request: InferRequest) -> int:
+def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
+    """The priority level whose stream takes the request (0: the model has no levels)."""
     priority = request.parameters.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
         raise InvalidInput("parameter 'priority' must be a non-negative integer")
+    levels = dynamic.priority_levels if dynamic else 0
+    if not levels:
+        return 0
+    if priority == 0:
+        return (dynamic.default_priority_level if dynamic else 0) or levels
+    if priority > levels:
+        raise InvalidInput(f"parameter 'priority' must be between 1 and {levels}, got {priority}")
     return priority
 
 
 async def infer(request: Request, state: GatewayState, model: str, version: str | None) -> Response:
+    if not state.redis_ok:
+        raise Unavailable("the request queue (Redis) is unreachable; retry later")
     entry, number = state.view.resolve(model, version)
     config = entry.config
     assert config is not None
@@ -43,6 +54,8 @@ async def infer(request: Request, state: GatewayState, model: str, version: str 
 
     dynamic = config.dynamic_batching
     timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
+    level = _priority(parsed, dynamic)
+    max_queue = (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size
     now_ns = time.time_ns()
     message = RequestMessage(
         request_key="",
@@ -52,13 +65,15 @@ async def infer(request: Request, state: GatewayState, model: str, version: str 
         client_id=parsed.id,
         deadline_ns=now_ns + timeout_us * _NS_PER_US,
         enqueued_ns=now_ns,
-        priority=_priority(parsed),
+        priority=level,
         parameters={k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")},
     )
     payload = b"".join(t.data for t in parsed.inputs)
-    reply, data = await state.dispatcher.submit(
-        model, number, message, payload, timeout_us / 1_000_000
-    )
+    stream = state.keys.request_stream(model, number, level)
+    with state.admission.admit(model, number, max_queue):
+        reply, data = await state.dispatcher.submit(
+            model, stream, message, payload, timeout_us / 1_000_000
+        )
     if reply.error_kind:
         raise error_from_kind(reply.error_kind, reply.error)
 

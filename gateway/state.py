@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
 
+from gateway.admission import Admission
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import Dispatcher
 from gateway.infer_request import RequestLimits
@@ -21,4 +22,5 @@ class GatewayState:
     view: CatalogView
     dispatcher: Dispatcher
     limits: RequestLimits
+    admission: Admission
     redis_ok: bool = field(default=False)

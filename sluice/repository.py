@@ -24,6 +24,7 @@ from sluice.config import (
     is_onnx,
     parse_config_text,
 )
+from sluice.config.platforms import fallback_model_filename
 from sluice.errors import InvalidConfig
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
@@ -114,6 +115,7 @@ def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
             raise InvalidConfig(f"model file {_relative(path, model_file)} is missing")
         config = autocomplete_from_onnx(config, model_file, model_name=name)
 
+    config = _fallback_model_file(config, path, versions)
     if config.default_model_filename:
         for version in versions:
             model_file = path / str(version) / config.default_model_filename
@@ -152,6 +154,19 @@ def _infer_platform(config: ModelConfig, version_dir: Path) -> ModelConfig:
         f"{CONFIG_FILENAME}: neither platform nor backend is set, and no known model file "
         f"({', '.join(candidates)}) was found to infer them from"
     )
+
+
+def _fallback_model_file(config: ModelConfig, path: Path, versions: tuple[int, ...]) -> ModelConfig:
+    """Use the platform's alternative file (model.pt2 for model.pt) when every version has it."""
+    filename = config.default_model_filename
+    fallback = fallback_model_filename(config.platform, config.backend, filename)
+    if fallback is None or all((path / str(v) / filename).exists() for v in versions):
+        return config
+    if not all((path / str(v) / fallback).is_file() for v in versions):
+        return config
+    msg = config_to_proto(config)
+    msg.default_model_filename = fallback
+    return config_from_proto(msg, model_name=config.name)
 
 
 def _relative(model_dir: Path, file: Path) -> str:

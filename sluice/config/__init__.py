@@ -9,6 +9,8 @@ from .model import (
     ModelConfig,
     TensorSpec,
     VersionPolicy,
+    WarmupInput,
+    WarmupSample,
 )
 from .parse import (
     CONFIG_FILENAME,
@@ -40,6 +42,8 @@ __all__ = [
     "ModelConfig",
     "TensorSpec",
     "VersionPolicy",
+    "WarmupInput",
+    "WarmupSample",
     "autocomplete_from_onnx",
     "config_from_json",
     "config_from_proto",

@@ -84,6 +84,29 @@ class VersionPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class WarmupInput:
+    """One input of a warm-up sample: ``dims`` is the shape of one batch item."""
+
+    name: str
+    datatype: str
+    dims: tuple[int, ...]
+    source: str
+    """"zero", "random" or "file"."""
+    file: str = ""
+    """For "file": a path relative to ``<model>/warmup/``."""
+
+
+@dataclass(frozen=True, slots=True)
+class WarmupSample:
+    """One ``model_warmup`` entry: run ``count`` times (at least once) at ``batch_size``."""
+
+    name: str
+    batch_size: int
+    inputs: tuple[WarmupInput, ...]
+    count: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     platform: str
@@ -97,6 +120,7 @@ class ModelConfig:
     parameters: Mapping[str, str]
     default_model_filename: str
     execution_accelerators: tuple[str, ...] = ()
+    warmup: tuple[WarmupSample, ...] = ()
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def input(self, name: str) -> TensorSpec | None:

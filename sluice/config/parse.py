@@ -20,6 +20,8 @@ from .model import (
     ModelConfig,
     TensorSpec,
     VersionPolicy,
+    WarmupInput,
+    WarmupSample,
 )
 from .platforms import default_model_filename
 from .render import render_config
@@ -118,6 +120,7 @@ def _build(msg: Any) -> ModelConfig:
         parameters=FrozenMap({k: v.string_value for k, v in msg.parameters.items()}),
         default_model_filename=msg.default_model_filename,
         execution_accelerators=tuple(a.name for a in accelerators),
+        warmup=tuple(_warmup_sample(sample) for sample in msg.model_warmup),
         raw=render_config(msg),
     )
 
@@ -130,6 +133,29 @@ def _tensor(tensor: Any, *, optional: bool) -> TensorSpec:
         dims=tuple(tensor.dims),
         reshape=tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None,
         optional=optional,
+    )
+
+
+def _warmup_sample(sample: Any) -> WarmupSample:
+    data_type = model_config_pb2().DataType.Name
+    inputs = []
+    for name in sorted(sample.inputs):
+        spec = sample.inputs[name]
+        source = spec.WhichOneof("input_data_type")
+        inputs.append(
+            WarmupInput(
+                name=name,
+                datatype=from_config_type(data_type(spec.data_type)),
+                dims=tuple(spec.dims),
+                source={"zero_data": "zero", "random_data": "random"}.get(source, "file"),
+                file=spec.input_data_file,
+            )
+        )
+    return WarmupSample(
+        name=sample.name,
+        batch_size=sample.batch_size,
+        inputs=tuple(inputs),
+        count=max(1, sample.count),
     )
 
 

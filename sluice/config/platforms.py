@@ -23,12 +23,19 @@ _FILENAME_BY_BACKEND: dict[str, str] = {
     "torch_aoti": "model.pt2",
 }
 
-# Model files from which Triton infers the platform when the config names none.
+# Model files from which the platform is inferred when the config names none (Triton does
+# this for the first three; a torch.export package and a model.py are unambiguous too).
 PLATFORM_BY_FILE_SUFFIX: dict[str, tuple[str, str]] = {
     ".onnx": (ONNX_PLATFORM, ONNX_BACKEND),
     ".plan": ("tensorrt_plan", "tensorrt"),
     ".pt": ("pytorch_libtorch", "pytorch"),
+    ".pt2": ("pytorch_libtorch", "pytorch"),
+    ".py": ("", "python"),
 }
+
+TORCH_PLATFORMS = frozenset({"pytorch_libtorch", "torch_aoti"})
+TORCH_BACKENDS = frozenset({"pytorch", "torch_aoti"})
+TORCH_EXPORT_FILENAME = "model.pt2"
 
 
 def default_model_filename(platform: str, backend: str) -> str:
@@ -38,3 +45,15 @@ def default_model_filename(platform: str, backend: str) -> str:
 
 def is_onnx(platform: str, backend: str) -> bool:
     return platform == ONNX_PLATFORM or backend == ONNX_BACKEND
+
+
+def is_torch(platform: str, backend: str) -> bool:
+    return platform in TORCH_PLATFORMS or backend in TORCH_BACKENDS
+
+
+def fallback_model_filename(platform: str, backend: str, filename: str) -> str | None:
+    """Another file to load when ``filename`` is absent: a torch.export ``model.pt2``
+    stands in for the PyTorch backend's default ``model.pt``."""
+    if is_torch(platform, backend) and filename == "model.pt":
+        return TORCH_EXPORT_FILENAME
+    return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 from typing import Any
 
 from sluice.datatypes import from_config_type
@@ -43,6 +44,11 @@ def validate_config(msg: Any, *, model_name: str, source: str) -> None:
     reason = _version_policy_problem(msg.version_policy)
     if reason:
         raise fail(f"version_policy: {reason}")
+    for index, sample in enumerate(msg.model_warmup):
+        reason = _warmup_problem(sample, msg.max_batch_size)
+        if reason:
+            label = f"'{sample.name}'" if sample.name else f"#{index}"
+            raise fail(f"model_warmup {label}: {reason}")
 
 
 def _tensor_problem(tensor: Any) -> str | None:
@@ -144,4 +150,47 @@ def _version_policy_problem(policy: Any) -> str | None:
             return "specific.versions must not be empty"
         if any(v < 1 for v in versions):
             return f"specific.versions {versions} must all be >= 1"
+    return None
+
+
+def _warmup_problem(sample: Any, max_batch_size: int) -> str | None:
+    if not sample.name:
+        return "name must not be empty"
+    if max_batch_size > 0 and sample.batch_size > max_batch_size:
+        return f"batch_size {sample.batch_size} exceeds max_batch_size {max_batch_size}"
+    if max_batch_size == 0 and sample.batch_size > 1:
+        return (
+            f"batch_size {sample.batch_size}: a model with max_batch_size 0 has no batch "
+            "dimension (use batch_size 1)"
+        )
+    if sample.count < 0:
+        return f"count must be >= 0, got {sample.count}"
+    if not sample.inputs:
+        return "inputs must not be empty"
+    for name, spec in sample.inputs.items():
+        reason = _warmup_input_problem(spec)
+        if reason:
+            return f"input '{name}': {reason}"
+    return None
+
+
+def _warmup_input_problem(spec: Any) -> str | None:
+    if spec.data_type == 0:
+        return "data_type must be set (TYPE_INVALID is not allowed)"
+    try:
+        from_config_type(model_config_pb2().DataType.Name(spec.data_type))
+    except ValueError:
+        return f"unsupported data_type {spec.data_type}"
+    if any(d < 1 for d in spec.dims):
+        return f"dims {list(spec.dims)}: warm-up dimensions must be fixed sizes >= 1"
+    source = spec.WhichOneof("input_data_type")
+    if source is None:
+        return "set one of zero_data, random_data or input_data_file"
+    if source == "input_data_file":
+        path = PurePosixPath(spec.input_data_file)
+        if not spec.input_data_file or path.is_absolute() or ".." in path.parts:
+            return (
+                f"input_data_file '{spec.input_data_file}' must be a file name inside the "
+                "model's warmup/ folder"
+            )
     return None

@@ -10,6 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from sluice.config import ModelConfig
+from sluice.errors import InferenceFailed, SluiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,9 +26,18 @@ class Placement:
 
 class Backend(Protocol):
     def infer(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
-        """Run one batch of named arrays; return the named outputs asked for."""
+        """Run one batch of named arrays; return the named outputs asked for.
+
+        ``request_sizes``: the batch items of each request in the batch, in order
+        (they sum to the batch dimension; one entry for models without batching).
+        Backends that answer requests one by one (Triton-style Python models) use it;
+        ``None`` means the whole batch is one request.
+        """
         ...
 
     def close(self) -> None: ...
@@ -35,3 +45,24 @@ class Backend(Protocol):
 
 class BackendFactory(Protocol):
     def __call__(self, config: ModelConfig, model_path: Path, placement: Placement) -> Backend: ...
+
+
+class RequestsFailed(InferenceFailed):
+    """Some requests of a batch failed, the others have answers.
+
+    ``outputs`` are whole-batch arrays as :meth:`Backend.infer` returns them (the
+    rows of failed requests hold filler), or ``None`` when every request failed.
+    ``failures`` maps the index of a request in the batch to its error.
+    """
+
+    def __init__(
+        self, failures: Mapping[int, SluiceError], outputs: dict[str, np.ndarray] | None
+    ) -> None:
+        first = failures[min(failures)]
+        if outputs is None and len({error.message for error in failures.values()}) == 1:
+            message = first.message
+        else:
+            message = f"{len(failures)} request(s) of the batch failed; first: {first.message}"
+        super().__init__(message)
+        self.failures = dict(failures)
+        self.outputs = outputs

@@ -75,7 +75,10 @@ class OnnxRuntimeBackend:
         }
 
     def infer(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
         feed = {
             name: _as_text(name, array) if array.dtype == np.object_ else array

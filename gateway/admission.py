@@ -1,0 +1,56 @@
+"""Admission control: refuse work before it is queued, at constant cost.
+
+Two bounds. Per model version, the queue depth (entries in its streams, read
+from Redis in the background, plus what this gateway sent since) may not pass
+the model's ``max_queue_size``: 429. Per gateway process, the requests held
+at once may not pass ``max_in_flight``: 503. Both answers carry Retry-After.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from sluice.errors import Overloaded, ServerBusy
+
+
+@dataclass
+class Admission:
+    max_in_flight: int
+    in_flight: int = 0
+    per_model: dict[tuple[str, int], int] = field(default_factory=dict)
+    observed_depth: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Queue depth per model version as last read from Redis."""
+    sent_since_observed: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    @contextmanager
+    def admit(self, model: str, version: int, max_queue_size: int) -> Iterator[None]:
+        if self.in_flight >= self.max_in_flight:
+            raise ServerBusy(
+                f"the gateway holds {self.in_flight} requests, its limit; retry later", 1
+            )
+        key = (model, version)
+        if max_queue_size:
+            depth = max(
+                self.per_model.get(key, 0),
+                self.observed_depth.get(key, 0) + self.sent_since_observed.get(key, 0),
+            )
+            if depth >= max_queue_size:
+                raise Overloaded(
+                    f"model '{model}' version {version} has {depth} queued requests, "
+                    f"its max_queue_size is {max_queue_size}; retry later",
+                    1,
+                )
+        self.in_flight += 1
+        self.per_model[key] = self.per_model.get(key, 0) + 1
+        self.sent_since_observed[key] = self.sent_since_observed.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            self.in_flight -= 1
+            self.per_model[key] -= 1
+
+    def observe(self, depths: dict[tuple[str, int], int]) -> None:
+        self.observed_depth = depths
+        self.sent_since_observed = {}
