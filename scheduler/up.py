@@ -13,6 +13,7 @@ import urllib.request
 from pathlib import Path
 
 from redis import Redis
+from redis.exceptions import RedisError
 
 from scheduler.catalog_publisher import publish_catalog
 from scheduler.redis_server import RedisNotInstalled, RedisServer
@@ -25,6 +26,30 @@ from sluice.settings import UpSettings
 log = logging.getLogger("sluice.up")
 
 EXIT_LOAD_FAILED = 3
+_GATEWAY_START_ATTEMPTS = 3
+
+
+class CatalogKeeper:
+    """Republishes the catalog when Redis lost it (a restart without persistence)."""
+
+    def __init__(self, client: Redis, keys: Keys, models: list[RepositoryModel]) -> None:
+        self.client, self.keys, self.models = client, keys, models
+        self.reachable = True
+
+    def tick(self) -> None:
+        try:
+            if not self.client.exists(self.keys.catalog_revision):
+                log.warning(
+                    "the model catalog is gone from Redis (restarted?); publishing it again"
+                )
+                publish_catalog(self.client, self.keys, self.models)
+            if not self.reachable:
+                log.info("Redis is reachable again")
+            self.reachable = True
+        except RedisError as exc:
+            if self.reachable:
+                log.warning("Redis is unreachable: %s", exc)
+            self.reachable = False
 
 
 def _worker_specs(
@@ -116,12 +141,15 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         log.info("started a private redis-server at %s", redis_url)
 
     supervisor: Supervisor | None = None
+    keys = Keys(settings.namespace)
+    client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
-        keys = Keys(settings.namespace)
-        client = Redis.from_url(redis_url)
-        client.delete(keys.load_errors)
-        publish_catalog(client, keys, models)
-        client.close()
+        try:
+            client.delete(keys.load_errors)
+            publish_catalog(client, keys, models)
+        except RedisError as exc:
+            print(f"error: cannot reach Redis at {redis_url}: {exc}", file=sys.stderr)
+            return 2
 
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
         gateway_env = dict(
@@ -133,8 +161,12 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
 
         url = f"http://{settings.http_host}:{settings.http_port}"
         deadline = time.monotonic() + settings.ready_timeout_s
+        gateway_child = supervisor.children[0]
         while not stop.is_set() and not _ready(url):
             supervisor.tick()
+            if len(gateway_child.exit_codes) >= _GATEWAY_START_ATTEMPTS:
+                print("error: the gateway failed to start (see its log above)", file=sys.stderr)
+                return 1
             if time.monotonic() > deadline:
                 print(
                     f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s",
@@ -145,10 +177,13 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         if stop.is_set():
             return 0
         print(f"Sluice ready at {url}", flush=True)
+        catalog = CatalogKeeper(client, keys, models)
         while not stop.wait(0.5):
             supervisor.tick()
+            catalog.tick()
         return 0
     finally:
+        client.close()
         if supervisor is not None:
             supervisor.stop()
         if redis_server is not None:

@@ -1,0 +1,213 @@
+"""Models written for Triton's Python backend (``class TritonPythonModel``), run unchanged.
+
+The worker hands over one combined batch; it is split back into one
+``InferenceRequest`` per client request (``request_sizes``), ``execute`` answers
+each with an ``InferenceResponse``, and the answers are joined again along the
+batch dimension. A response carrying an error fails only its own request
+(:class:`RequestsFailed`).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sluice.config import ModelConfig
+from sluice.errors import (
+    InferenceFailed,
+    InvalidConfig,
+    InvalidInput,
+    NotFound,
+    SluiceError,
+    Unavailable,
+    Unsupported,
+)
+from workers.backends import triton_python_backend_utils as pb
+from workers.backends.base import Placement, RequestsFailed
+from workers.backends.python_model import call_model, forget_module
+
+_ERROR_BY_CODE: dict[int, type[SluiceError]] = {
+    pb.TritonError.INVALID_ARG: InvalidInput,
+    pb.TritonError.NOT_FOUND: NotFound,
+    pb.TritonError.UNAVAILABLE: Unavailable,
+    pb.TritonError.UNSUPPORTED: Unsupported,
+}
+
+
+def _as_sluice_error(error: pb.TritonError) -> SluiceError:
+    return _ERROR_BY_CODE.get(error.code(), InferenceFailed)(error.message())
+
+
+def _filler(template: np.ndarray, items: int) -> np.ndarray:
+    shape = (items, *template.shape[1:])
+    if template.dtype == np.object_:
+        filler = np.empty(shape, dtype=np.object_)
+        filler.fill(b"")
+        return filler
+    return np.zeros(shape, dtype=template.dtype)
+
+
+class TritonPythonBackend:
+    def __init__(
+        self,
+        instance: Any,
+        config: ModelConfig,
+        model_file: Path,
+        placement: Placement,
+        module_name: str,
+    ) -> None:
+        self._model = instance
+        self._config = config
+        self._file = model_file
+        self._module_name = module_name
+        self._version = int(model_file.parent.name) if model_file.parent.name.isdigit() else -1
+        if pb.using_decoupled_model_transaction_policy(config.raw):
+            raise InvalidConfig(
+                f"model '{config.name}' is decoupled (model_transaction_policy), "
+                "which Sluice does not support"
+            )
+        gpu = placement.kind == "KIND_GPU"
+        device = placement.gpu or 0
+        args = {
+            "model_config": json.dumps(dict(config.raw)),
+            "model_instance_kind": "GPU" if gpu else "CPU",
+            "model_instance_name": f"{config.name}_0_{device}" if gpu else f"{config.name}_0",
+            "model_instance_device_id": str(device),
+            "model_repository": str(model_file.parent.parent),
+            "model_version": model_file.parent.name,
+            "model_name": config.name,
+        }
+        initialize = getattr(instance, "initialize", None)
+        if initialize is not None:
+            try:
+                call_model(model_file, "initialize", initialize, args)
+            except SluiceError as exc:
+                raise InvalidConfig(f"{model_file.name}: {exc.message}") from None
+
+    def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
+    ) -> dict[str, np.ndarray]:
+        sizes = self._sizes(inputs, request_sizes)
+        requests = self._requests(inputs, outputs, sizes)
+        responses = call_model(self._file, "execute", self._model.execute, requests)
+        if not isinstance(responses, list | tuple) or len(responses) != len(requests):
+            got = len(responses) if isinstance(responses, list | tuple) else type(responses)
+            raise InferenceFailed(
+                f"{self._file.name}: execute must return one InferenceResponse per request "
+                f"({len(requests)}), got {got}"
+            )
+        answers: list[dict[str, np.ndarray] | None] = []
+        failures: dict[int, SluiceError] = {}
+        for index, (response, items) in enumerate(zip(responses, sizes, strict=True)):
+            answer = self._answer(response, outputs, items)
+            if isinstance(answer, SluiceError):
+                failures[index] = answer
+                answers.append(None)
+            else:
+                answers.append(answer)
+        merged = self._merge(answers, outputs, sizes)
+        if failures:
+            raise RequestsFailed(failures, merged)
+        assert merged is not None
+        return merged
+
+    def _sizes(
+        self, inputs: Mapping[str, np.ndarray], request_sizes: Sequence[int] | None
+    ) -> list[int]:
+        if self._config.max_batch_size == 0 or not inputs:
+            return [1]
+        total = next(iter(inputs.values())).shape[0]
+        if request_sizes is None:
+            return [total]
+        if sum(request_sizes) != total:
+            raise InferenceFailed(
+                f"request sizes {list(request_sizes)} do not add up to the batch of {total}"
+            )
+        return list(request_sizes)
+
+    def _requests(
+        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], sizes: Sequence[int]
+    ) -> list[pb.InferenceRequest]:
+        batched = self._config.max_batch_size > 0
+        requests: list[pb.InferenceRequest] = []
+        start = 0
+        for items in sizes:
+            tensors = [
+                pb.Tensor(name, array[start : start + items] if batched else array)
+                for name, array in inputs.items()
+            ]
+            requests.append(
+                pb.InferenceRequest(
+                    self._config.name, tensors, outputs, model_version=self._version
+                )
+            )
+            start += items
+        return requests
+
+    def _answer(
+        self, response: Any, outputs: Sequence[str], items: int
+    ) -> dict[str, np.ndarray] | SluiceError:
+        if not isinstance(response, pb.InferenceResponse):
+            return InferenceFailed(
+                f"{self._file.name}: execute returned {type(response).__name__} "
+                "where an InferenceResponse was expected"
+            )
+        error = response.error()
+        if error is not None:
+            return _as_sluice_error(error)
+        tensors = {t.name(): t.as_numpy() for t in response.output_tensors()}
+        answer: dict[str, np.ndarray] = {}
+        for name in outputs:
+            array = tensors.get(name)
+            if array is None:
+                return InferenceFailed(f"{self._file.name}: the response has no output '{name}'")
+            if self._config.max_batch_size > 0 and (array.ndim == 0 or array.shape[0] != items):
+                return InferenceFailed(
+                    f"{self._file.name}: output '{name}' has shape {list(array.shape)} for a "
+                    f"request of {items} batch item(s)"
+                )
+            answer[name] = array
+        return answer
+
+    def _merge(
+        self,
+        answers: Sequence[dict[str, np.ndarray] | None],
+        outputs: Sequence[str],
+        sizes: Sequence[int],
+    ) -> dict[str, np.ndarray] | None:
+        """Whole-batch outputs; the rows of failed requests hold zeros (or empty bytes)."""
+        done = [answer for answer in answers if answer is not None]
+        if not done:
+            return None
+        if len(answers) == 1:
+            return done[0]
+        merged: dict[str, np.ndarray] = {}
+        for name in outputs:
+            template = done[0][name]
+            parts = [
+                answer[name] if answer is not None else _filler(template, items)
+                for answer, items in zip(answers, sizes, strict=True)
+            ]
+            if len({part.shape[1:] for part in parts}) > 1:
+                shapes = ", ".join(str(list(part.shape)) for part in parts)
+                raise InferenceFailed(
+                    f"output '{name}' has different shapes across the requests of one batch "
+                    f"({shapes}); Sluice batches only requests whose outputs can be joined"
+                )
+            merged[name] = np.concatenate(parts, axis=0)
+        return merged
+
+    def close(self) -> None:
+        try:
+            finalize = getattr(self._model, "finalize", None)
+            if finalize is not None:
+                call_model(self._file, "finalize", finalize)
+        finally:
+            forget_module(self._module_name, self._file)
