@@ -18,6 +18,8 @@ def serve(settings: GatewaySettings) -> None:
         loop="uvloop",
         http="httptools",
         access_log=False,
+        proxy_headers=False,
+        lifespan="on",
         log_level="warning",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
         ssl_certfile=settings.ssl_certfile or None,

@@ -1,7 +1,7 @@
 """Admission control: refuse work before it is queued, at constant cost.
 
-Two bounds. Per model version, the queue depth (entries in its streams, read
-from Redis in the background, plus what this gateway sent since) may not pass
+Two bounds. Per model version, the queue depth (the larger of this gateway's
+own requests and the entries in its streams, read from Redis in the background) may not pass
 the model's ``max_queue_size``: 429. Per gateway process, the requests held
 at once may not pass ``max_in_flight``: 503. Both answers carry Retry-After.
 """
@@ -21,8 +21,7 @@ class Admission:
     in_flight: int = 0
     per_model: dict[tuple[str, int], int] = field(default_factory=dict)
     observed_depth: dict[tuple[str, int], int] = field(default_factory=dict)
-    """Queue depth per model version as last read from Redis."""
-    sent_since_observed: dict[tuple[str, int], int] = field(default_factory=dict)
+    """Queue depth per model version as last read from Redis (all gateways' requests)."""
 
     @contextmanager
     def admit(self, model: str, version: int, max_queue_size: int) -> Iterator[None]:
@@ -32,10 +31,7 @@ class Admission:
             )
         key = (model, version)
         if max_queue_size:
-            depth = max(
-                self.per_model.get(key, 0),
-                self.observed_depth.get(key, 0) + self.sent_since_observed.get(key, 0),
-            )
+            depth = max(self.per_model.get(key, 0), self.observed_depth.get(key, 0))
             if depth >= max_queue_size:
                 raise Overloaded(
                     f"model '{model}' version {version} has {depth} queued requests, "
@@ -44,7 +40,6 @@ class Admission:
                 )
         self.in_flight += 1
         self.per_model[key] = self.per_model.get(key, 0) + 1
-        self.sent_since_observed[key] = self.sent_since_observed.get(key, 0) + 1
         try:
             yield
         finally:
@@ -53,4 +48,3 @@ class Admission:
 
     def observe(self, depths: dict[tuple[str, int], int]) -> None:
         self.observed_depth = depths
-        self.sent_since_observed = {}

@@ -14,10 +14,12 @@ from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.types import ASGIApp
 
 from gateway.admission import Admission
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
+from gateway.fast_path import InferFastPath
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
@@ -76,7 +78,18 @@ async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> Non
         await asyncio.sleep(state.settings.catalog_refresh_s)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
+def create_app(settings: GatewaySettings) -> ASGIApp:
+    """The gateway: edge checks, then the inference fast path, then the FastAPI routes."""
+    app = create_fastapi_app(settings)
+    return EdgeGuard(
+        InferFastPath(app),
+        keys=KeyRing.from_settings(settings),
+        max_header_count=settings.max_header_count,
+        max_header_bytes=settings.max_header_bytes,
+    )
+
+
+def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     keys = Keys(settings.namespace)
 
     @contextlib.asynccontextmanager
@@ -112,12 +125,6 @@ def create_app(settings: GatewaySettings) -> FastAPI:
             await reader.aclose()
 
     app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
-    app.add_middleware(
-        EdgeGuard,
-        keys=KeyRing.from_settings(settings),
-        max_header_count=settings.max_header_count,
-        max_header_bytes=settings.max_header_bytes,
-    )
     app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(HTTPException, _http_error)

@@ -11,23 +11,32 @@ from sluice.errors import InvalidInput, PayloadTooLarge
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 
 
+def check_declared_length(declared: str | None, limit: int) -> None:
+    if declared is None:
+        return
+    if not declared.isdigit():
+        raise InvalidInput("header 'Content-Length' is not a non-negative integer")
+    if int(declared) > limit:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+
+
+def too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+
+
 async def read_body(request: Request, limit: int) -> bytes:
     """The (decompressed) body; 413 past ``limit`` bytes, 400 for a bad encoding."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        if not declared.isdigit():
-            raise InvalidInput("header 'Content-Length' is not a non-negative integer")
-        if int(declared) > limit:
-            raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
-        body = await request.body()
-    else:
-        chunks = bytearray()
-        async for chunk in request.stream():
-            chunks += chunk
-            if len(chunks) > limit:
-                raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
-        body = bytes(chunks)
-    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    check_declared_length(request.headers.get("content-length"), limit)
+    chunks = bytearray()
+    async for chunk in request.stream():
+        chunks += chunk
+        if len(chunks) > limit:
+            raise too_large(limit)
+    return decode_body(bytes(chunks), request.headers.get("content-encoding"), limit)
+
+
+def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in _WBITS:
@@ -50,7 +59,10 @@ def _decompress(body: bytes, wbits: int, limit: int, encoding: str) -> bytes:
 
 def header_length(request: Request) -> int | None:
     """The ``Inference-Header-Content-Length`` header as an int (None when absent)."""
-    raw = request.headers.get("inference-header-content-length")
+    return parse_header_length(request.headers.get("inference-header-content-length"))
+
+
+def parse_header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
     raw = raw.strip()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import time
 import uuid
 from typing import Protocol
 
@@ -25,6 +26,9 @@ from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_rep
 log = logging.getLogger(__name__)
 
 Reply = tuple[ReplyMessage, memoryview]
+
+_TRIM_EVERY = 512
+"""Answers read between two trims of the reply stream."""
 
 _REPLY_STREAM_TTL_S = 300
 """A reply stream outlives its gateway by this much, then Redis drops it."""
@@ -97,6 +101,7 @@ class RedisDispatcher:
     async def _read_replies(self) -> None:
         last_id = b"0-0"
         trim: asyncio.Task[object] | None = None
+        read_since_trim, trimmed_at = 0, time.monotonic()
         while True:
             try:
                 batches = await self._reader_redis.xread(
@@ -112,9 +117,13 @@ class RedisDispatcher:
                 for entry_id, fields in entries:
                     last_id = entry_id
                     self._resolve(fields)
-            if batches and (trim is None or trim.done()):
+            read_since_trim += sum(len(entries) for _, entries in batches)
+            now = time.monotonic()
+            due = read_since_trim >= _TRIM_EVERY or now - trimmed_at >= 1.0
+            if read_since_trim and due and (trim is None or trim.done()):
                 # Answers are read once: drop them so the reply stream holds only unread ones.
                 trim = asyncio.create_task(self._trim(last_id))
+                read_since_trim, trimmed_at = 0, now
 
     async def _trim(self, last_id: bytes) -> None:
         try:

@@ -44,13 +44,31 @@ def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
 
 
 async def infer(request: Request, state: GatewayState, model: str, version: str | None) -> Response:
+    """The Starlette route, kept for the OpenAPI schema; requests take gateway.fast_path."""
+    if not state.redis_ok:
+        raise Unavailable("the request queue (Redis) is unreachable; retry later")
+    state.view.resolve(model, version)
+    body = await read_body(request, state.settings.max_body_bytes)
+    content, json_length = await run_infer(state, model, version, body, header_length(request))
+    if json_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(json_length)},
+    )
+
+
+async def run_infer(
+    state: GatewayState, model: str, version: str | None, body: bytes, json_length: int | None
+) -> tuple[bytes, int | None]:
+    """Validate, queue, await and encode one request: (response body, JSON header length)."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
     entry, number = state.view.resolve(model, version)
     config = entry.config
     assert config is not None
-    body = await read_body(request, state.settings.max_body_bytes)
-    parsed = parse_infer_request(body, header_length(request), config, state.limits)
+    parsed = parse_infer_request(body, json_length, config, state.limits)
 
     dynamic = config.dynamic_batching
     timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
@@ -87,17 +105,10 @@ async def infer(request: Request, state: GatewayState, model: str, version: str 
         )
         offset += header.nbytes
     binary_by_name = {o.name: o.binary for o in parsed.outputs}
-    content, json_length = encode_infer_response(
+    return encode_infer_response(
         model_name=model,
         model_version=str(reply.model_version),
         request_id=parsed.id,
         outputs=outputs,
         binary=[binary_by_name.get(o.name, False) for o in outputs],
-    )
-    if json_length is None:
-        return Response(content, media_type="application/json")
-    return Response(
-        content,
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(json_length)},
     )

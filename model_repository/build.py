@@ -1,4 +1,4 @@
-"""Build the example models' ``model.onnx`` files (the ``config.pbtxt`` files are committed).
+"""Build the example models' files (``config.pbtxt`` and ``model.py`` files are committed).
 
 Usage: ``python model_repository/build.py [--repository DIR] [--force]``
 
@@ -6,7 +6,9 @@ Every model is produced deterministically (fixed seeds, a deterministic solver),
 so rebuilding gives the same weights. Models whose file exists are skipped
 unless ``--force`` is given. The builders are importable for tests and the bench:
 ``build_iris(dir)``, ``build_mlp(dir)``, ``build_cnn(dir)`` each write
-``<dir>/model.onnx`` and return its path; ``build_all(repository)`` builds all three.
+``<dir>/model.onnx`` and return its path; ``build_torchscript_mlp(dir)`` writes
+``<dir>/model.pt`` and ``build_torch_export_mlp(dir)`` ``<dir>/model.pt2`` (both need
+torch, and are skipped without it); ``build_all(repository)`` builds them all.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import argparse
 import shutil
 import sys
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -115,13 +117,19 @@ def build_iris(directory: Path | str) -> Path:
 MLP_INPUT, MLP_HIDDEN, MLP_OUTPUT = 16, 32, 4
 
 
-def build_mlp(directory: Path | str) -> Path:
-    """A tiny overhead-bound MLP: ``input`` FP32 [N,16] -> Gemm/Relu/Gemm -> ``output`` [N,4]."""
+def mlp_weights() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """``(w1, b1, w2, b2)`` of the mlp example (seeded), shared by its ONNX and torch forms."""
     rng = np.random.default_rng(16)
     w1 = (rng.standard_normal((MLP_INPUT, MLP_HIDDEN)) / np.sqrt(MLP_INPUT)).astype(np.float32)
     b1 = (rng.standard_normal(MLP_HIDDEN) * 0.1).astype(np.float32)
     w2 = (rng.standard_normal((MLP_HIDDEN, MLP_OUTPUT)) / np.sqrt(MLP_HIDDEN)).astype(np.float32)
     b2 = (rng.standard_normal(MLP_OUTPUT) * 0.1).astype(np.float32)
+    return w1, b1, w2, b2
+
+
+def build_mlp(directory: Path | str) -> Path:
+    """A tiny overhead-bound MLP: ``input`` FP32 [N,16] -> Gemm/Relu/Gemm -> ``output`` [N,4]."""
+    w1, b1, w2, b2 = mlp_weights()
     nodes = [
         helper.make_node("Gemm", ["input", "w1", "b1"], ["hidden_pre"], name="Gemm1"),
         helper.make_node("Relu", ["hidden_pre"], ["hidden"], name="Relu1"),
@@ -233,20 +241,89 @@ def build_cnn(directory: Path | str) -> Path:
     )
 
 
+# --------------------------------------------------------------------------- torch
+
+TORCHSCRIPT_FILE, TORCH_EXPORT_FILE = "model.pt", "model.pt2"
+
+
+def torch_available() -> bool:
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _torch_mlp() -> object:
+    """The mlp example as a ``torch.nn.Module`` with the same weights (plain parameters: no
+    ``nn.Linear``, whose TorchScript form lists constants in hash order)."""
+    import torch
+
+    class Mlp(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            for name, array in zip(("w1", "b1", "w2", "b2"), mlp_weights(), strict=True):
+                self.register_buffer(name, torch.from_numpy(array.copy()))
+
+        def forward(self, input: torch.Tensor) -> torch.Tensor:
+            hidden = torch.relu(input @ self.w1 + self.b1)
+            return hidden @ self.w2 + self.b2
+
+    return Mlp().eval()
+
+
+def build_torchscript_mlp(directory: Path | str) -> Path:
+    """The mlp as TorchScript (``torch.jit.trace``): ``INPUT__0`` [N,16] -> ``OUTPUT__0`` [N,4]."""
+    import torch
+
+    path = Path(directory) / TORCHSCRIPT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        # TorchScript is deprecated upstream; it is still what many users bring.
+        warnings.filterwarnings("ignore", r"`torch\.jit", DeprecationWarning)
+        traced = torch.jit.trace(_torch_mlp(), torch.zeros(2, MLP_INPUT))
+        traced.save(str(path))
+    return path
+
+
+def build_torch_export_mlp(directory: Path | str) -> Path:
+    """The mlp as a torch.export program (batch 1..256): ``input`` [N,16] -> ``output`` [N,4]."""
+    import torch
+
+    path = Path(directory) / TORCH_EXPORT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = torch.export.Dim("batch", min=1, max=256)
+    program = torch.export.export(
+        _torch_mlp(), (torch.zeros(2, MLP_INPUT),), dynamic_shapes=({0: batch},)
+    )
+    torch.export.save(program, str(path))
+    return path
+
+
 # --------------------------------------------------------------------------- repository
 
 BUILDERS: dict[str, Callable[[Path | str], Path]] = {
     "iris": build_iris,
     "mlp": build_mlp,
     "cnn": build_cnn,
+    "torchscript_mlp": build_torchscript_mlp,
+    "torch_export_mlp": build_torch_export_mlp,
 }
+MODEL_FILES: dict[str, str] = {
+    "torchscript_mlp": TORCHSCRIPT_FILE,
+    "torch_export_mlp": TORCH_EXPORT_FILE,
+}
+"""The file each builder writes, where it is not model.onnx."""
+TORCH_MODELS = frozenset({"torchscript_mlp", "torch_export_mlp"})
+PYTHON_MODELS = ("text_stats", "triton_python_add_sub")
+"""Models made of committed files only (config.pbtxt and <version>/model.py)."""
+MODELS = (*BUILDERS, *PYTHON_MODELS)
 
-
-COMMITTED_FILES = ("config.pbtxt", "labels.txt")
+COMMITTED_FILES = ("config.pbtxt", "labels.txt", "1/model.py")
 
 
 def _copy_committed_files(name: str, repository: Path) -> None:
-    """Copy a model's hand-written files (config, labels) when building into another folder."""
+    """Copy a model's hand-written files (config, labels, model.py) into another folder."""
     if repository.resolve() == SOURCE:
         return
     for file_name in COMMITTED_FILES:
@@ -256,19 +333,37 @@ def _copy_committed_files(name: str, repository: Path) -> None:
             shutil.copyfile(source, target)
 
 
-def build_all(repository: Path | str, force: bool = False) -> list[Path]:
-    """Build every example model into ``<repository>/<name>/1/``; return the paths written.
+def build_all(
+    repository: Path | str, force: bool = False, models: Iterable[str] | None = None
+) -> list[Path]:
+    """Build every example model (or those named) into ``<repository>/<name>/1/``; return
+    the paths written.
 
-    Models whose ``model.onnx`` already exists are skipped unless ``force``. When
-    ``repository`` is not this folder, the committed ``config.pbtxt`` (and iris's
-    ``labels.txt``) are copied there too, so the result is a complete repository.
+    Models whose file already exists are skipped unless ``force``. When ``repository``
+    is not this folder, the committed files (``config.pbtxt``, iris's ``labels.txt``,
+    the Python models' ``model.py``) are copied there too, so the result is a complete
+    repository. Without torch the torch models are left out (with a note on stderr).
     """
     repository = Path(repository)
+    wanted = MODELS if models is None else tuple(models)
+    unknown = sorted(set(wanted) - set(MODELS))
+    if unknown:
+        raise ValueError(f"unknown example model(s): {', '.join(unknown)}")
+    have_torch = not TORCH_MODELS.intersection(wanted) or torch_available()
     built: list[Path] = []
-    for name, builder in BUILDERS.items():
+    for name in wanted:
+        if name in TORCH_MODELS and not have_torch:
+            print(
+                f"skipping {name}: torch is not installed (pip install sluice[torch])",
+                file=sys.stderr,
+            )
+            continue
         _copy_committed_files(name, repository)
+        builder = BUILDERS.get(name)
+        if builder is None:
+            continue
         version_dir = repository / name / "1"
-        if (version_dir / MODEL_FILE).exists() and not force:
+        if (version_dir / MODEL_FILES.get(name, MODEL_FILE)).exists() and not force:
             continue
         built.append(builder(version_dir))
     return built

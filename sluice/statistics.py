@@ -17,6 +17,40 @@ EXECUTION_COUNT = "execution_count"
 LAST_INFERENCE = "last_inference"
 
 
+RECORD_SCRIPT = """
+local position = 1
+for k = 1, #KEYS do
+    local pairs = tonumber(ARGV[position])
+    for i = 1, pairs do
+        redis.call('HINCRBY', KEYS[k], ARGV[position + 2 * i - 1], ARGV[position + 2 * i])
+    end
+    position = position + 2 * pairs + 1
+end
+if ARGV[position] then
+    redis.call('HSET', KEYS[1], 'last_inference', ARGV[position])
+end
+return 0
+"""
+"""Adds counters to several hashes in one command: ``KEYS`` are the hashes; ``ARGV`` holds,
+per hash, the number of (field, increment) pairs followed by the pairs, and finally an
+optional ``last_inference`` value for the first hash. One command per batch keeps the
+worker's publish round trip small."""
+
+
+def record_arguments(
+    increments: list[dict[str, int]], last_inference_ms: int | None
+) -> list[str | int]:
+    """``ARGV`` for :data:`RECORD_SCRIPT`, one increments dict per key."""
+    arguments: list[str | int] = []
+    for fields in increments:
+        arguments.append(len(fields))
+        for name, value in fields.items():
+            arguments += [name, value]
+    if last_inference_ms is not None:
+        arguments.append(last_inference_ms)
+    return arguments
+
+
 def count_field(kind: str) -> str:
     return f"{kind}.count"
 

@@ -93,42 +93,48 @@ class Publisher:
     def _record(
         self, pipe: Pipeline, outcomes: list[Outcome], timing: Timing | None, items: int
     ) -> None:
-        key = self.keys.stats(self.model, self.version)
         now_ns = time.time_ns()
         ok = [o for o in outcomes if not o.reply.error_kind]
+        counters: dict[str, int] = {}
         failed = len(outcomes) - len(ok)
         if failed:
-            waited = sum(
+            counters[st.count_field("fail")] = failed
+            counters[st.ns_field("fail")] = sum(
                 now_ns - o.request.message.enqueued_ns for o in outcomes if o.reply.error_kind
             )
-            pipe.hincrby(key, st.count_field("fail"), failed)
-            pipe.hincrby(key, st.ns_field("fail"), waited)
-        if not ok or timing is None:
-            return
-        n = len(ok)
-        durations = {
-            "compute_input": timing.input_ns,
-            "compute_infer": timing.infer_ns,
-            "compute_output": timing.output_ns,
-        }
-        increments = {
-            st.INFERENCE_COUNT: items,
-            st.EXECUTION_COUNT: 1,
-            st.count_field("success"): n,
-            st.ns_field("success"): sum(now_ns - o.request.message.enqueued_ns for o in ok),
-            st.count_field("queue"): n,
-            st.ns_field("queue"): sum(
+        batch: dict[str, int] = {}
+        instance: dict[str, int] = {}
+        last_inference = None
+        if ok and timing is not None:
+            n = len(ok)
+            durations = {
+                "compute_input": timing.input_ns,
+                "compute_infer": timing.infer_ns,
+                "compute_output": timing.output_ns,
+            }
+            counters[st.INFERENCE_COUNT] = items
+            counters[st.EXECUTION_COUNT] = 1
+            counters[st.count_field("success")] = n
+            counters[st.ns_field("success")] = sum(
+                now_ns - o.request.message.enqueued_ns for o in ok
+            )
+            counters[st.count_field("queue")] = n
+            counters[st.ns_field("queue")] = sum(
                 max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok
-            ),
-        }
-        for kind, ns in durations.items():
-            increments[st.count_field(kind)] = n
-            increments[st.ns_field(kind)] = ns * n
-        for field, value in increments.items():
-            pipe.hincrby(key, field, value)
-        pipe.hset(key, st.LAST_INFERENCE, now_ns // 1_000_000)
-        batch_key = self.keys.batch_stats(self.model, self.version)
-        for kind, ns in durations.items():
-            pipe.hincrby(batch_key, st.batch_field(items, kind, "count"), 1)
-            pipe.hincrby(batch_key, st.batch_field(items, kind, "ns"), ns)
-        pipe.hincrby(self.keys.instance_stats(self.model, self.version), self.worker_id, 1)
+            )
+            for kind, ns in durations.items():
+                counters[st.count_field(kind)] = n
+                counters[st.ns_field(kind)] = ns * n
+                batch[st.batch_field(items, kind, "count")] = 1
+                batch[st.batch_field(items, kind, "ns")] = ns
+            instance[self.worker_id] = 1
+            last_inference = now_ns // 1_000_000
+        if not counters:
+            return
+        keys = [
+            self.keys.stats(self.model, self.version),
+            self.keys.batch_stats(self.model, self.version),
+            self.keys.instance_stats(self.model, self.version),
+        ]
+        arguments = st.record_arguments([counters, batch, instance], last_inference)
+        pipe.eval(st.RECORD_SCRIPT, len(keys), *keys, *arguments)

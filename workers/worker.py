@@ -338,8 +338,14 @@ class Worker:
             if idle.is_set() and (items in preferred or waited >= delay_s):
                 return batch, rest
             wait_s = delay_s - waited if waited < delay_s else self._compute_ewma_s / 2
-            block_ms = math.ceil(wait_s * 1000) if wait_s >= 0.0005 else None
-            more = await self._read(limit - items, block_ms) + self._take_reclaimed()
+            if wait_s >= 0.001:
+                more = await self._read(limit - items, math.ceil(wait_s * 1000))
+            else:
+                # XREADGROUP blocks in whole milliseconds: sleep out a shorter wait, then
+                # take whatever arrived meanwhile in one round trip instead of polling.
+                await asyncio.sleep(max(0.0, wait_s))
+                more = await self._read(limit - items, None)
+            more += self._take_reclaimed()
             pending = batch + rest + more
             if not more and self.drain and idle.is_set():
                 return batch, rest

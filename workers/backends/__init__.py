@@ -1,14 +1,23 @@
-"""Backend selection by the configuration's platform / backend fields."""
+"""Backend selection by the configuration's platform / backend fields.
+
+Each backend is imported only when a model needs it, so a worker of an ONNX
+model never imports torch, and a machine without TensorRT serves everything else.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from sluice.config import ModelConfig
-from sluice.errors import Unsupported
+from sluice.config.platforms import is_torch
+from sluice.errors import InvalidConfig, Unsupported
 from workers.backends.base import Backend, Placement
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
+_TENSORRT = {"tensorrt_plan", "tensorrt"}
+_SUPPORTED = (
+    "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, python"
+)
 
 
 def load_backend(config: ModelConfig, model_path: Path, placement: Placement) -> Backend:
@@ -16,7 +25,24 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
         from workers.backends.onnxruntime_backend import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(config, model_path, placement)
+    if is_torch(config.platform, config.backend):
+        try:
+            from workers.backends.torch_backend import TorchBackend
+        except ImportError as exc:
+            raise InvalidConfig(
+                f"model '{config.name}' needs PyTorch, which cannot be imported ({exc}); "
+                "install sluice[torch]"
+            ) from None
+        return TorchBackend(config, model_path, placement)
+    if config.platform in _TENSORRT or config.backend in _TENSORRT:
+        from workers.backends.tensorrt_backend import TensorRTBackend
+
+        return TensorRTBackend(config, model_path, placement)
+    if config.backend == "python":
+        from workers.backends.python_backend import load_python_backend
+
+        return load_python_backend(config, model_path, placement)
     raise Unsupported(
         f"model '{config.name}': platform '{config.platform}' / backend '{config.backend}' "
-        "is not supported yet (supported: onnxruntime_onnx)"
+        f"is not supported (supported: {_SUPPORTED})"
     )

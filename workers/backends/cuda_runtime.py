@@ -17,9 +17,9 @@ def import_cudart() -> ModuleType | None:
     except ImportError:
         pass
     try:
-        from cuda import cudart  # type: ignore[attr-defined]
+        from cuda import cudart
 
-        return cudart  # type: ignore[no-any-return]
+        return cudart
     except ImportError:
         return None
 

@@ -107,11 +107,14 @@ def _io_tensors(trt: ModuleType, engine: Any, config: ModelConfig) -> dict[str, 
     return tensors
 
 
-def _profiles(engine: Any, inputs: Sequence[str]) -> list[dict[str, tuple[tuple[int, ...], ...]]]:
+_Range = tuple[tuple[int, ...], tuple[int, ...]]
+
+
+def _profiles(engine: Any, inputs: Sequence[str]) -> list[dict[str, _Range]]:
     """Per profile, each input's (min, max) shape."""
     profiles = []
     for profile in range(engine.num_optimization_profiles):
-        ranges = {}
+        ranges: dict[str, _Range] = {}
         for name in inputs:
             low, _opt, high = engine.get_tensor_profile_shape(name, profile)
             ranges[name] = (tuple(low), tuple(high))

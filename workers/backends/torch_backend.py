@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from sluice.config import ModelConfig
-from sluice.errors import InvalidConfig, InvalidInput
+from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 from workers.backends.base import Placement
 from workers.backends.torch_io import Signature, results_by_name, to_numpy, to_torch
 
@@ -61,7 +61,7 @@ def _load(path: Path, device: torch.device) -> Callable[..., Any]:
         from torch._inductor import aoti_load_package
 
         index = device.index if device.type == "cuda" else -1
-        return aoti_load_package(str(path), device_index=index)  # type: ignore[no-any-return]
+        return aoti_load_package(str(path), device_index=index)
     if path.suffix == ".pt2":
         program = torch.export.load(str(path))
         if device.type != "cpu":
@@ -74,7 +74,7 @@ def _load(path: Path, device: torch.device) -> Callable[..., Any]:
         warnings.filterwarnings("ignore", r"`torch\.jit", DeprecationWarning)
         module = torch.jit.load(str(path), map_location=device)
     module.eval()
-    return module  # type: ignore[no-any-return]
+    return module
 
 
 def _forward_names(model: Callable[..., Any]) -> list[str] | None:
@@ -129,17 +129,18 @@ class TorchBackend:
             name: to_torch(name, array, self._config.input(name), self._device)
             for name, array in inputs.items()
         }
-        args = [tensors.get(name) for name in signature.positional]
+        args = [tensors.get(name) if name else None for name in signature.positional]
         while args and args[-1] is None:  # optional inputs left out at the end
             args.pop()
-        if None in args:
-            missing = signature.positional[args.index(None)]
-            raise InvalidInput(f"input '{missing}' is required by this model (it is positional)")
-        kwargs = {name: tensors[name] for name in signature.keywords if name in tensors}
-        with torch.inference_mode():
-            result = self._model(*args, **kwargs)
-            picked = results_by_name(result, outputs, signature.output_index)
-            return {name: to_numpy(name, value) for name, value in picked.items()}
+        try:
+            with torch.inference_mode():
+                result = self._model(*args)
+                picked = results_by_name(result, outputs, signature.output_index)
+                return {name: to_numpy(name, value) for name, value in picked.items()}
+        except SluiceError:
+            raise
+        except Exception as exc:
+            raise InferenceFailed(_short(exc)) from None
 
     def close(self) -> None:
         del self._model

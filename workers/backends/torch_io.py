@@ -1,10 +1,10 @@
 """How the PyTorch backend maps config tensors onto a model's arguments and results.
 
 Triton's libtorch convention: inputs are passed positionally, ordered by the
-``<name>__<index>`` suffix when every input name has one, else in config order;
-outputs map the same way onto a returned tuple. A model whose ``forward``
-argument names equal the config's input names is called with keywords instead,
-and a returned dict is read by output name.
+``<name>__<index>`` suffix when every input name has one, else by the position
+of the same-named ``forward`` argument when every input has one, else in config
+order; outputs map the same way onto a returned tuple (by suffix, else in config
+order), and a returned dict is read by output name.
 """
 
 from __future__ import annotations
@@ -37,24 +37,24 @@ def _indexed_order(names: Sequence[str]) -> list[int] | None:
 class Signature:
     """Which config input goes where in the call, which result is which output."""
 
-    positional: tuple[str, ...]
-    keywords: tuple[str, ...]
+    positional: tuple[str | None, ...]
+    """Config input names by argument position (None: an argument no input feeds)."""
     output_index: Mapping[str, int]
 
     @classmethod
     def of(cls, config: ModelConfig, forward_names: Sequence[str] | None) -> Signature:
         names = [spec.name for spec in config.inputs]
         indices = _indexed_order(names)
-        positional: tuple[str, ...] = tuple(names)
-        keywords: tuple[str, ...] = ()
+        if indices is None and forward_names and set(names) <= set(forward_names):
+            indices = [forward_names.index(name) for name in names]
+        positional: tuple[str | None, ...] = tuple(names)
         if indices is not None:
-            positional = tuple(name for _, name in sorted(zip(indices, names, strict=True)))
-        elif forward_names and set(names) <= set(forward_names):
-            positional, keywords = (), tuple(n for n in forward_names if n in names)
+            by_index = dict(zip(indices, names, strict=True))
+            positional = tuple(by_index.get(i) for i in range(max(indices) + 1))
         outputs = [spec.name for spec in config.outputs]
         out_indices = _indexed_order(outputs)
         output_index = dict(zip(outputs, out_indices or range(len(outputs)), strict=True))
-        return cls(positional, keywords, output_index)
+        return cls(positional, output_index)
 
 
 def to_torch(

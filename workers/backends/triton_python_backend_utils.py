@@ -46,7 +46,7 @@ class TritonError(Exception):
         return self._code
 
 
-class TritonModelException(Exception):  # noqa: N818 (Triton's name)
+class TritonModelException(Exception):
     """Raised by a model to fail the whole ``execute`` call."""
 
 
@@ -206,11 +206,12 @@ def numpy_to_triton_type(data_type: Any) -> int:
 
 
 def serialize_byte_tensor(input_tensor: np.ndarray) -> np.ndarray:
-    """Elements as Triton's length-prefixed bytes, in a one-element ``np.bytes_`` array."""
+    """Elements as Triton's length-prefixed bytes, in a 0-d object array (as tritonclient)."""
     if input_tensor.size == 0:
         return np.empty([0], dtype=np.object_)
-    flat = input_tensor.reshape(-1, order="C")
-    return np.asarray(datatypes.serialize_bytes(flat), dtype=np.bytes_)
+    serialized = np.empty((), dtype=np.object_)
+    serialized[()] = datatypes.serialize_bytes(input_tensor.reshape(-1, order="C"))
+    return serialized
 
 
 def deserialize_bytes_tensor(encoded_tensor: bytes | np.ndarray) -> np.ndarray:

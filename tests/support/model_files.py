@@ -1,0 +1,63 @@
+"""Model directories the backend tests write: Python models, TorchScript and torch.export."""
+
+from __future__ import annotations
+
+import textwrap
+import warnings
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+
+def write_model(
+    root: Path, name: str, config: str, files: Mapping[str, str | bytes] | None = None
+) -> Path:
+    """``<root>/<name>/config.pbtxt`` (``name`` is prepended) and ``files`` (relative path ->
+    content; text is dedented)."""
+    model_dir = root / name
+    model_dir.mkdir(parents=True, exist_ok=True)
+    (model_dir / "config.pbtxt").write_text(f'name: "{name}"\n{textwrap.dedent(config)}')
+    for relative, content in (files or {}).items():
+        path = model_dir / relative
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(textwrap.dedent(content))
+    return model_dir
+
+
+def tensor(name: str, data_type: str, dims: str) -> str:
+    return f'{{ name: "{name}" data_type: {data_type} dims: [ {dims} ] }}'
+
+
+def python_config(
+    inputs: list[str], outputs: list[str], *, max_batch_size: int = 8, extra: str = ""
+) -> str:
+    return (
+        f'backend: "python"\nmax_batch_size: {max_batch_size}\n'
+        f"input [ {', '.join(inputs)} ]\noutput [ {', '.join(outputs)} ]\n{extra}\n"
+    )
+
+
+def save_torchscript(module: Any, example: tuple[Any, ...], path: Path) -> Path:
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit", DeprecationWarning)
+        torch.jit.trace(module, example).save(str(path))
+    return path
+
+
+def save_exported(module: Any, example: tuple[Any, ...], path: Path) -> Path:
+    """torch.export with a dynamic first (batch) dimension on every input."""
+    import torch
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    batch = torch.export.Dim("batch", min=1, max=64)
+    program = torch.export.export(
+        module, example, dynamic_shapes=tuple({0: batch} for _ in example)
+    )
+    torch.export.save(program, str(path))
+    return path
