@@ -295,6 +295,19 @@ def metadata_of(args: argparse.Namespace, target: Target, stack: Stack | None) -
     }
 
 
+def single_model_repository(repository: Path, model: str, out: Path) -> Path:
+    """A repository holding only the benchmarked model (a symlink), so that other models'
+    idle workers neither take CPU from the run nor count in its per-request CPU cost."""
+    served = out / "repository"
+    if served.is_symlink() or served.is_file():
+        served.unlink()
+    served.mkdir(parents=True, exist_ok=True)
+    for entry in served.iterdir():
+        entry.unlink()
+    (served / model).symlink_to((repository / model).resolve(), target_is_directory=True)
+    return served
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -303,9 +316,10 @@ def main(argv: list[str] | None = None) -> int:
     stack: Stack | None = None
     try:
         if args.url is None:
-            log(f"starting sluice up --model-repository {args.model_repository}")
+            served = single_model_repository(args.model_repository, args.model, args.out)
+            log(f"starting sluice up --model-repository {served} (only '{args.model}')")
             stack = start_stack(
-                args.model_repository,
+                served,
                 args.http_port,
                 args.out / "stack.log",
                 shlex.split(args.stack_args),

@@ -78,20 +78,18 @@ class RedisDispatcher:
         key = str(next(self._counter))
         message.request_key = key
         message.reply_to = self.reply_stream
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Reply] = loop.create_future()
         self._pending[key] = future
+        expiry = loop.call_later(timeout_s, _expire, future, model, timeout_s)
         try:
             try:
                 await self._appender.append(stream, encode_request(message, payload))
             except RedisError as exc:
                 raise Unavailable(f"the request queue is unreachable: {exc}") from None
-            try:
-                return await asyncio.wait_for(future, timeout_s)
-            except TimeoutError:
-                raise DeadlineExceeded(
-                    f"no answer from model '{model}' within {timeout_s:.3f} s"
-                ) from None
+            return await future
         finally:
+            expiry.cancel()
             self._pending.pop(key, None)
 
     async def touch(self) -> None:
@@ -145,3 +143,10 @@ class RedisDispatcher:
 def _next_id(entry_id: bytes) -> str:
     milliseconds, sequence = entry_id.decode().split("-")
     return f"{milliseconds}-{int(sequence) + 1}"
+
+
+def _expire(future: asyncio.Future[Reply], model: str, timeout_s: float) -> None:
+    if not future.done():
+        future.set_exception(
+            DeadlineExceeded(f"no answer from model '{model}' within {timeout_s:.3f} s")
+        )

@@ -8,6 +8,7 @@ the reply stream and the heartbeats all come back.
 
 from __future__ import annotations
 
+import re
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -123,11 +124,16 @@ def test_redis_restart_is_survived(
         return "recovered"
 
     by_phase: dict[str, Counter[str]] = {}
+    messages: dict[str, Counter[str]] = {}
     for answer in load.answers + probes:
         by_phase.setdefault(phase(answer), Counter())[str(answer.status)] += 1
+        if answer.status != 200:
+            text = re.sub(r"\d+", "N", f"{answer.status} {answer.error}")
+            messages.setdefault(phase(answer), Counter())[text] += 1
     figures = load.figures()
     figures.update(
         statuses_by_phase={k: dict(v) for k, v in by_phase.items()},
+        errors_by_phase={k: dict(v.most_common(4)) for k, v in messages.items()},
         ready_statuses_during_outage=dict(Counter(ready_statuses)),
         not_ready_after_s=None if not_ready_after is None else round(not_ready_after, 2),
         outage_probe=None
