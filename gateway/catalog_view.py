@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 from redis.asyncio import Redis
 
@@ -32,15 +34,15 @@ class CatalogView:
     loaded: bool = False
 
     async def refresh(self, redis: Redis) -> None:
-        revision = await redis.get(self.keys.catalog_revision)
+        revision = cast(bytes | None, await redis.get(self.keys.catalog_revision))
         if revision != self.revision or not self.loaded:
-            raw = await redis.hgetall(self.keys.catalog)
+            raw = cast(dict[bytes, bytes], await redis.hgetall(self.keys.catalog))
             models: dict[str, CatalogEntry] = {}
-            for name, value in raw.items():
+            for field_name, value in raw.items():
                 try:
                     entry = decode_entry(value)
                 except MalformedEntry as exc:
-                    log.error("ignoring catalog entry %r: %s", name, exc)
+                    log.error("ignoring catalog entry %r: %s", field_name, exc)
                     continue
                 models[entry.name] = entry
             self.models, self.revision, self.loaded = models, revision, True
@@ -68,7 +70,7 @@ class CatalogView:
         self.ready = {name: frozenset(versions) for name, versions in ready.items()}
         self.depths = depths
 
-    def _streams(self, entry: CatalogEntry):  # type: ignore[no-untyped-def]
+    def _streams(self, entry: CatalogEntry) -> Callable[[int], list[str]]:
         levels = 0
         if entry.config is not None and entry.config.dynamic_batching is not None:
             levels = entry.config.dynamic_batching.priority_levels

@@ -13,7 +13,7 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Protocol
+from typing import Protocol, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -21,6 +21,7 @@ from redis.exceptions import RedisError
 from gateway.coalescer import AppendCoalescer
 from sluice.errors import DeadlineExceeded, Unavailable
 from sluice.keys import Keys
+from sluice.redis_types import StreamRead
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_reply, encode_request
 
 log = logging.getLogger(__name__)
@@ -102,8 +103,11 @@ class RedisDispatcher:
         read_since_trim, trimmed_at = 0, time.monotonic()
         while True:
             try:
-                batches = await self._reader_redis.xread(
-                    {self.reply_stream: last_id}, count=1024, block=1000
+                batches = cast(
+                    StreamRead,
+                    await self._reader_redis.xread(
+                        {self.reply_stream: last_id}, count=1024, block=1000
+                    ),
                 )
             except asyncio.CancelledError:
                 raise

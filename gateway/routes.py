@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -19,6 +20,8 @@ from sluice.statistics import render_model_stats
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
 
 router = APIRouter()
+
+Handler = Callable[..., Awaitable[Response]]
 
 
 def _state(request: Request) -> GatewayState:
@@ -110,8 +113,8 @@ def _versioned(path: str) -> list[str]:
     return [f"/v2/models/{{model}}{path}", f"/v2/models/{{model}}/versions/{{version}}{path}"]
 
 
-def _route(method: str, suffix: str):  # type: ignore[no-untyped-def]
-    def register(handler):  # type: ignore[no-untyped-def]
+def _route(method: str, suffix: str) -> Callable[[Handler], Handler]:
+    def register(handler: Handler) -> Handler:
         for path in _versioned(suffix):
             router.add_api_route(path, handler, methods=[method], include_in_schema=True)
         return handler

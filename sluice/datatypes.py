@@ -176,4 +176,4 @@ def to_buffer(datatype: str, array: np.ndarray) -> bytes | memoryview:
     if array.dtype != target:
         array = array.astype(target)
     contiguous = np.ascontiguousarray(array)
-    return memoryview(contiguous).cast("B") if contiguous.size else b""
+    return memoryview(contiguous).cast("B") if contiguous.size else b""  # type: ignore[arg-type]

@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from sluice.errors import InferenceFailed
 from sluice.keys import WORKER_GROUP, Keys
+from sluice.redis_types import StreamEntry
 from sluice.settings import WorkerSettings
 from workers.batching import PendingRequest
 from workers.replies import Outcome, Publisher, error_outcome
@@ -84,7 +85,7 @@ class Reclaimer:
         if not pending:
             return []
         deliveries = {p["message_id"]: int(p["times_delivered"]) for p in pending}
-        entries = await self.redis.xclaim(
+        entries: list[StreamEntry] = await self.redis.xclaim(  # type: ignore[assignment]
             stream, WORKER_GROUP, self.worker_id, min_idle, list(deliveries)
         )
         requests: list[PendingRequest] = []
@@ -116,9 +117,11 @@ class Reclaimer:
         self, request: PendingRequest, fields: dict[bytes, bytes], consumer: str
     ) -> Outcome:
         delivered = request.deliveries - 1
+        reason = f"delivered {delivered} times; last worker {consumer}".encode()
+        entry: dict[Any, Any] = {**fields, b"reason": reason}
         await self.redis.xadd(
             self.keys.dead_letters(self.model, self.version),
-            {**fields, b"reason": f"delivered {delivered} times; last worker {consumer}".encode()},
+            entry,
             maxlen=_DEAD_LETTER_MAX_LEN,
             approximate=True,
         )

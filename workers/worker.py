@@ -29,6 +29,7 @@ from redis.exceptions import RedisError, ResponseError
 from sluice.config import ModelConfig
 from sluice.errors import DeadlineExceeded, InferenceFailed, SluiceError
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
+from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request
 from workers.backends import load_backend
@@ -226,7 +227,7 @@ class Worker:
 
     async def _read(self, count: int, block_ms: int | None) -> list[PendingRequest]:
         try:
-            response = await self.redis.xreadgroup(
+            response: StreamRead = await self.redis.xreadgroup(  # type: ignore[assignment]
                 WORKER_GROUP,
                 self.worker_id,
                 dict.fromkeys(self.streams, ">"),
@@ -359,8 +360,8 @@ class Worker:
         for request in batch:
             deadline = request.message.deadline_ns
             if deadline and deadline < now_ns:
-                error = DeadlineExceeded("the request's deadline passed while it was queued")
-                outcomes.append(error_outcome(request, self.version, error))
+                expired = DeadlineExceeded("the request's deadline passed while it was queued")
+                outcomes.append(error_outcome(request, self.version, expired))
             else:
                 live.append(request)
         timing = Timing(started_ns=now_ns)
@@ -375,7 +376,7 @@ class Worker:
                     reply = ReplyMessage(request.message.request_key, self.version, headers)
                     outcomes.append(Outcome(request, reply, payload))
             except Exception as exc:
-                error = (
+                error: SluiceError = (
                     exc
                     if isinstance(exc, SluiceError)
                     else InferenceFailed(f"{type(exc).__name__}: {exc}")

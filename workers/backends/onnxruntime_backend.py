@@ -116,7 +116,7 @@ class OnnxRuntimeBackend:
             if name in self._bf16:
                 count = int(np.prod(value.shape()))
                 raw = (ctypes.c_uint16 * count).from_address(value.data_ptr())
-                bits = np.frombuffer(raw, dtype="<u2").astype("<u4") << 16
+                bits = np.frombuffer(memoryview(raw).cast("B"), dtype="<u2").astype("<u4") << 16
                 arrays[name] = bits.view("<f4").reshape(value.shape())
             else:
                 arrays[name] = value.numpy()
