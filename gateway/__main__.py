@@ -15,6 +15,7 @@ def serve(settings: GatewaySettings) -> None:
         create_app(settings),
         host=settings.http_host,
         port=settings.http_port,
+        fd=settings.http_fd if settings.http_fd >= 0 else None,
         loop="uvloop",
         http="httptools",
         access_log=False,

@@ -34,6 +34,7 @@ class ChildSpec:
     argv: Sequence[str]
     env: dict[str, str]
     permanent_exit_codes: frozenset[int] = frozenset()
+    pass_fds: tuple[int, ...] = ()
 
 
 @dataclass
@@ -62,6 +63,7 @@ class Supervisor:
             stdout=sys.stderr.fileno(),
             start_new_session=True,
             preexec_fn=_die_with_parent,
+            pass_fds=child.spec.pass_fds,
         )
         log.info("started %s (pid %d)", child.spec.name, child.process.pid)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -99,6 +100,17 @@ def _worker_specs(
     return specs
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """One listening socket shared by every gateway process: the kernel spreads connections."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    listener.bind((host, port))
+    listener.listen(2048)
+    listener.set_inheritable(True)
+    return listener
+
+
 def _ready(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as response:
@@ -152,12 +164,30 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
             return 2
 
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
+        try:
+            listener = _listen(settings.http_host, settings.http_port)
+        except OSError as exc:
+            where = f"{settings.http_host}:{settings.http_port}"
+            print(f"error: cannot listen on {where}: {exc.strerror}", file=sys.stderr)
+            return 2
         gateway_env = dict(
-            env, SLUICE_HTTP_HOST=settings.http_host, SLUICE_HTTP_PORT=str(settings.http_port)
+            env,
+            SLUICE_HTTP_HOST=settings.http_host,
+            SLUICE_HTTP_PORT=str(settings.http_port),
+            SLUICE_HTTP_FD=str(listener.fileno()),
         )
-        gateway = ChildSpec("gateway", [sys.executable, "-m", "gateway"], gateway_env)
-        supervisor = Supervisor([gateway, *_worker_specs(models, repository, env)])
+        gateways = [
+            ChildSpec(
+                f"gateway#{index}",
+                [sys.executable, "-m", "gateway"],
+                gateway_env,
+                pass_fds=(listener.fileno(),),
+            )
+            for index in range(settings.gateway_processes)
+        ]
+        supervisor = Supervisor([*gateways, *_worker_specs(models, repository, env)])
         supervisor.start()
+        listener.close()
 
         url = f"http://{settings.http_host}:{settings.http_port}"
         deadline = time.monotonic() + settings.ready_timeout_s

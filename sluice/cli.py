@@ -40,6 +40,9 @@ def up(
     redis_url: Annotated[
         str | None, typer.Option(help="Use this Redis instead of starting a private one.")
     ] = None,
+    gateway_processes: Annotated[
+        int | None, typer.Option(help="Gateway processes sharing the port (default 1).")
+    ] = None,
     verbose: bool = False,
 ) -> None:
     """Start Redis (unless given), the gateway and one worker per model instance."""
@@ -54,6 +57,7 @@ def up(
             http_port=http_port,
             http_host=http_host,
             redis_url=redis_url,
+            gateway_processes=gateway_processes,
         )
     )
     raise typer.Exit(run_up(settings, redis_url_given=given))

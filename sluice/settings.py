@@ -47,6 +47,9 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     http_port: int = Field(8000, ge=0, le=65535)
     """Port of the KServe v2 / Triton-compatible HTTP API."""
 
+    http_fd: int = Field(-1, ge=-1)
+    """An already listening socket to serve on (set by ``sluice up``); -1 binds host:port."""
+
     max_body_bytes: int = Field(64 * MIB, ge=1)
     """Largest accepted request body (after decompression), as Triton's --http-max-input-size."""
 
@@ -116,6 +119,9 @@ class UpSettings(CommonSettings):
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)
+
+    gateway_processes: int = Field(1, ge=1, le=64)
+    """Gateway processes sharing the HTTP port (each has its own reply stream)."""
 
     start_redis: bool = True
     """Start a private redis-server when SLUICE_REDIS_URL is not set."""
