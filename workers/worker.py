@@ -33,7 +33,7 @@ from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request
 from workers.backends import load_backend
-from workers.backends.base import Backend, Placement
+from workers.backends.base import Backend, Placement, RequestsFailed
 from workers.batching import (
     PendingRequest,
     combine,
@@ -372,7 +372,11 @@ class Worker:
                 results = await loop.run_in_executor(
                     self._executor, self._compute, live, backend, timing
                 )
-                for request, (headers, payload) in zip(live, results, strict=True):
+                for request, result in zip(live, results, strict=True):
+                    if isinstance(result, SluiceError):
+                        outcomes.append(error_outcome(request, self.version, result))
+                        continue
+                    headers, payload = result
                     reply = ReplyMessage(request.message.request_key, self.version, headers)
                     outcomes.append(Outcome(request, reply, payload))
             except Exception as exc:
@@ -389,16 +393,25 @@ class Worker:
 
     def _compute(
         self, batch: list[PendingRequest], backend: Backend, timing: Timing
-    ) -> list[tuple[list[TensorHeader], bytes]]:
+    ) -> list[tuple[list[TensorHeader], bytes] | SluiceError]:
+        """Each request's (output headers, payload), or its own error."""
         t0 = time.perf_counter_ns()
         inputs = combine(batch, self.config)
         t1 = time.perf_counter_ns()
-        outputs = backend.infer(inputs, output_names(batch))
+        failures: dict[int, SluiceError] = {}
+        try:
+            outputs = backend.infer(
+                inputs, output_names(batch), request_sizes=[r.items for r in batch]
+            )
+        except RequestsFailed as exc:
+            if exc.outputs is None:
+                return [exc.failures.get(i, exc) for i in range(len(batch))]
+            outputs, failures = exc.outputs, dict(exc.failures)
         t2 = time.perf_counter_ns()
         results = split(batch, outputs, self.config)
         t3 = time.perf_counter_ns()
         timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
-        return results
+        return [failures.get(i, result) for i, result in enumerate(results)]
 
 
 def install_signal_handlers(worker: Worker) -> None:

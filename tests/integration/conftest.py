@@ -30,7 +30,8 @@ def load_examples_builder() -> ModuleType:
 @pytest.fixture(scope="session")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("repository")
-    load_examples_builder().build_all(root)
+    # The ONNX examples only: the other backends have their own stack (test_backends.py).
+    load_examples_builder().build_all(root, models=("iris", "mlp", "cnn"))
     write_identity(
         root,
         "identity",

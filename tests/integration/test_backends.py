@@ -14,6 +14,7 @@ import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from scheduler.redis_server import RedisServer
 from sluice.repository import read_model
@@ -48,6 +49,23 @@ VERSIONED = """
             return {{"y": inputs["x"] + {version}}}
 """
 
+GUARDED = """
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "x").as_numpy()
+                if (x < 0).any():
+                    error = pb_utils.TritonError("negative input", pb_utils.TritonError.INVALID_ARG)
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                else:
+                    responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("y", x * 2)]))
+            return responses
+"""
+
 FLOAT_IO = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
 
 
@@ -76,6 +94,8 @@ def _build(root: Path) -> Path:
         "{ data_type: TYPE_FP32 dims: [ 2 ] zero_data: true } } } ]"
     )
     write_model(root, "cold", FLOAT_IO + warmup, {"1/model.py": COLD})
+    batching = "dynamic_batching { max_queue_delay_microseconds: 100000 }"
+    write_model(root, "guarded", FLOAT_IO + batching, {"1/model.py": GUARDED})
     plan_config = FLOAT_IO.replace('backend: "python"', 'platform: "tensorrt_plan"')
     plan_config += "instance_group [ { kind: KIND_GPU gpus: [ 0 ] } ]"
     write_model(root, "engine", plan_config, {"1/model.plan": b"\x00" * 64})
@@ -284,3 +304,24 @@ def test_version_policy_latest_serves_only_the_newest(
         older = http.post("/v2/models/versions_latest/versions/1/infer", json=body)
         assert older.status_code == 404
         assert "unknown version 1" in older.json()["error"]
+
+
+def test_an_error_response_fails_only_its_own_request(
+    client: httpclient.InferenceServerClient,
+) -> None:
+    values = [1.0, -1.0, 2.0, 3.0]
+    batches = [{"x": np.full((1, 2), v, dtype=np.float32)} for v in values]
+    pending = [client.async_infer("guarded", _tensors(b, {"x": "FP32"})) for b in batches]
+    answers: list[np.ndarray | tuple[str | None, str]] = []
+    for request in pending:
+        try:
+            answers.append(request.get_result().as_numpy("y"))
+        except InferenceServerException as exc:
+            answers.append((exc.status(), exc.message()))
+    assert answers[1] == ("400", "negative input")
+    for value, answer in zip(values, answers, strict=True):
+        if value > 0:
+            assert isinstance(answer, np.ndarray)
+            np.testing.assert_array_equal(answer, np.full((1, 2), 2 * value))
+    [stats] = client.get_inference_statistics("guarded")["model_stats"]
+    assert stats["execution_count"] < len(values)  # the requests shared batches

@@ -34,7 +34,8 @@ def describe(exc: BaseException, model_file: Path) -> str:
 
 def import_model_file(model_file: Path, module_name: str) -> ModuleType:
     """Import ``model_file`` as ``module_name``; its folder goes first on ``sys.path`` so
-    modules next to it import, as with Triton."""
+    modules next to it import, as with Triton. No ``__pycache__`` is written into the
+    model repository."""
     sys.modules.setdefault(PB_UTILS, triton_python_backend_utils)
     spec = importlib.util.spec_from_file_location(module_name, model_file)
     if spec is None or spec.loader is None:
@@ -44,6 +45,8 @@ def import_model_file(model_file: Path, module_name: str) -> ModuleType:
     folder = str(model_file.parent)
     if folder not in sys.path:
         sys.path.insert(0, folder)
+    writes_bytecode = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True
     try:
         spec.loader.exec_module(module)
     except Exception as exc:
@@ -51,6 +54,8 @@ def import_model_file(model_file: Path, module_name: str) -> ModuleType:
         raise InvalidConfig(
             f"{model_file.name} cannot be imported: {describe(exc, model_file)}"
         ) from None
+    finally:
+        sys.dont_write_bytecode = writes_bytecode
     return module
 
 

@@ -94,8 +94,11 @@ def _forward_names(model: Callable[..., Any]) -> list[str] | None:
 
 
 def _short(exc: BaseException) -> str:
-    """torch errors run to pages; the first lines say what went wrong."""
-    lines = [line for line in str(exc).strip().splitlines() if line.strip()]
+    """torch errors run to pages: TorchScript's end with the cause after a traceback, the
+    others start with it."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    if any("Traceback of TorchScript" in line for line in lines[:3]):
+        return lines[-1][:500]
     text = " ".join(lines[:3])
     return f"{type(exc).__name__}: {text[:500]}"
 
