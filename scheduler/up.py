@@ -17,6 +17,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from scheduler.catalog_publisher import publish_catalog
+from scheduler.placement import placements, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.errors import InvalidConfig
@@ -62,16 +63,9 @@ def _worker_specs(
     specs: list[ChildSpec] = []
     for model in usable:
         assert model.config is not None
-        groups = model.config.instance_groups or ()
-        placements: list[tuple[str, int | None]] = []
-        if not groups:
-            placements.append(("KIND_CPU", None))
-        for group in groups:
-            gpu = group.kind == "KIND_GPU"
-            for device in (group.gpus or (0,)) if gpu else (None,):
-                placements.extend([("KIND_GPU" if gpu else "KIND_CPU", device)] * group.count)
+        where = placements(model.config.instance_groups, visible_gpus())
         for version in model.versions:
-            for index, (kind, device) in enumerate(placements):
+            for index, (kind, device) in enumerate(where):
                 argv = [
                     sys.executable,
                     "-m",

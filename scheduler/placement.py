@@ -1,0 +1,47 @@
+"""Where each model instance runs, from its instance groups and the GPUs this host has."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+
+from sluice.config import InstanceGroup
+
+Placement = tuple[str, int | None]
+"""(KIND_CPU or KIND_GPU, GPU index or None)."""
+
+
+@functools.cache
+def visible_gpus() -> tuple[int, ...]:
+    """Indices of the NVIDIA GPUs this process may use (none where there is no driver)."""
+    restricted = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if restricted is not None:
+        return tuple(range(len([d for d in restricted.split(",") if d.strip()])))
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return ()
+    try:
+        listing = subprocess.run([nvidia_smi, "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return ()
+    return tuple(range(sum(1 for line in listing.stdout.splitlines() if line.startswith("GPU "))))
+
+
+def placements(groups: tuple[InstanceGroup, ...], gpus: tuple[int, ...]) -> list[Placement]:
+    """Triton's rules: ``count`` instances on each listed GPU (every visible GPU when none is
+    listed); KIND_AUTO means GPU when the host has one; no group means one CPU instance. A
+    KIND_GPU group on a host without GPUs still gets placements, so its workers report why
+    they cannot load."""
+    if not groups:
+        return [("KIND_CPU", None)]
+    result: list[Placement] = []
+    for group in groups:
+        on_gpu = group.kind == "KIND_GPU" or (group.kind == "KIND_AUTO" and bool(gpus))
+        if not on_gpu:
+            result.extend([("KIND_CPU", None)] * group.count)
+            continue
+        for device in group.gpus or gpus or (0,):
+            result.extend([("KIND_GPU", device)] * group.count)
+    return result
