@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 
 import uvicorn
 
@@ -11,11 +12,10 @@ from sluice.settings import GatewaySettings
 
 
 def serve(settings: GatewaySettings) -> None:
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=settings.http_host,
         port=settings.http_port,
-        fd=settings.http_fd if settings.http_fd >= 0 else None,
         loop="uvloop",
         http="httptools",
         access_log=False,
@@ -26,6 +26,11 @@ def serve(settings: GatewaySettings) -> None:
         ssl_certfile=settings.ssl_certfile or None,
         ssl_keyfile=settings.ssl_keyfile or None,
     )
+    server = uvicorn.Server(config)
+    if settings.http_fd >= 0:
+        server.run(sockets=[socket.socket(fileno=settings.http_fd)])
+    else:
+        server.run()
 
 
 if __name__ == "__main__":

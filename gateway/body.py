@@ -14,7 +14,7 @@ _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 def check_declared_length(declared: str | None, limit: int) -> None:
     if declared is None:
         return
-    if not declared.isdigit():
+    if not (declared.isascii() and declared.isdigit()):
         raise InvalidInput("header 'Content-Length' is not a non-negative integer")
     if int(declared) > limit:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
@@ -66,6 +66,6 @@ def parse_header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
     raw = raw.strip()
-    if not raw.isdigit():
+    if not (raw.isascii() and raw.isdigit()):
         raise InvalidInput("header 'Inference-Header-Content-Length' is not a non-negative integer")
     return int(raw)

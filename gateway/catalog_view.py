@@ -35,7 +35,10 @@ class CatalogView:
 
     async def refresh(self, redis: Redis) -> None:
         revision = cast(bytes | None, await redis.get(self.keys.catalog_revision))
-        if revision != self.revision or not self.loaded:
+        # No revision after one was seen: Redis restarted and the controller has not
+        # republished yet. Keep serving the catalog we know rather than answer 404s.
+        lost = revision is None and self.revision is not None
+        if not lost and (revision != self.revision or not self.loaded):
             raw = cast(dict[bytes, bytes], await redis.hgetall(self.keys.catalog))
             models: dict[str, CatalogEntry] = {}
             for field_name, value in raw.items():
@@ -122,6 +125,8 @@ class CatalogView:
 
 
 def _parse_version(version: str) -> int:
-    if not version.isdigit() or (len(version) > 1 and version.startswith("0")):
+    if not (version.isascii() and version.isdigit()) or (
+        len(version) > 1 and version.startswith("0")
+    ):
         raise NotFound(f"unknown version '{version}'")
     return int(version)

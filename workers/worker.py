@@ -339,12 +339,13 @@ class Worker:
             if idle.is_set() and (items in preferred or waited >= delay_s):
                 return batch, rest
             wait_s = delay_s - waited if waited < delay_s else self._compute_ewma_s / 2
-            if wait_s >= 0.001:
+            if wait_s >= 0.1:
                 more = await self._read(limit - items, math.ceil(wait_s * 1000))
             else:
-                # XREADGROUP blocks in whole milliseconds: sleep out a shorter wait, then
-                # take whatever arrived meanwhile in one round trip instead of polling.
-                await asyncio.sleep(max(0.0, wait_s))
+                # Redis ends a BLOCK shorter than its cron period (100 ms at the default
+                # hz 10) only at its next tick: sleep here instead, in slices of at most
+                # 1 ms so a batch that fills early goes early, and read without blocking.
+                await asyncio.sleep(max(0.0, min(wait_s, 0.001)))
                 more = await self._read(limit - items, None)
             more += self._take_reclaimed()
             pending = batch + rest + more

@@ -58,12 +58,15 @@ def test_killed_worker_loses_nothing(
 
     assert procs.wait_until(lambda: not procs.alive(victim), 5)
     replaced = procs.wait_until(
-        lambda: len(procs.worker_pids(stack.process.pid) - workers_before) == 1
-        and len(procs.worker_pids(stack.process.pid)) == 2,
+        lambda: (
+            len(procs.worker_pids(stack.process.pid) - workers_before) == 1
+            and len(procs.worker_pids(stack.process.pid)) == 2
+        ),
         10,
     )
     restart_s = time.monotonic() - killed_at
     load.join(150)
+    procs.wait_until(lambda: taken_over_from(stack, victim) >= len(held), 5)
 
     figures = load.figures()
     ok_ids = {f"req-{a.index}" for a in load.answers if a.correct}

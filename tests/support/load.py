@@ -171,3 +171,28 @@ class Load:
             "duplicated": sum(n - 1 for n in per_index.values() if n > 1),
             "max_latency_s": round(max((a.latency_s for a in self.answers), default=0.0), 3),
         }
+
+
+def flood(
+    url: str,
+    model: str,
+    *,
+    concurrency: int,
+    duration_s: float,
+    build: Any,
+    client_timeout_s: float,
+) -> list[Answer]:
+    """``concurrency`` clients sending back to back for ``duration_s``, with no back-off."""
+    load = Load(url, model, concurrency, 10**9, build=build, client_timeout_s=client_timeout_s)
+    load.start()
+    time.sleep(duration_s)
+    load.stop()
+    load.join(client_timeout_s + 10)
+    return load.answers
+
+
+def tally(answers: list[Answer]) -> dict[str, Any]:
+    """Figures of a list of answers (as :meth:`Load.figures`, sent = answers recorded)."""
+    load = Load("", "", 0, len(answers), answers=answers)
+    load.sent = len(answers)
+    return load.figures()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from pathlib import Path
@@ -40,7 +41,7 @@ def cmdline(pid: int) -> list[str]:
 
 def _is_module(pid: int, module: str) -> bool:
     argv = cmdline(pid)
-    return any(a == "-m" and b == module for a, b in zip(argv, argv[1:], strict=False))
+    return any(a == "-m" and b == module for a, b in itertools.pairwise(argv))
 
 
 def gateway_pid(parent: int) -> int:

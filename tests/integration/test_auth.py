@@ -1,0 +1,165 @@
+"""API keys (SLUICE_API_KEYS, SLUICE_API_KEYS_FILE, SLUICE_ADMIN_KEYS) over real HTTP.
+
+Inference and metadata endpoints need an inference or admin key, management
+endpoints an admin key, health endpoints none; refusals are 401 (with
+``WWW-Authenticate: Bearer``) or 403 with a JSON error, and no key is ever logged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from scheduler.redis_server import RedisServer
+from tests.support.onnx_models import write_identity
+from tests.support.stack import Stack
+
+INFERENCE_KEYS = ("infer-key-1", "infer-key-2")
+FILE_KEYS = ("file-key-from-disk-1", "file-key-from-disk-2")
+ADMIN_KEY = "admin-key"
+WRONG_KEY = "wrong-key-0123456789"
+MODEL = "guarded"
+BODY = orjson.dumps(
+    {"inputs": [{"name": "IN_FP32", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+)
+
+INFERENCE_ENDPOINTS = [
+    ("GET", "/v2"),
+    ("GET", f"/v2/models/{MODEL}"),
+    ("GET", f"/v2/models/{MODEL}/versions/1"),
+    ("GET", f"/v2/models/{MODEL}/ready"),
+    ("GET", f"/v2/models/{MODEL}/config"),
+    ("GET", f"/v2/models/{MODEL}/stats"),
+    ("GET", "/v2/models/stats"),
+    ("POST", f"/v2/models/{MODEL}/infer"),
+    ("POST", f"/v2/models/{MODEL}/versions/1/infer"),
+]
+MANAGEMENT_ENDPOINTS = [("POST", "/v2/repository/index")]
+HEALTH_ENDPOINTS = [("GET", "/v2/health/live"), ("GET", "/v2/health/ready")]
+
+
+@pytest.fixture(scope="module")
+def secured(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("auth")
+    write_identity(root / "repository", MODEL, ["FP32"])
+    key_file = root / "keys.txt"
+    key_file.write_text(f"{FILE_KEYS[0]}\n\n  {FILE_KEYS[1]}  \n")
+    stack = Stack(
+        root / "repository",
+        redis_server.url,
+        env={
+            "SLUICE_API_KEYS": ",".join(INFERENCE_KEYS),
+            "SLUICE_API_KEYS_FILE": str(key_file),
+            "SLUICE_ADMIN_KEYS": ADMIN_KEY,
+        },
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def http(secured: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=secured.url, timeout=10) as client:
+        yield client
+
+
+def call(http: httpx.Client, method: str, path: str, key: str | None, scheme: str = "Bearer"):  # type: ignore[no-untyped-def]
+    headers = {} if key is None else {"Authorization": f"{scheme} {key}".strip()}
+    content = BODY if path.endswith("/infer") else b""
+    return http.request(method, path, headers=headers, content=content)
+
+
+def assert_refused(response: httpx.Response, status: int) -> None:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert isinstance(error, str) and error
+    if status == 401:
+        assert response.headers["www-authenticate"].startswith("Bearer")
+
+
+@pytest.mark.parametrize(("method", "path"), INFERENCE_ENDPOINTS + MANAGEMENT_ENDPOINTS)
+def test_missing_or_wrong_key_is_401(http: httpx.Client, method: str, path: str) -> None:
+    assert_refused(call(http, method, path, None), 401)
+    assert_refused(call(http, method, path, WRONG_KEY), 401)
+    assert_refused(call(http, method, path, ""), 401)
+    assert_refused(call(http, method, path, INFERENCE_KEYS[0], scheme="Basic"), 401)
+    assert_refused(call(http, method, path, INFERENCE_KEYS[0] + "x"), 401)
+
+
+@pytest.mark.parametrize(("method", "path"), INFERENCE_ENDPOINTS)
+@pytest.mark.parametrize("key", [*INFERENCE_KEYS, *FILE_KEYS, ADMIN_KEY])
+def test_inference_endpoints_accept_every_key(
+    http: httpx.Client, method: str, path: str, key: str
+) -> None:
+    response = call(http, method, path, key)
+    assert response.status_code == 200, response.text
+
+
+def test_bearer_scheme_is_case_insensitive(http: httpx.Client) -> None:
+    assert call(http, "GET", "/v2", INFERENCE_KEYS[1], scheme="bearer").status_code == 200
+
+
+@pytest.mark.parametrize(("method", "path"), MANAGEMENT_ENDPOINTS)
+def test_management_needs_the_admin_key(http: httpx.Client, method: str, path: str) -> None:
+    for key in (*INFERENCE_KEYS, *FILE_KEYS):
+        assert_refused(call(http, method, path, key), 403)
+    response = call(http, method, path, ADMIN_KEY)
+    assert response.status_code == 200, response.text
+    assert any(row["name"] == MODEL for row in response.json())
+
+
+@pytest.mark.parametrize(("method", "path"), HEALTH_ENDPOINTS)
+def test_health_needs_no_key(http: httpx.Client, method: str, path: str) -> None:
+    assert call(http, method, path, None).status_code == 200
+    assert call(http, method, path, WRONG_KEY).status_code == 200
+
+
+def test_tritonclient_with_an_authorization_header(secured: Stack) -> None:
+    data = np.array([[1.5, -2.0, 3.25]], dtype=np.float32)
+    with httpclient.InferenceServerClient(secured.address) as client:
+        tensor = httpclient.InferInput("IN_FP32", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data, binary_data=True)
+        for key in (INFERENCE_KEYS[0], FILE_KEYS[0]):
+            headers = {"Authorization": f"Bearer {key}"}
+            assert client.is_server_ready(headers=headers)
+            assert client.is_model_ready(MODEL, headers=headers)
+            assert client.get_model_metadata(MODEL, headers=headers)["name"] == MODEL
+            result = client.infer(MODEL, [tensor], headers=headers)
+            np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+        with pytest.raises(InferenceServerException) as refused:
+            client.infer(MODEL, [tensor])
+        assert refused.value.status() == "401"
+        with pytest.raises(InferenceServerException) as wrong:
+            client.get_model_metadata(MODEL, headers={"Authorization": f"Bearer {WRONG_KEY}"})
+        assert wrong.value.status() == "401"
+
+
+def test_keys_never_appear_in_the_logs(secured: Stack, http: httpx.Client) -> None:
+    for key in (*INFERENCE_KEYS, *FILE_KEYS, ADMIN_KEY, WRONG_KEY):
+        call(http, "POST", "/v2/repository/index", key)
+        call(http, "POST", f"/v2/models/{MODEL}/infer", key)
+    secured.stop()
+    log = "".join(secured.stderr_lines)
+    assert log, "the stack logged nothing at all"
+    for secret in (*INFERENCE_KEYS, *FILE_KEYS, ADMIN_KEY, WRONG_KEY):
+        assert secret not in log, f"key {secret!r} appears in the log"
+
+
+def test_unreadable_key_file_is_a_clear_startup_error(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    write_identity(tmp_path, MODEL, ["FP32"])
+    stack = Stack(
+        tmp_path, redis_server.url, env={"SLUICE_API_KEYS_FILE": str(tmp_path / "missing.txt")}
+    )
+    with pytest.raises(RuntimeError) as failed:
+        stack.start(timeout_s=60)
+    assert "SLUICE_API_KEYS_FILE" in str(failed.value)
