@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -24,10 +27,13 @@ from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
 from gateway.routes import router
+from gateway.shm_registry import RegionRegistry, client_shm_allowed
+from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
 from sluice.settings import GatewaySettings
+from sluice.shm import sweep_orphans
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +49,10 @@ async def _sluice_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, SluiceError)
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
     return _error(int(exc.status), exc.message, headers)
+
+
+async def _redis_error(_: Request, exc: Exception) -> Response:
+    return _error(503, f"the request queue (Redis) is unreachable; retry later ({exc})")
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
@@ -78,6 +88,28 @@ async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> Non
         await asyncio.sleep(state.settings.catalog_refresh_s)
 
 
+def _longest_timeout_s(state: GatewayState) -> float:
+    """The longest deadline a request can get (setting or model queue policy)."""
+    longest = state.settings.default_timeout_s
+    for entry in state.view.models.values():
+        dynamic = entry.config.dynamic_batching if entry.config is not None else None
+        if dynamic is not None:
+            longest = max(longest, dynamic.default_timeout_us / 1e6)
+    return longest
+
+
+async def _sweep_loop(state: GatewayState) -> None:
+    """Remove shared memory segments whose creator died, or whose reader gave up."""
+    while True:
+        try:
+            await asyncio.to_thread(
+                sweep_orphans, state.settings.namespace, 2 * _longest_timeout_s(state)
+            )
+        except Exception:
+            log.exception("sweeping shared memory segments failed")
+        await asyncio.sleep(state.settings.shm_sweep_interval_s)
+
+
 def create_app(settings: GatewaySettings) -> ASGIApp:
     """The gateway: edge checks, then the inference fast path, then the FastAPI routes."""
     app = create_fastapi_app(settings)
@@ -96,13 +128,27 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = settings.redis_timeout_s
         redis = Redis.from_url(
-            settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout
+            settings.redis_url,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         # The reader blocks up to 1 s in XREAD, so its socket timeout must be longer.
         reader = Redis.from_url(
-            settings.redis_url, socket_connect_timeout=timeout, socket_timeout=timeout + 5
+            settings.redis_url,
+            socket_connect_timeout=timeout,
+            socket_timeout=timeout + 5,
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
-        dispatcher = RedisDispatcher(redis, reader, keys, stream_max_len=settings.stream_max_len)
+        regions = RegionRegistry(allowed=client_shm_allowed(settings))
+        transfer = TensorTransfer.from_settings(settings, regions)
+        dispatcher = RedisDispatcher(
+            redis,
+            reader,
+            keys,
+            stream_max_len=settings.stream_max_len,
+            on_unclaimed=transfer.discard_reply,
+        )
         state = GatewayState(
             settings=settings,
             keys=keys,
@@ -111,22 +157,30 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
             dispatcher=dispatcher,
             limits=RequestLimits(max_elements=settings.max_tensor_elements),
             admission=Admission(settings.max_in_flight),
+            regions=regions,
+            transfer=transfer,
         )
         app.state.sluice = state
         await dispatcher.start()
         refresher = asyncio.create_task(_refresh_loop(state, dispatcher), name="catalog-refresh")
+        sweeper = asyncio.create_task(_sweep_loop(state), name="shm-sweeper")
         try:
             yield
         finally:
             refresher.cancel()
-            await asyncio.gather(refresher, return_exceptions=True)
+            sweeper.cancel()
+            await asyncio.gather(refresher, sweeper, return_exceptions=True)
             await dispatcher.stop()
+            with contextlib.suppress(SluiceError):
+                regions.unregister_cuda(None)
+            sweep_orphans(settings.namespace, 2 * _longest_timeout_s(state), grace_s=0)
             await redis.aclose()
             await reader.aclose()
 
     app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
     app.include_router(router)
     app.add_exception_handler(SluiceError, _sluice_error)
+    app.add_exception_handler(RedisError, _redis_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     return app

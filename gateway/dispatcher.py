@@ -13,6 +13,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Protocol, cast
 
 from redis.asyncio import Redis
@@ -44,8 +45,19 @@ class Dispatcher(Protocol):
 
 
 class RedisDispatcher:
-    def __init__(self, redis: Redis, reader: Redis, keys: Keys, *, stream_max_len: int) -> None:
-        """``reader`` is a client of its own, so the blocking XREAD never waits behind requests."""
+    def __init__(
+        self,
+        redis: Redis,
+        reader: Redis,
+        keys: Keys,
+        *,
+        stream_max_len: int,
+        on_unclaimed: Callable[[ReplyMessage], None] | None = None,
+    ) -> None:
+        """``reader`` is a client of its own, so the blocking XREAD never waits behind requests.
+        ``on_unclaimed`` sees each reply nobody waits for (timed out, duplicate), so that
+        what it references (shared memory segments) can be released."""
+        self._on_unclaimed = on_unclaimed
         self._redis = redis
         self._reader_redis = reader
         self._keys = keys
@@ -142,6 +154,8 @@ class RedisDispatcher:
         future = self._pending.get(reply[0].request_key)
         if future is not None and not future.done():
             future.set_result(reply)
+        elif self._on_unclaimed is not None:
+            self._on_unclaimed(reply[0])
 
 
 def _next_id(entry_id: bytes) -> str:

@@ -9,11 +9,12 @@ from starlette.responses import Response
 
 from gateway.body import header_length, read_body
 from gateway.infer_request import InferRequest, parse_infer_request
-from gateway.infer_response import OutputTensor, encode_infer_response
+from gateway.infer_response import encode_infer_response
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
-from sluice.wire import RequestMessage, TensorHeader
+from sluice.shm import unlink
+from sluice.wire import RequestMessage
 
 _NS_PER_US = 1_000
 
@@ -68,47 +69,52 @@ async def run_infer(
     entry, number = state.view.resolve(model, version)
     config = entry.config
     assert config is not None
-    parsed = parse_infer_request(body, json_length, config, state.limits)
+    parsed = parse_infer_request(body, json_length, config, state.limits, state.regions)
+    transfer = state.transfer
 
     dynamic = config.dynamic_batching
     timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
     level = _priority(parsed, dynamic)
     max_queue = (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size
     now_ns = time.time_ns()
-    message = RequestMessage(
-        request_key="",
-        reply_to="",
-        inputs=[TensorHeader(t.name, t.datatype, t.shape, len(t.data)) for t in parsed.inputs],
-        outputs=[o.name for o in parsed.outputs],
-        client_id=parsed.id,
-        deadline_ns=now_ns + timeout_us * _NS_PER_US,
-        enqueued_ns=now_ns,
-        priority=level,
-        parameters={k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")},
-    )
-    payload = b"".join(t.data for t in parsed.inputs)
     stream = state.keys.request_stream(model, number, level)
-    with state.admission.admit(model, number, max_queue):
-        reply, data = await state.dispatcher.submit(
-            model, stream, message, payload, timeout_us / 1_000_000
-        )
-    if reply.error_kind:
-        raise error_from_kind(reply.error_kind, reply.error)
-
-    outputs: list[OutputTensor] = []
-    offset = 0
-    for header in reply.outputs:
-        outputs.append(
-            OutputTensor(
-                header.name, header.datatype, header.shape, data[offset : offset + header.nbytes]
+    regions = parsed.regions
+    with state.regions.in_use(regions), state.admission.admit(model, number, max_queue):
+        headers, payload, segment = transfer.pack(parsed.inputs)
+        try:
+            message = RequestMessage(
+                request_key="",
+                reply_to="",
+                inputs=headers,
+                outputs=[o.name for o in parsed.outputs],
+                client_id=parsed.id,
+                deadline_ns=now_ns + timeout_us * _NS_PER_US,
+                enqueued_ns=now_ns,
+                priority=level,
+                parameters={
+                    k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")
+                },
+                output_regions=transfer.output_regions(parsed.outputs) if regions else {},
+                segment_prefix=transfer.message_prefix,
+                segment_min_bytes=transfer.segment_min_bytes,
             )
-        )
-        offset += header.nbytes
-    binary_by_name = {o.name: o.binary for o in parsed.outputs}
-    return encode_infer_response(
-        model_name=model,
-        model_version=str(reply.model_version),
-        request_id=parsed.id,
-        outputs=outputs,
-        binary=[binary_by_name.get(o.name, False) for o in outputs],
-    )
+            reply, data = await state.dispatcher.submit(
+                model, stream, message, payload, timeout_us / 1_000_000
+            )
+        finally:
+            if segment is not None:
+                unlink(segment)
+        try:
+            if reply.error_kind:
+                raise error_from_kind(reply.error_kind, reply.error)
+            outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
+            binary_by_name = {o.name: o.binary for o in parsed.outputs}
+            return encode_infer_response(
+                model_name=model,
+                model_version=str(reply.model_version),
+                request_id=parsed.id,
+                outputs=outputs,
+                binary=[binary_by_name.get(o.name, False) for o in outputs],
+            )
+        finally:
+            transfer.discard(reply.outputs)

@@ -5,7 +5,9 @@ binary tensor data extension); ``Inference-Header-Content-Length`` gives the
 header length. Every input ends up in Triton's binary layout: binary inputs as
 zero-copy slices of the body, JSON ``data`` converted once through numpy.
 A header length of 0 is Triton's raw binary request: the whole body is the
-single input's bytes.
+single input's bytes. An input or output may instead live in a registered shared
+memory region (Triton's system shared memory extension): its reference is checked
+against the region here, and the tensor carries the resolved location, no bytes.
 
 Every problem raises :class:`~sluice.errors.InvalidInput` with a message that
 names the offending field. Checks run cheapest first: the request's structure,
@@ -16,8 +18,9 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import orjson
@@ -34,6 +37,7 @@ from sluice.datatypes import (
     to_buffer,
 )
 from sluice.errors import InvalidInput
+from sluice.wire import ShmRef
 
 if TYPE_CHECKING:
     from sluice.config import ModelConfig, TensorSpec
@@ -42,7 +46,9 @@ _MAX_DIM = (1 << 63) - 1
 _MAX_BYTES_ELEMENT = (1 << 32) - 1
 _LENGTH = struct.Struct("<I")
 _RESERVED_PREFIX = "triton_"
-_SHM_PARAMETER = "shared_memory_region"
+_SHM_REGION = "shared_memory_region"
+_SHM_SIZE = "shared_memory_byte_size"
+_SHM_OFFSET = "shared_memory_offset"
 _BINARY_SIZE = "binary_data_size"
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 
@@ -58,18 +64,32 @@ _KIND_NAMES = {
 }
 
 
+class RegionLookup(Protocol):
+    """The shared memory regions requests may reference (the gateway's registry)."""
+
+    def resolve(self, label: str, name: str, offset: int, byte_size: int) -> ShmRef: ...
+
+    def mapped(
+        self, label: str, region: str, ref: ShmRef
+    ) -> AbstractContextManager[memoryview]: ...
+
+
 @dataclass(slots=True)
 class InputTensor:
     name: str
     datatype: str
     shape: tuple[int, ...]
     data: bytes | memoryview  # Triton binary layout (BYTES: length-prefixed elements)
+    shm: ShmRef | None = None  # where the bytes are instead, for an input in a client region
+    region: str = ""  # that region's name
 
 
 @dataclass(slots=True)
 class RequestedOutput:
     name: str
     binary: bool
+    shm: ShmRef | None = None  # where the client wants the bytes written
+    region: str = ""
 
 
 @dataclass(slots=True)
@@ -83,6 +103,12 @@ class InferRequest:
     # 1 when max_batch_size == 0; else the first dim shared by all inputs.
     batch_size: int
 
+    @property
+    def regions(self) -> list[str]:
+        """Names of the shared memory regions the request references."""
+        names = [t.region for t in self.inputs if t.region]
+        return names + [o.region for o in self.outputs if o.region]
+
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
@@ -95,6 +121,23 @@ class RequestLimits:
 DEFAULT_LIMITS = RequestLimits()
 
 
+class _NoRegions:
+    def resolve(self, label: str, name: str, offset: int, byte_size: int) -> ShmRef:
+        raise InvalidInput(f"{label}: unknown shared memory region '{name}'")
+
+    def mapped(
+        self, label: str, region: str, ref: ShmRef
+    ) -> AbstractContextManager[memoryview]:  # pragma: no cover - resolve raised first
+        raise InvalidInput(f"{label}: unknown shared memory region '{region}'")
+
+
+@dataclass(frozen=True, slots=True)
+class _ShmParameters:
+    region: str
+    offset: int
+    byte_size: int
+
+
 @dataclass(slots=True)
 class _Pending:
     """An input whose header passed the structural checks; data not yet read."""
@@ -105,6 +148,7 @@ class _Pending:
     shape: tuple[int, ...]
     data: Any  # the JSON `data` value, or None for binary inputs
     binary_size: int | None
+    shm: _ShmParameters | None = None
     spec: TensorSpec | None = None
     count: int = 0
 
@@ -114,8 +158,13 @@ def parse_infer_request(
     header_length: int | None,
     config: ModelConfig,
     limits: RequestLimits = DEFAULT_LIMITS,
+    regions: RegionLookup | None = None,
 ) -> InferRequest:
-    """Validate ``body`` against ``config`` and return the decoded request."""
+    """Validate ``body`` against ``config`` and return the decoded request.
+
+    ``regions`` resolves shared memory references (none are registered when None).
+    """
+    lookup: RegionLookup = regions if regions is not None else _NoRegions()
     view = memoryview(body)
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
@@ -145,8 +194,8 @@ def parse_infer_request(
     parameters, binary_default = _parse_request_parameters(doc.get("parameters"))
     pending = _parse_input_headers(doc.get("inputs"), config, limits)
     batch_size = _check_input_specs(pending, config, limits)
-    outputs = _parse_outputs(doc.get("outputs"), config, binary_default, limits)
-    inputs = _read_input_data(pending, binary, header_length is None, limits)
+    outputs = _parse_outputs(doc.get("outputs"), config, binary_default, limits, lookup)
+    inputs = _read_input_data(pending, binary, header_length is None, limits, lookup)
     return InferRequest(
         id=request_id,
         inputs=inputs,
@@ -238,15 +287,21 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
             raise InvalidInput(
                 f"{label}: unknown datatype {shown!r}; expected one of {_DATATYPE_LIST}"
             )
-        binary_size = _parse_input_parameters(label, item.get("parameters"))
+        binary_size, shm = _parse_input_parameters(label, item.get("parameters"))
         data = item.get("data")
-        if (data is None) == (binary_size is None):
+        if shm is not None:
+            if data is not None or binary_size is not None:
+                raise InvalidInput(
+                    f"{label}: an input in shared memory (parameters.{_SHM_REGION}) must not "
+                    "also carry 'data' or 'parameters.binary_data_size'"
+                )
+        elif (data is None) == (binary_size is None):
             which = "both" if data is not None else "neither"
             raise InvalidInput(
                 f"{label}: exactly one of 'data' or 'parameters.binary_data_size' "
                 f"must be given, got {which}"
             )
-        pending.append(_Pending(label, name, datatype, shape, data, binary_size))
+        pending.append(_Pending(label, name, datatype, shape, data, binary_size, shm))
 
     seen: set[str] = set()
     for entry in pending:
@@ -283,25 +338,48 @@ def _parse_shape(label: str, value: Any) -> tuple[int, ...]:
     return tuple(value)
 
 
-def _parse_input_parameters(label: str, value: Any) -> int | None:
-    """The input's binary_data_size (None when absent)."""
+def _parse_input_parameters(label: str, value: Any) -> tuple[int | None, _ShmParameters | None]:
+    """The input's binary_data_size and shared memory reference (None when absent)."""
     if value is None:
-        return None
+        return None, None
     if not isinstance(value, dict):
         raise InvalidInput(f"{label}: 'parameters' must be an object, got {_json_type(value)}")
-    if _SHM_PARAMETER in value:
-        raise InvalidInput(
-            f"{label}: shared memory is not supported yet (parameters.shared_memory_region)"
-        )
+    shm = _parse_shm_parameters(label, value)
     size = value.get(_BINARY_SIZE)
     if size is None:
+        return None, shm
+    return _natural_parameter(label, _BINARY_SIZE, size), shm
+
+
+def _parse_shm_parameters(label: str, parameters: dict[str, Any]) -> _ShmParameters | None:
+    """Triton's rules: region and byte size go together, the offset is optional (0)."""
+    if not (_SHM_REGION in parameters or _SHM_SIZE in parameters or _SHM_OFFSET in parameters):
         return None
-    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
-        shown = size if isinstance(size, int) and not isinstance(size, bool) else _json_type(size)
+    region, size = parameters.get(_SHM_REGION), parameters.get(_SHM_SIZE)
+    if region is None or size is None:
         raise InvalidInput(
-            f"{label}: parameters.binary_data_size must be a non-negative integer, got {shown}"
+            f"{label}: parameters.{_SHM_REGION} and parameters.{_SHM_SIZE} must be given together"
         )
-    return size
+    if not isinstance(region, str) or not region:
+        shown = "empty" if region == "" else _json_type(region)
+        raise InvalidInput(
+            f"{label}: parameters.{_SHM_REGION} must be a non-empty string, got {shown}"
+        )
+    return _ShmParameters(
+        region,
+        _natural_parameter(label, _SHM_OFFSET, parameters.get(_SHM_OFFSET, 0)),
+        _natural_parameter(label, _SHM_SIZE, size),
+    )
+
+
+def _natural_parameter(label: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
+        raise InvalidInput(
+            f"{label}: parameters.{name} must be a non-negative integer, "
+            f"got {shown if shown is not None else _json_type(value)}"
+        )
+    return value
 
 
 def _check_input_specs(pending: list[_Pending], config: ModelConfig, limits: RequestLimits) -> int:
@@ -367,7 +445,11 @@ def _check_shape(
 
 
 def _parse_outputs(
-    value: Any, config: ModelConfig, binary_default: bool, limits: RequestLimits
+    value: Any,
+    config: ModelConfig,
+    binary_default: bool,
+    limits: RequestLimits,
+    regions: RegionLookup,
 ) -> list[RequestedOutput]:
     if value is None or (isinstance(value, list) and not value):
         return [RequestedOutput(spec.name, binary_default) for spec in config.outputs]
@@ -397,16 +479,14 @@ def _parse_outputs(
             raise InvalidInput(f"{label}: requested more than once")
         seen.add(name)
         binary = binary_default
+        shm: _ShmParameters | None = None
         parameters = item.get("parameters")
         if parameters is not None:
             if not isinstance(parameters, dict):
                 raise InvalidInput(
                     f"{label}: 'parameters' must be an object, got {_json_type(parameters)}"
                 )
-            if _SHM_PARAMETER in parameters:
-                raise InvalidInput(
-                    f"{label}: shared memory is not supported yet (parameters.shared_memory_region)"
-                )
+            shm = _parse_shm_parameters(label, parameters)
             classes = parameters.get("classification")
             if classes is not None:
                 if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
@@ -423,7 +503,16 @@ def _parse_outputs(
                         f"{label}: parameters.binary_data must be a boolean, got {_json_type(flag)}"
                     )
                 binary = flag
-        outputs.append(RequestedOutput(name, binary))
+                if flag and shm is not None:
+                    raise InvalidInput(
+                        f"{label}: an output in shared memory (parameters.{_SHM_REGION}) "
+                        "cannot also ask for parameters.binary_data"
+                    )
+        if shm is None:
+            outputs.append(RequestedOutput(name, binary))
+        else:
+            ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size)
+            outputs.append(RequestedOutput(name, False, ref, shm.region))
     return outputs
 
 
@@ -435,11 +524,15 @@ def _read_input_data(
     binary: memoryview,
     no_header: bool,
     limits: RequestLimits,
+    regions: RegionLookup,
 ) -> list[InputTensor]:
     inputs: list[InputTensor] = []
     offset = 0
     available = len(binary)
     for entry in pending:
+        if entry.shm is not None:
+            inputs.append(_shm_input(entry, entry.shm, regions))
+            continue
         if entry.binary_size is None:
             data = _json_to_buffer(entry, limits.max_json_depth)
         else:
@@ -484,6 +577,30 @@ def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: b
                 f"got {found}"
             )
     return chunk
+
+
+def _shm_input(entry: _Pending, shm: _ShmParameters, regions: RegionLookup) -> InputTensor:
+    label = entry.label
+    element_size = ELEMENT_SIZE.get(entry.datatype)
+    if element_size is not None and shm.byte_size != entry.count * element_size:
+        raise InvalidInput(
+            f"{label}: parameters.{_SHM_SIZE} is {shm.byte_size} but shape "
+            f"{_fmt(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
+        )
+    ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size)
+    if element_size is None:
+        with regions.mapped(label, shm.region, ref) as view:
+            try:
+                found = count_bytes_elements(view)
+            except InvalidInput as exc:
+                raise InvalidInput(f"{label}: region '{shm.region}': {exc.message}") from None
+        if found != entry.count:
+            raise InvalidInput(
+                f"{label}: the {shm.byte_size} bytes at offset {shm.offset} of region "
+                f"'{shm.region}' hold {found} BYTES elements, shape {_fmt(entry.shape)} "
+                f"needs {entry.count}"
+            )
+    return InputTensor(entry.name, entry.datatype, entry.shape, b"", ref, shm.region)
 
 
 def _json_to_buffer(entry: _Pending, max_depth: int) -> bytes | memoryview:

@@ -2,8 +2,10 @@
 
 Outputs arrive in Triton's binary layout. Each goes either as JSON ``data``
 (flat, row-major) or as binary bytes appended after the JSON header, announced
-by ``parameters.binary_data_size``. When no output contributes bytes the body
-is pure JSON and no ``Inference-Header-Content-Length`` is sent, as Triton does.
+by ``parameters.binary_data_size``. An output written into a client's shared
+memory region carries no data, only ``parameters.shared_memory_region`` and
+``shared_memory_byte_size`` (the bytes written). When no output contributes bytes
+the body is pure JSON and no ``Inference-Header-Content-Length`` is sent, as Triton does.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ class OutputTensor:
     datatype: str
     shape: tuple[int, ...]
     data: bytes | memoryview  # binary layout
+    region: str = ""  # the client's shared memory region holding the bytes instead
+    region_bytes: int = 0  # bytes written there
 
 
 def encode_infer_response(
@@ -54,6 +58,13 @@ def encode_infer_response(
             "datatype": output.datatype,
             "shape": list(output.shape),
         }
+        if output.region:
+            entry["parameters"] = {
+                "shared_memory_region": output.region,
+                "shared_memory_byte_size": nbytes,
+            }
+            entries.append(entry)
+            continue
         data = None if want_binary else _json_data(output)
         if data is None:
             entry["parameters"] = {"binary_data_size": nbytes}
@@ -80,7 +91,7 @@ def encode_error(message: str) -> bytes:
 
 def _checked_nbytes(output: OutputTensor) -> int:
     """Byte length of the output's buffer, checked against its shape (fixed width)."""
-    nbytes = memoryview(output.data).nbytes
+    nbytes = output.region_bytes if output.region else memoryview(output.data).nbytes
     element_size = ELEMENT_SIZE.get(output.datatype)
     if element_size is not None:
         expected = element_size * element_count(output.shape)

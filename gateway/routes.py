@@ -12,14 +12,23 @@ from starlette.responses import Response
 
 from gateway import infer as infer_path
 from gateway.metadata import model_metadata
+from gateway.shm_routes import shm_router
 from gateway.state import GatewayState
 from sluice import __version__
-from sluice.errors import Unavailable
+from sluice.errors import InvalidInput, Unavailable
 from sluice.statistics import render_model_stats
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics", "schedule_policy"]
+EXTENSIONS = [
+    "binary_tensor_data",
+    "model_configuration",
+    "statistics",
+    "schedule_policy",
+    "system_shared_memory",
+    "cuda_shared_memory",
+]
 
 router = APIRouter()
+router.include_router(shm_router)
 
 Handler = Callable[..., Awaitable[Response]]
 
@@ -57,7 +66,15 @@ async def server_metadata() -> Response:
 async def repository_index(request: Request) -> Response:
     state = _state(request)
     body = await request.body()
-    ready_only = bool(body.strip()) and bool(orjson.loads(body).get("ready", False))
+    try:
+        document = orjson.loads(body) if body.strip() else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("request body must be a JSON object")
+    ready_only = document.get("ready", False)
+    if not isinstance(ready_only, bool):
+        raise InvalidInput("'ready' must be a boolean")
     rows: list[dict[str, Any]] = []
     for name in sorted(state.view.models):
         entry = state.view.models[name]

@@ -10,6 +10,8 @@ from gateway.admission import Admission
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import Dispatcher
 from gateway.infer_request import RequestLimits
+from gateway.shm_registry import RegionRegistry
+from gateway.shm_transfer import TensorTransfer
 from sluice.keys import Keys
 from sluice.settings import GatewaySettings
 
@@ -23,4 +25,8 @@ class GatewayState:
     dispatcher: Dispatcher
     limits: RequestLimits
     admission: Admission
+    regions: RegionRegistry
+    """Shared memory regions clients registered with this gateway."""
+    transfer: TensorTransfer
+    """How tensor bytes travel to the workers and back (entry or shared memory)."""
     redis_ok: bool = field(default=False)

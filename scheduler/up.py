@@ -23,7 +23,8 @@ from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.errors import InvalidConfig
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel, scan_repository
-from sluice.settings import UpSettings
+from sluice.settings import GatewaySettings, UpSettings
+from sluice.shm import SEGMENT_GRACE_S, sweep_orphans
 
 log = logging.getLogger("sluice.up")
 
@@ -52,6 +53,31 @@ class CatalogKeeper:
             if self.reachable:
                 log.warning("Redis is unreachable: %s", exc)
             self.reachable = False
+
+
+class SegmentSweeper:
+    """Removes the shared memory segments that killed children left in /dev/shm."""
+
+    EVERY_S = 10.0
+
+    def __init__(self, namespace: str, models: list[RepositoryModel]) -> None:
+        self.namespace = namespace
+        longest = GatewaySettings().default_timeout_s
+        for model in models:
+            dynamic = model.config.dynamic_batching if model.config is not None else None
+            if dynamic is not None:
+                longest = max(longest, dynamic.default_timeout_us / 1e6)
+        self.max_age_s = 2 * longest  # an answer unread this long has no reader left
+        self.due = 0.0
+
+    def tick(self, *, final: bool = False) -> None:
+        if final or time.monotonic() >= self.due:
+            try:
+                grace_s = 0.0 if final else SEGMENT_GRACE_S
+                sweep_orphans(self.namespace, self.max_age_s, grace_s=grace_s)
+            except OSError as exc:
+                log.warning("sweeping shared memory segments failed: %s", exc)
+            self.due = time.monotonic() + self.EVERY_S
 
 
 def _worker_specs(
@@ -147,6 +173,7 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         log.info("started a private redis-server at %s", redis_url)
 
     supervisor: Supervisor | None = None
+    sweeper = SegmentSweeper(settings.namespace, models)
     keys = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
@@ -169,6 +196,7 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
             SLUICE_HTTP_HOST=settings.http_host,
             SLUICE_HTTP_PORT=str(settings.http_port),
             SLUICE_HTTP_FD=str(listener.fileno()),
+            SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
         )
         gateways = [
             ChildSpec(
@@ -205,10 +233,12 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         while not stop.wait(0.5):
             supervisor.tick()
             catalog.tick()
+            sweeper.tick()
         return 0
     finally:
         client.close()
         if supervisor is not None:
             supervisor.stop()
+        sweeper.tick(final=True)  # every child is gone: nobody will read what is left
         if redis_server is not None:
             redis_server.stop()

@@ -90,6 +90,26 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     shutdown_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping gateway waits for in-flight requests."""
 
+    shm_same_host: bool = False
+    """The gateway and every worker share this host's /dev/shm: client shared memory
+    regions are read and written by the workers themselves, and large tensors travel
+    through shared memory segments instead of Redis. False (several hosts): every byte
+    goes through Redis, and the gateway reads and writes client regions itself.
+    ``sluice up`` (one machine) turns it on."""
+
+    shm_threshold_bytes: int = Field(1 * MIB, ge=0)
+    """With ``shm_same_host``: inputs and outputs larger than this travel through a shared
+    memory segment instead of the Redis entry; 0 keeps them all in Redis."""
+
+    shm_sweep_interval_s: float = Field(10.0, gt=0)
+    """How often the gateway removes shared memory segments their creators left behind."""
+
+    allow_client_shm: bool | None = None
+    """Whether clients may register shared memory regions (Triton's --allow-client-shm).
+    A region may name any POSIX shm object the gateway's user can open, which the workers
+    then read and write, so by default (None) only a gateway bound to loopback or guarded
+    by admin keys allows it."""
+
 
 class WorkerSettings(CommonSettings):
     threads: int = Field(0, ge=0)
@@ -128,3 +148,6 @@ class UpSettings(CommonSettings):
 
     ready_timeout_s: float = Field(120.0, gt=0)
     """How long ``sluice up`` waits for every model to become ready."""
+
+    shm_same_host: bool = True
+    """Passed to the gateway: everything ``sluice up`` starts shares one host."""

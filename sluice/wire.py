@@ -2,8 +2,10 @@
 
 An entry has two fields: ``h``, a msgpack header carrying a schema version,
 and ``d``, the tensor bytes of the message concatenated in header order
-(Triton's binary layout). No pickle anywhere: a header is decoded against the
-declared shape and anything else is rejected as :class:`MalformedEntry`.
+(Triton's binary layout). A tensor whose header carries a shared memory reference
+(:class:`ShmRef`) has no bytes in ``d``: they are in a client's registered region or in
+a segment of :mod:`sluice.shm` on this host. No pickle anywhere: a header is decoded
+against the declared shape and anything else is rejected as :class:`MalformedEntry`.
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ from typing import Any
 import msgpack
 
 from sluice.datatypes import DATATYPES
+from sluice.shm import ShmKeyError, is_segment_prefix, object_name
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without shared memory references
 HEADER_FIELD = b"h"
 DATA_FIELD = b"d"
 
@@ -25,12 +29,26 @@ class MalformedEntry(ValueError):
     """A stream entry that does not follow this schema."""
 
 
+@dataclass(frozen=True, slots=True)
+class ShmRef:
+    """Bytes in a POSIX shared memory object: ``byte_size`` bytes at ``offset`` of ``key``."""
+
+    key: str
+    offset: int
+    byte_size: int
+
+
 @dataclass(slots=True)
 class TensorHeader:
     name: str
     datatype: str
     shape: tuple[int, ...]
     nbytes: int
+    """The tensor's size in the binary layout."""
+    shm: ShmRef | None = None
+    """Where the bytes are when not in the entry. On a reply output written into a client
+    region, ``shm`` is that region and ``nbytes > shm.byte_size`` means it did not fit and
+    nothing was written."""
 
 
 @dataclass(slots=True)
@@ -48,6 +66,13 @@ class RequestMessage:
     enqueued_ns: int = 0
     priority: int = 0
     parameters: dict[str, Any] = field(default_factory=dict)
+    output_regions: dict[str, ShmRef] = field(default_factory=dict)
+    """Outputs the worker writes straight into a client's region instead of the reply."""
+    segment_prefix: str = ""
+    """Name prefix (``sluice-<namespace>-``) of this deployment's shared memory segments."""
+    segment_min_bytes: int = 0
+    """Outputs of at least this many bytes go through a segment the worker creates (the
+    gateway reads and removes it); 0: every other output goes inline in the reply."""
 
 
 @dataclass(slots=True)
@@ -60,8 +85,30 @@ class ReplyMessage:
     error: str = ""
 
 
+def _ref_out(ref: ShmRef) -> list[Any]:
+    return [ref.key, ref.offset, ref.byte_size]
+
+
+def _ref_in(raw: Any, what: str) -> ShmRef:
+    if not (isinstance(raw, list) and len(raw) == 3):
+        raise MalformedEntry(f"{what}: shared memory reference is not [key, offset, byte_size]")
+    key, offset, byte_size = raw
+    try:
+        object_name(_str(key))
+    except (ShmKeyError, TypeError):
+        raise MalformedEntry(f"{what}: bad shared memory key {key!r}") from None
+    if not (_natural(offset) and _natural(byte_size)):
+        raise MalformedEntry(f"{what}: bad shared memory offset or size {offset!r} {byte_size!r}")
+    return ShmRef(key, offset, byte_size)
+
+
 def _tensors_out(tensors: Sequence[TensorHeader]) -> list[list[Any]]:
-    return [[t.name, t.datatype, list(t.shape), t.nbytes] for t in tensors]
+    return [
+        [t.name, t.datatype, list(t.shape), t.nbytes]
+        if t.shm is None
+        else [t.name, t.datatype, list(t.shape), t.nbytes, _ref_out(t.shm)]
+        for t in tensors
+    ]
 
 
 def _tensors_in(raw: Any, payload_size: int) -> list[TensorHeader]:
@@ -70,17 +117,25 @@ def _tensors_in(raw: Any, payload_size: int) -> list[TensorHeader]:
     tensors: list[TensorHeader] = []
     total = 0
     for item in raw:
-        if not (isinstance(item, list) and len(item) == 4):
-            raise MalformedEntry("tensor header is not [name, datatype, shape, nbytes]")
-        name, datatype, shape, nbytes = item
+        if not isinstance(item, list):
+            raise MalformedEntry("tensor header is not a list")
+        if len(item) == 4:
+            name, datatype, shape, nbytes = item
+            ref = None
+        elif len(item) == 5:
+            name, datatype, shape, nbytes, raw_ref = item
+            ref = _ref_in(raw_ref, f"tensor {name!r}")
+        else:
+            raise MalformedEntry("tensor header is not [name, datatype, shape, nbytes(, shm)]")
         if not isinstance(name, str) or datatype not in DATATYPES:
             raise MalformedEntry(f"bad tensor name or datatype: {name!r} {datatype!r}")
         if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)):
             raise MalformedEntry(f"tensor {name!r}: bad shape {shape!r}")
         if not isinstance(nbytes, int) or nbytes < 0:
             raise MalformedEntry(f"tensor {name!r}: bad byte size {nbytes!r}")
-        total += nbytes
-        tensors.append(TensorHeader(name, datatype, tuple(shape), nbytes))
+        if ref is None:
+            total += nbytes
+        tensors.append(TensorHeader(name, datatype, tuple(shape), nbytes, ref))
     if total != payload_size:
         raise MalformedEntry(f"tensor sizes add up to {total} bytes, payload has {payload_size}")
     return tensors
@@ -94,7 +149,7 @@ def _unpack(fields: Mapping[bytes, bytes]) -> tuple[dict[str, Any], memoryview]:
         raise MalformedEntry("entry has no header field") from None
     except (ValueError, msgpack.UnpackException) as exc:
         raise MalformedEntry(f"header is not msgpack: {exc}") from None
-    if not isinstance(header, dict) or header.get("v") != SCHEMA_VERSION:
+    if not isinstance(header, dict) or header.get("v") not in _READABLE_VERSIONS:
         raise MalformedEntry("header has no supported schema version")
     return header, payload
 
@@ -112,6 +167,11 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
         "p": message.priority,
         "pa": message.parameters,
     }
+    if message.output_regions:
+        header["or"] = {name: _ref_out(ref) for name, ref in message.output_regions.items()}
+    if message.segment_prefix:
+        header["sp"] = message.segment_prefix
+        header["sm"] = message.segment_min_bytes
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
 
 
@@ -129,9 +189,27 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
             priority=_int(header.get("p", 0)),
             parameters=dict(header.get("pa") or {}),
         )
+        if "or" in header:
+            message.output_regions = _output_regions(header["or"])
+        if "sp" in header:
+            message.segment_prefix = _str(header["sp"])
+            message.segment_min_bytes = _int(header["sm"])
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"request header is missing or has a bad field: {exc}") from None
+    for tensor in message.inputs:
+        if tensor.shm is not None and tensor.shm.byte_size != tensor.nbytes:
+            raise MalformedEntry(f"input {tensor.name!r}: shared memory size is not its size")
+    if message.segment_prefix and not is_segment_prefix(message.segment_prefix):
+        raise MalformedEntry(f"bad segment prefix {message.segment_prefix!r}")
+    if message.segment_min_bytes < 0:
+        raise MalformedEntry("bad segment size threshold")
     return message, payload
+
+
+def _output_regions(raw: Any) -> dict[str, ShmRef]:
+    if not isinstance(raw, dict):
+        raise TypeError("output regions are not a map")
+    return {_str(name): _ref_in(ref, f"output {name!r}") for name, ref in raw.items()}
 
 
 def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, bytes]:
@@ -165,6 +243,10 @@ def _str(value: Any) -> str:
     if not isinstance(value, str):
         raise TypeError(f"expected a string, got {type(value).__name__}")
     return value
+
+
+def _natural(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _int(value: Any) -> int:

@@ -3,6 +3,11 @@
 Requests are combined along the batch dimension (dim 0) only when every input
 has the same per-item shape; :func:`shape_key` says which requests can share
 a batch. Everything here is pure computation, run off the event loop.
+
+Tensors passed by shared memory reference are read where they are (a client's region
+or a gateway's segment, see :mod:`workers.shm_io`); outputs the client wants in its
+region are written there, and large outputs go into a segment of their own when the
+request allows it, so neither crosses Redis.
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import numpy as np
 from sluice.config import ModelConfig, TensorSpec
 from sluice.datatypes import to_buffer, to_numpy
 from sluice.errors import InferenceFailed, InvalidInput
-from sluice.wire import RequestMessage, TensorHeader
+from sluice.shm import new_segment_name, unlink, write_segment
+from sluice.wire import RequestMessage, ShmRef, TensorHeader
+from workers import shm_io
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -59,6 +66,13 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
     for name in message.outputs:
         if config.output(name) is None:
             raise InvalidInput(f"unknown output '{name}'")
+    for tensor in message.inputs:
+        if tensor.shm is not None:
+            shm_io.MAPPINGS.check(tensor.shm, f"input '{tensor.name}'")
+    for name, ref in message.output_regions.items():
+        if name not in message.outputs:
+            raise InvalidInput(f"output '{name}' has a shared memory region but is not requested")
+        shm_io.MAPPINGS.check(ref, f"output '{name}'")
 
 
 def _model_shape(
@@ -75,8 +89,12 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
     for request in requests:
         offset = 0
         for tensor in request.message.inputs:
-            data = request.payload[offset : offset + tensor.nbytes]
-            offset += tensor.nbytes
+            if tensor.shm is None:
+                data = request.payload[offset : offset + tensor.nbytes]
+                offset += tensor.nbytes
+            else:
+                what = f"input '{tensor.name}'"
+                data = shm_io.input_view(tensor.shm, request.message.segment_prefix, what)
             per_input.setdefault(tensor.name, []).append(
                 to_numpy(tensor.datatype, tensor.shape, data)
             )
@@ -112,19 +130,46 @@ def split(
                     f"output '{name}' has batch dimension {array.shape[:1]} for {total} batch items"
                 )
     results: list[tuple[list[TensorHeader], bytes]] = []
+    segments: list[str] = []
     start = 0
-    for request in requests:
-        headers: list[TensorHeader] = []
-        buffers: list[bytes | memoryview] = []
-        for name in request.message.outputs:
-            spec = config.output(name)
-            assert spec is not None
-            array = outputs[name][start : start + request.items] if batched else outputs[name]
-            if spec.reshape is not None and all(d >= 0 for d in spec.dims):
-                array = array.reshape(((request.items,) if batched else ()) + spec.dims)
-            buffer = to_buffer(spec.datatype, array)
-            headers.append(TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer)))
-            buffers.append(buffer)
-        results.append((headers, b"".join(buffers)))
-        start += request.items
+    try:
+        for request in requests:
+            headers: list[TensorHeader] = []
+            buffers: list[bytes | memoryview] = []
+            for name in request.message.outputs:
+                spec = config.output(name)
+                assert spec is not None
+                array = outputs[name][start : start + request.items] if batched else outputs[name]
+                if spec.reshape is not None and all(d >= 0 for d in spec.dims):
+                    array = array.reshape(((request.items,) if batched else ()) + spec.dims)
+                buffer = to_buffer(spec.datatype, array)
+                header = TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer))
+                header.shm = _place(request.message, header, buffer, segments)
+                if header.shm is None:
+                    buffers.append(buffer)
+                headers.append(header)
+            results.append((headers, b"".join(buffers)))
+            start += request.items
+    except BaseException:
+        for segment in segments:
+            unlink(segment)
+        raise
     return results
+
+
+def _place(
+    message: RequestMessage, header: TensorHeader, buffer: bytes | memoryview, segments: list[str]
+) -> ShmRef | None:
+    """Where an output's bytes go when not inline: the client's region (if they fit;
+    otherwise nothing is written and the gateway reports it), or a new segment."""
+    region = message.output_regions.get(header.name)
+    if region is not None:
+        if header.nbytes <= region.byte_size:
+            shm_io.write(region, buffer, f"output '{header.name}'")
+        return region
+    if message.segment_min_bytes and header.nbytes >= message.segment_min_bytes:
+        name = new_segment_name(message.segment_prefix, "out")
+        write_segment(name, [buffer])
+        segments.append(name)
+        return ShmRef(name, 0, header.nbytes)
+    return None

@@ -456,7 +456,7 @@ def test_request_structure_rejections(body: bytes, fragments: tuple[str, ...]) -
         ({"data": None}, ("input 'a'", "exactly one of", "neither")),
         (
             {"parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16}},
-            ("input 'a'", "shared memory is not supported yet"),
+            ("input 'a'", "in shared memory", "must not also carry 'data'"),
         ),
         (
             {"data": None, "parameters": {"binary_data_size": -1}},
@@ -658,7 +658,7 @@ def test_binary_bytes_must_be_well_formed() -> None:
         ),
         (
             [{"name": "x", "parameters": {"shared_memory_region": "r"}}],
-            ("output 'x'", "shared memory is not supported yet"),
+            ("output 'x'", "shared_memory_region and", "must be given together"),
         ),
     ],
 )
@@ -676,9 +676,9 @@ def test_tritonclient_classification_request_is_rejected() -> None:
     rejects(body, size, "output 'x'", "classification is not supported yet")
 
 
-def test_tritonclient_shared_memory_input_is_rejected() -> None:
+def test_tritonclient_shared_memory_input_needs_a_registered_region() -> None:
     a = httpclient.InferInput("a", [1, 4], "FP32")
     a.set_shared_memory("region0", 16)
     b = triton_input("b", np.zeros((1, 1), np.int32), "INT32")
     body, size = client_body([a, b])
-    rejects(body, size, "input 'a'", "shared memory is not supported yet")
+    rejects(body, size, "input 'a'", "unknown shared memory region 'region0'")
