@@ -8,10 +8,12 @@ import socket
 import uvicorn
 
 from gateway.app import create_app
+from sluice.runtime import tune_garbage_collector
 from sluice.settings import GatewaySettings
 
 
 def serve(settings: GatewaySettings) -> None:
+    tune_garbage_collector()
     config = uvicorn.Config(
         create_app(settings),
         host=settings.http_host,

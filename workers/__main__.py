@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from sluice.repository import read_model
+from sluice.runtime import tune_garbage_collector
 from sluice.settings import WorkerSettings
 from workers.backends.base import Placement
 from workers.worker import EXIT_LOAD_FAILED, Worker, install_signal_handlers
@@ -35,6 +36,7 @@ def run_worker(
         )
         return EXIT_LOAD_FAILED
     worker = Worker(settings, entry.config, version, entry.model_file(version), placement)
+    tune_garbage_collector()
 
     async def main() -> int:
         install_signal_handlers(worker)

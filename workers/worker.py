@@ -343,9 +343,10 @@ class Worker:
                 more = await self._read(limit - items, math.ceil(wait_s * 1000))
             else:
                 # Redis ends a BLOCK shorter than its cron period (100 ms at the default
-                # hz 10) only at its next tick: sleep here instead, in slices of at most
-                # 1 ms so a batch that fills early goes early, and read without blocking.
-                await asyncio.sleep(max(0.0, min(wait_s, 0.001)))
+                # hz 10) only at its next tick: sleep here instead, in slices of 1 ms so a
+                # batch that fills early goes early, and read without blocking. The event
+                # loop's timers have millisecond resolution, so a shorter wait only yields.
+                await asyncio.sleep(0.001 if wait_s >= 0.001 else 0)
                 more = await self._read(limit - items, None)
             more += self._take_reclaimed()
             pending = batch + rest + more
