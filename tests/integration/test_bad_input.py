@@ -16,6 +16,19 @@ from tests.integration.conftest import BODY_LIMIT
 from tests.support.stack import Stack
 
 GOOD_INPUT = {"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}
+BINARY_HEADER = orjson.dumps(
+    {
+        "inputs": [
+            {
+                "name": "input",
+                "shape": [1, 4],
+                "datatype": "FP32",
+                "parameters": {"binary_data_size": 16},
+            }
+        ]
+    }
+)
+BINARY_DATA = struct.pack("<4f", 1, 2, 3, 4)
 
 
 @pytest.fixture
@@ -111,19 +124,7 @@ def test_malformed_body_is_400(http: httpx.Client, body: bytes) -> None:
 
 @pytest.mark.usefixtures("queue_untouched")
 def test_bad_binary_header_is_400(http: httpx.Client) -> None:
-    header = orjson.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [1, 4],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": 16},
-                }
-            ]
-        }
-    )
-    data = struct.pack("<4f", 1, 2, 3, 4)
+    header, data = BINARY_HEADER, BINARY_DATA
     for value in ("abc", "-1", str(len(header) + 100)):
         response = infer(http, header + data, headers={"Inference-Header-Content-Length": value})
         assert response.status_code == 400, (value, response.text)
@@ -137,19 +138,7 @@ def test_bad_binary_header_is_400(http: httpx.Client) -> None:
 
 
 def test_good_binary_request_passes(http: httpx.Client) -> None:
-    header = orjson.dumps(
-        {
-            "inputs": [
-                {
-                    "name": "input",
-                    "shape": [1, 4],
-                    "datatype": "FP32",
-                    "parameters": {"binary_data_size": 16},
-                }
-            ]
-        }
-    )
-    data = struct.pack("<4f", 1, 2, 3, 4)
+    header, data = BINARY_HEADER, BINARY_DATA
     good = infer(http, header + data, headers={"Inference-Header-Content-Length": str(len(header))})
     assert good.status_code == 200, good.text
 

@@ -13,6 +13,7 @@ import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
+from tests.support import procs
 from tests.support.onnx_models import identity_model, save, write_identity
 from tests.support.stack import Stack
 
@@ -33,27 +34,6 @@ def test_broken_models_are_unavailable_with_a_reason_and_others_serve(stack: Sta
         assert http.get("/v2/models/iris/ready").status_code == 200
 
 
-def _children(pid: int) -> set[int]:
-    found = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                found.add(int(entry))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
 def test_triton_repository_without_config_is_served_and_stops_cleanly(
     tmp_path: Path, start_stack: Callable[..., Stack]
 ) -> None:
@@ -61,7 +41,7 @@ def test_triton_repository_without_config_is_served_and_stops_cleanly(
     write_identity(tmp_path, "second", ["INT32"], max_batch_size=0, dims=(2,))
     stack = start_stack(tmp_path)
     assert stack.process is not None
-    children = _children(stack.process.pid)
+    children = procs.children(stack.process.pid)
     assert len(children) == 3  # gateway + two workers
 
     with httpclient.InferenceServerClient(stack.address) as client:
@@ -77,9 +57,9 @@ def test_triton_repository_without_config_is_served_and_stops_cleanly(
 
     assert stack.stop() == 0
     deadline = time.monotonic() + 10
-    while any(_alive(pid) for pid in children) and time.monotonic() < deadline:
+    while any(procs.alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in children)
+    assert not any(procs.alive(pid) for pid in children)
 
 
 def test_missing_redis_server_is_reported_not_installed(tmp_path: Path) -> None:
