@@ -140,7 +140,9 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
             socket_timeout=timeout + 5,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
-        regions = RegionRegistry(allowed=client_shm_allowed(settings))
+        regions = RegionRegistry(
+            allowed=client_shm_allowed(settings), gateway_processes=settings.gateway_processes
+        )
         transfer = TensorTransfer.from_settings(settings, regions)
         dispatcher = RedisDispatcher(
             redis,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
-from sluice.errors import Forbidden, InvalidInput, NotFound
+from sluice.errors import Forbidden, InvalidInput, NotFound, Unsupported
 from sluice.settings import GatewaySettings
 from sluice.shm import ShmKeyError, close_quietly, is_reserved, map_object, object_path
 from sluice.wire import ShmRef
@@ -69,16 +69,28 @@ _NOTHING = nullcontext()
 
 
 class RegionRegistry:
-    def __init__(self, allowed: bool = True) -> None:
-        """``allowed``: whether clients may register regions at all."""
+    def __init__(self, allowed: bool = True, gateway_processes: int = 1) -> None:
+        """``allowed``: whether clients may register regions at all. Regions live in one
+        gateway process, so with several processes sharing the port a request could reach
+        one that never saw the registration: registering is refused there, clearly."""
         self.allowed = allowed
+        self.gateway_processes = gateway_processes
         self.system: dict[str, SystemRegion] = {}
         self.cuda: dict[str, CudaRegion] = {}
         self._in_use: Counter[str] = Counter()
 
     # -- registration ----------------------------------------------------------------------
 
+    def _check_single_process(self) -> None:
+        if self.gateway_processes > 1:
+            raise Unsupported(
+                f"shared memory regions cannot be registered while {self.gateway_processes} "
+                "gateway processes share the port (regions live in one process); "
+                "run with --gateway-processes 1"
+            )
+
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_single_process()
         self._check_free(name)
         if is_reserved(key):
             raise InvalidInput(
@@ -112,6 +124,7 @@ class RegionRegistry:
         self.system[name] = SystemRegion(name, key, offset, byte_size)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._check_single_process()
         self._check_free(name)
         self.cuda[name] = open_cuda_region(name, raw_handle, device_id, byte_size)
 

@@ -196,6 +196,7 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
             SLUICE_HTTP_HOST=settings.http_host,
             SLUICE_HTTP_PORT=str(settings.http_port),
             SLUICE_HTTP_FD=str(listener.fileno()),
+            SLUICE_GATEWAY_PROCESSES=str(settings.gateway_processes),
             SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
         )
         gateways = [

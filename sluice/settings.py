@@ -47,6 +47,9 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     http_port: int = Field(8000, ge=0, le=65535)
     """Port of the KServe v2 / Triton-compatible HTTP API."""
 
+    gateway_processes: int = Field(1, ge=1, le=64)
+    """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
+
     http_fd: int = Field(-1, ge=-1)
     """An already listening socket to serve on (set by ``sluice up``); -1 binds host:port."""
 

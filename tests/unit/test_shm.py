@@ -503,3 +503,12 @@ def test_worker_reads_and_writes_regions_and_makes_output_segments(
     ):
         validate(gone, CONFIG)
     shm_io.MAPPINGS.close()
+
+
+def test_registering_with_several_gateway_processes_is_refused_clearly() -> None:
+    from gateway.shm_registry import RegionRegistry
+    from sluice.errors import Unsupported
+
+    registry = RegionRegistry(allowed=True, gateway_processes=2)
+    with pytest.raises(Unsupported, match="gateway-processes 1"):
+        registry.register_system("r", "/some-key", 0, 16)
