@@ -22,19 +22,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
-import numpy as np
 import orjson
 
+from gateway.json_tensors import fmt_shape, json_to_buffer, json_type
 from sluice.datatypes import (
-    BF16,
     BYTES,
     DATATYPES,
     ELEMENT_SIZE,
     count_bytes_elements,
     element_count,
-    numpy_dtype,
-    serialize_bytes,
-    to_buffer,
 )
 from sluice.errors import InvalidInput
 from sluice.wire import ShmRef
@@ -51,17 +47,6 @@ _SHM_SIZE = "shared_memory_byte_size"
 _SHM_OFFSET = "shared_memory_offset"
 _BINARY_SIZE = "binary_data_size"
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
-
-# numpy dtype kind -> how a JSON value of that kind is described in messages.
-_KIND_NAMES = {
-    "b": "booleans",
-    "i": "integers",
-    "u": "integers",
-    "f": "non-integer numbers",
-    "U": "strings",
-    "S": "strings",
-    "O": "objects",
-}
 
 
 class RegionLookup(Protocol):
@@ -188,7 +173,7 @@ def parse_infer_request(
     except orjson.JSONDecodeError as exc:
         raise InvalidInput(f"malformed request body: {exc}") from None
     if not isinstance(doc, dict):
-        raise InvalidInput(f"malformed request body: expected a JSON object, got {_json_type(doc)}")
+        raise InvalidInput(f"malformed request body: expected a JSON object, got {json_type(doc)}")
 
     request_id = _parse_id(doc.get("id"), limits)
     parameters, binary_default = _parse_request_parameters(doc.get("parameters"))
@@ -212,7 +197,7 @@ def _parse_id(value: Any, limits: RequestLimits) -> str:
     if value is None:
         return ""
     if not isinstance(value, str):
-        raise InvalidInput(f"request 'id' must be a string, got {_json_type(value)}")
+        raise InvalidInput(f"request 'id' must be a string, got {json_type(value)}")
     if len(value) > limits.max_string_length:
         raise InvalidInput(f"request 'id' is longer than {limits.max_string_length} characters")
     return value
@@ -222,7 +207,7 @@ def _parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
     if value is None:
         return {}, False
     if not isinstance(value, dict):
-        raise InvalidInput(f"request 'parameters' must be an object, got {_json_type(value)}")
+        raise InvalidInput(f"request 'parameters' must be an object, got {json_type(value)}")
     parameters: dict[str, Any] = {}
     binary_default = False
     for key, item in value.items():
@@ -234,13 +219,13 @@ def _parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
         if not isinstance(item, str | int | float):  # bool is an int
             raise InvalidInput(
                 f"request parameter '{key}' must be a string, number or boolean, "
-                f"got {_json_type(item)}"
+                f"got {json_type(item)}"
             )
         if key == "binary_data_output":
             if not isinstance(item, bool):
                 raise InvalidInput(
                     f"request parameter 'binary_data_output' must be a boolean, "
-                    f"got {_json_type(item)}"
+                    f"got {json_type(item)}"
                 )
             binary_default = item
         else:
@@ -256,7 +241,7 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
     if value is None:
         raise InvalidInput("request 'inputs' is required")
     if not isinstance(value, list):
-        raise InvalidInput(f"request 'inputs' must be a list, got {_json_type(value)}")
+        raise InvalidInput(f"request 'inputs' must be a list, got {json_type(value)}")
     if not value:
         raise InvalidInput("request 'inputs' must not be empty")
     if len(value) > limits.max_inputs:
@@ -267,12 +252,12 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
     pending: list[_Pending] = []
     for index, item in enumerate(value):
         if not isinstance(item, dict):
-            raise InvalidInput(f"inputs[{index}] must be an object, got {_json_type(item)}")
+            raise InvalidInput(f"inputs[{index}] must be an object, got {json_type(item)}")
         name = item.get("name")
         if not isinstance(name, str):
             if name is None:
                 raise InvalidInput(f"inputs[{index}]: 'name' is required")
-            raise InvalidInput(f"inputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+            raise InvalidInput(f"inputs[{index}]: 'name' must be a string, got {json_type(name)}")
         if len(name) > limits.max_string_length:
             raise InvalidInput(
                 f"inputs[{index}]: 'name' is longer than {limits.max_string_length} characters"
@@ -281,7 +266,7 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
         shape = _parse_shape(label, item.get("shape"))
         datatype = item.get("datatype")
         if not isinstance(datatype, str) or datatype not in DATATYPES:
-            shown = datatype if isinstance(datatype, str) else _json_type(datatype)
+            shown = datatype if isinstance(datatype, str) else json_type(datatype)
             if datatype is None:
                 raise InvalidInput(f"{label}: 'datatype' is required")
             raise InvalidInput(
@@ -328,10 +313,10 @@ def _parse_shape(label: str, value: Any) -> tuple[int, ...]:
     if value is None:
         raise InvalidInput(f"{label}: 'shape' is required")
     if not isinstance(value, list):
-        raise InvalidInput(f"{label}: 'shape' must be a list, got {_json_type(value)}")
+        raise InvalidInput(f"{label}: 'shape' must be a list, got {json_type(value)}")
     for index, dim in enumerate(value):
         if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= _MAX_DIM:
-            shown = dim if isinstance(dim, int) and not isinstance(dim, bool) else _json_type(dim)
+            shown = dim if isinstance(dim, int) and not isinstance(dim, bool) else json_type(dim)
             raise InvalidInput(
                 f"{label}: 'shape' dim {index} must be a non-negative integer, got {shown}"
             )
@@ -343,7 +328,7 @@ def _parse_input_parameters(label: str, value: Any) -> tuple[int | None, _ShmPar
     if value is None:
         return None, None
     if not isinstance(value, dict):
-        raise InvalidInput(f"{label}: 'parameters' must be an object, got {_json_type(value)}")
+        raise InvalidInput(f"{label}: 'parameters' must be an object, got {json_type(value)}")
     shm = _parse_shm_parameters(label, value)
     size = value.get(_BINARY_SIZE)
     if size is None:
@@ -361,7 +346,7 @@ def _parse_shm_parameters(label: str, parameters: dict[str, Any]) -> _ShmParamet
             f"{label}: parameters.{_SHM_REGION} and parameters.{_SHM_SIZE} must be given together"
         )
     if not isinstance(region, str) or not region:
-        shown = "empty" if region == "" else _json_type(region)
+        shown = "empty" if region == "" else json_type(region)
         raise InvalidInput(
             f"{label}: parameters.{_SHM_REGION} must be a non-empty string, got {shown}"
         )
@@ -377,7 +362,7 @@ def _natural_parameter(label: str, name: str, value: Any) -> int:
         shown = value if isinstance(value, int) and not isinstance(value, bool) else None
         raise InvalidInput(
             f"{label}: parameters.{name} must be a non-negative integer, "
-            f"got {shown if shown is not None else _json_type(value)}"
+            f"got {shown if shown is not None else json_type(value)}"
         )
     return value
 
@@ -406,7 +391,7 @@ def _check_input_specs(pending: list[_Pending], config: ModelConfig, limits: Req
         entry.count = element_count(entry.shape)
         if entry.count > limits.max_elements:
             raise InvalidInput(
-                f"{entry.label}: shape {_fmt(entry.shape)} has {entry.count} elements, "
+                f"{entry.label}: shape {fmt_shape(entry.shape)} has {entry.count} elements, "
                 f"more than the limit of {limits.max_elements}"
             )
     return 1 if batch is None else batch
@@ -419,7 +404,7 @@ def _check_shape(
     expected = (-1, *dims) if max_batch > 0 else tuple(dims)
     if len(shape) != len(expected):
         raise InvalidInput(
-            f"{label}: shape {_fmt(shape)} does not match model shape {_fmt(expected)} "
+            f"{label}: shape {fmt_shape(shape)} does not match model shape {fmt_shape(expected)} "
             f"(expected {len(expected)} dims, got {len(shape)})"
         )
     batch: int | None = None
@@ -435,8 +420,8 @@ def _check_shape(
         want = expected[index]
         if want != -1 and shape[index] != want:
             raise InvalidInput(
-                f"{label}: shape {_fmt(shape)} does not match model shape {_fmt(expected)} "
-                f"(dim {index} must be {want})"
+                f"{label}: shape {fmt_shape(shape)} does not match model shape "
+                f"{fmt_shape(expected)} (dim {index} must be {want})"
             )
     return batch
 
@@ -454,17 +439,17 @@ def _parse_outputs(
     if value is None or (isinstance(value, list) and not value):
         return [RequestedOutput(spec.name, binary_default) for spec in config.outputs]
     if not isinstance(value, list):
-        raise InvalidInput(f"request 'outputs' must be a list, got {_json_type(value)}")
+        raise InvalidInput(f"request 'outputs' must be a list, got {json_type(value)}")
     outputs: list[RequestedOutput] = []
     seen: set[str] = set()
     for index, item in enumerate(value):
         if not isinstance(item, dict):
-            raise InvalidInput(f"outputs[{index}] must be an object, got {_json_type(item)}")
+            raise InvalidInput(f"outputs[{index}] must be an object, got {json_type(item)}")
         name = item.get("name")
         if not isinstance(name, str):
             if name is None:
                 raise InvalidInput(f"outputs[{index}]: 'name' is required")
-            raise InvalidInput(f"outputs[{index}]: 'name' must be a string, got {_json_type(name)}")
+            raise InvalidInput(f"outputs[{index}]: 'name' must be a string, got {json_type(name)}")
         if len(name) > limits.max_string_length:
             raise InvalidInput(
                 f"outputs[{index}]: 'name' is longer than {limits.max_string_length} characters"
@@ -484,7 +469,7 @@ def _parse_outputs(
         if parameters is not None:
             if not isinstance(parameters, dict):
                 raise InvalidInput(
-                    f"{label}: 'parameters' must be an object, got {_json_type(parameters)}"
+                    f"{label}: 'parameters' must be an object, got {json_type(parameters)}"
                 )
             shm = _parse_shm_parameters(label, parameters)
             classes = parameters.get("classification")
@@ -492,7 +477,7 @@ def _parse_outputs(
                 if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
                     raise InvalidInput(
                         f"{label}: parameters.classification must be a non-negative integer, "
-                        f"got {_json_type(classes)}"
+                        f"got {json_type(classes)}"
                     )
                 if classes:
                     raise InvalidInput(f"{label}: classification is not supported yet")
@@ -500,7 +485,7 @@ def _parse_outputs(
             if flag is not None:
                 if not isinstance(flag, bool):
                     raise InvalidInput(
-                        f"{label}: parameters.binary_data must be a boolean, got {_json_type(flag)}"
+                        f"{label}: parameters.binary_data must be a boolean, got {json_type(flag)}"
                     )
                 binary = flag
                 if flag and shm is not None:
@@ -534,7 +519,14 @@ def _read_input_data(
             inputs.append(_shm_input(entry, entry.shm, regions))
             continue
         if entry.binary_size is None:
-            data = _json_to_buffer(entry, limits.max_json_depth)
+            data = json_to_buffer(
+                entry.label,
+                entry.datatype,
+                entry.shape,
+                entry.count,
+                entry.data,
+                limits.max_json_depth,
+            )
         else:
             data = _slice_binary(entry, binary, offset, no_header)
             offset += entry.binary_size
@@ -554,7 +546,7 @@ def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: b
     if element_size is not None and size != entry.count * element_size:
         raise InvalidInput(
             f"{entry.label}: parameters.binary_data_size is {size} but shape "
-            f"{_fmt(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
+            f"{fmt_shape(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
         )
     left = len(binary) - offset
     if size > left:
@@ -573,7 +565,7 @@ def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: b
             raise InvalidInput(f"{entry.label}: {exc.message}") from None
         if found != entry.count:
             raise InvalidInput(
-                f"{entry.label}: shape {_fmt(entry.shape)} needs {entry.count} elements, "
+                f"{entry.label}: shape {fmt_shape(entry.shape)} needs {entry.count} elements, "
                 f"got {found}"
             )
     return chunk
@@ -585,7 +577,7 @@ def _shm_input(entry: _Pending, shm: _ShmParameters, regions: RegionLookup) -> I
     if element_size is not None and shm.byte_size != entry.count * element_size:
         raise InvalidInput(
             f"{label}: parameters.{_SHM_SIZE} is {shm.byte_size} but shape "
-            f"{_fmt(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
+            f"{fmt_shape(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
         )
     ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size)
     if element_size is None:
@@ -597,130 +589,10 @@ def _shm_input(entry: _Pending, shm: _ShmParameters, regions: RegionLookup) -> I
         if found != entry.count:
             raise InvalidInput(
                 f"{label}: the {shm.byte_size} bytes at offset {shm.offset} of region "
-                f"'{shm.region}' hold {found} BYTES elements, shape {_fmt(entry.shape)} "
+                f"'{shm.region}' hold {found} BYTES elements, shape {fmt_shape(entry.shape)} "
                 f"needs {entry.count}"
             )
     return InputTensor(entry.name, entry.datatype, entry.shape, b"", ref, shm.region)
-
-
-def _json_to_buffer(entry: _Pending, max_depth: int) -> bytes | memoryview:
-    label, datatype, data = entry.label, entry.datatype, entry.data
-    if not isinstance(data, list):
-        raise InvalidInput(f"{label}: 'data' must be a list, got {_json_type(data)}")
-    if datatype == BYTES:
-        return _json_bytes(entry, max_depth)
-
-    # Fast path: numpy reads a flat or regularly nested list in one C pass.
-    array: np.ndarray | None
-    try:
-        array = np.asarray(data)
-    except (ValueError, TypeError, OverflowError):
-        array = None  # ragged nesting
-    if array is not None and array.dtype.kind != "O":
-        if array.ndim > max_depth:
-            raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
-    else:
-        flat = _flatten(label, data, max_depth)
-        for item in flat:
-            if not isinstance(item, int | float):  # bool is an int
-                raise InvalidInput(
-                    f"{label}: {datatype} data must be numbers, got {_json_type(item)}"
-                )
-        try:
-            array = np.asarray(flat)
-        except (ValueError, TypeError, OverflowError):  # pragma: no cover - defensive
-            array = np.asarray(flat, dtype=np.object_)
-        if array.dtype.kind == "O":  # only integers beyond 64 bits get here
-            raise InvalidInput(f"{label}: a value is out of range for {datatype}")
-
-    if array.size != entry.count:
-        raise InvalidInput(
-            f"{label}: shape {_fmt(entry.shape)} needs {entry.count} elements, got {array.size}"
-        )
-    array = array.reshape(-1)
-    target = numpy_dtype(datatype)
-    kind = array.dtype.kind
-    if array.size == 0:
-        return b""
-    if datatype == "BOOL":
-        if kind in "iu":
-            if not ((array == 0) | (array == 1)).all():
-                raise InvalidInput(
-                    f"{label}: BOOL data must be true/false (or 0/1), got other integers"
-                )
-        elif kind != "b":
-            raise InvalidInput(
-                f"{label}: BOOL data must be true/false (or 0/1), got {_KIND_NAMES.get(kind, kind)}"
-            )
-        return to_buffer(datatype, array.astype(np.bool_))
-    if target.kind in "iu":
-        info = np.iinfo(target)
-        if kind == "f":
-            # numpy infers float64 for integers that share no 64-bit type (e.g.
-            # 2**63 next to 0): keep them exact when every value is an integer.
-            flat = _flatten(label, data, max_depth)
-            if not all(type(item) is int for item in flat):
-                raise InvalidInput(
-                    f"{label}: {datatype} data must be integers, got non-integer numbers"
-                )
-            low, high = min(flat), max(flat)
-            if low >= info.min and high <= info.max:
-                return to_buffer(datatype, np.array(flat, dtype=target))
-        elif kind not in "iu":
-            raise InvalidInput(
-                f"{label}: {datatype} data must be integers, got {_KIND_NAMES.get(kind, kind)}"
-            )
-        else:
-            low, high = int(array.min()), int(array.max())
-        if low < info.min or high > info.max:
-            bad = low if low < info.min else high
-            raise InvalidInput(
-                f"{label}: value {bad} is out of range for {datatype} [{info.min}, {info.max}]"
-            )
-        return to_buffer(datatype, array)
-    # FP16, FP32, FP64, BF16
-    if kind not in "iuf":
-        raise InvalidInput(
-            f"{label}: {datatype} data must be numbers, got {_KIND_NAMES.get(kind, kind)}"
-        )
-    try:
-        with np.errstate(over="raise", invalid="raise"):
-            converted = array.astype(np.float32 if datatype == BF16 else target)
-    except FloatingPointError:
-        raise InvalidInput(f"{label}: a value is out of range for {datatype}") from None
-    return to_buffer(datatype, converted)
-
-
-def _json_bytes(entry: _Pending, max_depth: int) -> bytes:
-    label = entry.label
-    flat = _flatten(label, entry.data, max_depth)
-    for item in flat:
-        if not isinstance(item, str):
-            raise InvalidInput(f"{label}: BYTES data must be strings, got {_json_type(item)}")
-    if len(flat) != entry.count:
-        raise InvalidInput(
-            f"{label}: shape {_fmt(entry.shape)} needs {entry.count} elements, got {len(flat)}"
-        )
-    return serialize_bytes(flat)
-
-
-def _flatten(label: str, data: list[Any], max_depth: int) -> list[Any]:
-    """Row-major leaves of a (possibly ragged) nested list; ``data`` is depth 1."""
-    if max_depth < 1:
-        raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
-    out: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for item in stack[-1]:
-            if isinstance(item, list):
-                if len(stack) >= max_depth:
-                    raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
-                stack.append(iter(item))
-                break
-            out.append(item)
-        else:
-            stack.pop()
-    return out
 
 
 # ------------------------------------------------------------------ raw binary
@@ -743,7 +615,7 @@ def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> 
     if spec.datatype == BYTES:
         if dims not in ((1,), (-1,)):
             raise InvalidInput(
-                f"{prefix}: BYTES {label} must have model shape [1], got {_fmt(dims)}"
+                f"{prefix}: BYTES {label} must have model shape [1], got {fmt_shape(dims)}"
             )
         if size > _MAX_BYTES_ELEMENT:
             raise InvalidInput(f"{prefix}: {label} element is longer than 2^32-1 bytes")
@@ -755,7 +627,7 @@ def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> 
         if len(variable) > 1:
             raise InvalidInput(
                 f"{prefix}: the shape of {label} cannot be deduced because model shape "
-                f"{_fmt(dims)} has more than one variable-size dim"
+                f"{fmt_shape(dims)} has more than one variable-size dim"
             )
         item_bytes = element_size * element_count([d for d in dims if d != -1])
         resolved = list(dims)
@@ -763,20 +635,20 @@ def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> 
             if item_bytes == 0:
                 if size:
                     raise InvalidInput(
-                        f"{prefix}: {label} with model shape {_fmt(dims)} holds no data, "
+                        f"{prefix}: {label} with model shape {fmt_shape(dims)} holds no data, "
                         f"got {size} bytes"
                     )
                 resolved[variable[0]] = 0
             elif size % item_bytes:
                 raise InvalidInput(
                     f"{prefix}: body of {size} bytes is not a whole number of "
-                    f"{spec.datatype} {label} items of model shape {_fmt(dims)}"
+                    f"{spec.datatype} {label} items of model shape {fmt_shape(dims)}"
                 )
             else:
                 resolved[variable[0]] = size // item_bytes
         elif size != item_bytes:
             raise InvalidInput(
-                f"{prefix}: {label} of shape {_fmt(dims)} needs {item_bytes} bytes of "
+                f"{prefix}: {label} of shape {fmt_shape(dims)} needs {item_bytes} bytes of "
                 f"{spec.datatype}, got {size}"
             )
         shape = (1, *resolved) if batched else tuple(resolved)
@@ -784,7 +656,7 @@ def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> 
     count = element_count(shape)
     if count > limits.max_elements:
         raise InvalidInput(
-            f"{label}: shape {_fmt(shape)} has {count} elements, more than the limit of "
+            f"{label}: shape {fmt_shape(shape)} has {count} elements, more than the limit of "
             f"{limits.max_elements}"
         )
     return InferRequest(
@@ -794,28 +666,3 @@ def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> 
         parameters={},
         batch_size=1,
     )
-
-
-# --------------------------------------------------------------------- helpers
-
-
-def _fmt(shape: Sequence[int]) -> str:
-    return "[" + ",".join(str(dim) for dim in shape) + "]"
-
-
-def _json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
