@@ -6,6 +6,7 @@ import logging
 import os
 import signal
 import socket
+import ssl
 import sys
 import threading
 import time
@@ -132,8 +133,12 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def _ready(url: str) -> bool:
+    # The probe talks to our own gateway on loopback: its certificate may be self-signed.
+    context = ssl._create_unverified_context() if url.startswith("https") else None
     try:
-        with urllib.request.urlopen(f"{url}/v2/health/ready", timeout=1) as response:
+        with urllib.request.urlopen(
+            f"{url}/v2/health/ready", timeout=1, context=context
+        ) as response:
             return bool(response.status == 200)
     except (urllib.error.URLError, OSError):
         return False
@@ -212,7 +217,8 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         supervisor.start()
         listener.close()
 
-        url = f"http://{settings.http_host}:{settings.http_port}"
+        scheme = "https" if settings.ssl_certfile else "http"
+        url = f"{scheme}://{settings.http_host}:{settings.http_port}"
         deadline = time.monotonic() + settings.ready_timeout_s
         gateway_child = supervisor.children[0]
         while not stop.is_set() and not _ready(url):

@@ -146,6 +146,9 @@ class UpSettings(CommonSettings):
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the HTTP port (each has its own reply stream)."""
 
+    ssl_certfile: str = ""
+    """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""
+
     start_redis: bool = True
     """Start a private redis-server when SLUICE_REDIS_URL is not set."""
 

@@ -1,0 +1,65 @@
+"""HTTPS through the server's certificate options, with Triton's client."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import tritonclient.http as httpclient
+
+from tests.support.onnx_models import write_identity
+from tests.support.stack import Stack
+
+
+def test_tls_serves_https(tmp_path: Path, start_stack: Callable[..., Stack]) -> None:
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        [
+            "openssl",
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+        ],
+        check=True,
+        capture_output=True,
+    )
+    repository = tmp_path / "repository"
+    write_identity(repository, "echo", ["FP32"])
+    stack = start_stack(
+        repository, env={"SLUICE_SSL_CERTFILE": str(cert), "SLUICE_SSL_KEYFILE": str(key)}
+    )
+    https = stack.url.replace("http://", "https://")
+    with httpx.Client(verify=ssl.create_default_context(cafile=str(cert)), timeout=10) as client:
+        assert client.get(f"{https}/v2/health/ready").status_code == 200
+    with httpx.Client(timeout=10) as plain:
+        try:
+            plain.get(f"{stack.url}/v2/health/ready")
+            raise AssertionError("plain HTTP was answered on the TLS port")
+        except httpx.HTTPError:
+            pass
+    with httpclient.InferenceServerClient(
+        stack.address,
+        ssl=True,
+        ssl_context_factory=lambda **_: ssl.create_default_context(cafile=str(cert)),
+    ) as client:
+        data = np.arange(6, dtype=np.float32).reshape(2, 3)
+        tensor = httpclient.InferInput("IN_FP32", [2, 3], "FP32")
+        tensor.set_data_from_numpy(data)
+        result = client.infer("echo", [tensor])
+        np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
