@@ -57,9 +57,10 @@ class CatalogView:
                 streams = self._streams(entry)
                 for version in entry.versions:
                     pipe.zcount(self.keys.live_workers(entry.name, version), now, "+inf")
-                    for stream in streams(version):
+                    names = streams(version)
+                    for stream in names:
                         pipe.xlen(stream)
-                    order.append((entry.name, version, len(streams(version))))
+                    order.append((entry.name, version, len(names)))
             results = await pipe.execute()
         self.load_errors = {k.decode(): v.decode() for k, v in results[0].items()}
         ready: dict[str, set[int]] = {}

@@ -46,9 +46,6 @@ def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
 
 async def infer(request: Request, state: GatewayState, model: str, version: str | None) -> Response:
     """The Starlette route, kept for the OpenAPI schema; requests take gateway.fast_path."""
-    if not state.redis_ok:
-        raise Unavailable("the request queue (Redis) is unreachable; retry later")
-    state.view.resolve(model, version)
     body = await read_body(request, state.settings.max_body_bytes)
     content, json_length = await run_infer(state, model, version, body, header_length(request))
     if json_length is None:

@@ -44,9 +44,19 @@ def report(request: pytest.FixtureRequest, record_property: Callable[[str, Any],
 
 
 @pytest.fixture
-def two_worker_repository(tmp_path: Path) -> Path:
+def two_workers(
+    tmp_path: Path,
+    start_stack: Callable[..., Stack],
+    redis_of: Callable[[Stack], Redis],
+) -> tuple[Stack, Redis]:
+    """A stack serving the slow model with two worker processes, both beating, and a
+    client on its Redis."""
     write_slow(tmp_path, MODEL, extra=TWO_WORKERS)
-    return tmp_path
+    stack = start_stack(tmp_path, env=FAST_FAILURE_DETECTION)
+    assert stack.process is not None
+    redis = redis_of(stack)
+    wait_for_workers(redis, stack, 2)
+    return stack, redis
 
 
 @pytest.fixture

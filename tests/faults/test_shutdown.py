@@ -15,7 +15,6 @@ import pytest
 from redis import Redis
 
 from tests.faults.conftest import (
-    FAST_FAILURE_DETECTION,
     MODEL,
     Report,
     exit_statuses,
@@ -23,7 +22,6 @@ from tests.faults.conftest import (
     request_ids,
     signal_a_busy_worker,
     taken_over_from,
-    wait_for_workers,
 )
 from tests.support import procs
 from tests.support.load import Answer, Load, check_response, slow_request
@@ -36,15 +34,10 @@ CLIENTS = 16
 
 @pytest.mark.timeout(150)
 def test_worker_sigterm_finishes_what_it_holds(
-    two_worker_repository: Path,
-    start_stack: Callable[..., Stack],
-    redis_of: Callable[[Stack], Redis],
-    report: Report,
+    two_workers: tuple[Stack, Redis], report: Report
 ) -> None:
-    stack = start_stack(two_worker_repository, env=FAST_FAILURE_DETECTION)
+    stack, redis = two_workers
     assert stack.process is not None
-    redis = redis_of(stack)
-    wait_for_workers(redis, stack, 2)
 
     load = Load(
         stack.url, MODEL, CLIENTS, REQUESTS, build=lambda i: slow_request(i, iters=20)

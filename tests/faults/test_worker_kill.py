@@ -10,21 +10,17 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
 from redis import Redis
 
 from tests.faults.conftest import (
-    FAST_FAILURE_DETECTION,
     MODEL,
     Report,
     exit_statuses,
     inference_count,
     signal_a_busy_worker,
     taken_over_from,
-    wait_for_workers,
 )
 from tests.support import procs
 from tests.support.load import Load, slow_request
@@ -35,16 +31,9 @@ CLIENTS = 16
 
 
 @pytest.mark.timeout(180)
-def test_killed_worker_loses_nothing(
-    two_worker_repository: Path,
-    start_stack: Callable[..., Stack],
-    redis_of: Callable[[Stack], Redis],
-    report: Report,
-) -> None:
-    stack = start_stack(two_worker_repository, env=FAST_FAILURE_DETECTION)
+def test_killed_worker_loses_nothing(two_workers: tuple[Stack, Redis], report: Report) -> None:
+    stack, redis = two_workers
     assert stack.process is not None
-    redis = redis_of(stack)
-    wait_for_workers(redis, stack, 2)
     workers_before = procs.worker_pids(stack.process.pid)
     assert len(workers_before) == 2
 
