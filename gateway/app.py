@@ -64,6 +64,12 @@ async def _validation_error(_: Request, exc: Exception) -> Response:
     return _error(400, f"invalid request: {exc}")
 
 
+async def _unexpected_error(_: Request, exc: Exception) -> Response:
+    """Starlette answers plain text otherwise; clients always get ``{"error": ...}``."""
+    log.error("request failed", exc_info=exc)
+    return _error(500, f"internal error: {type(exc).__name__}")
+
+
 async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> None:
     ticks = 0
     while True:
@@ -118,6 +124,7 @@ def create_app(settings: GatewaySettings) -> ASGIApp:
         keys=KeyRing.from_settings(settings),
         max_header_count=settings.max_header_count,
         max_header_bytes=settings.max_header_bytes,
+        max_control_body_bytes=settings.max_control_body_bytes,
     )
 
 
@@ -185,4 +192,5 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     app.add_exception_handler(RedisError, _redis_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(Exception, _unexpected_error)
     return app

@@ -9,15 +9,26 @@ from starlette.requests import Request
 from sluice.errors import InvalidInput, PayloadTooLarge
 
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+_MAX_DIGITS = 18
+"""More digits than any size we could accept (and int() refuses beyond 4,300)."""
+
+
+def _natural(raw: str, header: str) -> int | None:
+    """The header's non-negative integer; None when it has too many digits to matter."""
+    raw = raw.strip()
+    if not (raw.isascii() and raw.isdigit()):
+        raise InvalidInput(f"header '{header}' is not a non-negative integer")
+    stripped = raw.lstrip("0") or "0"
+    return None if len(stripped) > _MAX_DIGITS else int(stripped)
 
 
 def check_declared_length(declared: str | None, limit: int) -> None:
     if declared is None:
         return
-    if not (declared.isascii() and declared.isdigit()):
-        raise InvalidInput("header 'Content-Length' is not a non-negative integer")
-    if int(declared) > limit:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {limit}")
+    length = _natural(declared, "Content-Length")
+    if length is None or length > limit:
+        shown = declared.strip() if length is not None else f"{len(declared.strip())}-digit"
+        raise PayloadTooLarge(f"request body of {shown} bytes exceeds the limit of {limit}")
 
 
 def too_large(limit: int) -> PayloadTooLarge:
@@ -65,7 +76,10 @@ def header_length(request: Request) -> int | None:
 def parse_header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
-    raw = raw.strip()
-    if not (raw.isascii() and raw.isdigit()):
-        raise InvalidInput("header 'Inference-Header-Content-Length' is not a non-negative integer")
-    return int(raw)
+    length = _natural(raw, "Inference-Header-Content-Length")
+    if length is None:
+        raise InvalidInput(
+            f"header 'Inference-Header-Content-Length' ({len(raw.strip())} digits) is larger "
+            "than any request body"
+        )
+    return length

@@ -8,6 +8,7 @@ other route goes to the FastAPI application, which also owns the lifespan.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 
@@ -45,11 +46,15 @@ class InferFastPath:
             limit = state.settings.max_body_bytes
             check_declared_length(headers.get(b"content-length"), limit)
             body = await _read(receive, limit)
-            body = decode_body(body, headers.get(b"content-encoding"), limit)
+            encoding = headers.get(b"content-encoding")
+            if encoding is not None:  # decompressing may take long: not on the event loop
+                body = await asyncio.to_thread(decode_body, body, encoding, limit)
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
             content, response_json_length = await run_infer(
                 state, match.group(1), match.group(2), body, json_length
             )
+        except ClientDisconnected:
+            return
         except SluiceError as exc:
             extra = (
                 [(b"retry-after", str(exc.retry_after_s).encode())]
@@ -71,6 +76,10 @@ class InferFastPath:
             await _respond(send, 200, content, [_BINARY, length_header])
 
 
+class ClientDisconnected(Exception):
+    """The client went away (or was cut off as too slow) before its body was complete."""
+
+
 def _headers(scope: Scope) -> dict[bytes, str]:
     wanted = (b"content-length", b"content-encoding", b"inference-header-content-length")
     return {name: value.decode("latin-1") for name, value in scope["headers"] if name in wanted}
@@ -87,7 +96,7 @@ async def _read(receive: Receive, limit: int) -> bytes:
     while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":
-            break
+            raise ClientDisconnected()
         chunks += message.get("body", b"")
         if len(chunks) > limit:
             raise too_large(limit)

@@ -1,4 +1,9 @@
-"""Edge checks before any route runs: header limits and API keys.
+"""Edge checks before any route runs: header limits, API keys, body limits.
+
+Inference routes read their bodies themselves, within ``SLUICE_MAX_BODY_BYTES`` (also
+after decompression); every other route may receive at most
+``SLUICE_MAX_CONTROL_BODY_BYTES``, checked here against ``Content-Length`` first and then
+against the bytes as they arrive, so no route ever buffers more than its limit.
 
 Keys are bearer tokens (``Authorization: Bearer <key>``), compared in constant
 time and never logged. Health endpoints are open; management endpoints
@@ -13,10 +18,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from gateway.body import check_declared_length
 from gateway.infer_response import encode_error
-from sluice.errors import InvalidConfig
+from sluice.errors import InvalidConfig, PayloadTooLarge, SluiceError
 from sluice.settings import ApiKeySettings
 
 _OPEN = ("/v2/health/",)
@@ -63,8 +69,11 @@ class KeyRing:
         if path.startswith(_OPEN):
             return None
         management = path.startswith(_MANAGEMENT)
-        required = self.admin if management and self.admin else self.inference | self.admin
-        if not required:
+        if management and self.admin:
+            required = self.admin
+        elif self.inference:
+            required = self.inference | self.admin
+        else:  # admin keys alone guard the management endpoints only
             return None
         if token is None:
             return 401, "missing API key: send 'Authorization: Bearer <key>'"
@@ -76,13 +85,22 @@ class KeyRing:
 
 
 class EdgeGuard:
-    """ASGI middleware: 431 past the header limits, 401/403 for missing or wrong keys."""
+    """ASGI middleware: 431 past the header limits, 401/403 for missing or wrong keys,
+    413 past the body limit of routes other than inference."""
 
-    def __init__(self, app: ASGIApp, keys: KeyRing, max_header_count: int, max_header_bytes: int):
+    def __init__(
+        self,
+        app: ASGIApp,
+        keys: KeyRing,
+        max_header_count: int,
+        max_header_bytes: int,
+        max_control_body_bytes: int,
+    ):
         self.app = app
         self.keys = keys
         self.max_header_count = max_header_count
         self.max_header_bytes = max_header_bytes
+        self.max_control_body_bytes = max_control_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -101,17 +119,45 @@ class EdgeGuard:
             )
             return
         token = None
+        length: bytes | None = None
         for name, value in headers:
-            if name == b"authorization":
+            if name == b"authorization" and token is None:
                 scheme, _, credential = value.partition(b" ")
                 token = credential.strip() if scheme.lower() == b"bearer" else b""
-                break
-        denied = self.keys.check(scope["path"], token)
+            elif name == b"content-length":
+                length = value
+        path = scope["path"]
+        denied = self.keys.check(path, token)
         if denied is not None:
             extra = [(b"www-authenticate", b"Bearer")] if denied[0] == 401 else []
             await _reject(send, denied[0], denied[1], extra)
             return
-        await self.app(scope, receive, send)
+        if path.startswith("/v2/models/") and path.endswith("/infer"):
+            # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves.
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_control_body_bytes
+        try:
+            check_declared_length(None if length is None else length.decode("latin-1"), limit)
+        except SluiceError as exc:
+            await _reject(send, int(exc.status), exc.message)
+            return
+        await self.app(scope, _limited(receive, limit), send)
+
+
+def _limited(receive: Receive, limit: int) -> Receive:
+    """``receive`` that raises 413 (handled by the application) past ``limit`` body bytes."""
+    received = 0
+
+    async def limited() -> Message:
+        nonlocal received
+        message = await receive()
+        received += len(message.get("body", b""))
+        if received > limit:
+            raise PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
+        return message
+
+    return limited
 
 
 async def _reject(

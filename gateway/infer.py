@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections.abc import Callable
+from typing import TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
@@ -10,13 +13,26 @@ from starlette.responses import Response
 from gateway.body import header_length, read_body
 from gateway.infer_request import InferRequest, parse_infer_request
 from gateway.infer_response import encode_infer_response
+from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
 from sluice.shm import unlink
-from sluice.wire import RequestMessage
+from sluice.wire import ReplyMessage, RequestMessage
 
 _NS_PER_US = 1_000
+OFFLOAD_BYTES = 64 * 1024
+"""Requests (and answers) with more bytes than this are parsed, packed and encoded on a
+thread, so that no work proportional to a tensor's size runs on the event loop."""
+_SHM_MARK = b"shared_memory_region"
+"""A request naming a shared memory region may read a region's bytes while parsed."""
+
+T = TypeVar("T")
+
+
+async def _off_loop(heavy: bool, work: Callable[[], T]) -> T:
+    """``work()`` on a thread when ``heavy``, else here (a thread hop costs ~50 µs)."""
+    return await asyncio.to_thread(work) if heavy else work()
 
 
 def _timeout_us(request: InferRequest, state: GatewayState, model_default_us: int) -> int:
@@ -66,7 +82,11 @@ async def run_infer(
     entry, number = state.view.resolve(model, version)
     config = entry.config
     assert config is not None
-    parsed = parse_infer_request(body, json_length, config, state.limits, state.regions)
+    heavy = len(body) > OFFLOAD_BYTES or _SHM_MARK in body
+    parsed = await _off_loop(
+        heavy,
+        lambda: parse_infer_request(body, json_length, config, state.limits, state.regions),
+    )
     transfer = state.transfer
 
     dynamic = config.dynamic_batching
@@ -77,7 +97,7 @@ async def run_infer(
     stream = state.keys.request_stream(model, number, level)
     regions = parsed.regions
     with state.regions.in_use(regions), state.admission.admit(model, number, max_queue):
-        headers, payload, segment = transfer.pack(parsed.inputs)
+        headers, payload, segment = await _off_loop(heavy, lambda: transfer.pack(parsed.inputs))
         try:
             message = RequestMessage(
                 request_key="",
@@ -104,14 +124,28 @@ async def run_infer(
         try:
             if reply.error_kind:
                 raise error_from_kind(reply.error_kind, reply.error)
-            outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
-            binary_by_name = {o.name: o.binary for o in parsed.outputs}
-            return encode_infer_response(
-                model_name=model,
-                model_version=str(reply.model_version),
-                request_id=parsed.id,
-                outputs=outputs,
-                binary=[binary_by_name.get(o.name, False) for o in outputs],
+            answer_bytes = sum(header.nbytes for header in reply.outputs)
+            return await _off_loop(
+                answer_bytes > OFFLOAD_BYTES,
+                lambda: _encode(transfer, model, reply, data, parsed),
             )
         finally:
             transfer.discard(reply.outputs)
+
+
+def _encode(
+    transfer: TensorTransfer,
+    model: str,
+    reply: ReplyMessage,
+    data: memoryview,
+    parsed: InferRequest,
+) -> tuple[bytes, int | None]:
+    outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
+    binary_by_name = {o.name: o.binary for o in parsed.outputs}
+    return encode_infer_response(
+        model_name=model,
+        model_version=str(reply.model_version),
+        request_id=parsed.id,
+        outputs=outputs,
+        binary=[binary_by_name.get(o.name, False) for o in outputs],
+    )

@@ -84,6 +84,32 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     max_header_bytes: int = Field(16384, ge=256)
     """Largest total size of HTTP request headers (431 beyond)."""
 
+    max_control_body_bytes: int = Field(1 * MIB, ge=1)
+    """Largest accepted request body on every route but inference (shared memory
+    registration, repository): they carry small JSON documents."""
+
+    header_timeout_s: float = Field(10.0, gt=0)
+    """A connection must deliver a request's complete headers within this time of opening
+    (or of its first byte, for the next request on a kept-alive connection); else 408."""
+
+    body_timeout_s: float = Field(60.0, gt=0)
+    """A request's complete body must arrive within this time after its headers."""
+
+    send_timeout_s: float = Field(60.0, gt=0)
+    """A client that reads nothing of a pending response for this long is disconnected."""
+
+    keep_alive_s: float = Field(5.0, gt=0)
+    """An idle kept-alive connection is closed after this time."""
+
+    max_connections: int = Field(4096, ge=1)
+    """Open connections one gateway process accepts; beyond it new ones are closed at once
+    (and requests on connections past uvicorn's concurrency limit get 503)."""
+
+    strict_readiness: bool = True
+    """As Triton's --strict-readiness (its default): /v2/health/ready is true only while
+    every model version in the repository is ready. False: ready once the gateway can
+    reach Redis and knows the catalog, whatever the models' state."""
+
     ssl_certfile: str = ""
     """PEM certificate: serve HTTPS when set (with ``ssl_keyfile``)."""
 

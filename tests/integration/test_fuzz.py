@@ -443,7 +443,7 @@ def check(
         "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
     }
     assert http.post("/v2/models/iris/infer", content=orjson.dumps(good)).status_code == 200
-    assert http.get("/v2/health/ready").status_code == 200
+    assert http.get("/v2/models/iris/ready").status_code == 200
 
 
 def test_fuzz_json_requests(check: Checker) -> None:

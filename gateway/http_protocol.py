@@ -1,0 +1,131 @@
+"""uvicorn's httptools protocol with time limits on slow clients and a connection cap.
+
+uvicorn bounds only the idle time between requests on a kept-alive connection. A client
+that opens connections and sends nothing, or sends its headers one byte at a time, or
+never reads its response, would hold a connection (and its memory) forever. Each
+connection here has at most one timer running, for the phase it is in:
+
+- waiting for a request's headers (from the connection's start, or from the first byte
+  of the next request): ``header_timeout_s``, then ``408`` and close;
+- waiting for the rest of the body once the headers are in: ``body_timeout_s``, then
+  close (the application sees a disconnect);
+- writing a response the client does not read (the transport's buffer stays full):
+  ``send_timeout_s``, then close.
+
+While the application computes the answer no timer runs: the request's own deadline
+bounds that. Connections beyond ``max_connections`` are closed as soon as they open.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.infer_response import encode_error
+
+log = logging.getLogger(__name__)
+
+
+def _timeout_response(message: str) -> bytes:
+    body = encode_error(message)
+    head = (
+        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class BoundedHttpToolsProtocol(HttpToolsProtocol):
+    """Set as ``uvicorn.Config(http=...)`` through :func:`bounded_protocol`."""
+
+    header_timeout_s = 10.0
+    body_timeout_s = 60.0
+    send_timeout_s = 60.0
+    max_connections = 4096
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._timer: asyncio.TimerHandle | None = None
+        self._phase = ""
+
+    def _arm(self, phase: str, timeout_s: float) -> None:
+        self._disarm()
+        self._phase = phase
+        self._timer = self.loop.call_later(timeout_s, self._expired)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._phase = ""
+
+    def _expired(self) -> None:
+        self._timer = None
+        if self.transport.is_closing():
+            return
+        if self._phase == "headers":
+            self.transport.write(
+                _timeout_response(
+                    f"request headers not received within {self.header_timeout_s:g} s"
+                )
+            )
+        log.debug("closing a connection from %s: %s too slow", self.client, self._phase)
+        self.transport.close()
+
+    # -- asyncio.Protocol ------------------------------------------------------------------
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.max_connections:
+            log.warning("refusing a connection: %d are open already", self.max_connections)
+            transport.abort()
+            return
+        self._arm("headers", self.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._arm("reading of the response", self.send_timeout_s)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        if self._phase == "reading of the response":
+            self._disarm()
+
+    # -- httptools parser callbacks ----------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._timer is None:  # the next request on a kept-alive connection
+            self._arm("headers", self.header_timeout_s)
+
+    def on_headers_complete(self) -> None:
+        super().on_headers_complete()
+        self._arm("body", self.body_timeout_s)
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        if self._phase in ("headers", "body"):
+            self._disarm()
+
+
+def bounded_protocol(
+    *, header_timeout_s: float, body_timeout_s: float, send_timeout_s: float, max_connections: int
+) -> type[BoundedHttpToolsProtocol]:
+    """A protocol class carrying these limits (uvicorn instantiates it per connection)."""
+    return type(
+        "BoundedHttpToolsProtocol",
+        (BoundedHttpToolsProtocol,),
+        {
+            "header_timeout_s": header_timeout_s,
+            "body_timeout_s": body_timeout_s,
+            "send_timeout_s": send_timeout_s,
+            "max_connections": max_connections,
+        },
+    )

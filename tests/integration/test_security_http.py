@@ -1,0 +1,380 @@
+"""The HTTP edge under hostile clients: numbers, bodies, slow and idle connections.
+
+Each test was a failing test before its fix: 500s from 5,000-digit numbers, a 200 MiB
+body read whole by ``/v2/repository/index``, connections held open forever by clients that
+send one byte at a time, and a 64 MiB body of BYTES elements counted on the event loop
+while every other client waited. No Sluice process may die in any of them.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import orjson
+import pytest
+
+from scheduler.redis_server import RedisServer
+from tests.integration.conftest import load_examples_builder
+from tests.support.onnx_models import write_identity
+from tests.support.procs import gateway_pid, worker_pids
+from tests.support.stack import Stack
+
+HEADER_TIMEOUT_S = 1.0
+BODY_TIMEOUT_S = 1.5
+MAX_CONNECTIONS = 40
+CONTROL_LIMIT = 4096
+MLP_INPUT = {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
+
+
+@pytest.fixture(scope="module")
+def edge_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("edge")
+    load_examples_builder().build_all(root, models=("mlp",))
+    write_identity(root, "strings", ["BYTES"])
+    stack = Stack(
+        root,
+        redis_server.url,
+        env={
+            "SLUICE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
+            "SLUICE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+            "SLUICE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+            "SLUICE_MAX_CONTROL_BODY_BYTES": str(CONTROL_LIMIT),
+        },
+    )
+    stack.start()
+    assert stack.process is not None
+    pids = {gateway_pid(stack.process.pid), *worker_pids(stack.process.pid)}
+    yield stack
+    # No test may have killed a Sluice process.
+    assert stack.process.poll() is None
+    assert {gateway_pid(stack.process.pid), *worker_pids(stack.process.pid)} == pids
+    stack.stop()
+
+
+@pytest.fixture
+def http(edge_stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=edge_stack.url, timeout=10) as client:
+        yield client
+
+
+def _infer_ok(http: httpx.Client) -> None:
+    response = http.post("/v2/models/mlp/infer", json={"inputs": [MLP_INPUT]})
+    assert response.status_code == 200, response.text
+
+
+def _error(response: httpx.Response) -> str:
+    assert response.headers["content-type"] == "application/json", response.text
+    message = response.json()["error"]
+    assert isinstance(message, str)
+    return message
+
+
+def _connect(stack: Stack) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", stack.port), timeout=10)
+
+
+def _read_all(sock: socket.socket) -> bytes:
+    """Everything until the server closes the connection."""
+    chunks = []
+    try:
+        while chunk := sock.recv(65536):
+            chunks.append(chunk)
+    except ConnectionResetError:
+        pass
+    return b"".join(chunks)
+
+
+# ---------------------------------------------------------------------- numbers
+
+
+HUGE = "1" * 5000
+
+
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", f"/v2/models/mlp/versions/{HUGE}/infer"),
+        ("GET", f"/v2/models/mlp/versions/{HUGE}"),
+        ("GET", f"/v2/models/mlp/versions/{HUGE}/ready"),
+        ("GET", f"/v2/models/mlp/versions/{HUGE}/config"),
+        ("GET", f"/v2/models/mlp/versions/{HUGE}/stats"),
+    ],
+)
+def test_a_5000_digit_version_is_a_clean_4xx(http: httpx.Client, method: str, path: str) -> None:
+    response = http.request(method, path, json={"inputs": [MLP_INPUT]})
+    assert 400 <= response.status_code < 500, response.text
+    assert "version" in _error(response)
+
+
+def test_a_5000_digit_header_length_is_a_400(http: httpx.Client) -> None:
+    response = http.post(
+        "/v2/models/mlp/infer",
+        content=orjson.dumps({"inputs": [MLP_INPUT]}),
+        headers={"Inference-Header-Content-Length": HUGE},
+    )
+    assert response.status_code == 400
+    assert "Inference-Header-Content-Length" in _error(response)
+
+
+@pytest.mark.parametrize("value", [HUGE, "12a", "-1", "1e3"])
+def test_malformed_header_lengths_name_the_header(http: httpx.Client, value: str) -> None:
+    response = http.post(
+        "/v2/models/mlp/infer",
+        content=orjson.dumps({"inputs": [MLP_INPUT]}),
+        headers={"Inference-Header-Content-Length": value},
+    )
+    assert response.status_code == 400
+    assert "Inference-Header-Content-Length" in _error(response)
+
+
+def test_a_5000_digit_content_length_is_refused(edge_stack: Stack, http: httpx.Client) -> None:
+    with _connect(edge_stack) as sock:
+        sock.sendall(
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\nContent-Length: "
+            + HUGE.encode()
+            + b"\r\n\r\n{}"
+        )
+        answer = _read_all(sock)
+    assert answer.split(b" ", 2)[1] in (b"400", b"413"), answer[:200]
+    _infer_ok(http)
+
+
+@pytest.mark.parametrize(
+    "parameters",
+    [
+        {"timeout": 10**30},
+        {"priority": 10**30},
+        {"timeout": -(10**30)},
+    ],
+)
+def test_huge_request_parameters_are_400s(http: httpx.Client, parameters: dict[str, int]) -> None:
+    body = b'{"parameters": {"%s": %d}, "inputs": [%s]}' % (
+        next(iter(parameters)).encode(),
+        next(iter(parameters.values())),
+        orjson.dumps(MLP_INPUT),
+    )
+    response = http.post("/v2/models/mlp/infer", content=body)
+    assert response.status_code == 400, response.text
+    _error(response)
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        b'{"name": "input", "shape": [1, 1%s], "datatype": "FP32", "data": [1]}' % (b"0" * 30),
+        b'{"name": "input", "shape": [%d, 16], "datatype": "FP32", "data": [1]}' % 2**62,
+        b'{"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [1%s]}' % (b"0" * 400),
+    ],
+)
+def test_huge_shapes_and_values_are_400s(http: httpx.Client, tensor: bytes) -> None:
+    response = http.post("/v2/models/mlp/infer", content=b'{"inputs": [%s]}' % tensor)
+    assert response.status_code == 400, response.text
+    _error(response)
+
+
+def test_a_huge_binary_data_size_is_a_400(http: httpx.Client) -> None:
+    header = b'{"inputs": [{"name": "input", "shape": [1, 16], "datatype": "FP32", '
+    header += b'"parameters": {"binary_data_size": %d}}]}' % 2**62
+    response = http.post(
+        "/v2/models/mlp/infer",
+        content=header + b"\0" * 64,
+        headers={"Inference-Header-Content-Length": str(len(header))},
+    )
+    assert response.status_code == 400, response.text
+    assert "binary_data_size" in _error(response)
+
+
+# ------------------------------------------------------------------- body limits
+
+
+CONTROL_ROUTES = [
+    ("POST", "/v2/repository/index"),
+    ("POST", "/v2/systemsharedmemory/region/r/register"),
+    ("POST", "/v2/systemsharedmemory/unregister"),
+    ("POST", "/v2/cudasharedmemory/region/r/register"),
+    ("POST", "/v2/repository/models/mlp/load"),
+    ("GET", "/v2/health/live"),
+    ("GET", "/v2/models/mlp"),
+    ("GET", "/v2/models/stats"),
+    ("POST", "/v2/no/such/route"),
+]
+
+
+@pytest.mark.parametrize(("method", "path"), CONTROL_ROUTES)
+def test_every_route_refuses_a_declared_body_beyond_its_limit(
+    edge_stack: Stack, method: str, path: str
+) -> None:
+    """Content-Length beyond the limit: 413 before a byte of the body is read."""
+    with _connect(edge_stack) as sock:
+        sock.sendall(
+            f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {200 << 20}\r\n\r\n".encode()
+        )
+        answer = _read_all(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] == b"413", answer[:300]
+    assert b"exceeds the limit" in body
+
+
+@pytest.mark.parametrize(("method", "path"), [CONTROL_ROUTES[0], *CONTROL_ROUTES[3:5]])
+def test_every_route_stops_reading_a_chunked_body_beyond_its_limit(
+    http: httpx.Client, method: str, path: str
+) -> None:
+    """No Content-Length (chunked): counted as it arrives, 413 past the limit."""
+
+    def chunks() -> Iterator[bytes]:
+        yield b'{"key": "'
+        for _ in range(64):
+            yield b"x" * 1024
+
+    response = http.request(method, path, content=chunks())
+    assert response.status_code == 413, response.text
+    assert "exceeds the limit" in _error(response)
+
+
+def test_a_body_within_the_limit_still_works(http: httpx.Client) -> None:
+    response = http.post("/v2/repository/index", json={"ready": True})
+    assert response.status_code == 200
+    assert {row["name"] for row in response.json()} == {"mlp", "strings"}
+
+
+# ------------------------------------------------------------------ slow clients
+
+
+def test_a_client_sending_headers_byte_by_byte_is_cut_off(
+    edge_stack: Stack, http: httpx.Client
+) -> None:
+    request = b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 200 + b"\r\n\r\n"
+    with _connect(edge_stack) as sock:
+        started = time.monotonic()
+        closed_after = None
+        for byte in request:
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                closed_after = time.monotonic() - started
+                break
+            _infer_ok(http)  # everyone else is served meanwhile
+            time.sleep(0.05)
+            if time.monotonic() - started > 4 * HEADER_TIMEOUT_S:
+                break
+        answer = _read_all(sock) if closed_after is None else b""
+        closed_after = closed_after or time.monotonic() - started
+    assert closed_after < HEADER_TIMEOUT_S + 1.5
+    if answer:
+        assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+
+
+def test_an_idle_connection_is_closed_with_408(edge_stack: Stack) -> None:
+    with _connect(edge_stack) as sock:
+        started = time.monotonic()
+        answer = _read_all(sock)
+        waited = time.monotonic() - started
+    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+    assert b"request headers not received" in answer
+    assert HEADER_TIMEOUT_S - 0.2 < waited < HEADER_TIMEOUT_S + 1.5
+
+
+def test_a_body_that_trickles_is_cut_off_and_never_queued(edge_stack: Stack) -> None:
+    body = orjson.dumps({"inputs": [MLP_INPUT]})
+    with _connect(edge_stack) as sock:
+        sock.sendall(
+            b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+        )
+        started = time.monotonic()
+        answer = b""
+        for byte in body:
+            try:
+                sock.sendall(bytes([byte]))
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.05)
+            if time.monotonic() - started > 4 * BODY_TIMEOUT_S:
+                break
+        answer = _read_all(sock)
+        waited = time.monotonic() - started
+    assert answer == b"", answer[:200]
+    assert waited < BODY_TIMEOUT_S + 1.5
+
+
+def test_connections_beyond_the_cap_are_refused_and_others_recover(
+    edge_stack: Stack, http: httpx.Client
+) -> None:
+    idle = [_connect(edge_stack) for _ in range(MAX_CONNECTIONS + 10)]
+    try:
+        time.sleep(0.3)
+        refused = 0
+        for sock in idle:
+            sock.settimeout(0.2)
+            try:
+                refused += sock.recv(1) == b""
+            except ConnectionResetError:
+                refused += 1
+            except TimeoutError:
+                pass
+        assert refused >= 10
+    finally:
+        for sock in idle:
+            sock.close()
+    # The idle ones are gone (closed by us, or by the header timeout): service as usual.
+    _infer_ok(http)
+
+
+# ----------------------------------------------------------------- the event loop
+
+
+def _empty_strings_request(count: int) -> tuple[bytes, dict[str, str]]:
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IN_BYTES",
+                    "shape": [1, count + 1],  # one short: a 400 once all are counted
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": 4 * count},
+                }
+            ],
+            "outputs": [{"name": "OUT_BYTES", "parameters": {"binary_data": True}}],
+        }
+    )
+    body = header + struct.pack("<I", 0) * count
+    return body, {"Inference-Header-Content-Length": str(len(header))}
+
+
+def test_a_huge_bytes_request_does_not_stall_other_clients(
+    edge_stack: Stack, http: httpx.Client
+) -> None:
+    """16 Mi empty BYTES elements (a 64 MiB body) are counted off the event loop."""
+    body, headers = _empty_strings_request((16 << 20) - 1024)
+    done = threading.Event()
+    status: list[int] = []
+
+    def send() -> None:
+        with httpx.Client(base_url=edge_stack.url, timeout=120) as client:
+            status.append(
+                client.post("/v2/models/strings/infer", content=body, headers=headers).status_code
+            )
+        done.set()
+
+    thread = threading.Thread(target=send)
+    thread.start()
+    slowest = 0.0
+    probes = 0
+    while not done.is_set() and probes < 200:
+        started = time.monotonic()
+        assert http.get("/v2/health/live").status_code == 200
+        slowest = max(slowest, time.monotonic() - started)
+        probes += 1
+        time.sleep(0.02)
+    thread.join(120)
+    assert status == [400], status
+    print(f"{probes} health probes during the request, slowest {slowest * 1000:.0f} ms")
+    assert probes >= 5, "the big request finished too soon to measure anything"
+    assert slowest < 0.5, f"a health probe took {slowest:.2f} s during the big request"
