@@ -112,17 +112,20 @@ class CatalogView:
             raise Unavailable(f"model '{model}' version {number} is unavailable: {error}")
         return entry, number
 
-    def all_ready(self) -> bool:
-        """Every model that can serve has at least one ready version (broken models excluded)."""
-        if not self.loaded:
-            return False
-        for entry in self.models.values():
+    def not_ready(self) -> list[str]:
+        """What keeps the server from Triton's strict readiness: each model version that is
+        not ready (unavailable, or no live worker yet), as ``'name'`` or ``'name' version N``."""
+        waiting: list[str] = []
+        for name in sorted(self.models):
+            entry = self.models[name]
             if not entry.available:
+                waiting.append(f"'{name}' (unavailable)")
                 continue
-            serving = [v for v in entry.versions if self.load_error(entry.name, v) is None]
-            if serving and not any(self.is_ready(entry.name, v) for v in serving):
-                return False
-        return True
+            for version in entry.versions:
+                if not self.is_ready(name, version):
+                    state = "unavailable" if self.load_error(name, version) else "loading"
+                    waiting.append(f"'{name}' version {version} ({state})")
+        return waiting
 
 
 def _parse_version(version: str) -> int:

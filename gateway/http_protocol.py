@@ -66,14 +66,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._timer = None
         if self.transport.is_closing():
             return
-        if self._phase == "headers":
-            self.transport.write(
-                _timeout_response(
-                    f"request headers not received within {self.header_timeout_s:g} s"
-                )
-            )
         log.debug("closing a connection from %s: %s too slow", self.client, self._phase)
-        self.transport.close()
+        if self._phase == "headers":
+            message = f"request headers not received within {self.header_timeout_s:g} s"
+            self.transport.write(_timeout_response(message))
+            self.transport.close()
+        else:  # drop what is buffered for a client that does not read
+            self.transport.abort()
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 

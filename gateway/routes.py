@@ -52,9 +52,19 @@ async def ready(request: Request) -> Response:
     state = _state(request)
     if not state.redis_ok:
         return _json({"error": "server is not ready: Redis is unreachable"}, 400)
-    if not state.view.all_ready():
-        return _json({"error": "server is not ready: some models have no live worker yet"}, 400)
+    if not state.view.loaded:
+        return _json({"error": "server is not ready: the model catalog is not loaded yet"}, 400)
+    if state.settings.strict_readiness:
+        waiting = state.view.not_ready()
+        if waiting:
+            return _json({"error": f"server is not ready: {_listed(waiting)}"}, 400)
     return _json({"ready": True})
+
+
+def _listed(models: list[str], most: int = 5) -> str:
+    shown = ", ".join(models[:most])
+    more = f" and {len(models) - most} more" if len(models) > most else ""
+    return f"model(s) not ready: {shown}{more}"
 
 
 @router.get("/v2")

@@ -26,6 +26,7 @@ from tests.support.stack import Stack
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
+SEND_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 40
 CONTROL_LIMIT = 4096
 MLP_INPUT = {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
@@ -44,6 +45,7 @@ def edge_stack(
         env={
             "SLUICE_HEADER_TIMEOUT_S": str(HEADER_TIMEOUT_S),
             "SLUICE_BODY_TIMEOUT_S": str(BODY_TIMEOUT_S),
+            "SLUICE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
             "SLUICE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
             "SLUICE_MAX_CONTROL_BODY_BYTES": str(CONTROL_LIMIT),
         },
@@ -325,6 +327,39 @@ def test_connections_beyond_the_cap_are_refused_and_others_recover(
             sock.close()
     # The idle ones are gone (closed by us, or by the header timeout): service as usual.
     _infer_ok(http)
+
+
+def test_a_client_that_never_reads_its_answer_is_disconnected(edge_stack: Stack) -> None:
+    """An 8 MiB answer to a client with a tiny receive window that reads nothing."""
+    element = b"x" * (8 << 20)
+    header = orjson.dumps(
+        {
+            "inputs": [
+                {
+                    "name": "IN_BYTES",
+                    "shape": [1, 1],
+                    "datatype": "BYTES",
+                    "parameters": {"binary_data_size": 4 + len(element)},
+                }
+            ],
+            "outputs": [{"name": "OUT_BYTES", "parameters": {"binary_data": True}}],
+        }
+    )
+    body = header + struct.pack("<I", len(element)) + element
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.settimeout(10)
+    sock.connect(("127.0.0.1", edge_stack.port))
+    with sock:
+        sock.sendall(
+            b"POST /v2/models/strings/infer HTTP/1.1\r\nHost: x\r\n"
+            + f"Inference-Header-Content-Length: {len(header)}\r\n".encode()
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        time.sleep(SEND_TIMEOUT_S + 3)  # the answer is computed, sent, stalls, times out
+        received = len(_read_all(sock))
+    assert 0 < received < len(element), received
 
 
 # ----------------------------------------------------------------- the event loop
