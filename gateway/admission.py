@@ -2,7 +2,8 @@
 
 Two bounds. Per model version, the queue depth (the larger of this gateway's
 own requests and the entries in its streams, read from Redis in the background) may not pass
-the model's ``max_queue_size``: 429. Per gateway process, the requests held
+the model's ``max_queue_size``: 503 with Triton's text (core ``PolicyQueue::Enqueue``:
+"[request id: <id>] Exceeds maximum queue size"). Per gateway process, the requests held
 at once may not pass ``max_in_flight``: 503. Both answers carry Retry-After.
 """
 
@@ -24,7 +25,9 @@ class Admission:
     """Queue depth per model version as last read from Redis (all gateways' requests)."""
 
     @contextmanager
-    def admit(self, model: str, version: int, max_queue_size: int) -> Iterator[None]:
+    def admit(
+        self, model: str, version: int, max_queue_size: int, request_id: str = ""
+    ) -> Iterator[None]:
         if self.in_flight >= self.max_in_flight:
             raise ServerBusy(
                 f"the gateway holds {self.in_flight} requests, its limit; retry later", 1
@@ -34,6 +37,7 @@ class Admission:
             depth = max(self.per_model.get(key, 0), self.observed_depth.get(key, 0))
             if depth >= max_queue_size:
                 raise Overloaded(
+                    f"[request id: {request_id or '<id_unknown>'}] Exceeds maximum queue size; "
                     f"model '{model}' version {version} has {depth} queued requests, "
                     f"its max_queue_size is {max_queue_size}; retry later",
                     1,

@@ -15,7 +15,7 @@ from typing import cast
 from redis.asyncio import Redis
 
 from sluice.catalog import CatalogEntry, decode_entry
-from sluice.errors import NotFound, Unavailable
+from sluice.errors import InvalidInput, NotFound, Unavailable
 from sluice.keys import Keys, load_error_field
 from sluice.wire import MalformedEntry
 
@@ -83,7 +83,7 @@ class CatalogView:
     def entry(self, model: str) -> CatalogEntry:
         entry = self.models.get(model)
         if entry is None:
-            raise NotFound(f"unknown model: '{model}'")
+            raise NotFound(f"Request for unknown model: '{model}' is not found")
         return entry
 
     def load_error(self, model: str, version: int) -> str | None:
@@ -93,24 +93,35 @@ class CatalogView:
         return version in self.ready.get(model, ())
 
     def resolve(self, model: str, version: str | None) -> tuple[CatalogEntry, int]:
-        """The entry and version a request addresses; raises NotFound or Unavailable."""
+        """The entry and version a request addresses; raises NotFound, Unavailable or
+        InvalidInput with Triton's texts (core ``ModelRepositoryManager::GetModel``).
+
+        A version with no live worker yet is served (the request waits in its queue);
+        Triton would answer "not at ready state" there."""
+        number = None if version is None else parse_version(version)
         entry = self.entry(model)
+        unknown = f"Request for unknown model: '{model}'"
         if not entry.available:
-            raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
-        if version is not None:
-            number = _parse_version(version)
+            where = "has no available versions" if number is None else _not_ready(number)
+            raise Unavailable(f"{unknown} {where}; model '{model}' is unavailable: {entry.error}")
+        if number is not None:
             if number not in entry.versions:
-                raise NotFound(f"unknown version {version} of model '{model}'")
-        else:
-            ready = self.ready.get(model, frozenset())
-            candidates = [v for v in entry.versions if v in ready] or [
-                v for v in entry.versions if self.load_error(model, v) is None
-            ]
-            number = candidates[-1] if candidates else entry.versions[-1]
-        error = self.load_error(model, number)
-        if error is not None:
-            raise Unavailable(f"model '{model}' version {number} is unavailable: {error}")
-        return entry, number
+                raise NotFound(f"{unknown} version {number} is not found")
+            error = self.load_error(model, number)
+            if error is not None:
+                raise Unavailable(f"{unknown} {_not_ready(number)}; it is unavailable: {error}")
+            return entry, number
+        ready = self.ready.get(model, frozenset())
+        candidates = [v for v in entry.versions if v in ready] or [
+            v for v in entry.versions if self.load_error(model, v) is None
+        ]
+        if not candidates:
+            newest = entry.versions[-1]
+            raise Unavailable(
+                f"{unknown} has no available versions; version {newest} is unavailable: "
+                f"{self.load_error(model, newest)}"
+            )
+        return entry, candidates[-1]
 
     def not_ready(self) -> list[str]:
         """What keeps the server from Triton's strict readiness: each model version that is
@@ -128,9 +139,24 @@ class CatalogView:
         return waiting
 
 
-def _parse_version(version: str) -> int:
-    if not (version.isascii() and version.isdigit()) or (
-        len(version) > 1 and version.startswith("0")
-    ):
-        raise NotFound(f"unknown version '{version}'")
-    return int(version)
+_MAX_VERSION = (1 << 63) - 1
+
+
+def parse_version(version: str) -> int:
+    """A version from a URL, as Triton reads it: its routes take ``[0-9]+`` only (anything
+    else is the 404 of an unknown path), then ``std::stol`` (leading zeros are fine; beyond
+    int64 is a 400). Never ``int()`` on more digits than int64 has (``int()`` refuses more
+    than 4,300 digits)."""
+    if not (version.isascii() and version.isdigit()):
+        raise NotFound(f"Not Found; model version '{version}' is not a number")
+    digits = version.lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) > _MAX_VERSION:
+        raise InvalidInput(
+            f"failed to get model version from specified version string '{version}' "
+            "(details: stol), version should be an integral value > 0"
+        )
+    return int(digits)
+
+
+def _not_ready(version: int) -> str:
+    return f"version {version} is not at ready state"

@@ -96,7 +96,8 @@ async def run_infer(
     now_ns = time.time_ns()
     stream = state.keys.request_stream(model, number, level)
     regions = parsed.regions
-    with state.regions.in_use(regions), state.admission.admit(model, number, max_queue):
+    admit = state.admission.admit(model, number, max_queue, parsed.id)
+    with state.regions.in_use(regions), admit:
         headers, payload, segment = await _off_loop(heavy, lambda: transfer.pack(parsed.inputs))
         try:
             message = RequestMessage(
@@ -114,6 +115,7 @@ async def run_infer(
                 output_regions=transfer.output_regions(parsed.outputs) if regions else {},
                 segment_prefix=transfer.message_prefix,
                 segment_min_bytes=transfer.segment_min_bytes,
+                classes=parsed.classes or {},
             )
             reply, data = await state.dispatcher.submit(
                 model, stream, message, payload, timeout_us / 1_000_000

@@ -11,20 +11,24 @@ against the region here, and the tensor carries the resolved location, no bytes.
 
 Every problem raises :class:`~sluice.errors.InvalidInput` with a message that
 names the offending field. Checks run cheapest first: the request's structure,
-input names, datatypes and shapes, requested outputs, then the tensor data.
+input names, datatypes and shapes, requested outputs, then the tensor data. Where
+Triton refuses the same request, the message starts with Triton's own text (core
+``src/infer_request.cc``, ``src/model.cc``; server ``src/http_server.cc``), including
+its ``[request id: <id>]`` prefix, so that clients matching on it keep working; Sluice's
+own detail follows after ``"; "``.
 """
 
 from __future__ import annotations
 
 import struct
 from collections.abc import Sequence
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.json_tensors import fmt_shape, json_to_buffer, json_type
+from gateway.json_tensors import BytesCountMismatch, fmt_shape, json_to_buffer, json_type
+from sluice.classification import CLASSIFIABLE, unsupported_message
 from sluice.datatypes import (
     BYTES,
     DATATYPES,
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 
 _MAX_DIM = (1 << 63) - 1
 _MAX_BYTES_ELEMENT = (1 << 32) - 1
+_MAX_CLASSES = (1 << 32) - 1  # Triton keeps the count in a uint32
 _LENGTH = struct.Struct("<I")
 _RESERVED_PREFIX = "triton_"
 _SHM_REGION = "shared_memory_region"
@@ -52,11 +57,11 @@ _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
 class RegionLookup(Protocol):
     """The shared memory regions requests may reference (the gateway's registry)."""
 
-    def resolve(self, label: str, name: str, offset: int, byte_size: int) -> ShmRef: ...
+    def resolve(
+        self, label: str, name: str, offset: int, byte_size: int, *, output: bool = False
+    ) -> ShmRef: ...
 
-    def mapped(
-        self, label: str, region: str, ref: ShmRef
-    ) -> AbstractContextManager[memoryview]: ...
+    def read(self, label: str, region: str, ref: ShmRef) -> memoryview: ...
 
 
 @dataclass(slots=True)
@@ -75,6 +80,7 @@ class RequestedOutput:
     binary: bool
     shm: ShmRef | None = None  # where the client wants the bytes written
     region: str = ""
+    classes: int = 0  # > 0: answer the top-N classes (classification extension)
 
 
 @dataclass(slots=True)
@@ -87,6 +93,8 @@ class InferRequest:
     parameters: dict[str, Any]
     # 1 when max_batch_size == 0; else the first dim shared by all inputs.
     batch_size: int
+    # Output name -> class count, for outputs asked to classify (None: none asked).
+    classes: dict[str, int] | None = None
 
     @property
     def regions(self) -> list[str]:
@@ -98,7 +106,7 @@ class InferRequest:
 @dataclass(frozen=True, slots=True)
 class RequestLimits:
     max_elements: int = 1 << 26  # per input tensor
-    max_json_depth: int = 32  # nesting of JSON `data`
+    max_json_depth: int = 100  # nesting of JSON `data` (Triton's limit)
     max_inputs: int = 256
     max_string_length: int = 1 << 16  # names / id length
 
@@ -107,12 +115,12 @@ DEFAULT_LIMITS = RequestLimits()
 
 
 class _NoRegions:
-    def resolve(self, label: str, name: str, offset: int, byte_size: int) -> ShmRef:
+    def resolve(
+        self, label: str, name: str, offset: int, byte_size: int, *, output: bool = False
+    ) -> ShmRef:
         raise InvalidInput(f"{label}: unknown shared memory region '{name}'")
 
-    def mapped(
-        self, label: str, region: str, ref: ShmRef
-    ) -> AbstractContextManager[memoryview]:  # pragma: no cover - resolve raised first
+    def read(self, label: str, region: str, ref: ShmRef) -> memoryview:  # pragma: no cover
         raise InvalidInput(f"{label}: unknown shared memory region '{region}'")
 
 
@@ -177,17 +185,32 @@ def parse_infer_request(
 
     request_id = _parse_id(doc.get("id"), limits)
     parameters, binary_default = _parse_request_parameters(doc.get("parameters"))
-    pending = _parse_input_headers(doc.get("inputs"), config, limits)
-    batch_size = _check_input_specs(pending, config, limits)
-    outputs = _parse_outputs(doc.get("outputs"), config, binary_default, limits, lookup)
-    inputs = _read_input_data(pending, binary, header_length is None, limits, lookup)
+    pending = _parse_input_headers(doc.get("inputs"), config, limits, request_id)
+    outputs, classes = _parse_outputs(
+        doc.get("outputs"), config, binary_default, limits, lookup, request_id
+    )
+    batch_size = _check_input_specs(pending, config, limits, request_id)
+    inputs = _read_input_data(
+        pending, binary, header_length is None, limits, lookup, config, request_id
+    )
     return InferRequest(
         id=request_id,
         inputs=inputs,
         outputs=outputs,
         parameters=parameters,
         batch_size=batch_size,
+        classes=classes,
     )
+
+
+def log_request(request_id: str) -> str:
+    """Triton's prefix of the errors its core raises about a request (``LogRequest()``)."""
+    return f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def _names(names: Sequence[str]) -> str:
+    """A name list as Triton writes it: ``['a','b']``."""
+    return "[" + ",".join(f"'{name}'" for name in names) + "]"
 
 
 # --------------------------------------------------------------------- request
@@ -236,7 +259,9 @@ def _parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
 # ---------------------------------------------------------------------- inputs
 
 
-def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits) -> list[_Pending]:
+def _parse_input_headers(
+    value: Any, config: ModelConfig, limits: RequestLimits, request_id: str
+) -> list[_Pending]:
     """Structure, names, duplicates and missing inputs (no data is read)."""
     if value is None:
         raise InvalidInput("request 'inputs' is required")
@@ -250,6 +275,7 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
         )
 
     pending: list[_Pending] = []
+    seen: set[str] = set()
     for index, item in enumerate(value):
         if not isinstance(item, dict):
             raise InvalidInput(f"inputs[{index}] must be an object, got {json_type(item)}")
@@ -262,6 +288,9 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
             raise InvalidInput(
                 f"inputs[{index}]: 'name' is longer than {limits.max_string_length} characters"
             )
+        if name in seen:
+            raise InvalidInput(f"{log_request(request_id)}input '{name}' already exists in request")
+        seen.add(name)
         label = f"input '{name}'"
         shape = _parse_shape(label, item.get("shape"))
         datatype = item.get("datatype")
@@ -288,25 +317,44 @@ def _parse_input_headers(value: Any, config: ModelConfig, limits: RequestLimits)
             )
         pending.append(_Pending(label, name, datatype, shape, data, binary_size, shm))
 
-    seen: set[str] = set()
+    # Triton checks the input count first, then each name (core InferenceRequest::Normalize).
+    missing = [s.name for s in config.inputs if not s.optional and s.name not in seen]
+    if missing or len(pending) > len(config.inputs):
+        required = len(config.inputs) - sum(s.optional for s in config.inputs)
+        if not required <= len(pending) <= len(config.inputs):
+            raise InvalidInput(_input_count_message(config, pending, missing, request_id))
     for entry in pending:
         spec = config.input(entry.name)
         if spec is None:
             expected = ", ".join(f"'{s.name}'" for s in config.inputs)
             raise InvalidInput(
-                f"{entry.label}: unknown input for model '{config.name}'; "
-                f"expected one of: {expected}"
+                f"unexpected inference input '{entry.name}' for model '{config.name}'; "
+                f"the model's inputs are {expected}"
             )
-        if entry.name in seen:
-            raise InvalidInput(f"{entry.label}: given more than once")
-        seen.add(entry.name)
         entry.spec = spec
-
-    missing = [s.name for s in config.inputs if not s.optional and s.name not in seen]
-    if missing:
-        names = ", ".join(f"'{name}'" for name in missing)
-        raise InvalidInput(f"missing required input(s) {names} for model '{config.name}'")
+    if missing:  # the count fits but optional inputs stand in for required ones
+        raise InvalidInput(_input_count_message(config, pending, missing, request_id))
     return pending
+
+
+def _input_count_message(
+    config: ModelConfig, pending: list[_Pending], missing: list[str], request_id: str
+) -> str:
+    """Triton's text (``ValidateRequestInputs``), with ``[]`` where Triton prints ``]``
+    when nothing is missing."""
+    total = len(config.inputs)
+    required = total - sum(s.optional for s in config.inputs)
+    expected = (
+        f"expected {total} inputs"
+        if required == total
+        else f"expected number of inputs between {required} and {total}"
+    )
+    return (
+        f"{log_request(request_id)}{expected} but got {len(pending)} inputs for model "
+        f"'{config.name}'. "
+        f"Got input(s) {_names([e.name for e in pending])}, but missing required input(s) "
+        f"{_names(missing)}. Please provide all required input(s)."
+    )
 
 
 def _parse_shape(label: str, value: Any) -> tuple[int, ...]:
@@ -367,28 +415,64 @@ def _natural_parameter(label: str, name: str, value: Any) -> int:
     return value
 
 
-def _check_input_specs(pending: list[_Pending], config: ModelConfig, limits: RequestLimits) -> int:
-    """Datatypes, shapes, batch sizes and element limits; returns the batch size."""
+_BATCH_NOTE = (
+    "NOTE: Setting a non-zero max_batch_size in the model config requires a batch dimension "
+    "to be prepended to each input shape. If you want to specify the full shape including "
+    "the batch dim in your input dims config, try setting max_batch_size to zero. See the "
+    "model configuration docs for more info on max_batch_size."
+)
+"""Triton appends this to a shape mismatch for a batching model."""
+
+
+def _check_input_specs(
+    pending: list[_Pending], config: ModelConfig, limits: RequestLimits, request_id: str
+) -> int:
+    """Batch sizes, datatypes, shapes and element limits; returns the batch size.
+
+    In Triton's order: every input's batch dim first, then the batch limit, then each
+    input's datatype and shape."""
     max_batch = config.max_batch_size
     batch: int | None = None
-    batch_from = ""
+    if max_batch > 0:
+        batch_from = ""
+        for entry in pending:
+            if not entry.shape:
+                raise InvalidInput(
+                    f"{log_request(request_id)}input '{entry.name}' has no shape but model "
+                    f"requires batch dimension for '{config.name}'"
+                )
+            if batch is None:
+                batch, batch_from = entry.shape[0], entry.name
+            elif entry.shape[0] != batch:
+                raise InvalidInput(
+                    f"{log_request(request_id)}input '{entry.name}' batch size does not match "
+                    f"other inputs for '{config.name}'; {entry.shape[0]} here, {batch} in "
+                    f"input '{batch_from}'"
+                )
+        assert batch is not None
+        if batch > max_batch:
+            raise InvalidInput(
+                f"{log_request(request_id)}inference request batch-size must be <= {max_batch} for "
+                f"'{config.name}'; input '{batch_from}' has batch size {batch}"
+            )
+        if batch < 1:
+            raise InvalidInput(f"{pending[0].label}: batch size must be at least 1, got {batch}")
+    first = 1 if max_batch > 0 else 0  # the model's dims start after the batch dim
     for entry in pending:
         spec = entry.spec
         assert spec is not None
         if entry.datatype != spec.datatype:
             raise InvalidInput(
-                f"{entry.label}: expected datatype {spec.datatype}, got {entry.datatype}"
+                f"{log_request(request_id)}inference input '{entry.name}' data-type is "
+                f"'{entry.datatype}', but model '{config.name}' expects '{spec.datatype}'"
             )
-        item_batch = _check_shape(entry.label, entry.shape, spec.dims, max_batch)
-        if item_batch is not None:
-            if batch is None:
-                batch, batch_from = item_batch, entry.name
-            elif item_batch != batch:
-                raise InvalidInput(
-                    f"{entry.label}: batch size {item_batch} does not match batch size "
-                    f"{batch} of input '{batch_from}'"
-                )
-        entry.count = element_count(entry.shape)
+        shape, dims = entry.shape, spec.dims
+        if len(shape) != len(dims) + first:
+            raise _shape_error(entry, dims, config, request_id)
+        for index, want in enumerate(dims):
+            if want != shape[index + first] and want != -1:
+                raise _shape_error(entry, dims, config, request_id)
+        entry.count = element_count(shape)
         if entry.count > limits.max_elements:
             raise InvalidInput(
                 f"{entry.label}: shape {fmt_shape(entry.shape)} has {entry.count} elements, "
@@ -397,33 +481,19 @@ def _check_input_specs(pending: list[_Pending], config: ModelConfig, limits: Req
     return 1 if batch is None else batch
 
 
-def _check_shape(
-    label: str, shape: tuple[int, ...], dims: Sequence[int], max_batch: int
-) -> int | None:
-    """Check ``shape`` against the model dims; returns the batch size when batching."""
-    expected = (-1, *dims) if max_batch > 0 else tuple(dims)
-    if len(shape) != len(expected):
-        raise InvalidInput(
-            f"{label}: shape {fmt_shape(shape)} does not match model shape {fmt_shape(expected)} "
-            f"(expected {len(expected)} dims, got {len(shape)})"
-        )
-    batch: int | None = None
-    first = 0
-    if max_batch > 0:
-        batch = shape[0]
-        if batch < 1:
-            raise InvalidInput(f"{label}: batch size must be at least 1, got {batch}")
-        if batch > max_batch:
-            raise InvalidInput(f"{label}: batch size {batch} exceeds max_batch_size {max_batch}")
-        first = 1
-    for index in range(first, len(shape)):
-        want = expected[index]
-        if want != -1 and shape[index] != want:
-            raise InvalidInput(
-                f"{label}: shape {fmt_shape(shape)} does not match model shape "
-                f"{fmt_shape(expected)} (dim {index} must be {want})"
-            )
-    return batch
+def _shape_error(
+    entry: _Pending, dims: Sequence[int], config: ModelConfig, request_id: str
+) -> InvalidInput:
+    """Triton's text for a shape (batch dim included) that does not fit the model's dims."""
+    batched = config.max_batch_size > 0
+    expected = (-1, *dims) if batched else tuple(dims)
+    shape = entry.shape
+    note = _BATCH_NOTE if batched else ""
+    return InvalidInput(
+        f"{log_request(request_id)}unexpected shape for input '{entry.name}' for model "
+        f"'{config.name}'. "
+        f"Expected {fmt_shape(expected)}, got {fmt_shape(shape)}. {note}"
+    )
 
 
 # --------------------------------------------------------------------- outputs
@@ -435,12 +505,15 @@ def _parse_outputs(
     binary_default: bool,
     limits: RequestLimits,
     regions: RegionLookup,
-) -> list[RequestedOutput]:
+    request_id: str,
+) -> tuple[list[RequestedOutput], dict[str, int] | None]:
+    """The requested outputs, and the class count of each output asked to classify."""
     if value is None or (isinstance(value, list) and not value):
-        return [RequestedOutput(spec.name, binary_default) for spec in config.outputs]
+        return [RequestedOutput(spec.name, binary_default) for spec in config.outputs], None
     if not isinstance(value, list):
         raise InvalidInput(f"request 'outputs' must be a list, got {json_type(value)}")
     outputs: list[RequestedOutput] = []
+    classes: dict[str, int] | None = None
     seen: set[str] = set()
     for index, item in enumerate(value):
         if not isinstance(item, dict):
@@ -455,16 +528,21 @@ def _parse_outputs(
                 f"outputs[{index}]: 'name' is longer than {limits.max_string_length} characters"
             )
         label = f"output '{name}'"
-        if config.output(name) is None:
+        if name in seen:
+            raise InvalidInput(
+                f"{log_request(request_id)}output '{name}' already exists in request"
+            )
+        seen.add(name)
+        spec = config.output(name)
+        if spec is None:
             expected = ", ".join(f"'{s.name}'" for s in config.outputs)
             raise InvalidInput(
-                f"{label}: unknown output for model '{config.name}'; expected one of: {expected}"
+                f"unexpected inference output '{name}' for model '{config.name}'; "
+                f"the model's outputs are {expected}"
             )
-        if name in seen:
-            raise InvalidInput(f"{label}: requested more than once")
-        seen.add(name)
         binary = binary_default
         shm: _ShmParameters | None = None
+        count = 0
         parameters = item.get("parameters")
         if parameters is not None:
             if not isinstance(parameters, dict):
@@ -472,15 +550,8 @@ def _parse_outputs(
                     f"{label}: 'parameters' must be an object, got {json_type(parameters)}"
                 )
             shm = _parse_shm_parameters(label, parameters)
-            classes = parameters.get("classification")
-            if classes is not None:
-                if isinstance(classes, bool) or not isinstance(classes, int) or classes < 0:
-                    raise InvalidInput(
-                        f"{label}: parameters.classification must be a non-negative integer, "
-                        f"got {json_type(classes)}"
-                    )
-                if classes:
-                    raise InvalidInput(f"{label}: classification is not supported yet")
+            if "classification" in parameters:
+                count = _classification(label, spec, parameters["classification"], shm)
             flag = parameters.get("binary_data")
             if flag is not None:
                 if not isinstance(flag, bool):
@@ -490,15 +561,36 @@ def _parse_outputs(
                 binary = flag
                 if flag and shm is not None:
                     raise InvalidInput(
+                        "Output can't set both 'shared_memory_region' and 'binary_data'; "
                         f"{label}: an output in shared memory (parameters.{_SHM_REGION}) "
                         "cannot also ask for parameters.binary_data"
                     )
         if shm is None:
-            outputs.append(RequestedOutput(name, binary))
+            outputs.append(RequestedOutput(name, binary, None, "", count))
+            if count:
+                classes = classes or {}
+                classes[name] = count
         else:
-            ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size)
+            ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size, output=True)
             outputs.append(RequestedOutput(name, False, ref, shm.region))
-    return outputs
+    return outputs, classes
+
+
+def _classification(label: str, spec: TensorSpec, value: Any, shm: _ShmParameters | None) -> int:
+    """The requested class count (0: no classification), checked as Triton checks it."""
+    if shm is not None:
+        raise InvalidInput(
+            f"Output can't set both 'shared_memory_region' and 'classification'; {label}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_CLASSES:
+        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
+        raise InvalidInput(
+            f"Unable to set 'classification': {label}: parameters.classification must be an "
+            f"unsigned 32-bit integer, got {shown if shown is not None else json_type(value)}"
+        )
+    if value and spec.datatype not in CLASSIFIABLE:
+        raise InvalidInput(f"{unsupported_message(spec.datatype)}; {label}")
+    return value
 
 
 # ------------------------------------------------------------------------ data
@@ -510,43 +602,87 @@ def _read_input_data(
     no_header: bool,
     limits: RequestLimits,
     regions: RegionLookup,
+    config: ModelConfig,
+    request_id: str,
 ) -> list[InputTensor]:
     inputs: list[InputTensor] = []
     offset = 0
     available = len(binary)
     for entry in pending:
         if entry.shm is not None:
-            inputs.append(_shm_input(entry, entry.shm, regions))
+            inputs.append(_shm_input(entry, entry.shm, regions, config, request_id))
             continue
         if entry.binary_size is None:
-            data = json_to_buffer(
-                entry.label,
-                entry.datatype,
-                entry.shape,
-                entry.count,
-                entry.data,
-                limits.max_json_depth,
-            )
+            try:
+                data = json_to_buffer(
+                    entry.label,
+                    entry.datatype,
+                    entry.shape,
+                    entry.count,
+                    entry.data,
+                    limits.max_json_depth,
+                )
+            except BytesCountMismatch as exc:
+                raise InvalidInput(
+                    _string_count_message(entry, exc.found, config, request_id)
+                ) from None
         else:
-            data = _slice_binary(entry, binary, offset, no_header)
+            data = _slice_binary(entry, binary, offset, no_header, config, request_id)
             offset += entry.binary_size
         inputs.append(InputTensor(entry.name, entry.datatype, entry.shape, data))
     if offset != available:
         raise InvalidInput(
-            f"request body has {available - offset} bytes after the JSON header that no "
-            "input's parameters.binary_data_size accounts for"
+            f"unexpected additional input data for model '{config.name}'; the request body has "
+            f"{available - offset} bytes after the JSON header that no input's "
+            "parameters.binary_data_size accounts for"
         )
     return inputs
 
 
-def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: bool) -> memoryview:
+def _byte_size_message(
+    entry: _Pending, expected: int, got: int, config: ModelConfig, request_id: str
+) -> str:
+    return (
+        f"{log_request(request_id)}input byte size mismatch for input '{entry.name}' for model "
+        f"'{config.name}'. Expected {expected}, got {got}"
+    )
+
+
+def _string_count_message(
+    entry: _Pending, found: int, config: ModelConfig, request_id: str, detail: str = ""
+) -> str:
+    """Triton's texts (``ValidateBytesInputs``): too few elements, or too many (where
+    Triton stops counting at one past the expected count; the real count follows)."""
+    where = f"for inference input '{entry.name}' for model '{config.name}'"
+    if found < entry.count:
+        message = (
+            f"{log_request(request_id)}expected {entry.count} string elements {where}, got {found}"
+        )
+    else:
+        message = (
+            f"{log_request(request_id)}unexpected number of string elements "
+            f"{entry.count + 1} {where}, expecting {entry.count}"
+        )
+        detail = detail or f"the data holds {found}"
+    return f"{message}; {detail}" if detail else message
+
+
+def _slice_binary(
+    entry: _Pending,
+    binary: memoryview,
+    offset: int,
+    no_header: bool,
+    config: ModelConfig,
+    request_id: str,
+) -> memoryview:
     size = entry.binary_size
     assert size is not None
     element_size = ELEMENT_SIZE.get(entry.datatype)
     if element_size is not None and size != entry.count * element_size:
         raise InvalidInput(
-            f"{entry.label}: parameters.binary_data_size is {size} but shape "
-            f"{fmt_shape(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
+            _byte_size_message(entry, entry.count * element_size, size, config, request_id)
+            + f"; parameters.binary_data_size is {size} but shape {fmt_shape(entry.shape)} "
+            f"of {entry.datatype} needs {entry.count * element_size} bytes"
         )
     left = len(binary) - offset
     if size > left:
@@ -554,8 +690,9 @@ def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: b
             " (binary data needs the Inference-Header-Content-Length header)" if no_header else ""
         )
         raise InvalidInput(
-            f"{entry.label}: parameters.binary_data_size {size} exceeds the {left} bytes "
-            f"of binary data left in the request body{hint}"
+            f"unexpected size for input '{entry.name}', expecting {size - left} additional "
+            f"bytes for model '{config.name}'; parameters.binary_data_size {size} exceeds the "
+            f"{left} bytes of binary data left in the request body{hint}"
         )
     chunk = binary[offset : offset + size]
     if element_size is None:
@@ -564,34 +701,40 @@ def _slice_binary(entry: _Pending, binary: memoryview, offset: int, no_header: b
         except InvalidInput as exc:
             raise InvalidInput(f"{entry.label}: {exc.message}") from None
         if found != entry.count:
-            raise InvalidInput(
-                f"{entry.label}: shape {fmt_shape(entry.shape)} needs {entry.count} elements, "
-                f"got {found}"
-            )
+            raise InvalidInput(_string_count_message(entry, found, config, request_id))
     return chunk
 
 
-def _shm_input(entry: _Pending, shm: _ShmParameters, regions: RegionLookup) -> InputTensor:
+def _shm_input(
+    entry: _Pending,
+    shm: _ShmParameters,
+    regions: RegionLookup,
+    config: ModelConfig,
+    request_id: str,
+) -> InputTensor:
     label = entry.label
     element_size = ELEMENT_SIZE.get(entry.datatype)
     if element_size is not None and shm.byte_size != entry.count * element_size:
         raise InvalidInput(
-            f"{label}: parameters.{_SHM_SIZE} is {shm.byte_size} but shape "
-            f"{fmt_shape(entry.shape)} of {entry.datatype} needs {entry.count * element_size} bytes"
+            _byte_size_message(entry, entry.count * element_size, shm.byte_size, config, request_id)
+            + f"; parameters.{_SHM_SIZE} is {shm.byte_size} but shape "
+            f"{fmt_shape(entry.shape)} of {entry.datatype} needs "
+            f"{entry.count * element_size} bytes"
         )
     ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size)
     if element_size is None:
-        with regions.mapped(label, shm.region, ref) as view:
-            try:
-                found = count_bytes_elements(view)
-            except InvalidInput as exc:
-                raise InvalidInput(f"{label}: region '{shm.region}': {exc.message}") from None
+        data = regions.read(label, shm.region, ref)
+        try:
+            found = count_bytes_elements(data)
+        except InvalidInput as exc:
+            raise InvalidInput(f"{label}: region '{shm.region}': {exc.message}") from None
         if found != entry.count:
-            raise InvalidInput(
+            detail = (
                 f"{label}: the {shm.byte_size} bytes at offset {shm.offset} of region "
                 f"'{shm.region}' hold {found} BYTES elements, shape {fmt_shape(entry.shape)} "
                 f"needs {entry.count}"
             )
+            raise InvalidInput(_string_count_message(entry, found, config, request_id, detail))
     return InputTensor(entry.name, entry.datatype, entry.shape, b"", ref, shm.region)
 
 
@@ -599,59 +742,55 @@ def _shm_input(entry: _Pending, shm: _ShmParameters, regions: RegionLookup) -> I
 
 
 def _parse_raw(view: memoryview, config: ModelConfig, limits: RequestLimits) -> InferRequest:
-    """Triton's raw binary request: the whole body is the single input's data."""
-    prefix = "raw binary request (Inference-Header-Content-Length: 0)"
+    """Triton's raw binary request: the whole body is the single input's data.
+
+    Triton's rules (core ``InferenceRequest::Normalize``): the model has one input; its
+    shape is the model's dims (after a batch dim of 1 for batching models) with at most
+    one -1, deduced from the body's size; a BYTES input must have dims of one element and
+    no -1 (e.g. ``[1]``) and the body is that one element. All outputs are binary."""
+    prefix = log_request("")
     if len(config.inputs) != 1:
         raise InvalidInput(
-            f"{prefix} needs a model with exactly one input; model '{config.name}' has "
-            f"{len(config.inputs)}"
+            f"{prefix}Raw request must only have 1 input (found 1) to be deduced but got "
+            f"{len(config.inputs)} inputs in '{config.name}' model configuration"
         )
     spec = config.inputs[0]
     label = f"input '{spec.name}'"
     dims = tuple(spec.dims)
-    batched = config.max_batch_size > 0
+    leading = (1,) if config.max_batch_size > 0 else ()
     size = len(view)
+    variable = [index for index, dim in enumerate(dims) if dim == -1]
+    fixed_count = element_count([d for d in dims if d != -1])
     data: bytes | memoryview
     if spec.datatype == BYTES:
-        if dims not in ((1,), (-1,)):
+        if variable or fixed_count != 1:
             raise InvalidInput(
-                f"{prefix}: BYTES {label} must have model shape [1], got {fmt_shape(dims)}"
+                f"{prefix}For BYTE datatype raw input '{spec.name}', the model must have input "
+                f"shape [1]; its shape is {fmt_shape(dims)}"
             )
         if size > _MAX_BYTES_ELEMENT:
-            raise InvalidInput(f"{prefix}: {label} element is longer than 2^32-1 bytes")
-        shape: tuple[int, ...] = (1, 1) if batched else (1,)
+            raise InvalidInput(f"{label}: raw BYTES element is longer than 2^32-1 bytes")
+        shape = (*leading, *dims)
         data = b"".join((_LENGTH.pack(size), view))
     else:
-        element_size = ELEMENT_SIZE[spec.datatype]
-        variable = [index for index, dim in enumerate(dims) if dim == -1]
         if len(variable) > 1:
             raise InvalidInput(
-                f"{prefix}: the shape of {label} cannot be deduced because model shape "
-                f"{fmt_shape(dims)} has more than one variable-size dim"
+                f"{prefix}The shape of the raw input '{spec.name}' can not be deduced because "
+                "there are more than one variable-sized dimension"
             )
-        item_bytes = element_size * element_count([d for d in dims if d != -1])
+        element_size = ELEMENT_SIZE[spec.datatype]
         resolved = list(dims)
-        if variable:
-            if item_bytes == 0:
-                if size:
-                    raise InvalidInput(
-                        f"{prefix}: {label} with model shape {fmt_shape(dims)} holds no data, "
-                        f"got {size} bytes"
-                    )
-                resolved[variable[0]] = 0
-            elif size % item_bytes:
-                raise InvalidInput(
-                    f"{prefix}: body of {size} bytes is not a whole number of "
-                    f"{spec.datatype} {label} items of model shape {fmt_shape(dims)}"
-                )
-            else:
-                resolved[variable[0]] = size // item_bytes
-        elif size != item_bytes:
+        if variable:  # floor division, as Triton; a remainder fails the byte size check
+            item_bytes = fixed_count * element_size
+            resolved[variable[0]] = size // item_bytes if item_bytes else 0
+        shape = (*leading, *resolved)
+        expected = element_count(shape) * element_size
+        if size != expected:
             raise InvalidInput(
-                f"{prefix}: {label} of shape {fmt_shape(dims)} needs {item_bytes} bytes of "
-                f"{spec.datatype}, got {size}"
+                f"{prefix}input byte size mismatch for input '{spec.name}' for model "
+                f"'{config.name}'. Expected {expected}, got {size}; the raw body is not a "
+                f"whole number of {spec.datatype} items of model shape {fmt_shape(dims)}"
             )
-        shape = (1, *resolved) if batched else tuple(resolved)
         data = view
     count = element_count(shape)
     if count > limits.max_elements:

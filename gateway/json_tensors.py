@@ -2,7 +2,10 @@
 
 Inputs given as JSON are converted once, through numpy, with every element checked
 against the datatype (integers in range, booleans, strings for BYTES) and the element
-count against the shape. Ragged nesting is flattened in order, as Triton does.
+count against the shape. Ragged nesting is flattened in order, as Triton does, down to
+Triton's depth limit (100). Nesting is walked with an explicit stack, never by recursion;
+numpy's one-pass conversion, tried first, gives up at once on data nested deeper than an
+array's 64 dimensions.
 """
 
 from __future__ import annotations
@@ -14,6 +17,19 @@ import numpy as np
 
 from sluice.datatypes import BF16, BYTES, numpy_dtype, serialize_bytes, to_buffer
 from sluice.errors import InvalidInput
+
+_SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
+"""Triton's text (server ``ReadDataFromJson``) for JSON data of the wrong element count."""
+
+
+class BytesCountMismatch(InvalidInput):
+    """BYTES data with the wrong element count: the caller words it as Triton's core does
+    (it knows the model and the request id)."""
+
+    def __init__(self, message: str, found: int) -> None:
+        super().__init__(message)
+        self.found = found
+
 
 # numpy dtype kind -> how a JSON value of that kind is described in messages.
 _KIND_NAMES = {
@@ -62,7 +78,8 @@ def json_to_buffer(
 
     if array.size != count:
         raise InvalidInput(
-            f"{label}: shape {fmt_shape(shape)} needs {count} elements, got {array.size}"
+            f"{_SHAPE_MISMATCH}; {label}: shape {fmt_shape(shape)} needs {count} elements, "
+            f"got {array.size}"
         )
     array = array.reshape(-1)
     target = numpy_dtype(datatype)
@@ -124,8 +141,9 @@ def _json_bytes(label: str, shape: tuple[int, ...], count: int, data: Any, max_d
         if not isinstance(item, str):
             raise InvalidInput(f"{label}: BYTES data must be strings, got {json_type(item)}")
     if len(flat) != count:
-        raise InvalidInput(
-            f"{label}: shape {fmt_shape(shape)} needs {count} elements, got {len(flat)}"
+        raise BytesCountMismatch(
+            f"{label}: shape {fmt_shape(shape)} needs {count} elements, got {len(flat)}",
+            len(flat),
         )
     return serialize_bytes(flat)
 

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from gateway import infer as infer_path
 from gateway.metadata import model_metadata
+from gateway.model_control_routes import model_control_router
 from gateway.shm_routes import shm_router
 from gateway.state import GatewayState
 from sluice import __version__
@@ -19,6 +20,7 @@ from sluice.errors import InvalidInput, Unavailable
 from sluice.statistics import render_model_stats
 
 EXTENSIONS = [
+    "classification",
     "binary_tensor_data",
     "model_configuration",
     "statistics",
@@ -29,6 +31,7 @@ EXTENSIONS = [
 
 router = APIRouter()
 router.include_router(shm_router)
+router.include_router(model_control_router)
 
 Handler = Callable[..., Awaitable[Response]]
 
@@ -163,10 +166,15 @@ async def metadata(request: Request, model: str, version: str | None = None) -> 
 
 @_route("GET", "/ready")
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+    """Triton answers 400 "Model version not ready" for a known model that cannot serve."""
     state = _state(request)
-    entry, number = state.view.resolve(model, version)
+    try:
+        entry, number = state.view.resolve(model, version)
+    except Unavailable as exc:
+        return _json({"error": f"Model version not ready; {exc.message}"}, 400)
     if not state.view.is_ready(model, number):
-        return _json({"error": f"model '{model}' version {number} is not ready"}, 400)
+        detail = f"model '{model}' version {number} has no live worker yet"
+        return _json({"error": f"Model version not ready; {detail}"}, 400)
     return _json({"name": entry.name, "ready": True})
 
 

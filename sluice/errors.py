@@ -52,9 +52,12 @@ class Unavailable(SluiceError):
 
 
 class Overloaded(SluiceError):
-    """Admission control refused the request; the client should retry later."""
+    """Admission control refused the request; the client should retry later.
 
-    status = HTTPStatus.TOO_MANY_REQUESTS
+    503, as Triton answers a full queue (UNAVAILABLE), not 429: clients and tools that
+    retry on Triton's code keep working."""
+
+    status = HTTPStatus.SERVICE_UNAVAILABLE
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -63,8 +66,6 @@ class Overloaded(SluiceError):
 
 class ServerBusy(Overloaded):
     """The gateway holds as many requests as it may; retry later."""
-
-    status = HTTPStatus.SERVICE_UNAVAILABLE
 
 
 class Unauthorized(SluiceError):

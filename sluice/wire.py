@@ -73,6 +73,8 @@ class RequestMessage:
     segment_min_bytes: int = 0
     """Outputs of at least this many bytes go through a segment the worker creates (the
     gateway reads and removes it); 0: every other output goes inline in the reply."""
+    classes: dict[str, int] = field(default_factory=dict)
+    """Outputs answered as their top-N classes (Triton's classification extension)."""
 
 
 @dataclass(slots=True)
@@ -172,6 +174,8 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
     if message.segment_prefix:
         header["sp"] = message.segment_prefix
         header["sm"] = message.segment_min_bytes
+    if message.classes:
+        header["cl"] = message.classes
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
 
 
@@ -194,6 +198,8 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
         if "sp" in header:
             message.segment_prefix = _str(header["sp"])
             message.segment_min_bytes = _int(header["sm"])
+        if "cl" in header:
+            message.classes = _classes(header["cl"])
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"request header is missing or has a bad field: {exc}") from None
     for tensor in message.inputs:
@@ -204,6 +210,15 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
     if message.segment_min_bytes < 0:
         raise MalformedEntry("bad segment size threshold")
     return message, payload
+
+
+def _classes(raw: Any) -> dict[str, int]:
+    if not isinstance(raw, dict):
+        raise TypeError("classification counts are not a map")
+    classes = {_str(name): _int(count) for name, count in raw.items()}
+    if any(count < 1 for count in classes.values()):
+        raise TypeError("a classification count is below 1")
+    return classes
 
 
 def _output_regions(raw: Any) -> dict[str, ShmRef]:

@@ -12,13 +12,14 @@ request allows it, so neither crosses Redis.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
+from sluice.classification import CLASSIFIABLE, classify, unsupported_message
 from sluice.config import ModelConfig, TensorSpec
-from sluice.datatypes import to_buffer, to_numpy
+from sluice.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
 from sluice.errors import InferenceFailed, InvalidInput
 from sluice.shm import new_segment_name, unlink, write_segment
 from sluice.wire import RequestMessage, ShmRef, TensorHeader
@@ -73,6 +74,12 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
         if name not in message.outputs:
             raise InvalidInput(f"output '{name}' has a shared memory region but is not requested")
         shm_io.MAPPINGS.check(ref, f"output '{name}'")
+    for name in message.classes:
+        spec = config.output(name)
+        if spec is None or name not in message.outputs or name in message.output_regions:
+            raise InvalidInput(f"output '{name}': classification of an output not requested")
+        if spec.datatype not in CLASSIFIABLE:
+            raise InvalidInput(unsupported_message(spec.datatype))
 
 
 def _model_shape(
@@ -118,9 +125,15 @@ def output_names(requests: Sequence[PendingRequest]) -> list[str]:
 
 
 def split(
-    requests: Sequence[PendingRequest], outputs: dict[str, np.ndarray], config: ModelConfig
+    requests: Sequence[PendingRequest],
+    outputs: dict[str, np.ndarray],
+    config: ModelConfig,
+    labels: Mapping[str, Sequence[bytes]] | None = None,
 ) -> list[tuple[list[TensorHeader], bytes]]:
-    """Each request's requested outputs as (headers, payload), in its requested order."""
+    """Each request's requested outputs as (headers, payload), in its requested order.
+
+    An output the request asks to classify becomes its top classes (BYTES), named by
+    ``labels`` (per output, from its ``label_filename``)."""
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
     if batched:
@@ -136,14 +149,22 @@ def split(
         for request in requests:
             headers: list[TensorHeader] = []
             buffers: list[bytes | memoryview] = []
+            classes = request.message.classes
             for name in request.message.outputs:
                 spec = config.output(name)
                 assert spec is not None
                 array = outputs[name][start : start + request.items] if batched else outputs[name]
                 if spec.reshape is not None and all(d >= 0 for d in spec.dims):
                     array = array.reshape(((request.items,) if batched else ()) + spec.dims)
-                buffer = to_buffer(spec.datatype, array)
-                header = TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer))
+                buffer: bytes | memoryview
+                if classes and name in classes:
+                    typed = np.asarray(array, dtype=numpy_dtype(spec.datatype))
+                    names = (labels or {}).get(name, ())
+                    shape, buffer = classify(typed, classes[name], batched, names)
+                    header = TensorHeader(name, BYTES, shape, len(buffer))
+                else:
+                    buffer = to_buffer(spec.datatype, array)
+                    header = TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer))
                 header.shm = _place(request.message, header, buffer, segments)
                 if header.shm is None:
                     buffers.append(buffer)

@@ -26,8 +26,15 @@ from pathlib import Path
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
+from sluice.classification import read_labels
 from sluice.config import ModelConfig
-from sluice.errors import DeadlineExceeded, InferenceFailed, SluiceError
+from sluice.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidConfig,
+    InvalidInput,
+    SluiceError,
+)
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
@@ -83,6 +90,8 @@ class Worker:
         self._reclaimed: list[PendingRequest] = []
         self._redis: Redis | None = None
         self._publisher: Publisher | None = None
+        self._labels: dict[str, list[bytes]] = {}
+        """Each output's classification labels (its ``label_filename``)."""
 
     def stop(self) -> None:
         """Finish what this worker holds, answer and acknowledge it, then leave :meth:`run`."""
@@ -145,6 +154,7 @@ class Worker:
         return 0
 
     def _load_and_warm_up(self) -> Backend:
+        self._labels = self._read_labels()
         backend = load_backend(self.config, self.model_path, self.placement)
         try:
             warm_up(backend, self.config, self.model_path.parent.parent)
@@ -152,6 +162,21 @@ class Worker:
             backend.close()
             raise
         return backend
+
+    def _read_labels(self) -> dict[str, list[bytes]]:
+        """As Triton, a ``label_filename`` that cannot be read fails the model's load."""
+        labels: dict[str, list[bytes]] = {}
+        for spec in self.config.outputs:
+            if spec.label_filename:
+                path = self.model_path.parent.parent / spec.label_filename
+                try:
+                    labels[spec.name] = read_labels(path)
+                except OSError as exc:
+                    raise InvalidConfig(
+                        f"output '{spec.name}': cannot read label_filename "
+                        f"'{spec.label_filename}': {exc.strerror or exc}"
+                    ) from None
+        return labels
 
     async def _ensure_groups(self) -> None:
         """Create the consumer groups (again, after Redis lost them in a restart)."""
@@ -398,7 +423,12 @@ class Worker:
     ) -> list[tuple[list[TensorHeader], bytes] | SluiceError]:
         """Each request's (output headers, payload), or its own error."""
         t0 = time.perf_counter_ns()
-        inputs = combine(batch, self.config)
+        try:
+            inputs = combine(batch, self.config)
+        except InvalidInput:
+            if len(batch) == 1:
+                raise
+            return self._each_alone(batch, backend, timing)
         t1 = time.perf_counter_ns()
         failures: dict[int, SluiceError] = {}
         try:
@@ -410,10 +440,28 @@ class Worker:
                 return [exc.failures.get(i, exc) for i in range(len(batch))]
             outputs, failures = exc.outputs, dict(exc.failures)
         t2 = time.perf_counter_ns()
-        results = split(batch, outputs, self.config)
+        try:
+            results = split(batch, outputs, self.config, self._labels)
+        except InvalidInput:
+            if len(batch) == 1:
+                raise
+            return self._each_alone(batch, backend, timing)
         t3 = time.perf_counter_ns()
         timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
         return [failures.get(i, result) for i, result in enumerate(results)]
+
+    def _each_alone(
+        self, batch: list[PendingRequest], backend: Backend, timing: Timing
+    ) -> list[tuple[list[TensorHeader], bytes] | SluiceError]:
+        """One request's bad input (a client region gone, shrunk or replaced by a link
+        since :func:`validate`) fails that request only: the batch runs request by request."""
+        results: list[tuple[list[TensorHeader], bytes] | SluiceError] = []
+        for request in batch:
+            try:
+                results.extend(self._compute([request], backend, timing))
+            except SluiceError as exc:
+                results.append(exc)
+        return results
 
 
 def install_signal_handlers(worker: Worker) -> None:

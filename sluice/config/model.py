@@ -43,6 +43,8 @@ class TensorSpec:
     dims: tuple[int, ...]
     reshape: tuple[int, ...] | None = None
     optional: bool = False
+    label_filename: str = ""
+    """Outputs only: labels for classification, one per line, in the model directory."""
 
 
 @dataclass(frozen=True, slots=True)

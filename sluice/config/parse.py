@@ -103,7 +103,9 @@ def _build(msg: Any) -> ModelConfig:
         backend=msg.backend,
         max_batch_size=msg.max_batch_size,
         inputs=tuple(_tensor(t, optional=t.optional) for t in msg.input),
-        outputs=tuple(_tensor(t, optional=False) for t in msg.output),
+        outputs=tuple(
+            _tensor(t, optional=False, label_filename=t.label_filename) for t in msg.output
+        ),
         version_policy=_version_policy(msg.version_policy),
         instance_groups=tuple(
             InstanceGroup(
@@ -125,7 +127,7 @@ def _build(msg: Any) -> ModelConfig:
     )
 
 
-def _tensor(tensor: Any, *, optional: bool) -> TensorSpec:
+def _tensor(tensor: Any, *, optional: bool, label_filename: str = "") -> TensorSpec:
     type_name = model_config_pb2().DataType.Name(tensor.data_type)
     return TensorSpec(
         name=tensor.name,
@@ -133,6 +135,7 @@ def _tensor(tensor: Any, *, optional: bool) -> TensorSpec:
         dims=tuple(tensor.dims),
         reshape=tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None,
         optional=optional,
+        label_filename=label_filename,
     )
 
 

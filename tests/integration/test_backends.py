@@ -253,7 +253,9 @@ def test_failed_warmup_makes_only_that_model_unavailable(
         "warm-up 'first' failed: execute raised RuntimeError: cold engine (model.py line"
     )
     assert index["text_stats"][0]["state"] == "READY"
-    assert client.is_server_ready()
+    assert client.is_model_ready("text_stats")
+    assert not client.is_model_ready("cold")
+    assert not client.is_server_ready()  # Triton's strict readiness
 
 
 def test_gpu_models_without_a_gpu_are_unavailable_with_the_reason(
@@ -303,7 +305,9 @@ def test_version_policy_latest_serves_only_the_newest(
         assert newest.json()["outputs"][0]["data"] == [201, 202]
         older = http.post("/v2/models/versions_latest/versions/1/infer", json=body)
         assert older.status_code == 404
-        assert "unknown version 1" in older.json()["error"]
+        assert older.json()["error"] == (
+            "Request for unknown model: 'versions_latest' version 1 is not found"
+        )
 
 
 def test_an_error_response_fails_only_its_own_request(

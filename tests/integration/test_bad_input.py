@@ -82,11 +82,11 @@ def test_unknown_model_and_version_are_404(http: httpx.Client) -> None:
     ("change", "expected"),
     [
         ({"name": "inputs"}, "inputs"),
-        ({"datatype": "INT32", "data": [1, 2, 3, 4]}, "datatype"),
+        ({"datatype": "INT32", "data": [1, 2, 3, 4]}, "data-type is 'INT32'"),
         ({"datatype": "FLOAT"}, "datatype"),
         ({"shape": [1, 5], "data": [1, 2, 3, 4, 5]}, "shape"),
         ({"shape": [4]}, "shape"),
-        ({"shape": [65, 4], "data": [0.0] * 260}, "max_batch_size"),
+        ({"shape": [65, 4], "data": [0.0] * 260}, "batch-size must be <= 64"),
         ({"data": [1, 2, 3]}, "element"),
         ({"data": [1, 2, "x", 4]}, "input"),
         ({"shape": [1, -4]}, "shape"),

@@ -46,7 +46,8 @@ def client(stack: Stack):  # type: ignore[no-untyped-def]
 
 def test_health_and_server_metadata(client: httpclient.InferenceServerClient) -> None:
     assert client.is_server_live()
-    assert client.is_server_ready()
+    # The shared stack serves two broken models: Triton's strict readiness says not ready.
+    assert not client.is_server_ready()
     metadata = client.get_server_metadata()
     assert metadata["name"] == "sluice"
     assert "binary_tensor_data" in metadata["extensions"]

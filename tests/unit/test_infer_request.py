@@ -353,18 +353,53 @@ def test_raw_binary_bytes_gets_a_length_prefix() -> None:
     request = parse(b"\xffraw", 0, one_input("BYTES", (1,)))
     assert request.inputs[0].shape == (1, 1)
     assert decoded(request).tolist() == [[b"\xffraw"]]
-    request = parse(b"abc", 0, one_input("BYTES", (-1,), max_batch_size=0))
+    request = parse(b"abc", 0, one_input("BYTES", (1,), max_batch_size=0))
     assert request.inputs[0].shape == (1,)
+    # Triton's rule: dims of one element and no -1, whatever their rank.
+    assert parse(b"abc", 0, one_input("BYTES", (1, 1))).inputs[0].shape == (1, 1, 1)
 
 
 @pytest.mark.parametrize(
     ("body", "config", "fragments"),
     [
-        (b"\x00" * 8, TWO, ("exactly one input", "'two' has 3")),
-        (b"\x00" * 8, one_input("FP32", (-1, -1)), ("cannot be deduced", "input 'INPUT0'")),
-        (b"\x00" * 12, one_input("FP32", (4,)), ("input 'INPUT0'", "needs 16 bytes", "got 12")),
-        (b"\x00" * 10, one_input("FP32", (-1, 2)), ("input 'INPUT0'", "not a whole number")),
-        (b"abc", one_input("BYTES", (2,)), ("BYTES input 'INPUT0'", "model shape [1]")),
+        (
+            b"\x00" * 8,
+            TWO,
+            (
+                "[request id: <id_unknown>] Raw request must only have 1 input (found 1) to be "
+                "deduced but got 3 inputs in 'two' model configuration",
+            ),
+        ),
+        (
+            b"\x00" * 8,
+            one_input("FP32", (-1, -1)),
+            (
+                "[request id: <id_unknown>] The shape of the raw input 'INPUT0' can not be "
+                "deduced because there are more than one variable-sized dimension",
+            ),
+        ),
+        (
+            b"\x00" * 12,
+            one_input("FP32", (4,)),
+            (
+                "[request id: <id_unknown>] input byte size mismatch for input 'INPUT0' for "
+                "model 'm'. Expected 16, got 12",
+            ),
+        ),
+        (
+            b"\x00" * 10,
+            one_input("FP32", (-1, 2)),
+            ("input byte size mismatch for input 'INPUT0'", "Expected 8, got 10", "whole number"),
+        ),
+        (
+            b"abc",
+            one_input("BYTES", (2,)),
+            (
+                "[request id: <id_unknown>] For BYTE datatype raw input 'INPUT0', the model "
+                "must have input shape [1]",
+            ),
+        ),
+        (b"abc", one_input("BYTES", (-1,)), ("For BYTE datatype raw input 'INPUT0'",)),
         (b"\x00" * 40, one_input("INT8", (-1,)), ("input 'INPUT0'", "limit of 16")),
     ],
 )
@@ -440,29 +475,79 @@ def test_request_structure_rejections(body: bytes, fragments: tuple[str, ...]) -
             {"data": None, "parameters": {"binary_data_size": True}},
             ("input 'a'", "binary_data_size", "boolean"),
         ),
-        ({"name": "nope"}, ("input 'nope'", "unknown input", "'a', 'b', 'c'")),
-        ({"datatype": "INT32"}, ("input 'a'", "expected datatype FP32, got INT32")),
+        (
+            {"name": "nope"},
+            ("unexpected inference input 'nope' for model 'two'", "'a', 'b', 'c'"),
+        ),
+        (
+            {"datatype": "INT32"},
+            (
+                "[request id: <id_unknown>] inference input 'a' data-type is 'INT32', but "
+                "model 'two' expects 'FP32'",
+            ),
+        ),
         (
             {"shape": [1, 5]},
-            ("input 'a'", "shape [1,5] does not match model shape [-1,4]", "dim 1 must be 4"),
+            (
+                "[request id: <id_unknown>] unexpected shape for input 'a' for model 'two'. "
+                "Expected [-1,4], got [1,5]. NOTE: Setting a non-zero max_batch_size",
+            ),
         ),
         (
             {"shape": [4]},
-            ("input 'a'", "shape [4] does not match model shape [-1,4]", "expected 2 dims, got 1"),
+            ("unexpected shape for input 'a' for model 'two'. Expected [-1,4], got [4].",),
         ),
-        ({"shape": [9, 4]}, ("input 'a'", "batch size 9 exceeds max_batch_size 8")),
+        (
+            {"shape": [9, 4], "data": [0] * 36},
+            ("[request id: <id_unknown>] inference request batch-size must be <= 8 for 'two'",),
+        ),
         ({"shape": [0, 4]}, ("input 'a'", "batch size must be at least 1")),
+        ({"shape": []}, ("input 'a' has no shape but model requires batch dimension for 'two'",)),
     ],
 )
 def test_input_rejections(overrides: dict[str, Any], fragments: tuple[str, ...]) -> None:
     item = good_a(**overrides)
     item = {key: value for key, value in item.items() if value is not None}
-    rejects(json_request([item, good_b()]), None, *fragments)
+    shape = overrides.get("shape")
+    b = good_b()
+    if isinstance(shape, list) and shape and all(type(d) is int and d >= 0 for d in shape):
+        b = good_b(shape=[shape[0], 1], data=[0] * shape[0])  # the same batch size
+    rejects(json_request([item, b]), None, *fragments)
 
 
 def test_duplicate_and_missing_inputs() -> None:
-    rejects(json_request([good_a(), good_b(), good_a()]), None, "input 'a'", "more than once")
-    rejects(json_request([good_a()]), None, "missing required input(s) 'b'", "'two'")
+    rejects(
+        json_request([good_a(), good_b(), good_a()], id="r1"),
+        None,
+        "[request id: r1] input 'a' already exists in request",
+    )
+    rejects(
+        json_request([good_a()]),
+        None,
+        "[request id: <id_unknown>] expected number of inputs between 2 and 3 but got 1 inputs "
+        "for model 'two'. Got input(s) ['a'], but missing required input(s) ['b']. Please "
+        "provide all required input(s).",
+    )
+    # The count fits, but the optional input stands in for a required one.
+    c = {"name": "c", "shape": [1, 1], "datatype": "BYTES", "data": ["s"]}
+    rejects(json_request([good_a(), c]), None, "missing required input(s) ['b']")
+    exact = Config("m", 0, (Spec("p", "FP32", (1,)), Spec("q", "FP32", (1,))), ())
+    p = {"name": "p", "shape": [1], "datatype": "FP32", "data": [1]}
+    rejects(
+        json_request([p]),
+        None,
+        "expected 2 inputs but got 1 inputs for model 'm'. Got input(s) ['p'], but missing "
+        "required input(s) ['q']. Please provide all required input(s).",
+        config=exact,
+    )
+    # Too many: Triton counts first (and prints "]" where nothing is missing; Sluice "[]").
+    rejects(
+        json_request([p, {**p, "name": "q"}, {**p, "name": "extra"}]),
+        None,
+        "expected 2 inputs but got 3 inputs for model 'm'. Got input(s) ['p','q','extra'], "
+        "but missing required input(s) []",
+        config=exact,
+    )
 
 
 def test_too_many_inputs_and_long_strings() -> None:
@@ -488,16 +573,22 @@ def test_batch_sizes_must_agree() -> None:
     rejects(
         json_request([good_a(), good_b(shape=[2, 1])]),
         None,
-        "input 'b'",
-        "batch size 2 does not match batch size 1 of input 'a'",
+        "[request id: <id_unknown>] input 'b' batch size does not match other inputs for 'two'",
+        "2 here, 1 in input 'a'",
     )
 
 
 def test_unbatched_rank_and_dims() -> None:
     body = json_request([{"name": "x", "shape": [1, 2, 4], "datatype": "FP32", "data": [0] * 8}])
-    rejects(body, None, "input 'x'", "model shape [-1,4]", "expected 2 dims, got 3", config=FIXED)
+    message = rejects(
+        body,
+        None,
+        "unexpected shape for input 'x' for model 'fixed'. Expected [-1,4], got [1,2,4]. ",
+        config=FIXED,
+    )
+    assert "NOTE" not in message  # Triton's batch note is for batching models only
     body = json_request([{"name": "x", "shape": [2, 3], "datatype": "FP32", "data": [0] * 6}])
-    rejects(body, None, "input 'x'", "dim 1 must be 4", config=FIXED)
+    rejects(body, None, "Expected [-1,4], got [2,3]", config=FIXED)
 
 
 def test_element_limit() -> None:
@@ -508,7 +599,14 @@ def test_element_limit() -> None:
 @pytest.mark.parametrize(
     ("datatype", "data", "fragments"),
     [
-        ("FP32", [1, 2, 3], ("shape [1,4] needs 4 elements, got 3",)),
+        (
+            "FP32",
+            [1, 2, 3],
+            (
+                "Unable to parse 'data': Shape does not match true shape of 'data' field",
+                "shape [1,4] needs 4 elements, got 3",
+            ),
+        ),
         ("FP32", 5, ("'data' must be a list", "integer")),
         ("FP32", ["1", "2", "3", "4"], ("FP32 data must be numbers", "strings")),
         ("FP32", [1, "2", 3, 4], ("FP32 data must be numbers", "strings")),
@@ -529,7 +627,22 @@ def test_element_limit() -> None:
         ("BOOL", [1, 2, 0, 1], ("BOOL data must be true/false", "other integers")),
         ("BOOL", [0.5, 1, 0, 1], ("BOOL data must be true/false", "non-integer")),
         ("BYTES", ["a", 1, "c", "d"], ("BYTES data must be strings", "integer")),
-        ("BYTES", ["a", "b", "c"], ("needs 4 elements, got 3",)),
+        (
+            "BYTES",
+            ["a", "b", "c"],
+            (
+                "[request id: <id_unknown>] expected 4 string elements for inference input "
+                "'INPUT0' for model 'm', got 3",
+            ),
+        ),
+        (
+            "BYTES",
+            ["a", "b", "c", "d", "e", "f"],
+            (
+                "unexpected number of string elements 5 for inference input 'INPUT0' for model "
+                "'m', expecting 4; the data holds 6",
+            ),
+        ),
     ],
 )
 def test_json_data_rejections(datatype: str, data: Any, fragments: tuple[str, ...] | None) -> None:
@@ -538,7 +651,7 @@ def test_json_data_rejections(datatype: str, data: Any, fragments: tuple[str, ..
     if fragments is None:
         parse(body, None, config)
         return
-    rejects(body, None, "input 'INPUT0'", *fragments, config=config)
+    rejects(body, None, *fragments, config=config)
 
 
 def test_json_depth_limit_regular_and_ragged() -> None:
@@ -555,7 +668,7 @@ def test_json_depth_limit_regular_and_ragged() -> None:
     very_deep = json_request(
         [{"name": "x", "shape": [1, 1], "datatype": "FP32", "data": nest(1.0, 200)}]
     )
-    rejects(very_deep, None, "input 'x'", "nested deeper than 32", config=config)
+    rejects(very_deep, None, "input 'x'", "nested deeper than 100", config=config)
     ragged = json_request(
         [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1.0, nest(2.0, 5)]}]
     )
@@ -605,7 +718,12 @@ def test_binary_bytes_must_be_well_formed() -> None:
     two = serialize_bytes([b"x", b"y"])
     c["parameters"] = {"binary_data_size": len(two)}
     body, size = binary_request([good_a(), good_b(), c], two)
-    rejects(body, size, "input 'c'", "shape [1,1] needs 1 elements, got 2")
+    rejects(
+        body,
+        size,
+        "[request id: <id_unknown>] unexpected number of string elements 2 for inference input "
+        "'c' for model 'two', expecting 1; the data holds 2",
+    )
 
 
 @pytest.mark.parametrize(
@@ -615,20 +733,40 @@ def test_binary_bytes_must_be_well_formed() -> None:
         ([5], ("outputs[0]", "object")),
         ([{}], ("outputs[0]", "'name'", "required")),
         ([{"name": 1}], ("outputs[0]", "'name'", "string")),
-        ([{"name": "w"}], ("output 'w'", "unknown output", "'x', 'y', 'z'")),
-        ([{"name": "x"}, {"name": "x"}], ("output 'x'", "more than once")),
+        ([{"name": "w"}], ("unexpected inference output 'w' for model 'two'", "'x', 'y', 'z'")),
+        (
+            [{"name": "x"}, {"name": "x"}],
+            ("[request id: <id_unknown>] output 'x' already exists in request",),
+        ),
         ([{"name": "x", "parameters": 1}], ("output 'x'", "'parameters'", "object")),
         (
             [{"name": "x", "parameters": {"binary_data": 1}}],
             ("output 'x'", "binary_data", "boolean"),
         ),
         (
-            [{"name": "x", "parameters": {"classification": 3}}],
-            ("output 'x'", "classification is not supported yet"),
+            [{"name": "z", "parameters": {"classification": 3}}],
+            ("class result not available for output due to unsupported type 'BYTES'", "'z'"),
         ),
         (
             [{"name": "x", "parameters": {"classification": "3"}}],
-            ("output 'x'", "classification", "string"),
+            ("Unable to set 'classification': output 'x'", "string"),
+        ),
+        (
+            [{"name": "x", "parameters": {"classification": -1}}],
+            ("Unable to set 'classification': output 'x'", "-1"),
+        ),
+        (
+            [
+                {
+                    "name": "x",
+                    "parameters": {
+                        "classification": 2,
+                        "shared_memory_region": "r",
+                        "shared_memory_byte_size": 8,
+                    },
+                }
+            ],
+            ("Output can't set both 'shared_memory_region' and 'classification'",),
         ),
         (
             [{"name": "x", "parameters": {"shared_memory_region": "r"}}],
@@ -640,14 +778,24 @@ def test_output_rejections(outputs: Any, fragments: tuple[str, ...]) -> None:
     rejects(json_request([good_a(), good_b()], outputs=outputs), None, *fragments)
 
 
-def test_tritonclient_classification_request_is_rejected() -> None:
+def test_tritonclient_classification_request() -> None:
     a = np.zeros((1, 4), np.float32)
     b = np.zeros((1, 1), np.int32)
-    outputs = [httpclient.InferRequestedOutput("x", class_count=2)]
+    outputs = [
+        httpclient.InferRequestedOutput("x", class_count=2),
+        httpclient.InferRequestedOutput("y", binary_data=False, class_count=7),
+        httpclient.InferRequestedOutput("z"),
+    ]
     body, size = client_body(
         [triton_input("a", a, "FP32"), triton_input("b", b, "INT32")], outputs=outputs
     )
-    rejects(body, size, "output 'x'", "classification is not supported yet")
+    request = parse(body, size)
+    assert request.outputs == [
+        RequestedOutput("x", True, classes=2),
+        RequestedOutput("y", False, classes=7),
+        RequestedOutput("z", True),
+    ]
+    assert request.classes == {"x": 2, "y": 7}
 
 
 def test_tritonclient_shared_memory_input_needs_a_registered_region() -> None:

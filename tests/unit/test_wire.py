@@ -66,6 +66,12 @@ def test_reply_round_trip_with_error() -> None:
             ),
             DATA_FIELD: b"1234",
         },
+        {HEADER_FIELD: msgpack.packb({"v": 2, "k": "1", "r": "x", "i": [], "o": [], "cl": [1]})},
+        {
+            HEADER_FIELD: msgpack.packb(
+                {"v": 2, "k": "1", "r": "x", "i": [], "o": ["y"], "cl": {"y": 0}}
+            )
+        },
     ],
 )
 def test_malformed_entries_are_rejected(fields: dict[bytes, bytes]) -> None:
