@@ -27,7 +27,7 @@ from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
 from gateway.routes import router
-from gateway.shm_registry import RegionRegistry, client_shm_allowed
+from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError, Unavailable
@@ -147,9 +147,7 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
             socket_timeout=timeout + 5,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
-        regions = RegionRegistry(
-            allowed=client_shm_allowed(settings), gateway_processes=settings.gateway_processes
-        )
+        regions = RegionRegistry.from_settings(settings)
         transfer = TensorTransfer.from_settings(settings, regions)
         dispatcher = RedisDispatcher(
             redis,

@@ -75,20 +75,32 @@ def _call(cudart: ModuleType, result: Any, what: str) -> Any:
 
 
 def open_cuda_region(name: str, raw_handle: bytes, device_id: int, byte_size: int) -> CudaRegion:
-    cudart = _runtime()
-    error, count = cudart.cudaGetDeviceCount()
-    if error != cudart.cudaError_t.cudaSuccess or count == 0:
-        raise Unsupported(f"{UNAVAILABLE}: no usable CUDA device ({error})")
-    if not 0 <= device_id < count:
-        raise InvalidInput(f"device_id {device_id} does not exist: this host has {count} GPUs")
-    _call(cudart, cudart.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
-    handle = cudart.cudaIpcMemHandle_t()
-    ctypes.memmove(handle.getPtr(), raw_handle, IPC_HANDLE_SIZE)
-    pointer = _call(
-        cudart,
-        cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
-        f"opening the CUDA IPC handle of region '{name}'",
-    )
+    """Errors start with Triton's text for them (GPUs not supported; invalid args)."""
+    try:
+        cudart = _runtime()
+        error, count = cudart.cudaGetDeviceCount()
+        if error != cudart.cudaError_t.cudaSuccess or count == 0:
+            raise Unsupported(f"{UNAVAILABLE}: no usable CUDA device ({error})")
+    except Unsupported as exc:
+        raise Unsupported(
+            f"failed to register CUDA shared memory region: '{name}', GPUs not supported: "
+            f"{exc.message}"
+        ) from None
+    try:
+        if not 0 <= device_id < count:
+            raise InvalidInput(f"device_id {device_id} does not exist: this host has {count} GPUs")
+        _call(cudart, cudart.cudaSetDevice(device_id), f"cudaSetDevice({device_id})")
+        handle = cudart.cudaIpcMemHandle_t()
+        ctypes.memmove(handle.getPtr(), raw_handle, IPC_HANDLE_SIZE)
+        pointer = _call(
+            cudart,
+            cudart.cudaIpcOpenMemHandle(handle, cudart.cudaIpcMemLazyEnablePeerAccess),
+            f"opening the CUDA IPC handle of region '{name}'",
+        )
+    except InvalidInput as exc:
+        raise InvalidInput(
+            f"failed to register shared memory region: invalid args: {exc.message}"
+        ) from None
     return CudaRegion(name, device_id, byte_size, int(pointer))
 
 

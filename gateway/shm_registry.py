@@ -3,23 +3,36 @@
 Regions live per gateway process, as they do per Triton server. A system region is
 (key, offset, byte_size) of a POSIX shm object on this host; tensors reference it by
 region name with an offset and a size relative to the region. System and CUDA regions
-share one name space, as in Triton. A region used by an in-flight request cannot be
-unregistered (400 "in use") until that request ends.
+share one name space, as in Triton. Error messages start with Triton's own text where
+Triton has one; Sluice's detail follows it.
+
+A request resolves its references to (key, offset, size) when it is parsed and needs
+the registry no more, so unregistering a region takes effect at once, even while
+requests that resolved it are in flight: they finish normally, new requests can no
+longer name it, and the name can be registered again.
+
+The key is checked when registered (a plain object: no link, see :func:`sluice.shm.opened`)
+and again by whoever opens it for a request, since its owner may replace it meanwhile.
 """
 
 from __future__ import annotations
 
-import os
-from collections import Counter
-from collections.abc import Iterator
-from contextlib import AbstractContextManager, contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
 from sluice.errors import Forbidden, InvalidInput, NotFound, Unsupported
 from sluice.settings import GatewaySettings
-from sluice.shm import ShmKeyError, close_quietly, is_reserved, map_object, object_path
+from sluice.shm import (
+    ObjectTooSmall,
+    ShmKeyError,
+    UnsafeObject,
+    opened,
+    read_object,
+    reserved_prefix,
+    write_object,
+)
 from sluice.wire import ShmRef
 
 
@@ -39,45 +52,60 @@ class SystemRegion:
         }
 
 
+_LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+def client_shm_refusal(settings: GatewaySettings) -> str:
+    """Why this gateway refuses client shared memory ("" when it accepts it):
+    SLUICE_ALLOW_CLIENT_SHM, or by default: accepted on loopback, or behind admin keys."""
+    if settings.allow_client_shm is False:
+        return "client shared memory is disabled on this gateway (SLUICE_ALLOW_CLIENT_SHM=false)"
+    if settings.allow_client_shm or settings.http_host in _LOOPBACK:
+        return ""
+    if settings.admin_keys.strip() or settings.admin_keys_file:
+        return ""
+    return (
+        f"this gateway does not accept client shared memory by default: it listens on "
+        f"{settings.http_host}, beyond loopback, without admin keys (set admin keys, or "
+        "SLUICE_ALLOW_CLIENT_SHM=true, to allow it)"
+    )
+
+
 def client_shm_allowed(settings: GatewaySettings) -> bool:
-    """SLUICE_ALLOW_CLIENT_SHM, or by default: on loopback, or behind admin keys."""
-    if settings.allow_client_shm is not None:
-        return settings.allow_client_shm
-    loopback = settings.http_host in ("127.0.0.1", "::1", "localhost")
-    return loopback or bool(settings.admin_keys.strip() or settings.admin_keys_file)
+    return not client_shm_refusal(settings)
 
 
-class _Held:
-    """Use counts of the regions one request references (a class: cheaper than a generator)."""
-
-    __slots__ = ("counts", "names")
-
-    def __init__(self, counts: Counter[str], names: list[str]) -> None:
-        self.counts, self.names = counts, names
-
-    def __enter__(self) -> None:
-        self.counts.update(self.names)
-
-    def __exit__(self, *_: object) -> None:
-        self.counts.subtract(self.names)
-        for name in self.names:
-            if self.counts[name] <= 0:
-                del self.counts[name]
-
-
-_NOTHING = nullcontext()
+_NOTHING_HELD = nullcontext()
 
 
 class RegionRegistry:
-    def __init__(self, allowed: bool = True, gateway_processes: int = 1) -> None:
-        """``allowed``: whether clients may register regions at all. Regions live in one
-        gateway process, so with several processes sharing the port a request could reach
-        one that never saw the registration: registering is refused there, clearly."""
-        self.allowed = allowed
+    def __init__(
+        self,
+        allowed: bool = True,
+        gateway_processes: int = 1,
+        *,
+        refusal: str = "",
+        max_input_bytes: int | None = None,
+    ) -> None:
+        """``allowed``: whether clients may register regions at all (``refusal`` says why
+        not). Regions live in one gateway process, so with several processes sharing the
+        port a request could reach one that never saw the registration: registering is
+        refused there, clearly. ``max_input_bytes``: the largest input a request may take
+        from a region (the gateway's body limit); outputs are limited by their region."""
+        self.allowed = allowed and not refusal
+        self.refusal = refusal or "client shared memory is disabled on this gateway"
         self.gateway_processes = gateway_processes
+        self.max_input_bytes = max_input_bytes
         self.system: dict[str, SystemRegion] = {}
         self.cuda: dict[str, CudaRegion] = {}
-        self._in_use: Counter[str] = Counter()
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> RegionRegistry:
+        return cls(
+            gateway_processes=settings.gateway_processes,
+            refusal=client_shm_refusal(settings),
+            max_input_bytes=settings.max_body_bytes,
+        )
 
     # -- registration ----------------------------------------------------------------------
 
@@ -90,54 +118,55 @@ class RegionRegistry:
             )
 
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._check_allowed()
         self._check_single_process()
-        self._check_free(name)
-        if is_reserved(key):
+        prefix = reserved_prefix(key)
+        if prefix:
+            owner = "Sluice's own segments" if prefix.startswith("sluice") else "Triton's"
             raise InvalidInput(
-                f"shared memory key '{key}' is reserved: keys starting with 'sluice-' name "
-                "Sluice's own segments"
+                f"cannot register shared memory region '{name}' with key '{key}' as the key "
+                f"contains the reserved prefix '{prefix}' ({owner})"
             )
+        self._check_free(name)
+        unable = f"Unable to open shared memory region: '{key}'"
         try:
-            path = object_path(key)
-            fd = os.open(path, os.O_RDWR)
-        except ShmKeyError as exc:
-            raise InvalidInput(f"cannot register region '{name}': {exc}") from None
+            with opened(key, writable=True) as (_, status):
+                size = status.st_size
         except FileNotFoundError:
+            raise InvalidInput(f"{unable}: no such object on the gateway's host") from None
+        except UnsafeObject as exc:
             raise InvalidInput(
-                f"cannot register region '{name}': shared memory key '{key}' does not exist "
-                f"on the gateway's host (no {path})"
+                f"{unable}: {exc}; a region must be a plain shared memory object"
             ) from None
+        except ShmKeyError as exc:
+            raise InvalidInput(f"{unable}: {exc}") from None
         except OSError as exc:
-            raise InvalidInput(
-                f"cannot register region '{name}': cannot open shared memory key '{key}': "
-                f"{exc.strerror}"
-            ) from None
-        try:
-            size = os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+            raise InvalidInput(f"{unable}: {exc.strerror or exc}") from None
         if offset + byte_size > size:
             raise InvalidInput(
-                f"cannot register region '{name}': offset {offset} + byte_size {byte_size} "
-                f"exceeds the {size} bytes of shared memory key '{key}'"
+                f"failed to register shared memory region '{name}': invalid args: offset "
+                f"{offset} + byte_size {byte_size} exceeds the {size} bytes of shared memory "
+                f"key '{key}'"
             )
         self.system[name] = SystemRegion(name, key, offset, byte_size)
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._check_allowed()
         self._check_single_process()
         self._check_free(name)
         self.cuda[name] = open_cuda_region(name, raw_handle, device_id, byte_size)
 
-    def _check_free(self, name: str) -> None:
+    def _check_allowed(self) -> None:
         if not self.allowed:
-            raise Forbidden(
-                "this gateway does not accept client shared memory: it listens beyond "
-                "loopback without admin keys (set SLUICE_ALLOW_CLIENT_SHM=true to allow it)"
-            )
+            raise Forbidden(self.refusal)
+
+    def _check_free(self, name: str) -> None:
         if name in self.system or name in self.cuda:
-            raise InvalidInput(f"shared memory region '{name}' is already registered")
+            raise InvalidInput(f"shared memory region '{name}' already in manager")
 
     def unregister_system(self, name: str | None) -> None:
+        """At once (as Triton, requests in flight keep what they resolved); an unknown
+        name is no error."""
         for region in self._take(self.system, name):
             del self.system[region.name]
 
@@ -146,36 +175,40 @@ class RegionRegistry:
             del self.cuda[region.name]
             close_cuda_region(region)
 
-    def _take(self, regions: dict[str, Any], name: str | None) -> list[Any]:
-        """The regions to unregister (none for an unknown name, as Triton); 400 if in use."""
+    @staticmethod
+    def _take(regions: dict[str, Any], name: str | None) -> list[Any]:
         names = list(regions) if name is None else [name] if name in regions else []
-        busy = [n for n in names if self._in_use[n]]
-        if busy:
-            listed = ", ".join(f"'{n}' ({self._in_use[n]} requests)" for n in busy)
-            raise InvalidInput(
-                f"shared memory region in use by in-flight requests: {listed}; "
-                "unregister it once they have finished"
-            )
         return [regions[n] for n in names]
 
     def system_status(self, name: str | None) -> list[dict[str, Any]]:
-        return [r.status() for r in self._select(self.system, name, "system")]
+        return [r.status() for r in self._select(self.system, self.cuda, name, "system", "CUDA")]
 
     def cuda_status(self, name: str | None) -> list[dict[str, Any]]:
-        return [r.status() for r in self._select(self.cuda, name, "CUDA")]
+        return [r.status() for r in self._select(self.cuda, self.system, name, "cuda", "system")]
 
     @staticmethod
-    def _select(regions: dict[str, Any], name: str | None, kind: str) -> list[Any]:
+    def _select(
+        regions: dict[str, Any], others: dict[str, Any], name: str | None, kind: str, other: str
+    ) -> list[Any]:
         if name is None:
             return list(regions.values())
+        if name in others:
+            this = "CUDA" if kind == "cuda" else kind
+            raise NotFound(
+                f"The region named '{name}' is registered as {other} shared memory, not {this} "
+                "shared memory"
+            )
         if name not in regions:
-            raise NotFound(f"no {kind} shared memory region '{name}' is registered")
+            raise NotFound(f"Unable to find {kind} shared memory region: '{name}'")
         return [regions[name]]
 
     # -- use by requests -------------------------------------------------------------------
 
-    def resolve(self, label: str, name: str, offset: int, byte_size: int) -> ShmRef:
-        """Where ``byte_size`` bytes at ``offset`` of region ``name`` are; 400 if they are not."""
+    def resolve(
+        self, label: str, name: str, offset: int, byte_size: int, *, output: bool = False
+    ) -> ShmRef:
+        """Where ``byte_size`` bytes at ``offset`` of region ``name`` are; 400 if they are
+        not. An input (not ``output``) may not be larger than ``max_input_bytes``."""
         region = self.system.get(name)
         if region is None:
             if name in self.cuda:
@@ -189,35 +222,43 @@ class RegionRegistry:
                 f"{label}: shared memory offset {offset} + byte size {byte_size} is beyond "
                 f"the {region.byte_size} bytes of region '{name}'"
             )
+        limit = self.max_input_bytes
+        if not output and limit is not None and byte_size > limit:
+            raise InvalidInput(
+                f"{label}: {byte_size} bytes in shared memory region '{name}' exceed the "
+                f"gateway's limit of {limit} bytes per input (SLUICE_MAX_BODY_BYTES)"
+            )
         return ShmRef(region.key, region.offset + offset, byte_size)
 
     def in_use(self, names: list[str]) -> AbstractContextManager[None]:
-        """Hold the regions for the duration of one request."""
-        return _Held(self._in_use, names) if names else _NOTHING
+        """Nothing to hold: requests keep the references they resolved (kept for callers)."""
+        return _NOTHING_HELD
 
-    @contextmanager
-    def mapped(self, label: str, region: str, ref: ShmRef) -> Iterator[memoryview]:
-        """The referenced bytes, mapped for the gateway's own use (validation, several hosts)."""
-        if ref.byte_size == 0:
-            yield memoryview(bytearray())
-            return
+    @staticmethod
+    def read(label: str, region: str, ref: ShmRef) -> memoryview:
+        """A copy of the referenced bytes for the gateway's own use (BYTES validation,
+        several hosts): ``pread``, never a mapping, so a client that shrinks its object
+        fails this request and nothing else. Blocking and touching no registry state:
+        call it from a worker thread when the bytes are many."""
         try:
-            mapping, _ = map_object(ref.key, writable=True)
+            return read_object(ref.key, ref.offset, ref.byte_size)
         except (OSError, ValueError) as exc:
-            raise InvalidInput(
-                f"{label}: cannot map shared memory key '{ref.key}' of region '{region}': {exc}"
-            ) from None
+            raise _refused(label, region, ref, exc) from None
+
+    @staticmethod
+    def write(label: str, region: str, ref: ShmRef, data: bytes | memoryview) -> None:
+        """Copy ``data`` to the start of the referenced bytes (``pwrite``)."""
         try:
-            end = ref.offset + ref.byte_size
-            if end > len(mapping):
-                raise InvalidInput(
-                    f"{label}: region '{region}' reaches byte {end} of shared memory key "
-                    f"'{ref.key}', which now holds only {len(mapping)} bytes"
-                )
-            view = memoryview(mapping)[ref.offset : end]
-            try:
-                yield view
-            finally:
-                view.release()
-        finally:
-            close_quietly(mapping)
+            write_object(ref.key, ref.offset, data)
+        except (OSError, ValueError) as exc:
+            raise _refused(label, region, ref, exc) from None
+
+
+def _refused(label: str, region: str, ref: ShmRef, exc: OSError | ValueError) -> InvalidInput:
+    where = f"shared memory key '{ref.key}' of region '{region}'"
+    if isinstance(exc, FileNotFoundError):
+        return InvalidInput(f"{label}: {where} no longer exists")
+    if isinstance(exc, ObjectTooSmall | UnsafeObject | ShmKeyError):
+        return InvalidInput(f"{label}: {where} is refused: {exc}")
+    detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return InvalidInput(f"{label}: cannot use {where}: {detail}")

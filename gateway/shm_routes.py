@@ -51,10 +51,11 @@ async def _register_body(request: Request, name: str) -> dict[str, Any]:
 
 def _natural(document: dict[str, Any], field: str, name: str, default: int | None = None) -> int:
     value = document.get(field, default)
+    if value is None:
+        raise InvalidInput(f"Shared memory register request has no '{field}' field")
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        shown = "missing" if value is None else repr(value)
         raise InvalidInput(
-            f"register region '{name}': '{field}' must be a non-negative integer, got {shown}"
+            f"register region '{name}': '{field}' must be a non-negative integer, got {value!r}"
         )
     return value
 
@@ -73,6 +74,8 @@ async def system_status(request: Request, name: str) -> Response:
 async def system_register(request: Request, name: str) -> Response:
     document = await _register_body(request, name)
     key = document.get("key")
+    if key is None:
+        raise InvalidInput("Shared memory register request has no 'key' field")
     if not isinstance(key, str) or not key:
         raise InvalidInput(f"register region '{name}': 'key' must be a non-empty string")
     offset = _natural(document, "offset", name, 0)

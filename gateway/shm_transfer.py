@@ -21,7 +21,7 @@ from sluice.errors import InferenceFailed, InvalidInput
 from sluice.settings import GatewaySettings
 from sluice.shm import (
     close_quietly,
-    map_object,
+    map_segment,
     new_segment_name,
     segment_prefix,
     unlink,
@@ -100,10 +100,9 @@ class TensorTransfer:
             return headers, parts[0], segment
         return headers, b"".join([part for part in parts if part is not None]), segment
 
-    def _read_region(self, tensor: InputTensor) -> bytes:
+    def _read_region(self, tensor: InputTensor) -> memoryview:
         assert tensor.shm is not None
-        with self.regions.mapped(f"input '{tensor.name}'", tensor.region, tensor.shm) as view:
-            return bytes(view)
+        return self.regions.read(f"input '{tensor.name}'", tensor.region, tensor.shm)
 
     def _write_segment(self, buffers: list[bytes | memoryview]) -> str | None:
         """A new segment holding ``buffers``; None if /dev/shm refuses it (then the bytes
@@ -149,7 +148,7 @@ class TensorTransfer:
                 f"output '{header.name}': the reply references unexpected shared memory '{ref.key}'"
             )
         try:
-            mapping, _ = map_object(ref.key)
+            mapping = map_segment(ref.key)
         except (OSError, ValueError) as exc:
             raise InferenceFailed(
                 f"output '{header.name}': cannot read the worker's segment: {exc}"
@@ -173,8 +172,7 @@ class TensorTransfer:
             )
         if chunk is not None:
             label = f"output '{header.name}'"
-            with self.regions.mapped(label, target.region, target.shm) as view:
-                view[: header.nbytes] = chunk
+            self.regions.write(label, target.region, target.shm, chunk[: header.nbytes])
         return OutputTensor(
             header.name,
             header.datatype,

@@ -270,22 +270,23 @@ def test_bad_references_are_clear_400s_and_the_worker_keeps_serving(
     rejected(
         lambda: client.register_system_shared_memory("small", key, 64),
         "400",
-        "region 'small' is already registered",
+        "shared memory region 'small' already in manager",
     )
     rejected(
         lambda: client.register_system_shared_memory("missing", "/shmtest-does-not-exist", 8),
         "400",
-        "'/shmtest-does-not-exist' does not exist",
+        "Unable to open shared memory region: '/shmtest-does-not-exist'",
     )
     rejected(
         lambda: client.register_system_shared_memory("huge", key, 100, offset=64),
         "400",
+        "failed to register shared memory region 'huge': invalid args",
         "offset 64 + byte_size 100 exceeds the 128 bytes",
     )
     rejected(
         lambda: client.register_system_shared_memory("theirs", "/sluice-x-1-in-0", 8),
         "400",
-        "reserved",
+        "as the key contains the reserved prefix 'sluice-'",
     )
     assert [row["name"] for row in client.get_system_shared_memory_status()] == ["small"]
     assert_serving(client)
@@ -384,7 +385,7 @@ def in_background(stack: Stack, call: Call) -> tuple[threading.Thread, dict[str,
     return thread, outcome
 
 
-def test_a_region_in_use_cannot_be_unregistered(
+def test_a_region_in_use_is_unregistered_at_once_and_its_requests_finish(
     client: httpclient.InferenceServerClient, region: Region, shm_stack: Stack
 ) -> None:
     data = RNG.standard_normal((1, 16)).astype(np.float32)
@@ -396,16 +397,18 @@ def test_a_region_in_use_cannot_be_unregistered(
             shm_stack, lambda other: other.infer("ident", [shm_input("IN_FP32", data, "busy")])
         )
         queued_entry(shm_stack, "ident")
+        client.unregister_system_shared_memory("busy")  # accepted while a request holds it
+        assert client.get_system_shared_memory_status() == []
         rejected(
-            lambda: client.unregister_system_shared_memory("busy"),
+            lambda: client.infer("ident", [shm_input("IN_FP32", data, "busy")]),
             "400",
-            "in use",
-            "'busy' (1 requests)",
+            "unknown shared memory region 'busy'",
         )
-        rejected(lambda: client.unregister_system_shared_memory(), "400", "in use")
+        client.register_system_shared_memory("busy", key_of(handle), data.nbytes)  # free again
+        client.unregister_system_shared_memory()
     thread.join(10)
+    assert "error" not in outcome, outcome
     np.testing.assert_array_equal(outcome["result"].as_numpy("OUT_FP32"), data)
-    client.unregister_system_shared_memory("busy")
     assert client.get_system_shared_memory_status() == []
 
 

@@ -1,8 +1,10 @@
 """Shared memory pieces in isolation: segments and the sweeper, the wire references,
-the gateway's registry and transfer decisions, the worker's mappings and batching."""
+the gateway's registry and transfer decisions, the worker's access and batching, and
+what a client's object may not be (a link, a FIFO, too small, too large)."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
@@ -10,22 +12,23 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import msgpack
 import numpy as np
 import pytest
 
 from gateway.infer_request import InputTensor, RequestedOutput
-from gateway.shm_registry import RegionRegistry, client_shm_allowed
+from gateway.shm_registry import RegionRegistry, client_shm_allowed, client_shm_refusal
 from gateway.shm_transfer import TensorTransfer
 from sluice.config import parse_config_text
 from sluice.datatypes import to_buffer
-from sluice.errors import Forbidden, InferenceFailed, InvalidInput, NotFound
-from sluice.settings import GatewaySettings
+from sluice.errors import Forbidden, InferenceFailed, InvalidInput, NotFound, Unsupported
+from sluice.settings import GatewaySettings, WorkerSettings
 from sluice.shm import (
     SHM_DIR,
     ShmKeyError,
-    map_object,
+    map_segment,
     new_segment_name,
     object_name,
     pid_namespace,
@@ -46,9 +49,11 @@ from sluice.wire import (
     encode_reply,
     encode_request,
 )
-from workers import shm_io
+from workers.backends.base import Placement
 from workers.batching import PendingRequest, combine, shape_key, split, validate
-from workers.shm_io import Mappings
+from workers.replies import Timing
+from workers.shm_io import SharedObjects
+from workers.worker import Worker
 
 # -------------------------------------------------------------------- sluice.shm
 
@@ -67,7 +72,7 @@ def test_segment_names_carry_namespace_creator_and_kind(tmp_path: Path) -> None:
     name = new_segment_name(prefix, "in")
     assert name.startswith(f"{prefix}{os.getpid()}-in-")
     assert write_segment(name, [b"abc", memoryview(b"de")], tmp_path) == 5
-    mapping, _ = map_object(name, directory=tmp_path)
+    mapping = map_segment(name, directory=tmp_path)
     assert bytes(mapping) == b"abcde"
     mapping.close()
     with pytest.raises(FileExistsError):
@@ -222,18 +227,44 @@ def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> None:
     assert registry.system_status(None) == [
         {"name": "r", "key": key, "offset": 1024, "byte_size": 2048}
     ]
-    with pytest.raises(InvalidInput, match="already registered"):
+    # Triton's texts first, Sluice's detail after them.
+    with pytest.raises(InvalidInput, match=r"^shared memory region 'r' already in manager$"):
         registry.register_system("r", key, 0, 8)
-    with pytest.raises(InvalidInput, match="does not exist"):
+    with pytest.raises(
+        InvalidInput,
+        match=r"^Unable to open shared memory region: '/shmtest-missing': no such object",
+    ):
         registry.register_system("s", "/shmtest-missing", 0, 8)
-    with pytest.raises(InvalidInput, match="exceeds the 4096 bytes"):
+    with pytest.raises(
+        InvalidInput,
+        match=r"^failed to register shared memory region 's': invalid args: offset 4000 \+ "
+        r"byte_size 100 exceeds the 4096 bytes",
+    ):
         registry.register_system("s", key, 4000, 100)
-    with pytest.raises(InvalidInput, match="reserved"):
-        registry.register_system("s", "/sluice-ns-1-in-x", 0, 8)
-    with pytest.raises(InvalidInput, match="not a valid"):
+    for reserved, prefix in (
+        ("/sluice-ns-1-in-x", "sluice-"),
+        ("triton_python_backend_shm_region_7", "triton_python_backend_shm_region_"),
+        ("//triton_python_backend_shm_region_7", "triton_python_backend_shm_region_"),
+    ):
+        with pytest.raises(
+            InvalidInput,
+            match=f"^cannot register shared memory region 's' with key '{reserved}' as the key "
+            f"contains the reserved prefix '{prefix}'",
+        ):
+            registry.register_system("s", reserved, 0, 8)
+    with pytest.raises(
+        InvalidInput, match=r"^Unable to open shared memory region: '/a/b': .*valid"
+    ):
         registry.register_system("s", "/a/b", 0, 8)
-    with pytest.raises(NotFound):
+    with pytest.raises(NotFound, match=r"^Unable to find system shared memory region: 's'$"):
         registry.system_status("s")
+    with pytest.raises(
+        NotFound,
+        match=r"^The region named 'r' is registered as system shared memory, not CUDA shared ",
+    ):
+        registry.cuda_status("r")
+    with pytest.raises(NotFound, match=r"^Unable to find cuda shared memory region: 'q'$"):
+        registry.cuda_status("q")
 
 
 @pytest.mark.parametrize(
@@ -252,9 +283,30 @@ def test_client_shared_memory_is_off_where_anyone_could_register(
     explicit = {"http_host": "127.0.0.1", "admin_keys": "", "admin_keys_file": ""}
     gateway = GatewaySettings(**{**explicit, "allow_client_shm": None, **settings})  # type: ignore[arg-type]
     assert client_shm_allowed(gateway) is allowed
+    registry = RegionRegistry.from_settings(gateway)
+    assert registry.allowed is allowed
     if not allowed:
-        with pytest.raises(Forbidden, match="SLUICE_ALLOW_CLIENT_SHM"):
-            RegionRegistry(allowed=False).register_system("r", shm_object[0], 0, 8)
+        with pytest.raises(Forbidden, match="SLUICE_ALLOW_CLIENT_SHM") as info:
+            registry.register_system("r", shm_object[0], 0, 8)
+        # The reason given is the true one: disabled explicitly, or the default beyond loopback.
+        explicitly = settings.get("allow_client_shm") is False
+        assert ("disabled" in info.value.message) is explicitly, info.value.message
+        assert ("beyond loopback" in info.value.message) is not explicitly, info.value.message
+    else:
+        registry.register_system("r", shm_object[0], 0, 8)
+
+
+def test_the_refusal_says_why() -> None:
+    def refusal(**settings: object) -> str:
+        base = {"http_host": "127.0.0.1", "admin_keys": "", "admin_keys_file": ""}
+        return client_shm_refusal(GatewaySettings(**{**base, **settings}))  # type: ignore[arg-type]
+
+    assert refusal(allow_client_shm=False) == (
+        "client shared memory is disabled on this gateway (SLUICE_ALLOW_CLIENT_SHM=false)"
+    )
+    beyond = refusal(http_host="0.0.0.0", allow_client_shm=None)
+    assert "listens on 0.0.0.0, beyond loopback, without admin keys" in beyond
+    assert refusal(allow_client_shm=None) == ""
 
 
 def test_references_resolve_within_the_region(shm_object: tuple[str, Path]) -> None:
@@ -266,21 +318,41 @@ def test_references_resolve_within_the_region(shm_object: tuple[str, Path]) -> N
         registry.resolve("input 'x'", "q", 0, 4)
     with pytest.raises(InvalidInput, match=r"offset 2000 \+ byte size 64 is beyond the 2048"):
         registry.resolve("input 'x'", "r", 2000, 64)
+    for offset, size in ((0, 10**30), (10**30, 0), (2**64 - 1, 2**64 - 1)):
+        with pytest.raises(InvalidInput, match="input 'x'"):
+            registry.resolve("input 'x'", "r", offset, size)
 
 
-def test_regions_in_use_cannot_be_unregistered(shm_object: tuple[str, Path]) -> None:
+def test_shared_memory_inputs_are_limited_outputs_are_not(shm_object: tuple[str, Path]) -> None:
     key, _ = shm_object
+    registry = RegionRegistry(max_input_bytes=1000)
+    registry.register_system("r", key, 0, 4096)
+    assert registry.resolve("input 'x'", "r", 0, 1000) == ShmRef(key, 0, 1000)
+    with pytest.raises(
+        InvalidInput,
+        match=r"^input 'x': 1001 bytes in shared memory region 'r' exceed the gateway's limit "
+        r"of 1000 bytes per input \(SLUICE_MAX_BODY_BYTES\)$",
+    ):
+        registry.resolve("input 'x'", "r", 0, 1001)
+    assert registry.resolve("output 'y'", "r", 0, 4096, output=True) == ShmRef(key, 0, 4096)
+
+
+def test_regions_in_use_are_unregistered_at_once(shm_object: tuple[str, Path]) -> None:
+    key, path = shm_object
+    path.write_bytes(b"\x05" * 4096)
     registry = RegionRegistry()
     registry.register_system("r", key, 0, 64)
     registry.register_system("s", key, 0, 64)
     with registry.in_use(["r", "r"]):
-        with pytest.raises(InvalidInput, match=r"'r' \(2 requests\)"):
-            registry.unregister_system("r")
-        with pytest.raises(InvalidInput, match="in use"):
-            registry.unregister_system(None)
-        registry.unregister_system("s")
+        ref = registry.resolve("input 'x'", "r", 8, 4)
+        registry.unregister_system("r")
+        assert [row["name"] for row in registry.system_status(None)] == ["s"]
+        with pytest.raises(InvalidInput, match="unknown shared memory region 'r'"):
+            registry.resolve("input 'x'", "r", 8, 4)
+        assert registry.read("input 'x'", "r", ref) == b"\x05" * 4  # what was resolved stays
+        registry.register_system("r", key, 64, 64)  # the name is free again
+        registry.unregister_system(None)
     registry.unregister_system("unknown")  # as Triton: nothing to do
-    registry.unregister_system(None)
     assert registry.system_status(None) == []
 
 
@@ -396,31 +468,83 @@ def test_reply_outputs_from_segments_regions_and_inline(
 # ------------------------------------------------------------------- the worker
 
 
-def test_mappings_are_cached_bounded_and_follow_replaced_objects(
-    shm_object: tuple[str, Path], tmp_path: Path
+def test_the_worker_copies_client_objects_and_follows_replaced_ones(
+    shm_object: tuple[str, Path],
 ) -> None:
     key, path = shm_object
-    mappings = Mappings(capacity=2)
+    objects = SharedObjects()
     path.write_bytes(b"a" * 4096)
-    assert bytes(mappings.view(ShmRef(key, 10, 4), "input 'x'")) == b"aaaa"
+    assert objects.read(ShmRef(key, 10, 4), "input 'x'") == b"aaaa"
     path.unlink()
     path.write_bytes(b"b" * 4096)  # replaced: another inode under the same key
-    assert bytes(mappings.view(ShmRef(key, 10, 4), "input 'x'")) == b"bbbb"
-    assert len(mappings) == 1
-    others = []
-    for index in range(3):
-        other = SHM_DIR / f"shmtest-{uuid.uuid4().hex}"
-        other.write_bytes(bytes([index]) * 16)
-        others.append(other)
-        mappings.view(ShmRef(other.name, 0, 16), "input 'x'")
-    assert len(mappings) == 2
-    for other in others:
-        other.unlink()
+    assert objects.read(ShmRef(key, 10, 4), "input 'x'") == b"bbbb"
+    objects.write(ShmRef(key, 100, 8), memoryview(b"12345678"), "output 'y'")
+    assert path.read_bytes()[96:112] == b"bbbb12345678bbbb"
     with pytest.raises(InvalidInput, match="does not exist"):
-        mappings.check(ShmRef("shmtest-missing", 0, 1), "input 'x'")
+        objects.check(ShmRef("shmtest-missing", 0, 1), "input 'x'")
     with pytest.raises(InvalidInput, match="holds 4096 bytes, the tensor reaches byte 5000"):
-        mappings.check(ShmRef(key, 4000, 1000), "input 'x'")
-    mappings.close()
+        objects.check(ShmRef(key, 4000, 1000), "input 'x'")
+    with open(path, "r+b") as shrink:
+        shrink.truncate(64)  # a client shrank its object: an error, no SIGBUS
+    for call in (
+        lambda: objects.read(ShmRef(key, 10, 100), "input 'x'"),
+        lambda: objects.write(ShmRef(key, 10, 100), bytes(100), "output 'y'"),
+    ):
+        with pytest.raises(InvalidInput, match="holds 64 bytes, the tensor reaches byte 110"):
+            call()
+    for offset, size in ((0, 10**30), (10**30, 8), (2**63, 2**63)):  # no OverflowError
+        with pytest.raises(InvalidInput, match=f"reaches byte {offset + size}"):
+            objects.read(ShmRef(key, offset, size), "input 'x'")
+        with pytest.raises(InvalidInput, match=f"reaches byte {offset + size}"):
+            objects.check(ShmRef(key, offset, size), "input 'x'")
+    assert path.stat().st_size == 64
+
+
+@pytest.fixture
+def not_plain(tmp_path: Path) -> Iterator[dict[str, Path]]:
+    """Names under /dev/shm that a region may not be: links, a FIFO, a directory."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"s" * 64)
+    plain = SHM_DIR / f"shmtest-{uuid.uuid4().hex}"
+    plain.write_bytes(b"p" * 64)
+    names = {kind: SHM_DIR / f"shmtest-{kind}-{uuid.uuid4().hex}" for kind in _NOT_PLAIN}
+    names["symlink"].symlink_to(secret)
+    names["symlink_to_object"].symlink_to(plain)
+    os.link(plain, names["hard_link"])
+    os.mkfifo(names["fifo"])
+    names["directory"].mkdir()
+    yield names
+    for path in names.values():
+        if path.is_dir() and not path.is_symlink():
+            path.rmdir()
+        else:
+            path.unlink()
+    plain.unlink()
+
+
+_NOT_PLAIN = ("symlink", "symlink_to_object", "hard_link", "fifo", "directory")
+
+
+@pytest.mark.parametrize("kind", _NOT_PLAIN)
+def test_a_region_must_be_a_plain_object(kind: str, not_plain: dict[str, Path]) -> None:
+    key = "/" + not_plain[kind].name
+    why = {"symlink": "symbolic link", "symlink_to_object": "symbolic link"}.get(kind, "")
+    why = why or ("hard link" if kind == "hard_link" else "(not a regular file|Is a directory)")
+    with pytest.raises(
+        InvalidInput, match=f"^Unable to open shared memory region: '{key}': .*{why}"
+    ):
+        RegionRegistry().register_system("r", key, 0, 0)  # a FIFO must not hang it either
+    ref = ShmRef(key, 0, 8)
+    objects = SharedObjects()
+    for call in (
+        lambda: objects.check(ref, "input 'x'"),
+        lambda: objects.read(ref, "input 'x'"),
+        lambda: objects.write(ref, b"12345678", "output 'y'"),
+        lambda: RegionRegistry.read("input 'x'", "r", ref),
+        lambda: RegionRegistry.write("output 'y'", "r", ref, b"12345678"),
+    ):
+        with pytest.raises(InvalidInput, match=f"'{key}'.*: .*{why}"):
+            call()
 
 
 CONFIG = parse_config_text(
@@ -502,13 +626,67 @@ def test_worker_reads_and_writes_regions_and_makes_output_segments(
         InvalidInput, match="input 'x': shared memory key 'shmtest-gone' does not exist"
     ):
         validate(gone, CONFIG)
-    shm_io.MAPPINGS.close()
+
+
+class _Identity:
+    def infer(
+        self, inputs: dict[str, np.ndarray], outputs: list[str], request_sizes: object = None
+    ) -> dict[str, np.ndarray]:
+        return {"y": inputs["x"]}
+
+
+def test_a_region_that_changed_since_validation_fails_only_its_request(
+    shm_object: tuple[str, Path], tmp_path: Path
+) -> None:
+    key, path = shm_object
+    path.write_bytes(np.full(1024, 3, np.float32).tobytes())
+    requests = []
+    for name in ("a", "b", "c"):
+        message = RequestMessage(
+            name, "r", [TensorHeader("x", "FP32", (1, 4), 16, ShmRef(key, 0, 16))], ["y"]
+        )
+        validate(message, CONFIG)
+        requests.append(
+            PendingRequest(b"0-1", message, memoryview(b""), 1, shape_key(message, CONFIG))
+        )
+    other = SHM_DIR / f"shmtest-{uuid.uuid4().hex}"
+    try:
+        other.symlink_to(tmp_path / "anything")  # b's key is a link by the time it is read
+        requests[1].message.inputs[0].shm = ShmRef(other.name, 0, 16)
+        worker = Worker(WorkerSettings(), CONFIG, 1, tmp_path, Placement())
+        results = worker._compute(requests, _Identity(), Timing())  # type: ignore[arg-type]
+    finally:
+        other.unlink()
+    assert isinstance(results[1], InvalidInput) and "symbolic link" in results[1].message
+    for result in (results[0], results[2]):
+        assert not isinstance(result, Exception)
+        _, payload = result
+        assert np.frombuffer(payload, np.float32).tolist() == [3.0] * 4
+
+
+def test_cuda_registration_errors_start_with_tritons_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    registry = RegionRegistry()
+    handle = b"\x01" * 64
+    if importlib.util.find_spec("cuda") is None:  # the machine that runs the tests, usually
+        with pytest.raises(
+            Unsupported,
+            match=r"^failed to register CUDA shared memory region: 'gpu', GPUs not supported: "
+            r"CUDA shared memory needs an NVIDIA GPU",
+        ):
+            registry.register_cuda("gpu", handle, 0, 1024)
+    success = SimpleNamespace(cudaSuccess=0)
+    one_gpu = SimpleNamespace(cudaError_t=success, cudaGetDeviceCount=lambda: (0, 1))
+    monkeypatch.setattr("gateway.cuda_shm._runtime", lambda: one_gpu)
+    with pytest.raises(
+        InvalidInput,
+        match=r"^failed to register shared memory region: invalid args: device_id 3 does not "
+        r"exist: this host has 1 GPUs$",
+    ):
+        registry.register_cuda("gpu", handle, 3, 1024)
+    assert registry.cuda_status(None) == []
 
 
 def test_registering_with_several_gateway_processes_is_refused_clearly() -> None:
-    from gateway.shm_registry import RegionRegistry
-    from sluice.errors import Unsupported
-
     registry = RegionRegistry(allowed=True, gateway_processes=2)
     with pytest.raises(Unsupported, match="gateway-processes 1"):
         registry.register_system("r", "/some-key", 0, 16)
