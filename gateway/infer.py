@@ -95,9 +95,7 @@ async def run_infer(
     max_queue = (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size
     now_ns = time.time_ns()
     stream = state.keys.request_stream(model, number, level)
-    regions = parsed.regions
-    admit = state.admission.admit(model, number, max_queue, parsed.id)
-    with state.regions.in_use(regions), admit:
+    with state.admission.admit(model, number, max_queue, parsed.id):
         headers, payload, segment = await _off_loop(heavy, lambda: transfer.pack(parsed.inputs))
         try:
             message = RequestMessage(
@@ -112,7 +110,7 @@ async def run_infer(
                 parameters={
                     k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")
                 },
-                output_regions=transfer.output_regions(parsed.outputs) if regions else {},
+                output_regions=transfer.output_regions(parsed.outputs),
                 segment_prefix=transfer.message_prefix,
                 segment_min_bytes=transfer.segment_min_bytes,
                 classes=parsed.classes or {},

@@ -96,12 +96,6 @@ class InferRequest:
     # Output name -> class count, for outputs asked to classify (None: none asked).
     classes: dict[str, int] | None = None
 
-    @property
-    def regions(self) -> list[str]:
-        """Names of the shared memory regions the request references."""
-        names = [t.region for t in self.inputs if t.region]
-        return names + [o.region for o in self.outputs if o.region]
-
 
 @dataclass(frozen=True, slots=True)
 class RequestLimits:

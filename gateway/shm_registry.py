@@ -17,7 +17,6 @@ and again by whoever opens it for a request, since its owner may replace it mean
 
 from __future__ import annotations
 
-from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,9 +72,6 @@ def client_shm_refusal(settings: GatewaySettings) -> str:
 
 def client_shm_allowed(settings: GatewaySettings) -> bool:
     return not client_shm_refusal(settings)
-
-
-_NOTHING_HELD = nullcontext()
 
 
 class RegionRegistry:
@@ -229,10 +225,6 @@ class RegionRegistry:
                 f"gateway's limit of {limit} bytes per input (SLUICE_MAX_BODY_BYTES)"
             )
         return ShmRef(region.key, region.offset + offset, byte_size)
-
-    def in_use(self, names: list[str]) -> AbstractContextManager[None]:
-        """Nothing to hold: requests keep the references they resolved (kept for callers)."""
-        return _NOTHING_HELD
 
     @staticmethod
     def read(label: str, region: str, ref: ShmRef) -> memoryview:

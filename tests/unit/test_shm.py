@@ -343,15 +343,14 @@ def test_regions_in_use_are_unregistered_at_once(shm_object: tuple[str, Path]) -
     registry = RegionRegistry()
     registry.register_system("r", key, 0, 64)
     registry.register_system("s", key, 0, 64)
-    with registry.in_use(["r", "r"]):
-        ref = registry.resolve("input 'x'", "r", 8, 4)
-        registry.unregister_system("r")
-        assert [row["name"] for row in registry.system_status(None)] == ["s"]
-        with pytest.raises(InvalidInput, match="unknown shared memory region 'r'"):
-            registry.resolve("input 'x'", "r", 8, 4)
-        assert registry.read("input 'x'", "r", ref) == b"\x05" * 4  # what was resolved stays
-        registry.register_system("r", key, 64, 64)  # the name is free again
-        registry.unregister_system(None)
+    ref = registry.resolve("input 'x'", "r", 8, 4)  # a request holds this reference
+    registry.unregister_system("r")
+    assert [row["name"] for row in registry.system_status(None)] == ["s"]
+    with pytest.raises(InvalidInput, match="unknown shared memory region 'r'"):
+        registry.resolve("input 'x'", "r", 8, 4)
+    assert registry.read("input 'x'", "r", ref) == b"\x05" * 4  # what was resolved stays
+    registry.register_system("r", key, 64, 64)  # the name is free again
+    registry.unregister_system(None)
     registry.unregister_system("unknown")  # as Triton: nothing to do
     assert registry.system_status(None) == []
 
