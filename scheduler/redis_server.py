@@ -1,7 +1,13 @@
-"""A private redis-server for ``sluice up`` when no SLUICE_REDIS_URL is given."""
+"""A private redis-server for ``sluice up`` when no SLUICE_REDIS_URL is given.
+
+``sluice up`` supervises it: when it dies it is started again on the same port, empty
+(it keeps nothing on disk); the catalog is published again and the gateway and the
+workers reconnect by themselves (see CatalogKeeper in :mod:`scheduler.up`).
+"""
 
 from __future__ import annotations
 
+import logging
 import shutil
 import socket
 import subprocess
@@ -12,6 +18,10 @@ from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError
+
+from scheduler.supervisor import Backoff, die_with_parent
+
+log = logging.getLogger(__name__)
 
 INSTALL_HINT = (
     "redis-server was not found on PATH. Install it "
@@ -38,6 +48,10 @@ class RedisServer:
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sluice-redis-")))
+    backoff: Backoff = field(default_factory=Backoff)
+    started_at: float = 0.0
+    restart_at: float | None = None
+    """When it exited: when to start it again."""
 
     @property
     def url(self) -> str:
@@ -66,7 +80,9 @@ class RedisServer:
             ],
             stdout=subprocess.DEVNULL,
             start_new_session=True,
+            preexec_fn=die_with_parent,
         )
+        self.started_at = time.monotonic()
         deadline = time.monotonic() + timeout_s
         client = Redis.from_url(self.url, socket_connect_timeout=0.5)
         try:
@@ -82,6 +98,32 @@ class RedisServer:
                     time.sleep(0.05)
         finally:
             client.close()
+
+    def tick(self) -> None:
+        """Start redis-server again on its port if it exited; call periodically."""
+        if self.process is None:
+            return
+        now = time.monotonic()
+        if self.restart_at is None:
+            code = self.process.poll()
+            if code is None:
+                return
+            delay = self.backoff.delay_after(now - self.started_at)
+            self.restart_at = now + delay
+            log.warning(
+                "redis-server exited with status %d; restarting it on port %d%s",
+                code,
+                self.port,
+                f" in {delay:.1f} s" if delay else "",
+            )
+        if now >= self.restart_at:
+            self.restart_at = None
+            try:
+                self.start()
+            except RuntimeError as exc:  # it exited again: the next tick backs off
+                log.error("%s", exc)
+            else:
+                log.info("redis-server is back at %s", self.url)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -1,7 +1,9 @@
 """Boring process supervision: start children, reap the dead, respawn with back-off.
 
 A child that exits with a permanent-failure status (a model that cannot load)
-is not respawned. Stopping sends SIGTERM to all, waits, then kills the rest.
+is not respawned. A child that ran healthily for a while and then died is restarted at
+once; one that keeps dying soon after its start is restarted with a growing delay.
+Stopping sends SIGTERM to all, waits, then kills the rest.
 """
 
 from __future__ import annotations
@@ -20,9 +22,27 @@ log = logging.getLogger(__name__)
 
 _PR_SET_PDEATHSIG = 1
 _MAX_BACKOFF_S = 30.0
+HEALTHY_AFTER_S = 10.0
+"""A child that ran this long before it exited was healthy: its back-off starts over."""
 
 
-def _die_with_parent() -> None:
+@dataclass
+class Backoff:
+    """Restart delays: none for the first exit after a healthy run, then 0.5, 1, 2 ... s
+    (at most 30 s) while the process keeps exiting within ``healthy_after_s`` of its start."""
+
+    healthy_after_s: float = HEALTHY_AFTER_S
+    failures: int = 0
+
+    def delay_after(self, ran_for_s: float) -> float:
+        if ran_for_s >= self.healthy_after_s:
+            self.failures = 0
+        delay = 0.0 if self.failures == 0 else min(_MAX_BACKOFF_S, 0.25 * 2**self.failures)
+        self.failures += 1
+        return delay
+
+
+def die_with_parent() -> None:
     """Children get SIGTERM when the supervisor dies, even by SIGKILL (Linux)."""
     with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
@@ -41,7 +61,8 @@ class ChildSpec:
 class Child:
     spec: ChildSpec
     process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
+    backoff: Backoff = field(default_factory=Backoff)
+    started_at: float = 0.0
     restart_at: float = 0.0
     failed: bool = False
     exit_codes: list[int] = field(default_factory=list)
@@ -52,8 +73,10 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, specs: Sequence[ChildSpec]) -> None:
-        self.children = [Child(spec) for spec in specs]
+    def __init__(
+        self, specs: Sequence[ChildSpec], *, healthy_after_s: float = HEALTHY_AFTER_S
+    ) -> None:
+        self.children = [Child(spec, backoff=Backoff(healthy_after_s)) for spec in specs]
         self._stopping = False
 
     def _spawn(self, child: Child) -> None:
@@ -62,9 +85,10 @@ class Supervisor:
             env=child.spec.env,
             stdout=sys.stderr.fileno(),
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=die_with_parent,
             pass_fds=child.spec.pass_fds,
         )
+        child.started_at = time.monotonic()
         log.info("started %s (pid %d)", child.spec.name, child.process.pid)
 
     def start(self) -> None:
@@ -91,13 +115,15 @@ class Supervisor:
                         "%s cannot start (exit status %d); not restarting it", child.spec.name, code
                     )
                     continue
-                delay = min(_MAX_BACKOFF_S, 0.5 * 2**child.restarts)
+                delay = child.backoff.delay_after(now - child.started_at)
                 child.restart_at = now + delay
-                child.restarts += 1
                 log.warning(
-                    "%s exited with status %d; restarting in %.1f s", child.spec.name, code, delay
+                    "%s exited with status %d; restarting it%s",
+                    child.spec.name,
+                    code,
+                    f" in {delay:.1f} s" if delay else "",
                 )
-            elif now >= child.restart_at:
+            if child.process is None and now >= child.restart_at:
                 self._spawn(child)
 
     def stop(self, timeout_s: float = 15.0) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import signal
@@ -12,7 +14,9 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from redis import Redis
 from redis.exceptions import RedisError
@@ -24,7 +28,7 @@ from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.errors import InvalidConfig
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel, scan_repository
-from sluice.settings import GatewaySettings, UpSettings
+from sluice.settings import ApiKeySettings, GatewaySettings, UpSettings
 from sluice.shm import SEGMENT_GRACE_S, sweep_orphans
 
 log = logging.getLogger("sluice.up")
@@ -34,18 +38,25 @@ _GATEWAY_START_ATTEMPTS = 3
 
 
 class CatalogKeeper:
-    """Republishes the catalog when Redis lost it (a restart without persistence)."""
+    """Republishes the catalog when Redis lost it (a restart without persistence), with
+    the load errors workers reported: those workers exited and will not report again."""
 
     def __init__(self, client: Redis, keys: Keys, models: list[RepositoryModel]) -> None:
         self.client, self.keys, self.models = client, keys, models
         self.reachable = True
+        self.load_errors: dict[Any, bytes] = {}
 
     def tick(self) -> None:
         try:
-            if not self.client.exists(self.keys.catalog_revision):
+            if self.client.exists(self.keys.catalog_revision):
+                errors = self.client.hgetall(self.keys.load_errors)
+                self.load_errors = cast(dict[Any, bytes], errors)
+            else:
                 log.warning(
                     "the model catalog is gone from Redis (restarted?); publishing it again"
                 )
+                if self.load_errors:
+                    self.client.hset(self.keys.load_errors, mapping=self.load_errors)
                 publish_catalog(self.client, self.keys, self.models)
             if not self.reachable:
                 log.info("Redis is reachable again")
@@ -84,6 +95,7 @@ class SegmentSweeper:
 def _worker_specs(
     models: list[RepositoryModel], repository: Path, env: dict[str, str]
 ) -> list[ChildSpec]:
+    """One child per instance of each served version of each usable model."""
     usable = [m for m in models if m.config is not None and m.error is None]
     total = sum(m.config.total_instances * len(m.versions) for m in usable if m.config) or 1
     threads = max(1, (os.cpu_count() or 1) // total)
@@ -132,34 +144,97 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _ready(url: str) -> bool:
+def _probe_token(keys: ApiKeySettings) -> str | None:
+    """A key the gateway accepts on the repository index (an admin key works everywhere)."""
+    for inline, file in (
+        (keys.admin_keys, keys.admin_keys_file),
+        (keys.api_keys, keys.api_keys_file),
+    ):
+        found = [k.strip() for k in inline.split(",") if k.strip()]
+        if file:
+            with contextlib.suppress(OSError):  # the gateway refuses to start and says why
+                found += [k.strip() for k in Path(file).read_text().splitlines() if k.strip()]
+        if found:
+            return found[0]
+    return None
+
+
+def _repository_index(url: str, token: str | None) -> list[dict[str, Any]] | None:
+    """The gateway's ``POST /v2/repository/index``; None while it cannot answer."""
+    request = urllib.request.Request(f"{url}/v2/repository/index", data=b"{}", method="POST")
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
     # The probe talks to our own gateway on loopback: its certificate may be self-signed.
     context = ssl._create_unverified_context() if url.startswith("https") else None
     try:
-        with urllib.request.urlopen(
-            f"{url}/v2/health/ready", timeout=1, context=context
-        ) as response:
-            return bool(response.status == 200)
-    except (urllib.error.URLError, OSError):
-        return False
+        with urllib.request.urlopen(request, timeout=2, context=context) as response:
+            rows = json.loads(response.read())
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    return rows if isinstance(rows, list) else None
 
 
-def _report(models: list[RepositoryModel]) -> None:
-    for model in models:
-        if model.error:
-            log.error("model '%s' is unavailable: %s", model.name, model.error)
-        else:
-            log.info("model '%s' versions %s", model.name, ", ".join(map(str, model.versions)))
+@dataclass
+class Announcer:
+    """Prints a line for each model version once it is ready or unavailable, as the
+    gateway's repository index says (not ``/v2/health/ready``, which stays false while
+    any model is unavailable)."""
+
+    url: str
+    token: str | None
+    expected: set[str]
+    """The repository's models: the gateway knows the catalog once it lists them all."""
+    instances: dict[str, int]
+    announced: set[tuple[str, str]] = field(default_factory=set)
+    loading: list[str] = field(default_factory=list)
+
+    def settled(self) -> bool:
+        """Whether every model version is ready or unavailable (announcing what is new)."""
+        rows = _repository_index(self.url, self.token)
+        if rows is None or not self.expected <= {row.get("name") for row in rows}:
+            return False
+        self.loading = []
+        for row in rows:
+            name, version, state = str(row.get("name")), row.get("version", ""), row.get("state")
+            what = f"model '{name}'" + (f" version {version}" if version else "")
+            if state not in ("READY", "UNAVAILABLE"):
+                self.loading.append(what)
+            elif (name, version) not in self.announced:
+                self.announced.add((name, version))
+                if state == "READY":
+                    count = self.instances.get(name, 1)
+                    print(f"{what} ready ({count} instance{'s' * (count != 1)})", flush=True)
+                else:
+                    reason = row.get("reason") or "no reason given"
+                    print(f"{what} unavailable: {reason}", flush=True)
+        return not self.loading
 
 
-def up(settings: UpSettings, *, redis_url_given: bool) -> int:
+def _instances(models: list[RepositoryModel]) -> dict[str, int]:
+    """Worker processes per version of each model (what _worker_specs starts)."""
+    return {
+        m.name: len(placements(m.config.instance_groups, visible_gpus()))
+        for m in models
+        if m.config is not None and m.error is None
+    }
+
+
+def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | None = None) -> int:
+    """Run everything until SIGINT/SIGTERM; the exit status. ``keys``: the gateway's API
+    keys, so that the readiness probe may read the repository index."""
     repository = Path(settings.model_repository).resolve()
     try:
         models = scan_repository(repository)
     except InvalidConfig as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
-    _report(models)
+    if not models:
+        print(
+            f"warning: the model repository {repository} has no models; serving none "
+            "(a model is a directory <model>/ with config.pbtxt and <version>/<model file>)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     stop = threading.Event()
     for signum in (signal.SIGINT, signal.SIGTERM):
@@ -178,13 +253,14 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         log.info("started a private redis-server at %s", redis_url)
 
     supervisor: Supervisor | None = None
+    listener: socket.socket | None = None
     sweeper = SegmentSweeper(settings.namespace, models)
-    keys = Keys(settings.namespace)
+    namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     try:
         try:
-            client.delete(keys.load_errors)
-            publish_catalog(client, keys, models)
+            client.delete(namespace.load_errors)
+            publish_catalog(client, namespace, models)
         except RedisError as exc:
             print(f"error: cannot reach Redis at {redis_url}: {exc}", file=sys.stderr)
             return 2
@@ -196,6 +272,8 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
             where = f"{settings.http_host}:{settings.http_port}"
             print(f"error: cannot listen on {where}: {exc.strerror}", file=sys.stderr)
             return 2
+        # The listener stays open here for as long as we run: a restarted gateway serves
+        # on it again, and connections arriving meanwhile wait in its backlog.
         gateway_env = dict(
             env,
             SLUICE_HTTP_HOST=settings.http_host,
@@ -215,37 +293,53 @@ def up(settings: UpSettings, *, redis_url_given: bool) -> int:
         ]
         supervisor = Supervisor([*gateways, *_worker_specs(models, repository, env)])
         supervisor.start()
-        listener.close()
 
         scheme = "https" if settings.ssl_certfile else "http"
         url = f"{scheme}://{settings.http_host}:{settings.http_port}"
+        announcer = Announcer(
+            url,
+            _probe_token(keys or ApiKeySettings()),
+            {m.name for m in models},
+            _instances(models),
+        )
         deadline = time.monotonic() + settings.ready_timeout_s
         gateway_child = supervisor.children[0]
-        while not stop.is_set() and not _ready(url):
+        while not stop.is_set() and not announcer.settled():
             supervisor.tick()
+            if redis_server is not None:
+                redis_server.tick()
             if len(gateway_child.exit_codes) >= _GATEWAY_START_ATTEMPTS:
                 print("error: the gateway failed to start (see its log above)", file=sys.stderr)
                 return 1
             if time.monotonic() > deadline:
+                waiting = f": still loading {', '.join(announcer.loading)}"
                 print(
-                    f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s",
+                    f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s"
+                    + (waiting if announcer.loading else ""),
                     file=sys.stderr,
                 )
                 return 1
             stop.wait(0.2)
-        if stop.is_set():
-            return 0
-        print(f"Sluice ready at {url}", flush=True)
-        catalog = CatalogKeeper(client, keys, models)
-        while not stop.wait(0.5):
+        if not stop.is_set():
+            print(f"Sluice ready at {url}", flush=True)
+        catalog = CatalogKeeper(client, namespace, models)
+        while not stop.wait(0.1):
             supervisor.tick()
+            if redis_server is not None:
+                redis_server.tick()
             catalog.tick()
             sweeper.tick()
         return 0
     finally:
+        if stop.is_set():
+            print("Stopping Sluice ...", flush=True)
         client.close()
         if supervisor is not None:
             supervisor.stop()
+        if listener is not None:
+            listener.close()
         sweeper.tick(final=True)  # every child is gone: nobody will read what is left
         if redis_server is not None:
             redis_server.stop()
+        if stop.is_set():
+            print("Sluice stopped.", flush=True)

@@ -17,6 +17,28 @@ import typer
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sluice inference server.")
 
+Verbose = Annotated[bool, typer.Option(help="Log debug messages too.")]
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from sluice import __version__
+
+        print(f"sluice {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print the version and exit.", is_eager=True, callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    """Options that come before the command."""
+
 
 def _logging(verbose: bool) -> None:
     logging.basicConfig(
@@ -36,18 +58,20 @@ def up(
         "model_repository"
     ),
     http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
-    http_host: Annotated[str | None, typer.Option(help="HTTP bind address.")] = None,
+    http_host: Annotated[
+        str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")
+    ] = None,
     redis_url: Annotated[
         str | None, typer.Option(help="Use this Redis instead of starting a private one.")
     ] = None,
     gateway_processes: Annotated[
         int | None, typer.Option(help="Gateway processes sharing the port (default 1).")
     ] = None,
-    verbose: bool = False,
+    verbose: Verbose = False,
 ) -> None:
     """Start Redis (unless given), the gateway and one worker per model instance."""
     from scheduler.up import up as run_up
-    from sluice.settings import UpSettings
+    from sluice.settings import ApiKeySettings, UpSettings
 
     _logging(verbose)
     given = redis_url is not None or "SLUICE_REDIS_URL" in os.environ
@@ -60,15 +84,19 @@ def up(
             gateway_processes=gateway_processes,
         )
     )
-    raise typer.Exit(run_up(settings, redis_url_given=given))
+    raise typer.Exit(run_up(settings, redis_url_given=given, keys=ApiKeySettings()))
 
 
 @app.command()
 def gateway(
-    http_port: Annotated[int | None, typer.Option()] = None,
-    http_host: Annotated[str | None, typer.Option()] = None,
-    redis_url: Annotated[str | None, typer.Option()] = None,
-    verbose: bool = False,
+    http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
+    http_host: Annotated[
+        str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis to use (default: SLUICE_REDIS_URL).")
+    ] = None,
+    verbose: Verbose = False,
 ) -> None:
     """Run one gateway process (settings from SLUICE_* variables and these options)."""
     from gateway.__main__ import serve
@@ -83,12 +111,14 @@ def gateway(
 @app.command()
 def worker(
     model: Annotated[str, typer.Option(help="Model name.")],
-    model_repository: Annotated[Path, typer.Option()] = Path("model_repository"),
+    model_repository: Annotated[Path, typer.Option(help="Triton-layout model repository.")] = Path(
+        "model_repository"
+    ),
     version: Annotated[int | None, typer.Option(help="Version (default: newest served).")] = None,
     kind: Annotated[str, typer.Option(help="KIND_CPU or KIND_GPU.")] = "KIND_CPU",
-    gpu: Annotated[int | None, typer.Option()] = None,
+    gpu: Annotated[int | None, typer.Option(help="GPU index for KIND_GPU.")] = None,
     threads: Annotated[int, typer.Option(help="Compute threads (0: from settings or 1).")] = 0,
-    verbose: bool = False,
+    verbose: Verbose = False,
 ) -> None:
     """Run one instance of one model version, pulling from its Redis stream."""
     from sluice.settings import WorkerSettings

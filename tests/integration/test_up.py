@@ -13,9 +13,10 @@ import httpx
 import numpy as np
 import tritonclient.http as httpclient
 
+from sluice import __version__
 from tests.support import procs
 from tests.support.onnx_models import identity_model, save, write_identity
-from tests.support.stack import Stack
+from tests.support.stack import READY_PREFIX, Stack
 
 
 def test_broken_models_are_unavailable_with_a_reason_and_others_serve(stack: Stack) -> None:
@@ -30,8 +31,23 @@ def test_broken_models_are_unavailable_with_a_reason_and_others_serve(stack: Sta
             assert response.status_code == 503
             assert "unavailable" in response.json()["error"]
             assert http.get(f"/v2/models/{model}/ready").status_code in (400, 503)
-        assert http.get("/v2/health/ready").status_code == 200
+        # Triton's strict readiness: not ready while a model is unavailable.
+        assert http.get("/v2/health/ready").status_code == 400
         assert http.get("/v2/models/iris/ready").status_code == 200
+
+
+def test_up_prints_a_line_per_model_then_ready(stack: Stack) -> None:
+    lines = [line.rstrip("\n") for line in stack.stdout_lines]
+    ready_at = next(n for n, line in enumerate(lines) if line.startswith(READY_PREFIX))
+    assert lines[ready_at] == f"{READY_PREFIX}{stack.url}"
+    models = lines[:ready_at]
+    assert "model 'iris' version 1 ready (1 instance)" in models, models
+    assert "model 'nobatch' version 1 ready (1 instance)" in models
+    broken = [line for line in models if line.startswith("model 'broken_config' unavailable: ")]
+    assert len(broken) == 1 and "config.pbtxt" in broken[0], models
+    corrupt = [line for line in models if line.startswith("model 'corrupt_model' version 1 unava")]
+    assert len(corrupt) == 1 and "onnxruntime cannot load" in corrupt[0], models
+    assert len(models) == len(set(models)) == 8, models  # each model once, nothing else
 
 
 def test_triton_repository_without_config_is_served_and_stops_cleanly(
@@ -56,6 +72,7 @@ def test_triton_repository_without_config_is_served_and_stops_cleanly(
         )
 
     assert stack.stop() == 0
+    assert stack.stdout_lines[-2:] == ["Stopping Sluice ...\n", "Sluice stopped.\n"]
     deadline = time.monotonic() + 10
     while any(procs.alive(pid) for pid in children) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -86,3 +103,42 @@ def test_missing_repository_is_a_clear_error(tmp_path: Path) -> None:
     )
     assert result.returncode == 2
     assert "nope" in result.stderr
+
+
+def test_empty_repository_warns_and_serves(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    stack = start_stack(tmp_path)
+    assert procs.wait_until(
+        lambda: any(
+            "has no models" in line and str(tmp_path) in line for line in stack.stderr_lines
+        ),
+        5,
+    )
+    assert stack.stdout_lines == [f"{READY_PREFIX}{stack.url}\n"]
+    with httpx.Client(base_url=stack.url, timeout=10) as http:
+        assert http.post("/v2/repository/index").json() == []
+        assert http.get("/v2/health/ready").status_code == 200
+
+
+def test_version() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"sluice {__version__}\n"
+
+
+def test_every_option_has_a_help_text() -> None:
+    import typer.main
+
+    from sluice.cli import app
+
+    group = typer.main.get_command(app)
+    commands = [group, *group.commands.values()]  # type: ignore[attr-defined]
+    options = [(c.name, p) for c in commands for p in c.params if p.param_type_name == "option"]
+    assert len(options) > 10
+    assert [f"{name} --{p.name}" for name, p in options if not getattr(p, "help", None)] == []

@@ -62,6 +62,19 @@ def worker_pids(parent: int, model: str | None = None) -> set[int]:
     return pids
 
 
+def redis_server_pid(parent: int) -> int:
+    """The private redis-server that ``sluice up`` (``parent``) started."""
+    found = [pid for pid in children(parent) if _is_redis(pid)]
+    assert len(found) == 1, f"expected one redis-server under {parent}, found {found}"
+    return found[0]
+
+
+def _is_redis(pid: int) -> bool:
+    # redis-server rewrites its title: argv[0] becomes "/path/redis-server 127.0.0.1:PORT".
+    argv = cmdline(pid)
+    return bool(argv) and Path(argv[0].split()[0]).name == "redis-server"
+
+
 def rss_mb(pid: int) -> float:
     """Resident set size (VmRSS) in MiB."""
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():

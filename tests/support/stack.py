@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -16,17 +17,23 @@ from pathlib import Path
 from scheduler.redis_server import free_port
 
 READY_PREFIX = "Sluice ready at "
+_PRIVATE_REDIS = re.compile(r"started a private redis-server at (\S+)")
 
 
 @dataclass
 class Stack:
+    """``redis_url`` None: no SLUICE_REDIS_URL, so ``sluice up`` starts its private
+    redis-server; ``redis_url`` is then set to that server's URL once the stack is ready."""
+
     repository: Path
-    redis_url: str
+    redis_url: str | None
     env: dict[str, str] = field(default_factory=dict)
     namespace: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
     port: int = field(default_factory=free_port)
     process: subprocess.Popen[str] | None = None
+    stdout_lines: list[str] = field(default_factory=list)
     stderr_lines: list[str] = field(default_factory=list)
+    _readers: list[threading.Thread] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -38,8 +45,12 @@ class Stack:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 90.0) -> None:
-        env = dict(os.environ, SLUICE_REDIS_URL=self.redis_url, SLUICE_NAMESPACE=self.namespace)
+        env = dict(os.environ, SLUICE_NAMESPACE=self.namespace)
+        env.pop("SLUICE_REDIS_URL", None)
+        if self.redis_url is not None:
+            env["SLUICE_REDIS_URL"] = self.redis_url
         env.update(self.env)
+        private = self.redis_url is None
         self.process = subprocess.Popen(
             [
                 sys.executable,
@@ -57,8 +68,12 @@ class Stack:
             env=env,
         )
         lines: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._pump, args=(self.process.stdout, lines), daemon=True).start()
-        threading.Thread(target=self._collect_stderr, daemon=True).start()
+        self._readers = [
+            threading.Thread(target=self._pump, args=(self.process.stdout, lines), daemon=True),
+            threading.Thread(target=self._collect_stderr, daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             try:
@@ -68,13 +83,24 @@ class Stack:
                     break
                 continue
             if line.startswith(READY_PREFIX):
+                if private:
+                    self.redis_url = self._private_redis_url()
                 return
         self.stop()
         raise RuntimeError("sluice up did not become ready:\n" + "".join(self.stderr_lines[-40:]))
 
-    @staticmethod
-    def _pump(stream, lines: queue.Queue[str]) -> None:  # type: ignore[no-untyped-def]
+    def _private_redis_url(self, timeout_s: float = 5.0) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            for line in self.stderr_lines:
+                if match := _PRIVATE_REDIS.search(line):
+                    return match.group(1)
+            time.sleep(0.05)
+        raise RuntimeError("sluice up did not say where its private redis-server is")
+
+    def _pump(self, stream, lines: queue.Queue[str]) -> None:  # type: ignore[no-untyped-def]
         for line in stream:
+            self.stdout_lines.append(line)
             lines.put(line)
 
     def _collect_stderr(self) -> None:
@@ -92,6 +118,8 @@ class Stack:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        for reader in self._readers:  # everything it printed, up to its last line
+            reader.join(5)
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
