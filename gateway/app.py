@@ -70,28 +70,41 @@ async def _unexpected_error(_: Request, exc: Exception) -> Response:
     return _error(500, f"internal error: {type(exc).__name__}")
 
 
+async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool) -> None:
+    """Catalog, readiness and queue depths from Redis; notices Redis going away or
+    restarting (a new run id: the queued requests are gone with it), and fails the
+    requests waiting here at once instead of at their deadlines."""
+    try:
+        server = await state.redis.info("server")
+        await state.view.refresh(state.redis)
+        state.admission.observe(state.view.depths)
+        if touch:
+            await dispatcher.touch()
+        run_id = str(server.get("run_id", ""))
+        if state.redis_run_id and run_id != state.redis_run_id:
+            log.warning("Redis restarted: failing the requests it lost")
+            dispatcher.fail_all(Unavailable("the request queue (Redis) restarted; retry"))
+        state.redis_run_id = run_id
+        if not state.redis_ok:
+            log.info("connected to Redis")
+        state.redis_ok = True
+    except RedisError as exc:
+        if state.redis_ok:
+            log.warning("Redis is unreachable: %s", exc)
+            dispatcher.fail_all(
+                Unavailable("the request queue (Redis) became unreachable; retry later")
+            )
+        state.redis_ok = False
+    except Exception:
+        log.exception("catalog refresh failed")
+
+
 async def _refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> None:
-    ticks = 0
+    ticks = 1  # the lifespan made the first refresh
     while True:
-        try:
-            await state.view.refresh(state.redis)
-            state.admission.observe(state.view.depths)
-            if ticks % _TOUCH_EVERY == 0:
-                await dispatcher.touch()
-            if not state.redis_ok:
-                log.info("connected to Redis")
-            state.redis_ok = True
-        except RedisError as exc:
-            if state.redis_ok:
-                log.warning("Redis is unreachable: %s", exc)
-                dispatcher.fail_all(
-                    Unavailable("the request queue (Redis) became unreachable; retry later")
-                )
-            state.redis_ok = False
-        except Exception:
-            log.exception("catalog refresh failed")
-        ticks += 1
         await asyncio.sleep(state.settings.catalog_refresh_s)
+        await _refresh(state, dispatcher, touch=ticks % _TOUCH_EVERY == 0)
+        ticks += 1
 
 
 def _longest_timeout_s(state: GatewayState) -> float:
@@ -169,6 +182,9 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
         )
         app.state.sluice = state
         await dispatcher.start()
+        # Know the catalog before the first request: a gateway restarted under load
+        # otherwise answers what waited in the listen backlog with 503s.
+        await _refresh(state, dispatcher, touch=True)
         refresher = asyncio.create_task(_refresh_loop(state, dispatcher), name="catalog-refresh")
         sweeper = asyncio.create_task(_sweep_loop(state), name="shm-sweeper")
         try:

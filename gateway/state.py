@@ -30,3 +30,5 @@ class GatewayState:
     transfer: TensorTransfer
     """How tensor bytes travel to the workers and back (entry or shared memory)."""
     redis_ok: bool = field(default=False)
+    redis_run_id: str = ""
+    """The Redis server's run id: another one means Redis restarted and lost its streams."""

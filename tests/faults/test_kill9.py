@@ -5,8 +5,9 @@ request marked and its answer checked; after a second one process is killed with
 SIGKILL: (a) the gateway, (b) the model's only worker, (c) the private redis-server that
 ``sluice up`` started (these stacks run without SLUICE_REDIS_URL). Each time Sluice
 answers correctly again within 5 s of the kill, by itself, and every request ends once:
-a correct 200 or a clean error (a JSON 503/504, or a dropped connection for the requests
-that were inside the killed gateway), none past its deadline and none answered twice.
+a correct 200, a dropped connection for the requests that were inside the killed gateway,
+or (Redis killed) a JSON 503 for the requests the old Redis lost, failed at once when the
+gateway sees the new Redis; none past its deadline and none answered twice.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ ITERS = 20
 DEADLINE_S = 8.0
 """Requests' deadline: room for a new worker to take over what the killed one held."""
 REDIS_DEADLINE_S = 4.0
-"""A request whose entry was lost with Redis may wait for its deadline (then 504)."""
+"""Short, so that a request left waiting for an entry lost with Redis would show (504)."""
 ANSWER_AGAIN_S = 5.0
 """The service answers correctly again within this long after the kill."""
 WARM_UP_S = 1.0
@@ -159,7 +160,8 @@ def test_killed_gateway_comes_back(private_stack: Stack, report: Report) -> None
     report(figures)
     assert new_gateway != victim
     assert any("gateway#0 exited with status -9" in line for line in exit_statuses(stack))
-    check(figures, {"ok", "503", "dropped_in_killed_gateway"})
+    # The new gateway knows the catalog before it accepts what waited in the backlog.
+    check(figures, {"ok", "dropped_in_killed_gateway"})
 
 
 @pytest.mark.timeout(60)
@@ -211,4 +213,4 @@ def test_killed_private_redis_comes_back(private_stack: Stack, report: Report) -
     report(figures)
     assert figures["redis_back_s"] is not None, "redis-server did not come back on its port"
     assert procs.redis_server_pid(stack.process.pid) != victim
-    check(figures, {"ok", "503", "504"})
+    check(figures, {"ok", "503"})

@@ -357,7 +357,7 @@ def test_full_queue_is_503_with_tritons_text_and_retry_after(
 
     def slow() -> None:
         with httpx.Client(base_url=conformance.url, timeout=60) as other:
-            response = other.post("/v2/models/queued/infer", json=slow_request(1, 40_000))
+            response = other.post("/v2/models/queued/infer", json=slow_request(1, 150_000))
             first["status"] = response.status_code
 
     thread = threading.Thread(target=slow)
