@@ -25,7 +25,9 @@ OFFLOAD_BYTES = 64 * 1024
 """Requests (and answers) with more bytes than this are parsed, packed and encoded on a
 thread, so that no work proportional to a tensor's size runs on the event loop."""
 _SHM_MARK = b"shared_memory_region"
-"""A request naming a shared memory region may read a region's bytes while parsed."""
+_BYTES_MARK = b"BYTES"
+"""A BYTES input in a shared memory region is read and counted while parsed: a request
+whose body names both may be heavy whatever its size (two memchr-fast searches)."""
 
 T = TypeVar("T")
 
@@ -82,9 +84,10 @@ async def run_infer(
     entry, number = state.view.resolve(model, version)
     config = entry.config
     assert config is not None
-    heavy = len(body) > OFFLOAD_BYTES or _SHM_MARK in body
+    big = len(body) > OFFLOAD_BYTES
+    names_shm = not big and _SHM_MARK in body  # (a big one goes off the loop anyway)
     parsed = await _off_loop(
-        heavy,
+        big or (names_shm and _BYTES_MARK in body),
         lambda: parse_infer_request(body, json_length, config, state.limits, state.regions),
     )
     transfer = state.transfer
@@ -96,7 +99,11 @@ async def run_infer(
     now_ns = time.time_ns()
     stream = state.keys.request_stream(model, number, level)
     with state.admission.admit(model, number, max_queue, parsed.id):
-        headers, payload, segment = await _off_loop(heavy, lambda: transfer.pack(parsed.inputs))
+        # Across hosts, inputs in client regions are read into the entry by the gateway.
+        heavy_pack = big or (names_shm and not transfer.same_host)
+        headers, payload, segment = await _off_loop(
+            heavy_pack, lambda: transfer.pack(parsed.inputs)
+        )
         try:
             message = RequestMessage(
                 request_key="",
@@ -124,7 +131,7 @@ async def run_infer(
         try:
             if reply.error_kind:
                 raise error_from_kind(reply.error_kind, reply.error)
-            answer_bytes = sum(header.nbytes for header in reply.outputs)
+            answer_bytes = transfer.bytes_to_handle(reply.outputs)
             return await _off_loop(
                 answer_bytes > OFFLOAD_BYTES,
                 lambda: _encode(transfer, model, reply, data, parsed),

@@ -142,6 +142,15 @@ class TensorTransfer:
             outputs.append(OutputTensor(header.name, header.datatype, header.shape, chunk))
         return outputs
 
+    def bytes_to_handle(self, headers: list[TensorHeader]) -> int:
+        """Output bytes the gateway copies to answer (not those a worker wrote into a
+        client's region itself)."""
+        return sum(
+            header.nbytes
+            for header in headers
+            if header.shm is None or header.shm.key.startswith(self.prefix)
+        )
+
     def _segment_view(self, header: TensorHeader, ref: ShmRef) -> memoryview:
         if not ref.key.startswith(self.prefix) or ref.byte_size != header.nbytes:
             raise InferenceFailed(

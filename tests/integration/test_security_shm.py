@@ -417,3 +417,41 @@ def test_shared_memory_inputs_are_limited_and_huge_sizes_are_400s(
         "shared_memory_offset": huge,
     }
     refused(on_local.infer("ident_bytes", {"inputs": [tensor]}), "input 'IN_BYTES'")
+
+
+# -- the event loop ------------------------------------------------------------------------
+
+
+def test_counting_a_huge_bytes_region_does_not_stall_other_clients(
+    on_local: Client, made: list[Path]
+) -> None:
+    """12 Mi empty BYTES elements in a region are counted off the gateway's event loop
+    (before: /v2/health/live waited seconds for it)."""
+    size = BODY_LIMIT  # zeros: size // 4 empty elements
+    source = new_object(made, size)
+    assert on_local.register("many", source, size).status_code == 200
+    tensor = {
+        "name": "IN_BYTES",
+        "shape": [1, size // 4 + 1],  # one more than there are: a 400 once all are counted
+        "datatype": "BYTES",
+        "parameters": {"shared_memory_region": "many", "shared_memory_byte_size": size},
+    }
+    answer: list[httpx.Response] = []
+    thread = threading.Thread(
+        target=lambda: answer.append(on_local.infer("ident_bytes", {"inputs": [tensor]}))
+    )
+    thread.start()
+    slowest, probes = 0.0, 0
+    with httpx.Client(base_url=on_local.stack.url, timeout=30) as probe:
+        while thread.is_alive() and probes < 500:
+            started = time.monotonic()
+            assert probe.get("/v2/health/live").status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            probes += 1
+            time.sleep(0.02)
+    thread.join(60)
+    refused(answer[0], "input 'IN_BYTES'")
+    print(f"{probes} health probes during the count, slowest {slowest * 1000:.0f} ms")
+    assert probes >= 5, "the count ended too soon to measure anything"
+    assert slowest < 0.5, f"a health probe took {slowest:.2f} s while a region was counted"
+    on_local.http.post("/v2/systemsharedmemory/region/many/unregister")
