@@ -67,9 +67,10 @@ COPIES: dict[str, tuple[str, str, str]] = {
         "tobytes, body join, socket [k]; response socket [k], read buffer; as_numpy view",
     ),
     "shm": (
-        "1",
-        "request: none (the worker maps the client's region once and keeps it mapped); "
-        "reply: one memcpy of the output into the client's region [u]",
+        "2",
+        "request: the worker preads the client's region into a fresh buffer [k] (never a "
+        "mapping: a client that shrinks its object must not crash the worker); "
+        "reply: the worker pwrites the output into the client's region [k]",
         "set_shared_memory_region copies the input in; get_contents_as_numpy is a view",
     ),
     "json": (
