@@ -29,10 +29,12 @@ from gateway.infer_response import encode_error
 log = logging.getLogger(__name__)
 
 
-def _timeout_response(message: str) -> bytes:
+def _closing_response(status: str, message: str) -> bytes:
+    """A whole ``{"error": ...}`` response written by the protocol itself, before or
+    instead of the application; the connection closes after it."""
     body = encode_error(message)
     head = (
-        "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
+        f"HTTP/1.1 {status}\r\ncontent-type: application/json\r\n"
         f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -69,10 +71,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         log.debug("closing a connection from %s: %s too slow", self.client, self._phase)
         if self._phase == "headers":
             message = f"request headers not received within {self.header_timeout_s:g} s"
-            self.transport.write(_timeout_response(message))
+            self.transport.write(_closing_response("408 Request Timeout", message))
             self.transport.close()
         else:  # drop what is buffered for a client that does not read
             self.transport.abort()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse, as JSON like every other error."""
+        self._disarm()
+        self.transport.write(_closing_response("400 Bad Request", f"malformed HTTP request: {msg}"))
+        self.transport.close()
 
     # -- asyncio.Protocol ------------------------------------------------------------------
 

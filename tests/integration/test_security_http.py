@@ -144,8 +144,20 @@ def test_a_5000_digit_content_length_is_refused(edge_stack: Stack, http: httpx.C
             + b"\r\n\r\n{}"
         )
         answer = _read_all(sock)
-    assert answer.split(b" ", 2)[1] in (b"400", b"413"), answer[:200]
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ", 2)[1] in (b"400", b"413"), answer[:200]
+    assert orjson.loads(body)["error"], body
     _infer_ok(http)
+
+
+def test_malformed_http_gets_a_json_error(edge_stack: Stack) -> None:
+    with _connect(edge_stack) as sock:
+        sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+        answer = _read_all(sock)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400"), answer[:200]
+    assert b"application/json" in head
+    assert orjson.loads(body)["error"].startswith("malformed HTTP request")
 
 
 @pytest.mark.parametrize(
