@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import struct
-import threading
 import time
 from collections.abc import Iterator
 
@@ -23,6 +22,7 @@ from tests.integration.conftest import load_examples_builder
 from tests.support.onnx_models import write_identity
 from tests.support.procs import gateway_pid, worker_pids
 from tests.support.stack import Stack
+from tests.support.stall import probe_while
 
 HEADER_TIMEOUT_S = 1.0
 BODY_TIMEOUT_S = 1.5
@@ -402,28 +402,14 @@ def test_a_huge_bytes_request_does_not_stall_other_clients(
 ) -> None:
     """16 Mi empty BYTES elements (a 64 MiB body) are counted off the event loop."""
     body, headers = _empty_strings_request((16 << 20) - 1024)
-    done = threading.Event()
-    status: list[int] = []
 
-    def send() -> None:
+    def send() -> int:
         with httpx.Client(base_url=edge_stack.url, timeout=120) as client:
-            status.append(
-                client.post("/v2/models/strings/infer", content=body, headers=headers).status_code
-            )
-        done.set()
+            return client.post(
+                "/v2/models/strings/infer", content=body, headers=headers
+            ).status_code
 
-    thread = threading.Thread(target=send)
-    thread.start()
-    slowest = 0.0
-    probes = 0
-    while not done.is_set() and probes < 200:
-        started = time.monotonic()
-        assert http.get("/v2/health/live").status_code == 200
-        slowest = max(slowest, time.monotonic() - started)
-        probes += 1
-        time.sleep(0.02)
-    thread.join(120)
-    assert status == [400], status
-    print(f"{probes} health probes during the request, slowest {slowest * 1000:.0f} ms")
+    status, probes, slowest = probe_while(edge_stack.url, send)
+    assert status == 400, status
     assert probes >= 5, "the big request finished too soon to measure anything"
     assert slowest < 0.5, f"a health probe took {slowest:.2f} s during the big request"

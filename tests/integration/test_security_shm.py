@@ -32,6 +32,7 @@ from sluice.shm import SHM_DIR, new_segment_name, segment_prefix
 from tests.support import procs
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
+from tests.support.stall import probe_while
 
 MIB = 1 << 20
 BODY_LIMIT = 48 * MIB
@@ -436,22 +437,10 @@ def test_counting_a_huge_bytes_region_does_not_stall_other_clients(
         "datatype": "BYTES",
         "parameters": {"shared_memory_region": "many", "shared_memory_byte_size": size},
     }
-    answer: list[httpx.Response] = []
-    thread = threading.Thread(
-        target=lambda: answer.append(on_local.infer("ident_bytes", {"inputs": [tensor]}))
+    answer, probes, slowest = probe_while(
+        on_local.stack.url, lambda: on_local.infer("ident_bytes", {"inputs": [tensor]})
     )
-    thread.start()
-    slowest, probes = 0.0, 0
-    with httpx.Client(base_url=on_local.stack.url, timeout=30) as probe:
-        while thread.is_alive() and probes < 500:
-            started = time.monotonic()
-            assert probe.get("/v2/health/live").status_code == 200
-            slowest = max(slowest, time.monotonic() - started)
-            probes += 1
-            time.sleep(0.02)
-    thread.join(60)
-    refused(answer[0], "input 'IN_BYTES'")
-    print(f"{probes} health probes during the count, slowest {slowest * 1000:.0f} ms")
+    refused(answer, "input 'IN_BYTES'")
     assert probes >= 5, "the count ended too soon to measure anything"
     assert slowest < 0.5, f"a health probe took {slowest:.2f} s while a region was counted"
     on_local.http.post("/v2/systemsharedmemory/region/many/unregister")
