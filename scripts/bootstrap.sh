@@ -31,7 +31,8 @@ stamp=.venv/.sluice-installed
 if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
     install() {
         .venv/bin/python -m pip install -q --upgrade pip &&
-            .venv/bin/python -m pip install -q -e ".[dev]"
+            PYTHONWARNINGS="ignore:Editable installation" \
+                .venv/bin/python -m pip install -q -e ".[dev]"
     }
     [ -f "$stamp" ] || echo "First set-up: installing the packages takes a few minutes." >&2
     step "installing Sluice and its dependencies into .venv" install
