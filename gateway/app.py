@@ -20,6 +20,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from gateway.admission import Admission
+from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
 from gateway.fast_path import InferFastPath
@@ -179,6 +180,7 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
             admission=Admission(settings.max_in_flight),
             regions=regions,
             transfer=transfer,
+            bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),
         )
         app.state.sluice = state
         await dispatcher.start()

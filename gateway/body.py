@@ -22,13 +22,15 @@ def _natural(raw: str, header: str) -> int | None:
     return None if len(stripped) > _MAX_DIGITS else int(stripped)
 
 
-def check_declared_length(declared: str | None, limit: int) -> None:
+def check_declared_length(declared: str | None, limit: int) -> int | None:
+    """The declared ``Content-Length`` (None when absent); 413 beyond ``limit``."""
     if declared is None:
-        return
+        return None
     length = _natural(declared, "Content-Length")
     if length is None or length > limit:
         shown = declared.strip() if length is not None else f"{len(declared.strip())}-digit"
         raise PayloadTooLarge(f"request body of {shown} bytes exceeds the limit of {limit}")
+    return length
 
 
 def too_large(limit: int) -> PayloadTooLarge:

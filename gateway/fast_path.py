@@ -16,6 +16,7 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from gateway.body import check_declared_length, decode_body, parse_header_length, too_large
+from gateway.body_budget import BodyReservation
 from gateway.infer import run_infer
 from gateway.infer_response import encode_error
 from gateway.state import GatewayState
@@ -41,14 +42,30 @@ class InferFastPath:
             await self.app(scope, receive, send)
             return
         state: GatewayState = self.app.state.sluice
+        reservation = state.bodies.reservation()
+        try:
+            await self._infer(state, match, scope, receive, send, reservation)
+        finally:
+            reservation.release()
+
+    async def _infer(
+        self,
+        state: GatewayState,
+        match: re.Match[str],
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        reservation: BodyReservation,
+    ) -> None:
         try:
             headers = _headers(scope)
             limit = state.settings.max_body_bytes
-            check_declared_length(headers.get(b"content-length"), limit)
-            body = await _read(receive, limit)
+            reservation.ensure(check_declared_length(headers.get(b"content-length"), limit) or 0)
+            body = await _read(receive, limit, reservation)
             encoding = headers.get(b"content-encoding")
             if encoding is not None:  # decompressing may take long: not on the event loop
                 body = await asyncio.to_thread(decode_body, body, encoding, limit)
+                reservation.ensure(len(body))
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
             content, response_json_length = await run_infer(
                 state, match.group(1), match.group(2), body, json_length
@@ -85,12 +102,14 @@ def _headers(scope: Scope) -> dict[bytes, str]:
     return {name: value.decode("latin-1") for name, value in scope["headers"] if name in wanted}
 
 
-async def _read(receive: Receive, limit: int) -> bytes:
+async def _read(receive: Receive, limit: int, reservation: BodyReservation) -> bytes:
+    """The whole body, within ``limit`` and the process's body budget (``reservation``)."""
     message: Message = await receive()
     body = message.get("body", b"")
     if not message.get("more_body", False):
         if len(body) > limit:
             raise too_large(limit)
+        reservation.ensure(len(body))
         return bytes(body)
     chunks = bytearray(body)
     while message.get("more_body", False):
@@ -100,6 +119,7 @@ async def _read(receive: Receive, limit: int) -> bytes:
         chunks += message.get("body", b"")
         if len(chunks) > limit:
             raise too_large(limit)
+        reservation.ensure(len(chunks))
     return bytes(chunks)
 
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from redis.asyncio import Redis
 
 from gateway.admission import Admission
+from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import Dispatcher
 from gateway.infer_request import RequestLimits
@@ -29,6 +30,8 @@ class GatewayState:
     """Shared memory regions clients registered with this gateway."""
     transfer: TensorTransfer
     """How tensor bytes travel to the workers and back (entry or shared memory)."""
+    bodies: BodyBudget
+    """Request-body bytes held by this process, within SLUICE_MAX_BUFFERED_BODY_BYTES."""
     redis_ok: bool = field(default=False)
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""

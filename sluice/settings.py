@@ -84,6 +84,11 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     max_header_bytes: int = Field(16384, ge=256)
     """Largest total size of HTTP request headers (431 beyond)."""
 
+    max_buffered_body_bytes: int = Field(1024 * MIB, ge=1)
+    """Request-body bytes one gateway process holds at once, all requests together (at
+    least ``max_body_bytes``); beyond it new requests get 503 + Retry-After, so a flood of
+    large bodies cannot exhaust the host's memory."""
+
     max_control_body_bytes: int = Field(1 * MIB, ge=1)
     """Largest accepted request body on every route but inference (shared memory
     registration, repository): they carry small JSON documents."""

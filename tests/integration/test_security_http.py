@@ -29,6 +29,8 @@ BODY_TIMEOUT_S = 1.5
 SEND_TIMEOUT_S = 1.0
 MAX_CONNECTIONS = 40
 CONTROL_LIMIT = 4096
+MIB = 1 << 20
+BUFFERED_LIMIT = 80 * MIB
 MLP_INPUT = {"name": "input", "shape": [1, 16], "datatype": "FP32", "data": [0.5] * 16}
 
 
@@ -48,6 +50,7 @@ def edge_stack(
             "SLUICE_SEND_TIMEOUT_S": str(SEND_TIMEOUT_S),
             "SLUICE_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
             "SLUICE_MAX_CONTROL_BODY_BYTES": str(CONTROL_LIMIT),
+            "SLUICE_MAX_BUFFERED_BODY_BYTES": str(BUFFERED_LIMIT),
         },
     )
     stack.start()
@@ -258,6 +261,40 @@ def test_a_body_within_the_limit_still_works(http: httpx.Client) -> None:
     response = http.post("/v2/repository/index", json={"ready": True})
     assert response.status_code == 200
     assert {row["name"] for row in response.json()} == {"mlp", "strings"}
+
+
+def _declare_body(stack: Stack, size: int) -> socket.socket:
+    """A connection that announces an inference body of ``size`` bytes and sends none."""
+    sock = _connect(stack)
+    sock.sendall(
+        b"POST /v2/models/mlp/infer HTTP/1.1\r\nHost: x\r\n"
+        + f"Content-Length: {size}\r\n\r\n".encode()
+    )
+    return sock
+
+
+def test_request_bodies_together_stay_within_the_gateway_budget(
+    edge_stack: Stack, http: httpx.Client
+) -> None:
+    """Two 48 MiB bodies cannot be held at once under an 80 MiB budget: the second is a
+    503 with Retry-After at once, and the budget is whole again once the first is gone."""
+    first = _declare_body(edge_stack, 48 * MIB)
+    try:
+        time.sleep(0.2)  # the first has reserved its bytes
+        with _declare_body(edge_stack, 48 * MIB) as second:
+            answer = _read_all(second)
+        head, _, body = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 503"), answer[:300]
+        assert b"retry-after: 1" in head.lower()
+        assert b"SLUICE_MAX_BUFFERED_BODY_BYTES" in body
+        _infer_ok(http)  # small requests still fit
+    finally:
+        first.close()
+    time.sleep(0.3)
+    with _declare_body(edge_stack, 48 * MIB) as third:
+        third.settimeout(0.5)
+        with pytest.raises(TimeoutError):  # accepted: it waits for its body
+            third.recv(1)
 
 
 # ------------------------------------------------------------------ slow clients
