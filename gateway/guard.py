@@ -14,9 +14,8 @@ everything else needs an inference or admin key when inference keys are set.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from pathlib import Path
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -35,14 +34,11 @@ _MANAGEMENT = (
 )
 
 
-def _read_keys(inline: str, file: str, setting: str) -> frozenset[bytes]:
-    keys = [k.strip() for k in inline.split(",") if k.strip()]
-    if file:
-        try:
-            keys += [line.strip() for line in Path(file).read_text().splitlines() if line.strip()]
-        except OSError as exc:
-            raise InvalidConfig(f"{setting}: cannot read the key file: {exc.strerror}") from None
-    return frozenset(k.encode() for k in keys)
+def _read_keys(read: Callable[[], list[str]], setting: str) -> frozenset[bytes]:
+    try:
+        return frozenset(key.encode() for key in read())
+    except OSError as exc:
+        raise InvalidConfig(f"{setting}: cannot read the key file: {exc.strerror}") from None
 
 
 @dataclass(frozen=True)
@@ -53,8 +49,8 @@ class KeyRing:
     @classmethod
     def from_settings(cls, settings: ApiKeySettings) -> KeyRing:
         return cls(
-            _read_keys(settings.api_keys, settings.api_keys_file, "SLUICE_API_KEYS_FILE"),
-            _read_keys(settings.admin_keys, settings.admin_keys_file, "SLUICE_ADMIN_KEYS_FILE"),
+            _read_keys(settings.inference_keys, "SLUICE_API_KEYS_FILE"),
+            _read_keys(settings.admin_key_list, "SLUICE_ADMIN_KEYS_FILE"),
         )
 
     @staticmethod

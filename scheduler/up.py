@@ -146,16 +146,11 @@ def _listen(host: str, port: int) -> socket.socket:
 
 def _probe_token(keys: ApiKeySettings) -> str | None:
     """A key the gateway accepts on the repository index (an admin key works everywhere)."""
-    for inline, file in (
-        (keys.admin_keys, keys.admin_keys_file),
-        (keys.api_keys, keys.api_keys_file),
-    ):
-        found = [k.strip() for k in inline.split(",") if k.strip()]
-        if file:
-            with contextlib.suppress(OSError):  # the gateway refuses to start and says why
-                found += [k.strip() for k in Path(file).read_text().splitlines() if k.strip()]
-        if found:
-            return found[0]
+    for read in (keys.admin_key_list, keys.inference_keys):
+        with contextlib.suppress(OSError):  # the gateway refuses to start and says why
+            found = read()
+            if found:
+                return found[0]
     return None
 
 

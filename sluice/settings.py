@@ -6,6 +6,8 @@ explicitly; nothing else reads the environment.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -38,6 +40,21 @@ class ApiKeySettings(BaseSettings):
 
     admin_keys_file: str = ""
     """File with one admin key per line (added to ``admin_keys``)."""
+
+    def inference_keys(self) -> list[str]:
+        """``api_keys`` and the lines of ``api_keys_file``; OSError if it cannot be read."""
+        return _keys(self.api_keys, self.api_keys_file)
+
+    def admin_key_list(self) -> list[str]:
+        """``admin_keys`` and the lines of ``admin_keys_file``; OSError if it cannot be read."""
+        return _keys(self.admin_keys, self.admin_keys_file)
+
+
+def _keys(inline: str, file: str) -> list[str]:
+    keys = [key.strip() for key in inline.split(",") if key.strip()]
+    if file:
+        keys += [line.strip() for line in Path(file).read_text().splitlines() if line.strip()]
+    return keys
 
 
 class GatewaySettings(ApiKeySettings, CommonSettings):
