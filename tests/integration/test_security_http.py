@@ -118,16 +118,6 @@ def test_a_5000_digit_version_is_a_clean_4xx(http: httpx.Client, method: str, pa
     assert "version" in _error(response)
 
 
-def test_a_5000_digit_header_length_is_a_400(http: httpx.Client) -> None:
-    response = http.post(
-        "/v2/models/mlp/infer",
-        content=orjson.dumps({"inputs": [MLP_INPUT]}),
-        headers={"Inference-Header-Content-Length": HUGE},
-    )
-    assert response.status_code == 400
-    assert "Inference-Header-Content-Length" in _error(response)
-
-
 @pytest.mark.parametrize("value", [HUGE, "12a", "-1", "1e3"])
 def test_malformed_header_lengths_name_the_header(http: httpx.Client, value: str) -> None:
     response = http.post(
