@@ -9,6 +9,7 @@ at once may not pass ``max_in_flight``: 503. Both answers carry Retry-After.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -23,19 +24,23 @@ class Admission:
     per_model: dict[tuple[str, int], int] = field(default_factory=dict)
     observed_depth: dict[tuple[str, int], int] = field(default_factory=dict)
     """Queue depth per model version as last read from Redis (all gateways' requests)."""
+    rejected: Counter[tuple[str, int]] = field(default_factory=Counter)
+    """Requests refused per model version since the last hand-over to the metrics."""
 
     @contextmanager
     def admit(
         self, model: str, version: int, max_queue_size: int, request_id: str = ""
     ) -> Iterator[None]:
+        key = (model, version)
         if self.in_flight >= self.max_in_flight:
+            self.rejected[key] += 1
             raise ServerBusy(
                 f"the gateway holds {self.in_flight} requests, its limit; retry later", 1
             )
-        key = (model, version)
         if max_queue_size:
             depth = max(self.per_model.get(key, 0), self.observed_depth.get(key, 0))
             if depth >= max_queue_size:
+                self.rejected[key] += 1
                 raise Overloaded(
                     f"[request id: {request_id or '<id_unknown>'}] Exceeds maximum queue size; "
                     f"model '{model}' version {version} has {depth} queued requests, "
@@ -52,3 +57,8 @@ class Admission:
 
     def observe(self, depths: dict[tuple[str, int], int]) -> None:
         self.observed_depth = depths
+
+    def take_rejected(self) -> Counter[tuple[str, int]]:
+        """The refusals counted since the last call (then forgotten here)."""
+        taken, self.rejected = self.rejected, Counter()
+        return taken

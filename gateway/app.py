@@ -27,6 +27,7 @@ from gateway.fast_path import InferFastPath
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
+from gateway.metrics import flush_rejections
 from gateway.routes import router
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
@@ -79,6 +80,7 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
         server = await state.redis.info("server")
         await state.view.refresh(state.redis)
         state.admission.observe(state.view.depths)
+        await flush_rejections(state.redis, state.keys, state.admission)
         if touch:
             await dispatcher.touch()
         run_id = str(server.get("run_id", ""))

@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from gateway import infer as infer_path
 from gateway.metadata import model_metadata
+from gateway.metrics import CONTENT_TYPE, render, served
 from gateway.model_control_routes import model_control_router
 from gateway.shm_routes import shm_router
 from gateway.state import GatewayState
@@ -68,6 +69,16 @@ def _listed(models: list[str], most: int = 5) -> str:
     shown = ", ".join(models[:most])
     more = f" and {len(models) - most} more" if len(models) > most else ""
     return f"model(s) not ready: {shown}{more}"
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Triton's metric families (see gateway.metrics), for Prometheus."""
+    state = _state(request)
+    entries = state.view.models.values()
+    models = served((entry.name, list(entry.versions)) for entry in entries if entry.available)
+    body = await render(state.redis, state.keys, models, state.view.depths)
+    return Response(body, media_type=CONTENT_TYPE)
 
 
 @router.get("/v2")

@@ -51,6 +51,27 @@ def record_arguments(
     return arguments
 
 
+FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+"""Triton's ``reason`` label of ``nv_inference_request_failure``."""
+
+_REASON_BY_ERROR = {
+    "DeadlineExceeded": "REJECTED",  # Triton: a request that timed out in the queue
+    "Overloaded": "REJECTED",  # the queue is full
+    "ServerBusy": "REJECTED",
+    "InferenceFailed": "BACKEND",
+}
+
+
+def failure_reason(error_kind: str) -> str:
+    """Triton's failure reason for an error (by its name, as it travels between processes)."""
+    return _REASON_BY_ERROR.get(error_kind, "OTHER")
+
+
+def failure_field(reason: str) -> str:
+    """The counter of failed requests for one of :data:`FAILURE_REASONS`."""
+    return f"fail.{reason}.count"
+
+
 def count_field(kind: str) -> str:
     return f"{kind}.count"
 

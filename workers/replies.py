@@ -102,6 +102,10 @@ class Publisher:
             counters[st.ns_field("fail")] = sum(
                 now_ns - o.request.message.enqueued_ns for o in outcomes if o.reply.error_kind
             )
+            for outcome in outcomes:
+                if outcome.reply.error_kind:
+                    field = st.failure_field(st.failure_reason(outcome.reply.error_kind))
+                    counters[field] = counters.get(field, 0) + 1
         batch: dict[str, int] = {}
         instance: dict[str, int] = {}
         last_inference = None

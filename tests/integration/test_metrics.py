@@ -1,0 +1,228 @@
+"""``GET /metrics``: Triton's families, names, HELP texts and labels, moving with traffic.
+
+The counters come from the statistics hashes in Redis, so they are checked against what
+the requests did: successes, inferences, executions, failures by Triton's reasons
+(BACKEND from a model that raises, REJECTED from a full queue and from a deadline that
+passed in the queue), and the pending-request gauge while requests wait.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from scheduler.redis_server import RedisServer
+from tests.support.load import slow_request
+from tests.support.model_files import python_config, tensor, write_model
+from tests.support.onnx_models import write_identity
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+FRAGILE = """
+import numpy as np
+
+
+class Model:
+    def execute(self, inputs):
+        x = inputs["x"]
+        if (x < 0).any():
+            raise RuntimeError("negative input")
+        return {"y": x * 2}
+"""
+
+TRITON_HELP = {
+    "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
+    "nv_inference_request_failure": "Number of failed inference requests, all batch sizes",
+    "nv_inference_count": "Number of inferences performed (does not include cached requests)",
+    "nv_inference_exec_count": (
+        "Number of model executions performed (does not include cached requests)"
+    ),
+    "nv_inference_request_duration_us": (
+        "Cumulative inference request duration in microseconds (includes cached requests)"
+    ),
+    "nv_inference_queue_duration_us": (
+        "Cumulative inference queuing duration in microseconds (includes cached requests)"
+    ),
+    "nv_inference_compute_input_duration_us": (
+        "Cumulative compute input duration in microseconds (does not include cached requests)"
+    ),
+    "nv_inference_compute_infer_duration_us": (
+        "Cumulative compute inference duration in microseconds (does not include cached requests)"
+    ),
+    "nv_inference_compute_output_duration_us": (
+        "Cumulative inference compute output duration in microseconds (does not include "
+        "cached requests)"
+    ),
+    "nv_inference_pending_request_count": (
+        "Instantaneous number of pending requests awaiting execution per-model."
+    ),
+}
+MODELS = {"ident", "fragile", "queued", "slow"}
+Samples = dict[tuple[str, str, str, str], float]
+
+
+@pytest.fixture(scope="module")
+def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("metrics")
+    write_identity(root, "ident", ["FP32"])
+    write_model(
+        root,
+        "fragile",
+        python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
+        {"1/model.py": FRAGILE},
+    )
+    write_slow(
+        root, "queued", extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
+    )
+    write_slow(root, "slow", max_batch_size=1)
+    stack = Stack(root, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def http(metered: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=metered.url, timeout=60) as client:
+        yield client
+
+
+def scrape(http: httpx.Client) -> Samples:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    assert response.headers["content-type"].startswith("text/plain; version=0.0.4")
+    samples: Samples = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            labels = sample.labels
+            # The parser reads a counter's samples as OpenMetrics' "<name>_total".
+            name = sample.name.removesuffix("_total")
+            key = (name, labels.get("model", ""), labels.get("version", ""))
+            samples[(*key, labels.get("reason", ""))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, model: str, reason: str = "") -> float:
+    return samples[(name, model, "1", reason)]
+
+
+def wait_for(check: Callable[[], bool], timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.1)
+    return check()
+
+
+def test_families_are_tritons_names_types_help_and_labels(http: httpx.Client) -> None:
+    text = http.get("/metrics").text
+    families = {family.name: family for family in text_string_to_metric_families(text)}
+    for name, help_text in TRITON_HELP.items():
+        assert f"# HELP {name} {help_text}\n" in text
+        kind = "gauge" if name == "nv_inference_pending_request_count" else "counter"
+        assert f"# TYPE {name} {kind}\n" in text
+        samples = families[name].samples
+        assert {s.labels["model"] for s in samples} == MODELS
+        assert all(s.labels["version"] == "1" for s in samples)
+        assert f"\n{name}{{model=" in text and f"{name}_total" not in text  # Triton's names
+    reasons = {s.labels["reason"] for s in families["nv_inference_request_failure"].samples}
+    assert reasons == {"REJECTED", "CANCELED", "BACKEND", "OTHER"}
+    assert 0.0 <= families["nv_cpu_utilization"].samples[0].value <= 1.0
+    total = families["nv_cpu_memory_total_bytes"].samples[0].value
+    assert 0 < families["nv_cpu_memory_used_bytes"].samples[0].value <= total
+
+
+def test_counters_move_with_traffic(http: httpx.Client) -> None:
+    before = scrape(http)
+    for _ in range(5):
+        single = {
+            "inputs": [{"name": "IN_FP32", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]
+        }
+        assert http.post("/v2/models/ident/infer", json=single).status_code == 200
+    triple = {
+        "inputs": [{"name": "IN_FP32", "shape": [3, 1], "datatype": "FP32", "data": [1, 2, 3]}]
+    }
+    assert http.post("/v2/models/ident/infer", json=triple).status_code == 200
+    after = scrape(http)
+
+    def delta(name: str) -> float:
+        return value(after, name, "ident") - value(before, name, "ident")
+
+    assert delta("nv_inference_request_success") == 6
+    assert delta("nv_inference_count") == 8  # a batch-3 request counts 3
+    assert 1 <= delta("nv_inference_exec_count") <= 6
+    for name in TRITON_HELP:
+        if name.endswith("_duration_us"):
+            assert delta(name) >= 0, name
+    assert delta("nv_inference_request_duration_us") > 0
+    stats = http.get("/v2/models/ident/stats").json()["model_stats"][0]
+    assert value(after, "nv_inference_count", "ident") == stats["inference_count"]
+    assert value(after, "nv_inference_exec_count", "ident") == stats["execution_count"]
+
+
+def test_backend_failures_are_counted_as_backend(http: httpx.Client) -> None:
+    before = value(scrape(http), "nv_inference_request_failure", "fragile", "BACKEND")
+    bad = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [-1, 1]}]}
+    assert http.post("/v2/models/fragile/infer", json=bad).status_code == 500
+    after = scrape(http)
+    assert value(after, "nv_inference_request_failure", "fragile", "BACKEND") == before + 1
+    assert value(after, "nv_inference_request_failure", "fragile", "OTHER") == 0
+
+
+def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> None:
+    """A slow request holds the worker: meanwhile a full queue refuses (REJECTED), a
+    request queued behind it shows as pending, and one whose deadline passes while it
+    waits is dropped by the worker (REJECTED too)."""
+    before = scrape(http)
+    answers: dict[str, int] = {}
+
+    def send(name: str, model: str, body: dict[str, object]) -> None:
+        with httpx.Client(base_url=metered.url, timeout=60) as client:
+            answers[name] = client.post(f"/v2/models/{model}/infer", json=body).status_code
+
+    busy = [
+        threading.Thread(target=send, args=("queued", "queued", slow_request(1, 150_000))),
+        threading.Thread(target=send, args=("slow", "slow", slow_request(2, 150_000))),
+    ]
+    for thread in busy:
+        thread.start()
+    time.sleep(0.3)
+    waiting = threading.Thread(target=send, args=("waiting", "slow", slow_request(3)))
+    waiting.start()
+    refused = http.post("/v2/models/queued/infer", json=slow_request(4))
+    expired = http.post("/v2/models/slow/infer", json=slow_request(5, timeout_us=200_000))
+    assert wait_for(lambda: value(scrape(http), "nv_inference_pending_request_count", "slow") >= 1)
+    for thread in [*busy, waiting]:
+        thread.join(60)
+    assert refused.status_code == 503
+    assert expired.status_code == 504
+    assert answers == {"queued": 200, "slow": 200, "waiting": 200}
+
+    def rejected(model: str) -> float:
+        return value(scrape(http), "nv_inference_request_failure", model, "REJECTED") - value(
+            before, "nv_inference_request_failure", model, "REJECTED"
+        )
+
+    # The gateway hands its refusals over every catalog refresh (0.5 s).
+    assert wait_for(lambda: rejected("queued") == 1), rejected("queued")
+    assert wait_for(lambda: rejected("slow") == 1), rejected("slow")
+    assert wait_for(lambda: value(scrape(http), "nv_inference_pending_request_count", "slow") == 0)
+
+
+def test_metrics_need_a_key_when_keys_are_set(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    write_identity(tmp_path, "ident", ["FP32"])
+    stack = start_stack(tmp_path, env={"SLUICE_API_KEYS": "k1"})
+    with httpx.Client(base_url=stack.url, timeout=10) as client:
+        assert client.get("/metrics").status_code == 401
+        response = client.get("/metrics", headers={"Authorization": "Bearer k1"})
+        assert response.status_code == 200
+        assert "nv_inference_count" in response.text
