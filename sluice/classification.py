@@ -52,12 +52,12 @@ def classify(
     """
     rows = array.reshape(array.shape[0] if batched and array.ndim else 1, -1)
     k = min(count, rows.shape[1])
-    if rows.dtype.kind == "f":
+    floats = rows.dtype.kind == "f"
+    if floats:
         order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
     else:  # descending without negating (unsigned): a stable sort of the mirrored row
         width = rows.shape[1]
         order = (width - 1 - np.argsort(rows[:, ::-1], axis=1, kind="stable"))[:, ::-1][:, :k]
-    floats = rows.dtype.kind == "f"
     elements: list[bytes] = []
     for row, indices in zip(rows, order, strict=True):
         for index in indices.tolist():
