@@ -84,6 +84,8 @@ def start_stack(
         str(repository),
         "--http-port",
         str(port),
+        "--metrics-port",
+        "0",
         *(extra_args or []),
     ]
     process = subprocess.Popen(

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import resource
 import socket
+import sys
+from collections.abc import Iterator
 
 import uvicorn
+import uvloop
 
-from gateway.app import create_app
+from gateway.app import create_fastapi_app, guarded
+from gateway.fast_path import InferFastPath
 from gateway.http_protocol import bounded_protocol
+from gateway.metrics_port import MetricsOnly
 from sluice.runtime import tune_garbage_collector
 from sluice.settings import GatewaySettings
 
@@ -31,26 +38,82 @@ def serve(settings: GatewaySettings) -> None:
         send_timeout_s=settings.send_timeout_s,
         max_connections=settings.max_connections,
     )
-    config = uvicorn.Config(
-        create_app(settings),
-        host=settings.http_host,
-        port=settings.http_port,
-        loop="uvloop",
-        http=protocol,
-        timeout_keep_alive=int(max(1, settings.keep_alive_s)),
-        access_log=False,
-        proxy_headers=False,
-        lifespan="on",
-        log_level="warning",
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_s),
-        ssl_certfile=settings.ssl_certfile or None,
-        ssl_keyfile=settings.ssl_keyfile or None,
+    app = create_fastapi_app(settings)
+    options = {
+        "host": settings.http_host,
+        "loop": "uvloop",
+        "http": protocol,
+        "timeout_keep_alive": int(max(1, settings.keep_alive_s)),
+        "access_log": False,
+        "proxy_headers": False,
+        "log_level": "warning",
+        "timeout_graceful_shutdown": int(settings.shutdown_timeout_s),
+        "ssl_certfile": settings.ssl_certfile or None,
+        "ssl_keyfile": settings.ssl_keyfile or None,
+    }
+    server = uvicorn.Server(
+        uvicorn.Config(
+            guarded(settings, InferFastPath(app)),
+            port=settings.http_port,
+            lifespan="on",
+            **options,  # type: ignore[arg-type]
+        )
     )
-    server = uvicorn.Server(config)
-    if settings.http_fd >= 0:
-        server.run(sockets=[socket.socket(fileno=settings.http_fd)])
-    else:
-        server.run()
+    sockets = [socket.socket(fileno=settings.http_fd)] if settings.http_fd >= 0 else None
+    metrics_socket = _metrics_socket(settings)
+    if metrics_socket is None:
+        server.run(sockets=sockets)
+        return
+    metrics_server = _Follower(
+        uvicorn.Config(
+            guarded(settings, MetricsOnly(app)),
+            port=settings.metrics_port,
+            lifespan="off",
+            **options,  # type: ignore[arg-type]
+        )
+    )
+    uvloop.run(_serve_both(server, sockets, metrics_server, metrics_socket))
+
+
+class _Follower(uvicorn.Server):
+    """A server that leaves the signals to the main one and stops when it stops."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+async def _serve_both(
+    main: uvicorn.Server,
+    sockets: list[socket.socket] | None,
+    metrics: uvicorn.Server,
+    metrics_socket: socket.socket,
+) -> None:
+    follower = asyncio.create_task(metrics.serve(sockets=[metrics_socket]))
+    try:
+        await main.serve(sockets=sockets)
+    finally:
+        metrics.should_exit = True
+        await follower
+
+
+def _metrics_socket(settings: GatewaySettings) -> socket.socket | None:
+    """The metrics port's listening socket: inherited from ``sluice up``, or bound here."""
+    if settings.metrics_fd >= 0:
+        return socket.socket(fileno=settings.metrics_fd)
+    if not settings.metrics_port:
+        return None
+    family = socket.AF_INET6 if ":" in settings.http_host else socket.AF_INET
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind((settings.http_host, settings.metrics_port))
+    except OSError as exc:
+        listener.close()
+        where = f"{settings.http_host}:{settings.metrics_port}"
+        sys.exit(f"error: cannot listen on {where} (metrics port): {exc.strerror}")
+    listener.listen(2048)
+    return listener
 
 
 if __name__ == "__main__":

@@ -24,8 +24,9 @@ class Admission:
     per_model: dict[tuple[str, int], int] = field(default_factory=dict)
     observed_depth: dict[tuple[str, int], int] = field(default_factory=dict)
     """Queue depth per model version as last read from Redis (all gateways' requests)."""
-    rejected: Counter[tuple[str, int]] = field(default_factory=Counter)
-    """Requests refused per model version since the last hand-over to the metrics."""
+    rejected: Counter[tuple[str, int, str]] = field(default_factory=Counter)
+    """Requests refused per model version and reason (``ADMISSION_REJECT_REASONS``)
+    since the last hand-over to the metrics."""
 
     @contextmanager
     def admit(
@@ -33,14 +34,14 @@ class Admission:
     ) -> Iterator[None]:
         key = (model, version)
         if self.in_flight >= self.max_in_flight:
-            self.rejected[key] += 1
+            self.rejected[(model, version, "in_flight")] += 1
             raise ServerBusy(
                 f"the gateway holds {self.in_flight} requests, its limit; retry later", 1
             )
         if max_queue_size:
             depth = max(self.per_model.get(key, 0), self.observed_depth.get(key, 0))
             if depth >= max_queue_size:
-                self.rejected[key] += 1
+                self.rejected[(model, version, "queue_full")] += 1
                 raise Overloaded(
                     f"[request id: {request_id or '<id_unknown>'}] Exceeds maximum queue size; "
                     f"model '{model}' version {version} has {depth} queued requests, "
@@ -58,7 +59,7 @@ class Admission:
     def observe(self, depths: dict[tuple[str, int], int]) -> None:
         self.observed_depth = depths
 
-    def take_rejected(self) -> Counter[tuple[str, int]]:
+    def take_rejected(self) -> Counter[tuple[str, int, str]]:
         """The refusals counted since the last call (then forgotten here)."""
         taken, self.rejected = self.rejected, Counter()
         return taken

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
@@ -24,10 +25,10 @@ from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
 from gateway.fast_path import InferFastPath
+from gateway.gateway_report import report
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
-from gateway.metrics import flush_rejections
 from gateway.routes import router
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
@@ -77,10 +78,12 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
     restarting (a new run id: the queued requests are gone with it), and fails the
     requests waiting here at once instead of at their deadlines."""
     try:
+        started = time.perf_counter()
         server = await state.redis.info("server")
+        round_trip_s = time.perf_counter() - started
         await state.view.refresh(state.redis)
         state.admission.observe(state.view.depths)
-        await flush_rejections(state.redis, state.keys, state.admission)
+        await report(state, dispatcher.gateway_id, round_trip_s)
         if touch:
             await dispatcher.touch()
         run_id = str(server.get("run_id", ""))
@@ -134,9 +137,13 @@ async def _sweep_loop(state: GatewayState) -> None:
 
 def create_app(settings: GatewaySettings) -> ASGIApp:
     """The gateway: edge checks, then the inference fast path, then the FastAPI routes."""
-    app = create_fastapi_app(settings)
+    return guarded(settings, InferFastPath(create_fastapi_app(settings)))
+
+
+def guarded(settings: GatewaySettings, app: ASGIApp) -> ASGIApp:
+    """``app`` behind the edge checks: header limits, API keys, control body limits."""
     return EdgeGuard(
-        InferFastPath(app),
+        app,
         keys=KeyRing.from_settings(settings),
         max_header_count=settings.max_header_count,
         max_header_bytes=settings.max_header_bytes,

@@ -18,6 +18,8 @@ from sluice.errors import ServerBusy
 class BodyBudget:
     limit: int
     held: int = 0
+    refused: int = 0
+    """Requests refused for lack of room since the metrics last took the count."""
 
     def reservation(self) -> BodyReservation:
         return BodyReservation(self)
@@ -39,6 +41,7 @@ class BodyReservation:
             return
         budget = self.budget
         if budget.held + more > budget.limit:
+            budget.refused += 1
             raise ServerBusy(
                 f"the gateway holds {budget.held} bytes of request bodies, and "
                 f"{more} more would pass its limit of {budget.limit} "

@@ -80,6 +80,10 @@ class CatalogView:
             levels = entry.config.dynamic_batching.priority_levels
         return lambda version: self.keys.request_streams(entry.name, version, levels)
 
+    def streams(self, entry: CatalogEntry, version: int) -> list[str]:
+        """A model version's request streams, highest priority first."""
+        return self._streams(entry)(version)
+
     def entry(self, model: str) -> CatalogEntry:
         entry = self.models.get(model)
         if entry is None:

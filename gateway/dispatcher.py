@@ -13,6 +13,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from typing import Protocol, cast
 
@@ -37,6 +38,9 @@ _REPLY_STREAM_TTL_S = 300
 
 
 class Dispatcher(Protocol):
+    expired: Counter[str]
+    """Requests per stream that got no answer within their deadline (for the metrics)."""
+
     async def submit(
         self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
     ) -> Reply: ...
@@ -67,6 +71,9 @@ class RedisDispatcher:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._counter = itertools.count()
         self._reader: asyncio.Task[None] | None = None
+        self.expired: Counter[str] = Counter()
+        """Requests that got no answer within their deadline, per stream, since the
+        metrics last took them."""
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
@@ -101,6 +108,9 @@ class RedisDispatcher:
             except RedisError as exc:
                 raise Unavailable(f"the request queue is unreachable: {exc}") from None
             return await future
+        except DeadlineExceeded:
+            self.expired[stream] += 1
+            raise
         finally:
             expiry.cancel()
             self._pending.pop(key, None)

@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from gateway import infer as infer_path
 from gateway.metadata import model_metadata
-from gateway.metrics import CONTENT_TYPE, render, served
+from gateway.metrics import CONTENT_TYPE, metrics_text
 from gateway.model_control_routes import model_control_router
 from gateway.shm_routes import shm_router
 from gateway.state import GatewayState
@@ -75,10 +75,9 @@ def _listed(models: list[str], most: int = 5) -> str:
 async def metrics(request: Request) -> Response:
     """Triton's metric families (see gateway.metrics), for Prometheus."""
     state = _state(request)
-    entries = state.view.models.values()
-    models = served((entry.name, list(entry.versions)) for entry in entries if entry.available)
-    body = await render(state.redis, state.keys, models, state.view.depths)
-    return Response(body, media_type=CONTENT_TYPE)
+    if not state.settings.allow_metrics:
+        return _json({"error": "metrics are turned off (SLUICE_ALLOW_METRICS=false)"}, 404)
+    return Response(await metrics_text(state), media_type=CONTENT_TYPE)
 
 
 @router.get("/v2")

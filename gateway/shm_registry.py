@@ -113,6 +113,10 @@ class RegionRegistry:
                 "run with --gateway-processes 1"
             )
 
+    def system_bytes(self) -> int:
+        """Bytes of the system shared memory regions registered here."""
+        return sum(region.byte_size for region in self.system.values())
+
     def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
         self._check_single_process()

@@ -133,6 +133,105 @@ def _worker_specs(
     return specs
 
 
+class ListenError(Exception):
+    """A port ``sluice up`` cannot listen on (in use, or not allowed)."""
+
+
+def _listeners(settings: UpSettings) -> list[socket.socket]:
+    """The HTTP listener, then the metrics listener when there is a metrics port. They stay
+    open here for as long as we run: a restarted gateway serves on them again, and
+    connections arriving meanwhile wait in their backlog."""
+    listeners: list[socket.socket] = []
+    ports = [settings.http_port] + ([settings.metrics_port] if settings.metrics_port else [])
+    for port in ports:
+        try:
+            listeners.append(_listen(settings.http_host, port))
+        except OSError as exc:
+            for listener in listeners:
+                listener.close()
+            where = f"{settings.http_host}:{port}"
+            raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
+    return listeners
+
+
+def _gateway_specs(
+    settings: UpSettings, env: dict[str, str], listeners: list[socket.socket]
+) -> list[ChildSpec]:
+    gateway_env = dict(
+        env,
+        SLUICE_HTTP_HOST=settings.http_host,
+        SLUICE_HTTP_PORT=str(settings.http_port),
+        SLUICE_HTTP_FD=str(listeners[0].fileno()),
+        SLUICE_GATEWAY_PROCESSES=str(settings.gateway_processes),
+        SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
+    )
+    if len(listeners) > 1:
+        gateway_env.update(
+            SLUICE_METRICS_PORT=str(settings.metrics_port),
+            SLUICE_METRICS_FD=str(listeners[1].fileno()),
+        )
+    else:
+        gateway_env.update(SLUICE_METRICS_PORT="0", SLUICE_METRICS_FD="-1")
+    return [
+        ChildSpec(
+            f"gateway#{index}",
+            [sys.executable, "-m", "gateway"],
+            gateway_env,
+            pass_fds=tuple(listener.fileno() for listener in listeners),
+        )
+        for index in range(settings.gateway_processes)
+    ]
+
+
+def _wait_ready(
+    settings: UpSettings,
+    keys: ApiKeySettings | None,
+    models: list[RepositoryModel],
+    supervisor: Supervisor,
+    redis_server: RedisServer | None,
+    stop: threading.Event,
+) -> bool:
+    """Announces each model as it becomes ready, then Sluice; False when it cannot start."""
+    scheme = "https" if settings.ssl_certfile else "http"
+    url = f"{scheme}://{settings.http_host}:{settings.http_port}"
+    announcer = Announcer(
+        url, _probe_token(keys or ApiKeySettings()), {m.name for m in models}, _instances(models)
+    )
+    deadline = time.monotonic() + settings.ready_timeout_s
+    gateway_child = supervisor.children[0]
+    while not stop.is_set() and not announcer.settled():
+        supervisor.tick()
+        if redis_server is not None:
+            redis_server.tick()
+        if len(gateway_child.exit_codes) >= _GATEWAY_START_ATTEMPTS:
+            print("error: the gateway failed to start (see its log above)", file=sys.stderr)
+            return False
+        if time.monotonic() > deadline:
+            waiting = f": still loading {', '.join(announcer.loading)}"
+            print(
+                f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s"
+                + (waiting if announcer.loading else ""),
+                file=sys.stderr,
+            )
+            return False
+        stop.wait(0.2)
+    if not stop.is_set():
+        if settings.metrics_port:
+            print(
+                f"Metrics at {scheme}://{settings.http_host}:{settings.metrics_port}/metrics",
+                flush=True,
+            )
+        print(f"Sluice ready at {url}", flush=True)
+    return True
+
+
+def _redacted(url: str) -> str:
+    """A Redis URL without its password, for printing."""
+    scheme, sep, rest = url.partition("://")
+    _credentials, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if at else ''}{host}" if sep else url
+
+
 def _listen(host: str, port: int) -> socket.socket:
     """One listening socket shared by every gateway process: the kernel spreads connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
@@ -248,7 +347,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         log.info("started a private redis-server at %s", redis_url)
 
     supervisor: Supervisor | None = None
-    listener: socket.socket | None = None
+    listeners: list[socket.socket] = []
     sweeper = SegmentSweeper(settings.namespace, models)
     namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
@@ -261,62 +360,26 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             return 2
 
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
-        try:
-            listener = _listen(settings.http_host, settings.http_port)
-        except OSError as exc:
-            where = f"{settings.http_host}:{settings.http_port}"
-            print(f"error: cannot listen on {where}: {exc.strerror}", file=sys.stderr)
-            return 2
-        # The listener stays open here for as long as we run: a restarted gateway serves
-        # on it again, and connections arriving meanwhile wait in its backlog.
-        gateway_env = dict(
-            env,
-            SLUICE_HTTP_HOST=settings.http_host,
-            SLUICE_HTTP_PORT=str(settings.http_port),
-            SLUICE_HTTP_FD=str(listener.fileno()),
-            SLUICE_GATEWAY_PROCESSES=str(settings.gateway_processes),
-            SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
-        )
-        gateways = [
-            ChildSpec(
-                f"gateway#{index}",
-                [sys.executable, "-m", "gateway"],
-                gateway_env,
-                pass_fds=(listener.fileno(),),
+        workers = _worker_specs(models, repository, env)
+        if not settings.gateway:
+            supervisor = Supervisor(workers)
+            supervisor.start()
+            print(
+                f"Sluice workers started for {len(workers)} model instance(s), without a "
+                f"gateway; gateways reach them through {_redacted(redis_url)}",
+                flush=True,
             )
-            for index in range(settings.gateway_processes)
-        ]
-        supervisor = Supervisor([*gateways, *_worker_specs(models, repository, env)])
-        supervisor.start()
-
-        scheme = "https" if settings.ssl_certfile else "http"
-        url = f"{scheme}://{settings.http_host}:{settings.http_port}"
-        announcer = Announcer(
-            url,
-            _probe_token(keys or ApiKeySettings()),
-            {m.name for m in models},
-            _instances(models),
-        )
-        deadline = time.monotonic() + settings.ready_timeout_s
-        gateway_child = supervisor.children[0]
-        while not stop.is_set() and not announcer.settled():
-            supervisor.tick()
-            if redis_server is not None:
-                redis_server.tick()
-            if len(gateway_child.exit_codes) >= _GATEWAY_START_ATTEMPTS:
-                print("error: the gateway failed to start (see its log above)", file=sys.stderr)
+        else:
+            try:
+                listeners = _listeners(settings)
+            except ListenError as exc:
+                print(f"error: {exc}", file=sys.stderr)
+                return 2
+            supervisor = Supervisor([*_gateway_specs(settings, env, listeners), *workers])
+            supervisor.start()
+            if not _wait_ready(settings, keys, models, supervisor, redis_server, stop):
                 return 1
-            if time.monotonic() > deadline:
-                waiting = f": still loading {', '.join(announcer.loading)}"
-                print(
-                    f"error: Sluice did not become ready within {settings.ready_timeout_s:.0f} s"
-                    + (waiting if announcer.loading else ""),
-                    file=sys.stderr,
-                )
-                return 1
-            stop.wait(0.2)
-        if not stop.is_set():
-            print(f"Sluice ready at {url}", flush=True)
+        catalog = CatalogKeeper(client, namespace, models)
         catalog = CatalogKeeper(client, namespace, models)
         while not stop.wait(0.1):
             supervisor.tick()
@@ -331,7 +394,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         client.close()
         if supervisor is not None:
             supervisor.stop()
-        if listener is not None:
+        for listener in listeners:
             listener.close()
         sweeper.tick(final=True)  # every child is gone: nobody will read what is left
         if redis_server is not None:

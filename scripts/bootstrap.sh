@@ -51,6 +51,31 @@ if ! command -v redis-server >/dev/null 2>&1; then
     fi
 fi
 
+# prometheus and promtool: the tests check deploy/prometheus/ with promtool and run a real
+# Prometheus against a stack. Debian's package would start a prometheus service on install:
+# a policy-rc.d that refuses service starts is in place while apt-get runs (unless the
+# machine already has one), so no daemon is left behind.
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        install_prometheus() {
+            local policy=/usr/sbin/policy-rc.d ours=0 status=0
+            if [ ! -e "$policy" ]; then
+                printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod 755 "$policy" && ours=1
+            fi
+            { apt-get update -qq &&
+                apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } ||
+                status=$?
+            [ "$ours" = 1 ] && rm -f "$policy"
+            return "$status"
+        }
+        step "installing prometheus and promtool (Debian package)" install_prometheus
+    else
+        echo "prometheus/promtool are missing: install them (apt-get install prometheus /" \
+            "brew install prometheus)" >&2
+        exit 1
+    fi
+fi
+
 build_models() {
     .venv/bin/python model_repository/build.py >/dev/null
 }

@@ -67,6 +67,18 @@ def up(
     gateway_processes: Annotated[
         int | None, typer.Option(help="Gateway processes sharing the port (default 1).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Port serving only GET /metrics, as Triton's (default 8002; 0: none)."),
+    ] = None,
+    gateway: Annotated[
+        bool,
+        typer.Option(
+            "--gateway/--no-gateway",
+            help="--no-gateway: publish the catalog and run the workers only; gateways "
+            "started elsewhere (sluice gateway) reach them through the same Redis.",
+        ),
+    ] = True,
     verbose: Verbose = False,
 ) -> None:
     """Start Redis (unless given), the gateway and one worker per model instance."""
@@ -82,6 +94,8 @@ def up(
             http_host=http_host,
             redis_url=redis_url,
             gateway_processes=gateway_processes,
+            metrics_port=metrics_port,
+            gateway=gateway,
         )
     )
     raise typer.Exit(run_up(settings, redis_url_given=given, keys=ApiKeySettings()))
@@ -96,6 +110,10 @@ def gateway(
     redis_url: Annotated[
         str | None, typer.Option(help="Redis to use (default: SLUICE_REDIS_URL).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(help="Also serve GET /metrics alone on this port, as Triton's 8002."),
+    ] = None,
     verbose: Verbose = False,
 ) -> None:
     """Run one gateway process (settings from SLUICE_* variables and these options)."""
@@ -104,7 +122,14 @@ def gateway(
 
     _logging(verbose)
     serve(
-        GatewaySettings(**_overrides(http_port=http_port, http_host=http_host, redis_url=redis_url))
+        GatewaySettings(
+            **_overrides(
+                http_port=http_port,
+                http_host=http_host,
+                redis_url=redis_url,
+                metrics_port=metrics_port,
+            )
+        )
     )
 
 

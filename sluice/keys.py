@@ -56,6 +56,20 @@ class Keys:
         """Sorted set worker id -> heartbeat expiry (unix seconds)."""
         return f"{self.namespace}:live:{model}:{version}"
 
+    @property
+    def gateways(self) -> str:
+        """Sorted set gateway id -> expiry (unix seconds) of its last report."""
+        return f"{self.namespace}:gateways"
+
+    def gateway_report(self, gateway_id: str) -> str:
+        """Hash of one gateway process's gauges (in flight, Redis round trip), expiring."""
+        return f"{self.namespace}:gateway:{gateway_id}"
+
+    @property
+    def gateway_counters(self) -> str:
+        """Hash of counters every gateway adds to that belong to no model."""
+        return f"{self.namespace}:gateway-counters"
+
     def stats(self, model: str, version: int) -> str:
         """Hash of Triton statistics counters for one model version (workers HINCRBY)."""
         return f"{self.namespace}:stats:{model}:{version}"

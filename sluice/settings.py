@@ -7,8 +7,9 @@ explicitly; nothing else reads the environment.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1 << 20
@@ -24,6 +25,40 @@ class CommonSettings(BaseSettings):
 
     namespace: str = "sluice"
     """Prefix of every Redis key, so that several deployments can share one Redis."""
+
+    allow_metrics: bool = True
+    """As Triton's --allow-metrics: False turns off ``GET /metrics`` and the latency
+    histograms the workers keep for it (the statistics extension's counters stay)."""
+
+    log_format: Literal["text", "iso8601", "json", "auto"] = "text"
+    """``text``: human-readable lines; ``iso8601``: the same with UTC ISO 8601 times;
+    ``json``: one JSON object per line (time, level, logger, message, role, pid, and
+    request_id / trace_id when known); ``auto``: text on a terminal, JSON otherwise."""
+
+    log_file: str = ""
+    """Append log lines to this file instead of standard error (Triton's --log-file)."""
+
+    log_verbose_level: int = Field(0, ge=0)
+    """As Triton's --log-verbose: 0 logs INFO and above, 1 or more adds debug messages."""
+
+    log_info: bool = True
+    """As Triton's --log-info: whether INFO messages are logged."""
+
+    log_warning: bool = True
+    """As Triton's --log-warning: whether WARNING messages are logged."""
+
+    log_error: bool = True
+    """As Triton's --log-error: whether ERROR messages are logged."""
+
+    otlp_endpoint: str = Field(
+        "", validation_alias=AliasChoices("SLUICE_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+    """OTLP/HTTP collector (e.g. ``http://collector:4318``): spans go to
+    ``<endpoint>/v1/traces`` (needs the ``tracing`` extra). Empty: no tracing. Falls back
+    to the standard OTEL_EXPORTER_OTLP_ENDPOINT."""
+
+    otel_service_name: str = Field("sluice", validation_alias=AliasChoices("OTEL_SERVICE_NAME"))
+    """The ``service.name`` of the exported spans (the standard OTEL_SERVICE_NAME)."""
 
 
 class ApiKeySettings(BaseSettings):
@@ -66,6 +101,13 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
 
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
+
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """A second port that serves only ``GET /metrics``, as Triton's 8002 (0: none;
+    ``/metrics`` is always served on the HTTP port too)."""
+
+    metrics_fd: int = Field(-1, ge=-1)
+    """An inherited listening socket for the metrics port (set by ``sluice up``)."""
 
     http_fd: int = Field(-1, ge=-1)
     """An already listening socket to serve on (set by ``sluice up``); -1 binds host:port."""
@@ -193,6 +235,12 @@ class UpSettings(CommonSettings):
 
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the HTTP port (each has its own reply stream)."""
+
+    metrics_port: int = Field(8002, ge=0, le=65535)
+    """The metrics-only port, Triton's 8002 (0: none; ``/metrics`` is on the HTTP port too)."""
+
+    gateway: bool = True
+    """False: publish the catalog and run the workers only (gateways run elsewhere)."""
 
     ssl_certfile: str = ""
     """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""

@@ -257,6 +257,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def segment_bytes(namespace: str, directory: Path = SHM_DIR) -> int:
+    """Bytes of the namespace's gateway-worker segments in ``directory`` (a directory walk:
+    call it off the event loop)."""
+    prefix = segment_prefix(namespace)
+    total = 0
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return 0
+    for entry in entries:
+        if entry.name.startswith(prefix):
+            with contextlib.suppress(OSError):
+                total += entry.stat(follow_symlinks=False).st_size
+    return total
+
+
 def sweep_orphans(
     namespace: str,
     max_age_s: float,

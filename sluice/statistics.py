@@ -72,6 +72,28 @@ def failure_field(reason: str) -> str:
     return f"fail.{reason}.count"
 
 
+DEADLINE_MISS_STAGES = ("queue", "gateway")
+"""Where a request's deadline passed: in the queue (the worker refused it before computing)
+or at the gateway (no answer in time)."""
+
+RECLAIMED = "reclaimed.count"
+"""Entries a worker took over from a dead or stuck one."""
+DEAD_LETTERED = "dead_letter.count"
+"""Entries moved to the dead-letter stream."""
+
+ADMISSION_REJECT_REASONS = ("queue_full", "in_flight")
+"""Why a gateway refused a request before queueing it: the model's ``max_queue_size``, or
+the gateway's own ``SLUICE_MAX_IN_FLIGHT``."""
+
+
+def deadline_miss_field(stage: str) -> str:
+    return f"deadline_miss.{stage}.count"
+
+
+def reject_field(reason: str) -> str:
+    return f"reject.{reason}.count"
+
+
 def count_field(kind: str) -> str:
     return f"{kind}.count"
 

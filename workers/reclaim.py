@@ -17,7 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from sluice import statistics as st
 from sluice.errors import InferenceFailed
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.redis_types import StreamEntry
@@ -90,6 +92,7 @@ class Reclaimer:
         )
         requests: list[PendingRequest] = []
         rejected: list[Outcome] = []
+        dead = 0
         for entry_id, fields in entries:
             if not fields:
                 continue
@@ -100,6 +103,7 @@ class Reclaimer:
                 parsed.deliveries = deliveries.get(entry_id, 1) + 1
                 if parsed.deliveries > self.settings.max_deliveries:
                     rejected.append(await self._dead_letter(parsed, fields, consumer))
+                    dead += 1
                 else:
                     requests.append(parsed)
         if requests or rejected:
@@ -108,10 +112,23 @@ class Reclaimer:
                 len(requests),
                 consumer,
                 stream,
-                len(rejected),
+                dead,
             )
+            await self._count(len(requests) + dead, dead)
         await self.publisher.publish(rejected)
         return requests
+
+    async def _count(self, reclaimed: int, dead: int) -> None:
+        """Add to the reclaimed and dead-lettered counters (``sluice_*`` metrics)."""
+        stats = self.keys.stats(self.model, self.version)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(stats, st.RECLAIMED, reclaimed)
+                if dead:
+                    pipe.hincrby(stats, st.DEAD_LETTERED, dead)
+                await pipe.execute()
+        except RedisError as exc:
+            log.warning("counting reclaimed entries failed: %s", exc)
 
     async def _dead_letter(
         self, request: PendingRequest, fields: dict[bytes, bytes], consumer: str

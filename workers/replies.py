@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
+from sluice import histograms as hist
 from sluice import statistics as st
 from sluice.errors import SluiceError, error_kind
 from sluice.keys import WORKER_GROUP, Keys
@@ -54,6 +55,8 @@ class Publisher:
     version: int
     worker_id: str
     reply_max_len: int
+    histograms: bool = True
+    """Keep the latency and batch-size histograms (off with SLUICE_ALLOW_METRICS=false)."""
 
     async def publish(
         self, outcomes: list[Outcome], timing: Timing | None = None, items: int = 0
@@ -103,9 +106,13 @@ class Publisher:
                 now_ns - o.request.message.enqueued_ns for o in outcomes if o.reply.error_kind
             )
             for outcome in outcomes:
-                if outcome.reply.error_kind:
-                    field = st.failure_field(st.failure_reason(outcome.reply.error_kind))
+                kind = outcome.reply.error_kind
+                if kind:
+                    field = st.failure_field(st.failure_reason(kind))
                     counters[field] = counters.get(field, 0) + 1
+                    if kind == "DeadlineExceeded":
+                        miss = st.deadline_miss_field("queue")
+                        counters[miss] = counters.get(miss, 0) + 1
         batch: dict[str, int] = {}
         instance: dict[str, int] = {}
         last_inference = None
@@ -119,13 +126,18 @@ class Publisher:
             counters[st.INFERENCE_COUNT] = items
             counters[st.EXECUTION_COUNT] = 1
             counters[st.count_field("success")] = n
-            counters[st.ns_field("success")] = sum(
-                now_ns - o.request.message.enqueued_ns for o in ok
-            )
+            request_ns = [now_ns - o.request.message.enqueued_ns for o in ok]
+            queue_ns = [max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok]
+            counters[st.ns_field("success")] = sum(request_ns)
             counters[st.count_field("queue")] = n
-            counters[st.ns_field("queue")] = sum(
-                max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok
-            )
+            counters[st.ns_field("queue")] = sum(queue_ns)
+            if self.histograms:
+                for request_value, queue_value in zip(request_ns, queue_ns, strict=True):
+                    hist.REQUEST.observe(counters, request_value)
+                    hist.QUEUE.observe(counters, queue_value)
+                compute_ns = timing.input_ns + timing.infer_ns + timing.output_ns
+                hist.COMPUTE.observe(counters, compute_ns, n)
+                hist.BATCH_SIZE.observe(counters, items)
             for kind, ns in durations.items():
                 counters[st.count_field(kind)] = n
                 counters[st.ns_field(kind)] = ns * n

@@ -116,6 +116,7 @@ class Worker:
             self.version,
             self.worker_id,
             self.settings.reply_max_len,
+            histograms=self.settings.allow_metrics,
         )
         try:
             return await self._run()

@@ -108,6 +108,27 @@ def scrape(http: httpx.Client) -> Samples:
     return samples
 
 
+AllSamples = list[tuple[str, dict[str, str], float]]
+
+
+def everything(http: httpx.Client) -> AllSamples:
+    """Every sample with all its labels (names as written, ``_total`` kept)."""
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    return [
+        (s.name, s.labels, s.value)
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+    ]
+
+
+def sample(samples: AllSamples, name: str, model: str, **labels: str) -> float:
+    wanted = {"model": model, "version": "1", **labels}
+    found = [v for n, lbl, v in samples if n == name and lbl == wanted]
+    assert len(found) == 1, f"{name} {wanted}: {found}"
+    return found[0]
+
+
 def value(samples: Samples, name: str, model: str, reason: str = "") -> float:
     return samples[(name, model, "1", reason)]
 
@@ -181,6 +202,9 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     request queued behind it shows as pending, and one whose deadline passes while it
     waits is dropped by the worker (REJECTED too)."""
     before = scrape(http)
+    before_everything = everything(http)
+    oldest_ages: list[float] = []
+    queue_lengths: list[float] = []
     answers: dict[str, int] = {}
 
     def send(name: str, model: str, body: dict[str, object]) -> None:
@@ -199,6 +223,11 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     refused = http.post("/v2/models/queued/infer", json=slow_request(4))
     expired = http.post("/v2/models/slow/infer", json=slow_request(5, timeout_us=200_000))
     assert wait_for(lambda: value(scrape(http), "nv_inference_pending_request_count", "slow") >= 1)
+    for _ in range(3):
+        now = everything(http)
+        oldest_ages.append(sample(now, "sluice_oldest_request_age_seconds", "slow"))
+        queue_lengths.append(sample(now, "sluice_stream_length", "slow", priority="0"))
+        time.sleep(0.05)
     for thread in [*busy, waiting]:
         thread.join(60)
     assert refused.status_code == 503
@@ -214,6 +243,94 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     assert wait_for(lambda: rejected("queued") == 1), rejected("queued")
     assert wait_for(lambda: rejected("slow") == 1), rejected("slow")
     assert wait_for(lambda: value(scrape(http), "nv_inference_pending_request_count", "slow") == 0)
+
+    def moved(name: str, model: str, **labels: str) -> float:
+        return sample(everything(http), name, model, **labels) - sample(
+            before_all, name, model, **labels
+        )
+
+    # Sluice's own view of the same events: why the gateway refused, where deadlines passed.
+    before_all = before_everything
+    assert wait_for(
+        lambda: moved("sluice_admission_rejects_total", "queued", reason="queue_full") == 1
+    )
+    assert moved("sluice_admission_rejects_total", "queued", reason="in_flight") == 0
+    assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="queue") == 1)
+    assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="gateway") == 1)
+    assert max(oldest_ages) > 0.1  # the waiting request aged while the slow one computed
+    assert max(queue_lengths) >= 1
+    assert sample(everything(http), "sluice_oldest_request_age_seconds", "slow") == 0
+
+
+SLUICE_PER_MODEL = {
+    "sluice_stream_length": {"priority"},
+    "sluice_consumer_lag": set(),
+    "sluice_pending_entries": set(),
+    "sluice_oldest_request_age_seconds": set(),
+    "sluice_drain_time_seconds": set(),
+    "sluice_reclaimed_entries_total": set(),
+    "sluice_dead_letter_entries_total": set(),
+    "sluice_deadline_misses_total": {"stage"},
+    "sluice_admission_rejects_total": {"reason"},
+    "sluice_instances": {"state"},
+    "sluice_request_duration_seconds_bucket": {"le"},
+    "sluice_queue_duration_seconds_bucket": {"le"},
+    "sluice_compute_duration_seconds_bucket": {"le"},
+    "sluice_batch_size_bucket": {"le"},
+}
+SLUICE_GLOBAL = {
+    "sluice_gateway_in_flight",
+    "sluice_gateway_processes",
+    "sluice_redis_round_trip_seconds",
+    "sluice_gateway_body_budget_rejects_total",
+    "sluice_shared_memory_bytes",
+}
+
+
+def test_sluice_families_cover_every_model_version(http: httpx.Client) -> None:
+    samples = everything(http)
+    for name, extra in SLUICE_PER_MODEL.items():
+        found = [labels for n, labels, _ in samples if n == name]
+        assert {labels["model"] for labels in found} == MODELS, name
+        assert all(set(labels) == {"model", "version", *extra} for labels in found), name
+    names = {n for n, _, _ in samples}
+    assert names >= SLUICE_GLOBAL
+    gauges = {n: v for n, labels, v in samples if n in SLUICE_GLOBAL and not labels}
+    assert gauges["sluice_gateway_processes"] == 1
+    assert gauges["sluice_gateway_in_flight"] >= 0
+    assert 0 < gauges["sluice_redis_round_trip_seconds"] < 1
+    for model in MODELS:
+        assert sample(samples, "sluice_instances", model, state="ready") == 1
+        assert sample(samples, "sluice_instances", model, state="failed") == 0
+
+
+def test_histograms_count_every_success(http: httpx.Client) -> None:
+    before = everything(http)
+    single = {"inputs": [{"name": "IN_FP32", "shape": [2, 3], "datatype": "FP32", "data": [1] * 6}]}
+    for _ in range(7):
+        assert http.post("/v2/models/ident/infer", json=single).status_code == 200
+    after = everything(http)
+
+    def delta(name: str, **labels: str) -> float:
+        return sample(after, name, "ident", **labels) - sample(before, name, "ident", **labels)
+
+    success = delta("nv_inference_request_success_total")
+    assert success == 7
+    for name in ("request", "queue", "compute"):
+        family = f"sluice_{name}_duration_seconds"
+        assert delta(f"{family}_count") == success
+        assert delta(f"{family}_bucket", le="+Inf") == success
+        buckets = [
+            (float(labels["le"]), v)
+            for n, labels, v in after
+            if n == f"{family}_bucket" and labels["model"] == "ident"
+        ]
+        counts = [v for _, v in sorted(buckets)]
+        assert counts == sorted(counts), f"{family} buckets are cumulative"
+    assert delta("sluice_request_duration_seconds_sum") > 0
+    # One execution per batch; its size in items (Triton's inference count).
+    assert delta("sluice_batch_size_count") == delta("nv_inference_exec_count_total")
+    assert delta("sluice_batch_size_sum") == delta("nv_inference_count_total") == 14
 
 
 def test_metrics_need_a_key_when_keys_are_set(

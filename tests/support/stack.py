@@ -30,6 +30,8 @@ class Stack:
     env: dict[str, str] = field(default_factory=dict)
     namespace: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
     port: int = field(default_factory=free_port)
+    metrics_port: int = 0
+    """The metrics-only port (0: none, /metrics stays on the HTTP port)."""
     process: subprocess.Popen[str] | None = None
     stdout_lines: list[str] = field(default_factory=list)
     stderr_lines: list[str] = field(default_factory=list)
@@ -61,6 +63,8 @@ class Stack:
                 str(self.repository),
                 "--http-port",
                 str(self.port),
+                "--metrics-port",
+                str(self.metrics_port),
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

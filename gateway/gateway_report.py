@@ -1,0 +1,76 @@
+"""What each gateway process tells the others through Redis, every catalog refresh.
+
+Gauges that belong to a process (requests in flight, its Redis round-trip time, client
+shared memory it holds) go to a hash of its own that expires a few seconds after its last
+report, so a scrape of any gateway sums the live ones and a dead process leaves no stale
+series. Counters (admission refusals, deadline misses at the gateway) are added to the
+shared statistics hashes, where they survive the process.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+
+from gateway.state import GatewayState
+from sluice import statistics as st
+
+REPORT_TTL_S = 5
+"""A gateway's report outlives its last refresh by this much."""
+
+BODY_BUDGET_REJECTS = "body_budget.rejects"
+"""Field of the gateway counters: requests refused by SLUICE_MAX_BUFFERED_BODY_BYTES."""
+
+IN_FLIGHT, ROUND_TRIP_US, CLIENT_SHM_BYTES = "in_flight", "redis_rtt_us", "client_shm_bytes"
+
+
+async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> None:
+    """Publish this process's gauges and hand its counters over; counters that could not
+    be written are kept for the next report."""
+    keys = state.keys
+    rejected = state.admission.take_rejected()
+    dispatcher = state.dispatcher
+    expired, dispatcher.expired = dispatcher.expired, Counter()
+    body_rejects, state.bodies.refused = state.bodies.refused, 0
+    now = time.time()
+    try:
+        async with state.redis.pipeline(transaction=False) as pipe:
+            report_key = keys.gateway_report(gateway_id)
+            pipe.hset(
+                report_key,
+                mapping={
+                    IN_FLIGHT: state.admission.in_flight,
+                    ROUND_TRIP_US: int(round_trip_s * 1e6),
+                    CLIENT_SHM_BYTES: state.regions.system_bytes(),
+                },
+            )
+            pipe.expire(report_key, REPORT_TTL_S)
+            pipe.zadd(keys.gateways, {gateway_id: now + REPORT_TTL_S})
+            pipe.zremrangebyscore(keys.gateways, "-inf", now)
+            for (model, version, reason), count in rejected.items():
+                stats = keys.stats(model, version)
+                pipe.hincrby(stats, st.failure_field("REJECTED"), count)
+                pipe.hincrby(stats, st.reject_field(reason), count)
+            streams = _stream_owners(state) if expired else {}
+            for stream, count in expired.items():
+                owner = streams.get(stream)
+                if owner is not None:
+                    pipe.hincrby(keys.stats(*owner), st.deadline_miss_field("gateway"), count)
+            if body_rejects:
+                pipe.hincrby(keys.gateway_counters, BODY_BUDGET_REJECTS, body_rejects)
+            await pipe.execute()
+    except BaseException:
+        state.admission.rejected.update(rejected)
+        dispatcher.expired.update(expired)
+        state.bodies.refused += body_rejects
+        raise
+
+
+def _stream_owners(state: GatewayState) -> dict[str, tuple[str, int]]:
+    """Request stream name -> (model, version), for the streams in the catalog."""
+    owners: dict[str, tuple[str, int]] = {}
+    for entry in state.view.models.values():
+        for version in entry.versions:
+            for stream in state.view.streams(entry, version):
+                owners[stream] = (entry.name, version)
+    return owners

@@ -1,0 +1,138 @@
+"""Everything a scrape reports, read from Redis in two pipelined round trips.
+
+Per model version: its statistics hash (Triton's counters, the histograms, Sluice's
+counters), and per request stream its length, the entries delivered to workers and not yet
+answered, and the id of its oldest entry (entries are deleted once answered, so the first
+one left is the oldest waiting request). Besides: the Redis server's clock (ages are
+measured against it, never against this host's), the reports of the live gateways, and the
+gateway counters that belong to no model.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from redis.asyncio import Redis
+
+from gateway.catalog_view import CatalogView
+from sluice.keys import WORKER_GROUP, Keys
+
+ModelVersion = tuple[str, int]
+
+
+@dataclass
+class StreamState:
+    priority: int
+    """Priority level (1 highest), or 0 for a model without priority levels."""
+    length: int = 0
+    delivered: int = 0
+    """Entries a worker holds (XPENDING): taken, not yet answered."""
+    oldest_ms: int | None = None
+    """Unix milliseconds of the oldest entry's id, None when the stream is empty."""
+
+    @property
+    def waiting(self) -> int:
+        """Entries not yet delivered to any worker (the consumer group's lag)."""
+        return max(0, self.length - self.delivered)
+
+
+@dataclass
+class VersionState:
+    model: str
+    version: int
+    counters: dict[str, int] = field(default_factory=dict)
+    streams: list[StreamState] = field(default_factory=list)
+    live_workers: int = 0
+    expected_instances: int = 1
+    load_error: bool = False
+
+
+@dataclass
+class Snapshot:
+    versions: list[VersionState]
+    now_ms: int
+    gateways: list[dict[str, int]]
+    gateway_counters: dict[str, int]
+
+
+async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
+    versions: list[VersionState] = []
+    now = time.time()
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.time()
+        pipe.zrangebyscore(keys.gateways, now, "+inf")
+        pipe.hgetall(keys.gateway_counters)
+        for name in sorted(view.models):
+            entry = view.models[name]
+            if not entry.available:
+                continue
+            for version in sorted(entry.versions):
+                state = VersionState(name, version)
+                if entry.config is not None:
+                    state.expected_instances = entry.config.total_instances
+                state.load_error = view.load_error(name, version) is not None
+                pipe.hgetall(keys.stats(name, version))
+                # Heartbeats hold their expiry (unix seconds): count those in the future.
+                pipe.zcount(keys.live_workers(name, version), now, "+inf")
+                streams = view.streams(entry, version)
+                for level, stream in enumerate(streams, start=1):
+                    state.streams.append(StreamState(level if len(streams) > 1 else 0))
+                    pipe.xlen(stream)
+                    pipe.xpending(stream, WORKER_GROUP)
+                    pipe.xrange(stream, "-", "+", count=1)
+                versions.append(state)
+        results: list[Any] = await pipe.execute(raise_on_error=False)
+    seconds, microseconds = _ints(results[0], (0, 0))
+    now_ms = seconds * 1000 + microseconds // 1000
+    live = [_text(member) for member in _list(results[1])]
+    position = 3
+    for state in versions:
+        state.counters = _counters(results[position])
+        live_workers = results[position + 1]
+        position += 2
+        state.live_workers = live_workers if isinstance(live_workers, int) else 0
+        for stream_state in state.streams:
+            length, pending, first = results[position : position + 3]
+            position += 3
+            stream_state.length = length if isinstance(length, int) else 0
+            stream_state.delivered = (
+                int(pending.get("pending", 0)) if isinstance(pending, dict) else 0
+            )
+            if isinstance(first, list) and first:
+                stream_state.oldest_ms = int(_text(first[0][0]).split("-", 1)[0])
+    gateways: list[dict[str, int]] = []
+    if live:
+        async with redis.pipeline(transaction=False) as pipe:
+            for gateway_id in live:
+                pipe.hgetall(keys.gateway_report(gateway_id))
+            reports = await pipe.execute(raise_on_error=False)
+        gateways = [_counters(report) for report in reports if report]
+    return Snapshot(versions, now_ms, gateways, _counters(results[2]))
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _list(value: Any) -> list[Any]:
+    return cast(list[Any], value) if isinstance(value, list) else []
+
+
+def _ints(value: Any, default: tuple[int, int]) -> tuple[int, int]:
+    if isinstance(value, (list, tuple)) and len(value) == 2:
+        return int(value[0]), int(value[1])
+    return default
+
+
+def _counters(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    counters: dict[str, int] = {}
+    for key, raw in value.items():
+        try:
+            counters[_text(key)] = int(raw)
+        except ValueError:
+            continue
+    return counters

@@ -1,0 +1,44 @@
+"""The metrics port (Triton's 8002): ``GET /metrics`` and nothing else.
+
+It answers from the same process state as the HTTP port, so a scrape of either gives the
+same text; a separate port lets operators expose metrics to Prometheus without exposing
+inference, as with Triton.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+from starlette.types import Receive, Scope, Send
+
+from gateway.infer_response import encode_error
+from gateway.metrics import CONTENT_TYPE, metrics_text
+
+
+class MetricsOnly:
+    def __init__(self, app: FastAPI) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            await _answer(send, 404, encode_error("Not Found"), b"application/json")
+            return
+        if scope["method"] != "GET":
+            await _answer(send, 405, encode_error("Method Not Allowed"), b"application/json")
+            return
+        state = getattr(self.app.state, "sluice", None)
+        if state is None:
+            await _answer(send, 503, encode_error("the gateway is starting"), b"application/json")
+            return
+        if not state.settings.allow_metrics:
+            await _answer(send, 404, encode_error("metrics are turned off"), b"application/json")
+            return
+        body = await metrics_text(state)
+        await _answer(send, 200, body, CONTENT_TYPE.encode())
+
+
+async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+    headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,226 @@
+"""Sluice's own metric families (``sluice_*``), written with prometheus-client.
+
+They describe what Triton has no name for: the queue (stream length, entries waiting and
+held by workers, the oldest request's age, an estimated drain time), recovery (reclaimed
+and dead-lettered entries), refusals and deadline misses, instances by state, latency and
+batch-size histograms, and the gateways (in flight, Redis round trip, shared memory).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from gateway.gateway_report import BODY_BUDGET_REJECTS, CLIENT_SHM_BYTES, IN_FLIGHT, ROUND_TRIP_US
+from gateway.metric_snapshot import Snapshot, VersionState
+from sluice import histograms as hist
+from sluice import statistics as st
+
+_LABELS = ["model", "version"]
+_HISTOGRAMS = (
+    (
+        "sluice_request_duration_seconds",
+        "Time from the gateway's enqueue to the worker's answer, successful requests",
+        hist.REQUEST,
+    ),
+    (
+        "sluice_queue_duration_seconds",
+        "Time from the gateway's enqueue to the start of the batch's computation",
+        hist.QUEUE,
+    ),
+    (
+        "sluice_compute_duration_seconds",
+        "Input preparation, inference and output extraction of the request's batch",
+        hist.COMPUTE,
+    ),
+    ("sluice_batch_size", "Items per model execution (Triton's inference count)", hist.BATCH_SIZE),
+)
+
+
+@dataclass
+class DrainRate:
+    """Answers per second per model version, from the counters seen at recent scrapes."""
+
+    window_s: float = 60.0
+    seen: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=dict)
+
+    def rate(self, key: tuple[str, int], answered: int, now: float) -> float | None:
+        samples = self.seen.setdefault(key, deque())
+        samples.append((now, answered))
+        while len(samples) > 2 and now - samples[1][0] >= self.window_s:
+            samples.popleft()
+        first_t, first_count = samples[0]
+        if now - first_t < 1.0:
+            return None
+        return max(0, answered - first_count) / (now - first_t)
+
+
+DRAIN = DrainRate()
+
+
+@dataclass(eq=False)
+class _Families:
+    snapshot: Snapshot
+    shm_segment_bytes: int | None
+
+    def collect(self) -> Iterator[Metric]:
+        versions = self.snapshot.versions
+        yield from self._queue(versions)
+        yield from self._recovery(versions)
+        yield from self._instances(versions)
+        yield from self._histograms(versions)
+        yield from self._gateways()
+
+    def _queue(self, versions: list[VersionState]) -> Iterable[Metric]:
+        length = GaugeMetricFamily(
+            "sluice_stream_length",
+            "Entries in the model version's request stream (waiting and being computed)",
+            labels=[*_LABELS, "priority"],
+        )
+        lag = GaugeMetricFamily(
+            "sluice_consumer_lag",
+            "Entries not yet delivered to any worker (the consumer group's lag)",
+            labels=_LABELS,
+        )
+        pending = GaugeMetricFamily(
+            "sluice_pending_entries",
+            "Entries delivered to a worker and not yet answered",
+            labels=_LABELS,
+        )
+        age = GaugeMetricFamily(
+            "sluice_oldest_request_age_seconds",
+            "Age of the oldest request not yet answered (0 when none)",
+            labels=_LABELS,
+        )
+        drain = GaugeMetricFamily(
+            "sluice_drain_time_seconds",
+            "Estimated time to answer every queued request at the recent answer rate "
+            "(+Inf when requests wait and none was answered lately, NaN until two scrapes)",
+            labels=_LABELS,
+        )
+        now = time.monotonic()
+        for state in versions:
+            labels = [state.model, str(state.version)]
+            for stream in state.streams:
+                length.add_metric([*labels, str(stream.priority)], stream.length)
+            lag.add_metric(labels, sum(s.waiting for s in state.streams))
+            pending.add_metric(labels, sum(s.delivered for s in state.streams))
+            oldest = [s.oldest_ms for s in state.streams if s.oldest_ms is not None]
+            age.add_metric(
+                labels, max(0.0, (self.snapshot.now_ms - min(oldest)) / 1000) if oldest else 0.0
+            )
+            queued = sum(s.length for s in state.streams)
+            answered = state.counters.get(st.count_field("success"), 0) + state.counters.get(
+                st.count_field("fail"), 0
+            )
+            rate = DRAIN.rate((state.model, state.version), answered, now)
+            if queued == 0:
+                estimate = 0.0
+            elif rate is None:
+                estimate = math.nan
+            else:
+                estimate = queued / rate if rate > 0 else math.inf
+            drain.add_metric(labels, estimate)
+        return length, lag, pending, age, drain
+
+    def _recovery(self, versions: list[VersionState]) -> Iterable[Metric]:
+        reclaimed = CounterMetricFamily(
+            "sluice_reclaimed_entries",
+            "Entries a worker took over from a dead or stuck worker",
+            labels=_LABELS,
+        )
+        dead = CounterMetricFamily(
+            "sluice_dead_letter_entries",
+            "Entries moved to the dead-letter stream after too many deliveries",
+            labels=_LABELS,
+        )
+        misses = CounterMetricFamily(
+            "sluice_deadline_misses",
+            "Requests whose deadline passed, in the queue or waiting at the gateway",
+            labels=[*_LABELS, "stage"],
+        )
+        rejects = CounterMetricFamily(
+            "sluice_admission_rejects",
+            "Requests a gateway refused before queueing them, by reason",
+            labels=[*_LABELS, "reason"],
+        )
+        for state in versions:
+            labels = [state.model, str(state.version)]
+            counters = state.counters
+            reclaimed.add_metric(labels, counters.get(st.RECLAIMED, 0))
+            dead.add_metric(labels, counters.get(st.DEAD_LETTERED, 0))
+            for stage in st.DEADLINE_MISS_STAGES:
+                misses.add_metric([*labels, stage], counters.get(st.deadline_miss_field(stage), 0))
+            for reason in st.ADMISSION_REJECT_REASONS:
+                rejects.add_metric([*labels, reason], counters.get(st.reject_field(reason), 0))
+        return reclaimed, dead, misses, rejects
+
+    def _instances(self, versions: list[VersionState]) -> Iterable[Metric]:
+        instances = GaugeMetricFamily(
+            "sluice_instances",
+            "Model instances (worker processes) by state: ready (heartbeating), loading "
+            "(expected, not yet ready) and failed (the version could not be loaded)",
+            labels=[*_LABELS, "state"],
+        )
+        for state in versions:
+            labels = [state.model, str(state.version)]
+            missing = max(0, state.expected_instances - state.live_workers)
+            instances.add_metric([*labels, "ready"], state.live_workers)
+            instances.add_metric([*labels, "loading"], 0 if state.load_error else missing)
+            instances.add_metric([*labels, "failed"], missing if state.load_error else 0)
+        return (instances,)
+
+    def _histograms(self, versions: list[VersionState]) -> Iterable[Metric]:
+        for name, help_text, histogram in _HISTOGRAMS:
+            family = HistogramMetricFamily(name, help_text, labels=_LABELS)
+            for state in versions:
+                buckets, total = histogram.read(state.counters)
+                family.add_metric([state.model, str(state.version)], buckets, total)
+            yield family
+
+    def _gateways(self) -> Iterable[Metric]:
+        gateways = self.snapshot.gateways
+        in_flight = GaugeMetricFamily(
+            "sluice_gateway_in_flight", "Requests held by the live gateway processes"
+        )
+        in_flight.add_metric([], sum(g.get(IN_FLIGHT, 0) for g in gateways))
+        processes = GaugeMetricFamily(
+            "sluice_gateway_processes", "Gateway processes that reported in the last seconds"
+        )
+        processes.add_metric([], len(gateways))
+        round_trip = GaugeMetricFamily(
+            "sluice_redis_round_trip_seconds",
+            "Slowest Redis round trip the live gateways measured at their last refresh",
+        )
+        round_trip.add_metric([], max((g.get(ROUND_TRIP_US, 0) for g in gateways), default=0) / 1e6)
+        body = CounterMetricFamily(
+            "sluice_gateway_body_budget_rejects",
+            "Requests refused because the gateway held SLUICE_MAX_BUFFERED_BODY_BYTES already",
+        )
+        body.add_metric([], self.snapshot.gateway_counters.get(BODY_BUDGET_REJECTS, 0))
+        shm = GaugeMetricFamily(
+            "sluice_shared_memory_bytes",
+            "Shared memory in use: gateway-worker segments on this host, and the client "
+            "regions registered with the live gateways",
+            labels=["kind"],
+        )
+        shm.add_metric(["segments"], self.shm_segment_bytes or 0)
+        shm.add_metric(["client_regions"], sum(g.get(CLIENT_SHM_BYTES, 0) for g in gateways))
+        return in_flight, processes, round_trip, body, shm
+
+
+def render(snapshot: Snapshot, shm_segment_bytes: int | None) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Families(snapshot, shm_segment_bytes))
+    return generate_latest(registry)
