@@ -25,6 +25,7 @@ from gateway import gpu_metrics, metric_snapshot, sluice_metrics
 from gateway.host_metrics import HOST, family
 from gateway.metric_snapshot import Snapshot
 from gateway.state import GatewayState
+from sluice.settings import GatewaySettings
 from sluice.shm import segment_bytes
 from sluice.statistics import (
     EXECUTION_COUNT,
@@ -104,9 +105,12 @@ _PENDING = (
 async def metrics_text(state: GatewayState) -> bytes:
     """The whole ``/metrics`` text (callers check ``allow_metrics``)."""
     snapshot = await metric_snapshot.take(state.redis, state.keys, state.view)
-    segments = None
-    if state.settings.shm_same_host:
-        segments = await asyncio.to_thread(segment_bytes, state.settings.namespace)
+    # Rendering takes milliseconds per hundred series: not on the event loop.
+    return await asyncio.to_thread(_text, snapshot, state.settings)
+
+
+def _text(snapshot: Snapshot, settings: GatewaySettings) -> bytes:
+    segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
     lines = triton_lines(snapshot)
     lines += HOST.lines()
     lines += gpu_metrics.GPUS.lines()

@@ -10,6 +10,7 @@ from pathlib import Path
 import httpx
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
 from sluice.keys import Keys
@@ -72,6 +73,14 @@ def test_poison_request_is_dead_lettered_and_others_are_served(
             time.sleep(0.2)
         assert healthy.status_code == 200, healthy.text
         assert healthy.json()["outputs"][0]["data"] == [4.0]
+        # The operators' view: one entry dead-lettered, each take-over counted.
+        samples = {
+            (s.name, s.labels.get("model")): s.value
+            for family in text_string_to_metric_families(http.get("/metrics").text)
+            for s in family.samples
+        }
+        assert samples[("sluice_dead_letter_entries_total", "poison")] == 1
+        assert samples[("sluice_reclaimed_entries_total", "poison")] >= 2
 
     redis = Redis.from_url(stack.redis_url)
     try:
