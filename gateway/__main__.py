@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 import resource
 import socket
 import sys
@@ -47,6 +46,7 @@ def serve(settings: GatewaySettings) -> None:
         "access_log": False,
         "proxy_headers": False,
         "log_level": "warning",
+        "log_config": None,  # uvicorn's lines go through Sluice's logging (JSON when set)
         "timeout_graceful_shutdown": int(settings.shutdown_timeout_s),
         "ssl_certfile": settings.ssl_certfile or None,
         "ssl_keyfile": settings.ssl_keyfile or None,
@@ -117,5 +117,7 @@ def _metrics_socket(settings: GatewaySettings) -> socket.socket | None:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from sluice.logs import configure_logging
+
+    configure_logging("gateway", GatewaySettings())
     serve(GatewaySettings())

@@ -4,6 +4,11 @@ Profiles showed the framework's routing, dependency and middleware layers
 costing more CPU per request than the request's own work, so
 ``POST /v2/models/{m}[/versions/{v}]/infer`` is served here directly; every
 other route goes to the FastAPI application, which also owns the lifespan.
+
+Every answer carries the request's id as ``X-Request-ID`` (see :mod:`gateway.request_id`).
+A valid W3C ``traceparent`` travels on to the worker in the stream entry; with tracing on
+(an OTLP endpoint configured, see :mod:`sluice.tracing`) the request gets a ``receive``
+span, whose context goes to the worker instead and back to the client as ``traceparent``.
 """
 
 from __future__ import annotations
@@ -11,30 +16,52 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
+from gateway import request_id
 from gateway.body import check_declared_length, decode_body, parse_header_length, too_large
 from gateway.body_budget import BodyReservation
 from gateway.infer import run_infer
 from gateway.infer_response import encode_error
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError
+from sluice.logs import TRACE_ID
+from sluice.trace_context import TraceParent, parse_traceparent
+from sluice.tracing import tracing_from_settings
+
+if TYPE_CHECKING:
+    from sluice.otel import Tracing
 
 log = logging.getLogger(__name__)
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
+_WANTED = frozenset(
+    (
+        b"content-length",
+        b"content-encoding",
+        b"inference-header-content-length",
+        b"x-request-id",
+        b"traceparent",
+        b"tracestate",
+    )
+)
 
 
 class InferFastPath:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
+        self.tracing: Tracing | None = None
+        """Set once the application has started, when tracing is configured."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
+            if scope["type"] == "lifespan":
+                send = self._watch_lifespan(send)
             await self.app(scope, receive, send)
             return
         match = _INFER_PATH.match(scope["path"])
@@ -48,6 +75,20 @@ class InferFastPath:
         finally:
             reservation.release()
 
+    def _watch_lifespan(self, send: Send) -> Send:
+        """Tracing starts once the application has (its settings are known then), and
+        exports what is left once it has stopped."""
+
+        async def watched(message: Message) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                self.tracing = tracing_from_settings(self.app.state.sluice.settings, "gateway")
+            elif message["type"] == "lifespan.shutdown.complete" and self.tracing is not None:
+                tracing, self.tracing = self.tracing, None
+                await asyncio.to_thread(tracing.shutdown)
+            await send(message)
+
+        return watched
+
     async def _infer(
         self,
         state: GatewayState,
@@ -57,8 +98,16 @@ class InferFastPath:
         send: Send,
         reservation: BodyReservation,
     ) -> None:
+        headers = _headers(scope)
+        request_id.from_header(headers.get(b"x-request-id"))
+        trace = _incoming_trace(headers)
+        span = self.tracing.receive(match.group(1), trace) if self.tracing is not None else None
+        if span is not None:
+            trace = span.context
+        if trace is not None:
+            TRACE_ID.set(trace.trace_id)
+        error = ""
         try:
-            headers = _headers(scope)
             limit = state.settings.max_body_bytes
             reservation.ensure(check_declared_length(headers.get(b"content-length"), limit) or 0)
             body = await _read(receive, limit, reservation)
@@ -68,29 +117,41 @@ class InferFastPath:
                 reservation.ensure(len(body))
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
             content, response_json_length = await run_infer(
-                state, match.group(1), match.group(2), body, json_length
+                state, match.group(1), match.group(2), body, json_length, trace, span
             )
+            status = 200
+            if response_json_length is None:
+                response_headers = [_JSON]
+            else:
+                length = str(response_json_length).encode()
+                response_headers = [_BINARY, (b"inference-header-content-length", length)]
         except ClientDisconnected:
+            if span is not None:
+                span.end(0, request_id.current(), "the client went away")
             return
         except SluiceError as exc:
-            extra = (
-                [(b"retry-after", str(exc.retry_after_s).encode())]
-                if isinstance(exc, Overloaded)
-                else []
-            )
-            await _respond(send, int(exc.status), encode_error(exc.message), [_JSON, *extra])
-            return
+            status, error = int(exc.status), exc.message
+            content, response_headers = encode_error(error), [_JSON]
+            if isinstance(exc, Overloaded):
+                response_headers.append((b"retry-after", str(exc.retry_after_s).encode()))
+            # A model's failure is worth a warning; refusals are the client's (or load's).
+            level = logging.WARNING if status == 500 else logging.DEBUG
+            request_id.current()  # (made up now if need be, so the line carries it)
+            log.log(level, "inference request failed: %d %s", status, error)
         except Exception as exc:
+            request_id.current()
             log.exception("inference request failed")
-            await _respond(
-                send, 500, encode_error(f"internal error: {type(exc).__name__}: {exc}"), [_JSON]
-            )
-            return
-        if response_json_length is None:
-            await _respond(send, 200, content, [_JSON])
-        else:
-            length_header = (b"inference-header-content-length", str(response_json_length).encode())
-            await _respond(send, 200, content, [_BINARY, length_header])
+            status, error = 500, f"internal error: {type(exc).__name__}: {exc}"
+            content, response_headers = encode_error(error), [_JSON]
+        rid = request_id.current()
+        response_headers.append((b"x-request-id", rid.encode()))
+        if span is not None:
+            response_headers.append((b"traceparent", span.context.header.encode()))
+        try:
+            await _respond(send, status, content, response_headers)
+        finally:
+            if span is not None:
+                span.end(status, rid, error)
 
 
 class ClientDisconnected(Exception):
@@ -98,8 +159,15 @@ class ClientDisconnected(Exception):
 
 
 def _headers(scope: Scope) -> dict[bytes, str]:
-    wanted = (b"content-length", b"content-encoding", b"inference-header-content-length")
-    return {name: value.decode("latin-1") for name, value in scope["headers"] if name in wanted}
+    return {name: value.decode("latin-1") for name, value in scope["headers"] if name in _WANTED}
+
+
+def _incoming_trace(headers: dict[bytes, str]) -> TraceParent | None:
+    """The client's trace context; None without one, or with an invalid one."""
+    traceparent = headers.get(b"traceparent")
+    if traceparent is None:
+        return None
+    return parse_traceparent(traceparent, headers.get(b"tracestate"))
 
 
 async def _read(receive: Receive, limit: int, reservation: BodyReservation) -> bytes:

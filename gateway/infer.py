@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway import request_id
 from gateway.body import header_length, read_body
 from gateway.infer_request import InferRequest, parse_infer_request
 from gateway.infer_response import encode_infer_response
@@ -18,7 +19,11 @@ from gateway.state import GatewayState
 from sluice.config import DynamicBatching
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
 from sluice.shm import unlink
+from sluice.trace_context import TraceParent
 from sluice.wire import ReplyMessage, RequestMessage
+
+if TYPE_CHECKING:
+    from sluice.otel import RequestSpan
 
 _NS_PER_US = 1_000
 OFFLOAD_BYTES = 64 * 1024
@@ -76,9 +81,18 @@ async def infer(request: Request, state: GatewayState, model: str, version: str 
 
 
 async def run_infer(
-    state: GatewayState, model: str, version: str | None, body: bytes, json_length: int | None
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    json_length: int | None,
+    trace: TraceParent | None = None,
+    span: RequestSpan | None = None,
 ) -> tuple[bytes, int | None]:
-    """Validate, queue, await and encode one request: (response body, JSON header length)."""
+    """Validate, queue, await and encode one request: (response body, JSON header length).
+
+    ``trace`` goes into the stream entry for the worker; ``span`` (when tracing) gets a
+    ``reply`` child while the answer is turned into the response."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
     entry, number = state.view.resolve(model, version)
@@ -91,6 +105,7 @@ async def run_infer(
         lambda: parse_infer_request(body, json_length, config, state.limits, state.regions),
     )
     transfer = state.transfer
+    rid = request_id.settle(parsed.id)
 
     dynamic = config.dynamic_batching
     timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
@@ -121,6 +136,8 @@ async def run_infer(
                 segment_prefix=transfer.message_prefix,
                 segment_min_bytes=transfer.segment_min_bytes,
                 classes=parsed.classes or {},
+                request_id=rid,
+                trace=trace,
             )
             reply, data = await state.dispatcher.submit(
                 model, stream, message, payload, timeout_us / 1_000_000
@@ -128,6 +145,7 @@ async def run_infer(
         finally:
             if segment is not None:
                 unlink(segment)
+        reply_span = span.reply() if span is not None else None
         try:
             if reply.error_kind:
                 raise error_from_kind(reply.error_kind, reply.error)
@@ -138,6 +156,8 @@ async def run_infer(
             )
         finally:
             transfer.discard(reply.outputs)
+            if reply_span is not None:
+                reply_span.end(reply.error_kind)
 
 
 def _encode(

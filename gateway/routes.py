@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
+from gateway.logging_routes import logging_router
 from gateway.metadata import model_metadata
 from gateway.metrics import CONTENT_TYPE, metrics_text
 from gateway.model_control_routes import model_control_router
@@ -28,11 +29,13 @@ EXTENSIONS = [
     "schedule_policy",
     "system_shared_memory",
     "cuda_shared_memory",
+    "logging",
 ]
 
 router = APIRouter()
 router.include_router(shm_router)
 router.include_router(model_control_router)
+router.include_router(logging_router)
 
 Handler = Callable[..., Awaitable[Response]]
 

@@ -7,7 +7,6 @@ importing :mod:`sluice` never imports a service.
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 from pathlib import Path
@@ -41,11 +40,13 @@ def _main(
 
 
 def _logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.DEBUG if verbose else logging.INFO,
-        format="%(asctime)s %(name)s %(levelname)s %(message)s",
-        stream=sys.stderr,
-    )
+    """Log lines as SLUICE_LOG_* say (sluice.logs); their role is the name of the command
+    function calling this (``up``, ``gateway``, ``worker``)."""
+    from sluice.logs import configure_logging
+    from sluice.settings import CommonSettings
+
+    caller = sys._getframe(1).f_code.co_name
+    configure_logging(caller, CommonSettings(), verbose=verbose, stream=sys.stderr)
 
 
 def _overrides(**values: Any) -> dict[str, Any]:

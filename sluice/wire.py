@@ -18,6 +18,7 @@ import msgpack
 
 from sluice.datatypes import DATATYPES
 from sluice.shm import ShmKeyError, is_segment_prefix, object_name
+from sluice.trace_context import TraceParent, parse_traceparent
 
 SCHEMA_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without shared memory references
@@ -75,6 +76,12 @@ class RequestMessage:
     gateway reads and removes it); 0: every other output goes inline in the reply."""
     classes: dict[str, int] = field(default_factory=dict)
     """Outputs answered as their top-N classes (Triton's classification extension)."""
+    request_id: str = ""
+    """The id logs and traces know the request by: the client's KServe ``id``, else its
+    ``X-Request-ID``, else one the gateway made up (empty in entries of older gateways)."""
+    trace: TraceParent | None = None
+    """The W3C trace context the worker's spans and log lines belong to (the gateway's
+    span, or the client's ``traceparent`` when the gateway does not trace)."""
 
 
 @dataclass(slots=True)
@@ -176,6 +183,12 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
         header["sm"] = message.segment_min_bytes
     if message.classes:
         header["cl"] = message.classes
+    if message.request_id:
+        header["ri"] = message.request_id
+    if message.trace is not None:
+        header["tp"] = message.trace.header
+        if message.trace.state:
+            header["ts"] = message.trace.state
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
 
 
@@ -200,6 +213,9 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
             message.segment_min_bytes = _int(header["sm"])
         if "cl" in header:
             message.classes = _classes(header["cl"])
+        message.request_id = _str(header.get("ri", ""))
+        if "tp" in header:  # a malformed one is no trace context, as from a client
+            message.trace = parse_traceparent(_str(header["tp"]), _str(header.get("ts", "")))
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"request header is missing or has a bad field: {exc}") from None
     for tensor in message.inputs:

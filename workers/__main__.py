@@ -8,9 +8,11 @@ import logging
 import sys
 from pathlib import Path
 
+from sluice.logs import configure_logging
 from sluice.repository import read_model
 from sluice.runtime import tune_garbage_collector
 from sluice.settings import WorkerSettings
+from sluice.tracing import tracing_from_settings
 from workers.backends.base import Placement
 from workers.worker import EXIT_LOAD_FAILED, Worker, install_signal_handlers
 
@@ -35,14 +37,21 @@ def run_worker(
             "model '%s' has no served version %d (served: %s)", model, version, entry.versions
         )
         return EXIT_LOAD_FAILED
-    worker = Worker(settings, entry.config, version, entry.model_file(version), placement)
+    tracing = tracing_from_settings(settings, "worker")
+    worker = Worker(
+        settings, entry.config, version, entry.model_file(version), placement, tracing=tracing
+    )
     tune_garbage_collector()
 
     async def main() -> int:
         install_signal_handlers(worker)
         return await worker.run()
 
-    return asyncio.run(main())
+    try:
+        return asyncio.run(main())
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # exports the spans still buffered
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,10 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--gpu", type=int)
     parser.add_argument("--threads", type=int, default=0)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s worker %(name)s %(levelname)s %(message)s"
-    )
     settings = WorkerSettings()
+    configure_logging("worker", settings)
     threads = settings.threads or args.threads or 1
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)
     return run_worker(settings, args.model_repository, args.model, args.version, placement)

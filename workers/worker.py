@@ -22,6 +22,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -38,7 +39,7 @@ from sluice.errors import (
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
-from sluice.wire import MalformedEntry, ReplyMessage, TensorHeader, decode_request
+from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
 from workers.backends import load_backend
 from workers.backends.base import Backend, Placement, RequestsFailed
 from workers.batching import (
@@ -53,6 +54,9 @@ from workers.batching import (
 from workers.reclaim import Reclaimer
 from workers.replies import Outcome, Publisher, Timing, error_outcome
 from workers.warmup import warm_up
+
+if TYPE_CHECKING:
+    from sluice.otel import BatchSpan, Tracing
 
 log = logging.getLogger(__name__)
 
@@ -72,8 +76,11 @@ class Worker:
         placement: Placement,
         *,
         drain: bool = False,
+        tracing: Tracing | None = None,
     ) -> None:
-        """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs)."""
+        """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs).
+        ``tracing``: record each batch's spans (see :mod:`sluice.otel`); None: no spans."""
+        self.tracing = tracing
         self.settings = settings
         self.config = config
         self.version = version
@@ -285,6 +292,7 @@ class Worker:
                 elif parsed is not None:
                     pending.append(parsed)
         if rejected:
+            _log_failures(rejected)
             await self.publisher.publish(rejected)
         return pending
 
@@ -383,6 +391,11 @@ class Worker:
 
     async def _execute(self, batch: list[PendingRequest], backend: Backend) -> None:
         now_ns = time.time_ns()
+        if log.isEnabledFor(logging.DEBUG):
+            ids = [r.message.request_id for r in batch]
+            log.debug("batch of %d request(s)", len(batch), extra={"request_ids": ids})
+        span = self._trace_batch(batch, now_ns) if self.tracing is not None else None
+        failure = ""
         outcomes: list[Outcome] = []
         live: list[PendingRequest] = []
         for request in batch:
@@ -413,11 +426,20 @@ class Worker:
                     if isinstance(exc, SluiceError)
                     else InferenceFailed(f"{type(exc).__name__}: {exc}")
                 )
-                log.warning("batch of %d failed: %s", len(live), error.message)
+                failure = error.message
                 outcomes.extend(error_outcome(r, self.version, error) for r in live)
             elapsed = time.monotonic() - started
             self._compute_ewma_s = 0.8 * self._compute_ewma_s + 0.2 * elapsed
+        if span is not None:
+            span.end(failure)
+        _log_failures(outcomes)
         await self.publisher.publish(outcomes, timing, sum(r.items for r in live))
+
+    def _trace_batch(self, batch: list[PendingRequest], started_ns: int) -> BatchSpan:
+        """Each request's ``queue_wait`` span, and the batch's ``batch_compute`` span."""
+        assert self.tracing is not None
+        requests = [(r.message.trace, r.message.request_id, r.message.enqueued_ns) for r in batch]
+        return self.tracing.batch(self.config.name, self.version, requests, started_ns)
 
     def _compute(
         self, batch: list[PendingRequest], backend: Backend, timing: Timing
@@ -463,6 +485,30 @@ class Worker:
             except SluiceError as exc:
                 results.append(exc)
         return results
+
+
+def _log_ids(message: RequestMessage) -> dict[str, Any]:
+    """The ids a request's log lines carry (see :mod:`sluice.logs`)."""
+    trace_id = message.trace.trace_id if message.trace is not None else None
+    return {"request_id": message.request_id or message.client_id or None, "trace_id": trace_id}
+
+
+def _log_failures(outcomes: list[Outcome]) -> None:
+    """One line per failed request, with its ids and the error's text (never its data);
+    a deadline that passed in the queue is routine under load, so only INFO."""
+    for outcome in outcomes:
+        reply = outcome.reply
+        if reply.error_kind:
+            level = (
+                logging.INFO if reply.error_kind == DeadlineExceeded.__name__ else logging.WARNING
+            )
+            log.log(
+                level,
+                "request failed: %s: %s",
+                reply.error_kind,
+                reply.error,
+                extra=_log_ids(outcome.request.message),
+            )
 
 
 def install_signal_handlers(worker: Worker) -> None:
