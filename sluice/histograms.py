@@ -48,6 +48,10 @@ class Histogram:
     def _recorded_bounds(self) -> tuple[int, ...]:
         return tuple(round(bound * self.unit) for bound in self.bounds)
 
+    @cached_property
+    def _bucket_fields(self) -> tuple[str, ...]:
+        return tuple(self.bucket_field(index) for index in range(len(self.bounds) + 1))
+
     def bucket(self, value: int) -> int:
         """Index of the bucket ``value`` (recorded units) falls in: the first bound >= it."""
         return bisect_left(self._recorded_bounds, value)
@@ -61,9 +65,17 @@ class Histogram:
 
     def observe(self, counters: dict[str, int], value: int, times: int = 1) -> None:
         """Add ``times`` observations of ``value`` (recorded units) to ``counters``."""
-        field = self.bucket_field(self.bucket(value))
+        field = self._bucket_fields[bisect_left(self._recorded_bounds, value)]
         counters[field] = counters.get(field, 0) + times
         counters[self.sum_field] = counters.get(self.sum_field, 0) + value * times
+
+    def observe_all(self, counters: dict[str, int], values: list[int]) -> None:
+        """Add one observation of each of ``values`` (a batch's requests)."""
+        bounds, fields = self._recorded_bounds, self._bucket_fields
+        for value in values:
+            field = fields[bisect_left(bounds, value)]
+            counters[field] = counters.get(field, 0) + 1
+        counters[self.sum_field] = counters.get(self.sum_field, 0) + sum(values)
 
     def read(self, counters: Mapping[str, int]) -> tuple[list[tuple[str, float]], float]:
         """Cumulative buckets as (le, count), +Inf last, and the sum in exported units."""

@@ -132,9 +132,8 @@ class Publisher:
             counters[st.count_field("queue")] = n
             counters[st.ns_field("queue")] = sum(queue_ns)
             if self.histograms:
-                for request_value, queue_value in zip(request_ns, queue_ns, strict=True):
-                    hist.REQUEST.observe(counters, request_value)
-                    hist.QUEUE.observe(counters, queue_value)
+                hist.REQUEST.observe_all(counters, request_ns)
+                hist.QUEUE.observe_all(counters, queue_ns)
                 compute_ns = timing.input_ns + timing.infer_ns + timing.output_ns
                 hist.COMPUTE.observe(counters, compute_ns, n)
                 hist.BATCH_SIZE.observe(counters, items)
