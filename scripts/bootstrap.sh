@@ -5,18 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# step "what it does" command...: prints "what it does ... done (N s)", or "failed".
-step() {
-    local what=$1 started=$SECONDS
-    shift
-    printf '%s ... ' "$what" >&2
-    if "$@"; then
-        echo "done ($((SECONDS - started)) s)" >&2
-    else
-        echo "failed after $((SECONDS - started)) s" >&2
-        exit 1
-    fi
-}
+# shellcheck source=lib/step.sh
+. scripts/lib/step.sh
 
 PYTHON=${PYTHON:-python3}
 if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))'; then

@@ -22,17 +22,9 @@ CACHE=${SLUICE_CONTAINERS_CACHE:-/var/cache/sluice-containers}
 COMPOSE=$CACHE/docker-compose
 CONF=/etc/containers/containers.conf
 
-step() {
-    local what=$1 started=$SECONDS
-    shift
-    printf 'containers.sh: %s ... ' "$what" >&2
-    if "$@"; then
-        echo "done ($((SECONDS - started)) s)" >&2
-    else
-        echo "failed after $((SECONDS - started)) s" >&2
-        exit 1
-    fi
-}
+STEP_PREFIX="containers.sh: "
+# shellcheck source=lib/step.sh
+. "$(dirname "$0")/lib/step.sh"
 
 fail() {
     echo "containers.sh: $*" >&2

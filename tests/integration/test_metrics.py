@@ -19,22 +19,10 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.redis_server import RedisServer
 from tests.support.load import slow_request
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
-
-FRAGILE = """
-import numpy as np
-
-
-class Model:
-    def execute(self, inputs):
-        x = inputs["x"]
-        if (x < 0).any():
-            raise RuntimeError("negative input")
-        return {"y": x * 2}
-"""
 
 TRITON_HELP = {
     "nv_inference_request_success": "Number of successful inference requests, all batch sizes",
@@ -71,12 +59,7 @@ Samples = dict[tuple[str, str, str, str], float]
 def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("metrics")
     write_identity(root, "ident", ["FP32"])
-    write_model(
-        root,
-        "fragile",
-        python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
-        {"1/model.py": FRAGILE},
-    )
+    write_fragile(root)
     write_slow(
         root, "queued", extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
     )

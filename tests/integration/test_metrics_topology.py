@@ -8,9 +8,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from scheduler.redis_server import RedisServer, free_port
 from tests.support.onnx_models import write_identity
-from tests.support.procs import worker_pids
+from tests.support.procs import wait_until, worker_pids
 from tests.support.stack import Stack
 
 REQUEST = {"inputs": [{"name": "IN_FP32", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
@@ -47,15 +46,6 @@ def model_value(
     return value(samples, name, model="ident", version="1", **labels)
 
 
-def wait_for(check: Callable[[], bool], timeout_s: float = 15.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.1)
-    return check()
-
-
 def infer(url: str, count: int) -> None:
     for _ in range(count):  # one connection each: the kernel spreads them over the gateways
         assert (
@@ -77,7 +67,7 @@ def two_by_two(tmp_path: Path, redis_server: RedisServer) -> Iterator[Stack]:
 def test_two_gateways_and_two_workers_sum_up(two_by_two: Stack) -> None:
     infer(two_by_two.url, 40)
     metrics_url = f"http://127.0.0.1:{two_by_two.metrics_port}"
-    assert wait_for(lambda: value(scrape(two_by_two.url), "sluice_gateway_processes") == 2)
+    assert wait_until(lambda: value(scrape(two_by_two.url), "sluice_gateway_processes") == 2, 15)
     for url in [two_by_two.url, metrics_url] * 5:  # whichever process answers
         samples = scrape(url)
         assert model_value(samples, "nv_inference_request_success_total") == 40
@@ -105,10 +95,10 @@ def test_counters_never_go_back_when_a_worker_is_killed(two_by_two: Stack) -> No
     before = scrape(two_by_two.url)
     victim = sorted(worker_pids(two_by_two.process.pid, "ident"))[0]
     os.kill(victim, signal.SIGKILL)
-    assert wait_for(lambda: victim not in worker_pids(two_by_two.process.pid, "ident"))  # type: ignore[union-attr]
+    assert wait_until(lambda: victim not in worker_pids(two_by_two.process.pid, "ident"), 15)  # type: ignore[union-attr]
     infer(two_by_two.url, 10)
-    assert wait_for(
-        lambda: model_value(scrape(two_by_two.url), "sluice_instances", state="ready") == 2
+    assert wait_until(
+        lambda: model_value(scrape(two_by_two.url), "sluice_instances", state="ready") == 2, 15
     ), "the killed worker was restarted"
     after = scrape(two_by_two.url)
     for (name, labels), count in before.items():
@@ -155,7 +145,7 @@ def test_gateway_apart_from_the_workers(tmp_path: Path, redis_server: RedisServe
             except httpx.HTTPError:
                 return False
 
-        assert wait_for(ready, 60), "the gateway did not become ready"
+        assert wait_until(ready, 60), "the gateway did not become ready"
         infer(url, 3)
         samples = scrape(f"http://127.0.0.1:{metrics_port}")
         assert model_value(samples, "nv_inference_request_success_total") == 3

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from scheduler.redis_server import RedisServer, free_port
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 
@@ -37,18 +37,6 @@ GPU_ROW = "GPU"  # the dashboard row whose panels read nv_gpu_* and nv_energy_co
 MODELS = ("ident", "fragile")
 IDENT_REQUESTS = 300
 FRAGILE_REQUESTS = 60  # one in six makes the model raise: BACKEND failures
-
-FRAGILE = """
-import numpy as np
-
-
-class Model:
-    def execute(self, inputs):
-        x = inputs["x"]
-        if (x < 0).any():
-            raise RuntimeError("negative input")
-        return {"y": x * 2}
-"""
 
 
 @dataclass
@@ -131,12 +119,7 @@ def prometheus_stack(
     write_identity(
         root, "ident", ["FP32"], extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
     )
-    write_model(
-        root,
-        "fragile",
-        python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
-        {"1/model.py": FRAGILE},
-    )
+    write_fragile(root)
     stack = Stack(root, redis_server.url)
     stack.start()
     yield stack

@@ -19,22 +19,11 @@ import httpx
 import pytest
 
 from scheduler.redis_server import RedisServer
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
 from tests.support.stack import Stack
 
-FRAGILE = """
-import numpy as np
-
-
-class Model:
-    def execute(self, inputs):
-        x = inputs["x"]
-        if (x < 0).any():
-            raise RuntimeError("negative input")
-        return {"y": x * 2}
-"""
 KINDS = {"receive", "queue_wait", "batch_compute", "reply"}
 TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 LOG_FIELDS = {"time", "level", "logger", "message", "role", "pid"}
@@ -54,12 +43,7 @@ def traced(
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("traces")
     write_identity(root, "ident", ["FP32"])
-    write_model(
-        root,
-        "fragile",
-        python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
-        {"1/model.py": FRAGILE},
-    )
+    write_fragile(root)
     env = {
         "SLUICE_LOG_FORMAT": "json",
         "SLUICE_OTLP_ENDPOINT": receiver.endpoint,

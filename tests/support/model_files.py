@@ -61,3 +61,27 @@ def save_exported(module: Any, example: tuple[Any, ...], path: Path) -> Path:
     )
     torch.export.save(program, str(path))
     return path
+
+
+FRAGILE_MODEL = """
+import numpy as np
+
+
+class Model:
+    def execute(self, inputs):
+        x = inputs["x"]
+        if (x < 0).any():
+            raise RuntimeError("negative input")
+        return {"y": x * 2}
+"""
+"""A Python model that doubles ``x`` (FP32 [2]) and raises on a negative element."""
+
+
+def write_fragile(repository: Path, name: str = "fragile") -> Path:
+    """:data:`FRAGILE_MODEL` as ``<name>`` in ``repository``: BACKEND failures on demand."""
+    return write_model(
+        repository,
+        name,
+        python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
+        {"1/model.py": FRAGILE_MODEL},
+    )
