@@ -82,6 +82,23 @@ class Keys:
         """Hash worker id -> executions, to show that every instance serves."""
         return f"{self.namespace}:instance-stats:{model}:{version}"
 
+    @property
+    def controller_lease(self) -> str:
+        """Id of the controller that leads, expiring unless it renews (SET NX PX)."""
+        return f"{self.namespace}:controller:lease"
+
+    @property
+    def controller_fencing(self) -> str:
+        """Fencing token of the current leader, bumped (INCR) each time a controller
+        takes the lease; decisions carrying an older token are refused."""
+        return f"{self.namespace}:controller:fencing"
+
+    @property
+    def controller_decisions(self) -> str:
+        """List of the controller's applied decisions, oldest first, each tagged with the
+        fencing token of the leader that applied it."""
+        return f"{self.namespace}:controller:decisions"
+
 
 def load_error_field(model: str, version: int) -> str:
     return f"{model}:{version}"

@@ -6,6 +6,8 @@ explicitly; nothing else reads the environment.
 
 from __future__ import annotations
 
+import os
+import socket
 from pathlib import Path
 from typing import Literal
 
@@ -13,6 +15,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1 << 20
+GIB = 1 << 30
 
 
 class CommonSettings(BaseSettings):
@@ -224,11 +227,69 @@ class WorkerSettings(CommonSettings):
     """How often a worker looks for requests held by dead workers."""
 
 
-class UpSettings(CommonSettings):
+class ControllerSettings(CommonSettings):
+    """Settings of a controller process; several may run, one leads (see
+    :mod:`scheduler.leadership`)."""
+
+    lease_ttl_s: float = Field(3.0, gt=0)
+    """Lifetime of the leader's lease: a standby takes over at most this long after the
+    leader's last renewal (after its death)."""
+
+    lease_renew_s: float = Field(1.0, gt=0)
+    """How often the leader renews its lease, and the longest a standby waits between two
+    attempts to take it; well below ``lease_ttl_s``."""
+
+    controller_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    """Who holds the lease, as shown to the others (default: host:pid)."""
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "sluice" / "repositories")
+
+
+class RepositorySourceSettings(BaseSettings):
+    """Where a model repository comes from when it is not a local directory
+    (``s3://bucket/prefix``), and the limits put on what the store sends."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    repository_cache_dir: str = Field(default_factory=_default_cache_dir)
+    """Local copies of remote repositories, one folder per repository URL (default
+    ``$XDG_CACHE_HOME/sluice/repositories``, else ``~/.cache/sluice/repositories``)."""
+
+    repository_poll_s: float = Field(15.0, gt=0)
+    """How often a repository is listed again for changes (Triton's --repository-poll-secs)."""
+
+    s3_endpoint_url: str = ""
+    """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the
+    standard AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
+
+    s3_region: str = ""
+    """Region of the bucket; empty: the standard AWS chain (AWS_REGION, ~/.aws/config)."""
+
+    s3_max_object_bytes: int = Field(8 * GIB, ge=1)
+    """Largest object taken from the store; a version holding a larger one is refused."""
+
+    s3_max_version_bytes: int = Field(32 * GIB, ge=1)
+    """Largest model version taken (its files and the model's own files together)."""
+
+    s3_max_objects: int = Field(100_000, ge=1)
+    """Most objects under the repository prefix; beyond it the listing is refused."""
+
+    s3_timeout_s: float = Field(60.0, gt=0)
+    """Connect and read timeout of each request to the store."""
+
+    s3_attempts: int = Field(5, ge=1, le=20)
+    """Tries per request (and per object download) before the error is reported."""
+
+
+class UpSettings(RepositorySourceSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
     model_repository: str = "model_repository"
-    """Triton-layout model repository (local directory)."""
+    """Triton-layout model repository: a local directory, or ``s3://bucket/prefix`` (copied
+    into ``repository_cache_dir`` at start)."""
 
     http_host: str = "127.0.0.1"
     http_port: int = Field(8000, ge=0, le=65535)

@@ -1,0 +1,203 @@
+"""Two controller processes, one leading: the standby takes over within 5 s when the
+leader is killed (SIGKILL) or frozen (SIGSTOP), and a frozen leader that wakes up
+(SIGCONT) applies nothing more: every decision in the log carries a token at least as
+new as those before it, and none is there twice."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import pytest
+from redis import Redis
+
+from scheduler.redis_server import RedisServer
+from sluice.keys import Keys
+from tests.faults.conftest import Report
+from tests.support import procs
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+TAKEOVER_S = 5.0
+"""The standby leads (applies its first decision) within this long of the leader's death."""
+
+
+@dataclass
+class Controller:
+    """A ``python -m scheduler.controller`` process; its stdout lines with the monotonic
+    time they arrived, and its log lines."""
+
+    process: subprocess.Popen[str]
+    stdout: list[tuple[float, str]] = field(default_factory=list)
+    stderr: list[str] = field(default_factory=list)
+    readers: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def holder(self) -> str:
+        return f"{socket.gethostname()}:{self.process.pid}"
+
+    def tokens(self, since: float = 0.0) -> list[int]:
+        """The tokens of the ``leading <token>`` lines printed after ``since``."""
+        return [int(line.split()[1]) for at, line in self.stdout if at > since]
+
+    def first_lead_after(self, since: float) -> float | None:
+        return next((at for at, _ in self.stdout if at > since), None)
+
+    def logged(self, text: str) -> bool:
+        return any(text in line for line in self.stderr)
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"t{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def start_controller(
+    redis_server: RedisServer, namespace: str
+) -> Iterator[Callable[[], Controller]]:
+    """Factory: start a controller process; every one is killed at the end."""
+    started: list[Controller] = []
+    env = dict(os.environ, SLUICE_REDIS_URL=redis_server.url, SLUICE_NAMESPACE=namespace)
+    env.pop("SLUICE_CONTROLLER_ID", None)
+
+    def start() -> Controller:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "scheduler.controller"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+        )
+        controller = Controller(process)
+        started.append(controller)
+        assert process.stdout is not None and process.stderr is not None
+        controller.readers = [
+            threading.Thread(target=_pump_timed, args=(process.stdout, controller.stdout)),
+            threading.Thread(target=_pump, args=(process.stderr, controller.stderr)),
+        ]
+        for reader in controller.readers:
+            reader.start()
+        return controller
+
+    try:
+        yield start
+    finally:
+        for controller in started:
+            if controller.process.poll() is None:
+                controller.process.kill()  # also ends a stopped process
+            controller.process.wait(10)
+            for reader in controller.readers:
+                reader.join(10)
+            for stream in (controller.process.stdout, controller.process.stderr):
+                if stream is not None:
+                    stream.close()
+
+
+def _pump_timed(stream: IO[str], lines: list[tuple[float, str]]) -> None:
+    for line in stream:
+        lines.append((time.monotonic(), line.strip()))
+
+
+def _pump(stream: IO[str], lines: list[str]) -> None:
+    for line in stream:
+        lines.append(line.rstrip())
+
+
+@pytest.fixture
+def redis(redis_server: RedisServer) -> Iterator[Redis]:
+    client = Redis.from_url(redis_server.url)
+    yield client
+    client.close()
+
+
+def leader_and_standby(start: Callable[[], Controller]) -> tuple[Controller, Controller]:
+    """Start one controller, let it lead, then start a second one that stands by."""
+    leader = start()
+    assert procs.wait_until(lambda: bool(leader.stdout), 15, 0.01), leader.stderr
+    standby = start()
+    assert procs.wait_until(lambda: standby.logged(f"standby: {leader.holder} leads"), 15), (
+        standby.stderr
+    )
+    return leader, standby
+
+
+def decision_log(redis: Redis, namespace: str) -> list[tuple[int, int]]:
+    """(token, count) of every decision applied, oldest first."""
+    entries = redis.lrange(Keys(namespace).controller_decisions, 0, -1)
+    texts = [entry.decode() if isinstance(entry, bytes) else entry for entry in entries]
+    return [(int(t), int(n)) for t, n in (text.split(":") for text in texts)]
+
+
+def assert_fenced(log: list[tuple[int, int]]) -> None:
+    tokens = [token for token, _ in log]
+    assert tokens == sorted(tokens), f"a decision with an older token came later: {tokens}"
+    assert len(set(log)) == len(log), "a decision was applied twice"
+
+
+def test_the_standby_takes_over_within_5_s_of_a_sigkill(
+    start_controller: Callable[[], Controller], redis: Redis, namespace: str, report: Report
+) -> None:
+    leader, standby = leader_and_standby(start_controller)
+    time.sleep(1.5)  # a few renewals and decisions
+    killed_at = time.monotonic()
+    leader.process.send_signal(signal.SIGKILL)
+    assert procs.wait_until(lambda: standby.stdout, TAKEOVER_S + 2, 0.01), standby.stderr
+    took_over_at = standby.first_lead_after(0.0)
+    assert took_over_at is not None
+    takeover_s = took_over_at - killed_at
+    report({"takeover_s": round(takeover_s, 3)})
+    assert takeover_s < TAKEOVER_S
+    old_token, new_token = leader.tokens()[-1], standby.tokens()[0]
+    assert new_token > old_token
+    assert standby.logged(f"leading with token {new_token}")
+    assert redis.get(Keys(namespace).controller_lease) == standby.holder.encode()
+    assert_fenced(decision_log(redis, namespace))
+
+
+def test_a_frozen_leader_is_replaced_and_applies_nothing_when_it_wakes(
+    start_controller: Callable[[], Controller], redis: Redis, namespace: str, report: Report
+) -> None:
+    old, new = leader_and_standby(start_controller)
+    time.sleep(1.5)
+    old_token = old.tokens()[-1]
+    stopped_at = time.monotonic()
+    old.process.send_signal(signal.SIGSTOP)
+    assert procs.wait_until(lambda: new.stdout, TAKEOVER_S + 2, 0.01), new.stderr
+    took_over_at = new.first_lead_after(0.0)
+    assert took_over_at is not None
+    new_token = new.tokens()[0]
+    assert new_token > old_token
+    time.sleep(1.5)  # the new leader decides a few times
+
+    continued_at = time.monotonic()
+    old.process.send_signal(signal.SIGCONT)
+    # It steps down: its lease lapsed by its own clock, or a renewal or write was refused.
+    assert procs.wait_until(lambda: old.logged(f"standby: {new.holder} leads"), 10), old.stderr
+    assert old.logged(f"lost the lease (token {old_token})")
+    time.sleep(1.5)  # would it still decide, it would have by now
+
+    takeover_s = took_over_at - stopped_at
+    refused = [line for line in old.stderr if "refused" in line]
+    report({"takeover_s": round(takeover_s, 3), "old_leader_refused_writes": len(refused)})
+    assert takeover_s < TAKEOVER_S
+    assert old.tokens(since=continued_at) == []
+    log = decision_log(redis, namespace)
+    assert_fenced(log)
+    first_new = log.index((new_token, 1))
+    assert all(token != old_token for token, _ in log[first_new:])
+    # What each controller printed is exactly what it applied.
+    assert sum(1 for token, _ in log if token == old_token) == len(old.tokens())
+    assert [t for t, _ in log if t == new_token] == [t for t in new.tokens() if t == new_token]
+    assert redis.get(Keys(namespace).controller_lease) == new.holder.encode()
+    assert old.process.poll() is None  # a former leader stands by; it does not exit
