@@ -1,20 +1,32 @@
 """``POST /v2/repository/models/{model}/load`` and ``/unload`` (model repository extension).
 
-Sluice serves what its repository holds, like Triton in its default
-``--model-control-mode=none``, which refuses both calls. Until the controller takes
-explicit load / unload, these routes answer as Triton does then (core
-``ModelRepositoryManager::LoadUnloadModel``: UNAVAILABLE, so 503, whatever the model and
-the body), with a hint after Triton's text. Triton's ``/v2/repository/{repository}/...``
-form answers 501, as Triton does for any repository name. The paths start with
-``/v2/repository``, so the edge guard treats them as management endpoints.
+In Triton's default ``--model-control-mode=none`` Sluice serves what its repository holds
+and these routes answer as Triton does then (core ``ModelRepositoryManager::LoadUnloadModel``:
+UNAVAILABLE, so 503, whatever the model and the body), with a hint after Triton's text.
+With ``sluice up --model-control-mode explicit`` the gateway hands the command to
+``sluice up`` through Redis (:mod:`sluice.control`) and answers once it is carried out:
+200 with an empty body, or 400 with the reason (Triton's "failed to load '<m>', ...").
+Triton's ``/v2/repository/{repository}/...`` form answers 501, as Triton does for any
+repository name. The paths start with ``/v2/repository``, so the edge guard treats them as
+management endpoints.
 """
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import binascii
+import time
+from typing import Any
+
+import orjson
 from fastapi import APIRouter
+from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.errors import Unavailable, Unsupported
+from gateway.state import GatewayState
+from sluice.control import ControlCommand, encode_command
+from sluice.errors import InvalidInput, Unavailable, Unsupported
 
 model_control_router = APIRouter()
 
@@ -28,10 +40,88 @@ _HINT = (
 )
 
 
+_POLL_S = 0.05
+_FILE_PREFIX = "file:"
+
+
 @model_control_router.post("/v2/repository/models/{model}/load")
+async def load(model: str, request: Request) -> Response:
+    state = await _explicit(request)
+    parameters = _parameters(await request.body())
+    config = parameters.get("config")
+    if config is not None and not isinstance(config, str):
+        raise InvalidInput("'config' must be the model configuration as a JSON string")
+    files: dict[str, bytes] = {}
+    for name, value in parameters.items():
+        if name.startswith(_FILE_PREFIX):
+            if not isinstance(value, str):
+                raise InvalidInput(f"'{name}' must be base64-encoded file content")
+            try:
+                files[name[len(_FILE_PREFIX) :]] = base64.b64decode(value, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidInput(f"'{name}' is not valid base64") from None
+    return await _carry_out(state, ControlCommand("load", model, config, files))
+
+
 @model_control_router.post("/v2/repository/models/{model}/unload")
-async def load_or_unload(model: str) -> Response:
-    raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")
+async def unload(model: str, request: Request) -> Response:
+    state = await _explicit(request)
+    unload_dependents = _parameters(await request.body()).get("unload_dependents", False)
+    if not isinstance(unload_dependents, bool):
+        raise InvalidInput("'unload_dependents' must be a boolean")
+    # No model depends on another yet (ensembles are still to come): nothing more to do.
+    return await _carry_out(state, ControlCommand("unload", model))
+
+
+async def _explicit(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.sluice
+    mode = await state.redis.get(state.keys.control_mode)
+    if mode != b"explicit":
+        raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")
+    return state
+
+
+def _parameters(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("request body must be a JSON object")
+    parameters = document.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be a JSON object")
+    return parameters
+
+
+async def _carry_out(state: GatewayState, command: ControlCommand) -> Response:
+    """Hand the command to ``sluice up`` and wait for its answer (polling: the Redis client's
+    socket timeout is shorter than a load may take, and loads are rare)."""
+    keys = state.keys
+    await state.redis.xadd(
+        keys.control_requests,
+        encode_command(command),  # type: ignore[arg-type]
+        maxlen=1000,
+        approximate=True,
+    )
+    reply_key = keys.control_reply(command.command_id)
+    deadline = time.monotonic() + state.settings.model_control_timeout_s
+    while time.monotonic() < deadline:
+        raw = await state.redis.lpop(reply_key)
+        if isinstance(raw, bytes):
+            error = orjson.loads(raw).get("error")
+            if error:
+                raise InvalidInput(str(error))
+            # This gateway sees the change at once; the others within a catalog refresh.
+            await state.view.refresh(state.redis)
+            return Response(status_code=200)
+        await asyncio.sleep(_POLL_S)
+    raise Unavailable(
+        f"the {command.op} of '{command.model}' did not finish within "
+        f"{state.settings.model_control_timeout_s:.0f} s"
+    )
 
 
 @model_control_router.post("/v2/repository/{repository}/models/{model}/load")

@@ -65,6 +65,8 @@ class Child:
     started_at: float = 0.0
     restart_at: float = 0.0
     failed: bool = False
+    retiring: bool = False
+    """Asked to stop for good (its model was unloaded or replaced): not restarted."""
     exit_codes: list[int] = field(default_factory=list)
 
     @property
@@ -76,6 +78,7 @@ class Supervisor:
     def __init__(
         self, specs: Sequence[ChildSpec], *, healthy_after_s: float = HEALTHY_AFTER_S
     ) -> None:
+        self._healthy_after_s = healthy_after_s
         self.children = [Child(spec, backoff=Backoff(healthy_after_s)) for spec in specs]
         self._stopping = False
 
@@ -95,13 +98,31 @@ class Supervisor:
         for child in self.children:
             self._spawn(child)
 
+    def add(self, specs: Sequence[ChildSpec]) -> list[Child]:
+        """Start more children (a model loaded while running); returns them."""
+        added = [Child(spec, backoff=Backoff(self._healthy_after_s)) for spec in specs]
+        self.children += added
+        for child in added:
+            self._spawn(child)
+        return added
+
+    def retire(self, children: Sequence[Child]) -> None:
+        """Ask ``children`` to stop (SIGTERM: a worker answers what it holds first); they
+        are not restarted and leave :attr:`children` once they have exited."""
+        for child in children:
+            child.retiring = True
+            if child.running:
+                assert child.process is not None
+                child.process.terminate()
+
     def tick(self) -> None:
         """Reap exited children and respawn those due; call periodically."""
         if self._stopping:
             return
         now = time.monotonic()
+        self.children = [c for c in self.children if not (c.retiring and not c.running)]
         for child in self.children:
-            if child.failed:
+            if child.failed or child.retiring:
                 continue
             if child.process is not None:
                 code = child.process.poll()

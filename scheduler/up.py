@@ -6,14 +6,17 @@ import contextlib
 import json
 import logging
 import os
+import shutil
 import signal
 import socket
 import ssl
 import sys
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
@@ -21,10 +24,14 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
+from scheduler.autoscaler import Autoscaler, Fleet, InstanceSpec
 from scheduler.catalog_publisher import publish_catalog
+from scheduler.model_control import ModelControl
 from scheduler.placement import placements, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
+from scheduler.sources import SourceError, snapshot_repository
 from scheduler.supervisor import ChildSpec, Supervisor
+from sluice.catalog import UNLOADED
 from sluice.errors import InvalidConfig
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel, scan_repository
@@ -41,10 +48,17 @@ class CatalogKeeper:
     """Republishes the catalog when Redis lost it (a restart without persistence), with
     the load errors workers reported: those workers exited and will not report again."""
 
-    def __init__(self, client: Redis, keys: Keys, models: list[RepositoryModel]) -> None:
-        self.client, self.keys, self.models = client, keys, models
+    def __init__(
+        self, client: Redis, keys: Keys, models: Callable[[], list[RepositoryModel]], mode: str
+    ) -> None:
+        self.client, self.keys, self.models, self.mode = client, keys, models, mode
         self.reachable = True
         self.load_errors: dict[Any, bytes] = {}
+
+    def publish(self) -> None:
+        """The catalog of the models served now, and the model control mode in force."""
+        self.client.set(self.keys.control_mode, self.mode)
+        publish_catalog(self.client, self.keys, self.models())
 
     def tick(self) -> None:
         try:
@@ -57,7 +71,7 @@ class CatalogKeeper:
                 )
                 if self.load_errors:
                     self.client.hset(self.keys.load_errors, mapping=self.load_errors)
-                publish_catalog(self.client, self.keys, self.models)
+                self.publish()
             if not self.reachable:
                 log.info("Redis is reachable again")
             self.reachable = True
@@ -92,13 +106,38 @@ class SegmentSweeper:
             self.due = time.monotonic() + self.EVERY_S
 
 
+def _threads_per_instance(models: list[RepositoryModel]) -> int:
+    """Compute threads of each worker: the cores divided among every instance started."""
+    usable = [m for m in models if m.config is not None and m.error is None]
+    total = sum(m.config.total_instances * len(m.versions) for m in usable if m.config) or 1
+    return max(1, (os.cpu_count() or 1) // total)
+
+
+def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> list[RepositoryModel]:
+    """Explicit model control: the models named by --load-model (``*``: all)."""
+    wanted = set(settings.load_model)
+    return [m for m in models if "*" in wanted or m.name in wanted]
+
+
+def _instance_spec(env: dict[str, str]) -> InstanceSpec:
+    """One more worker of a model version (autoscaling), like those it started with."""
+
+    def spec(model: RepositoryModel, version: int) -> ChildSpec:
+        specs = _worker_specs([model], model.path.parent, env)
+        return next(s for s in specs if s.argv[s.argv.index("--version") + 1] == str(version))
+
+    return spec
+
+
 def _worker_specs(
-    models: list[RepositoryModel], repository: Path, env: dict[str, str]
+    models: list[RepositoryModel],
+    repository: Path,
+    env: dict[str, str],
+    threads: int | None = None,
 ) -> list[ChildSpec]:
     """One child per instance of each served version of each usable model."""
     usable = [m for m in models if m.config is not None and m.error is None]
-    total = sum(m.config.total_instances * len(m.versions) for m in usable if m.config) or 1
-    threads = max(1, (os.cpu_count() or 1) // total)
+    threads = threads or _threads_per_instance(models)
     specs: list[ChildSpec] = []
     for model in usable:
         assert model.config is not None
@@ -291,6 +330,8 @@ class Announcer:
         for row in rows:
             name, version, state = str(row.get("name")), row.get("version", ""), row.get("state")
             what = f"model '{name}'" + (f" version {version}" if version else "")
+            if row.get("reason") == UNLOADED:
+                continue  # explicit model control: not asked for
             if state not in ("READY", "UNAVAILABLE"):
                 self.loading.append(what)
             elif (name, version) not in self.announced:
@@ -316,10 +357,10 @@ def _instances(models: list[RepositoryModel]) -> dict[str, int]:
 def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | None = None) -> int:
     """Run everything until SIGINT/SIGTERM; the exit status. ``keys``: the gateway's API
     keys, so that the readiness probe may read the repository index."""
-    repository = Path(settings.model_repository).resolve()
-    try:
+    try:  # an s3:// repository is copied into the local cache first
+        repository = snapshot_repository(settings.model_repository, settings)
         models = scan_repository(repository)
-    except InvalidConfig as exc:
+    except (InvalidConfig, SourceError) as exc:
         print(f"error: {exc.message}", file=sys.stderr)
         return 2
     if not models:
@@ -351,42 +392,77 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     sweeper = SegmentSweeper(settings.namespace, models)
     namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    control: ModelControl | None = None
+    staging: Path | None = None
     try:
+        env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
+        explicit = settings.model_control_mode == "explicit"
+        loaded = _initially_loaded(settings, models) if explicit else models
+        served = list(loaded)
+        catalog = CatalogKeeper(
+            client,
+            namespace,
+            (lambda: control.catalog() if control is not None else served),
+            settings.model_control_mode,
+        )
         try:
             client.delete(namespace.load_errors)
-            publish_catalog(client, namespace, models)
+            catalog.publish()
         except RedisError as exc:
             print(f"error: cannot reach Redis at {redis_url}: {exc}", file=sys.stderr)
             return 2
 
-        env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
-        workers = _worker_specs(models, repository, env)
         if not settings.gateway:
-            supervisor = Supervisor(workers)
-            supervisor.start()
-            print(
-                f"Sluice workers started for {len(workers)} model instance(s), without a "
-                f"gateway; gateways reach them through {_redacted(redis_url)}",
-                flush=True,
-            )
+            supervisor = Supervisor([])
         else:
             try:
                 listeners = _listeners(settings)
             except ListenError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            supervisor = Supervisor([*_gateway_specs(settings, env, listeners), *workers])
-            supervisor.start()
-            if not _wait_ready(settings, keys, models, supervisor, redis_server, stop):
-                return 1
-        catalog = CatalogKeeper(client, namespace, models)
-        catalog = CatalogKeeper(client, namespace, models)
+            supervisor = Supervisor(_gateway_specs(settings, env, listeners))
+        supervisor.start()
+        threads = _threads_per_instance(loaded)
+        children = {
+            model.name: supervisor.add(_worker_specs([model], repository, env, threads))
+            for model in loaded
+        }
+        fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
+        scaler = Autoscaler(client, namespace, supervisor, fleet, _instance_spec(env))
+        if explicit:
+            staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
+            control = ModelControl(
+                client,
+                namespace,
+                repository,
+                staging,
+                supervisor,
+                lambda model, root, env: _worker_specs([model], root, env),
+                env,
+                settings.model_control_timeout_s,
+                fleet,
+                catalog.publish,
+            )
+            control.start()
+            catalog.publish()
+        if not settings.gateway:
+            count = sum(len(c) for c in children.values())
+            print(
+                f"Sluice workers started for {count} model instance(s), without a "
+                f"gateway; gateways reach them through {_redacted(redis_url)}",
+                flush=True,
+            )
+        elif not _wait_ready(settings, keys, loaded, supervisor, redis_server, stop):
+            return 1
         while not stop.wait(0.1):
             supervisor.tick()
             if redis_server is not None:
                 redis_server.tick()
             catalog.tick()
             sweeper.tick()
+            if control is not None:
+                control.tick()
+            scaler.tick()
         return 0
     finally:
         if stop.is_set():
@@ -397,6 +473,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         for listener in listeners:
             listener.close()
         sweeper.tick(final=True)  # every child is gone: nobody will read what is left
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
         if redis_server is not None:
             redis_server.stop()
         if stop.is_set():

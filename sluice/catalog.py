@@ -16,6 +16,10 @@ from sluice.config import ModelConfig, config_from_json, config_to_json
 from sluice.errors import InvalidConfig
 from sluice.wire import SCHEMA_VERSION, MalformedEntry
 
+UNLOADED = "unloaded"
+"""The ``error`` of a model of the repository that is not loaded (explicit model control):
+listed in the repository index as Triton does, not counted against readiness."""
+
 
 @dataclass(frozen=True, slots=True)
 class CatalogEntry:

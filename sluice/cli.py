@@ -55,9 +55,13 @@ def _overrides(**values: Any) -> dict[str, Any]:
 
 @app.command()
 def up(
-    model_repository: Annotated[Path, typer.Option(help="Triton-layout model repository.")] = Path(
-        "model_repository"
-    ),
+    model_repository: Annotated[
+        str,
+        typer.Option(
+            help="Triton-layout model repository: a local directory, or s3://bucket/prefix "
+            "(copied into SLUICE_REPOSITORY_CACHE_DIR at start)."
+        ),
+    ] = "model_repository",
     http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
     http_host: Annotated[
         str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")
@@ -71,6 +75,19 @@ def up(
     metrics_port: Annotated[
         int | None,
         typer.Option(help="Port serving only GET /metrics, as Triton's (default 8002; 0: none)."),
+    ] = None,
+    model_control_mode: Annotated[
+        str | None,
+        typer.Option(
+            help="Triton's model control mode: none (serve the whole repository, the "
+            "default) or explicit (load and unload on request)."
+        ),
+    ] = None,
+    load_model: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="With explicit model control: a model to load at start (repeat; *: all)."
+        ),
     ] = None,
     gateway: Annotated[
         bool,
@@ -90,13 +107,15 @@ def up(
     given = redis_url is not None or "SLUICE_REDIS_URL" in os.environ
     settings = UpSettings(
         **_overrides(
-            model_repository=str(model_repository),
+            model_repository=model_repository,
             http_port=http_port,
             http_host=http_host,
             redis_url=redis_url,
             gateway_processes=gateway_processes,
             metrics_port=metrics_port,
             gateway=gateway,
+            model_control_mode=model_control_mode,
+            load_model=load_model,
         )
     )
     raise typer.Exit(run_up(settings, redis_url_given=given, keys=ApiKeySettings()))

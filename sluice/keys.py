@@ -57,6 +57,25 @@ class Keys:
         return f"{self.namespace}:live:{model}:{version}"
 
     @property
+    def control_requests(self) -> str:
+        """Stream of model control commands (load, unload) from gateways to ``sluice up``."""
+        return f"{self.namespace}:control:requests"
+
+    def control_reply(self, command_id: str) -> str:
+        """List where the answer to one control command is pushed (the gateway polls it)."""
+        return f"{self.namespace}:control:reply:{command_id}"
+
+    @property
+    def control_mode(self) -> str:
+        """Triton's model control mode in force (``none``, ``explicit``), set by ``sluice up``."""
+        return f"{self.namespace}:control:mode"
+
+    def routing(self, model: str) -> str:
+        """Hash of a model's version labels ("label:<name>" -> version) and split weights
+        ("weight:<version>" -> weight), written by the gateway's routing endpoints."""
+        return f"{self.namespace}:routing:{model}"
+
+    @property
     def gateways(self) -> str:
         """Sorted set gateway id -> expiry (unix seconds) of its last report."""
         return f"{self.namespace}:gateways"

@@ -105,6 +105,9 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
 
+    model_control_timeout_s: float = Field(125.0, gt=0)
+    """How long a load / unload request waits for ``sluice up`` to carry it out."""
+
     metrics_port: int = Field(0, ge=0, le=65535)
     """A second port that serves only ``GET /metrics``, as Triton's 8002 (0: none;
     ``/metrics`` is always served on the HTTP port too)."""
@@ -226,6 +229,10 @@ class WorkerSettings(CommonSettings):
     reclaim_interval_s: float = Field(1.0, gt=0)
     """How often a worker looks for requests held by dead workers."""
 
+    load_errors_key: str = ""
+    """Where a worker that cannot load its model writes why (default: the catalog's load
+    errors); ``sluice up`` sets it for a load on request, see scheduler/model_control.py."""
+
 
 class ControllerSettings(CommonSettings):
     """Settings of a controller process; several may run, one leads (see
@@ -302,6 +309,17 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     gateway: bool = True
     """False: publish the catalog and run the workers only (gateways run elsewhere)."""
+
+    model_control_mode: Literal["none", "explicit"] = "none"
+    """Triton's --model-control-mode: ``none`` serves every model of the repository and
+    refuses load / unload; ``explicit`` loads the ``load_model`` ones at start and the rest
+    on request (``POST /v2/repository/models/{m}/load`` and ``/unload``)."""
+
+    load_model: list[str] = Field(default_factory=list)
+    """With ``explicit``: the models to load at start (Triton's --load-model; ``*``: all)."""
+
+    model_control_timeout_s: float = Field(120.0, gt=0)
+    """How long a load may take (workers started and ready) before it counts as failed."""
 
     ssl_certfile: str = ""
     """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""

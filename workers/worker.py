@@ -140,7 +140,10 @@ class Worker:
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
             log.error("cannot load %s version %d: %s", self.config.name, self.version, reason)
-            await self.redis.hset(self.keys.load_errors, error_field, reason)
+            # A load on request (explicit model control) reports to its own hash, so that
+            # the version still serving is not marked unavailable by its failed successor.
+            errors_key = self.settings.load_errors_key or self.keys.load_errors
+            await self.redis.hset(errors_key, error_field, reason)
             return EXIT_LOAD_FAILED
         await self.redis.hdel(self.keys.load_errors, error_field)
         await self._ensure_groups()

@@ -32,6 +32,8 @@ class Stack:
     port: int = field(default_factory=free_port)
     metrics_port: int = 0
     """The metrics-only port (0: none, /metrics stays on the HTTP port)."""
+    args: list[str] = field(default_factory=list)
+    """More ``sluice up`` options."""
     process: subprocess.Popen[str] | None = None
     stdout_lines: list[str] = field(default_factory=list)
     stderr_lines: list[str] = field(default_factory=list)
@@ -65,6 +67,7 @@ class Stack:
                 str(self.port),
                 "--metrics-port",
                 str(self.metrics_port),
+                *self.args,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

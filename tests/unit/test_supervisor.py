@@ -84,12 +84,13 @@ def test_catalog_and_load_errors_are_published_again_after_redis_lost_them(
     try:
         publish_catalog(client, keys, [model])
         client.hset(keys.load_errors, "other:1", "cannot load")  # a worker said so, then exited
-        keeper = CatalogKeeper(client, keys, [model])
+        keeper = CatalogKeeper(client, keys, lambda: [model], "explicit")
         keeper.tick()
         client.delete(keys.catalog, keys.catalog_revision, keys.load_errors)  # Redis restarted
         keeper.tick()
         assert client.exists(keys.catalog_revision)
         assert client.hkeys(keys.catalog) == [b"m"]
         assert client.hgetall(keys.load_errors) == {b"other:1": b"cannot load"}
+        assert client.get(keys.control_mode) == b"explicit"  # the gateways' load / unload
     finally:
         client.close()

@@ -1,0 +1,262 @@
+"""Triton's explicit model control in ``sluice up``: load and unload while serving.
+
+Gateways put each ``POST /v2/repository/models/{m}/load`` or ``/unload`` on a Redis stream
+and wait for the answer on a list of the command's own. ``sluice up`` carries commands out
+one at a time, from its main loop, without blocking it:
+
+- **load**: start the model's workers (from its directory, or a staged copy with the
+  request's overrides), wait until each has announced itself, then publish the model in
+  the catalog and retire the workers of what it replaces. A load that fails (the
+  configuration, the model file, a failing warm-up, a timeout) stops the new workers and
+  leaves what was serving as it was; the answer says why. The new workers report a load
+  failure to a hash of the command's own, so the serving version is never marked
+  unavailable by its failed successor.
+- **unload**: take the model out of the catalog (gateways stop admitting its requests
+  within a refresh), wait until its streams are empty (every request admitted is answered),
+  then stop its workers (each answers what it holds first).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+from redis import Redis
+from redis.exceptions import RedisError
+
+from scheduler.model_staging import check_model_name, stage
+from scheduler.supervisor import Child, ChildSpec, Supervisor
+from sluice.catalog import UNLOADED
+from sluice.control import ControlCommand, decode_command
+from sluice.errors import SluiceError
+from sluice.keys import Keys, load_error_field
+from sluice.repository import RepositoryModel, read_model
+
+log = logging.getLogger("sluice.up")
+
+_REPLY_TTL_S = 300
+_DRAIN_SETTLE_S = 1.5
+"""Wait at least this long after unpublishing a model before judging its streams empty:
+gateways read the catalog every 0.5 s, and may admit requests until they have."""
+_DRAIN_TIMEOUT_S = 60.0
+
+WorkerSpecs = Callable[[RepositoryModel, Path, dict[str, str]], list[ChildSpec]]
+
+
+@dataclass
+class _InProgress:
+    command: ControlCommand
+    deadline: float
+    children: list[Child]
+    model: RepositoryModel | None = None
+    phase: str = "starting"
+    settle_until: float = 0.0
+    errors_key: str = ""
+
+
+@dataclass
+class ModelControl:
+    client: Redis
+    keys: Keys
+    repository: Path
+    staging_root: Path
+    supervisor: Supervisor
+    worker_specs: WorkerSpecs
+    env: dict[str, str]
+    timeout_s: float
+    loaded: dict[str, tuple[RepositoryModel, list[Child]]]
+    on_change: Callable[[], None]
+    """Called after the set of loaded models changed (publishes the catalog)."""
+    _last_id: str = "0-0"
+    _queue: list[ControlCommand] = field(default_factory=list)
+    _current: _InProgress | None = None
+
+    def start(self) -> None:
+        """Forget commands sent to an earlier run: their senders have given up."""
+        self.client.delete(self.keys.control_requests)
+
+    def catalog(self) -> list[RepositoryModel]:
+        """The loaded models, and every other model of the repository as unloaded."""
+        models = {name: model for name, (model, _) in self.loaded.items()}
+        if self.repository.is_dir():
+            for path in self.repository.iterdir():
+                if path.is_dir() and not path.name.startswith(".") and path.name not in models:
+                    models[path.name] = RepositoryModel(path.name, path, None, (), UNLOADED)
+        return [models[name] for name in sorted(models)]
+
+    def tick(self) -> None:
+        try:
+            self._read()
+            if self._current is None and self._queue:
+                self._begin(self._queue.pop(0))
+            if self._current is not None:
+                self._progress(self._current)
+        except RedisError as exc:
+            log.warning("model control: Redis: %s", exc)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        found = cast(
+            list[Any],
+            self.client.xread({self.keys.control_requests: self._last_id}, count=16),
+        )
+        for _, entries in found or []:
+            for entry_id, fields in entries:
+                self._last_id = entry_id.decode()
+                self.client.xdel(self.keys.control_requests, entry_id)
+                command = decode_command(fields)
+                if command is None:
+                    log.error("model control: dropping a malformed command %s", entry_id)
+                else:
+                    self._queue.append(command)
+
+    def _reply(self, command: ControlCommand, error: str | None) -> None:
+        if error is None:
+            log.info("model control: %s of '%s' done", command.op, command.model)
+        else:
+            log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
+        key = self.keys.control_reply(command.command_id)
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.rpush(key, orjson.dumps({"error": error}))
+            pipe.expire(key, _REPLY_TTL_S)
+            pipe.execute()
+
+    def _begin(self, command: ControlCommand) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        try:
+            check_model_name(command.model)
+            if command.op == "unload":
+                self._begin_unload(command, deadline)
+            else:
+                self._begin_load(command, deadline)
+        except SluiceError as exc:
+            self._reply(command, exc.message)
+
+    def _begin_load(self, command: ControlCommand, deadline: float) -> None:
+        name = command.model
+        source = self.repository / name
+        if not command.files and not source.is_dir():
+            self._reply(command, f"failed to load '{name}', failed to poll from model repository")
+            return
+        model_dir = stage(
+            source, self.staging_root / command.command_id, command.config, command.files
+        )
+        model = read_model(model_dir)
+        if model.error is not None or model.config is None:
+            self._reply(command, f"failed to load '{name}', {model.error}")
+            return
+        if not model.versions:
+            self._reply(command, f"failed to load '{name}', no version is available")
+            return
+        errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
+        env = dict(self.env, SLUICE_LOAD_ERRORS_KEY=errors_key)
+        children = self.supervisor.add(self.worker_specs(model, model_dir.parent, env))
+        log.info("model control: loading '%s' (%d worker(s))", name, len(children))
+        self._current = _InProgress(command, deadline, children, model, errors_key=errors_key)
+
+    def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
+        loaded = self.loaded.pop(command.model, None)
+        if loaded is None:
+            self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
+            return
+        self.on_change()
+        model, children = loaded
+        self._current = _InProgress(
+            command,
+            deadline,
+            children,
+            model,
+            phase="draining",
+            settle_until=time.monotonic() + _DRAIN_SETTLE_S,
+        )
+
+    # -- progress ------------------------------------------------------------------------
+
+    def _progress(self, work: _InProgress) -> None:
+        if work.phase == "starting":
+            self._progress_load(work)
+        elif work.phase == "draining":
+            now = time.monotonic()
+            drained = now >= work.settle_until and self._streams_empty(work.model)
+            if drained or now > work.settle_until + _DRAIN_TIMEOUT_S:
+                if not drained:
+                    log.warning("model control: '%s' still had queued requests", work.command.model)
+                self.supervisor.retire(work.children)
+                work.phase = "stopping"
+        elif work.phase == "stopping" and not any(c.running for c in work.children):
+            self._finish(work, None)
+
+    def _progress_load(self, work: _InProgress) -> None:
+        name = work.command.model
+        failed = [c for c in work.children if c.failed or c.exit_codes]
+        if failed:
+            self._abandon(work, self._load_error(work) or "its worker exited while loading")
+        elif self._announced(work.children):
+            replaced = self.loaded.get(name)
+            assert work.model is not None
+            self.loaded[name] = (work.model, work.children)
+            self.on_change()
+            if replaced is not None:
+                self.supervisor.retire(replaced[1])
+            self._finish(work, None)
+        elif time.monotonic() > work.deadline:
+            self._abandon(work, f"not ready within {self.timeout_s:.0f} s")
+
+    def _abandon(self, work: _InProgress, reason: str) -> None:
+        self.supervisor.retire(work.children)
+        self._finish(work, f"failed to load '{work.command.model}', {reason}")
+
+    def _finish(self, work: _InProgress, error: str | None) -> None:
+        if work.errors_key:
+            self.client.delete(work.errors_key)
+        self._current = None
+        self._reply(work.command, error)
+
+    def _load_error(self, work: _InProgress) -> str | None:
+        assert work.model is not None
+        for version in work.model.versions:
+            reason = self.client.hget(work.errors_key, load_error_field(work.model.name, version))
+            if reason:
+                return cast(bytes, reason).decode()
+        return None
+
+    def _announced(self, children: list[Child]) -> bool:
+        """Whether every worker started for the load has sent its first heartbeat."""
+        model = self._current.model if self._current is not None else None
+        if model is None:
+            return False
+        now = time.time()
+        live: set[str] = set()
+        for version in model.versions:
+            members = self.client.zrangebyscore(
+                self.keys.live_workers(model.name, version), now, "+inf"
+            )
+            live |= {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+        host = socket.gethostname()
+        for child in children:
+            if child.process is None:
+                return False
+            prefix = f"{host}-{child.process.pid}-"
+            if not any(member.startswith(prefix) for member in live):
+                return False
+        return True
+
+    def _streams_empty(self, model: RepositoryModel | None) -> bool:
+        if model is None or model.config is None:
+            return True
+        levels = (
+            model.config.dynamic_batching.priority_levels if model.config.dynamic_batching else 0
+        )
+        with self.client.pipeline(transaction=False) as pipe:
+            for version in model.versions:
+                for stream in self.keys.request_streams(model.name, version, levels):
+                    pipe.xlen(stream)
+            lengths = pipe.execute()
+        return not any(lengths)

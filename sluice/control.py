@@ -1,0 +1,59 @@
+"""Model control commands (Triton's load / unload) from gateways to ``sluice up``.
+
+A gateway appends a command to the control stream and waits for its answer on a list of
+the command's own (``Keys.control_reply``): ``{"error": null}`` when done, else the error.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass, field
+
+import msgpack
+
+
+@dataclass
+class ControlCommand:
+    op: str
+    """``load`` or ``unload``."""
+    model: str
+    config: str | None = None
+    """A load's configuration override (the model configuration as JSON)."""
+    files: dict[str, bytes] = field(default_factory=dict)
+    """A load's file overrides: path in the model directory -> content."""
+    command_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+
+
+def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
+    body = {
+        "id": command.command_id,
+        "op": command.op,
+        "model": command.model,
+        "config": command.config,
+        "files": command.files,
+    }
+    return {b"c": msgpack.packb(body)}
+
+
+def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
+    """The command of a stream entry; None when it is malformed."""
+    try:
+        body = msgpack.unpackb(fields[b"c"])
+        files = body.get("files") or {}
+        config = body.get("config")
+        if (
+            not isinstance(body, dict)
+            or body.get("op") not in ("load", "unload")
+            or not isinstance(files, dict)
+            or not (config is None or isinstance(config, str))
+        ):
+            return None
+        return ControlCommand(
+            body["op"],
+            str(body["model"]),
+            config,
+            {str(k): bytes(v) for k, v in files.items()},
+            str(body["id"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException):
+        return None

@@ -1,0 +1,73 @@
+"""Autoscaling on one machine: a burst adds workers within seconds, they go again after a
+quiet window (down to zero), no request is lost on the way, and the first request to a
+model with no worker starts one."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from scheduler.redis_server import RedisServer
+from tests.support.load import slow_request
+from tests.support.procs import wait_until, worker_pids
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+POLICY = """
+parameters { key: "sluice.min_instances" value { string_value: "0" } }
+parameters { key: "sluice.max_instances" value { string_value: "3" } }
+parameters { key: "sluice.latency_objective_ms" value { string_value: "400" } }
+parameters { key: "sluice.scale_down_window_s" value { string_value: "2" } }
+"""
+
+
+@pytest.fixture
+def scaling(tmp_path: Path, redis_server: RedisServer) -> Iterator[Stack]:
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=POLICY)
+    stack = Stack(tmp_path, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.mark.timeout(180)
+def test_burst_scales_up_then_down_to_zero_and_back_without_losing_requests(
+    scaling: Stack,
+) -> None:
+    assert scaling.process is not None
+    root = scaling.process.pid
+    assert len(worker_pids(root, "slow")) == 1
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def send(index: int) -> None:
+        with httpx.Client(base_url=scaling.url, timeout=120) as http:
+            code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000)).status_code
+        with lock:
+            codes.append(code)
+
+    burst = [threading.Thread(target=send, args=(i,)) for i in range(40)]
+    started = time.monotonic()
+    for sender in burst:
+        sender.start()
+    assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up within 5 s"
+    scaled_up_s = time.monotonic() - started
+    for sender in burst:
+        sender.join(120)
+    assert codes == [200] * 40, codes
+    # Quiet now: after windows of 2 s, halving each time, down to zero (the minimum).
+    assert wait_until(lambda: not worker_pids(root, "slow"), 30), "did not scale down to zero"
+    cold = time.monotonic()
+    with httpx.Client(base_url=scaling.url, timeout=60) as http:
+        answer = http.post("/v2/models/slow/infer", json=slow_request(99, 10))
+    assert answer.status_code == 200, answer.text
+    cold_start_s = time.monotonic() - cold
+    print(
+        f"scaled up {scaled_up_s:.1f} s into the burst; cold start answered in {cold_start_s:.1f} s"
+    )
+    assert any("scaling 'slow' version 1 up" in line for line in scaling.stderr_lines)

@@ -1,0 +1,179 @@
+"""Triton's explicit model control against a running stack, through tritonclient: load and
+unload while serving, configuration and file overrides, a failed load that leaves the
+serving model untouched, and an unload that answers every admitted request first."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from scheduler.redis_server import RedisServer
+from tests.support.load import slow_request
+from tests.support.model_files import write_fragile
+from tests.support.onnx_models import write_identity
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+IDENT = {"inputs": [{"name": "IN_FP32", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+DOUBLE = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+
+
+@pytest.fixture(scope="module")
+def explicit(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("explicit")
+    write_identity(root, "ident", ["FP32"])
+    write_fragile(root, "double")
+    write_slow(root, "slow", max_batch_size=1)
+    stack = Stack(
+        root, redis_server.url, args=["--model-control-mode", "explicit", "--load-model", "ident"]
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def client(explicit: Stack) -> Iterator[httpclient.InferenceServerClient]:
+    client = httpclient.InferenceServerClient(explicit.address, network_timeout=120)
+    yield client
+    client.close()
+
+
+def states(client: httpclient.InferenceServerClient) -> dict[str, tuple[str, str]]:
+    return {
+        row["name"]: (row.get("state", ""), row.get("reason", ""))
+        for row in client.get_model_repository_index()
+    }
+
+
+def test_only_the_models_asked_for_are_loaded_at_start(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    index = states(client)
+    assert index["ident"] == ("READY", "")
+    assert index["double"] == ("UNAVAILABLE", "unloaded")
+    assert client.is_server_ready()  # readiness is about the loaded models
+    assert client.is_model_ready("ident")
+    assert not client.is_model_ready("double")
+    assert httpx.post(f"{explicit.url}/v2/models/double/infer", json=DOUBLE).status_code == 503
+
+
+def test_load_serves_and_unload_stops(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    client.load_model("double")
+    assert states(client)["double"] == ("READY", "")
+    answer = httpx.post(f"{explicit.url}/v2/models/double/infer", json=DOUBLE, timeout=30)
+    assert answer.status_code == 200
+    assert answer.json()["outputs"][0]["data"] == [2.0, 4.0]
+    client.unload_model("double")
+    assert states(client)["double"] == ("UNAVAILABLE", "unloaded")
+    refused = httpx.post(f"{explicit.url}/v2/models/double/infer", json=DOUBLE, timeout=30)
+    assert refused.status_code == 503
+    assert "unloaded" in refused.json()["error"]
+    client.unload_model("double")  # unloading what is not loaded succeeds, as in Triton
+
+
+def test_loading_an_unknown_model_says_so(client: httpclient.InferenceServerClient) -> None:
+    with pytest.raises(InferenceServerException) as failure:
+        client.load_model("nope")
+    assert "failed to load 'nope', failed to poll from model repository" in str(failure.value)
+    with pytest.raises(InferenceServerException, match="invalid model name"):
+        client.load_model("..")
+
+
+def test_config_override_reloads_the_serving_model(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    config = client.get_model_config("ident")
+    assert config["max_batch_size"] == 8
+    override = {
+        "backend": "onnxruntime",
+        "max_batch_size": 4,
+        "input": [{"name": "IN_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+        "output": [{"name": "OUT_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+    }
+    client.load_model("ident", config=json.dumps(override))
+    assert client.get_model_config("ident")["max_batch_size"] == 4
+    assert httpx.post(f"{explicit.url}/v2/models/ident/infer", json=IDENT).status_code == 200
+    client.load_model("ident")  # back to the repository's configuration
+    assert client.get_model_config("ident")["max_batch_size"] == 8
+
+
+def test_a_failed_load_leaves_the_serving_model_untouched(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    """A reload whose model file cannot be loaded: ident answers throughout, with the old
+    configuration, and the load's error says why."""
+    answers: list[int] = []
+    stop = threading.Event()
+
+    def keep_asking() -> None:
+        with httpx.Client(base_url=explicit.url, timeout=30) as http:
+            while not stop.is_set():
+                answers.append(http.post("/v2/models/ident/infer", json=IDENT).status_code)
+
+    asking = threading.Thread(target=keep_asking)
+    asking.start()
+    try:
+        override = {
+            "backend": "onnxruntime",
+            "max_batch_size": 2,
+            "input": [{"name": "IN_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUT_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+        }
+        with pytest.raises(InferenceServerException) as failure:
+            client.load_model(
+                "ident",
+                config=json.dumps(override),
+                files={"file:1/model.onnx": b"this is not an onnx model"},
+            )
+        assert "failed to load 'ident'" in str(failure.value)
+        time.sleep(1.0)  # a refresh or two of every gateway after the failure
+    finally:
+        stop.set()
+        asking.join(30)
+    assert answers and set(answers) == {200}, answers
+    assert client.get_model_config("ident")["max_batch_size"] == 8
+    assert states(client)["ident"] == ("READY", "")
+
+
+def test_unload_answers_every_admitted_request_first(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    client.load_model("slow")
+    codes: list[int] = []
+
+    def send(index: int) -> None:
+        with httpx.Client(base_url=explicit.url, timeout=60) as http:
+            codes.append(
+                http.post("/v2/models/slow/infer", json=slow_request(index, 100_000)).status_code
+            )
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(4)]
+    for sender in senders:
+        sender.start()
+    time.sleep(0.3)  # admitted and queued behind one another (max_batch_size 1)
+    client.unload_model("slow")
+    for sender in senders:
+        sender.join(60)
+    assert codes == [200] * 4
+    assert states(client)["slow"] == ("UNAVAILABLE", "unloaded")
+
+
+def test_numpy_inference_after_reloads(client: httpclient.InferenceServerClient) -> None:
+    data = np.array([[1.0, 2.0, 3.0]], dtype=np.float32)
+    inp = httpclient.InferInput("IN_FP32", list(data.shape), "FP32")
+    inp.set_data_from_numpy(data, binary_data=True)
+    result = client.infer("ident", [inp])
+    assert result.as_numpy("OUT_FP32").tolist() == [[1.0, 2.0, 3.0]]
