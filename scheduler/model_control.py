@@ -81,6 +81,10 @@ class ModelControl:
         """Forget commands sent to an earlier run: their senders have given up."""
         self.client.delete(self.keys.control_requests)
 
+    def submit(self, command: ControlCommand) -> None:
+        """Queue a command of ``sluice up``'s own (poll mode); safe from another thread."""
+        self._queue.append(command)
+
     def catalog(self) -> list[RepositoryModel]:
         """The loaded models, and every other model of the repository as unloaded."""
         models = {name: model for name, (model, _) in self.loaded.items()}

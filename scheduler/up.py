@@ -29,7 +29,8 @@ from scheduler.catalog_publisher import publish_catalog
 from scheduler.model_control import ModelControl
 from scheduler.placement import placements, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
-from scheduler.sources import SourceError, snapshot_repository
+from scheduler.repository_poller import RepositoryPoller
+from scheduler.sources import SourceError, open_source, snapshot_repository
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
 from sluice.errors import InvalidConfig
@@ -393,6 +394,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     control: ModelControl | None = None
+    poller: RepositoryPoller | None = None
     staging: Path | None = None
     try:
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
@@ -429,7 +431,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         }
         fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
         scaler = Autoscaler(client, namespace, supervisor, fleet, _instance_spec(env))
-        if explicit:
+        if settings.model_control_mode != "none":
             staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
             control = ModelControl(
                 client,
@@ -445,6 +447,13 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             control.start()
             catalog.publish()
+        if control is not None and settings.model_control_mode == "poll":
+            poller = RepositoryPoller(
+                open_source(settings.model_repository, settings),
+                control,
+                settings.repository_poll_s,
+            )
+            poller.start()
         if not settings.gateway:
             count = sum(len(c) for c in children.values())
             print(
@@ -467,6 +476,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     finally:
         if stop.is_set():
             print("Stopping Sluice ...", flush=True)
+        if poller is not None:
+            poller.stop()
         client.close()
         if supervisor is not None:
             supervisor.stop()

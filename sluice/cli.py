@@ -80,7 +80,8 @@ def up(
         str | None,
         typer.Option(
             help="Triton's model control mode: none (serve the whole repository, the "
-            "default) or explicit (load and unload on request)."
+            "default), explicit (load and unload on request) or poll (load again what changes "
+            "in the repository, every SLUICE_REPOSITORY_POLL_S seconds)."
         ),
     ] = None,
     load_model: Annotated[
@@ -174,6 +175,92 @@ def worker(
     settings = WorkerSettings()
     placement = Placement(kind=kind, gpu=gpu, threads=settings.threads or threads or 1)
     raise typer.Exit(run_worker(settings, model_repository, model, version, placement))
+
+
+routing = typer.Typer(
+    no_args_is_help=True,
+    help="Version labels and traffic split of a model, through a gateway's HTTP API.",
+)
+app.add_typer(routing, name="routing")
+
+Url = Annotated[str, typer.Option(help="The gateway's URL.")]
+Key = Annotated[
+    str | None, typer.Option(envvar="SLUICE_API_KEY", help="Admin API key, when keys are set.")
+]
+
+
+def _routing_call(url: str, key: str | None, method: str, path: str, body: Any = None) -> None:
+    """Call ``/v2/repository/models/...`` and print the model's routing (or the error)."""
+    import json
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    quoted = "/".join(urllib.parse.quote(part, safe="") for part in path.split("/"))
+    request = urllib.request.Request(
+        f"{url.rstrip('/')}/v2/repository/models/{quoted}",
+        data=None if body is None else json.dumps(body).encode(),
+        method=method,
+        headers={"Content-Type": "application/json"},
+    )
+    if key:
+        request.add_header("Authorization", f"Bearer {key}")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            print(json.dumps(json.load(response), indent=2))
+    except urllib.error.HTTPError as exc:
+        print(f"error {exc.code}: {exc.read().decode(errors='replace')}", file=sys.stderr)
+        raise typer.Exit(1) from None
+    except urllib.error.URLError as exc:
+        print(f"cannot reach {url}: {exc.reason}", file=sys.stderr)
+        raise typer.Exit(1) from None
+
+
+@routing.command("show")
+def routing_show(model: str, url: Url = "http://127.0.0.1:8000", key: Key = None) -> None:
+    """Print the model's labels and split weights."""
+    _routing_call(url, key, "GET", f"{model}/routing")
+
+
+@routing.command("set-label")
+def routing_set_label(
+    model: str, label: str, version: int, url: Url = "http://127.0.0.1:8000", key: Key = None
+) -> None:
+    """Point LABEL at VERSION (the version must be served)."""
+    _routing_call(url, key, "PUT", f"{model}/routing/labels/{label}", {"version": version})
+
+
+@routing.command("remove-label")
+def routing_remove_label(
+    model: str, label: str, url: Url = "http://127.0.0.1:8000", key: Key = None
+) -> None:
+    """Remove LABEL from the model."""
+    _routing_call(url, key, "DELETE", f"{model}/routing/labels/{label}")
+
+
+@routing.command("set-weights")
+def routing_set_weights(
+    model: str,
+    weights: Annotated[
+        list[str] | None, typer.Argument(help="VERSION=WEIGHT pairs (0-1000); none: no split.")
+    ] = None,
+    url: Url = "http://127.0.0.1:8000",
+    key: Key = None,
+) -> None:
+    """Split the requests that name no version between versions, by weight."""
+    split: dict[str, int] = {}
+    for pair in weights or []:
+        version, _, weight = pair.partition("=")
+        if not weight.strip().isdigit():
+            raise typer.BadParameter(f"{pair!r} is not VERSION=WEIGHT", param_hint="WEIGHTS")
+        split[version.strip()] = int(weight)
+    _routing_call(url, key, "PUT", f"{model}/routing", {"weights": split})
+
+
+@routing.command("clear")
+def routing_clear(model: str, url: Url = "http://127.0.0.1:8000", key: Key = None) -> None:
+    """Remove every label and the split of the model."""
+    _routing_call(url, key, "DELETE", f"{model}/routing")
 
 
 def main() -> None:

@@ -310,10 +310,12 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
     gateway: bool = True
     """False: publish the catalog and run the workers only (gateways run elsewhere)."""
 
-    model_control_mode: Literal["none", "explicit"] = "none"
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """Triton's --model-control-mode: ``none`` serves every model of the repository and
     refuses load / unload; ``explicit`` loads the ``load_model`` ones at start and the rest
-    on request (``POST /v2/repository/models/{m}/load`` and ``/unload``)."""
+    on request (``POST /v2/repository/models/{m}/load`` and ``/unload``); ``poll`` serves
+    every model and loads again what changes in the repository (every
+    ``repository_poll_s``), refusing load / unload requests."""
 
     load_model: list[str] = Field(default_factory=list)
     """With ``explicit``: the models to load at start (Triton's --load-model; ``*``: all)."""

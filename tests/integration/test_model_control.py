@@ -5,9 +5,11 @@ serving model untouched, and an unload that answers every admitted request first
 from __future__ import annotations
 
 import json
+import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -19,6 +21,7 @@ from scheduler.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
+from tests.support.procs import wait_until
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
@@ -177,3 +180,41 @@ def test_numpy_inference_after_reloads(client: httpclient.InferenceServerClient)
     inp.set_data_from_numpy(data, binary_data=True)
     result = client.infer("ident", [inp])
     assert result.as_numpy("OUT_FP32").tolist() == [[1.0, 2.0, 3.0]]
+
+
+def test_poll_mode_follows_the_repository(tmp_path: Path, redis_server: RedisServer) -> None:
+    """``--model-control-mode poll``: a model added to the repository is loaded, a changed
+    configuration is taken, a removed model is unloaded; load / unload requests are refused
+    with Triton's text for that mode."""
+    repository = tmp_path / "repository"
+    write_identity(repository, "ident", ["FP32"])
+    stack = Stack(
+        repository,
+        redis_server.url,
+        env={"SLUICE_REPOSITORY_POLL_S": "0.3"},
+        args=["--model-control-mode", "poll"],
+    )
+    stack.start()
+    client = httpclient.InferenceServerClient(stack.address, network_timeout=60)
+    try:
+        # Changes are made beside the repository and renamed into place, as one would.
+        write_identity(tmp_path / "new", "extra", ["FP32"])
+        (tmp_path / "new" / "extra").rename(repository / "extra")
+        assert wait_until(lambda: states(client).get("extra") == ("READY", ""), 30)
+        extra = {"inputs": [{**IDENT["inputs"][0]}]}
+        assert httpx.post(f"{stack.url}/v2/models/extra/infer", json=extra).status_code == 200
+
+        config = repository / "ident" / "config.pbtxt"
+        changed = tmp_path / "config.pbtxt"
+        changed.write_text(config.read_text().replace("max_batch_size: 8", "max_batch_size: 4"))
+        changed.replace(config)
+        assert wait_until(lambda: client.get_model_config("ident")["max_batch_size"] == 4, 30)
+
+        shutil.rmtree(repository / "extra")
+        assert wait_until(lambda: states(client).get("extra", ("", ""))[0] != "READY", 30)
+
+        with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
+            client.load_model("ident")
+    finally:
+        client.close()
+        stack.stop()
