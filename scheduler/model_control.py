@@ -22,7 +22,7 @@ import logging
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,7 +36,7 @@ from sluice.catalog import UNLOADED
 from sluice.control import ControlCommand, decode_command
 from sluice.errors import SluiceError
 from sluice.keys import Keys, load_error_field
-from sluice.repository import RepositoryModel, read_model
+from sluice.repository import RepositoryModel, available_versions, read_model
 
 log = logging.getLogger("sluice.up")
 
@@ -58,6 +58,8 @@ class _InProgress:
     phase: str = "starting"
     settle_until: float = 0.0
     errors_key: str = ""
+    kept: list[Child] = field(default_factory=list)
+    """Workers of the model already serving that go on serving it (versions unchanged)."""
 
 
 @dataclass
@@ -76,6 +78,8 @@ class ModelControl:
     _last_id: str = "0-0"
     _queue: list[ControlCommand] = field(default_factory=list)
     _current: _InProgress | None = None
+    _draining: list[tuple[RepositoryModel, list[Child], float]] = field(default_factory=list)
+    """Versions no longer served, with their workers, until their streams are empty."""
 
     def start(self) -> None:
         """Forget commands sent to an earlier run: their senders have given up."""
@@ -96,6 +100,7 @@ class ModelControl:
 
     def tick(self) -> None:
         try:
+            self._retire_drained()
             self._read()
             if self._current is None and self._queue:
                 self._begin(self._queue.pop(0))
@@ -156,14 +161,34 @@ class ModelControl:
         if model.error is not None or model.config is None:
             self._reply(command, f"failed to load '{name}', {model.error}")
             return
+        if command.versions:
+            missing = sorted(set(command.versions) - set(available_versions(model_dir)))
+            if missing:
+                listed = ", ".join(map(str, missing))
+                self._reply(
+                    command, f"failed to load '{name}', no version {listed} in the repository"
+                )
+                return
+            model = replace(model, versions=command.versions)
         if not model.versions:
             self._reply(command, f"failed to load '{name}', no version is available")
             return
         errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
         env = dict(self.env, SLUICE_LOAD_ERRORS_KEY=errors_key)
-        children = self.supervisor.add(self.worker_specs(model, model_dir.parent, env))
+        specs = self.worker_specs(model, model_dir.parent, env)
+        kept: list[Child] = []
+        current = self.loaded.get(name)
+        if command.versions and current is not None and _same_model(current[0], model):
+            # A load naming its versions (a rollout) changes only which versions run: the
+            # versions already running keep their workers. A plain load reloads them all.
+            kept = [c for c in current[1] if _version_of(c.spec) in model.versions]
+            running = {_version_of(c.spec) for c in kept}
+            specs = [spec for spec in specs if _version_of(spec) not in running]
+        children = self.supervisor.add(specs)
         log.info("model control: loading '%s' (%d worker(s))", name, len(children))
-        self._current = _InProgress(command, deadline, children, model, errors_key=errors_key)
+        self._current = _InProgress(
+            command, deadline, children, model, errors_key=errors_key, kept=kept
+        )
 
     def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
         loaded = self.loaded.pop(command.model, None)
@@ -205,10 +230,21 @@ class ModelControl:
         elif self._announced(work.children):
             replaced = self.loaded.get(name)
             assert work.model is not None
-            self.loaded[name] = (work.model, work.children)
+            self.loaded[name] = (work.model, [*work.kept, *work.children])
             self.on_change()
             if replaced is not None:
-                self.supervisor.retire(replaced[1])
+                old = [c for c in replaced[1] if c not in work.kept]
+                gone = tuple(v for v in replaced[0].versions if v not in work.model.versions)
+                same_versions = [c for c in old if _version_of(c.spec) not in gone]
+                # Workers of a version still served hand over to the new ones at once (they
+                # share its stream); those of a version no longer served first answer what
+                # waits in its stream.
+                self.supervisor.retire(same_versions)
+                leaving = [c for c in old if c not in same_versions]
+                if leaving:
+                    self._draining.append(
+                        (replace(replaced[0], versions=gone), leaving, time.monotonic())
+                    )
             self._finish(work, None)
         elif time.monotonic() > work.deadline:
             self._abandon(work, f"not ready within {self.timeout_s:.0f} s")
@@ -252,6 +288,18 @@ class ModelControl:
                 return False
         return True
 
+    def _retire_drained(self) -> None:
+        """Stop the workers of versions no longer served once their streams are empty."""
+        now = time.monotonic()
+        waiting = []
+        for model, children, since in self._draining:
+            settled = now >= since + _DRAIN_SETTLE_S
+            if settled and (self._streams_empty(model) or now > since + _DRAIN_TIMEOUT_S):
+                self.supervisor.retire(children)
+            else:
+                waiting.append((model, children, since))
+        self._draining = waiting
+
     def _streams_empty(self, model: RepositoryModel | None) -> bool:
         if model is None or model.config is None:
             return True
@@ -264,3 +312,13 @@ class ModelControl:
                     pipe.xlen(stream)
             lengths = pipe.execute()
         return not any(lengths)
+
+
+def _version_of(spec: ChildSpec) -> int | None:
+    argv = list(spec.argv)
+    return int(argv[argv.index("--version") + 1]) if "--version" in argv else None
+
+
+def _same_model(old: RepositoryModel, new: RepositoryModel) -> bool:
+    """Whether ``new`` differs from ``old`` in its versions only (same files, same config)."""
+    return old.path == new.path and old.config == new.config

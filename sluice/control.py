@@ -21,6 +21,8 @@ class ControlCommand:
     """A load's configuration override (the model configuration as JSON)."""
     files: dict[str, bytes] = field(default_factory=dict)
     """A load's file overrides: path in the model directory -> content."""
+    versions: tuple[int, ...] = ()
+    """A load's versions to serve instead of what the version policy picks (rollouts)."""
     command_id: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
@@ -31,6 +33,7 @@ def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
         "model": command.model,
         "config": command.config,
         "files": command.files,
+        "versions": list(command.versions),
     }
     return {b"c": msgpack.packb(body)}
 
@@ -41,11 +44,14 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
         body = msgpack.unpackb(fields[b"c"])
         files = body.get("files") or {}
         config = body.get("config")
+        versions = body.get("versions") or []
         if (
             not isinstance(body, dict)
             or body.get("op") not in ("load", "unload")
             or not isinstance(files, dict)
             or not (config is None or isinstance(config, str))
+            or not isinstance(versions, list)
+            or not all(isinstance(v, int) and 0 < v < 1 << 63 for v in versions)
         ):
             return None
         return ControlCommand(
@@ -53,6 +59,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             str(body["model"]),
             config,
             {str(k): bytes(v) for k, v in files.items()},
+            tuple(sorted(set(versions))),
             str(body["id"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException):
