@@ -82,6 +82,7 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
         server = await state.redis.info("server")
         round_trip_s = time.perf_counter() - started
         await state.view.refresh(state.redis)
+        await state.view.routing.refresh(state.redis, state.keys, state.view.models)
         state.admission.observe(state.view.depths)
         await report(state, dispatcher.gateway_id, round_trip_s)
         if touch:

@@ -14,7 +14,8 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from sluice.catalog import CatalogEntry, decode_entry
+from gateway.routing_view import RoutingView
+from sluice.catalog import UNLOADED, CatalogEntry, decode_entry
 from sluice.errors import InvalidInput, NotFound, Unavailable
 from sluice.keys import Keys, load_error_field
 from sluice.wire import MalformedEntry
@@ -32,6 +33,8 @@ class CatalogView:
     """Entries in each model version's streams: its queue depth."""
     revision: bytes | None = None
     loaded: bool = False
+    routing: RoutingView = field(default_factory=RoutingView)
+    """Version labels and traffic splits (gateway.routing), refreshed beside the catalog."""
 
     async def refresh(self, redis: Redis) -> None:
         revision = cast(bytes | None, await redis.get(self.keys.catalog_revision))
@@ -96,18 +99,42 @@ class CatalogView:
     def is_ready(self, model: str, version: int) -> bool:
         return version in self.ready.get(model, ())
 
-    def resolve(self, model: str, version: str | None) -> tuple[CatalogEntry, int]:
-        """The entry and version a request addresses; raises NotFound, Unavailable or
-        InvalidInput with Triton's texts (core ``ModelRepositoryManager::GetModel``).
+    def route(
+        self, model: str, version: str | None, label: str | None = None
+    ) -> tuple[CatalogEntry, int]:
+        """The version an inference request goes to: as :meth:`resolve`, except that a
+        request naming no version follows the model's traffic split when it has one, as long
+        as the version drawn is ready (else Triton's rule: the highest ready version)."""
+        if version is None and label is None:
+            drawn = self.routing.draw(model)
+            if drawn is not None and drawn in self.ready.get(model, ()):
+                entry = self.models.get(model)
+                if entry is not None and entry.available:
+                    return entry, drawn
+        return self.resolve(model, version, label)
+
+    def resolve(
+        self, model: str, version: str | None, label: str | None = None
+    ) -> tuple[CatalogEntry, int]:
+        """The entry and version a request addresses (by number, or by version ``label``);
+        raises NotFound, Unavailable or InvalidInput with Triton's texts (core
+        ``ModelRepositoryManager::GetModel``).
 
         A version with no live worker yet is served (the request waits in its queue);
         Triton would answer "not at ready state" there."""
         number = None if version is None else parse_version(version)
         entry = self.entry(model)
+        if label is not None:
+            number = self.routing.labelled(model, label)
         unknown = f"Request for unknown model: '{model}'"
         if not entry.available:
             where = "has no available versions" if number is None else _not_ready(number)
             raise Unavailable(f"{unknown} {where}; model '{model}' is unavailable: {entry.error}")
+        if label is not None and number not in entry.versions:
+            raise Unavailable(
+                f"model '{model}' version label '{label}' names version {number}, which is "
+                "not served; it is unavailable"
+            )
         if number is not None:
             if number not in entry.versions:
                 raise NotFound(f"{unknown} version {number} is not found")
@@ -133,6 +160,8 @@ class CatalogView:
         waiting: list[str] = []
         for name in sorted(self.models):
             entry = self.models[name]
+            if entry.error == UNLOADED:
+                continue  # explicit model control: readiness is about the loaded models
             if not entry.available:
                 waiting.append(f"'{name}' (unavailable)")
                 continue

@@ -2,7 +2,7 @@
 
 Profiles showed the framework's routing, dependency and middleware layers
 costing more CPU per request than the request's own work, so
-``POST /v2/models/{m}[/versions/{v}]/infer`` is served here directly; every
+``POST /v2/models/{m}[/versions/{v} | /labels/{l}]/infer`` is served here directly; every
 other route goes to the FastAPI application, which also owns the lifespan.
 
 Every answer carries the request's id as ``X-Request-ID`` (see :mod:`gateway.request_id`).
@@ -29,6 +29,7 @@ from gateway.infer_response import encode_error
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError
 from sluice.logs import TRACE_ID
+from sluice.routing import requested_label
 from sluice.trace_context import TraceParent, parse_traceparent
 from sluice.tracing import tracing_from_settings
 
@@ -37,7 +38,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+))?/infer$")
+_INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+)|/labels/([^/]+))?/infer$")
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
 _WANTED = frozenset(
@@ -48,6 +49,7 @@ _WANTED = frozenset(
         b"x-request-id",
         b"traceparent",
         b"tracestate",
+        b"sluice-version-label",
     )
 )
 
@@ -116,8 +118,10 @@ class InferFastPath:
                 body = await asyncio.to_thread(decode_body, body, encoding, limit)
                 reservation.ensure(len(body))
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
+            version, label = match.group(2), match.group(3)
+            label = requested_label(version, label, headers.get(b"sluice-version-label"))
             content, response_json_length = await run_infer(
-                state, match.group(1), match.group(2), body, json_length, trace, span
+                state, match.group(1), version, body, json_length, trace, span, label
             )
             status = 200
             if response_json_length is None:

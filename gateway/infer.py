@@ -1,4 +1,6 @@
-"""``POST /v2/models/{model}[/versions/{version}]/infer``: the online request path."""
+"""``POST /v2/models/{model}[/versions/{version} | /labels/{label}]/infer``: the online
+request path. A label may also come in the ``Sluice-Version-Label`` header or the
+``version_label`` request parameter (see :mod:`gateway.routing`)."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
+from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
 from sluice.shm import unlink
 from sluice.trace_context import TraceParent
 from sluice.wire import ReplyMessage, RequestMessage
@@ -33,6 +36,9 @@ _SHM_MARK = b"shared_memory_region"
 _BYTES_MARK = b"BYTES"
 """A BYTES input in a shared memory region is read and counted while parsed: a request
 whose body names both may be heavy whatever its size (two memchr-fast searches)."""
+
+_GATEWAY_PARAMETERS = frozenset(("timeout", "priority", PARAMETER))
+"""Request parameters the gateway consumes; the others travel on to the worker."""
 
 T = TypeVar("T")
 
@@ -67,10 +73,19 @@ def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
     return priority
 
 
-async def infer(request: Request, state: GatewayState, model: str, version: str | None) -> Response:
+async def infer(
+    request: Request,
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    label: str | None = None,
+) -> Response:
     """The Starlette route, kept for the OpenAPI schema; requests take gateway.fast_path."""
     body = await read_body(request, state.settings.max_body_bytes)
-    content, json_length = await run_infer(state, model, version, body, header_length(request))
+    label = requested_label(version, label, request.headers.get(HEADER))
+    content, json_length = await run_infer(
+        state, model, version, body, header_length(request), label=label
+    )
     if json_length is None:
         return Response(content, media_type="application/json")
     return Response(
@@ -88,14 +103,17 @@ async def run_infer(
     json_length: int | None,
     trace: TraceParent | None = None,
     span: RequestSpan | None = None,
+    label: str | None = None,
 ) -> tuple[bytes, int | None]:
     """Validate, queue, await and encode one request: (response body, JSON header length).
 
-    ``trace`` goes into the stream entry for the worker; ``span`` (when tracing) gets a
-    ``reply`` child while the answer is turned into the response."""
+    ``label``: the version label named by the URL or the header (see
+    :func:`gateway.routing.requested_label`). ``trace`` goes into the stream entry for the
+    worker; ``span`` (when tracing) gets a ``reply`` child while the answer is turned into
+    the response."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
-    entry, number = state.view.resolve(model, version)
+    entry, number = state.view.route(model, version, label)
     config = entry.config
     assert config is not None
     big = len(body) > OFFLOAD_BYTES
@@ -104,6 +122,11 @@ async def run_infer(
         big or (names_shm and _BYTES_MARK in body),
         lambda: parse_infer_request(body, json_length, config, state.limits, state.regions),
     )
+    named = parsed.parameters.get(PARAMETER)
+    if named is not None:
+        late_label = parameter_label(named, version, label)
+        if late_label is not None:  # (the model's configuration is the same for each version)
+            entry, number = state.view.resolve(model, None, late_label)
     transfer = state.transfer
     rid = request_id.settle(parsed.id)
 
@@ -130,7 +153,7 @@ async def run_infer(
                 enqueued_ns=now_ns,
                 priority=level,
                 parameters={
-                    k: v for k, v in parsed.parameters.items() if k not in ("timeout", "priority")
+                    k: v for k, v in parsed.parameters.items() if k not in _GATEWAY_PARAMETERS
                 },
                 output_regions=transfer.output_regions(parsed.outputs),
                 segment_prefix=transfer.message_prefix,

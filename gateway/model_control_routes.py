@@ -60,7 +60,8 @@ async def load(model: str, request: Request) -> Response:
                 files[name[len(_FILE_PREFIX) :]] = base64.b64decode(value, validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidInput(f"'{name}' is not valid base64") from None
-    return await _carry_out(state, ControlCommand("load", model, config, files))
+    await carry_out(state, ControlCommand("load", model, config, files))
+    return Response(status_code=200)
 
 
 @model_control_router.post("/v2/repository/models/{model}/unload")
@@ -70,7 +71,8 @@ async def unload(model: str, request: Request) -> Response:
     if not isinstance(unload_dependents, bool):
         raise InvalidInput("'unload_dependents' must be a boolean")
     # No model depends on another yet (ensembles are still to come): nothing more to do.
-    return await _carry_out(state, ControlCommand("unload", model))
+    await carry_out(state, ControlCommand("unload", model))
+    return Response(status_code=200)
 
 
 async def _explicit(request: Request) -> GatewayState:
@@ -96,9 +98,10 @@ def _parameters(body: bytes) -> dict[str, Any]:
     return parameters
 
 
-async def _carry_out(state: GatewayState, command: ControlCommand) -> Response:
-    """Hand the command to ``sluice up`` and wait for its answer (polling: the Redis client's
-    socket timeout is shorter than a load may take, and loads are rare)."""
+async def carry_out(state: GatewayState, command: ControlCommand) -> None:
+    """Hand the command to ``sluice up`` and wait for it to be carried out (polling: the
+    Redis client's socket timeout is shorter than a load may take, and loads are rare);
+    raises InvalidInput with the reason when it failed."""
     keys = state.keys
     await state.redis.xadd(
         keys.control_requests,
@@ -116,7 +119,7 @@ async def _carry_out(state: GatewayState, command: ControlCommand) -> Response:
                 raise InvalidInput(str(error))
             # This gateway sees the change at once; the others within a catalog refresh.
             await state.view.refresh(state.redis)
-            return Response(status_code=200)
+            return
         await asyncio.sleep(_POLL_S)
     raise Unavailable(
         f"the {command.op} of '{command.model}' did not finish within "

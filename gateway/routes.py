@@ -11,10 +11,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
+from gateway.label_routes import label_router
 from gateway.logging_routes import logging_router
 from gateway.metadata import model_metadata
 from gateway.metrics import CONTENT_TYPE, metrics_text
 from gateway.model_control_routes import model_control_router
+from gateway.rollout_routes import rollout_router
+from gateway.routing_routes import routing_router
 from gateway.shm_routes import shm_router
 from gateway.state import GatewayState
 from sluice import __version__
@@ -35,7 +38,10 @@ EXTENSIONS = [
 router = APIRouter()
 router.include_router(shm_router)
 router.include_router(model_control_router)
+router.include_router(rollout_router)
 router.include_router(logging_router)
+router.include_router(routing_router)
+router.include_router(label_router)
 
 Handler = Callable[..., Awaitable[Response]]
 

@@ -37,6 +37,7 @@ from sluice.control import ControlCommand, decode_command
 from sluice.errors import SluiceError
 from sluice.keys import Keys, load_error_field
 from sluice.repository import RepositoryModel, available_versions, read_model
+from sluice.rollout import OPS as ROLLOUT_OPS
 
 log = logging.getLogger("sluice.up")
 
@@ -75,6 +76,8 @@ class ModelControl:
     loaded: dict[str, tuple[RepositoryModel, list[Child]]]
     on_change: Callable[[], None]
     """Called after the set of loaded models changed (publishes the catalog)."""
+    rollouts: Callable[[ControlCommand], str | None] | None = None
+    """Carries out a rollout command (:mod:`scheduler.rollouts`): its error, or None."""
     _last_id: str = "0-0"
     _queue: list[ControlCommand] = field(default_factory=list)
     _current: _InProgress | None = None
@@ -102,6 +105,10 @@ class ModelControl:
         try:
             self._retire_drained()
             self._read()
+            # Rollout commands are quick and must not wait behind a load they cause.
+            for command in [c for c in self._queue if c.op in ROLLOUT_OPS]:
+                self._queue.remove(command)
+                self._begin(command)
             if self._current is None and self._queue:
                 self._begin(self._queue.pop(0))
             if self._current is not None:
@@ -141,7 +148,12 @@ class ModelControl:
         deadline = time.monotonic() + self.timeout_s
         try:
             check_model_name(command.model)
-            if command.op == "unload":
+            if command.op in ROLLOUT_OPS:
+                if self.rollouts is None:
+                    self._reply(command, "rollouts are not available")
+                else:
+                    self._reply(command, self.rollouts(command))
+            elif command.op == "unload":
                 self._begin_unload(command, deadline)
             else:
                 self._begin_load(command, deadline)

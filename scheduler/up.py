@@ -30,6 +30,7 @@ from scheduler.model_control import ModelControl
 from scheduler.placement import placements, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
 from scheduler.repository_poller import RepositoryPoller
+from scheduler.rollouts import RolloutManager
 from scheduler.sources import SourceError, open_source, snapshot_repository
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
@@ -431,23 +432,26 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         }
         fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
         scaler = Autoscaler(client, namespace, supervisor, fleet, _instance_spec(env))
-        if settings.model_control_mode != "none":
-            staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
-            control = ModelControl(
-                client,
-                namespace,
-                repository,
-                staging,
-                supervisor,
-                lambda model, root, env: _worker_specs([model], root, env),
-                env,
-                settings.model_control_timeout_s,
-                fleet,
-                catalog.publish,
-            )
-            control.start()
-            catalog.publish()
-        if control is not None and settings.model_control_mode == "poll":
+        # Model control runs in every mode: load / unload requests only in explicit mode
+        # (the gateways check), the repository poller's and the rollouts' loads in all.
+        staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
+        control = ModelControl(
+            client,
+            namespace,
+            repository,
+            staging,
+            supervisor,
+            lambda model, root, env: _worker_specs([model], root, env),
+            env,
+            settings.model_control_timeout_s,
+            fleet,
+            catalog.publish,
+        )
+        rollouts = RolloutManager(client, namespace, control, fleet)
+        control.rollouts = rollouts.handle
+        control.start()
+        catalog.publish()
+        if settings.model_control_mode == "poll":
             poller = RepositoryPoller(
                 open_source(settings.model_repository, settings),
                 control,
@@ -469,8 +473,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 redis_server.tick()
             catalog.tick()
             sweeper.tick()
-            if control is not None:
-                control.tick()
+            control.tick()
+            rollouts.tick()
             scaler.tick()
         return 0
     finally:

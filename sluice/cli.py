@@ -263,6 +263,60 @@ def routing_clear(model: str, url: Url = "http://127.0.0.1:8000", key: Key = Non
     _routing_call(url, key, "DELETE", f"{model}/routing")
 
 
+rollout = typer.Typer(
+    no_args_is_help=True,
+    help="Canary rollouts of a new model version, with automatic rollback (through a gateway).",
+)
+app.add_typer(rollout, name="rollout")
+
+
+@rollout.command("start")
+def rollout_start(
+    model: str,
+    version: Annotated[int, typer.Option(help="The candidate version.")],
+    steps: Annotated[
+        str | None, typer.Option(help="Its traffic shares in percent, e.g. 10,25,50.")
+    ] = None,
+    step_s: Annotated[float | None, typer.Option(help="Seconds per step at least.")] = None,
+    min_samples: Annotated[
+        int | None, typer.Option(help="Answers a step needs to be judged.")
+    ] = None,
+    url: Url = "http://127.0.0.1:8000",
+    key: Key = None,
+) -> None:
+    """Load VERSION beside the serving one, give it traffic step by step, promote it, or
+    roll it back by itself when it errs or is slower."""
+    body: dict[str, Any] = {"version": version}
+    if steps:
+        try:
+            body["steps"] = [int(step) for step in steps.split(",")]
+        except ValueError:
+            raise typer.BadParameter("steps: percentages separated by commas") from None
+    if step_s is not None:
+        body["step_s"] = step_s
+    if min_samples is not None:
+        body["min_samples"] = min_samples
+    _routing_call(url, key, "POST", f"{model}/rollout", body)
+
+
+@rollout.command("status")
+def rollout_status(model: str, url: Url = "http://127.0.0.1:8000", key: Key = None) -> None:
+    """The rollout's phase, the candidate's share, and every decision with its numbers."""
+    _routing_call(url, key, "GET", f"{model}/rollout")
+
+
+@rollout.command("promote")
+def rollout_promote(model: str, url: Url = "http://127.0.0.1:8000", key: Key = None) -> None:
+    """Give the candidate all the traffic now and stop the old version."""
+    _routing_call(url, key, "POST", f"{model}/rollout/promote")
+
+
+@rollout.command("rollback")
+def rollout_rollback(model: str, url: Url = "http://127.0.0.1:8000", key: Key = None) -> None:
+    """Give the old version all the traffic now and stop the candidate."""
+    _routing_call(url, key, "POST", f"{model}/rollout/rollback")
+
+
 def main() -> None:
     app()
 

@@ -11,14 +11,17 @@ from dataclasses import dataclass, field
 
 import msgpack
 
+from sluice.rollout import OPS as ROLLOUT_OPS
+
 
 @dataclass
 class ControlCommand:
     op: str
-    """``load`` or ``unload``."""
+    """``load``, ``unload``, or a rollout's (:data:`sluice.rollout.OPS`)."""
     model: str
     config: str | None = None
-    """A load's configuration override (the model configuration as JSON)."""
+    """A load's configuration override (the model configuration as JSON); a rollout
+    start's request (JSON)."""
     files: dict[str, bytes] = field(default_factory=dict)
     """A load's file overrides: path in the model directory -> content."""
     versions: tuple[int, ...] = ()
@@ -47,7 +50,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
         versions = body.get("versions") or []
         if (
             not isinstance(body, dict)
-            or body.get("op") not in ("load", "unload")
+            or body.get("op") not in ("load", "unload", *ROLLOUT_OPS)
             or not isinstance(files, dict)
             or not (config is None or isinstance(config, str))
             or not isinstance(versions, list)

@@ -65,6 +65,10 @@ class Keys:
         """List where the answer to one control command is pushed (the gateway polls it)."""
         return f"{self.namespace}:control:reply:{command_id}"
 
+    def rollout(self, model: str) -> str:
+        """A model's rollout state (JSON, :mod:`sluice.rollout`), written by ``sluice up``."""
+        return f"{self.namespace}:rollout:{model}"
+
     @property
     def control_mode(self) -> str:
         """Triton's model control mode in force (``none``, ``explicit``), set by ``sluice up``."""

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from sluice.logs import configure_logging
-from sluice.repository import read_model
+from sluice.repository import available_versions, read_model
 from sluice.runtime import tune_garbage_collector
 from sluice.settings import WorkerSettings
 from sluice.tracing import tracing_from_settings
@@ -32,10 +32,10 @@ def run_worker(
         return EXIT_LOAD_FAILED
     if version is None:
         version = entry.versions[-1]
-    elif version not in entry.versions:
-        log.error(
-            "model '%s' has no served version %d (served: %s)", model, version, entry.versions
-        )
+    elif version not in available_versions(entry.path):
+        # Any version in the repository: what is served is the controller's decision (a
+        # rollout serves a version the version policy would not pick yet).
+        log.error("model '%s' has no version %d in the repository", model, version)
         return EXIT_LOAD_FAILED
     tracing = tracing_from_settings(settings, "worker")
     worker = Worker(

@@ -1,0 +1,60 @@
+"""Rollouts over HTTP (management endpoints, under ``/v2/repository/``):
+
+- ``POST /v2/repository/models/{m}/rollout`` with ``{"version": 4, "steps": [10, 50],
+  "step_s": 10, ...}`` (:class:`sluice.rollout.RolloutPlan`) starts one and answers its state;
+- ``GET /v2/repository/models/{m}/rollout``: its state, with every decision and its numbers;
+- ``POST .../rollout/promote`` and ``.../rollout/rollback``: decide now.
+
+``sluice up`` carries them out (:mod:`scheduler.rollouts`); the state lives in Redis, so any
+gateway answers it.
+"""
+
+from __future__ import annotations
+
+import orjson
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.model_control_routes import carry_out
+from gateway.state import GatewayState
+from sluice.control import ControlCommand
+from sluice.errors import InvalidInput, NotFound
+from sluice.rollout import PROMOTE, ROLLBACK, START
+
+rollout_router = APIRouter()
+
+
+@rollout_router.post("/v2/repository/models/{model}/rollout")
+async def start(model: str, request: Request) -> Response:
+    state: GatewayState = request.app.state.sluice
+    body = await request.body()
+    try:
+        document = orjson.loads(body) if body.strip() else None
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("request body must be a JSON object with the candidate 'version'")
+    await carry_out(state, ControlCommand(START, model, orjson.dumps(document).decode()))
+    return await status(model, request)
+
+
+@rollout_router.get("/v2/repository/models/{model}/rollout")
+async def status(model: str, request: Request) -> Response:
+    state: GatewayState = request.app.state.sluice
+    raw = await state.redis.get(state.keys.rollout(model))
+    if raw is None:
+        raise NotFound(f"no rollout of model '{model}'")
+    return Response(raw, media_type="application/json")
+
+
+@rollout_router.post("/v2/repository/models/{model}/rollout/promote")
+async def promote(model: str, request: Request) -> Response:
+    await carry_out(request.app.state.sluice, ControlCommand(PROMOTE, model))
+    return await status(model, request)
+
+
+@rollout_router.post("/v2/repository/models/{model}/rollout/rollback")
+async def rollback(model: str, request: Request) -> Response:
+    await carry_out(request.app.state.sluice, ControlCommand(ROLLBACK, model))
+    return await status(model, request)

@@ -1,0 +1,153 @@
+"""Management of version labels and traffic splits (see :mod:`gateway.routing`):
+
+- ``GET /v2/repository/models/{m}/routing``: the model's labels and weights.
+- ``PUT /v2/repository/models/{m}/routing``: ``{"labels": {...}, "weights": {...}}``; each
+  part given replaces that part, a part left out stays as it is.
+- ``DELETE /v2/repository/models/{m}/routing``: no labels, no split.
+- ``PUT /v2/repository/models/{m}/routing/labels/{label}`` ``{"version": N}`` and
+  ``DELETE`` of the same path: one label.
+
+Changes are read, checked against the catalog (versions must be served) and written in one
+optimistic Redis transaction, so two administrators cannot interleave; this gateway applies
+the result at once, the others at their next refresh. The paths start with
+``/v2/repository``, so the edge guard treats them as management endpoints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+from fastapi import APIRouter
+from redis.exceptions import WatchError
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.state import GatewayState
+from sluice.errors import InvalidInput, Unavailable
+from sluice.routing import (
+    MAX_LABELS,
+    Routing,
+    check_label,
+    decode_routing,
+    encode_routing,
+    parse_labels,
+    parse_version,
+    parse_weights,
+)
+
+routing_router = APIRouter()
+
+_PATH = "/v2/repository/models/{model}/routing"
+_PARTS = ("labels", "weights")
+_ATTEMPTS = 8
+
+
+def _state(request: Request) -> GatewayState:
+    state: GatewayState = request.app.state.sluice
+    return state
+
+
+def _answer(model: str, routing: Routing) -> Response:
+    return Response(orjson.dumps(routing.to_json(model)), media_type="application/json")
+
+
+def _document(body: bytes) -> dict[str, Any]:
+    try:
+        document = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"malformed request body: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return document
+
+
+@routing_router.get(_PATH)
+async def get_routing(request: Request, model: str) -> Response:
+    state = _state(request)
+    state.view.entry(model)  # 404 for an unknown model
+    raw = await state.redis.hgetall(state.keys.routing(model))
+    return _answer(model, decode_routing(cast(dict[bytes, bytes], raw)))
+
+
+@routing_router.put(_PATH)
+async def put_routing(request: Request, model: str) -> Response:
+    state = _state(request)
+    served = state.view.entry(model).versions
+    document = _document(await request.body())
+    unknown = [key for key in document if key not in _PARTS]
+    if unknown or not document:
+        shown = f"unknown field {repr(unknown[0])[:40]}; " if unknown else ""
+        raise InvalidInput(f"{shown}the body names 'labels', 'weights' or both")
+    labels = parse_labels(document["labels"], served, model) if "labels" in document else None
+    weights = parse_weights(document["weights"], served, model) if "weights" in document else None
+
+    def change(current: Routing) -> Routing:
+        return Routing(
+            current.labels if labels is None else labels,
+            current.weights if weights is None else weights,
+        )
+
+    return _answer(model, await _update(state, model, change))
+
+
+@routing_router.delete(_PATH)
+async def delete_routing(request: Request, model: str) -> Response:
+    state = _state(request)
+    state.view.entry(model)
+    return _answer(model, await _update(state, model, lambda _: Routing()))
+
+
+@routing_router.put(_PATH + "/labels/{label}")
+async def put_label(request: Request, model: str, label: str) -> Response:
+    state = _state(request)
+    served = state.view.entry(model).versions
+    check_label(label)
+    document = _document(await request.body())
+    if set(document) != {"version"}:
+        raise InvalidInput('the body must be {"version": <version>}')
+    version = parse_version(document["version"], "'version'", served, model)
+
+    def change(current: Routing) -> Routing:
+        labels = {**current.labels, label: version}
+        if len(labels) > MAX_LABELS:
+            raise InvalidInput(f"model '{model}' has {MAX_LABELS} labels already, the most")
+        return Routing(labels, current.weights)
+
+    return _answer(model, await _update(state, model, change))
+
+
+@routing_router.delete(_PATH + "/labels/{label}")
+async def delete_label(request: Request, model: str, label: str) -> Response:
+    state = _state(request)
+    state.view.entry(model)
+    check_label(label)
+
+    def change(current: Routing) -> Routing:
+        labels = {name: v for name, v in current.labels.items() if name != label}
+        return Routing(labels, current.weights)
+
+    return _answer(model, await _update(state, model, change))
+
+
+async def _update(state: GatewayState, model: str, change: Callable[[Routing], Routing]) -> Routing:
+    """Read, change and write the model's routing hash in one optimistic transaction."""
+    key = state.keys.routing(model)
+    async with state.redis.pipeline(transaction=True) as pipe:
+        for _ in range(_ATTEMPTS):
+            try:
+                await pipe.watch(key)
+                raw = cast(dict[bytes, bytes], await pipe.hgetall(key))
+                routing = change(decode_routing(raw))
+                pipe.multi()
+                pipe.delete(key)
+                fields = encode_routing(routing)
+                if fields:
+                    pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
+                await pipe.execute()
+            except WatchError:
+                continue
+            state.view.routing.apply(model, routing)
+            return routing
+    raise Unavailable(f"the routing of model '{model}' kept changing; retry")
