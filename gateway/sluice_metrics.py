@@ -155,16 +155,26 @@ class _Families:
             "Requests a gateway refused before queueing them, by reason",
             labels=[*_LABELS, "reason"],
         )
+        decisions = CounterMetricFamily(
+            "sluice_rollout_decisions",
+            "Decisions of rollouts with this version as the candidate (start, step, passed, "
+            "inconclusive, promote, rollback, promoted, rolled_back)",
+            labels=[*_LABELS, "decision"],
+        )
         for state in versions:
             labels = [state.model, str(state.version)]
             counters = state.counters
+            for name, count in sorted(counters.items()):
+                if name.startswith("rollout.") and name.endswith(".count"):
+                    decision = name[len("rollout.") : -len(".count")]
+                    decisions.add_metric([*labels, decision], count)
             reclaimed.add_metric(labels, counters.get(st.RECLAIMED, 0))
             dead.add_metric(labels, counters.get(st.DEAD_LETTERED, 0))
             for stage in st.DEADLINE_MISS_STAGES:
                 misses.add_metric([*labels, stage], counters.get(st.deadline_miss_field(stage), 0))
             for reason in st.ADMISSION_REJECT_REASONS:
                 rejects.add_metric([*labels, reason], counters.get(st.reject_field(reason), 0))
-        return reclaimed, dead, misses, rejects
+        return reclaimed, dead, misses, rejects, decisions
 
     def _instances(self, versions: list[VersionState]) -> Iterable[Metric]:
         instances = GaugeMetricFamily(

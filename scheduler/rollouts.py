@@ -101,6 +101,26 @@ class RolloutManager:
     _active: dict[str, _Active] = field(default_factory=dict)
     _due: float = 0.0
 
+    def recover(self) -> None:
+        """End the rollouts an earlier run of ``sluice up`` left under way: its workers are
+        gone, and this run serves what the repository's version policy says, so the traffic
+        split they set is cleared and they are marked rolled back, with the reason."""
+        for name in self.fleet:
+            raw = self.client.get(self.keys.rollout(name))
+            if raw is None:
+                continue
+            try:
+                state = RolloutState.from_json(orjson.loads(cast(bytes, raw)))
+            except (ValueError, KeyError, TypeError):
+                log.error("dropping the unreadable rollout state of '%s'", name)
+                self.client.delete(self.keys.rollout(name))
+                continue
+            if state.phase in FINISHED:
+                continue
+            self._clear_weights(state)
+            active = _Active(state)
+            self._end(active, "rolled_back", "sluice up restarted during the rollout")
+
     def handle(self, command: ControlCommand) -> str | None:
         """Carry out a rollout command; the error text, or None."""
         try:

@@ -449,6 +449,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         )
         rollouts = RolloutManager(client, namespace, control, fleet)
         control.rollouts = rollouts.handle
+        rollouts.recover()
         control.start()
         catalog.publish()
         if settings.model_control_mode == "poll":

@@ -1,0 +1,68 @@
+"""Rollout pieces without a stack: the plan a client sends, the state kept in Redis, the
+p99 read from histogram counts, and a restart that ends a rollout under way."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from redis import Redis
+
+from scheduler.redis_server import RedisServer
+from scheduler.rollouts import RolloutManager, _Numbers
+from sluice.errors import InvalidInput
+from sluice.keys import Keys
+from sluice.repository import RepositoryModel
+from sluice.rollout import RolloutPlan, RolloutState
+from sluice.routing import weight_field
+
+
+def test_plans_are_checked_field_by_field() -> None:
+    plan = RolloutPlan.from_json({"steps": [10, 50], "step_s": 2, "min_samples": 5})
+    assert plan.steps == (10, 50, 100) and plan.step_s == 2.0 and plan.min_samples == 5
+    for body, field in (
+        ({"steps": [50, 10]}, "'steps'"),
+        ({"steps": [0]}, "'steps'"),
+        ({"steps": "10"}, "'steps'"),
+        ({"step_s": True}, "'step_s'"),
+        ({"step_s": 1e9}, "'step_s'"),
+        ({"min_samples": 1.5}, "'min_samples'"),
+        ({"max_p99_ratio": 0.5}, "'max_p99_ratio'"),
+    ):
+        with pytest.raises(InvalidInput, match=field):
+            RolloutPlan.from_json(body)
+
+
+def test_state_round_trips_through_json() -> None:
+    state = RolloutState("m", 1, 2, RolloutPlan(), phase="canary", step=1, weight=25)
+    state.decisions.append({"decision": "step", "reason": "x"})
+    assert RolloutState.from_json(orjson.loads(orjson.dumps(state.to_json()))) == state
+
+
+def test_p99_is_the_bound_of_the_bucket_holding_it() -> None:
+    counts: list[float] = [0] * 17
+    for index in range(17):
+        counts[index] = 99 if index >= 2 else 0  # 99 answers within 2.5 ms ...
+    counts[-1] = 100  # ... and one past every bound
+    assert _Numbers(100, 0, 0, counts).p99_s() == 0.0025
+    assert _Numbers(0, 0, 0, [0] * 17).p99_s() is None
+
+
+def test_a_restart_ends_a_rollout_under_way(redis_server: RedisServer) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    client = Redis.from_url(redis_server.url)
+    try:
+        state = RolloutState("m", 1, 2, RolloutPlan(), phase="canary", step=0, weight=10)
+        client.set(keys.rollout("m"), orjson.dumps(state.to_json()))
+        client.hset(keys.routing("m"), mapping={weight_field(1): 90, weight_field(2): 10})
+        fleet: dict[str, Any] = {"m": (RepositoryModel("m", Path("m"), None, (1,)), [])}
+        RolloutManager(client, keys, None, fleet).recover()  # type: ignore[arg-type]
+        after = orjson.loads(client.get(keys.rollout("m")) or b"{}")
+        assert after["phase"] == "rolled_back"
+        assert "restarted" in after["reason"]
+        assert client.hgetall(keys.routing("m")) == {}
+    finally:
+        client.close()
