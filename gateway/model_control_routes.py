@@ -24,6 +24,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.json_body import json_object
 from gateway.state import GatewayState
 from sluice.control import ControlCommand, encode_command
 from sluice.errors import InvalidInput, Unavailable, Unsupported
@@ -84,15 +85,7 @@ async def _explicit(request: Request) -> GatewayState:
 
 
 def _parameters(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        return {}
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidInput("request body must be a JSON object")
-    parameters = document.get("parameters", {})
+    parameters = json_object(body, empty_ok=True).get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
     return parameters

@@ -16,10 +16,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.json_body import json_object
 from gateway.model_control_routes import carry_out
 from gateway.state import GatewayState
 from sluice.control import ControlCommand
-from sluice.errors import InvalidInput, NotFound
+from sluice.errors import NotFound
 from sluice.rollout import PROMOTE, ROLLBACK, START
 
 rollout_router = APIRouter()
@@ -28,13 +29,7 @@ rollout_router = APIRouter()
 @rollout_router.post("/v2/repository/models/{model}/rollout")
 async def start(model: str, request: Request) -> Response:
     state: GatewayState = request.app.state.sluice
-    body = await request.body()
-    try:
-        document = orjson.loads(body) if body.strip() else None
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidInput("request body must be a JSON object with the candidate 'version'")
+    document = json_object(await request.body())
     await carry_out(state, ControlCommand(START, model, orjson.dumps(document).decode()))
     return await status(model, request)
 

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
+from gateway.json_body import json_object
 from gateway.label_routes import label_router
 from gateway.logging_routes import logging_router
 from gateway.metadata import model_metadata
@@ -97,13 +98,7 @@ async def server_metadata() -> Response:
 @router.post("/v2/repository/index")
 async def repository_index(request: Request) -> Response:
     state = _state(request)
-    body = await request.body()
-    try:
-        document = orjson.loads(body) if body.strip() else {}
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidInput("request body must be a JSON object")
+    document = json_object(await request.body(), empty_ok=True)
     ready_only = document.get("ready", False)
     if not isinstance(ready_only, bool):
         raise InvalidInput("'ready' must be a boolean")

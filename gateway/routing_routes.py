@@ -16,7 +16,7 @@ the result at once, the others at their next refresh. The paths start with
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, cast
+from typing import cast
 
 import orjson
 from fastapi import APIRouter
@@ -24,6 +24,7 @@ from redis.exceptions import WatchError
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.json_body import json_object
 from gateway.state import GatewayState
 from sluice.errors import InvalidInput, Unavailable
 from sluice.routing import (
@@ -53,16 +54,6 @@ def _answer(model: str, routing: Routing) -> Response:
     return Response(orjson.dumps(routing.to_json(model)), media_type="application/json")
 
 
-def _document(body: bytes) -> dict[str, Any]:
-    try:
-        document = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed request body: {exc}") from None
-    if not isinstance(document, dict):
-        raise InvalidInput("request body must be a JSON object")
-    return document
-
-
 @routing_router.get(_PATH)
 async def get_routing(request: Request, model: str) -> Response:
     state = _state(request)
@@ -75,7 +66,7 @@ async def get_routing(request: Request, model: str) -> Response:
 async def put_routing(request: Request, model: str) -> Response:
     state = _state(request)
     served = state.view.entry(model).versions
-    document = _document(await request.body())
+    document = json_object(await request.body())
     unknown = [key for key in document if key not in _PARTS]
     if unknown or not document:
         shown = f"unknown field {repr(unknown[0])[:40]}; " if unknown else ""
@@ -104,7 +95,7 @@ async def put_label(request: Request, model: str, label: str) -> Response:
     state = _state(request)
     served = state.view.entry(model).versions
     check_label(label)
-    document = _document(await request.body())
+    document = json_object(await request.body())
     if set(document) != {"version"}:
         raise InvalidInput('the body must be {"version": <version>}')
     version = parse_version(document["version"], "'version'", served, model)
