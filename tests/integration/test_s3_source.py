@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from scheduler.sources import SourceError, open_source, poll, snapshot_repositor
 from sluice.repository import scan_repository
 from sluice.settings import RepositorySourceSettings
 from tests.support.onnx_models import write_identity
+from tests.support.procs import wait_until
 from tests.support.stack import Stack
 
 CREDENTIALS = {
@@ -277,3 +280,71 @@ def test_sluice_up_serves_a_model_from_the_bucket(
     assert names == ["ident"]  # the half-uploaded model is not served
     assert "model 'partial' version 1 not taken: incomplete" in "".join(stack.stderr_lines)
     assert stack.stop() == 0
+
+
+def test_a_new_version_uploaded_to_the_bucket_is_rolled_out_once_complete(
+    s3: Any, bucket: str, s3_endpoint: str, tmp_path: Path, redis_server: Any
+) -> None:
+    """The whole story: version 2 of a model is uploaded while version 1 serves under load.
+    Its files alone change nothing; once its manifest lands, ``sluice up`` (poll mode) takes
+    it, loads and warms it beside version 1, gives it a share of the traffic, and promotes
+    it, with no failed request."""
+    canary = """
+    parameters { key: "sluice.rollout" value { string_value: "canary" } }
+    parameters { key: "sluice.rollout_steps" value { string_value: "50" } }
+    parameters { key: "sluice.rollout_step_s" value { string_value: "1" } }
+    parameters { key: "sluice.rollout_min_samples" value { string_value: "10" } }
+    """
+    local = write_identity(tmp_path / "local", "ident", ["FP32"], extra=canary)
+    upload(s3, bucket, "models/", local)
+    env = CREDENTIALS | {
+        "SLUICE_S3_ENDPOINT_URL": s3_endpoint,
+        "SLUICE_REPOSITORY_CACHE_DIR": str(tmp_path / "cache"),
+        "SLUICE_REPOSITORY_POLL_S": "0.5",
+        "AWS_CONFIG_FILE": str(tmp_path / "no-aws-config"),
+        "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
+    }
+    stack = Stack(
+        f"s3://{bucket}/models",  # type: ignore[arg-type]
+        redis_server.url,
+        env=env,
+        args=["--model-control-mode", "poll"],
+    )
+    stack.start()
+    codes: list[int] = []
+    versions: list[str] = []
+    stop = threading.Event()
+
+    def steady() -> None:
+        body = {"inputs": [{"name": "IN_FP32", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
+        with httpx.Client(base_url=stack.url, timeout=30) as http:
+            while not stop.is_set():
+                answer = http.post("/v2/models/ident/infer", json=body)
+                codes.append(answer.status_code)
+                if answer.status_code == 200:
+                    versions.append(answer.json()["model_version"])
+
+    load = threading.Thread(target=steady)
+    load.start()
+    try:
+        version_dir = add_version(local, 2)
+        key = "models/ident/2/model.onnx"
+        s3.put_object(Bucket=bucket, Key=key, Body=(version_dir / "model.onnx").read_bytes())
+        time.sleep(2.0)  # several polls: the version has no manifest yet
+        assert set(versions) == {"1"}
+        rollout_url = f"{stack.url}/v2/repository/models/ident/rollout"
+        assert httpx.get(rollout_url).status_code == 404
+        put_manifest(s3, bucket, "models/ident/2", version_dir)  # the upload completes
+
+        def promoted() -> bool:
+            answer = httpx.get(rollout_url)
+            return answer.status_code == 200 and answer.json()["phase"] == "promoted"
+
+        assert wait_until(promoted, 60), httpx.get(rollout_url).text
+        time.sleep(0.5)
+    finally:
+        stop.set()
+        load.join(30)
+        stack.stop()
+    assert set(codes) == {200}, f"{len(codes) - codes.count(200)} of {len(codes)} failed"
+    assert versions[0] == "1" and versions[-1] == "2" and "2" in versions
