@@ -305,7 +305,7 @@ def test_a_new_version_uploaded_to_the_bucket_is_rolled_out_once_complete(
         "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "no-aws-credentials"),
     }
     stack = Stack(
-        f"s3://{bucket}/models",  # type: ignore[arg-type]
+        f"s3://{bucket}/models",
         redis_server.url,
         env=env,
         args=["--model-control-mode", "poll"],

@@ -25,7 +25,8 @@ class Stack:
     """``redis_url`` None: no SLUICE_REDIS_URL, so ``sluice up`` starts its private
     redis-server; ``redis_url`` is then set to that server's URL once the stack is ready."""
 
-    repository: Path
+    repository: Path | str
+    """A local directory, or an s3:// URL."""
     redis_url: str | None
     env: dict[str, str] = field(default_factory=dict)
     namespace: str = field(default_factory=lambda: f"t{uuid.uuid4().hex[:8]}")
