@@ -38,10 +38,11 @@ class CatalogView:
 
     async def refresh(self, redis: Redis) -> None:
         revision = cast(bytes | None, await redis.get(self.keys.catalog_revision))
-        # No revision after one was seen: Redis restarted and the controller has not
-        # republished yet. Keep serving the catalog we know rather than answer 404s.
-        lost = revision is None and self.revision is not None
-        if not lost and (revision != self.revision or not self.loaded):
+        # No revision: nothing has published a catalog yet (the workers' `sluice up` may
+        # start after this gateway: not loaded, so readiness stays false meanwhile), or
+        # Redis restarted and it has not republished yet (keep serving the catalog we know
+        # rather than answer 404s).
+        if revision is not None and (revision != self.revision or not self.loaded):
             raw = cast(dict[bytes, bytes], await redis.hgetall(self.keys.catalog))
             models: dict[str, CatalogEntry] = {}
             for field_name, value in raw.items():
