@@ -1,10 +1,12 @@
-"""The JSON object a management route takes as its body, or a 400 saying what is wrong."""
+"""JSON in and out of the routes other than inference: the object a management route takes
+as its body (or a 400 saying what is wrong), and a JSON response."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import orjson
+from starlette.responses import Response
 
 from sluice.errors import InvalidInput
 
@@ -20,3 +22,7 @@ def json_object(body: bytes, *, empty_ok: bool = False) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidInput("request body must be a JSON object")
     return document
+
+
+def json_response(body: Any, status: int = 200) -> Response:
+    return Response(orjson.dumps(body), status_code=status, media_type="application/json")

@@ -4,48 +4,39 @@ take :mod:`gateway.fast_path`) inference. Inference endpoints for the edge guard
 
 from __future__ import annotations
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
+from gateway.json_body import json_response
 from gateway.metadata import model_metadata
-from gateway.state import GatewayState
+from gateway.state import state_of
 from sluice.errors import Unavailable
 
 label_router = APIRouter()
 
 
-def _state(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.sluice
-    return state
-
-
-def _json(body: object, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
 @label_router.get("/v2/models/{model}/labels/{label}")
 async def label_metadata(request: Request, model: str, label: str) -> Response:
-    entry, number = _state(request).view.resolve(model, None, label)
-    return _json(model_metadata(entry, [number]))
+    entry, number = state_of(request).view.resolve(model, None, label)
+    return json_response(model_metadata(entry, [number]))
 
 
 @label_router.get("/v2/models/{model}/labels/{label}/ready")
 async def label_ready(request: Request, model: str, label: str) -> Response:
     """As ``/v2/models/{m}/versions/{v}/ready`` for the version the label names."""
-    view = _state(request).view
+    view = state_of(request).view
     try:
         entry, number = view.resolve(model, None, label)
     except Unavailable as exc:
-        return _json({"error": f"Model version not ready; {exc.message}"}, 400)
+        return json_response({"error": f"Model version not ready; {exc.message}"}, 400)
     if not view.is_ready(model, number):
         detail = f"model '{model}' version {number} has no live worker yet"
-        return _json({"error": f"Model version not ready; {detail}"}, 400)
-    return _json({"name": entry.name, "ready": True})
+        return json_response({"error": f"Model version not ready; {detail}"}, 400)
+    return json_response({"name": entry.name, "ready": True})
 
 
 @label_router.post("/v2/models/{model}/labels/{label}/infer")
 async def label_infer(request: Request, model: str, label: str) -> Response:
-    return await infer_path.infer(request, _state(request), model, None, label)
+    return await infer_path.infer(request, state_of(request), model, None, label)

@@ -19,6 +19,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.json_body import json_response
 from sluice.errors import InvalidInput, Unsupported
 from sluice.logs import FORMATS, control
 
@@ -30,19 +31,15 @@ _STRING = "attempt to access JSON non-string as string"
 _MAX_UINT64 = (1 << 64) - 1
 
 
-def _json(body: Any) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
-
-
 @logging_router.get("/v2/logging")
 async def log_settings() -> Response:
-    return _json(control().options.as_triton())
+    return json_response(control().options.as_triton())
 
 
 @logging_router.post("/v2/logging")
 async def update_log_settings(request: Request) -> Response:
     changes = parse_log_settings(await request.body())
-    return _json(control().update(**changes).as_triton())
+    return json_response(control().update(**changes).as_triton())
 
 
 def parse_log_settings(body: bytes) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.json_body import json_object
-from gateway.state import GatewayState
+from gateway.state import GatewayState, state_of
 from sluice.control import ControlCommand, encode_command
 from sluice.errors import InvalidInput, Unavailable, Unsupported
 
@@ -77,7 +77,7 @@ async def unload(model: str, request: Request) -> Response:
 
 
 async def _explicit(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.sluice
+    state = state_of(request)
     mode = await state.redis.get(state.keys.control_mode)
     if mode != b"explicit":
         raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")

@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from gateway.json_body import json_object
 from gateway.model_control_routes import carry_out
-from gateway.state import GatewayState
+from gateway.state import state_of
 from sluice.control import ControlCommand
 from sluice.errors import NotFound
 from sluice.rollout import PROMOTE, ROLLBACK, START
@@ -28,7 +28,7 @@ rollout_router = APIRouter()
 
 @rollout_router.post("/v2/repository/models/{model}/rollout")
 async def start(model: str, request: Request) -> Response:
-    state: GatewayState = request.app.state.sluice
+    state = state_of(request)
     document = json_object(await request.body())
     await carry_out(state, ControlCommand(START, model, orjson.dumps(document).decode()))
     return await status(model, request)
@@ -36,7 +36,7 @@ async def start(model: str, request: Request) -> Response:
 
 @rollout_router.get("/v2/repository/models/{model}/rollout")
 async def status(model: str, request: Request) -> Response:
-    state: GatewayState = request.app.state.sluice
+    state = state_of(request)
     raw = await state.redis.get(state.keys.rollout(model))
     if raw is None:
         raise NotFound(f"no rollout of model '{model}'")
@@ -45,11 +45,11 @@ async def status(model: str, request: Request) -> Response:
 
 @rollout_router.post("/v2/repository/models/{model}/rollout/promote")
 async def promote(model: str, request: Request) -> Response:
-    await carry_out(request.app.state.sluice, ControlCommand(PROMOTE, model))
+    await carry_out(state_of(request), ControlCommand(PROMOTE, model))
     return await status(model, request)
 
 
 @rollout_router.post("/v2/repository/models/{model}/rollout/rollback")
 async def rollback(model: str, request: Request) -> Response:
-    await carry_out(request.app.state.sluice, ControlCommand(ROLLBACK, model))
+    await carry_out(state_of(request), ControlCommand(ROLLBACK, model))
     return await status(model, request)

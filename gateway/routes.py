@@ -5,13 +5,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
-from gateway.json_body import json_object
+from gateway.json_body import json_object, json_response
 from gateway.label_routes import label_router
 from gateway.logging_routes import logging_router
 from gateway.metadata import model_metadata
@@ -20,7 +19,7 @@ from gateway.model_control_routes import model_control_router
 from gateway.rollout_routes import rollout_router
 from gateway.routing_routes import routing_router
 from gateway.shm_routes import shm_router
-from gateway.state import GatewayState
+from gateway.state import GatewayState, state_of
 from sluice import __version__
 from sluice.errors import InvalidInput, Unavailable
 from sluice.statistics import render_model_stats
@@ -47,32 +46,25 @@ router.include_router(label_router)
 Handler = Callable[..., Awaitable[Response]]
 
 
-def _state(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.sluice
-    return state
-
-
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(orjson.dumps(body), status_code=status, media_type="application/json")
-
-
 @router.get("/v2/health/live")
 async def live() -> Response:
-    return _json({"live": True})
+    return json_response({"live": True})
 
 
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
-    state = _state(request)
+    state = state_of(request)
     if not state.redis_ok:
-        return _json({"error": "server is not ready: Redis is unreachable"}, 400)
+        return json_response({"error": "server is not ready: Redis is unreachable"}, 400)
     if not state.view.loaded:
-        return _json({"error": "server is not ready: the model catalog is not loaded yet"}, 400)
+        return json_response(
+            {"error": "server is not ready: the model catalog is not loaded yet"}, 400
+        )
     if state.settings.strict_readiness:
         waiting = state.view.not_ready()
         if waiting:
-            return _json({"error": f"server is not ready: {_listed(waiting)}"}, 400)
-    return _json({"ready": True})
+            return json_response({"error": f"server is not ready: {_listed(waiting)}"}, 400)
+    return json_response({"ready": True})
 
 
 def _listed(models: list[str], most: int = 5) -> str:
@@ -84,20 +76,20 @@ def _listed(models: list[str], most: int = 5) -> str:
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Triton's metric families (see gateway.metrics), for Prometheus."""
-    state = _state(request)
+    state = state_of(request)
     if not state.settings.allow_metrics:
-        return _json({"error": "metrics are turned off (SLUICE_ALLOW_METRICS=false)"}, 404)
+        return json_response({"error": "metrics are turned off (SLUICE_ALLOW_METRICS=false)"}, 404)
     return Response(await metrics_text(state), media_type=CONTENT_TYPE)
 
 
 @router.get("/v2")
 async def server_metadata() -> Response:
-    return _json({"name": "sluice", "version": __version__, "extensions": EXTENSIONS})
+    return json_response({"name": "sluice", "version": __version__, "extensions": EXTENSIONS})
 
 
 @router.post("/v2/repository/index")
 async def repository_index(request: Request) -> Response:
-    state = _state(request)
+    state = state_of(request)
     document = json_object(await request.body(), empty_ok=True)
     ready_only = document.get("ready", False)
     if not isinstance(ready_only, bool):
@@ -124,7 +116,7 @@ async def repository_index(request: Request) -> Response:
                 row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
             if not ready_only or row["state"] == "READY":
                 rows.append(row)
-    return _json(rows)
+    return json_response(rows)
 
 
 async def _stats_for(state: GatewayState, models: list[tuple[str, int]]) -> Response:
@@ -138,12 +130,12 @@ async def _stats_for(state: GatewayState, models: list[tuple[str, int]]) -> Resp
         render_model_stats(name, version, *results[3 * i : 3 * i + 3])
         for i, (name, version) in enumerate(models)
     ]
-    return _json({"model_stats": stats})
+    return json_response({"model_stats": stats})
 
 
 @router.get("/v2/models/stats")
 async def all_stats(request: Request) -> Response:
-    state = _state(request)
+    state = state_of(request)
     models = [
         (entry.name, version)
         for entry in state.view.models.values()
@@ -168,40 +160,40 @@ def _route(method: str, suffix: str) -> Callable[[Handler], Handler]:
 
 @_route("GET", "")
 async def metadata(request: Request, model: str, version: str | None = None) -> Response:
-    state = _state(request)
+    state = state_of(request)
     if version is None:
         entry = state.view.entry(model)
         if not entry.available:
             raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
-        return _json(model_metadata(entry, list(entry.versions)))
+        return json_response(model_metadata(entry, list(entry.versions)))
     entry, number = state.view.resolve(model, version)
-    return _json(model_metadata(entry, [number]))
+    return json_response(model_metadata(entry, [number]))
 
 
 @_route("GET", "/ready")
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
     """Triton answers 400 "Model version not ready" for a known model that cannot serve."""
-    state = _state(request)
+    state = state_of(request)
     try:
         entry, number = state.view.resolve(model, version)
     except Unavailable as exc:
-        return _json({"error": f"Model version not ready; {exc.message}"}, 400)
+        return json_response({"error": f"Model version not ready; {exc.message}"}, 400)
     if not state.view.is_ready(model, number):
         detail = f"model '{model}' version {number} has no live worker yet"
-        return _json({"error": f"Model version not ready; {detail}"}, 400)
-    return _json({"name": entry.name, "ready": True})
+        return json_response({"error": f"Model version not ready; {detail}"}, 400)
+    return json_response({"name": entry.name, "ready": True})
 
 
 @_route("GET", "/config")
 async def model_config(request: Request, model: str, version: str | None = None) -> Response:
-    entry, _ = _state(request).view.resolve(model, version)
+    entry, _ = state_of(request).view.resolve(model, version)
     assert entry.config is not None
-    return _json(dict(entry.config.raw))
+    return json_response(dict(entry.config.raw))
 
 
 @_route("GET", "/stats")
 async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
-    state = _state(request)
+    state = state_of(request)
     if version is None:
         entry = state.view.entry(model)
         return await _stats_for(state, [(model, v) for v in entry.versions])
@@ -211,4 +203,4 @@ async def model_stats(request: Request, model: str, version: str | None = None) 
 
 @_route("POST", "/infer")
 async def model_infer(request: Request, model: str, version: str | None = None) -> Response:
-    return await infer_path.infer(request, _state(request), model, version)
+    return await infer_path.infer(request, state_of(request), model, version)

@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.json_body import json_object
-from gateway.state import GatewayState
+from gateway.state import GatewayState, state_of
 from sluice.errors import InvalidInput, Unavailable
 from sluice.routing import (
     MAX_LABELS,
@@ -45,18 +45,13 @@ _PARTS = ("labels", "weights")
 _ATTEMPTS = 8
 
 
-def _state(request: Request) -> GatewayState:
-    state: GatewayState = request.app.state.sluice
-    return state
-
-
 def _answer(model: str, routing: Routing) -> Response:
     return Response(orjson.dumps(routing.to_json(model)), media_type="application/json")
 
 
 @routing_router.get(_PATH)
 async def get_routing(request: Request, model: str) -> Response:
-    state = _state(request)
+    state = state_of(request)
     state.view.entry(model)  # 404 for an unknown model
     raw = await state.redis.hgetall(state.keys.routing(model))
     return _answer(model, decode_routing(cast(dict[bytes, bytes], raw)))
@@ -64,7 +59,7 @@ async def get_routing(request: Request, model: str) -> Response:
 
 @routing_router.put(_PATH)
 async def put_routing(request: Request, model: str) -> Response:
-    state = _state(request)
+    state = state_of(request)
     served = state.view.entry(model).versions
     document = json_object(await request.body())
     unknown = [key for key in document if key not in _PARTS]
@@ -85,14 +80,14 @@ async def put_routing(request: Request, model: str) -> Response:
 
 @routing_router.delete(_PATH)
 async def delete_routing(request: Request, model: str) -> Response:
-    state = _state(request)
+    state = state_of(request)
     state.view.entry(model)
     return _answer(model, await _update(state, model, lambda _: Routing()))
 
 
 @routing_router.put(_PATH + "/labels/{label}")
 async def put_label(request: Request, model: str, label: str) -> Response:
-    state = _state(request)
+    state = state_of(request)
     served = state.view.entry(model).versions
     check_label(label)
     document = json_object(await request.body())
@@ -111,7 +106,7 @@ async def put_label(request: Request, model: str, label: str) -> Response:
 
 @routing_router.delete(_PATH + "/labels/{label}")
 async def delete_label(request: Request, model: str, label: str) -> Response:
-    state = _state(request)
+    state = state_of(request)
     state.view.entry(model)
     check_label(label)
 

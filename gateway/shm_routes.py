@@ -16,7 +16,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway.cuda_shm import decode_raw_handle
+from gateway.json_body import json_response
 from gateway.shm_registry import RegionRegistry
+from gateway.state import state_of
 from sluice.errors import InvalidInput
 
 shm_router = APIRouter()
@@ -26,12 +28,8 @@ _CUDA = "/v2/cudasharedmemory"
 
 
 def _registry(request: Request) -> RegionRegistry:
-    registry: RegionRegistry = request.app.state.sluice.regions
+    registry: RegionRegistry = state_of(request).regions
     return registry
-
-
-def _json(body: Any) -> Response:
-    return Response(orjson.dumps(body), media_type="application/json")
 
 
 def _ok() -> Response:
@@ -62,12 +60,12 @@ def _natural(document: dict[str, Any], field: str, name: str, default: int | Non
 
 @shm_router.get(f"{_SYSTEM}/status")
 async def system_status_all(request: Request) -> Response:
-    return _json(_registry(request).system_status(None))
+    return json_response(_registry(request).system_status(None))
 
 
 @shm_router.get(_SYSTEM + "/region/{name}/status")
 async def system_status(request: Request, name: str) -> Response:
-    return _json(_registry(request).system_status(name))
+    return json_response(_registry(request).system_status(name))
 
 
 @shm_router.post(_SYSTEM + "/region/{name}/register")
@@ -98,12 +96,12 @@ async def system_unregister(request: Request, name: str) -> Response:
 
 @shm_router.get(f"{_CUDA}/status")
 async def cuda_status_all(request: Request) -> Response:
-    return _json(_registry(request).cuda_status(None))
+    return json_response(_registry(request).cuda_status(None))
 
 
 @shm_router.get(_CUDA + "/region/{name}/status")
 async def cuda_status(request: Request, name: str) -> Response:
-    return _json(_registry(request).cuda_status(name))
+    return json_response(_registry(request).cuda_status(name))
 
 
 @shm_router.post(_CUDA + "/region/{name}/register")

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from starlette.requests import Request
 
 from gateway.admission import Admission
 from gateway.body_budget import BodyBudget
@@ -35,3 +36,9 @@ class GatewayState:
     redis_ok: bool = field(default=False)
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""
+
+
+def state_of(request: Request) -> GatewayState:
+    """The gateway's state, for a route handler."""
+    state: GatewayState = request.app.state.sluice
+    return state
