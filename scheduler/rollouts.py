@@ -102,10 +102,11 @@ class RolloutManager:
     _due: float = 0.0
 
     def recover(self) -> None:
-        """End the rollouts an earlier run of ``sluice up`` left under way: its workers are
-        gone, and this run serves what the repository's version policy says, so the traffic
-        split they set is cleared and they are marked rolled back, with the reason."""
-        for name in self.fleet:
+        """Take up the rollouts an earlier run of ``sluice up`` left under way: their state is
+        in Redis, their workers are gone. The versions they need are loaded again and each
+        goes on from where it was: a canary from the start of its step, a promotion or a
+        rollback to its end. One whose candidate has left the repository is rolled back."""
+        for name, (model, _) in self.fleet.items():
             raw = self.client.get(self.keys.rollout(name))
             if raw is None:
                 continue
@@ -117,9 +118,23 @@ class RolloutManager:
                 continue
             if state.phase in FINISHED:
                 continue
-            self._clear_weights(state)
             active = _Active(state)
-            self._end(active, "rolled_back", "sluice up restarted during the rollout")
+            self._active[name] = active
+            on_disk = set(available_versions(model.path))
+            if state.phase == "promoting" and state.candidate in on_disk:
+                self._decide(active, "resume", "promoting again after a restart")
+                active.load_id = self._load(name, (state.candidate,))
+            elif state.phase != "rolling_back" and {state.stable, state.candidate} <= on_disk:
+                step = max(state.step, 0)
+                state.phase, state.step = "loading", max(-1, state.step - 1)
+                self._clear_weights(state)
+                self._decide(active, "resume", f"after a restart, from step {step}")
+                active.load_id = self._load(name, (state.stable, state.candidate))
+            else:
+                state.phase = "rolling_back"
+                state.reason = state.reason or "sluice up restarted during the rollout"
+                self._set_weights(state, {state.stable: 100})
+                active.load_id = self._load(name, (state.stable,))
 
     def handle(self, command: ControlCommand) -> str | None:
         """Carry out a rollout command; the error text, or None."""

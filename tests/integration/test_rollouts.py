@@ -251,3 +251,37 @@ def test_a_new_version_in_the_repository_is_rolled_out_by_itself(
         assert json.loads(shown.stdout)["phase"] == "promoted"
     finally:
         stack.stop()
+
+
+def test_a_rollout_goes_on_after_sluice_up_restarts(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """``sluice up`` stopped mid-canary and started again on the same Redis: the rollout is
+    taken up where it was and promoted."""
+    write_versions(tmp_path, "resumed", GOOD)
+    first = Stack(tmp_path, redis_server.url)
+    first.start()
+    try:
+        with SteadyLoad(first, "resumed"):
+            plan = {"version": 2, "steps": [50], "step_s": 60, "min_samples": 5}
+            started = httpx.post(f"{first.url}/v2/repository/models/resumed/rollout", json=plan)
+            assert started.status_code == 200, started.text
+            assert wait_until(lambda: rollout(first, "resumed")["phase"] == "canary", 30)
+    finally:
+        first.stop()
+    second = Stack(tmp_path, redis_server.url, namespace=first.namespace)
+    second.start()
+    try:
+        with SteadyLoad(second, "resumed") as load:
+            assert wait_until(lambda: rollout(second, "resumed")["phase"] == "canary", 30)
+            promote = f"{second.url}/v2/repository/models/resumed/rollout/promote"
+            answer = httpx.post(promote, timeout=30)
+            assert answer.status_code == 200, answer.text
+            assert wait_until(finished(second, "resumed"), 30), rollout(second, "resumed")
+        state = rollout(second, "resumed")
+        assert state["phase"] == "promoted", state["reason"]
+        assert "resume" in [d["decision"] for d in state["decisions"]]
+        assert set(load.codes) == {200}
+        assert served_versions(second, "resumed") == ["2"]
+    finally:
+        second.stop()

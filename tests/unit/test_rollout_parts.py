@@ -13,6 +13,7 @@ from redis import Redis
 
 from scheduler.redis_server import RedisServer
 from scheduler.rollouts import RolloutManager, _Numbers
+from sluice.control import ControlCommand
 from sluice.errors import InvalidInput
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel
@@ -51,18 +52,30 @@ def test_p99_is_the_bound_of_the_bucket_holding_it() -> None:
     assert _Numbers(0, 0, 0, [0] * 17).p99_s() is None
 
 
-def test_a_restart_ends_a_rollout_under_way(redis_server: RedisServer) -> None:
+class _Control:
+    def __init__(self) -> None:
+        self.submitted: list[ControlCommand] = []
+
+    def submit(self, command: ControlCommand) -> None:
+        self.submitted.append(command)
+
+
+def test_a_restart_takes_a_rollout_up_again(redis_server: RedisServer, tmp_path: Path) -> None:
     keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    for version in ("1", "2"):
+        (tmp_path / "m" / version).mkdir(parents=True)
     client = Redis.from_url(redis_server.url)
     try:
-        state = RolloutState("m", 1, 2, RolloutPlan(), phase="canary", step=0, weight=10)
+        state = RolloutState("m", 1, 2, RolloutPlan(), phase="canary", step=1, weight=25)
         client.set(keys.rollout("m"), orjson.dumps(state.to_json()))
-        client.hset(keys.routing("m"), mapping={weight_field(1): 90, weight_field(2): 10})
-        fleet: dict[str, Any] = {"m": (RepositoryModel("m", Path("m"), None, (1,)), [])}
-        RolloutManager(client, keys, None, fleet).recover()  # type: ignore[arg-type]
+        client.hset(keys.routing("m"), mapping={weight_field(1): 75, weight_field(2): 25})
+        fleet: dict[str, Any] = {"m": (RepositoryModel("m", tmp_path / "m", None, (1,)), [])}
+        control = _Control()
+        RolloutManager(client, keys, control, fleet).recover()  # type: ignore[arg-type]
         after = orjson.loads(client.get(keys.rollout("m")) or b"{}")
-        assert after["phase"] == "rolled_back"
-        assert "restarted" in after["reason"]
-        assert client.hgetall(keys.routing("m")) == {}
+        assert after["decisions"][-1]["decision"] == "resume"
+        (load,) = control.submitted
+        assert (load.op, load.model, load.versions) == ("load", "m", (1, 2))
+        assert client.hgetall(keys.routing("m")) == {}  # no traffic until it is loaded again
     finally:
         client.close()
