@@ -165,8 +165,8 @@ class _Families:
             labels = [state.model, str(state.version)]
             counters = state.counters
             for name, count in sorted(counters.items()):
-                if name.startswith("rollout.") and name.endswith(".count"):
-                    decision = name[len("rollout.") : -len(".count")]
+                decision = st.rollout_decision(name)
+                if decision is not None:
                     decisions.add_metric([*labels, decision], count)
             reclaimed.add_metric(labels, counters.get(st.RECLAIMED, 0))
             dead.add_metric(labels, counters.get(st.DEAD_LETTERED, 0))

@@ -33,13 +33,6 @@ InstanceSpec = Callable[[RepositoryModel, int], ChildSpec]
 """The spec of one more worker of a model version."""
 
 
-def version_of(child: Child) -> int | None:
-    argv = list(child.spec.argv)
-    if "--version" in argv:
-        return int(argv[argv.index("--version") + 1])
-    return None
-
-
 @dataclass
 class Autoscaler:
     client: Redis
@@ -93,7 +86,7 @@ class Autoscaler:
         key = (model.name, version)
         scaler = self._scalers.setdefault(key, Scaler(policy))
         scaler.policy = policy
-        running = [c for c in children if version_of(c) == version and not c.retiring]
+        running = [c for c in children if c.spec.version == version and not c.retiring]
         signals = self._signals(model, version, now)
         target = scaler.target(len(running), signals, now)
         if signals.backlog and not running:

@@ -193,9 +193,9 @@ class ModelControl:
         if command.versions and current is not None and _same_model(current[0], model):
             # A load naming its versions (a rollout) changes only which versions run: the
             # versions already running keep their workers. A plain load reloads them all.
-            kept = [c for c in current[1] if _version_of(c.spec) in model.versions]
-            running = {_version_of(c.spec) for c in kept}
-            specs = [spec for spec in specs if _version_of(spec) not in running]
+            kept = [c for c in current[1] if c.spec.version in model.versions]
+            running = {c.spec.version for c in kept}
+            specs = [spec for spec in specs if spec.version not in running]
         children = self.supervisor.add(specs)
         log.info("model control: loading '%s' (%d worker(s))", name, len(children))
         self._current = _InProgress(
@@ -247,7 +247,7 @@ class ModelControl:
             if replaced is not None:
                 old = [c for c in replaced[1] if c not in work.kept]
                 gone = tuple(v for v in replaced[0].versions if v not in work.model.versions)
-                same_versions = [c for c in old if _version_of(c.spec) not in gone]
+                same_versions = [c for c in old if c.spec.version not in gone]
                 # Workers of a version still served hand over to the new ones at once (they
                 # share its stream); those of a version no longer served first answer what
                 # waits in its stream.
@@ -324,11 +324,6 @@ class ModelControl:
                     pipe.xlen(stream)
             lengths = pipe.execute()
         return not any(lengths)
-
-
-def _version_of(spec: ChildSpec) -> int | None:
-    argv = list(spec.argv)
-    return int(argv[argv.index("--version") + 1]) if "--version" in argv else None
 
 
 def _same_model(old: RepositoryModel, new: RepositoryModel) -> bool:

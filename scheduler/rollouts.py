@@ -331,7 +331,9 @@ class RolloutManager:
         with self.client.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.rollout(state.model), orjson.dumps(state.to_json()))
             pipe.hincrby(
-                self.keys.stats(state.model, state.candidate), f"rollout.{decision}.count", 1
+                self.keys.stats(state.model, state.candidate),
+                st.rollout_decision_field(decision),
+                1,
             )
             pipe.execute()
 

@@ -55,6 +55,8 @@ class ChildSpec:
     env: dict[str, str]
     permanent_exit_codes: frozenset[int] = frozenset()
     pass_fds: tuple[int, ...] = ()
+    version: int | None = None
+    """The model version a worker serves (None for other children)."""
 
 
 @dataclass

@@ -126,7 +126,7 @@ def _instance_spec(env: dict[str, str]) -> InstanceSpec:
 
     def spec(model: RepositoryModel, version: int) -> ChildSpec:
         specs = _worker_specs([model], model.path.parent, env)
-        return next(s for s in specs if s.argv[s.argv.index("--version") + 1] == str(version))
+        return next(s for s in specs if s.version == version)
 
     return spec
 
@@ -169,6 +169,7 @@ def _worker_specs(
                         argv,
                         env,
                         frozenset({EXIT_LOAD_FAILED}),
+                        version=version,
                     )
                 )
     return specs

@@ -86,6 +86,21 @@ ADMISSION_REJECT_REASONS = ("queue_full", "in_flight")
 the gateway's own ``SLUICE_MAX_IN_FLIGHT``."""
 
 
+_ROLLOUT_PREFIX, _COUNT_SUFFIX = "rollout.", ".count"
+
+
+def rollout_decision_field(decision: str) -> str:
+    """Counter of a rollout decision, in the candidate version's statistics hash."""
+    return f"{_ROLLOUT_PREFIX}{decision}{_COUNT_SUFFIX}"
+
+
+def rollout_decision(field: str) -> str | None:
+    """The decision a statistics field counts, when it is a rollout decision's."""
+    if field.startswith(_ROLLOUT_PREFIX) and field.endswith(_COUNT_SUFFIX):
+        return field[len(_ROLLOUT_PREFIX) : -len(_COUNT_SUFFIX)]
+    return None
+
+
 def deadline_miss_field(stage: str) -> str:
     return f"deadline_miss.{stage}.count"
 

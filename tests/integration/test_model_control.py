@@ -218,3 +218,22 @@ def test_poll_mode_follows_the_repository(tmp_path: Path, redis_server: RedisSer
     finally:
         client.close()
         stack.stop()
+
+
+def test_bad_load_and_unload_requests_say_why(explicit: Stack) -> None:
+    url = f"{explicit.url}/v2/repository/models/ident"
+    for path, body, text in (
+        ("load", b"{", "malformed request body"),
+        ("load", b"[1]", "must be a JSON object"),
+        ("load", b'{"parameters": []}', "'parameters' must be a JSON object"),
+        ("load", b'{"parameters": {"config": 5}}', "'config' must be the model configuration"),
+        ("load", b'{"parameters": {"config": "{", "file:1/m.onnx": "@@"}}', "not valid base64"),
+        ("load", b'{"parameters": {"file:1/m.onnx": 3}}', "must be base64-encoded"),
+        ("load", b'{"parameters": {"config": "{nope"}}', "failed to parse the model configuration"),
+        ("unload", b'{"parameters": {"unload_dependents": "yes"}}', "must be a boolean"),
+    ):
+        answer = httpx.post(f"{url}/{path}", content=body, timeout=30)
+        assert answer.status_code == 400, (body, answer.text)
+        assert text in answer.json()["error"], (body, answer.text)
+    infer = f"{explicit.url}/v2/models/ident/infer"
+    assert httpx.post(infer, json=IDENT, timeout=30).status_code == 200  # still serving
