@@ -114,6 +114,11 @@ class CatalogView:
                     return entry, drawn
         return self.resolve(model, version, label)
 
+    def mirror(self, model: str, chosen: int) -> int | None:
+        """The ready version a request naming no version is mirrored to, if any."""
+        shadow = self.routing.mirror(model, chosen)
+        return shadow if shadow is not None and shadow in self.ready.get(model, ()) else None
+
     def resolve(
         self, model: str, version: str | None, label: str | None = None
     ) -> tuple[CatalogEntry, int]:

@@ -15,6 +15,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Protocol, cast
 
 from redis.asyncio import Redis
@@ -47,6 +48,8 @@ class Dispatcher(Protocol):
 
     def fail_all(self, error: Exception) -> None: ...
 
+    def mirror(self, stream: str, message: RequestMessage, payload: bytes) -> None: ...
+
 
 class RedisDispatcher:
     def __init__(
@@ -74,6 +77,7 @@ class RedisDispatcher:
         self.expired: Counter[str] = Counter()
         """Requests that got no answer within their deadline, per stream, since the
         metrics last took them."""
+        self._mirrors: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
@@ -114,6 +118,22 @@ class RedisDispatcher:
         finally:
             expiry.cancel()
             self._pending.pop(key, None)
+
+    def mirror(self, stream: str, message: RequestMessage, payload: bytes) -> None:
+        """Also queue a copy of ``message`` on ``stream`` (shadow traffic): a worker computes
+        it and counts it in its version's statistics, and answers nobody (no reply stream;
+        every output inline). Does not wait; a failure is only logged."""
+        copy = replace(message, request_key="", reply_to="", segment_min_bytes=0)
+        fields = encode_request(copy, payload)
+        task = asyncio.get_running_loop().create_task(self._mirror(stream, fields))
+        self._mirrors.add(task)
+        task.add_done_callback(self._mirrors.discard)
+
+    async def _mirror(self, stream: str, fields: dict[bytes, bytes]) -> None:
+        try:
+            await self._appender.append(stream, fields)
+        except RedisError as exc:
+            log.debug("mirroring a request to %s failed: %s", stream, exc)
 
     async def touch(self) -> None:
         """Keep this gateway's reply stream alive; called periodically."""

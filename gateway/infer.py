@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from starlette.requests import Request
@@ -14,7 +15,7 @@ from starlette.responses import Response
 
 from gateway import request_id
 from gateway.body import header_length, read_body
-from gateway.infer_request import InferRequest, parse_infer_request
+from gateway.infer_request import InferRequest, RequestedOutput, parse_infer_request
 from gateway.infer_response import encode_infer_response
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
@@ -23,7 +24,7 @@ from sluice.errors import InvalidInput, Unavailable, error_from_kind
 from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
 from sluice.shm import unlink
 from sluice.trace_context import TraceParent
-from sluice.wire import ReplyMessage, RequestMessage
+from sluice.wire import ReplyMessage, RequestMessage, TensorHeader
 
 if TYPE_CHECKING:
     from sluice.otel import RequestSpan
@@ -95,22 +96,39 @@ async def infer(
     )
 
 
-async def run_infer(
+@dataclass(slots=True)
+class Prepared:
+    """A request that passed validation: what either path (online or job) queues."""
+
+    parsed: InferRequest
+    model: str
+    number: int
+    """The model version it goes to."""
+    level: int
+    """Its priority level (0: the model has none)."""
+    timeout_us: int
+    max_queue: int
+    request_id: str
+    routed: bool
+    """It named no version and no label: the model's split (and shadow) apply."""
+
+
+async def prepare(
     state: GatewayState,
     model: str,
     version: str | None,
     body: bytes,
     json_length: int | None,
-    trace: TraceParent | None = None,
-    span: RequestSpan | None = None,
     label: str | None = None,
-) -> tuple[bytes, int | None]:
-    """Validate, queue, await and encode one request: (response body, JSON header length).
+    *,
+    default_timeout_us: int = 0,
+) -> Prepared:
+    """Route, parse and check one inference request against the model's configuration.
 
     ``label``: the version label named by the URL or the header (see
-    :func:`gateway.routing.requested_label`). ``trace`` goes into the stream entry for the
-    worker; ``span`` (when tracing) gets a ``reply`` child while the answer is turned into
-    the response."""
+    :func:`gateway.routing.requested_label`). ``default_timeout_us``: the deadline when the
+    request sets none, instead of the model's queue policy or ``SLUICE_DEFAULT_TIMEOUT_S``
+    (a job's time to live in the queue)."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
     entry, number = state.view.route(model, version, label)
@@ -127,43 +145,84 @@ async def run_infer(
         late_label = parameter_label(named, version, label)
         if late_label is not None:  # (the model's configuration is the same for each version)
             entry, number = state.view.resolve(model, None, late_label)
-    transfer = state.transfer
-    rid = request_id.settle(parsed.id)
-
     dynamic = config.dynamic_batching
-    timeout_us = _timeout_us(parsed, state, dynamic.default_timeout_us if dynamic else 0)
-    level = _priority(parsed, dynamic)
-    max_queue = (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size
+    model_default_us = dynamic.default_timeout_us if dynamic else 0
+    timeout_us = _timeout_us(parsed, state, default_timeout_us or model_default_us)
+    return Prepared(
+        parsed,
+        model,
+        number,
+        _priority(parsed, dynamic),
+        timeout_us,
+        (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size,
+        request_id.settle(parsed.id),
+        version is None and label is None and named is None,
+    )
+
+
+def request_message(
+    state: GatewayState,
+    request: Prepared,
+    headers: list[TensorHeader],
+    trace: TraceParent | None,
+    *,
+    inline: bool = False,
+) -> RequestMessage:
+    """The stream entry's header for a prepared request; ``inline``: every output comes
+    back in the answer itself (no shared memory), as a job's must."""
+    parsed, transfer = request.parsed, state.transfer
     now_ns = time.time_ns()
+    return RequestMessage(
+        request_key="",
+        reply_to="",
+        inputs=headers,
+        outputs=[o.name for o in parsed.outputs],
+        client_id=parsed.id,
+        deadline_ns=now_ns + request.timeout_us * _NS_PER_US,
+        enqueued_ns=now_ns,
+        priority=request.level,
+        parameters={k: v for k, v in parsed.parameters.items() if k not in _GATEWAY_PARAMETERS},
+        output_regions={} if inline else transfer.output_regions(parsed.outputs),
+        segment_prefix="" if inline else transfer.message_prefix,
+        segment_min_bytes=0 if inline else transfer.segment_min_bytes,
+        classes=parsed.classes or {},
+        request_id=request.request_id,
+        trace=trace,
+    )
+
+
+async def run_infer(
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    json_length: int | None,
+    trace: TraceParent | None = None,
+    span: RequestSpan | None = None,
+    label: str | None = None,
+) -> tuple[bytes, int | None]:
+    """Validate, queue, await and encode one request: (response body, JSON header length).
+
+    ``trace`` goes into the stream entry for the worker; ``span`` (when tracing) gets a
+    ``reply`` child while the answer is turned into the response."""
+    request = await prepare(state, model, version, body, json_length, label)
+    parsed, number, level = request.parsed, request.number, request.level
+    transfer = state.transfer
+    big = len(body) > OFFLOAD_BYTES
+    names_shm = not big and _SHM_MARK in body
     stream = state.keys.request_stream(model, number, level)
-    with state.admission.admit(model, number, max_queue, parsed.id):
+    with state.admission.admit(model, number, request.max_queue, parsed.id):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
         heavy_pack = big or (names_shm and not transfer.same_host)
         headers, payload, segment = await _off_loop(
             heavy_pack, lambda: transfer.pack(parsed.inputs)
         )
         try:
-            message = RequestMessage(
-                request_key="",
-                reply_to="",
-                inputs=headers,
-                outputs=[o.name for o in parsed.outputs],
-                client_id=parsed.id,
-                deadline_ns=now_ns + timeout_us * _NS_PER_US,
-                enqueued_ns=now_ns,
-                priority=level,
-                parameters={
-                    k: v for k, v in parsed.parameters.items() if k not in _GATEWAY_PARAMETERS
-                },
-                output_regions=transfer.output_regions(parsed.outputs),
-                segment_prefix=transfer.message_prefix,
-                segment_min_bytes=transfer.segment_min_bytes,
-                classes=parsed.classes or {},
-                request_id=rid,
-                trace=trace,
-            )
+            message = request_message(state, request, headers, trace)
+            if request.routed:
+                _shadow(state, model, number, level, message, payload, segment)
             reply, data = await state.dispatcher.submit(
-                model, stream, message, payload, timeout_us / 1_000_000
+                model, stream, message, payload, request.timeout_us / 1_000_000
             )
         finally:
             if segment is not None:
@@ -175,7 +234,7 @@ async def run_infer(
             answer_bytes = transfer.bytes_to_handle(reply.outputs)
             return await _off_loop(
                 answer_bytes > OFFLOAD_BYTES,
-                lambda: _encode(transfer, model, reply, data, parsed),
+                lambda: encode_reply(transfer, model, reply, data, parsed.outputs, parsed.id),
             )
         finally:
             transfer.discard(reply.outputs)
@@ -183,19 +242,41 @@ async def run_infer(
                 reply_span.end(reply.error_kind)
 
 
-def _encode(
+def _shadow(
+    state: GatewayState,
+    model: str,
+    chosen: int,
+    level: int,
+    message: RequestMessage,
+    payload: bytes,
+    segment: str | None,
+) -> None:
+    """Mirror the request to the model's shadow version, when it has one and the draw says
+    so (a rollout's shadow phase). Requests whose tensors live in shared memory are not
+    mirrored: the copy must not outlive what it references."""
+    shadow = state.view.mirror(model, chosen)
+    if shadow is None or segment is not None or message.output_regions:
+        return
+    if any(header.shm is not None for header in message.inputs):
+        return
+    state.dispatcher.mirror(state.keys.request_stream(model, shadow, level), message, payload)
+
+
+def encode_reply(
     transfer: TensorTransfer,
     model: str,
     reply: ReplyMessage,
     data: memoryview,
-    parsed: InferRequest,
+    requested: list[RequestedOutput],
+    request_id: str,
 ) -> tuple[bytes, int | None]:
-    outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
-    binary_by_name = {o.name: o.binary for o in parsed.outputs}
+    """The response to a worker's answer: the outputs in the form the client asked for."""
+    outputs = transfer.unpack(reply.outputs, data, requested)
+    binary_by_name = {o.name: o.binary for o in requested}
     return encode_infer_response(
         model_name=model,
         model_version=str(reply.model_version),
-        request_id=parsed.id,
+        request_id=request_id,
         outputs=outputs,
         binary=[binary_by_name.get(o.name, False) for o in outputs],
     )

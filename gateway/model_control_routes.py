@@ -91,13 +91,14 @@ def _parameters(body: bytes) -> dict[str, Any]:
     return parameters
 
 
-async def carry_out(state: GatewayState, command: ControlCommand) -> None:
-    """Hand the command to ``sluice up`` and wait for it to be carried out (polling: the
-    Redis client's socket timeout is shorter than a load may take, and loads are rare);
-    raises InvalidInput with the reason when it failed."""
+async def carry_out(state: GatewayState, command: ControlCommand, stream: str = "") -> None:
+    """Hand the command to the executor (``sluice up``; ``stream``: another reader, such
+    as the controller) and wait for it to be carried out (polling: the Redis client's
+    socket timeout is shorter than a load may take, and loads are rare); raises
+    InvalidInput with the reason when it failed."""
     keys = state.keys
     await state.redis.xadd(
-        keys.control_requests,
+        stream or keys.control_requests,
         encode_command(command),  # type: ignore[arg-type]
         maxlen=1000,
         approximate=True,

@@ -5,8 +5,8 @@
 - ``GET /v2/repository/models/{m}/rollout``: its state, with every decision and its numbers;
 - ``POST .../rollout/promote`` and ``.../rollout/rollback``: decide now.
 
-``sluice up`` carries them out (:mod:`scheduler.rollouts`); the state lives in Redis, so any
-gateway answers it.
+The leading controller carries them out (:mod:`scheduler.rollouts`); the state lives in
+Redis, so any gateway answers it.
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ rollout_router = APIRouter()
 async def start(model: str, request: Request) -> Response:
     state = state_of(request)
     document = json_object(await request.body())
-    await carry_out(state, ControlCommand(START, model, orjson.dumps(document).decode()))
+    command = ControlCommand(START, model, orjson.dumps(document).decode())
+    await carry_out(state, command, state.keys.controller_requests)
     return await status(model, request)
 
 
@@ -45,11 +46,13 @@ async def status(model: str, request: Request) -> Response:
 
 @rollout_router.post("/v2/repository/models/{model}/rollout/promote")
 async def promote(model: str, request: Request) -> Response:
-    await carry_out(state_of(request), ControlCommand(PROMOTE, model))
+    state = state_of(request)
+    await carry_out(state, ControlCommand(PROMOTE, model), state.keys.controller_requests)
     return await status(model, request)
 
 
 @rollout_router.post("/v2/repository/models/{model}/rollout/rollback")
 async def rollback(model: str, request: Request) -> Response:
-    await carry_out(state_of(request), ControlCommand(ROLLBACK, model))
+    state = state_of(request)
+    await carry_out(state, ControlCommand(ROLLBACK, model), state.keys.controller_requests)
     return await status(model, request)

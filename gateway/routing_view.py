@@ -61,9 +61,20 @@ class RoutingView:
         split = self.splits.get(model)
         return None if split is None else split.draw(self.rng)
 
+    def mirror(self, model: str, chosen: int) -> int | None:
+        """The version a request naming no version is also sent to (shadow traffic), drawn
+        by its share; None for most requests (one lookup when the model has no shadow)."""
+        routing = self.models.get(model)
+        if routing is None or not routing.shadow:
+            return None
+        for version, percent in routing.shadow.items():
+            if version != chosen and self.rng.randrange(100) < percent:
+                return version
+        return None
+
 
 def _has_any(routing: Routing) -> bool:
-    return bool(routing.labels or routing.weights)
+    return bool(routing.labels or routing.weights or routing.shadow)
 
 
 def _splits(models: dict[str, Routing]) -> dict[str, Split]:

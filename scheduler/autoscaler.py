@@ -1,9 +1,11 @@
-"""Applies :mod:`scheduler.autoscaling`'s decisions on one machine: every second, reads each
-autoscaled model version's queue from Redis and starts or retires its worker processes.
+"""The controller's autoscaling: every second, reads each autoscaled model version's queue
+from Redis and decides how many instances it should have (:mod:`scheduler.autoscaling`).
 
-A retired worker gets SIGTERM and answers what it holds before it exits; what waits in the
-stream is taken by the others, so scaling down loses no request. Scaling on a cluster is a
-platform's job (see the scale-out issue): this executor is the single-machine one.
+A decision is a fenced write of the wanted count to ``Keys.desired_instances``; executors
+(:mod:`scheduler.instances`) start or retire worker processes to match. A retired worker gets
+SIGTERM and answers what it holds before it exits; what waits in the stream is taken by the
+others, so scaling down loses no request. On a cluster a platform applies the same counts
+(see the scale-out issue).
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -19,31 +20,37 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from scheduler.autoscaling import ScalePolicy, Scaler, Signals
-from scheduler.supervisor import Child, ChildSpec, Supervisor
+from scheduler.fenced_commands import CommandSender
+from scheduler.leadership import Write
+from scheduler.placement import placements, visible_gpus
 from sluice import statistics as st
 from sluice.errors import InvalidConfig
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.repository import RepositoryModel
 
-log = logging.getLogger("sluice.up")
+log = logging.getLogger("scheduler.controller")
 
-Fleet = dict[str, tuple[RepositoryModel, list[Child]]]
-"""Model name -> (the model served, its worker processes), shared with model control."""
-InstanceSpec = Callable[[RepositoryModel, int], ChildSpec]
-"""The spec of one more worker of a model version."""
+
+def instance_field(model: str, version: int) -> str:
+    """The field of ``Keys.desired_instances`` for one model version."""
+    return f"{model}:{version}"
+
+
+def configured_instances(model: RepositoryModel) -> int:
+    """Worker processes per version that the model's instance groups ask for."""
+    assert model.config is not None
+    return len(placements(model.config.instance_groups, visible_gpus()))
 
 
 @dataclass
 class Autoscaler:
     client: Redis
     keys: Keys
-    supervisor: Supervisor
-    fleet: Fleet
-    instance_spec: InstanceSpec
+    sender: CommandSender
     interval_s: float = 1.0
     _due: float = 0.0
     _scalers: dict[tuple[str, int], Scaler] = field(default_factory=dict)
-    _policies: dict[int, ScalePolicy | None] = field(default_factory=dict)
+    _policies: dict[tuple[str, Any], ScalePolicy | None] = field(default_factory=dict)
     _answered: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=dict)
     _cold_since: dict[tuple[str, int], float] = field(default_factory=dict)
 
@@ -52,19 +59,34 @@ class Autoscaler:
         if now < self._due:
             return
         self._due = now + self.interval_s
-        for name, (model, children) in list(self.fleet.items()):
+        desired = {
+            k.decode(): int(v)
+            for k, v in cast(
+                dict[bytes, bytes], self.client.hgetall(self.keys.desired_instances)
+            ).items()
+            if v.isdigit()
+        }
+        wanted_fields: set[str] = set()
+        for model, _ in list(self.sender.loaded.values()):
             policy = self._policy(model)
             if policy is None:
                 continue
             for version in model.versions:
+                name = instance_field(model.name, version)
+                wanted_fields.add(name)
+                current = desired.get(name, configured_instances(model))
                 try:
-                    self._scale(model, version, policy, children, now)
+                    self._scale(model, version, policy, current, now)
                 except RedisError as exc:
-                    log.warning("autoscaling '%s': Redis: %s", name, exc)
+                    log.warning("autoscaling '%s': Redis: %s", model.name, exc)
                     return
+        stale = tuple(set(desired) - wanted_fields)
+        if stale:  # unloaded, or no longer autoscaled: instances as configured
+            write = Write("HDEL", self.keys.desired_instances, stale)
+            self.sender.apply([write], {"op": "scale_reset", "models": list(stale)})
 
     def _policy(self, model: RepositoryModel) -> ScalePolicy | None:
-        key = id(model)
+        key = (model.name, model.config)
         if key not in self._policies:
             try:
                 self._policies[key] = (
@@ -80,54 +102,54 @@ class Autoscaler:
         model: RepositoryModel,
         version: int,
         policy: ScalePolicy,
-        children: list[Child],
+        current: int,
         now: float,
     ) -> None:
         key = (model.name, version)
         scaler = self._scalers.setdefault(key, Scaler(policy))
         scaler.policy = policy
-        running = [c for c in children if c.spec.version == version and not c.retiring]
         signals = self._signals(model, version, now)
-        target = scaler.target(len(running), signals, now)
-        if signals.backlog and not running:
+        target = scaler.target(current, signals, now)
+        if signals.backlog and not current:
             self._cold_since.setdefault(key, now)
-        elif running and key in self._cold_since and signals.answered_per_s > 0:
+        elif current and key in self._cold_since and signals.answered_per_s > 0:
             cold_s = now - self._cold_since.pop(key)
             log.info("'%s' version %d served again %.1f s after a cold start", *key, cold_s)
             self.client.hset(self.keys.stats(*key), "cold_start.ms", int(cold_s * 1000))
-        if target > len(running):
-            added = self.supervisor.add(
-                [self.instance_spec(model, version) for _ in range(target - len(running))]
-            )
-            children.extend(added)
+        if target == current:
+            return
+        direction = "up" if target > current else "down"
+        write = Write("HSET", self.keys.desired_instances, (instance_field(*key), target))
+        decision = {
+            "op": f"scale_{direction}",
+            "model": model.name,
+            "version": version,
+            "from": current,
+            "to": target,
+            "backlog": signals.backlog,
+            "oldest_s": round(signals.oldest_age_s, 3),
+        }
+        if self.sender.apply([write], decision):
             log.info(
-                "scaling '%s' version %d up: %d -> %d instances (backlog %d, oldest %.2f s)",
+                "scaling '%s' version %d %s: %d -> %d instances (backlog %d, oldest %.2f s)",
                 model.name,
                 version,
-                len(running),
+                direction,
+                current,
                 target,
                 signals.backlog,
                 signals.oldest_age_s,
-            )
-        elif target < len(running):
-            leaving = running[target:]
-            self.supervisor.retire(leaving)
-            for child in leaving:
-                children.remove(child)
-            log.info(
-                "scaling '%s' version %d down: %d -> %d instances",
-                model.name,
-                version,
-                len(running),
-                target,
             )
 
     def _signals(self, model: RepositoryModel, version: int, now: float) -> Signals:
         assert model.config is not None
         dynamic = model.config.dynamic_batching
-        streams = self.keys.request_streams(
-            model.name, version, dynamic.priority_levels if dynamic else 0
-        )
+        streams = [
+            *self.keys.request_streams(
+                model.name, version, dynamic.priority_levels if dynamic else 0
+            ),
+            self.keys.background_stream(model.name, version),
+        ]
         with self.client.pipeline(transaction=False) as pipe:
             pipe.time()
             pipe.hmget(

@@ -1,14 +1,16 @@
-"""The controller's loop: lead through the lease, or stand by until the leader is gone.
+"""The controller: lead through the lease and decide, or stand by until the leader is gone.
 
-Several controllers may run; one leads (see :mod:`scheduler.leadership`) and calls
-``tick`` about every second; the others wait and take over within the lease's lifetime
-of the leader's death. A leader stops ticking as soon as its lease may have lapsed or a
-renewal or fenced write is refused, and goes back to standby.
+Several controllers may run (``sluice up`` runs one beside its executor, ``sluice controller``
+runs one alone); one leads (see :mod:`scheduler.leadership`) and ticks about every second;
+the others wait and take over within the lease's lifetime of the leader's death. A leader
+stops ticking as soon as its lease may have lapsed or a renewal or fenced write is refused,
+and goes back to standby.
 
-The decisions themselves (loading, unloading, scaling) come later. Until then
-``python -m scheduler.controller`` records one fenced demonstration decision per tick in
-``Keys.controller_decisions`` and prints ``leading <token>`` for each, which the fault
-tests read.
+What the leader decides (:class:`Decisions`): poll mode's loads and unloads, rollouts and
+their steps, and how many instances each autoscaled model version should have. Executors
+(``sluice up``) carry the decisions out; every decision is fenced by the lease and logged in
+``Keys.controller_decisions``. A new leader starts from what Redis holds: the rollouts under
+way, the wanted instance counts, and the repository listing last acted upon.
 """
 
 from __future__ import annotations
@@ -19,21 +21,28 @@ import sys
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.leadership import Lease, Write
+from scheduler.autoscaler import Autoscaler
+from scheduler.fenced_commands import CommandSender, served_models
+from scheduler.leadership import Lease
+from scheduler.model_staging import check_model_name
+from scheduler.repository_poller import RepositoryPoller
+from scheduler.rollouts import RolloutManager
+from scheduler.sources import RepositorySource, SourceError, open_source, snapshot_repository
+from sluice.control import ControlCommand, read_commands, send_reply
+from sluice.errors import SluiceError
 from sluice.keys import Keys
 from sluice.logs import configure_logging
+from sluice.rollout import OPS as ROLLOUT_OPS
 from sluice.settings import ControllerSettings
 
 log = logging.getLogger("scheduler.controller")
 
 TICK_S = 1.0
-DECISIONS_KEPT = 10_000
-"""The demonstration decision log is trimmed to its newest entries."""
-
 Hook = Callable[[Lease], object]
 """Called with the lease, whose ``token`` and ``apply`` make fenced decisions."""
 
@@ -44,11 +53,12 @@ def run_controller(
     on_lead: Hook,
     tick: Hook,
     *,
+    on_lose: Hook | None = None,
     tick_s: float = TICK_S,
 ) -> None:
     """Lead or stand by until ``stop_event`` is set; then give the lease up. ``on_lead``
-    runs once per leadership, ``tick`` every ``tick_s`` while leading; both must return
-    well within the lease's lifetime."""
+    runs once per leadership, ``tick`` every ``tick_s`` while leading, ``on_lose`` when a
+    leadership ends; each must return well within the lease's lifetime."""
     redis = Redis.from_url(
         settings.redis_url,
         socket_timeout=settings.lease_renew_s,
@@ -84,6 +94,8 @@ def run_controller(
             log.info("leading with token %d", claim.token)
             _guarded(on_lead, lease)
             _lead(lease, settings.lease_renew_s, stop_event, tick, tick_s)
+            if on_lose is not None:
+                _guarded(on_lose, lease)
             if not stop_event.is_set():
                 log.warning("lost the lease (token %d)", claim.token)
     finally:
@@ -116,37 +128,129 @@ def _lead(
 
 
 def _guarded(hook: Hook, lease: Lease) -> None:
-    """Run ``hook``; a Redis error is logged: the lease decides whether we still lead."""
+    """Run ``hook``; a Redis error is logged: the lease decides whether we still lead. Any
+    other error is logged with its trace, and the controller goes on: one bad decision must
+    not leave the deployment without a controller."""
     try:
         hook(lease)
     except RedisError as exc:
         log.warning("Redis error while leading: %s", exc)
+    except Exception:
+        log.exception("the controller failed to decide; going on")
 
 
-class DemoDecisions:
-    """One fenced decision per tick: ``<token>:<n>`` appended to the decision log."""
+class Decisions:
+    """Everything a leader decides, made anew for each leadership from what Redis holds."""
 
-    def __init__(self, keys: Keys) -> None:
-        self.key = keys.controller_decisions
-        self.count = 0
+    def __init__(
+        self,
+        client: Redis,
+        keys: Keys,
+        repository: Path | None,
+        source: RepositorySource | None,
+        poll_s: float,
+        *,
+        announce: bool = True,
+    ) -> None:
+        self.client, self.keys, self.announce = client, keys, announce
+        self.repository, self.source, self.poll_s = repository, source, poll_s
+        self.leading: tuple[CommandSender, RolloutManager, Autoscaler] | None = None
+        self.poller: RepositoryPoller | None = None
+        self._last_request = "0-0"
 
     def on_lead(self, lease: Lease) -> None:
-        self.count = 0
+        sender = CommandSender(self.client, self.keys, lease)
+        sender.loaded = served_models(self.client, self.keys, self.repository)
+        rollouts = RolloutManager(self.client, self.keys, sender)
+        rollouts.recover()
+        self.leading = (sender, rollouts, Autoscaler(self.client, self.keys, sender))
+        self._last_request = "0-0"  # what waits was sent to the previous leader too
+        if self.announce:
+            print(f"Controller {lease.holder} leads (fencing token {lease.token})", flush=True)
 
     def tick(self, lease: Lease) -> None:
-        token = lease.token
-        if token is None:
+        if self.leading is None:
             return
-        self.count += 1
-        decision = f"{token}:{self.count}"
-        writes = [
-            Write("RPUSH", self.key, (decision,)),
-            Write("LTRIM", self.key, (-DECISIONS_KEPT, -1)),
-        ]
-        if lease.apply(writes):
-            print(f"leading {token}", flush=True)
-        else:
-            log.warning("decision %s refused: token %d is no longer current", decision, token)
+        sender, rollouts, autoscaler = self.leading
+        sender.loaded = served_models(self.client, self.keys, self.repository)
+        # The executors set the mode; they may start after the controller.
+        polled = self.source is not None and self.poller is None
+        if polled and self.client.get(self.keys.control_mode) == b"poll":
+            assert self.source is not None
+            self.poller = RepositoryPoller(self.source, sender, self.poll_s, self.client, self.keys)
+            self.poller.start()
+        self._last_request, requested = read_commands(
+            self.client, self.keys.controller_requests, self._last_request
+        )
+        for command in requested:
+            error = _checked(command) or rollouts.handle(command)
+            send_reply(self.client, self.keys, command.command_id, error)
+        for command in sender.own_commands():
+            error = rollouts.handle(command)
+            if error:
+                log.warning("rollout of '%s' not started: %s", command.model, error)
+        rollouts.tick()
+        autoscaler.tick()
+
+    def on_lose(self, lease: Lease) -> None:
+        self.leading = None
+        self.stop()
+
+    def stop(self) -> None:
+        if self.poller is not None:
+            self.poller.stop()
+            self.poller = None
+
+
+def _checked(command: ControlCommand) -> str | None:
+    """Why a command from the rollout stream is refused, or None."""
+    if command.op not in ROLLOUT_OPS:
+        return f"'{command.op}' is not a rollout command"
+    try:
+        check_model_name(command.model)
+    except SluiceError as exc:
+        return exc.message
+    return None
+
+
+def controller_repository(
+    settings: ControllerSettings,
+) -> tuple[Path | None, RepositorySource | None]:
+    """The controller's copy of the repository (for rollouts) and its source (for poll
+    mode); None for both without ``model_repository``. A remote repository is copied now,
+    before contending for the lease: a leader must not take longer than the lease to start."""
+    if not settings.model_repository:
+        return None, None
+    source = open_source(settings.model_repository, settings)
+    return snapshot_repository(settings.model_repository, settings), source
+
+
+def run(
+    settings: ControllerSettings, stop_event: threading.Event, *, announce: bool = True
+) -> None:
+    """A controller until ``stop_event`` is set (``sluice controller``, or a thread of
+    ``sluice up``, which does not ``announce`` on stdout that it leads)."""
+    repository, source = controller_repository(settings)
+    client = Redis.from_url(
+        settings.redis_url,
+        socket_timeout=settings.lease_renew_s,
+        socket_connect_timeout=settings.lease_renew_s,
+    )
+    decisions = Decisions(
+        client,
+        Keys(settings.namespace),
+        repository,
+        source,
+        settings.repository_poll_s,
+        announce=announce,
+    )
+    try:
+        run_controller(
+            settings, stop_event, decisions.on_lead, decisions.tick, on_lose=decisions.on_lose
+        )
+    finally:
+        decisions.stop()
+        client.close()
 
 
 def main() -> int:
@@ -155,8 +259,11 @@ def main() -> int:
     stop_event = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop_event.set())
-    demo = DemoDecisions(Keys(settings.namespace))
-    run_controller(settings, stop_event, demo.on_lead, demo.tick)
+    try:
+        run(settings, stop_event)
+    except SourceError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -1,8 +1,14 @@
-"""Triton's explicit model control in ``sluice up``: load and unload while serving.
+"""Model control in the executor (``sluice up``): load and unload while serving.
 
-Gateways put each ``POST /v2/repository/models/{m}/load`` or ``/unload`` on a Redis stream
-and wait for the answer on a list of the command's own. ``sluice up`` carries commands out
-one at a time, from its main loop, without blocking it:
+Gateways put each ``POST /v2/repository/models/{m}/load`` or ``/unload`` on a Redis stream,
+and so does the leading controller for what it decides (poll mode, rollouts); each sender
+waits for the answer on a list of the command's own. ``sluice up`` carries commands out one
+at a time, from its main loop, without blocking it:
+
+- a command from a controller carries its fencing token; one older than a token already seen
+  was sent by a controller that has been replaced since, and is refused;
+- for a remote repository (S3), a load first brings the local copy up to date (on a thread),
+  so that whichever controller decided the load, the executor loads what it decided on;
 
 - **load**: start the model's workers (from its directory, or a staged copy with the
   request's overrides), wait until each has announced itself, then publish the model in
@@ -20,28 +26,26 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
-import orjson
 from redis import Redis
 from redis.exceptions import RedisError
 
 from scheduler.model_staging import check_model_name, stage
 from scheduler.supervisor import Child, ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
-from sluice.control import ControlCommand, decode_command
+from sluice.control import ControlCommand, read_commands, send_reply
 from sluice.errors import SluiceError
 from sluice.keys import Keys, load_error_field
 from sluice.repository import RepositoryModel, available_versions, read_model
-from sluice.rollout import OPS as ROLLOUT_OPS
 
 log = logging.getLogger("sluice.up")
 
-_REPLY_TTL_S = 300
 _DRAIN_SETTLE_S = 1.5
 """Wait at least this long after unpublishing a model before judging its streams empty:
 gateways read the catalog every 0.5 s, and may admit requests until they have."""
@@ -57,10 +61,13 @@ class _InProgress:
     children: list[Child]
     model: RepositoryModel | None = None
     phase: str = "starting"
+    """``fetching`` (a remote repository), ``starting``, ``draining``, ``stopping``."""
     settle_until: float = 0.0
     errors_key: str = ""
     kept: list[Child] = field(default_factory=list)
     """Workers of the model already serving that go on serving it (versions unchanged)."""
+    fetch: threading.Thread | None = None
+    fetch_error: str | None = None
 
 
 @dataclass
@@ -76,9 +83,11 @@ class ModelControl:
     loaded: dict[str, tuple[RepositoryModel, list[Child]]]
     on_change: Callable[[], None]
     """Called after the set of loaded models changed (publishes the catalog)."""
-    rollouts: Callable[[ControlCommand], str | None] | None = None
-    """Carries out a rollout command (:mod:`scheduler.rollouts`): its error, or None."""
+    refresh: Callable[[], None] | None = None
+    """Brings the local copy of a remote repository up to date (raises SourceError)."""
     _last_id: str = "0-0"
+    _newest_token: int = 0
+    """The newest fencing token seen on a controller's command."""
     _queue: list[ControlCommand] = field(default_factory=list)
     _current: _InProgress | None = None
     _draining: list[tuple[RepositoryModel, list[Child], float]] = field(default_factory=list)
@@ -87,10 +96,6 @@ class ModelControl:
     def start(self) -> None:
         """Forget commands sent to an earlier run: their senders have given up."""
         self.client.delete(self.keys.control_requests)
-
-    def submit(self, command: ControlCommand) -> None:
-        """Queue a command of ``sluice up``'s own (poll mode); safe from another thread."""
-        self._queue.append(command)
 
     def catalog(self) -> list[RepositoryModel]:
         """The loaded models, and every other model of the repository as unloaded."""
@@ -105,10 +110,6 @@ class ModelControl:
         try:
             self._retire_drained()
             self._read()
-            # Rollout commands are quick and must not wait behind a load they cause.
-            for command in [c for c in self._queue if c.op in ROLLOUT_OPS]:
-                self._queue.remove(command)
-                self._begin(command)
             if self._current is None and self._queue:
                 self._begin(self._queue.pop(0))
             if self._current is not None:
@@ -119,46 +120,56 @@ class ModelControl:
     # -- commands ------------------------------------------------------------------------
 
     def _read(self) -> None:
-        found = cast(
-            list[Any],
-            self.client.xread({self.keys.control_requests: self._last_id}, count=16),
+        self._last_id, commands = read_commands(
+            self.client, self.keys.control_requests, self._last_id
         )
-        for _, entries in found or []:
-            for entry_id, fields in entries:
-                self._last_id = entry_id.decode()
-                self.client.xdel(self.keys.control_requests, entry_id)
-                command = decode_command(fields)
-                if command is None:
-                    log.error("model control: dropping a malformed command %s", entry_id)
-                else:
-                    self._queue.append(command)
+        self._queue += commands
 
     def _reply(self, command: ControlCommand, error: str | None) -> None:
         if error is None:
             log.info("model control: %s of '%s' done", command.op, command.model)
         else:
             log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
-        key = self.keys.control_reply(command.command_id)
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.rpush(key, orjson.dumps({"error": error}))
-            pipe.expire(key, _REPLY_TTL_S)
-            pipe.execute()
+        send_reply(self.client, self.keys, command.command_id, error)
 
     def _begin(self, command: ControlCommand) -> None:
         deadline = time.monotonic() + self.timeout_s
+        if command.token:
+            if command.token < self._newest_token:
+                self._reply(
+                    command,
+                    f"refused: sent by a controller that no longer leads (token "
+                    f"{command.token}, newest {self._newest_token})",
+                )
+                return
+            self._newest_token = command.token
         try:
             check_model_name(command.model)
-            if command.op in ROLLOUT_OPS:
-                if self.rollouts is None:
-                    self._reply(command, "rollouts are not available")
-                else:
-                    self._reply(command, self.rollouts(command))
-            elif command.op == "unload":
+            if command.op == "unload":
                 self._begin_unload(command, deadline)
+            elif command.op != "load":
+                self._reply(command, f"'{command.op}' is the controller's to carry out")
+            elif self.refresh is not None:
+                self._begin_fetch(command, deadline)
             else:
                 self._begin_load(command, deadline)
         except SluiceError as exc:
             self._reply(command, exc.message)
+
+    def _begin_fetch(self, command: ControlCommand, deadline: float) -> None:
+        work = _InProgress(command, deadline, [], phase="fetching")
+        refresh = self.refresh
+        assert refresh is not None
+
+        def fetch() -> None:
+            try:
+                refresh()
+            except Exception as exc:  # reported as the load's failure
+                work.fetch_error = str(getattr(exc, "message", exc))
+
+        work.fetch = threading.Thread(target=fetch, name="repository-fetch", daemon=True)
+        work.fetch.start()
+        self._current = work
 
     def _begin_load(self, command: ControlCommand, deadline: float) -> None:
         name = command.model
@@ -221,7 +232,19 @@ class ModelControl:
     # -- progress ------------------------------------------------------------------------
 
     def _progress(self, work: _InProgress) -> None:
-        if work.phase == "starting":
+        if work.phase == "fetching":
+            if work.fetch is not None and work.fetch.is_alive():
+                return
+            self._current = None
+            if work.fetch_error is not None:
+                name = work.command.model
+                self._reply(work.command, f"failed to load '{name}', {work.fetch_error}")
+                return
+            try:
+                self._begin_load(work.command, work.deadline)
+            except SluiceError as exc:
+                self._reply(work.command, exc.message)
+        elif work.phase == "starting":
             self._progress_load(work)
         elif work.phase == "draining":
             now = time.monotonic()
@@ -322,6 +345,7 @@ class ModelControl:
             for version in model.versions:
                 for stream in self.keys.request_streams(model.name, version, levels):
                     pipe.xlen(stream)
+                pipe.xlen(self.keys.background_stream(model.name, version))
             lengths = pipe.execute()
         return not any(lengths)
 

@@ -1,13 +1,17 @@
-"""Triton's ``--model-control-mode poll``: the repository is listed again every
-``SLUICE_REPOSITORY_POLL_S`` seconds, and each model with a version that appeared, changed
-or disappeared is loaded again (or unloaded when none is left) through model control, so a
-reload serves throughout and a failed one leaves the serving model untouched. A model whose
-configuration asks for canaries (``sluice.rollout: canary``) gets a rollout of a new version
-instead (:mod:`scheduler.rollouts`).
+"""Triton's ``--model-control-mode poll``, decided by the leading controller: the
+repository is listed again every ``SLUICE_REPOSITORY_POLL_S`` seconds, and each model with a
+version that appeared, changed or disappeared is loaded again (or unloaded when none is
+left) by the executors, so a reload serves throughout and a failed one leaves the serving
+model untouched. A model whose configuration asks for canaries (``sluice.rollout: canary``)
+gets a rollout of a new version instead (:mod:`scheduler.rollouts`).
 
-Listing and copying a remote repository take time, so they run on a thread of their own;
-the main loop only carries out the loads and unloads it is handed. A version still being
-uploaded is not taken (see :mod:`scheduler.sources`).
+What the controller acted upon is recorded in Redis (``Keys.polled_repository``, fenced):
+a standby that takes over compares the repository with that record, so a change that landed
+while the leader changed is acted upon once. The first controller ever takes the repository
+as it is (the executors just read it).
+
+Listing and copying a remote repository take time, so they run on a thread of their own.
+A version still being uploaded is not taken (see :mod:`scheduler.sources`).
 """
 
 from __future__ import annotations
@@ -16,11 +20,26 @@ import json
 import logging
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
-from scheduler.model_control import ModelControl
-from scheduler.sources import Changes, RepositorySource, SourceError, poll
+import orjson
+from redis import Redis
+from redis.exceptions import RedisError
+
+from scheduler.fenced_commands import CommandSender
+from scheduler.leadership import Write
+from scheduler.sources import (
+    Changes,
+    Listing,
+    Model,
+    RepositorySource,
+    SourceError,
+    Version,
+    carry_over,
+    diff,
+)
 from sluice.control import ControlCommand
+from sluice.keys import Keys
 from sluice.rollout import START
 
 log = logging.getLogger("sluice.up")
@@ -32,13 +51,23 @@ _PLAN_PARAMETERS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("sluice.rollout_steps", "steps", lambda v: [int(s) for s in v.split(",")]),
     ("sluice.rollout_step_s", "step_s", float),
     ("sluice.rollout_min_samples", "min_samples", int),
+    ("sluice.rollout_shadow_s", "shadow_s", float),
 )
 
 
 class RepositoryPoller:
-    def __init__(self, source: RepositorySource, control: ModelControl, interval_s: float) -> None:
-        self.source, self.control, self.interval_s = source, control, interval_s
-        self.served = source.served()
+    def __init__(
+        self,
+        source: RepositorySource,
+        sender: CommandSender,
+        interval_s: float,
+        client: Redis,
+        keys: Keys,
+    ) -> None:
+        self.source, self.sender, self.interval_s = source, sender, interval_s
+        self.client, self.keys = client, keys
+        self.acted: Listing | None = None
+        """The listing the loads and unloads decided so far correspond to."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="repository-poll", daemon=True)
 
@@ -50,39 +79,79 @@ class RepositoryPoller:
         self._thread.join(10)
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
+        while not self._stop.is_set():
             try:
                 self.poll_once()
-            except SourceError as exc:
-                log.warning("polling the model repository: %s", exc)
+            except (SourceError, RedisError) as exc:
+                log.warning("polling the model repository: %s", getattr(exc, "message", exc))
             except Exception:
                 log.exception("polling the model repository failed")
+            self._stop.wait(self.interval_s)
 
     def poll_once(self) -> None:
-        listed, changes = poll(self.source, self.served)
+        listed = carry_over(self.source.served(), self.source.list())
+        if self.acted is None:
+            self.acted = self._recorded()
+            if self.acted is None:  # the first controller: the executors just read it
+                self.acted = listed
+                self._record(listed, Changes())
+        changes = diff(self.acted, listed)
         if not changes:
             return
         result = self.source.materialise(listed)
         for name, reason in result.problems.items():
             log.warning("model '%s' not taken from %s: %s", name, self.source.location, reason)
-        self.served = listed
         touched = {name for name, _ in (*changes.appeared, *changes.changed, *changes.disappeared)}
         for name in sorted(touched - set(result.problems)):
             rollout = self._rollout(name, changes)
             if rollout is not None:
                 log.info("model repository changed: a rollout of '%s'", name)
-                self.control.submit(ControlCommand(START, name, json.dumps(rollout)))
+                self.sender.submit(ControlCommand(START, name, json.dumps(rollout)))
                 continue
             model = listed.models.get(name)
             op = "load" if model is not None and model.versions else "unload"
             log.info("model repository changed: %s '%s'", op, name)
-            self.control.submit(ControlCommand(op, name))
+            if not self.sender.submit(ControlCommand(op, name)):
+                return  # no longer leading: the next leader sees the change itself
+        self.acted = listed
+        self._record(listed, changes)
+
+    def _recorded(self) -> Listing | None:
+        raw = self.client.get(self.keys.polled_repository)
+        if raw is None:
+            return None
+        try:
+            tokens = orjson.loads(cast(bytes, raw))
+            models = {
+                str(name): Model(
+                    versions={int(v): Version((), str(t)) for v, t in versions.items()}
+                )
+                for name, versions in tokens.items()
+            }
+        except (ValueError, TypeError, AttributeError):
+            log.error("the recorded repository listing is unreadable; taking the repository as is")
+            return None
+        return Listing(models)
+
+    def _record(self, listed: Listing, changes: Changes) -> None:
+        tokens = {
+            name: {str(v): version.token for v, version in model.versions.items()}
+            for name, model in listed.models.items()
+        }
+        decision = {
+            "op": "repository_polled",
+            "appeared": [f"{n}:{v}" for n, v in changes.appeared],
+            "changed": [f"{n}:{v}" for n, v in changes.changed],
+            "disappeared": [f"{n}:{v}" for n, v in changes.disappeared],
+        }
+        write = Write("SET", self.keys.polled_repository, (orjson.dumps(tokens),))
+        self.sender.apply([write], decision)
 
     def _rollout(self, name: str, changes: Changes) -> dict[str, Any] | None:
         """The rollout request for a new version of a model that asks for canaries
         (``sluice.rollout: canary`` in its config parameters), when that is all that changed:
         one version newer than the one it serves appeared."""
-        loaded = self.control.loaded.get(name)
+        loaded = self.sender.loaded.get(name)
         if loaded is None or loaded[0].config is None or len(loaded[0].versions) != 1:
             return None
         parameters = loaded[0].config.parameters

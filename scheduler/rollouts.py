@@ -1,4 +1,4 @@
-"""Canary rollouts with automatic rollback, carried out by ``sluice up``.
+"""Canary rollouts with automatic rollback, decided by the leading controller.
 
 A rollout starts the candidate version beside the stable one (model control: a load naming
 both versions, so the stable version's workers go on serving) and gives it traffic only once
@@ -23,8 +23,8 @@ from typing import Any, cast
 import orjson
 from redis import Redis
 
-from scheduler.autoscaler import Fleet
-from scheduler.model_control import ModelControl
+from scheduler.fenced_commands import CommandSender, Served
+from scheduler.leadership import Write
 from sluice import histograms as hist
 from sluice import statistics as st
 from sluice.control import ControlCommand
@@ -40,11 +40,14 @@ from sluice.rollout import (
     RolloutPlan,
     RolloutState,
 )
-from sluice.routing import weight_field
+from sluice.routing import shadow_field, weight_field
 
 log = logging.getLogger("sluice.up")
 
 CHECK_S = 1.0
+LOAD_ANSWER_S = 300.0
+"""A load the executors have not answered in this long (none runs, or it restarted and
+dropped the command) counts as failed: the rollout does not wait forever."""
 
 
 @dataclass
@@ -87,6 +90,8 @@ class _Active:
     load_id: str = ""
     """The model control command being waited for (load of the candidate, promotion,
     rollback)."""
+    waiting_since: float = 0.0
+    """When the rollout began waiting for ``load_id``'s answer (0: not yet seen waiting)."""
     window_start: float = 0.0
     base: dict[int, _Numbers] = field(default_factory=dict)
     inconclusive: int = 0
@@ -96,16 +101,21 @@ class _Active:
 class RolloutManager:
     client: Redis
     keys: Keys
-    control: ModelControl
-    fleet: Fleet
+    sender: CommandSender
+    """Every write and load goes through it, fenced by the controller's lease."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _due: float = 0.0
 
+    @property
+    def fleet(self) -> Served:
+        return self.sender.loaded
+
     def recover(self) -> None:
-        """Take up the rollouts an earlier run of ``sluice up`` left under way: their state is
-        in Redis, their workers are gone. The versions they need are loaded again and each
-        goes on from where it was: a canary from the start of its step, a promotion or a
-        rollback to its end. One whose candidate has left the repository is rolled back."""
+        """Take up the rollouts an earlier leader (or an earlier run of ``sluice up``) left
+        under way: their state is in Redis, their workers may be gone. The versions they
+        need are loaded again (a load of what runs already changes nothing) and each goes on
+        from where it was: a canary from the start of its step, a promotion or a rollback to
+        its end. One whose candidate has left the repository is rolled back."""
         for name, (model, _) in self.fleet.items():
             raw = self.client.get(self.keys.rollout(name))
             if raw is None:
@@ -114,7 +124,9 @@ class RolloutManager:
                 state = RolloutState.from_json(orjson.loads(cast(bytes, raw)))
             except (ValueError, KeyError, TypeError):
                 log.error("dropping the unreadable rollout state of '%s'", name)
-                self.client.delete(self.keys.rollout(name))
+                self.sender.apply(
+                    [Write("DEL", self.keys.rollout(name))], {"op": "drop_rollout", "model": name}
+                )
                 continue
             if state.phase in FINISHED:
                 continue
@@ -127,12 +139,12 @@ class RolloutManager:
             elif state.phase != "rolling_back" and {state.stable, state.candidate} <= on_disk:
                 step = max(state.step, 0)
                 state.phase, state.step = "loading", max(-1, state.step - 1)
-                self._clear_weights(state)
+                self._set_weights(state, {state.stable: 100})
                 self._decide(active, "resume", f"after a restart, from step {step}")
                 active.load_id = self._load(name, (state.stable, state.candidate))
             else:
                 state.phase = "rolling_back"
-                state.reason = state.reason or "sluice up restarted during the rollout"
+                state.reason = state.reason or "the controller restarted during the rollout"
                 self._set_weights(state, {state.stable: 100})
                 active.load_id = self._load(name, (state.stable,))
 
@@ -187,12 +199,16 @@ class RolloutManager:
         state = RolloutState(name, stable, candidate, plan)
         active = _Active(state)
         self._active[name] = active
+        # Every request naming no version stays with the stable version until the candidate
+        # is warm and its first step (or shadow phase) begins: without a split, the
+        # highest ready version (the candidate, once loaded) would take them all.
+        self._set_weights(state, {stable: 100})
         self._decide(active, "start", f"loading version {candidate} beside version {stable}")
         active.load_id = self._load(name, (stable, candidate))
 
     def _load(self, model: str, versions: tuple[int, ...]) -> str:
         command = ControlCommand("load", model, versions=versions)
-        self.control.submit(command)
+        self.sender.submit(command)
         return command.command_id
 
     def tick(self) -> None:
@@ -206,12 +222,16 @@ class RolloutManager:
                 continue
             if active.load_id:
                 raw = self.client.lpop(self.keys.control_reply(active.load_id))
-                if raw is None:
+                active.waiting_since = active.waiting_since or now
+                if raw is not None:
+                    error = orjson.loads(cast(bytes, raw)).get("error")
+                elif now - active.waiting_since > LOAD_ANSWER_S:
+                    error = f"no executor answered the load within {LOAD_ANSWER_S:.0f} s"
+                else:
                     continue
-                active.load_id = ""
-                error = orjson.loads(cast(bytes, raw)).get("error")
+                active.load_id, active.waiting_since = "", 0.0
                 self._loaded(active, error, now)
-            elif state.phase == "canary":
+            elif state.phase in ("canary", "shadow"):
                 self._check(active, now)
 
     def _loaded(self, active: _Active, error: str | None, now: float) -> None:
@@ -220,14 +240,36 @@ class RolloutManager:
             if error:
                 self._end(active, "rolled_back", f"the candidate did not load: {error}")
                 return
-            state.phase = "canary"
-            self._next_step(active, now)
+            if state.plan.shadow_s > 0 and not state.shadowed:
+                self._shadow(active, now)
+            else:
+                state.phase = "canary"
+                self._next_step(active, now)
         elif state.phase in ("promoting", "rolling_back"):
             final = "promoted" if state.phase == "promoting" else "rolled_back"
             if error:
                 log.error("rollout of '%s': %s", state.model, error)
             self._clear_weights(state)
             self._end(active, final, state.reason)
+
+    def _shadow(self, active: _Active, now: float) -> None:
+        """Mirror a share of the traffic to the candidate, which answers nobody; judged as
+        a step is, over ``shadow_s``."""
+        state = active.state
+        state.phase = "shadow"
+        percent = state.plan.shadow_percent
+        write = Write(
+            "HSET", self.keys.routing(state.model), (shadow_field(state.candidate), percent)
+        )
+        self.sender.apply([write], {"op": "shadow", "model": state.model, "percent": percent})
+        active.window_start = now
+        active.base = self._numbers(state)
+        active.inconclusive = 0
+        self._decide(
+            active,
+            "shadow",
+            f"{percent} % of the requests mirrored to the candidate, answers discarded",
+        )
 
     def _next_step(self, active: _Active, now: float) -> None:
         state = active.state
@@ -276,7 +318,8 @@ class RolloutManager:
             ):
                 self._roll_back(active, f"p99 latency {c99:.3f} s against {s99:.3f} s", figures)
                 return
-        if now - active.window_start < plan.step_s:
+        duration = plan.shadow_s if state.phase == "shadow" else plan.step_s
+        if now - active.window_start < duration:
             return
         if candidate.answered < plan.min_samples:
             active.inconclusive += 1
@@ -290,7 +333,12 @@ class RolloutManager:
                     figures,
                 )
             return
-        self._decide(active, "passed", f"step at {state.weight} % passed", figures)
+        if state.phase == "shadow":
+            state.phase, state.shadowed = "canary", True
+            self._clear_weights(state)
+            self._decide(active, "passed", "the shadow phase passed", figures)
+        else:
+            self._decide(active, "passed", f"step at {state.weight} % passed", figures)
         self._next_step(active, now)
 
     def _promote(self, active: _Active, reason: str, figures: dict[str, Any] | None = None) -> None:
@@ -328,28 +376,29 @@ class RolloutManager:
             decision,
             reason,
         )
-        with self.client.pipeline(transaction=False) as pipe:
-            pipe.set(self.keys.rollout(state.model), orjson.dumps(state.to_json()))
-            pipe.hincrby(
+        writes = [
+            Write("SET", self.keys.rollout(state.model), (orjson.dumps(state.to_json()),)),
+            Write(
+                "HINCRBY",
                 self.keys.stats(state.model, state.candidate),
-                st.rollout_decision_field(decision),
-                1,
-            )
-            pipe.execute()
+                (st.rollout_decision_field(decision), 1),
+            ),
+        ]
+        self.sender.apply(
+            writes, {"op": f"rollout_{decision}", "model": state.model, "reason": reason}
+        )
 
     def _set_weights(self, state: RolloutState, weights: dict[int, int]) -> None:
         key = self.keys.routing(state.model)
-        with self.client.pipeline(transaction=True) as pipe:
-            for version in (state.stable, state.candidate):
-                pipe.hdel(key, weight_field(version))
-            pipe.hset(key, mapping={weight_field(v): w for v, w in weights.items()})
-            pipe.execute()
+        pairs = tuple(x for v, w in weights.items() for x in (weight_field(v), w))
+        writes = [Write("HDEL", key, _routing_fields(state)), Write("HSET", key, pairs)]
+        self.sender.apply(writes, {"op": "traffic_split", "model": state.model, **_named(weights)})
 
     def _clear_weights(self, state: RolloutState) -> None:
-        self.client.hdel(
-            self.keys.routing(state.model),
-            weight_field(state.stable),
-            weight_field(state.candidate),
+        key = self.keys.routing(state.model)
+        self.sender.apply(
+            [Write("HDEL", key, _routing_fields(state))],
+            {"op": "traffic_split", "model": state.model},
         )
 
     def _numbers(self, state: RolloutState) -> dict[int, _Numbers]:
@@ -369,3 +418,16 @@ class RolloutManager:
                 buckets=[count for _, count in buckets],
             )
         return numbers
+
+
+def _routing_fields(state: RolloutState) -> tuple[str, ...]:
+    """The routing fields a rollout sets: both versions' weights, the candidate's shadow."""
+    return (
+        weight_field(state.stable),
+        weight_field(state.candidate),
+        shadow_field(state.candidate),
+    )
+
+
+def _named(weights: dict[int, int]) -> dict[str, int]:
+    return {f"weight_{version}": weight for version, weight in weights.items()}

@@ -24,20 +24,31 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.autoscaler import Autoscaler, Fleet, InstanceSpec
+from scheduler import controller
 from scheduler.catalog_publisher import publish_catalog
+from scheduler.instances import Fleet, InstanceReconciler, InstanceSpec
 from scheduler.model_control import ModelControl
 from scheduler.placement import placements, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
-from scheduler.repository_poller import RepositoryPoller
-from scheduler.rollouts import RolloutManager
-from scheduler.sources import SourceError, open_source, snapshot_repository
+from scheduler.sources import (
+    LocalSource,
+    SourceError,
+    carry_over,
+    open_source,
+    snapshot_repository,
+)
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
 from sluice.errors import InvalidConfig
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel, scan_repository
-from sluice.settings import ApiKeySettings, GatewaySettings, UpSettings
+from sluice.settings import (
+    ApiKeySettings,
+    ControllerSettings,
+    GatewaySettings,
+    RepositorySourceSettings,
+    UpSettings,
+)
 from sluice.shm import SEGMENT_GRACE_S, sweep_orphans
 
 log = logging.getLogger("sluice.up")
@@ -124,11 +135,50 @@ def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> li
 def _instance_spec(env: dict[str, str]) -> InstanceSpec:
     """One more worker of a model version (autoscaling), like those it started with."""
 
-    def spec(model: RepositoryModel, version: int) -> ChildSpec:
-        specs = _worker_specs([model], model.path.parent, env)
+    def spec(model: RepositoryModel, version: int, threads: int) -> ChildSpec:
+        specs = _worker_specs([model], model.path.parent, env, threads)
         return next(s for s in specs if s.version == version)
 
     return spec
+
+
+def _refresher(settings: UpSettings) -> Callable[[], None] | None:
+    """For a remote repository: bring the local copy up to date before a load."""
+    source = open_source(settings.model_repository, settings)
+    if isinstance(source, LocalSource):
+        return None
+
+    def refresh() -> None:
+        result = source.materialise(carry_over(source.served(), source.list()))
+        for name, reason in result.problems.items():
+            log.warning("model '%s' not taken from %s: %s", name, source.location, reason)
+
+    return refresh
+
+
+def _start_controller(
+    settings: UpSettings, redis_url: str
+) -> tuple[threading.Thread, threading.Event]:
+    """The controller as a thread of ``sluice up``: it contends for the lease like any
+    other, so a ``sluice controller`` elsewhere may lead instead, or stand by."""
+    fields = {name: getattr(settings, name) for name in RepositorySourceSettings.model_fields}
+    controller_settings = ControllerSettings(
+        **fields,
+        redis_url=redis_url,
+        namespace=settings.namespace,
+        model_repository=settings.model_repository,
+    )
+    stop = threading.Event()
+
+    def run() -> None:
+        try:
+            controller.run(controller_settings, stop, announce=False)
+        except SourceError as exc:
+            log.error("the controller cannot read the repository: %s", exc.message)
+
+    thread = threading.Thread(target=run, name="controller", daemon=True)
+    thread.start()
+    return thread, stop
 
 
 def _worker_specs(
@@ -396,7 +446,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     control: ModelControl | None = None
-    poller: RepositoryPoller | None = None
+    decider: tuple[threading.Thread, threading.Event] | None = None
     staging: Path | None = None
     try:
         env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
@@ -432,9 +482,9 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             for model in loaded
         }
         fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
-        scaler = Autoscaler(client, namespace, supervisor, fleet, _instance_spec(env))
+        instances = InstanceReconciler(client, namespace, supervisor, fleet, _instance_spec(env))
         # Model control runs in every mode: load / unload requests only in explicit mode
-        # (the gateways check), the repository poller's and the rollouts' loads in all.
+        # (the gateways check), the controller's loads (poll mode, rollouts) in all.
         staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
         control = ModelControl(
             client,
@@ -448,18 +498,11 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             fleet,
             catalog.publish,
         )
-        rollouts = RolloutManager(client, namespace, control, fleet)
-        control.rollouts = rollouts.handle
-        rollouts.recover()
+        control.refresh = _refresher(settings)
         control.start()
         catalog.publish()
-        if settings.model_control_mode == "poll":
-            poller = RepositoryPoller(
-                open_source(settings.model_repository, settings),
-                control,
-                settings.repository_poll_s,
-            )
-            poller.start()
+        if settings.controller:
+            decider = _start_controller(settings, redis_url)
         if not settings.gateway:
             count = sum(len(c) for c in children.values())
             print(
@@ -476,14 +519,14 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             catalog.tick()
             sweeper.tick()
             control.tick()
-            rollouts.tick()
-            scaler.tick()
+            _guarded_tick(instances.tick)
         return 0
     finally:
         if stop.is_set():
             print("Stopping Sluice ...", flush=True)
-        if poller is not None:
-            poller.stop()
+        if decider is not None:
+            decider[1].set()
+            decider[0].join(10)
         client.close()
         if supervisor is not None:
             supervisor.stop()
@@ -496,3 +539,10 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             redis_server.stop()
         if stop.is_set():
             print("Sluice stopped.", flush=True)
+
+
+def _guarded_tick(tick: Callable[[], None]) -> None:
+    try:
+        tick()
+    except RedisError as exc:
+        log.warning("Redis: %s", exc)

@@ -98,6 +98,14 @@ def up(
             "started elsewhere (sluice gateway) reach them through the same Redis.",
         ),
     ] = True,
+    controller: Annotated[
+        bool,
+        typer.Option(
+            "--controller/--no-controller",
+            help="--no-controller: run no controller here (autoscaling, rollouts, poll "
+            "mode); one started elsewhere (sluice controller) decides for these workers.",
+        ),
+    ] = True,
     verbose: Verbose = False,
 ) -> None:
     """Start Redis (unless given), the gateway and one worker per model instance."""
@@ -115,6 +123,7 @@ def up(
             gateway_processes=gateway_processes,
             metrics_port=metrics_port,
             gateway=gateway,
+            controller=controller,
             model_control_mode=model_control_mode,
             load_model=load_model,
         )
@@ -152,6 +161,45 @@ def gateway(
             )
         )
     )
+
+
+@app.command()
+def controller(
+    model_repository: Annotated[
+        str | None,
+        typer.Option(
+            help="The repository the workers serve (a local directory or s3://bucket/prefix): "
+            "read for rollouts, and listed for changes in poll mode."
+        ),
+    ] = None,
+    redis_url: Annotated[
+        str | None, typer.Option(help="Redis to use (default: SLUICE_REDIS_URL).")
+    ] = None,
+    verbose: Verbose = False,
+) -> None:
+    """Run a controller: it leads (autoscaling, rollouts, poll mode) or stands by for the
+    one that does, through a lease in Redis."""
+    import signal
+    import threading
+
+    from scheduler.controller import run as run_controller
+    from scheduler.sources import SourceError
+    from sluice.settings import ControllerSettings
+
+    _logging(verbose)
+    settings = ControllerSettings(
+        **_overrides(model_repository=model_repository, redis_url=redis_url)
+    )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    print(f"Controller {settings.controller_id} started", flush=True)
+    try:
+        run_controller(settings, stop)
+    except SourceError as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        raise typer.Exit(2) from None
+    print("Controller stopped.", flush=True)
 
 
 @app.command()
@@ -281,6 +329,16 @@ def rollout_start(
     min_samples: Annotated[
         int | None, typer.Option(help="Answers a step needs to be judged.")
     ] = None,
+    shadow_s: Annotated[
+        float | None,
+        typer.Option(
+            help="First mirror requests to it for this long (answers discarded, compared) "
+            "before it answers any client."
+        ),
+    ] = None,
+    shadow_percent: Annotated[
+        int | None, typer.Option(help="Share of the requests mirrored (default 100).")
+    ] = None,
     url: Url = "http://127.0.0.1:8000",
     key: Key = None,
 ) -> None:
@@ -296,6 +354,10 @@ def rollout_start(
         body["step_s"] = step_s
     if min_samples is not None:
         body["min_samples"] = min_samples
+    if shadow_s is not None:
+        body["shadow_s"] = shadow_s
+    if shadow_percent is not None:
+        body["shadow_percent"] = shadow_percent
     _routing_call(url, key, "POST", f"{model}/rollout", body)
 
 

@@ -29,6 +29,24 @@ class Keys:
             return [self.request_stream(model, version)]
         return [self.request_stream(model, version, p) for p in range(1, priority_levels + 1)]
 
+    def background_stream(self, model: str, version: int) -> str:
+        """Requests below every online priority level (asynchronous jobs, batch jobs): the
+        workers of the model version take them only when no online request waits."""
+        return f"{self.namespace}:req:{model}:{version}:bg"
+
+    def job(self, job_id: str) -> str:
+        """Hash of one asynchronous job (:mod:`sluice.jobs`): its status, and its answer once
+        a worker wrote it there. A request whose reply address is such a key is a job."""
+        return f"{self.namespace}:job:{job_id}"
+
+    def is_job(self, reply_to: str) -> bool:
+        return reply_to.startswith(f"{self.namespace}:job:")
+
+    def job_by_key(self, model: str, key: str) -> str:
+        """The job id an ``Idempotency-Key`` (or request id) named for a model, while the
+        job lives."""
+        return f"{self.namespace}:job-key:{model}:{key}"
+
     def dead_letters(self, model: str, version: int) -> str:
         """Requests that were delivered too often (each killed its worker), kept for a look."""
         return f"{self.namespace}:dead:{model}:{version}"
@@ -58,15 +76,22 @@ class Keys:
 
     @property
     def control_requests(self) -> str:
-        """Stream of model control commands (load, unload) from gateways to ``sluice up``."""
+        """Stream of model control commands (load, unload) to the executor (``sluice up``),
+        from gateways and from the controller."""
         return f"{self.namespace}:control:requests"
+
+    @property
+    def controller_requests(self) -> str:
+        """Stream of rollout commands (start, promote, rollback) from gateways to the
+        leading controller."""
+        return f"{self.namespace}:controller:requests"
 
     def control_reply(self, command_id: str) -> str:
         """List where the answer to one control command is pushed (the gateway polls it)."""
         return f"{self.namespace}:control:reply:{command_id}"
 
     def rollout(self, model: str) -> str:
-        """A model's rollout state (JSON, :mod:`sluice.rollout`), written by ``sluice up``."""
+        """A model's rollout state (JSON, :mod:`sluice.rollout`), written by the controller."""
         return f"{self.namespace}:rollout:{model}"
 
     @property
@@ -121,6 +146,18 @@ class Keys:
         """List of the controller's applied decisions, oldest first, each tagged with the
         fencing token of the leader that applied it."""
         return f"{self.namespace}:controller:decisions"
+
+    @property
+    def desired_instances(self) -> str:
+        """Hash "model:version" -> instances the controller's autoscaler wants; executors
+        start or retire workers to match."""
+        return f"{self.namespace}:controller:instances"
+
+    @property
+    def polled_repository(self) -> str:
+        """The repository listing (version tokens, JSON) the controller last acted upon in
+        poll mode, so that a new leader sees what changed since."""
+        return f"{self.namespace}:controller:polled"
 
 
 def load_error_field(model: str, version: int) -> str:

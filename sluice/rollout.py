@@ -1,10 +1,12 @@
 """A rollout of a new model version: its plan, as a client asks for it, and its state, as
-``sluice up`` keeps it in Redis (``Keys.rollout``) for every gateway to show.
+the controller keeps it in Redis (``Keys.rollout``) for every gateway to show.
 
 Phases: ``loading`` (the candidate version is started beside the stable one and warmed up
-before it gets any traffic), ``canary`` (it gets the plan's shares of the requests that name
-no version, one step after another), then ``promoted`` or ``rolled_back``. Every decision
-is kept with the numbers it was taken on.
+before it gets any traffic), ``shadow`` when the plan asks for it (a share of the requests
+that name no version is mirrored to the candidate, which answers nobody, and judged as a
+step would be), ``canary`` (it gets the plan's shares of the requests that name no version,
+one step after another), then ``promoted`` or ``rolled_back``. Every decision is kept with
+the numbers it was taken on.
 """
 
 from __future__ import annotations
@@ -37,6 +39,11 @@ class RolloutPlan:
     regression worth a rollback)."""
     max_inconclusive: int = 30
     """Consecutive inconclusive checks after which the rollout gives up (rolls back)."""
+    shadow_s: float = 0.0
+    """How long the candidate gets mirrored requests before its first step (0: no shadow
+    phase); judged like a step, it must also gather ``min_samples`` answers."""
+    shadow_percent: int = 100
+    """The share of the requests naming no version that is mirrored, in percent."""
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> RolloutPlan:
@@ -59,6 +66,7 @@ class RolloutPlan:
             ("max_error_increase", 0.0, 1.0),
             ("max_p99_ratio", 1.0, 100.0),
             ("min_p99_increase_s", 0.0, 60.0),
+            ("shadow_s", 0.0, 3600.0),
         ):
             if name in body:
                 value = body[name]
@@ -67,7 +75,11 @@ class RolloutPlan:
                 if not low <= value <= high:
                     raise InvalidInput(f"'{name}' must be within {low}..{high}")
                 values[name] = float(value)
-        for name, low, high in (("min_samples", 1, 1_000_000), ("max_inconclusive", 1, 10_000)):
+        for name, low, high in (
+            ("min_samples", 1, 1_000_000),
+            ("max_inconclusive", 1, 10_000),
+            ("shadow_percent", 1, 100),
+        ):
             if name in body:
                 value = body[name]
                 if (
@@ -93,6 +105,8 @@ class RolloutState:
     """The candidate's share of traffic now, in percent."""
     reason: str = ""
     decisions: list[dict[str, Any]] = field(default_factory=list)
+    shadowed: bool = False
+    """The shadow phase (if the plan has one) passed."""
 
     def to_json(self) -> dict[str, Any]:
         body = asdict(self)
@@ -112,4 +126,5 @@ class RolloutState:
             weight=int(body["weight"]),
             reason=str(body.get("reason", "")),
             decisions=list(body.get("decisions", [])),
+            shadowed=bool(body.get("shadowed", False)),
         )

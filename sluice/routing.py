@@ -2,7 +2,9 @@
 and how they are kept in Redis (one hash per model, :meth:`sluice.keys.Keys.routing`).
 
 A label (``production``) names one version of a model; a split spreads the requests that
-name no version over versions by integer weight (``{3: 90, 4: 10}``). Everything a client
+name no version over versions by integer weight (``{3: 90, 4: 10}``); a shadow mirrors a
+share of those requests, in percent, to one more version, which computes them and answers
+nobody (a rollout's shadow phase: ``{4: 100}``). Everything a client
 sends here is checked before it is kept: label names, versions, weights, and counts.
 """
 
@@ -32,11 +34,17 @@ PARAMETER = "version_label"
 _LABEL = re.compile(LABEL_PATTERN)
 _LABEL_FIELD = "label:"
 _WEIGHT_FIELD = "weight:"
+_SHADOW_FIELD = "shadow:"
 
 
 def weight_field(version: int) -> str:
     """The field of a version's split weight in a model's routing hash."""
     return f"{_WEIGHT_FIELD}{version}"
+
+
+def shadow_field(version: int) -> str:
+    """The field of a version's shadow share (percent) in a model's routing hash."""
+    return f"{_SHADOW_FIELD}{version}"
 
 
 _MAX_VERSION_DIGITS = 19
@@ -48,13 +56,18 @@ class Routing:
 
     labels: Mapping[str, int] = field(default_factory=dict)
     weights: Mapping[int, int] = field(default_factory=dict)
+    shadow: Mapping[int, int] = field(default_factory=dict)
+    """Version -> share (percent) of the requests naming no version mirrored to it."""
 
     def to_json(self, model: str) -> dict[str, Any]:
-        return {
+        body: dict[str, Any] = {
             "model": model,
             "labels": dict(sorted(self.labels.items())),
             "weights": {str(v): w for v, w in sorted(self.weights.items())},
         }
+        if self.shadow:
+            body["shadow"] = {str(v): p for v, p in sorted(self.shadow.items())}
+        return body
 
 
 @dataclass(frozen=True, slots=True)
@@ -187,6 +200,7 @@ def encode_routing(routing: Routing) -> dict[str, str]:
     """The fields of the model's routing hash."""
     fields = {f"{_LABEL_FIELD}{name}": str(v) for name, v in routing.labels.items()}
     fields.update({f"{_WEIGHT_FIELD}{v}": str(w) for v, w in routing.weights.items()})
+    fields.update({f"{_SHADOW_FIELD}{v}": str(p) for v, p in routing.shadow.items()})
     return fields
 
 
@@ -194,6 +208,7 @@ def decode_routing(raw: Mapping[bytes, bytes]) -> Routing:
     """A routing hash as read from Redis; fields that do not parse are logged and skipped."""
     labels: dict[str, int] = {}
     weights: dict[int, int] = {}
+    shadow: dict[int, int] = {}
     for key, value in raw.items():
         try:
             name, number = key.decode(), int(value)
@@ -201,8 +216,10 @@ def decode_routing(raw: Mapping[bytes, bytes]) -> Routing:
                 labels[name[len(_LABEL_FIELD) :]] = number
             elif name.startswith(_WEIGHT_FIELD) and 0 <= number <= MAX_WEIGHT:
                 weights[int(name[len(_WEIGHT_FIELD) :])] = number
+            elif name.startswith(_SHADOW_FIELD) and 0 <= number <= 100:
+                shadow[int(name[len(_SHADOW_FIELD) :])] = number
             else:
                 raise ValueError("unknown field")
         except ValueError as exc:  # (UnicodeDecodeError is one)
             log.error("ignoring routing field %r=%r: %s", key, value, exc)
-    return Routing(labels, weights)
+    return Routing(labels, weights, shadow)

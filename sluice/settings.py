@@ -175,6 +175,19 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     """Open connections one gateway process accepts; beyond it new ones are closed at once
     (and requests on connections past uvicorn's concurrency limit get 503)."""
 
+    job_queue_ttl_s: float = Field(86_400.0, gt=0)
+    """How long an asynchronous job may wait for a worker before it expires (its request's
+    ``timeout`` parameter may shorten it)."""
+
+    job_retention_s: float = Field(86_400.0, gt=0)
+    """How long a finished job and its result are kept."""
+
+    max_queued_jobs: int = Field(100_000, ge=1)
+    """Jobs one model version may have waiting; beyond: 503 + Retry-After."""
+
+    max_job_wait_s: float = Field(60.0, ge=0)
+    """The longest ``Prefer: wait=N`` a result request may hold (long-polling)."""
+
     strict_readiness: bool = True
     """As Triton's --strict-readiness (its default): /v2/health/ready is true only while
     every model version in the repository is ready. False: ready once the gateway can
@@ -234,22 +247,6 @@ class WorkerSettings(CommonSettings):
     errors); ``sluice up`` sets it for a load on request, see scheduler/model_control.py."""
 
 
-class ControllerSettings(CommonSettings):
-    """Settings of a controller process; several may run, one leads (see
-    :mod:`scheduler.leadership`)."""
-
-    lease_ttl_s: float = Field(3.0, gt=0)
-    """Lifetime of the leader's lease: a standby takes over at most this long after the
-    leader's last renewal (after its death)."""
-
-    lease_renew_s: float = Field(1.0, gt=0)
-    """How often the leader renews its lease, and the longest a standby waits between two
-    attempts to take it; well below ``lease_ttl_s``."""
-
-    controller_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
-    """Who holds the lease, as shown to the others (default: host:pid)."""
-
-
 def _default_cache_dir() -> str:
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return str(Path(base) / "sluice" / "repositories")
@@ -291,6 +288,27 @@ class RepositorySourceSettings(BaseSettings):
     """Tries per request (and per object download) before the error is reported."""
 
 
+class ControllerSettings(RepositorySourceSettings, CommonSettings):
+    """Settings of a controller process; several may run, one leads (see
+    :mod:`scheduler.leadership`)."""
+
+    lease_ttl_s: float = Field(3.0, gt=0)
+    """Lifetime of the leader's lease: a standby takes over at most this long after the
+    leader's last renewal (after its death)."""
+
+    lease_renew_s: float = Field(1.0, gt=0)
+    """How often the leader renews its lease, and the longest a standby waits between two
+    attempts to take it; well below ``lease_ttl_s``."""
+
+    controller_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    """Who holds the lease, as shown to the others (default: host:pid)."""
+
+    model_repository: str = ""
+    """The repository the executors serve (a local directory or ``s3://bucket/prefix``):
+    the controller reads it for rollouts and, in poll mode, lists it for changes. Empty:
+    no polling, and rollouts only of versions the catalog already knows."""
+
+
 class UpSettings(RepositorySourceSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
@@ -309,6 +327,11 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     gateway: bool = True
     """False: publish the catalog and run the workers only (gateways run elsewhere)."""
+
+    controller: bool = True
+    """Run the controller (autoscaling, rollouts, poll mode's decisions) in this process as
+    well, contending for the lease; false: an executor only, decided for by a controller
+    elsewhere (``sluice controller``)."""
 
     model_control_mode: Literal["none", "explicit", "poll"] = "none"
     """Triton's --model-control-mode: ``none`` serves every model of the repository and

@@ -4,6 +4,9 @@ model with no worker starts one."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -71,3 +74,73 @@ def test_burst_scales_up_then_down_to_zero_and_back_without_losing_requests(
         f"scaled up {scaled_up_s:.1f} s into the burst; cold start answered in {cold_start_s:.1f} s"
     )
     assert any("scaling 'slow' version 1 up" in line for line in scaling.stderr_lines)
+
+
+@pytest.mark.timeout(180)
+def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """``sluice up --no-controller`` only carries out; two ``sluice controller`` processes
+    decide. The leader is killed in the middle of a burst: the standby goes on scaling,
+    and every request is answered."""
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=POLICY)
+    stack = Stack(tmp_path, redis_server.url, args=["--no-controller"])
+    controllers: list[subprocess.Popen[str]] = []
+    env = dict(os.environ, SLUICE_REDIS_URL=redis_server.url, SLUICE_NAMESPACE=stack.namespace)
+    stack.start()
+    try:
+        assert stack.process is not None
+        root = stack.process.pid
+        time.sleep(3)  # no controller yet: nothing is decided, the configured instance serves
+        assert len(worker_pids(root, "slow")) == 1
+        for _ in range(2):
+            controllers.append(
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "sluice.cli",
+                        "controller",
+                        "--model-repository",
+                        str(tmp_path),
+                    ],
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL,
+                    text=True,
+                    env=env,
+                )
+            )
+        leader = controllers[0]
+        assert leader.stdout is not None
+        assert wait_until(lambda: " leads " in leader.stdout.readline(), 15)
+        codes: list[int] = []
+        lock = threading.Lock()
+
+        def send(index: int) -> None:
+            with httpx.Client(base_url=stack.url, timeout=120) as http:
+                code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000))
+            with lock:
+                codes.append(code.status_code)
+
+        burst = [threading.Thread(target=send, args=(i,)) for i in range(60)]
+        for sender in burst:
+            sender.start()
+        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up"
+        leader.kill()
+        standby = controllers[1]
+        assert standby.stdout is not None
+        killed = time.monotonic()
+        assert wait_until(lambda: " leads " in standby.stdout.readline(), 10)
+        print(f"the standby leads {time.monotonic() - killed:.1f} s after the leader's death")
+        for sender in burst:
+            sender.join(120)
+        assert codes == [200] * 60, codes
+        # The standby's decisions: down to zero once quiet.
+        assert wait_until(lambda: not worker_pids(root, "slow"), 30), "did not scale down"
+    finally:
+        for process in controllers:
+            process.kill()
+            process.wait(10)
+            if process.stdout is not None:
+                process.stdout.close()
+        stack.stop()

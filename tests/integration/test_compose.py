@@ -556,6 +556,15 @@ def check_stack(stack: Stack) -> None:
         ).stdout.split()
         return container if state == ["exited", "0"] else None
 
+    # The controller leads (no other contends for the lease).
+    def controller_leads() -> bool:
+        (container,) = stack.containers("label=com.docker.compose.service=controller")
+        logs = run([stack.podman, "logs", container], timeout=30).stdout
+        return "leads (fencing token" in logs
+
+    wait_for("the controller leading", controller_leads, 60)
+    progress("the controller leads")
+
     uploader = wait_for("models-upload exiting with 0", upload_finished, 120)
     logs = run([stack.podman, "logs", str(uploader)], timeout=30).stdout
     assert "uploaded s3://models/iris/1/model.onnx" in logs, logs[-2000:]

@@ -60,6 +60,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     write_versions(root, "erring", ERRING)
     write_versions(root, "slow", SLOW)
     write_versions(root, "unloadable", b"this is not python (")
+    write_versions(root, "shadowed", GOOD)
+    write_versions(root, "erring_shadow", ERRING)
     stack = Stack(root, redis_server.url)
     stack.start()
     yield stack
@@ -156,6 +158,58 @@ def test_a_regression_is_rolled_back_by_itself(stack: Stack, model: str, why: st
     assert seconds < 30
     assert set(load.codes[after:]) == {200}  # the stable version serves alone again
     assert served_versions(stack, model) == ["1"]
+
+
+def candidate_answers(stack: Stack, model: str) -> int:
+    stats = httpx.get(f"{stack.url}/v2/models/{model}/versions/2/stats", timeout=10).json()
+    inference = stats["model_stats"][0]["inference_stats"]
+    return int(inference["success"]["count"]) + int(inference["fail"]["count"])
+
+
+def test_a_shadow_phase_mirrors_requests_and_answers_no_client(stack: Stack) -> None:
+    plan = {
+        "version": 2,
+        "shadow_s": 2,
+        "steps": [50],
+        "step_s": 1.5,
+        "min_samples": 10,
+        "min_p99_increase_s": 1.0,  # about mirroring, not latency: a busy machine is noisy
+    }
+    with SteadyLoad(stack, "shadowed") as load:
+        time.sleep(0.5)
+        started = httpx.post(f"{stack.url}/v2/repository/models/shadowed/rollout", json=plan)
+        assert started.status_code == 200, started.text
+        assert wait_until(lambda: rollout(stack, "shadowed")["phase"] == "shadow", 60)
+        assert wait_until(lambda: candidate_answers(stack, "shadowed") >= 10, 30)
+        served_in_shadow = len(load.versions)
+        assert wait_until(finished(stack, "shadowed"), 60)
+    state = rollout(stack, "shadowed")
+    assert state["phase"] == "promoted", (state["reason"], state["decisions"])
+    decisions = [d["decision"] for d in state["decisions"]]
+    assert decisions[:3] == ["start", "shadow", "passed"], decisions
+    assert set(load.codes) == {200}
+    # While in shadow, the candidate computed requests but answered none of them.
+    assert set(load.versions[:served_in_shadow]) == {"1"}
+    assert "2" in load.versions[served_in_shadow:]
+
+
+def test_an_erring_candidate_is_rolled_back_in_shadow_with_no_client_failure(
+    stack: Stack,
+) -> None:
+    plan = {"version": 2, "shadow_s": 30, "min_samples": 10}
+    with SteadyLoad(stack, "erring_shadow") as load:
+        time.sleep(0.5)
+        started = httpx.post(f"{stack.url}/v2/repository/models/erring_shadow/rollout", json=plan)
+        assert started.status_code == 200, started.text
+        assert wait_until(finished(stack, "erring_shadow"), 60)
+    state = rollout(stack, "erring_shadow")
+    assert state["phase"] == "rolled_back", state
+    assert "error rate" in state["reason"]
+    seconds = decision_time(state, "rollback") - decision_time(state, "shadow")
+    print(f"erring candidate in shadow: rolled back {seconds:.1f} s after mirroring began")
+    assert set(load.codes) == {200} and set(load.versions) == {"1"}
+    routing = httpx.get(f"{stack.url}/v2/repository/models/erring_shadow/routing").json()
+    assert "shadow" not in routing
 
 
 def test_a_candidate_that_cannot_load_never_gets_traffic(stack: Stack) -> None:

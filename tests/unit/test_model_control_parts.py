@@ -10,11 +10,15 @@ from pathlib import Path
 
 import msgpack
 import pytest
+from redis import Redis
 
+from scheduler.model_control import ModelControl
 from scheduler.model_staging import check_model_name, stage
+from scheduler.redis_server import RedisServer
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.control import ControlCommand, decode_command, encode_command
 from sluice.errors import InvalidInput
+from sluice.keys import Keys
 
 CONFIG = json.dumps({"backend": "onnxruntime", "max_batch_size": 2})
 
@@ -63,8 +67,44 @@ def test_commands_round_trip_and_malformed_ones_are_dropped() -> None:
         {b"c": msgpack.packb({"id": "1", "op": "format", "model": "m"})},
         {b"c": msgpack.packb({"id": "1", "op": "load", "model": "m", "files": [1]})},
         {b"c": msgpack.packb([1, 2])},
+        {b"c": msgpack.packb({"id": "1", "op": "load", "model": "m", "token": -1})},
+        {b"c": msgpack.packb({"id": "1", "op": "load", "model": "m", "token": "7"})},
     ):
         assert decode_command(fields) is None
+
+
+def test_the_executor_refuses_a_command_of_a_replaced_controller(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A command carrying a fencing token older than one already seen was sent by a
+    controller that has been replaced since: refused, with the reason."""
+    keys = Keys("fencing-unit")
+    client = Redis.from_url(redis_server.url)
+    control = ModelControl(
+        client, keys, tmp_path, tmp_path, Supervisor([]), lambda *_: [], {}, 5.0, {}, lambda: None
+    )
+    try:
+        control.start()
+        newer, older, gateways = (
+            ControlCommand("unload", "m", token=7),
+            ControlCommand("unload", "m", token=6),
+            ControlCommand("unload", "m"),  # from a gateway: no token
+        )
+        for command in (newer, older, gateways):
+            client.xadd(keys.control_requests, encode_command(command))  # type: ignore[arg-type]
+        for _ in range(3):
+            control.tick()
+
+        def answer(command: ControlCommand) -> object:
+            raw = client.lpop(keys.control_reply(command.command_id))
+            assert isinstance(raw, bytes), command
+            return json.loads(raw)["error"]
+
+        assert answer(newer) is None  # unloading what is not loaded succeeds, as in Triton
+        assert "no longer leads (token 6, newest 7)" in str(answer(older))
+        assert answer(gateways) is None
+    finally:
+        client.close()
 
 
 def test_added_children_run_and_retired_ones_are_not_restarted() -> None:

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
 
 import orjson
 import pytest
 from redis import Redis
 
+from scheduler.fenced_commands import CommandSender
+from scheduler.leadership import Lease, Write
 from scheduler.redis_server import RedisServer
 from scheduler.rollouts import RolloutManager, _Numbers
-from sluice.control import ControlCommand
+from sluice.control import ControlCommand, read_commands
 from sluice.errors import InvalidInput
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel
@@ -52,14 +53,6 @@ def test_p99_is_the_bound_of_the_bucket_holding_it() -> None:
     assert _Numbers(0, 0, 0, [0] * 17).p99_s() is None
 
 
-class _Control:
-    def __init__(self) -> None:
-        self.submitted: list[ControlCommand] = []
-
-    def submit(self, command: ControlCommand) -> None:
-        self.submitted.append(command)
-
-
 def test_a_restart_takes_a_rollout_up_again(redis_server: RedisServer, tmp_path: Path) -> None:
     keys = Keys(f"t{uuid.uuid4().hex[:8]}")
     for version in ("1", "2"):
@@ -69,13 +62,38 @@ def test_a_restart_takes_a_rollout_up_again(redis_server: RedisServer, tmp_path:
         state = RolloutState("m", 1, 2, RolloutPlan(), phase="canary", step=1, weight=25)
         client.set(keys.rollout("m"), orjson.dumps(state.to_json()))
         client.hset(keys.routing("m"), mapping={weight_field(1): 75, weight_field(2): 25})
-        fleet: dict[str, Any] = {"m": (RepositoryModel("m", tmp_path / "m", None, (1,)), [])}
-        control = _Control()
-        RolloutManager(client, keys, control, fleet).recover()  # type: ignore[arg-type]
+        lease = Lease(client, keys, "controller-a")
+        token = lease.acquire().token
+        sender = CommandSender(client, keys, lease)
+        sender.loaded = {"m": (RepositoryModel("m", tmp_path / "m", None, (1,)), [])}
+        RolloutManager(client, keys, sender).recover()
         after = orjson.loads(client.get(keys.rollout("m")) or b"{}")
         assert after["decisions"][-1]["decision"] == "resume"
-        (load,) = control.submitted
-        assert (load.op, load.model, load.versions) == ("load", "m", (1, 2))
-        assert client.hgetall(keys.routing("m")) == {}  # no traffic until it is loaded again
+        _, (load,) = read_commands(client, keys.control_requests, "0-0")
+        assert (load.op, load.model, load.versions, load.token) == ("load", "m", (1, 2), token)
+        # The candidate gets no traffic until it is loaded again.
+        assert client.hgetall(keys.routing("m")) == {weight_field(1).encode(): b"100"}
+        logged = [orjson.loads(e) for e in client.lrange(keys.controller_decisions, 0, -1)]
+        assert {e["token"] for e in logged} == {token}
+        assert "load" in [e["op"] for e in logged]
+    finally:
+        client.close()
+
+
+def test_a_deposed_leader_decides_nothing(redis_server: RedisServer, tmp_path: Path) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    client = Redis.from_url(redis_server.url)
+    try:
+        old = Lease(client, keys, "controller-a", ttl_s=0.3, margin_s=0.0)
+        assert old.acquire().token is not None
+        sender = CommandSender(client, keys, old)
+        client.delete(keys.controller_lease)  # as if it had expired while a pause lasted
+        new = Lease(client, keys, "controller-b")
+        assert new.acquire().token is not None
+        assert not sender.submit(ControlCommand("load", "m"))
+        assert not sender.apply([Write("SET", keys.rollout("m"), ("x",))], {"op": "test"})
+        assert client.xlen(keys.control_requests) == 0
+        assert client.get(keys.rollout("m")) is None
+        assert client.llen(keys.controller_decisions) == 0
     finally:
         client.close()

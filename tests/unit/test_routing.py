@@ -252,3 +252,24 @@ async def test_the_view_reads_every_models_routing_in_one_refresh(redis: Redis) 
     await view.refresh(redis, keys, ["a", "b", "c"])
     assert set(view.models) == {"b"} and view.splits == {}
     await redis.delete(keys.routing("b"), keys.routing("gone"))
+
+
+def test_shadow_fields_round_trip() -> None:
+    routing = Routing(weights={1: 100}, shadow={2: 25})
+    fields = encode_routing(routing)
+    assert fields == {"weight:1": "100", "shadow:2": "25"}
+    raw = {k.encode(): v.encode() for k, v in fields.items()}
+    raw |= {b"shadow:3": b"101", b"shadow:x": b"5"}  # out of range, not a version: skipped
+    assert decode_routing(raw) == routing
+    assert routing.to_json(MODEL)["shadow"] == {"2": 25}
+
+
+def test_a_shadow_mirrors_its_share_to_a_ready_version_other_than_the_chosen() -> None:
+    view = _view(frozenset({1, 2}), Routing(weights={1: 100}, shadow={2: 25}))
+    mirrored = Counter(view.mirror(MODEL, 1) for _ in range(8_000))
+    assert set(mirrored) == {None, 2}
+    assert 1_700 < mirrored[2] < 2_300
+    assert {view.mirror(MODEL, 2) for _ in range(100)} == {None}  # never to itself
+    view.ready = {MODEL: frozenset({1})}  # the shadow version is not ready: no mirror
+    assert {view.mirror(MODEL, 1) for _ in range(100)} == {None}
+    assert {_view(frozenset({1, 2})).mirror(MODEL, 1) for _ in range(100)} == {None}
