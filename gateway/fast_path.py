@@ -26,6 +26,7 @@ from gateway.body import check_declared_length, decode_body, parse_header_length
 from gateway.body_budget import BodyReservation
 from gateway.infer import run_infer
 from gateway.infer_response import encode_error
+from gateway.jobs import job_record, owner_of, prefers_async, status_body, submit_job
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError
 from sluice.logs import TRACE_ID
@@ -50,6 +51,9 @@ _WANTED = frozenset(
         b"traceparent",
         b"tracestate",
         b"sluice-version-label",
+        b"prefer",
+        b"idempotency-key",
+        b"authorization",
     )
 )
 
@@ -120,15 +124,20 @@ class InferFastPath:
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
             version, label = match.group(2), match.group(3)
             label = requested_label(version, label, headers.get(b"sluice-version-label"))
-            content, response_json_length = await run_infer(
-                state, match.group(1), version, body, json_length, trace, span, label
-            )
-            status = 200
-            if response_json_length is None:
-                response_headers = [_JSON]
+            if prefers_async(headers.get(b"prefer")):
+                status, content, response_headers = await _submit_job(
+                    state, match.group(1), version, body, json_length, label, trace, headers
+                )
             else:
-                length = str(response_json_length).encode()
-                response_headers = [_BINARY, (b"inference-header-content-length", length)]
+                content, response_json_length = await run_infer(
+                    state, match.group(1), version, body, json_length, trace, span, label
+                )
+                status = 200
+                if response_json_length is None:
+                    response_headers = [_JSON]
+                else:
+                    length = str(response_json_length).encode()
+                    response_headers = [_BINARY, (b"inference-header-content-length", length)]
         except ClientDisconnected:
             if span is not None:
                 span.end(0, request_id.current(), "the client went away")
@@ -156,6 +165,37 @@ class InferFastPath:
         finally:
             if span is not None:
                 span.end(status, rid, error)
+
+
+async def _submit_job(
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    json_length: int | None,
+    label: str | None,
+    trace: TraceParent | None,
+    headers: dict[bytes, str],
+) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
+    """``Prefer: respond-async``: 202, the job's status and its URL in ``Location``."""
+    submitted = await submit_job(
+        state,
+        model,
+        version,
+        body,
+        json_length,
+        label=label,
+        trace=trace,
+        idempotency_key=headers.get(b"idempotency-key"),
+        owner=owner_of(headers.get(b"authorization")),
+    )
+    record = await job_record(state, submitted.job_id, owner_of(headers.get(b"authorization")))
+    location = f"/v2/jobs/{submitted.job_id}".encode()
+    return (
+        202,
+        status_body(submitted.job_id, record),
+        [_JSON, (b"location", location), (b"preference-applied", b"respond-async")],
+    )
 
 
 class ClientDisconnected(Exception):

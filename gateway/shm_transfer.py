@@ -65,15 +65,18 @@ class TensorTransfer:
 
     # -- inputs ----------------------------------------------------------------------------
 
-    def pack(self, inputs: list[InputTensor]) -> tuple[list[TensorHeader], bytes, str | None]:
+    def pack(
+        self, inputs: list[InputTensor], *, inline: bool = False
+    ) -> tuple[list[TensorHeader], bytes, str | None]:
         """The entry's tensor headers and payload, and the segment made for the large
         inputs (None if none): the caller removes it with :func:`sluice.shm.unlink` once
         the request ended, however it ended. Writing the segment costs what joining the
-        bytes into the entry would have cost, on the event loop as that would have been."""
+        bytes into the entry would have cost, on the event loop as that would have been.
+        ``inline``: every byte in the entry (a job's entry outlives its request)."""
         headers: list[TensorHeader] = []
         parts: list[bytes | memoryview | None] = []  # bytes in the entry; None: by reference
         large: list[int] = []
-        limit = self.threshold if self.same_host and self.threshold else -1
+        limit = self.threshold if self.same_host and self.threshold and not inline else -1
         for tensor in inputs:
             header = TensorHeader(tensor.name, tensor.datatype, tensor.shape, len(tensor.data))
             data: bytes | memoryview | None = tensor.data

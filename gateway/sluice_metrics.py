@@ -161,9 +161,17 @@ class _Families:
             "inconclusive, promote, rollback, promoted, rolled_back)",
             labels=[*_LABELS, "decision"],
         )
+        jobs = CounterMetricFamily(
+            "sluice_jobs",
+            "Asynchronous jobs of this version, by outcome (submitted, completed, failed, "
+            "expired: deadline passed in the queue, cancelled)",
+            labels=[*_LABELS, "outcome"],
+        )
         for state in versions:
             labels = [state.model, str(state.version)]
             counters = state.counters
+            for outcome in st.JOB_OUTCOMES:
+                jobs.add_metric([*labels, outcome], counters.get(st.job_field(outcome), 0))
             for name, count in sorted(counters.items()):
                 decision = st.rollout_decision(name)
                 if decision is not None:
@@ -174,7 +182,7 @@ class _Families:
                 misses.add_metric([*labels, stage], counters.get(st.deadline_miss_field(stage), 0))
             for reason in st.ADMISSION_REJECT_REASONS:
                 rejects.add_metric([*labels, reason], counters.get(st.reject_field(reason), 0))
-        return reclaimed, dead, misses, rejects, decisions
+        return reclaimed, dead, misses, rejects, decisions, jobs
 
     def _instances(self, versions: list[VersionState]) -> Iterable[Metric]:
         instances = GaugeMetricFamily(

@@ -89,6 +89,15 @@ the gateway's own ``SLUICE_MAX_IN_FLIGHT``."""
 _ROLLOUT_PREFIX, _COUNT_SUFFIX = "rollout.", ".count"
 
 
+JOB_OUTCOMES = ("submitted", "completed", "failed", "expired", "cancelled")
+"""What ``sluice_jobs_total`` counts per model version (the job scripts of
+:mod:`sluice.jobs` add to ``job.<outcome>``)."""
+
+
+def job_field(outcome: str) -> str:
+    return f"job.{outcome}"
+
+
 def rollout_decision_field(decision: str) -> str:
     """Counter of a rollout decision, in the candidate version's statistics hash."""
     return f"{_ROLLOUT_PREFIX}{decision}{_COUNT_SUFFIX}"

@@ -14,10 +14,11 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
 from sluice import histograms as hist
+from sluice import jobs
 from sluice import statistics as st
 from sluice.errors import SluiceError, error_kind
 from sluice.keys import WORKER_GROUP, Keys
-from sluice.wire import ReplyMessage, encode_reply
+from sluice.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
 from workers.batching import PendingRequest
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,12 @@ class Publisher:
             try:
                 async with self.redis.pipeline(transaction=False) as pipe:
                     for outcome in outcomes:
-                        if outcome.request.message.reply_to:
+                        reply_to = outcome.request.message.reply_to
+                        if reply_to and self.keys.is_job(reply_to):
+                            self._finish_job(pipe, reply_to, outcome)
+                        elif reply_to:
                             pipe.xadd(
-                                outcome.request.message.reply_to,
+                                reply_to,
                                 encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
                                 maxlen=self.reply_max_len,
                                 approximate=True,
@@ -92,6 +96,35 @@ class Publisher:
                 await asyncio.sleep(0.2 * 2**attempt)
         log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
         return False
+
+    def _finish_job(self, pipe: Pipeline, job: str, outcome: Outcome) -> None:
+        """The answer goes into the job's record (unless it was cancelled meanwhile, or
+        answered already: a request delivered twice)."""
+        fields = encode_reply(outcome.reply, outcome.payload)
+        reply = outcome.reply
+        pipe.eval(
+            jobs.FINISH,
+            2,
+            job,
+            self.keys.stats(self.model, self.version),
+            jobs.status_of_answer(reply.error_kind),
+            fields[HEADER_FIELD],
+            fields[DATA_FIELD],
+            f"{time.time():.6f}",
+            reply.error,
+            reply.error_kind,
+        )
+
+    async def started(self, requests: list[PendingRequest]) -> None:
+        """Mark the jobs among ``requests`` in progress (best effort: only their status
+        shows it)."""
+        job_keys = [r.message.reply_to for r in requests if self.keys.is_job(r.message.reply_to)]
+        if not job_keys:
+            return
+        try:
+            await self.redis.eval(jobs.START, len(job_keys), *job_keys, f"{time.time():.6f}")
+        except RedisError as exc:
+            log.debug("marking %d job(s) in progress failed: %s", len(job_keys), exc)
 
     def _record(
         self, pipe: Pipeline, outcomes: list[Outcome], timing: Timing | None, items: int

@@ -89,7 +89,11 @@ class Worker:
         self.drain = drain
         self.keys = Keys(settings.namespace)
         levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
-        self.streams = self.keys.request_streams(config.name, version, levels)
+        # Online priority levels first, then the background stream (jobs, batch jobs).
+        self.streams = [
+            *self.keys.request_streams(config.name, version, levels),
+            self.keys.background_stream(config.name, version),
+        ]
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="compute")
@@ -410,6 +414,7 @@ class Worker:
                 live.append(request)
         timing = Timing(started_ns=now_ns)
         if live:
+            await self.publisher.started(live)
             loop = asyncio.get_running_loop()
             started = time.monotonic()
             try:

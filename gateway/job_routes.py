@@ -1,0 +1,79 @@
+"""The job routes (see :mod:`gateway.jobs`):
+
+- ``GET /v2/jobs/{id}``: status and timestamps (and the error of a failed job);
+- ``GET /v2/jobs/{id}/result``: the answer, exactly as the synchronous request would have
+  had it (JSON or binary tensors; a failed job's error with its status code). While the job
+  is not finished: 202 with its status and ``Retry-After``; ``Prefer: wait=N`` holds the
+  request up to N seconds (at most ``SLUICE_MAX_JOB_WAIT_S``) for it to finish;
+- ``DELETE /v2/jobs/{id}``: cancel it (202 while a worker still holds it, then
+  ``cancelled``).
+
+A job is found only with the API key that submitted it.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.jobs import (
+    cancel_job,
+    encode_result,
+    job_record,
+    job_status,
+    owner_of,
+    preferred_wait_s,
+    status_body,
+    wait_for_result,
+)
+from gateway.json_body import json_response
+from gateway.state import state_of
+from sluice import jobs
+
+job_router = APIRouter()
+
+
+@job_router.get("/v2/jobs/{job_id}")
+async def get_job(job_id: str, request: Request) -> Response:
+    state = state_of(request)
+    record = await job_record(state, job_id, owner_of(request.headers.get("authorization")))
+    return Response(status_body(job_id, record), media_type="application/json")
+
+
+@job_router.get("/v2/jobs/{job_id}/result")
+async def get_result(job_id: str, request: Request) -> Response:
+    state = state_of(request)
+    owner = owner_of(request.headers.get("authorization"))
+    wait_s = preferred_wait_s(request.headers.get("prefer"), state.settings.max_job_wait_s)
+    record = await wait_for_result(state, job_id, owner, wait_s)
+    status = record.get(jobs.F_STATUS, b"").decode()
+    if status == jobs.CANCELLED:
+        body = {"error": f"job '{job_id}' was cancelled", **job_status(job_id, record)}
+        return json_response(body, 410)
+    if status not in jobs.FINISHED:
+        answer = Response(status_body(job_id, record), 202, media_type="application/json")
+        answer.headers["Retry-After"] = "1"
+        return answer
+    content, json_length = await encode_result(state, record)
+    if json_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(json_length)},
+    )
+
+
+@job_router.delete("/v2/jobs/{job_id}")
+async def delete_job(job_id: str, request: Request) -> Response:
+    state = state_of(request)
+    owner = owner_of(request.headers.get("authorization"))
+    await cancel_job(state, job_id, owner)
+    record = await job_record(state, job_id, owner)
+    status = record.get(jobs.F_STATUS, b"").decode()
+    return Response(
+        status_body(job_id, record),
+        200 if status in jobs.FINISHED else 202,
+        media_type="application/json",
+    )

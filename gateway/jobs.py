@@ -1,0 +1,259 @@
+"""Asynchronous jobs in the gateway (see :mod:`sluice.jobs`): submission with
+``Prefer: respond-async`` on the inference route, status, result and cancellation.
+
+A job goes through exactly the validation of a synchronous request (:func:`gateway.infer.
+prepare`), then its entry and its record are written by one script, which refuses it when
+the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting and returns the earlier job
+for a repeated ``Idempotency-Key`` (or request ``id``). Jobs queue on the model version's
+background stream, below every online request, unless the request sets its ``priority``.
+
+A job belongs to the API key that submitted it (a hash of it is kept in the record): with
+another key, or none, it is not found. Job ids are 128-bit random, never derived from input.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+from redis.exceptions import RedisError
+
+from gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
+from gateway.infer_request import RequestedOutput
+from gateway.state import GatewayState
+from sluice import jobs
+from sluice.errors import InvalidInput, NotFound, Overloaded, SluiceError, error_from_kind
+from sluice.trace_context import TraceParent
+from sluice.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
+
+RESPOND_ASYNC = "respond-async"
+_WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,9})(?:$|[;,\s])", re.IGNORECASE)
+_POLL_S = 0.05
+_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{jobs.MAX_IDEMPOTENCY_KEY}}}")
+
+
+def prefers_async(prefer: str | None) -> bool:
+    """Whether a ``Prefer`` header (RFC 7240) asks for ``respond-async``."""
+    if not prefer:
+        return False
+    return any(
+        token.split(";", 1)[0].strip().lower() == RESPOND_ASYNC for token in prefer.split(",")
+    )
+
+
+def preferred_wait_s(prefer: str | None, limit_s: float) -> float:
+    """The ``wait=N`` of a ``Prefer`` header, in seconds, within ``limit_s`` (0: none)."""
+    if not prefer:
+        return 0.0
+    match = _WAIT.search(prefer)
+    return min(float(match.group(1)), limit_s) if match else 0.0
+
+
+def owner_of(authorization: str | None) -> str:
+    """Who a job belongs to: a hash of the bearer key that submitted it ('' for none)."""
+    if not authorization:
+        return ""
+    scheme, _, credential = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        return ""
+    return hashlib.sha256(credential.strip().encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    job_id: str
+    created: bool
+    """False when an earlier job had the same idempotency key (this one is that job)."""
+
+
+async def submit_job(
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    json_length: int | None,
+    *,
+    label: str | None = None,
+    trace: TraceParent | None = None,
+    idempotency_key: str | None = None,
+    owner: str = "",
+) -> Submitted:
+    """Validate the request as a synchronous one and queue it as a job."""
+    settings = state.settings
+    request = await prepare(
+        state,
+        model,
+        version,
+        body,
+        json_length,
+        label,
+        default_timeout_us=int(settings.job_queue_ttl_s * 1_000_000),
+    )
+    parsed = request.parsed
+    if any(t.shm is not None for t in parsed.inputs) or any(
+        o.shm is not None for o in parsed.outputs
+    ):
+        raise InvalidInput(
+            "an asynchronous job cannot use shared memory: its tensors must outlive the "
+            "request; send them in the body"
+        )
+    key = idempotency_key if idempotency_key is not None else (parsed.id or None)
+    if key is not None and not _IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput(
+            f"the idempotency key must be 1 to {jobs.MAX_IDEMPOTENCY_KEY} printable ASCII "
+            "characters without spaces"
+        )
+    headers, payload, _ = await _off_loop(
+        len(body) > OFFLOAD_BYTES, lambda: state.transfer.pack(parsed.inputs, inline=True)
+    )
+    job_id = jobs.new_job_id()
+    keys = state.keys
+    message = request_message(state, request, headers, trace, inline=True)
+    message.request_key, message.reply_to = job_id, keys.job(job_id)
+    explicit_priority = "priority" in parsed.parameters
+    stream = (
+        keys.request_stream(model, request.number, request.level)
+        if explicit_priority
+        else keys.background_stream(model, request.number)
+    )
+    outputs = [jobs.JobOutput(o.name, o.binary, o.classes) for o in parsed.outputs]
+    fields = encode_request(message, payload)
+    job_key = keys.job(job_id)
+    args: list[Any] = [
+        job_id,
+        f"{time.time():.6f}",
+        int(settings.job_retention_s),
+        int(settings.job_queue_ttl_s) + 1,
+        settings.max_queued_jobs,
+        model,
+        request.number,
+        jobs.encode_outputs(outputs),
+        request.request_id,
+        key or "",
+        owner,
+        parsed.id,
+    ]
+    for name, value in fields.items():
+        args += [name, value]
+    script_keys = [
+        job_key,
+        stream,
+        keys.job_by_key(model, key) if key else job_key,
+        keys.stats(model, request.number),
+    ]
+    outcome, found = cast(
+        list[Any], await state.redis.eval(jobs.SUBMIT, len(script_keys), *script_keys, *args)
+    )
+    if outcome == -1:
+        raise Overloaded(
+            f"model '{model}' version {request.number} has {settings.max_queued_jobs} "
+            "jobs waiting, its limit; retry later",
+            5,
+        )
+    found_id = found.decode() if isinstance(found, bytes) else str(found)
+    return Submitted(found_id, outcome == 1)
+
+
+async def job_record(state: GatewayState, job_id: str, owner: str) -> dict[str, bytes]:
+    """The job's hash; NotFound for an unknown id, a finished job past its retention, or a
+    job of another API key."""
+    if not jobs.is_job_id(job_id):
+        raise NotFound(f"no job '{job_id[:64]}'")
+    raw = cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.job(job_id)))
+    record = {k.decode(): v for k, v in raw.items()}
+    if not record or record.get(jobs.F_OWNER, b"").decode() != owner:
+        raise NotFound(f"no job '{job_id}'")
+    return record
+
+
+def job_status(job_id: str, record: dict[str, bytes]) -> dict[str, Any]:
+    """The job as ``GET /v2/jobs/{id}`` shows it."""
+
+    def text(name: str) -> str:
+        return record.get(name, b"").decode(errors="replace")
+
+    body: dict[str, Any] = {
+        "id": job_id,
+        "model": text(jobs.F_MODEL),
+        "version": text(jobs.F_VERSION),
+        "status": text(jobs.F_STATUS),
+    }
+    for name in (jobs.F_CREATED, jobs.F_STARTED, jobs.F_FINISHED):
+        if record.get(name):
+            body[name] = _timestamp(text(name))
+    if text(jobs.F_ERROR):
+        body["error"] = text(jobs.F_ERROR)
+    if text(jobs.F_REQUEST_ID):
+        body["request_id"] = text(jobs.F_REQUEST_ID)
+    return body
+
+
+def _timestamp(unix: str) -> str:
+    try:
+        moment = datetime.datetime.fromtimestamp(float(unix), tz=datetime.UTC)
+    except (ValueError, OverflowError, OSError):
+        return unix
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def wait_for_result(
+    state: GatewayState, job_id: str, owner: str, wait_s: float
+) -> dict[str, bytes]:
+    """The job's record once it has finished, or as it is after ``wait_s`` seconds."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        record = await job_record(state, job_id, owner)
+        status = record.get(jobs.F_STATUS, b"").decode()
+        if status in jobs.FINISHED or time.monotonic() >= deadline:
+            return record
+        await asyncio.sleep(_POLL_S)
+
+
+async def encode_result(state: GatewayState, record: dict[str, bytes]) -> tuple[bytes, int | None]:
+    """A completed job's answer, exactly as the synchronous request would have had it; a
+    failed or expired job raises the error the synchronous request would have got."""
+    status = record.get(jobs.F_STATUS, b"").decode()
+    if status != jobs.COMPLETED:
+        kind = record.get(jobs.F_ERROR_KIND, b"").decode()
+        message = record.get(jobs.F_ERROR, b"").decode(errors="replace")
+        raise error_from_kind(kind or "InferenceFailed", message or f"the job {status}")
+    fields = {HEADER_FIELD: record.get(jobs.F_REPLY, b""), DATA_FIELD: record.get(jobs.F_DATA, b"")}
+    reply, data = decode_reply(fields)
+    wanted = [
+        RequestedOutput(o.name, o.binary, classes=o.classes)
+        for o in jobs.decode_outputs(record.get(jobs.F_OUTPUTS, b"\x90"))
+    ]
+    model = record.get(jobs.F_MODEL, b"").decode()
+    client_id = record.get(jobs.F_CLIENT_ID, b"").decode(errors="replace")
+    return await _off_loop(
+        len(data) > OFFLOAD_BYTES,
+        lambda: encode_reply(state.transfer, model, reply, data, wanted, client_id),
+    )
+
+
+async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
+    """Cancel the job; its status afterwards."""
+    record = await job_record(state, job_id, owner)
+    stream = record.get(jobs.F_STREAM, b"").decode()
+    stats = state.keys.stats(
+        record.get(jobs.F_MODEL, b"").decode(), int(record.get(jobs.F_VERSION, b"0") or 0)
+    )
+    try:
+        status = await state.redis.eval(
+            jobs.CANCEL, 3, state.keys.job(job_id), stream, stats, f"{time.time():.6f}"
+        )
+    except RedisError as exc:
+        raise SluiceError(f"cannot cancel job '{job_id}': {exc}") from None
+    if status is None:
+        raise NotFound(f"no job '{job_id}'")
+    return status.decode() if isinstance(status, bytes) else str(status)
+
+
+def status_body(job_id: str, record: dict[str, bytes]) -> bytes:
+    return orjson.dumps(job_status(job_id, record))

@@ -1,0 +1,263 @@
+"""Asynchronous jobs against a running stack: ``Prefer: respond-async`` answers 202 and a job
+URL; the result is the synchronous answer (tritonclient parses its binary form); failed,
+cancelled and expired jobs say so; a repeated idempotency key returns the same job; a job
+outlives a restart of the gateway that took it; another API key cannot see it; and online
+requests overtake queued jobs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from scheduler.redis_server import RedisServer
+from tests.support.load import slow_request
+from tests.support.model_files import python_config, tensor, write_model
+from tests.support.procs import gateway_pid, wait_until
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+DOUBLE = """
+class Model:
+    def execute(self, inputs):
+        return {"y": inputs["x"] * 2}
+"""
+BROKEN = """
+class Model:
+    def execute(self, inputs):
+        raise RuntimeError("this model is broken")
+"""
+ASYNC = {"Prefer": "respond-async"}
+REQUEST = {"id": "", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+
+
+def write_repository(root: Path) -> None:
+    config = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
+    write_model(root, "double", config, {"1/model.py": DOUBLE})
+    write_model(root, "broken", config, {"1/model.py": BROKEN})
+    write_slow(root, "slow", max_batch_size=1)
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("jobs")
+    write_repository(root)
+    stack = Stack(root, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture
+def http(stack: Stack) -> Iterator[httpx.Client]:
+    with httpx.Client(base_url=stack.url, timeout=60) as client:
+        yield client
+
+
+def submit(http: httpx.Client, model: str, body: Any, **headers: str) -> httpx.Response:
+    return http.post(f"/v2/models/{model}/infer", json=body, headers={**ASYNC, **headers})
+
+
+def finished(http: httpx.Client, location: str) -> dict[str, Any]:
+    """The job once it has finished (long-polling its result)."""
+    assert wait_until(
+        lambda: http.get(location).json()["status"]
+        in ("completed", "failed", "expired", "cancelled"),
+        60,
+        0.1,
+    )
+    status: dict[str, Any] = http.get(location).json()
+    return status
+
+
+def test_a_job_answers_202_and_its_result_is_the_synchronous_answer(http: httpx.Client) -> None:
+    answer = submit(http, "double", {**REQUEST, "id": "first"})
+    assert answer.status_code == 202, answer.text
+    location = answer.headers["location"]
+    assert location.startswith("/v2/jobs/")
+    assert answer.headers["preference-applied"] == "respond-async"
+    assert answer.json()["status"] in ("queued", "in_progress", "completed")
+    result = http.get(f"{location}/result", headers={"Prefer": "wait=30"})
+    assert result.status_code == 200, result.text
+    sync = http.post("/v2/models/double/infer", json={**REQUEST, "id": "first"})
+    assert result.json() == sync.json()
+    status = http.get(location).json()
+    assert status["status"] == "completed" and status["model"] == "double"
+    assert {"created", "started", "finished"} <= set(status)
+
+
+def test_tritonclient_parses_a_binary_job_result(http: httpx.Client) -> None:
+    features = np.array([[1.5, -2.0], [3.0, 4.25]], dtype=np.float32)
+    inp = httpclient.InferInput("x", list(features.shape), "FP32")
+    inp.set_data_from_numpy(features, binary_data=True)
+    out = httpclient.InferRequestedOutput("y", binary_data=True)
+    body, json_length = httpclient.InferenceServerClient.generate_request_body([inp], [out])
+    headers = {**ASYNC, "Content-Type": "application/octet-stream"}
+    if json_length is not None:
+        headers["Inference-Header-Content-Length"] = str(json_length)
+    answer = http.post("/v2/models/double/infer", content=body, headers=headers)
+    assert answer.status_code == 202, answer.text
+    result = http.get(f"{answer.headers['location']}/result", headers={"Prefer": "wait=30"})
+    assert result.status_code == 200, result.text
+    length = result.headers.get("inference-header-content-length")
+    parsed = httpclient.InferenceServerClient.parse_response_body(
+        result.content, header_length=int(length) if length else None
+    )
+    np.testing.assert_array_equal(parsed.as_numpy("y"), features * 2)
+
+
+def test_bad_input_is_refused_at_submission_as_a_synchronous_request_is(
+    http: httpx.Client,
+) -> None:
+    bad = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    job, sync = submit(http, "double", bad), http.post("/v2/models/double/infer", json=bad)
+    assert job.status_code == sync.status_code == 400
+    assert job.json() == sync.json()
+    assert submit(http, "nope", REQUEST).status_code == 404
+
+
+def test_a_job_the_model_fails_is_failed_with_the_reason(http: httpx.Client) -> None:
+    answer = submit(http, "broken", REQUEST)
+    assert answer.status_code == 202
+    status = finished(http, answer.headers["location"])
+    assert status["status"] == "failed"
+    assert "this model is broken" in status["error"]
+    result = http.get(f"{answer.headers['location']}/result")
+    sync = http.post("/v2/models/broken/infer", json=REQUEST)
+    assert result.status_code == sync.status_code == 500
+    assert "this model is broken" in result.json()["error"]
+
+
+def test_a_queued_job_is_cancelled_and_a_late_one_expires(http: httpx.Client) -> None:
+    blocker = submit(http, "slow", slow_request(1, 300_000))  # busy for seconds
+    assert blocker.status_code == 202
+    assert wait_until(lambda: http.get(blocker.headers["location"]).json()["status"] != "queued", 30)
+    queued = submit(http, "slow", slow_request(2, 10))
+    late = submit(http, "slow", slow_request(3, 10, timeout_us=1000))
+    cancelled = http.delete(queued.headers["location"])
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["status"] == "cancelled"
+    gone = http.get(f"{queued.headers['location']}/result")
+    assert gone.status_code == 410 and "cancelled" in gone.json()["error"]
+    assert http.delete(blocker.headers["location"]).json()["status"] in ("cancelling", "cancelled")
+    assert finished(http, blocker.headers["location"])["status"] == "cancelled"
+    assert finished(http, late.headers["location"])["status"] == "expired"
+    assert http.get(f"{late.headers['location']}/result").status_code == 504
+
+
+def test_an_idempotency_key_or_request_id_returns_the_same_job(http: httpx.Client) -> None:
+    first = submit(http, "double", REQUEST, **{"Idempotency-Key": "order-42"})
+    again = submit(http, "double", REQUEST, **{"Idempotency-Key": "order-42"})
+    assert first.headers["location"] == again.headers["location"]
+    by_id = submit(http, "double", {**REQUEST, "id": "req-77"})
+    by_id_again = submit(http, "double", {**REQUEST, "id": "req-77"})
+    assert by_id.headers["location"] == by_id_again.headers["location"]
+    other = submit(http, "double", REQUEST, **{"Idempotency-Key": "order-43"})
+    assert other.headers["location"] != first.headers["location"]
+    bad = submit(http, "double", REQUEST, **{"Idempotency-Key": "has space"})
+    assert bad.status_code == 400 and "idempotency key" in bad.json()["error"]
+
+
+def test_unknown_and_malformed_job_ids_are_not_found(http: httpx.Client) -> None:
+    for job_id in ("0" * 32, "../../etc/passwd", "x" * 5000, "ABCDEF" * 6):
+        for method, suffix in (("GET", ""), ("GET", "/result"), ("DELETE", "")):
+            answer = http.request(method, f"/v2/jobs/{job_id}{suffix}")
+            assert answer.status_code == 404, (job_id, method, suffix, answer.text)
+
+
+def test_a_job_survives_a_restart_of_its_gateway(stack: Stack, http: httpx.Client) -> None:
+    assert stack.process is not None
+    blocker = submit(http, "slow", slow_request(10, 100_000))
+    job = submit(http, "slow", slow_request(11, 10))
+    assert job.status_code == 202
+    os.kill(gateway_pid(stack.process.pid), signal.SIGKILL)
+    time.sleep(0.5)
+    assert wait_until(lambda: _ok(http, "/v2/health/live"), 30)
+    result = http.get(f"{job.headers['location']}/result", headers={"Prefer": "wait=60"})
+    assert result.status_code == 200, result.text
+    assert result.json()["outputs"][0]["data"] == [11.0, 11.5, -11.0, 7.0]
+    assert http.get(blocker.headers["location"]).json()["status"] == "completed"
+
+
+def _ok(http: httpx.Client, path: str) -> bool:
+    try:
+        return http.get(path).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_online_requests_overtake_queued_jobs(http: httpx.Client) -> None:
+    jobs = [submit(http, "slow", slow_request(20 + i, 30_000)) for i in range(8)]
+    assert all(job.status_code == 202 for job in jobs)
+    started = time.monotonic()
+    online = http.post("/v2/models/slow/infer", json=slow_request(99, 10))
+    online_s = time.monotonic() - started
+    assert online.status_code == 200
+    statuses = [http.get(job.headers["location"]).json()["status"] for job in jobs]
+    assert statuses.count("completed") < len(jobs), (online_s, statuses)
+    for job in jobs:
+        assert finished(http, job.headers["location"])["status"] == "completed"
+
+
+def test_a_job_belongs_to_the_key_that_submitted_it(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    write_repository(tmp_path)
+    keyed = Stack(tmp_path, redis_server.url, env={"SLUICE_API_KEYS": "key-a,key-b"})
+    keyed.start()
+    try:
+        with httpx.Client(base_url=keyed.url, timeout=30) as http:
+            a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+            job = submit(http, "double", REQUEST, **a)
+            assert job.status_code == 202, job.text
+            location = job.headers["location"]
+            assert http.get(location, headers=a).status_code == 200
+            assert http.get(location, headers=b).status_code == 404
+            assert http.get(f"{location}/result", headers=b).status_code == 404
+            assert http.delete(location, headers=b).status_code == 404
+            assert http.get(location).status_code == 401
+            result = http.get(f"{location}/result", headers={**a, "Prefer": "wait=30"})
+            assert result.status_code == 200
+    finally:
+        keyed.stop()
+
+
+def test_jobs_are_counted_in_the_metrics(http: httpx.Client) -> None:
+    answer = submit(http, "double", REQUEST)
+    finished(http, answer.headers["location"])
+    text = http.get("/metrics").text
+    lines = [line for line in text.splitlines() if line.startswith("sluice_jobs_total{")]
+    completed = [
+        line for line in lines if 'model="double"' in line and 'outcome="completed"' in line
+    ]
+    assert completed and float(completed[0].rsplit(" ", 1)[1]) >= 1, lines
+
+
+def test_many_jobs_at_once_all_complete(http: httpx.Client) -> None:
+    locations: list[str] = []
+    lock = threading.Lock()
+
+    def send(index: int) -> None:
+        body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [index, 1]}]}
+        answer = submit(http, "double", body)
+        with lock:
+            locations.append(answer.headers["location"])
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(50)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert len(set(locations)) == 50
+    for location in locations:
+        result = http.get(f"{location}/result", headers={"Prefer": "wait=30"})
+        assert result.status_code == 200
