@@ -10,6 +10,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import infer as infer_path
+from gateway.batch_routes import batch_router
 from gateway.job_routes import job_router
 from gateway.json_body import json_object, json_response
 from gateway.label_routes import label_router
@@ -44,6 +45,7 @@ router.include_router(logging_router)
 router.include_router(routing_router)
 router.include_router(label_router)
 router.include_router(job_router)
+router.include_router(batch_router)
 
 Handler = Callable[..., Awaitable[Response]]
 

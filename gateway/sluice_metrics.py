@@ -167,9 +167,21 @@ class _Families:
             "expired: deadline passed in the queue, cancelled)",
             labels=[*_LABELS, "outcome"],
         )
+        batch_rows = CounterMetricFamily(
+            "sluice_batch_rows",
+            "Rows of offline batch jobs this version answered (a rate of it: rows/s)",
+            labels=_LABELS,
+        )
+        shard_retries = CounterMetricFamily(
+            "sluice_batch_shard_retries",
+            "Attempts of batch-job shards after their first (a worker lost, an error)",
+            labels=_LABELS,
+        )
         for state in versions:
             labels = [state.model, str(state.version)]
             counters = state.counters
+            batch_rows.add_metric(labels, counters.get(st.BATCH_ROWS, 0))
+            shard_retries.add_metric(labels, counters.get(st.BATCH_SHARD_RETRIES, 0))
             for outcome in st.JOB_OUTCOMES:
                 jobs.add_metric([*labels, outcome], counters.get(st.job_field(outcome), 0))
             for name, count in sorted(counters.items()):
@@ -182,7 +194,7 @@ class _Families:
                 misses.add_metric([*labels, stage], counters.get(st.deadline_miss_field(stage), 0))
             for reason in st.ADMISSION_REJECT_REASONS:
                 rejects.add_metric([*labels, reason], counters.get(st.reject_field(reason), 0))
-        return reclaimed, dead, misses, rejects, decisions, jobs
+        return reclaimed, dead, misses, rejects, decisions, jobs, batch_rows, shard_retries
 
     def _instances(self, versions: list[VersionState]) -> Iterable[Metric]:
         instances = GaugeMetricFamily(

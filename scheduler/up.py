@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -246,6 +247,21 @@ def _listeners(settings: UpSettings) -> list[socket.socket]:
     return listeners
 
 
+def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[ChildSpec]:
+    """The batch workers (Celery), when the batch extra is installed."""
+    if not settings.batch_workers:
+        return []
+    if importlib.util.find_spec("celery") is None:
+        log.info("no batch workers: batch jobs need Celery (pip install 'sluice[batch]')")
+        return []
+    batch_env = dict(env)
+    batch_env.setdefault("SLUICE_BATCH_ROOT", os.getcwd())
+    return [
+        ChildSpec(f"batch-worker#{index}", [sys.executable, "-m", "batch"], batch_env)
+        for index in range(settings.batch_workers)
+    ]
+
+
 def _gateway_specs(
     settings: UpSettings, env: dict[str, str], listeners: list[socket.socket]
 ) -> list[ChildSpec]:
@@ -476,6 +492,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 return 2
             supervisor = Supervisor(_gateway_specs(settings, env, listeners))
         supervisor.start()
+        supervisor.add(_batch_worker_specs(settings, env))
         threads = _threads_per_instance(loaded)
         children = {
             model.name: supervisor.add(_worker_specs([model], repository, env, threads))

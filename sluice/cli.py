@@ -14,6 +14,9 @@ from typing import Annotated, Any
 
 import typer
 
+from sluice.batch_command import batch_app
+from sluice.infer_command import infer as infer_command
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sluice inference server.")
 
 Verbose = Annotated[bool, typer.Option(help="Log debug messages too.")]
@@ -202,6 +205,16 @@ def controller(
     print("Controller stopped.", flush=True)
 
 
+@app.command("batch-worker")
+def batch_worker(verbose: Verbose = False) -> None:
+    """Run a batch worker: Celery on the deployment's Redis, running batch jobs' shards."""
+    from batch.app import run_worker
+    from sluice.settings import BatchSettings
+
+    _logging(verbose)
+    raise typer.Exit(run_worker(BatchSettings()))
+
+
 @app.command()
 def worker(
     model: Annotated[str, typer.Option(help="Model name.")],
@@ -224,6 +237,9 @@ def worker(
     placement = Placement(kind=kind, gpu=gpu, threads=settings.threads or threads or 1)
     raise typer.Exit(run_worker(settings, model_repository, model, version, placement))
 
+
+app.add_typer(batch_app, name="batch")
+app.command("infer")(infer_command)
 
 routing = typer.Typer(
     no_args_is_help=True,

@@ -47,6 +47,46 @@ class Keys:
         job lives."""
         return f"{self.namespace}:job-key:{model}:{key}"
 
+    def batch(self, batch_id: str) -> str:
+        """Hash of one offline batch job (:mod:`sluice.batches`)."""
+        return f"{self.namespace}:batch:{batch_id}"
+
+    def batch_shards(self, batch_id: str) -> str:
+        """Hash shard index -> its state (JSON): attempt, rows, part, error."""
+        return f"{self.namespace}:batch:{batch_id}:shards"
+
+    def batch_attempts(self, batch_id: str) -> str:
+        """Hash shard index -> its newest attempt (only that one may commit)."""
+        return f"{self.namespace}:batch:{batch_id}:attempts"
+
+    def batch_progress(self, batch_id: str) -> str:
+        """Hash shard index -> rows answered by its current attempt (all once committed)."""
+        return f"{self.namespace}:batch:{batch_id}:progress"
+
+    def batch_leases(self, batch_id: str) -> str:
+        """Hash shard index -> when its running attempt's lease ends (unix s): the attempt
+        renews it every second; past it, the shard is given to another worker."""
+        return f"{self.namespace}:batch:{batch_id}:leases"
+
+    @property
+    def running_batches(self) -> str:
+        """Set of the batch ids running now (what the batch workers' reapers look at)."""
+        return f"{self.namespace}:batches:running"
+
+    @property
+    def batches(self) -> str:
+        """Sorted set batch id -> creation time (unix s), for listing."""
+        return f"{self.namespace}:batches"
+
+    def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
+        """Answers to one attempt of one shard (the shard task reads them itself)."""
+        return f"{self.namespace}:reply:batch-{batch_id}-{shard}-{attempt}"
+
+    @property
+    def celery_prefix(self) -> str:
+        """Prefix of the Celery broker's keys (queues, unacknowledged messages)."""
+        return f"{self.namespace}:celery:"
+
     def dead_letters(self, model: str, version: int) -> str:
         """Requests that were delivered too often (each killed its worker), kept for a look."""
         return f"{self.namespace}:dead:{model}:{version}"

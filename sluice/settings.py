@@ -309,6 +309,29 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     no polling, and rollouts only of versions the catalog already knows."""
 
 
+class BatchSettings(RepositorySourceSettings, CommonSettings):
+    """Settings of a batch worker (``sluice batch-worker``, or started by ``sluice up``)."""
+
+    batch_root: str = ""
+    """Local paths a batch job may read and write lie inside this directory (after
+    following links); empty: none, only s3:// locations. ``sluice up`` sets it to the
+    directory it was started in unless it is set."""
+
+    batch_concurrency: int = Field(1, ge=1, le=64)
+    """Shard tasks one batch worker runs at once (threads)."""
+
+    batch_shard_lease_s: float = Field(15.0, ge=2)
+    """A running shard renews its lease every second; a shard whose worker died (no
+    renewal for this long) is given to another worker."""
+
+    batch_visibility_timeout_s: float = Field(3600.0, gt=0)
+    """The broker's last resort: a shard task message not acknowledged for this long is
+    delivered again (a redelivery while its shard is leased does nothing)."""
+
+    batch_task_time_limit_s: float = Field(3600.0, gt=0)
+    """A shard task running longer is stopped (and retried)."""
+
+
 class UpSettings(RepositorySourceSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
@@ -327,6 +350,11 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     gateway: bool = True
     """False: publish the catalog and run the workers only (gateways run elsewhere)."""
+
+    batch_workers: int = Field(1, ge=0, le=16)
+    """Batch workers (Celery, for ``POST /v2/batches``) to start; 0: none. They need the
+    ``batch`` extra; local paths of batch jobs must lie inside ``SLUICE_BATCH_ROOT`` (by
+    default the directory ``sluice up`` was started in)."""
 
     controller: bool = True
     """Run the controller (autoscaling, rollouts, poll mode's decisions) in this process as

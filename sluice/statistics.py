@@ -89,6 +89,11 @@ the gateway's own ``SLUICE_MAX_IN_FLIGHT``."""
 _ROLLOUT_PREFIX, _COUNT_SUFFIX = "rollout.", ".count"
 
 
+BATCH_ROWS = "batch.rows"
+"""Rows of batch jobs answered by this model version (``sluice_batch_rows_total``)."""
+BATCH_SHARD_RETRIES = "batch.shard_retries"
+"""Shard attempts after the first (``sluice_batch_shard_retries_total``)."""
+
 JOB_OUTCOMES = ("submitted", "completed", "failed", "expired", "cancelled")
 """What ``sluice_jobs_total`` counts per model version (the job scripts of
 :mod:`sluice.jobs` add to ``job.<outcome>``)."""

@@ -565,6 +565,15 @@ def check_stack(stack: Stack) -> None:
     wait_for("the controller leading", controller_leads, 60)
     progress("the controller leads")
 
+    # The batch worker is up on the deployment's Redis (Celery).
+    def batch_worker_up() -> bool:
+        (container,) = stack.containers("label=com.docker.compose.service=batch-worker")
+        result = run([stack.podman, "logs", container], timeout=30)
+        return "batch worker on queue sluice-sluice-batch" in result.stdout + result.stderr
+
+    wait_for("the batch worker listening", batch_worker_up, 60)
+    progress("the batch worker listens")
+
     uploader = wait_for("models-upload exiting with 0", upload_finished, 120)
     logs = run([stack.podman, "logs", str(uploader)], timeout=30).stdout
     assert "uploaded s3://models/iris/1/model.onnx" in logs, logs[-2000:]

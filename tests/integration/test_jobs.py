@@ -70,8 +70,9 @@ def submit(http: httpx.Client, model: str, body: Any, **headers: str) -> httpx.R
 def finished(http: httpx.Client, location: str) -> dict[str, Any]:
     """The job once it has finished (long-polling its result)."""
     assert wait_until(
-        lambda: http.get(location).json()["status"]
-        in ("completed", "failed", "expired", "cancelled"),
+        lambda: (
+            http.get(location).json()["status"] in ("completed", "failed", "expired", "cancelled")
+        ),
         60,
         0.1,
     )
@@ -140,7 +141,9 @@ def test_a_job_the_model_fails_is_failed_with_the_reason(http: httpx.Client) -> 
 def test_a_queued_job_is_cancelled_and_a_late_one_expires(http: httpx.Client) -> None:
     blocker = submit(http, "slow", slow_request(1, 300_000))  # busy for seconds
     assert blocker.status_code == 202
-    assert wait_until(lambda: http.get(blocker.headers["location"]).json()["status"] != "queued", 30)
+    assert wait_until(
+        lambda: http.get(blocker.headers["location"]).json()["status"] != "queued", 30
+    )
     queued = submit(http, "slow", slow_request(2, 10))
     late = submit(http, "slow", slow_request(3, 10, timeout_us=1000))
     cancelled = http.delete(queued.headers["location"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-SERVICES = ("gateway", "workers", "scheduler")
+SERVICES = ("gateway", "workers", "scheduler", "batch")
 COMPOSITION_ROOT = ROOT / "sluice" / "cli.py"
 
 

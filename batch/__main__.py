@@ -1,0 +1,19 @@
+"""``python -m batch``: one batch worker (settings from SLUICE_* variables)."""
+
+from __future__ import annotations
+
+import sys
+
+from batch.app import run_worker
+from sluice.logs import configure_logging
+from sluice.settings import BatchSettings
+
+
+def main() -> int:
+    settings = BatchSettings()
+    configure_logging("batch", settings)
+    return run_worker(settings)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,93 @@
+"""The batch worker: a Celery worker on the deployment's Redis running the plan and shard
+tasks (:mod:`batch.runner`).
+
+Tasks are acknowledged late and rejected when their worker is lost (killed); one prefetched
+message at a time. A running shard holds a lease it renews every second: when its worker
+dies, every batch worker's reaper sees the lease run out and queues the shard again, to run
+as a new attempt (:mod:`batch.runner`); the broker's own redelivery, after
+``SLUICE_BATCH_VISIBILITY_TIMEOUT_S``, is the last resort. A transient failure (Redis, storage) is
+retried by Celery with a back-off; after ``max_retries`` the shard counts as failed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import Celery
+
+from batch.runner import Reaper, Runner
+from sluice import batches as b
+from sluice.celery_config import celery_app, queue_name
+from sluice.settings import BatchSettings
+
+log = logging.getLogger("batch")
+
+_RETRY_BACKOFF_S = 2.0
+
+
+def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
+    app = celery_app(
+        settings.redis_url,
+        settings.namespace,
+        visibility_timeout_s=settings.batch_visibility_timeout_s,
+        task_time_limit_s=settings.batch_task_time_limit_s,
+    )
+    queue = queue_name(settings.namespace)
+
+    def send_shard(batch_id: str, index: int) -> None:
+        app.send_task(b.SHARD_TASK, args=[batch_id, index], queue=queue)
+
+    runner = Runner(settings, send_shard)
+
+    @app.task(name=b.PLAN_TASK, bind=True, max_retries=5)
+    def plan(self: Any, batch_id: str, resume: bool = False) -> None:
+        try:
+            runner.plan(batch_id, resume)
+        except (OSError, ConnectionError) as exc:
+            raise self.retry(exc=exc, countdown=_RETRY_BACKOFF_S) from None
+
+    @app.task(name=b.SHARD_TASK, bind=True, max_retries=3)
+    def shard(self: Any, batch_id: str, index: int) -> None:
+        tries_left = self.request.retries < self.max_retries
+        try:
+            runner.shard(batch_id, index, tries_left)
+        except Exception as exc:
+            if not tries_left:
+                raise
+            log.warning("batch %s shard %d: %s; retrying", batch_id, index, exc)
+            raise self.retry(
+                exc=exc, countdown=_RETRY_BACKOFF_S * 2**self.request.retries
+            ) from None
+
+    return app, runner
+
+
+def run_worker(settings: BatchSettings) -> int:
+    """A batch worker until SIGTERM / SIGINT (Celery's warm shutdown: the task in hand is
+    finished, or given back when killed)."""
+    app, runner = create_app(settings)
+    log.info("batch worker on queue %s", queue_name(settings.namespace))
+    reaper = Reaper(runner)
+    reaper.start()
+    try:
+        app.worker_main(
+            [
+                "worker",
+                "--pool",
+                "threads",
+                "--concurrency",
+                str(settings.batch_concurrency),
+                "--queues",
+                queue_name(settings.namespace),
+                "--without-gossip",
+                "--without-mingle",
+                "--without-heartbeat",
+                "--loglevel",
+                "WARNING",
+            ]
+        )
+    finally:
+        reaper.stop()
+        runner.close()
+    return 0

@@ -1,0 +1,518 @@
+"""What the batch tasks do: plan a job into shards, run one attempt of a shard, and finish
+the job once its last shard is in (see :mod:`sluice.batches` for the record and the rules).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, cast
+
+import numpy as np
+import orjson
+from redis import Redis
+from redis.exceptions import RedisError
+
+from batch.feeder import Cancelled, Feeder, ShardFailed
+from batch.formats import (
+    InputReader,
+    JsonLinesReader,
+    open_input,
+    safe_name,
+    write_lines,
+    write_part,
+)
+from batch.jsonl import answer_line, request_arrays
+from batch.storage import Storage
+from sluice import batches as b
+from sluice import statistics as st
+from sluice.catalog import MalformedEntry, decode_entry
+from sluice.config import ModelConfig
+from sluice.errors import InvalidInput, SluiceError
+from sluice.keys import Keys
+from sluice.settings import BatchSettings
+
+log = logging.getLogger("batch")
+
+SendShard = Callable[[str, int], None]
+
+_FORGET_LEASE = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  return redis.call('HDEL', KEYS[1], ARGV[1])
+end
+return 0
+"""
+
+
+class Runner:
+    def __init__(self, settings: BatchSettings, send_shard: SendShard) -> None:
+        self.settings = settings
+        self.keys = Keys(settings.namespace)
+        self.redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+        self.storage = Storage(settings)
+        self.send_shard = send_shard
+        self._readers: dict[str, InputReader] = {}
+
+    def close(self) -> None:
+        self.storage.close()
+        self.redis.close()
+
+    # -- the record ----------------------------------------------------------------------
+
+    def record(self, batch_id: str) -> dict[str, str]:
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch(batch_id)))
+        return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+
+    def _fail(self, batch_id: str, error: str) -> None:
+        log.warning("batch %s failed: %s", batch_id, error)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(
+                self.keys.batch(batch_id),
+                mapping={
+                    b.F_STATUS: b.FAILED,
+                    b.F_ERROR: error,
+                    b.F_FINISHED: f"{time.time():.6f}",
+                },
+            )
+            pipe.srem(self.keys.running_batches, batch_id)
+            pipe.execute()
+
+    def _model(self, record: dict[str, str]) -> tuple[ModelConfig, int]:
+        name = record[b.F_MODEL]
+        raw = self.redis.hget(self.keys.catalog, name)
+        if raw is None:
+            raise InvalidInput(f"'model': no model '{name}' is served")
+        try:
+            entry = decode_entry(cast(bytes, raw))
+        except MalformedEntry as exc:
+            raise InvalidInput(f"'model': {exc}") from None
+        if not entry.available or entry.config is None:
+            raise InvalidInput(f"'model': model '{name}' is unavailable: {entry.error}")
+        if entry.config.max_batch_size < 1:
+            raise InvalidInput(f"'model': model '{name}' does not batch (max_batch_size 0)")
+        version = int(record.get(b.F_VERSION) or 0) or max(entry.versions)
+        if version not in entry.versions:
+            raise InvalidInput(f"'version': model '{name}' does not serve version {version}")
+        return entry.config, version
+
+    def _reader(self, batch_id: str, record: dict[str, str], config: ModelConfig) -> InputReader:
+        reader = self._readers.get(batch_id)
+        if reader is None:
+            options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
+            path = self.storage.input_file(record[b.F_INPUT], f"{batch_id}.{options.input_format}")
+            reader = open_input(path, options.input_format, config, options.input_name)
+            self._readers = {batch_id: reader}  # one job's input at a time per worker
+        return reader
+
+    # -- planning ------------------------------------------------------------------------
+
+    def plan(self, batch_id: str, resume: bool) -> None:
+        record = self.record(batch_id)
+        if not record:
+            return
+        if resume:
+            self._resume(batch_id, record)
+            return
+        if record.get(b.F_STATUS) != b.PLANNING:
+            return  # planned already (a redelivered plan task)
+        try:
+            config, version = self._model(record)
+            reader = self._reader(batch_id, record, config)
+        except SluiceError as exc:
+            self._fail(batch_id, exc.message)
+            return
+        options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
+        shard_rows = max(options.shard_rows, math.ceil(reader.rows / b.MAX_SHARDS) or 1)
+        shards = math.ceil(reader.rows / shard_rows)
+        self.redis.hset(
+            self.keys.batch(batch_id),
+            mapping={
+                b.F_STATUS: b.RUNNING,
+                b.F_VERSION: version,
+                b.F_ROWS_TOTAL: reader.rows,
+                b.F_SHARDS: shards,
+                b.F_SHARDS_DONE: 0,
+                b.F_SHARDS_FAILED: 0,
+                b.F_STARTED: f"{time.time():.6f}",
+                b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": shard_rows}),
+            },
+        )
+        self.redis.sadd(self.keys.running_batches, batch_id)
+        log.info(
+            "batch %s: %d rows in %d shard(s) of %d", batch_id, reader.rows, shards, shard_rows
+        )
+        if shards == 0:
+            self._finish(batch_id)
+        for index in range(shards):
+            self.send_shard(batch_id, index)
+
+    def _resume(self, batch_id: str, record: dict[str, str]) -> None:
+        """Queue every shard not committed yet (the gateway set the status to running)."""
+        if record.get(b.F_STATUS) != b.RUNNING or not record.get(b.F_SHARDS):
+            if record.get(b.F_STATUS) == b.PLANNING:
+                self.plan(batch_id, resume=False)
+            return
+        states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
+        committed = {int(k) for k, v in states.items() if b'"committed"' in v}
+        failed = [k for k, v in states.items() if b'"error"' in v]
+        if failed:
+            self.redis.hdel(self.keys.batch_shards(batch_id), *failed)
+            self.redis.hset(self.keys.batch(batch_id), b.F_SHARDS_FAILED, 0)
+        waiting = [i for i in range(int(record[b.F_SHARDS])) if i not in committed]
+        log.info("batch %s resumed: %d shard(s) to run", batch_id, len(waiting))
+        for index in waiting:
+            self.send_shard(batch_id, index)
+
+    # -- one shard -----------------------------------------------------------------------
+
+    def shard(self, batch_id: str, index: int, transient_tries_left: bool) -> None:
+        """Run one attempt of shard ``index``. A transient failure (Redis, storage) raises
+        for Celery to retry; a permanent one marks the shard failed."""
+        record = self.record(batch_id)
+        if record.get(b.F_STATUS) != b.RUNNING:
+            return
+        options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
+        attempt = self._take(batch_id, index)
+        if attempt <= 0:
+            return  # a live attempt holds it, or it is done, or the batch stopped
+        lease = LeaseKeeper(self, batch_id, index, attempt)
+        try:
+            self._attempt(batch_id, index, attempt, record, options, transient_tries_left, lease)
+        finally:
+            lease.stop()
+
+    def _take(self, batch_id: str, index: int) -> int:
+        keys = self.keys
+        return int(
+            cast(
+                int,
+                self.redis.eval(
+                    b.TAKE,
+                    4,
+                    keys.batch(batch_id),
+                    keys.batch_shards(batch_id),
+                    keys.batch_attempts(batch_id),
+                    keys.batch_leases(batch_id),
+                    str(index),
+                    f"{time.time():.3f}",
+                    self.settings.batch_shard_lease_s,
+                ),
+            )
+        )
+
+    def _attempt(
+        self,
+        batch_id: str,
+        index: int,
+        attempt: int,
+        record: dict[str, str],
+        options: b.BatchOptions,
+        transient_tries_left: bool,
+        lease: LeaseKeeper,
+    ) -> None:
+        try:
+            config, version = self._model(record)
+            if attempt > 1:
+                self.redis.hincrby(self.keys.stats(config.name, version), st.BATCH_SHARD_RETRIES, 1)
+            if attempt > options.max_retries + 1:
+                raise InvalidInput(f"shard {index} was tried {attempt - 1} times; giving up")
+            files = self._run(batch_id, index, attempt, record, options, config, version, lease)
+        except (ShardFailed, InvalidInput) as exc:
+            self._shard_failed(batch_id, index, attempt, exc.message)
+            return
+        except Cancelled:
+            log.info("batch %s shard %d: cancelled", batch_id, index)
+            return
+        except (OSError, SluiceError) as exc:
+            if transient_tries_left:
+                raise
+            self._shard_failed(batch_id, index, attempt, str(getattr(exc, "message", exc)))
+            return
+        start = index * options.shard_rows
+        end = min(start + options.shard_rows, int(record[b.F_ROWS_TOTAL]))
+        state = orjson.dumps(
+            {"committed": True, "attempt": attempt, "rows": [start, end], "files": files}
+        )
+        outcome = self._script(b.COMMIT, batch_id, index, attempt, state)
+        if outcome < 0:
+            log.info(
+                "batch %s shard %d attempt %d not committed (%d)", batch_id, index, attempt, outcome
+            )
+            for location in files.values():
+                self.storage.remove(location)
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(self.keys.batch_progress(batch_id), str(index), end - start)
+            pipe.hdel(self.keys.batch_leases(batch_id), str(index))
+            pipe.execute()
+        if outcome == 1:
+            self._finish(batch_id)
+
+    def _script(self, script: str, batch_id: str, index: int, attempt: int, state: bytes) -> int:
+        keys = self.keys
+        return int(
+            cast(
+                int,
+                self.redis.eval(
+                    script,
+                    3,
+                    keys.batch(batch_id),
+                    keys.batch_shards(batch_id),
+                    keys.batch_attempts(batch_id),
+                    str(index),
+                    attempt,
+                    state,
+                ),
+            )
+        )
+
+    def _shard_failed(self, batch_id: str, index: int, attempt: int, error: str) -> None:
+        log.warning("batch %s shard %d failed: %s", batch_id, index, error)
+        state = orjson.dumps({"error": error, "attempt": attempt})
+        outcome = self._script(b.FAIL_SHARD, batch_id, index, attempt, state)
+        if outcome >= 0:
+            self.redis.hdel(self.keys.batch_leases(batch_id), str(index))
+        if outcome == 1:
+            self._finish(batch_id)
+
+    def _run(
+        self,
+        batch_id: str,
+        index: int,
+        attempt: int,
+        record: dict[str, str],
+        options: b.BatchOptions,
+        config: ModelConfig,
+        version: int,
+        lease: LeaseKeeper,
+    ) -> dict[str, str]:
+        reader = self._reader(batch_id, record, config)
+        start = index * options.shard_rows
+        end = min(start + options.shard_rows, reader.rows)
+        progress_key, field = self.keys.batch_progress(batch_id), str(index)
+        stats = self.keys.stats(config.name, version)
+        self.redis.hset(progress_key, field, 0)
+
+        def progress(rows: int) -> None:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(progress_key, field, rows)
+                pipe.hincrby(stats, st.BATCH_ROWS, rows)
+                pipe.execute()
+
+        def cancelled() -> bool:
+            if lease.superseded:
+                return True
+            return self.redis.hget(self.keys.batch(batch_id), b.F_STATUS) != b.RUNNING.encode()
+
+        feeder = Feeder(
+            self.redis,
+            self.keys,
+            config,
+            version,
+            self.keys.batch_reply_stream(batch_id, index, attempt),
+            options.rows_per_request or config.max_batch_size,
+            options.in_flight,
+            options.request_timeout_s,
+            f"batch-{batch_id[:8]}-{index}-{attempt}",
+            progress,
+            cancelled,
+        )
+        scratch = f"{batch_id}-{index:06d}-a{attempt}"
+        if isinstance(reader, JsonLinesReader):
+            lines = []
+            for number, request in enumerate(reader.lines(start, end), start + 1):
+                inputs = request_arrays(request, config, f"'input' line {number}")
+                feeder.rows_per_request = max(len(next(iter(inputs.values()))), 1)
+                answer = feeder.run(inputs)
+                lines.append(answer_line(request, config.name, version, answer))
+            written = write_lines(lines, self.storage.scratch_file(f"{scratch}.jsonl"))
+        else:
+            outputs = feeder.run(reader.read(start, end))
+            written = write_part(
+                options.output_format,
+                outputs,
+                lambda suffix: self.storage.scratch_file(f"{scratch}.{suffix}"),
+            )
+        output = record[b.F_OUTPUT]
+        files: dict[str, str] = {}
+        for name, path in written.items():
+            suffix = path.name.split(".", 1)[1]
+            files[name] = self.storage.put(output, f"part-{index:06d}-a{attempt}.{suffix}", path)
+        return files
+
+    # -- the end -------------------------------------------------------------------------
+
+    def _finish(self, batch_id: str) -> None:
+        record = self.record(batch_id)
+        key = self.keys.batch(batch_id)
+        if int(record.get(b.F_SHARDS_FAILED) or 0):
+            states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
+            errors = [
+                f"shard {k.decode()}: {orjson.loads(v)['error']}"
+                for k, v in sorted(states.items(), key=lambda kv: int(kv[0]))
+                if b'"error"' in v
+            ]
+            self._fail(batch_id, "; ".join(errors)[:4000] or "a shard failed")
+            return
+        try:
+            manifest = self._manifest(batch_id, record)
+        except (OSError, SluiceError) as exc:
+            self._fail(batch_id, f"writing the outputs failed: {getattr(exc, 'message', exc)}")
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(
+                key,
+                mapping={
+                    b.F_STATUS: b.COMPLETED,
+                    b.F_MANIFEST: manifest,
+                    b.F_FINISHED: f"{time.time():.6f}",
+                },
+            )
+            pipe.srem(self.keys.running_batches, batch_id)
+            pipe.execute()
+        log.info("batch %s completed: %s", batch_id, manifest)
+
+    def _manifest(self, batch_id: str, record: dict[str, str]) -> str:
+        states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
+        parts = [orjson.loads(states[k]) for k in sorted(states, key=int)]
+        parts = [{"shard": i, **p} for i, p in enumerate(parts)]
+        options = json.loads(record[b.F_OPTIONS])
+        output = record[b.F_OUTPUT]
+        body: dict[str, Any] = {
+            "batch": batch_id,
+            "model": record[b.F_MODEL],
+            "version": int(record[b.F_VERSION]),
+            "input": record[b.F_INPUT],
+            "rows": int(record[b.F_ROWS_TOTAL]),
+            "format": options["output_format"],
+            "parts": [{"rows": p["rows"], "files": p["files"]} for p in parts],
+        }
+        if options["output_format"] == "npy" and not output.startswith("s3://") and parts:
+            body["outputs"] = self._join(output, parts, int(record[b.F_ROWS_TOTAL]))
+        path = self.storage.scratch_file(f"{batch_id}-{b.MANIFEST}")
+        path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
+        return self.storage.put(output, b.MANIFEST, path)
+
+    def _join(self, output: str, parts: list[dict[str, Any]], rows: int) -> dict[str, str]:
+        """Every output's parts joined, in input order, into ``<output>/<name>.npy``."""
+        joined: dict[str, str] = {}
+        for name in parts[0]["files"]:
+            first = np.load(
+                self.storage.get(parts[0]["files"][name]), mmap_mode="r", allow_pickle=True
+            )
+            scratch = self.storage.scratch_file(f"join-{safe_name(name)}.npy")
+            if first.dtype == object:
+                chunks = [
+                    np.load(self.storage.get(p["files"][name]), allow_pickle=True) for p in parts
+                ]
+                np.save(scratch, np.concatenate(chunks), allow_pickle=True)
+            else:
+                target = np.lib.format.open_memmap(
+                    scratch, mode="w+", dtype=first.dtype, shape=(rows, *first.shape[1:])
+                )
+                for part in parts:
+                    start, end = part["rows"]
+                    target[start:end] = np.load(
+                        self.storage.get(part["files"][name]), mmap_mode="r"
+                    )
+                target.flush()
+                del target
+            joined[name] = self.storage.put(output, f"{safe_name(name)}.npy", Path(scratch))
+        return joined
+
+
+class LeaseKeeper:
+    """Renews a shard attempt's lease every second on a thread of its own, so that a long
+    read, write or upload does not lose it; notes when a newer attempt took over."""
+
+    def __init__(self, runner: Runner, batch_id: str, index: int, attempt: int) -> None:
+        self.runner, self.batch_id, self.index, self.attempt = runner, batch_id, index, attempt
+        self.superseded = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shard-lease", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        keys, lease_s = self.runner.keys, self.runner.settings.batch_shard_lease_s
+        while not self._stop.wait(1.0):
+            try:
+                renewed = self.runner.redis.eval(
+                    b.RENEW,
+                    2,
+                    keys.batch_attempts(self.batch_id),
+                    keys.batch_leases(self.batch_id),
+                    str(self.index),
+                    self.attempt,
+                    f"{time.time() + lease_s:.3f}",
+                )
+            except RedisError as exc:
+                log.warning("renewing the lease of shard %d failed: %s", self.index, exc)
+                continue
+            if not renewed:
+                self.superseded = True
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+class Reaper:
+    """Gives the shards of dead workers to live ones: every few seconds, a shard of a running
+    batch whose lease ran out is queued again (once per attempt, whichever worker sees it
+    first). The broker would redeliver it too, but only after its visibility timeout."""
+
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="shard-reaper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        every_s = max(1.0, self.runner.settings.batch_shard_lease_s / 3)
+        while not self._stop.wait(every_s):
+            try:
+                self.sweep()
+            except RedisError as exc:
+                log.warning("looking for lost shards failed: %s", exc)
+            except Exception:
+                log.exception("looking for lost shards failed")
+
+    def sweep(self) -> None:
+        runner, keys = self.runner, self.runner.keys
+        redis = runner.redis
+        now = time.time()
+        ttl = int(runner.settings.batch_shard_lease_s * 10)
+        for raw in cast(set[bytes], redis.smembers(keys.running_batches)):
+            batch_id = raw.decode()
+            if redis.hget(keys.batch(batch_id), b.F_STATUS) != b.RUNNING.encode():
+                redis.srem(keys.running_batches, batch_id)
+                continue
+            leases = cast(dict[bytes, bytes], redis.hgetall(keys.batch_leases(batch_id)))
+            for shard, until in leases.items():
+                if float(until) > now:
+                    continue
+                raw_attempt = cast(bytes | None, redis.hget(keys.batch_attempts(batch_id), shard))
+                attempt = (raw_attempt or b"0").decode()
+                marker = f"{keys.batch(batch_id)}:resent:{shard.decode()}:{attempt}"
+                if redis.set(marker, 1, nx=True, ex=ttl):
+                    # The lease is forgotten (unless the shard was taken meanwhile): the
+                    # shard waits in the queue, and its next attempt takes a lease of its own.
+                    redis.eval(_FORGET_LEASE, 1, keys.batch_leases(batch_id), shard, until)
+                    log.warning(
+                        "batch %s shard %s: its worker is gone; queued again",
+                        batch_id,
+                        shard.decode(),
+                    )
+                    runner.send_shard(batch_id, int(shard))

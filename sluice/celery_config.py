@@ -1,0 +1,56 @@
+"""The Celery application of a deployment's batch jobs, as both its sides configure it:
+the gateway sends tasks by name, batch workers register and run them (:mod:`batch`).
+
+Broker: the deployment's Redis, every key under ``Keys.celery_prefix`` and the queue named
+after the namespace, so deployments sharing one Redis never see each other's tasks. No
+result backend: batch progress and completion are kept in the batch's own Redis record.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from sluice.batches import QUEUE
+from sluice.keys import Keys
+
+if TYPE_CHECKING:
+    from celery import Celery
+
+
+def queue_name(namespace: str) -> str:
+    return f"{namespace}-{QUEUE}"
+
+
+def celery_app(
+    redis_url: str,
+    namespace: str,
+    *,
+    visibility_timeout_s: float = 300.0,
+    task_time_limit_s: float = 3600.0,
+) -> Celery:
+    from celery import Celery  # the batch extra; imported only where batches are used
+
+    app = Celery("sluice", broker=redis_url, set_as_current=False)
+    app.conf.update(
+        broker_transport_options={
+            "global_keyprefix": Keys(namespace).celery_prefix,
+            "visibility_timeout": visibility_timeout_s,
+            # Look for messages of lost workers often enough to honour the timeout (kombu
+            # looks every 10 s and scans only every 10th time by default: 100 s).
+            "unacked_restore_interval": max(1.0, min(10.0, visibility_timeout_s / 2)),
+            "unacked_restore_throttle": 1,
+        },
+        broker_connection_retry_on_startup=True,
+        task_default_queue=queue_name(namespace),
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        task_acks_on_failure_or_timeout=True,
+        worker_prefetch_multiplier=1,
+        task_time_limit=task_time_limit_s,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+    )
+    return app

@@ -1,0 +1,360 @@
+"""Offline batch jobs against a running stack with its Celery batch worker (real Redis
+broker): a million rows through the tiny model and 20,000 through the CNN, equal to
+onnxruntime in-process and in input order; the batch worker killed mid-job and started
+again (by ``sluice up``) finishes it with no row missing or twice; the same job from and to
+S3 (moto's server over HTTP); Parquet and JSON Lines; bad requests; cancel and resume; and
+``sluice batch`` from the terminal."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import httpx
+import numpy as np
+import onnxruntime as ort
+import pytest
+from moto.server import ThreadedMotoServer
+
+from scheduler.redis_server import RedisServer
+from sluice.client import Client
+from tests.support.procs import children, cmdline, wait_until
+from tests.support.stack import Stack
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"
+CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "sluice-test",
+    "AWS_SECRET_ACCESS_KEY": "sluice-test-secret",
+    "AWS_DEFAULT_REGION": "us-east-1",
+    "AWS_EC2_METADATA_DISABLED": "true",
+}
+FINISHED = ("completed", "failed", "cancelled")
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The batch root: the data sets and outputs live here."""
+    return tmp_path_factory.mktemp("batch-root")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    redis_server: RedisServer,
+    root: Path,
+    s3_endpoint: str,
+) -> Iterator[Stack]:
+    repository = tmp_path_factory.mktemp("batch-models")
+    for name in ("mlp", "cnn"):
+        shutil.copytree(EXAMPLES / name, repository / name)
+    env = {
+        "SLUICE_BATCH_ROOT": str(root),
+        "SLUICE_BATCH_SHARD_LEASE_S": "3",
+        "SLUICE_S3_ENDPOINT_URL": s3_endpoint,
+        **CREDENTIALS,
+    }
+    stack = Stack(repository, redis_server.url, env=env)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.fixture(scope="module")
+def client(stack: Stack) -> Iterator[Client]:
+    with Client(stack.url, timeout_s=60) as client:
+        yield client
+
+
+def in_process(model: str, rows: np.ndarray) -> np.ndarray:
+    session = ort.InferenceSession(str(EXAMPLES / model / "1" / "model.onnx"))
+    name = session.get_inputs()[0].name
+    step = 4096
+    parts = [session.run(None, {name: rows[i : i + step]})[0] for i in range(0, len(rows), step)]
+    return np.concatenate(parts)
+
+
+def wait_finished(client: Client, batch_id: str, timeout_s: float = 240) -> dict[str, Any]:
+    assert wait_until(lambda: client.batch(batch_id)["status"] in FINISHED, timeout_s, 0.25), (
+        client.batch(batch_id)
+    )
+    return client.batch(batch_id)
+
+
+def batch_worker_pid(stack: Stack) -> int | None:
+    assert stack.process is not None
+    for pid in children(stack.process.pid):
+        argv = cmdline(pid)
+        if argv[1:3] == ["-m", "batch"]:
+            return pid
+    return None
+
+
+def test_a_million_rows_through_the_tiny_model_in_order(
+    client: Client, root: Path, stack: Stack
+) -> None:
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((1_000_000, 16), dtype=np.float32)
+    np.save(root / "tiny.npy", rows)
+    started = time.monotonic()
+    state = client.submit_batch("mlp", str(root / "tiny.npy"), str(root / "tiny-out"))
+    state = wait_finished(client, state["id"])
+    seconds = time.monotonic() - started
+    assert state["status"] == "completed", state
+    assert state["rows_done"] == state["rows_total"] == 1_000_000
+    print(f"1,000,000 rows through mlp in {seconds:.1f} s ({1e6 / seconds:,.0f} rows/s)")
+    manifest = json.loads((root / "tiny-out" / "_manifest.json").read_text())
+    assert manifest["rows"] == 1_000_000 and manifest["model"] == "mlp"
+    starts = [part["rows"][0] for part in manifest["parts"]]
+    assert starts == sorted(starts) and starts[0] == 0
+    output = np.load(root / "tiny-out" / "output.npy")
+    np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.timeout(400)
+def test_the_cnn_job_survives_its_batch_worker_killed_mid_job(
+    client: Client, root: Path, stack: Stack
+) -> None:
+    rng = np.random.default_rng(2)
+    images = rng.standard_normal((20_000, 3, 64, 64), dtype=np.float32)
+    np.save(root / "images.npy", images)
+    state = client.submit_batch(
+        "cnn", str(root / "images.npy"), str(root / "images-out"), shard_rows=2_000
+    )
+    batch_id = state["id"]
+    assert wait_until(lambda: client.batch(batch_id)["rows_done"] >= 3_000, 120, 0.1)
+    pid = batch_worker_pid(stack)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    killed_at = client.batch(batch_id)["rows_done"]
+    # sluice up starts the batch worker again; the shard the dead one held is queued again
+    # once its lease (3 s here) has run out, and runs as a new attempt.
+    assert wait_until(lambda: batch_worker_pid(stack) not in (None, pid), 30)
+    state = wait_finished(client, batch_id, 300)
+    assert state["status"] == "completed", state
+    assert state["rows_done"] == 20_000
+    output = np.load(root / "images-out" / "output.npy")
+    assert output.shape == (20_000, 10)
+    np.testing.assert_allclose(output, in_process("cnn", images), rtol=1e-4, atol=1e-4)
+    metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
+    retries = [
+        float(line.rsplit(" ", 1)[1])
+        for line in metrics.splitlines()
+        if line.startswith('sluice_batch_shard_retries_total{model="cnn"')
+    ]
+    print(f"killed at {killed_at} rows; shard retries {retries}")
+    assert retries and retries[0] >= 1
+
+
+def test_the_same_job_from_and_to_s3(client: Client, s3_endpoint: str) -> None:
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+    bucket = f"data-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    rows = np.random.default_rng(3).standard_normal((5_000, 16), dtype=np.float32)
+    scratch = Path(f"/tmp/{bucket}.npy")
+    np.save(scratch, rows)
+    s3.upload_file(str(scratch), bucket, "in/rows.npy")
+    scratch.unlink()
+    state = client.submit_batch(
+        "mlp", f"s3://{bucket}/in/rows.npy", f"s3://{bucket}/out/", shard_rows=2_000
+    )
+    state = wait_finished(client, state["id"])
+    assert state["status"] == "completed", state
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key="out/_manifest.json")["Body"].read())
+    parts = []
+    for part in manifest["parts"]:
+        key = part["files"]["output"].split("/", 3)[3]
+        local = Path(f"/tmp/{bucket}-{part['rows'][0]}.npy")
+        s3.download_file(bucket, key, str(local))
+        parts.append(np.load(local))
+        local.unlink()
+    output = np.concatenate(parts)
+    np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+
+
+def test_parquet_in_and_out(client: Client, root: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = np.random.default_rng(4).standard_normal((3_000, 16), dtype=np.float32)
+    pq.write_table(pa.table({"input": list(rows)}), root / "rows.parquet", row_group_size=700)
+    state = client.submit_batch(
+        "mlp",
+        str(root / "rows.parquet"),
+        str(root / "pq-out"),
+        output_format="parquet",
+        shard_rows=1_000,
+    )
+    state = wait_finished(client, state["id"])
+    assert state["status"] == "completed", state
+    manifest = json.loads((root / "pq-out" / "_manifest.json").read_text())
+    tables = [pq.read_table(part["files"][""]) for part in manifest["parts"]]
+    output = np.stack(pa.concat_tables(tables).column("output").to_pylist())
+    np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+
+
+def test_json_lines_of_v2_requests(client: Client, root: Path) -> None:
+    rows = np.random.default_rng(5).standard_normal((30, 16), dtype=np.float32)
+    with (root / "requests.jsonl").open("w") as stream:
+        for index in range(10):
+            chunk = rows[index * 3 : index * 3 + 3]
+            request = {
+                "id": f"r{index}",
+                "inputs": [
+                    {
+                        "name": "input",
+                        "shape": [3, 16],
+                        "datatype": "FP32",
+                        "data": chunk.reshape(-1).tolist(),
+                    }
+                ],
+            }
+            stream.write(json.dumps(request) + "\n")
+    state = client.submit_batch("mlp", str(root / "requests.jsonl"), str(root / "jl-out"))
+    state = wait_finished(client, state["id"])
+    assert state["status"] == "completed", state
+    manifest = json.loads((root / "jl-out" / "_manifest.json").read_text())
+    answers = [
+        json.loads(line)
+        for part in manifest["parts"]
+        for line in Path(part["files"][""]).read_text().splitlines()
+    ]
+    assert [a["id"] for a in answers] == [f"r{i}" for i in range(10)]
+    output = np.array([a["outputs"][0]["data"] for a in answers], dtype=np.float32).reshape(30, 4)
+    np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+
+
+def test_bad_batch_requests_say_which_field(stack: Stack, root: Path) -> None:
+    url = f"{stack.url}/v2/batches"
+    good = {"model": "mlp", "input": str(root / "tiny.npy"), "output": str(root / "x")}
+    for body, text in (
+        ({**good, "model": "../x"}, "'model'"),
+        ({**good, "input": "relative/path.npy"}, "'input' must be an absolute path"),
+        ({**good, "input": "/data/../etc/passwd.npy"}, "'input' must not contain '..'"),
+        ({**good, "input": "ftp://host/x.npy"}, "'input': only local paths"),
+        ({**good, "input": str(root / "x.csv")}, "cannot tell the format"),
+        ({**good, "options": {"shard_rows": 0}}, "'options.shard_rows'"),
+        ({**good, "options": {"in_flight": "8"}}, "'options.in_flight'"),
+        ({**good, "options": {"bogus": 1}}, "unknown field"),
+        ({**good, "version": 7}, "does not serve version 7"),
+        ({**good, "extra": 1}, "unknown field"),
+    ):
+        answer = httpx.post(url, json=body, timeout=10)
+        assert answer.status_code == 400, (body, answer.text)
+        assert text in answer.json()["error"], (text, answer.json())
+    assert httpx.post(url, json={**good, "model": "nope"}, timeout=10).status_code == 404
+    for batch_id in ("0" * 32, "../../x", "z" * 3000):
+        assert httpx.get(f"{url}/{batch_id}", timeout=10).status_code == 404
+
+
+def test_paths_outside_the_root_and_missing_files_fail_the_job_with_the_reason(
+    client: Client, root: Path
+) -> None:
+    outside = root.parent / f"outside-{uuid.uuid4().hex[:6]}.npy"
+    np.save(outside, np.zeros((4, 16), dtype=np.float32))
+    (root / "escape.npy").symlink_to(outside)
+    try:
+        for source, reason in (
+            (str(outside), "outside the batch root"),
+            (str(root / "escape.npy"), "outside the batch root"),
+            (str(root / "missing.npy"), "is not a file"),
+        ):
+            state = client.submit_batch("mlp", source, str(root / "never"))
+            state = wait_finished(client, state["id"], 60)
+            assert state["status"] == "failed" and reason in state["error"], state
+        wrong = root / "wrong.npy"
+        np.save(wrong, np.zeros((4, 15), dtype=np.float32))
+        state = wait_finished(client, client.submit_batch("mlp", str(wrong), str(root / "w"))["id"])
+        assert state["status"] == "failed" and "do not fit input 'input'" in state["error"]
+    finally:
+        outside.unlink()
+    assert not (root / "never").exists()
+
+
+def test_cancel_then_resume(client: Client, root: Path) -> None:
+    images = np.random.default_rng(6).standard_normal((3_000, 3, 64, 64), dtype=np.float32)
+    np.save(root / "resume.npy", images)
+    state = client.submit_batch(
+        "cnn", str(root / "resume.npy"), str(root / "resume-out"), shard_rows=500
+    )
+    batch_id = state["id"]
+    assert wait_until(lambda: client.batch(batch_id)["rows_done"] >= 500, 60, 0.1)
+    assert client.cancel_batch(batch_id)["status"] == "cancelled"
+    time.sleep(2)
+    cancelled = client.batch(batch_id)
+    assert cancelled["status"] == "cancelled" and cancelled["shards"]["done"] < 6
+    client.resume_batch(batch_id)
+    state = wait_finished(client, batch_id, 120)
+    assert state["status"] == "completed", state
+    output = np.load(root / "resume-out" / "output.npy")
+    np.testing.assert_allclose(output, in_process("cnn", images), rtol=1e-4, atol=1e-4)
+    listed = [b["id"] for b in client.batches()]
+    assert batch_id in listed
+
+
+def test_sluice_batch_from_the_terminal(stack: Stack, root: Path) -> None:
+    rows = np.random.default_rng(7).standard_normal((2_000, 16), dtype=np.float32)
+    np.save(root / "cli.npy", rows)
+    command = [sys.executable, "-m", "sluice.cli", "batch"]
+    submitted = subprocess.run(
+        [
+            *command,
+            "submit",
+            "--model",
+            "mlp",
+            "--input",
+            str(root / "cli.npy"),
+            "--output",
+            str(root / "cli-out"),
+            "--url",
+            stack.url,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert submitted.returncode == 0, submitted.stderr
+    batch_id = submitted.stdout.split()[1]
+    assert "completed" in submitted.stdout and "2,000 of 2,000" in submitted.stdout
+    status = subprocess.run(
+        [*command, "status", batch_id, "--url", stack.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert status.returncode == 0 and "completed" in status.stdout
+    listed = subprocess.run(
+        [*command, "list", "--url", stack.url], capture_output=True, text=True, timeout=60
+    )
+    assert batch_id[:8] in listed.stdout
+    missing = subprocess.run(
+        [*command, "status", "0" * 32, "--url", stack.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert missing.returncode == 1 and "error: no batch" in missing.stderr
