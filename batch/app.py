@@ -67,12 +67,14 @@ def run_worker(settings: BatchSettings) -> int:
     """A batch worker until SIGTERM / SIGINT (Celery's warm shutdown: the task in hand is
     finished, or given back when killed)."""
     app, runner = create_app(settings)
+    logging.captureWarnings(True)  # Celery's warnings become log lines like every other
     log.info("batch worker on queue %s", queue_name(settings.namespace))
     reaper = Reaper(runner)
     reaper.start()
     try:
         app.worker_main(
             [
+                "--quiet",  # no banner: every line the worker writes is a log line
                 "worker",
                 "--pool",
                 "threads",

@@ -47,13 +47,15 @@ class Recorder:
     errors: int = 0
     error_samples: list[str] = field(default_factory=list)
     last_end: float = 0.0
+    ok: frozenset[int] = frozenset({200})
+    """Statuses that count as answered (202 for job submissions)."""
 
     def record(self, key: float, start: float, end: float, status: int, body: bytes) -> None:
         """Count a request if ``key`` (its completion or scheduled time) is in the window."""
         if not self.window_start <= key < self.window_end:
             return
         self.last_end = max(self.last_end, end)
-        if status == 200:
+        if status in self.ok:
             self.latencies.append(end - start)
         else:
             self.error(f"HTTP {status}: {body[:300].decode(errors='replace')}")
@@ -122,10 +124,11 @@ async def closed_loop(
     duration: float,
     warmup: float = 1.0,
     on_window: WindowHook | None = None,
+    ok: frozenset[int] = frozenset({200}),
 ) -> LoadResult:
     """``concurrency`` workers sending back to back; counts completions inside the window."""
     start = perf_counter()
-    recorder = Recorder(start + warmup, start + warmup + duration)
+    recorder = Recorder(start + warmup, start + warmup + duration, ok=ok)
 
     async def worker() -> None:
         connection: HttpConnection | None = None

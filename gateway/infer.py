@@ -87,6 +87,11 @@ async def infer(
     content, json_length = await run_infer(
         state, model, version, body, header_length(request), label=label
     )
+    return inference_response(content, json_length)
+
+
+def inference_response(content: bytes, json_length: int | None) -> Response:
+    """An inference answer: JSON, or JSON and binary tensors (``json_length`` given)."""
     if json_length is None:
         return Response(content, media_type="application/json")
     return Response(

@@ -17,6 +17,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.infer import inference_response
 from gateway.jobs import (
     cancel_job,
     encode_result,
@@ -55,14 +56,7 @@ async def get_result(job_id: str, request: Request) -> Response:
         answer = Response(status_body(job_id, record), 202, media_type="application/json")
         answer.headers["Retry-After"] = "1"
         return answer
-    content, json_length = await encode_result(state, record)
-    if json_length is None:
-        return Response(content, media_type="application/json")
-    return Response(
-        content,
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(json_length)},
-    )
+    return inference_response(*await encode_result(state, record))
 
 
 @job_router.delete("/v2/jobs/{job_id}")

@@ -25,6 +25,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from sluice.errors import InvalidInput
+from sluice.fields import integers, numbers
 
 PLAN_TASK = "sluice.batch.plan"
 SHARD_TASK = "sluice.batch.shard"
@@ -79,29 +80,19 @@ class BatchOptions:
         unknown = sorted(set(body) - set(cls.__dataclass_fields__))
         if unknown:
             raise InvalidInput(f"'options' has unknown field(s): {', '.join(unknown)[:200]}")
-        values: dict[str, Any] = {}
-        for name, low, high in (
-            ("shard_rows", 1, 100_000_000),
-            ("rows_per_request", 0, 1_000_000),
-            ("in_flight", 1, 1024),
-            ("max_retries", 0, 100),
-        ):
-            if name in body:
-                value = body[name]
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, int)
-                    or not low <= value <= high
-                ):
-                    raise InvalidInput(f"'options.{name}' must be an integer within {low}..{high}")
-                values[name] = value
-        if "request_timeout_s" in body:
-            value = body["request_timeout_s"]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise InvalidInput("'options.request_timeout_s' must be a number")
-            if not 0.1 <= value <= 86_400:
-                raise InvalidInput("'options.request_timeout_s' must be within 0.1..86400")
-            values["request_timeout_s"] = float(value)
+        values: dict[str, Any] = {
+            **integers(
+                body,
+                (
+                    ("shard_rows", 1, 100_000_000),
+                    ("rows_per_request", 0, 1_000_000),
+                    ("in_flight", 1, 1024),
+                    ("max_retries", 0, 100),
+                ),
+                "options.",
+            ),
+            **numbers(body, (("request_timeout_s", 0.1, 86_400.0),), "options."),
+        }
         for name in ("input_format", "output_format"):
             if name in body:
                 value = body[name]

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sluice.errors import InvalidInput
+from sluice.fields import integers, numbers
 
 START, PROMOTE, ROLLBACK = "rollout_start", "rollout_promote", "rollout_rollback"
 OPS = (START, PROMOTE, ROLLBACK)
@@ -61,34 +62,28 @@ class RolloutPlan:
             ):
                 raise InvalidInput("'steps' must be 1 to 20 increasing percentages in 1..100")
             values["steps"] = tuple(steps) if steps[-1] == 100 else (*steps, 100)
-        for name, low, high in (
-            ("step_s", 0.1, 3600.0),
-            ("max_error_increase", 0.0, 1.0),
-            ("max_p99_ratio", 1.0, 100.0),
-            ("min_p99_increase_s", 0.0, 60.0),
-            ("shadow_s", 0.0, 3600.0),
-        ):
-            if name in body:
-                value = body[name]
-                if isinstance(value, bool) or not isinstance(value, int | float):
-                    raise InvalidInput(f"'{name}' must be a number")
-                if not low <= value <= high:
-                    raise InvalidInput(f"'{name}' must be within {low}..{high}")
-                values[name] = float(value)
-        for name, low, high in (
-            ("min_samples", 1, 1_000_000),
-            ("max_inconclusive", 1, 10_000),
-            ("shadow_percent", 1, 100),
-        ):
-            if name in body:
-                value = body[name]
-                if (
-                    isinstance(value, bool)
-                    or not isinstance(value, int)
-                    or not low <= value <= high
-                ):
-                    raise InvalidInput(f"'{name}' must be an integer within {low}..{high}")
-                values[name] = value
+        values.update(
+            numbers(
+                body,
+                (
+                    ("step_s", 0.1, 3600.0),
+                    ("max_error_increase", 0.0, 1.0),
+                    ("max_p99_ratio", 1.0, 100.0),
+                    ("min_p99_increase_s", 0.0, 60.0),
+                    ("shadow_s", 0.0, 3600.0),
+                ),
+            )
+        )
+        values.update(
+            integers(
+                body,
+                (
+                    ("min_samples", 1, 1_000_000),
+                    ("max_inconclusive", 1, 10_000),
+                    ("shadow_percent", 1, 100),
+                ),
+            )
+        )
         return RolloutPlan(**{**asdict(plan), **values})
 
 

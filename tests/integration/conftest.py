@@ -57,3 +57,15 @@ def stack(repository: Path, redis_server: RedisServer) -> Iterator[Stack]:
     stack.start()
     yield stack
     stack.stop()
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint() -> Iterator[str]:
+    """moto's S3 server, a real HTTP server on a free loopback port, for one test module."""
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()

@@ -93,26 +93,27 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
         root = stack.process.pid
         time.sleep(3)  # no controller yet: nothing is decided, the configured instance serves
         assert len(worker_pids(root, "slow")) == 1
-        for _ in range(2):
-            controllers.append(
-                subprocess.Popen(
-                    [
-                        sys.executable,
-                        "-m",
-                        "sluice.cli",
-                        "controller",
-                        "--model-repository",
-                        str(tmp_path),
-                    ],
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.DEVNULL,
-                    text=True,
-                    env=env,
-                )
+        command = [sys.executable, "-m", "sluice.cli", "controller"]
+        command += ["--model-repository", str(tmp_path)]
+
+        def start_controller() -> tuple[subprocess.Popen[str], list[str]]:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env
             )
-        leader = controllers[0]
-        assert leader.stdout is not None
-        assert wait_until(lambda: " leads " in leader.stdout.readline(), 15)
+            controllers.append(process)
+            lines: list[str] = []
+            assert process.stdout is not None
+            threading.Thread(target=lambda: lines.extend(process.stdout), daemon=True).start()
+            return process, lines
+
+        def leads(lines: list[str]) -> bool:
+            return any(" leads " in line for line in lines)
+
+        # The leader first, then the standby: which one leads is then certain.
+        leader, leader_lines = start_controller()
+        assert wait_until(lambda: leads(leader_lines), 15), leader_lines
+        _standby, standby_lines = start_controller()
+        assert wait_until(lambda: any(" started" in line for line in standby_lines), 15)
         codes: list[int] = []
         lock = threading.Lock()
 
@@ -127,10 +128,8 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
             sender.start()
         assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up"
         leader.kill()
-        standby = controllers[1]
-        assert standby.stdout is not None
         killed = time.monotonic()
-        assert wait_until(lambda: " leads " in standby.stdout.readline(), 10)
+        assert wait_until(lambda: leads(standby_lines), 10), standby_lines
         print(f"the standby leads {time.monotonic() - killed:.1f} s after the leader's death")
         for sender in burst:
             sender.join(120)

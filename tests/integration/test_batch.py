@@ -24,7 +24,6 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
-from moto.server import ThreadedMotoServer
 
 from scheduler.redis_server import RedisServer
 from sluice.client import Client
@@ -39,15 +38,6 @@ CREDENTIALS = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 FINISHED = ("completed", "failed", "cancelled")
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture(scope="module")
@@ -69,6 +59,7 @@ def stack(
     env = {
         "SLUICE_BATCH_ROOT": str(root),
         "SLUICE_BATCH_SHARD_LEASE_S": "3",
+        "SLUICE_BATCH_WORKERS": "1",
         "SLUICE_S3_ENDPOINT_URL": s3_endpoint,
         **CREDENTIALS,
     }
@@ -87,7 +78,7 @@ def client(stack: Stack) -> Iterator[Client]:
 def in_process(model: str, rows: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(EXAMPLES / model / "1" / "model.onnx"))
     name = session.get_inputs()[0].name
-    step = 4096
+    step = 256  # (the CNN's activations for thousands of images at once take gigabytes)
     parts = [session.run(None, {name: rows[i : i + step]})[0] for i in range(0, len(rows), step)]
     return np.concatenate(parts)
 
@@ -215,6 +206,23 @@ def test_parquet_in_and_out(client: Client, root: Path) -> None:
     tables = [pq.read_table(part["files"][""]) for part in manifest["parts"]]
     output = np.stack(pa.concat_tables(tables).column("output").to_pylist())
     np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+
+
+def test_npz_with_float64_data_is_converted(client: Client, root: Path) -> None:
+    rows = np.random.default_rng(8).standard_normal((1_500, 16))  # float64: converted to FP32
+    np.savez(root / "rows.npz", input=rows)
+    state = client.submit_batch(
+        "mlp", str(root / "rows.npz"), str(root / "npz-out"), shard_rows=600, in_flight=2
+    )
+    state = wait_finished(client, state["id"])
+    assert state["status"] == "completed" and state["shards"] == {
+        "total": 3,
+        "done": 3,
+        "failed": 0,
+    }
+    output = np.load(root / "npz-out" / "output.npy")
+    expected = in_process("mlp", rows.astype(np.float32))
+    np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_json_lines_of_v2_requests(client: Client, root: Path) -> None:

@@ -35,21 +35,11 @@ from sluice.client import (
 )
 from sluice.infer_command import infer as infer_command
 from tests.support.load import slow_request
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import python_config, tensor, write_double_and_broken, write_model
 from tests.support.procs import wait_until
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
-DOUBLE = """
-class Model:
-    def execute(self, inputs):
-        return {"y": inputs["x"] * 2}
-"""
-BROKEN = """
-class Model:
-    def execute(self, inputs):
-        raise RuntimeError("this model is broken")
-"""
 ECHO = """
 class Model:
     def execute(self, inputs):
@@ -63,11 +53,7 @@ NUMBERS = np.array([[-(2**62), 2**62], [0, 7], [1, -1]], dtype=np.int64)
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("client")
-    fp32 = python_config(
-        [tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")], max_batch_size=64
-    )
-    write_model(root, "double", fp32, {"1/model.py": DOUBLE})
-    write_model(root, "broken", fp32, {"1/model.py": BROKEN})
+    write_double_and_broken(root, max_batch_size=64)
     echo = python_config(
         [tensor("s", "TYPE_STRING", "1"), tensor("n", "TYPE_INT64", "2")],
         [tensor("s_out", "TYPE_STRING", "1"), tensor("n_out", "TYPE_INT64", "2")],

@@ -21,29 +21,17 @@ import tritonclient.http as httpclient
 
 from scheduler.redis_server import RedisServer
 from tests.support.load import slow_request
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_double_and_broken
 from tests.support.procs import gateway_pid, wait_until
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
-DOUBLE = """
-class Model:
-    def execute(self, inputs):
-        return {"y": inputs["x"] * 2}
-"""
-BROKEN = """
-class Model:
-    def execute(self, inputs):
-        raise RuntimeError("this model is broken")
-"""
 ASYNC = {"Prefer": "respond-async"}
 REQUEST = {"id": "", "inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 
 
 def write_repository(root: Path) -> None:
-    config = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
-    write_model(root, "double", config, {"1/model.py": DOUBLE})
-    write_model(root, "broken", config, {"1/model.py": BROKEN})
+    write_double_and_broken(root)
     write_slow(root, "slow", max_batch_size=1)
 
 

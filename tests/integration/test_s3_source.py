@@ -10,14 +10,13 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import boto3
 import httpx
 import pytest
-from moto.server import ThreadedMotoServer
 
 from scheduler.redis_server import free_port
 from scheduler.remote_listing import MANIFEST_NAME, build_manifest
@@ -33,16 +32,6 @@ CREDENTIALS = {
     "AWS_SECRET_ACCESS_KEY": "sluice-test-secret",
     "AWS_DEFAULT_REGION": "us-east-1",
 }
-
-
-@pytest.fixture(scope="module")
-def s3_endpoint() -> Iterator[str]:
-    """moto's S3 server, a real HTTP server on a free loopback port, for this module."""
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
 
 
 @pytest.fixture(autouse=True)

@@ -48,6 +48,7 @@ def traced(
         "SLUICE_LOG_FORMAT": "json",
         "SLUICE_OTLP_ENDPOINT": receiver.endpoint,
         "OTEL_BSP_SCHEDULE_DELAY": "100",  # ms: spans reach the receiver quickly
+        "SLUICE_BATCH_WORKERS": "1",  # its lines are JSON too
     }
     stack = Stack(root, redis_server.url, env=env)
     stack.start()
@@ -159,7 +160,7 @@ def test_every_process_logs_json_lines(traced: Stack) -> None:
     assert lines
     documents = [json.loads(line) for line in lines]  # every line is one JSON object
     assert all(set(document) >= LOG_FIELDS for document in documents)
-    assert {"up", "gateway", "worker"} <= {document["role"] for document in documents}
+    assert {"up", "gateway", "worker", "batch"} <= {document["role"] for document in documents}
 
 
 def test_the_request_id_is_the_kserve_id_then_the_header_then_a_new_one(

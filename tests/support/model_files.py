@@ -85,3 +85,28 @@ def write_fragile(repository: Path, name: str = "fragile") -> Path:
         python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")]),
         {"1/model.py": FRAGILE_MODEL},
     )
+
+
+DOUBLE_MODEL = """
+class Model:
+    def execute(self, inputs):
+        return {"y": inputs["x"] * 2}
+"""
+"""A Python model: ``y = x * 2`` (FP32 ``x`` [2] -> ``y`` [2])."""
+BROKEN_MODEL = """
+class Model:
+    def execute(self, inputs):
+        raise RuntimeError("this model is broken")
+"""
+"""The same interface, failing every batch."""
+
+
+def write_double_and_broken(root: Path, *, max_batch_size: int = 8) -> None:
+    """``double`` and ``broken`` (see above) in the repository ``root``."""
+    config = python_config(
+        [tensor("x", "TYPE_FP32", "2")],
+        [tensor("y", "TYPE_FP32", "2")],
+        max_batch_size=max_batch_size,
+    )
+    write_model(root, "double", config, {"1/model.py": DOUBLE_MODEL})
+    write_model(root, "broken", config, {"1/model.py": BROKEN_MODEL})

@@ -50,7 +50,8 @@ class Stack:
         return f"127.0.0.1:{self.port}"
 
     def start(self, timeout_s: float = 90.0) -> None:
-        env = dict(os.environ, SLUICE_NAMESPACE=self.namespace)
+        # No batch worker unless a test asks for one (SLUICE_BATCH_WORKERS in ``env``).
+        env = dict(os.environ, SLUICE_NAMESPACE=self.namespace, SLUICE_BATCH_WORKERS="0")
         env.pop("SLUICE_REDIS_URL", None)
         if self.redis_url is not None:
             env["SLUICE_REDIS_URL"] = self.redis_url

@@ -1,0 +1,39 @@
+"""Checking the numeric fields of a client's JSON object: each present one must be a number
+(an integer where asked) within its range, or the client is told which and why."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from sluice.errors import InvalidInput
+
+
+def integers(
+    body: Mapping[str, Any], ranges: Iterable[tuple[str, int, int]], prefix: str = ""
+) -> dict[str, int]:
+    """The integer fields of ``body`` named in ``ranges`` (name, low, high) it has."""
+    found: dict[str, int] = {}
+    for name, low, high in ranges:
+        if name in body:
+            value = body[name]
+            if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+                raise InvalidInput(f"'{prefix}{name}' must be an integer within {low}..{high}")
+            found[name] = value
+    return found
+
+
+def numbers(
+    body: Mapping[str, Any], ranges: Iterable[tuple[str, float, float]], prefix: str = ""
+) -> dict[str, float]:
+    """The number fields of ``body`` named in ``ranges`` (name, low, high) it has."""
+    found: dict[str, float] = {}
+    for name, low, high in ranges:
+        if name in body:
+            value = body[name]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise InvalidInput(f"'{prefix}{name}' must be a number")
+            if not low <= value <= high:
+                raise InvalidInput(f"'{prefix}{name}' must be within {low}..{high}")
+            found[name] = float(value)
+    return found
