@@ -76,6 +76,9 @@ def main() -> None:
     parser.add_argument("--mlp-rows", type=int, default=1_000_000)
     parser.add_argument("--seconds", type=float, default=8.0)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument(
+        "--threads", type=int, default=0, help="SLUICE_THREADS for the stack (0: its default)"
+    )
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="sluice-batch-bench-"))
@@ -89,7 +92,10 @@ def main() -> None:
     np.save(data / "rows.npy", rng.standard_normal((args.mlp_rows, 16), dtype=np.float32))
 
     engine, threads = engine_best(repository / "cnn" / "1" / "model.onnx", 32)
-    stack = start_stack(repository, env={"SLUICE_BATCH_ROOT": str(data)})
+    env = {"SLUICE_BATCH_ROOT": str(data)}
+    if args.threads:
+        env["SLUICE_THREADS"] = str(args.threads)
+    stack = start_stack(repository, env=env)
     try:
         assert stack.url is not None
         target = parse_target(stack.url)
@@ -127,9 +133,10 @@ def main() -> None:
         return loadgen.percentiles_ms(result.latencies, (q,))[0] or float("nan")
 
     def rate(result: Any) -> float:
-        return len(result.latencies) / result.duration
+        return len(result.latencies) / args.seconds
 
-    print(f"## Batch and asynchronous jobs ({os.cpu_count()} cores)\n")
+    threads_note = f"SLUICE_THREADS={args.threads}" if args.threads else "default threads"
+    print(f"## Batch and asynchronous jobs ({os.cpu_count()} cores, {threads_note})\n")
     print("| measure | Sluice | baseline, same run | ratio |")
     print("| --- | --- | --- | --- |")
     print(

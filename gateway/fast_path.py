@@ -18,6 +18,7 @@ import logging
 import re
 from typing import TYPE_CHECKING
 
+import orjson
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
@@ -189,13 +190,13 @@ async def _submit_job(
         idempotency_key=headers.get(b"idempotency-key"),
         owner=owner_of(headers.get(b"authorization")),
     )
-    record = await job_record(state, submitted.job_id, owner_of(headers.get(b"authorization")))
+    if submitted.status is not None:
+        body = orjson.dumps(submitted.status)
+    else:  # an earlier job with the same idempotency key: as it is now
+        record = await job_record(state, submitted.job_id, owner_of(headers.get(b"authorization")))
+        body = status_body(submitted.job_id, record)
     location = f"/v2/jobs/{submitted.job_id}".encode()
-    return (
-        202,
-        status_body(submitted.job_id, record),
-        [_JSON, (b"location", location), (b"preference-applied", b"respond-async")],
-    )
+    return 202, body, [_JSON, (b"location", location), (b"preference-applied", b"respond-async")]
 
 
 class ClientDisconnected(Exception):

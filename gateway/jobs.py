@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
+from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
@@ -70,6 +71,8 @@ class Submitted:
     job_id: str
     created: bool
     """False when an earlier job had the same idempotency key (this one is that job)."""
+    status: dict[str, Any] | None = None
+    """The new job's status (None for an earlier job: read it)."""
 
 
 async def submit_job(
@@ -147,9 +150,7 @@ async def submit_job(
         keys.job_by_key(model, key) if key else job_key,
         keys.stats(model, request.number),
     ]
-    outcome, found = cast(
-        list[Any], await state.redis.eval(jobs.SUBMIT, len(script_keys), *script_keys, *args)
-    )
+    outcome, found = cast(list[Any], await _script(state, jobs.SUBMIT)(keys=script_keys, args=args))
     if outcome == -1:
         raise Overloaded(
             f"model '{model}' version {request.number} has {settings.max_queued_jobs} "
@@ -157,7 +158,27 @@ async def submit_job(
             5,
         )
     found_id = found.decode() if isinstance(found, bytes) else str(found)
-    return Submitted(found_id, outcome == 1)
+    queued = {
+        "id": found_id,
+        "model": model,
+        "version": str(request.number),
+        "status": jobs.QUEUED,
+        "created": _timestamp(args[1]),
+        "request_id": request.request_id,
+    }
+    return Submitted(found_id, outcome == 1, queued if outcome == 1 else None)
+
+
+_SCRIPTS: dict[tuple[int, str], AsyncScript] = {}
+
+
+def _script(state: GatewayState, source: str) -> AsyncScript:
+    """The script registered once per Redis client: EVALSHA from then on."""
+    key = (id(state.redis), source)
+    script = _SCRIPTS.get(key)
+    if script is None:
+        script = _SCRIPTS[key] = state.redis.register_script(source)
+    return script
 
 
 async def job_record(state: GatewayState, job_id: str, owner: str) -> dict[str, bytes]:

@@ -94,6 +94,8 @@ class Worker:
             *self.keys.request_streams(config.name, version, levels),
             self.keys.background_stream(config.name, version),
         ]
+        self._background = len(self.streams) - 1
+        """The background stream's level (its index)."""
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="compute")
@@ -255,6 +257,13 @@ class Worker:
             batch, carry = await self._gather(carry, idle)
             if batch:
                 await idle.wait()
+                if batch[0].level == self._background and not self._stopping.is_set():
+                    # Formed while the last batch computed: online requests that arrived
+                    # meanwhile go first.
+                    arrived = await self._read_online(max(1, self.config.max_batch_size))
+                    if arrived:
+                        carry = arrived + batch + carry
+                        continue
                 idle.clear()
                 task = asyncio.create_task(self._execute(batch, backend))
                 running.add(task)
@@ -265,12 +274,30 @@ class Worker:
         if running:
             await asyncio.gather(*running)
 
-    async def _read(self, count: int, block_ms: int | None) -> list[PendingRequest]:
+    async def _read(
+        self, count: int, block_ms: int | None, *, background: bool = True
+    ) -> list[PendingRequest]:
+        """New requests: the online streams' first; the background stream's (jobs, batch
+        jobs) only when no online request waits (and ``background``), and only a few at a
+        time, so that an online request never waits behind more than the batch being
+        computed."""
+        online = await self._read_from(self.streams[:-1], count, None)
+        if online or not background or self._stopping.is_set():
+            return online
+        return await self._read_from(self.streams, max(1, count // 8), block_ms)
+
+    async def _read_online(self, count: int) -> list[PendingRequest]:
+        """Online requests that arrived while background ones were held (no waiting)."""
+        return await self._read_from(self.streams[:-1], count, None)
+
+    async def _read_from(
+        self, streams: list[str], count: int, block_ms: int | None
+    ) -> list[PendingRequest]:
         try:
             response: StreamRead = await self.redis.xreadgroup(  # type: ignore[assignment]
                 WORKER_GROUP,
                 self.worker_id,
-                dict.fromkeys(self.streams, ">"),
+                dict.fromkeys(streams, ">"),
                 count=max(1, count),
                 block=block_ms,
             )
@@ -370,6 +397,8 @@ class Worker:
             pending = await self._read(limit, None if self.drain else _IDLE_BLOCK_MS)
             if not pending:
                 return [], []
+        elif any(r.level == self._background for r in pending) and not self._stopping.is_set():
+            pending += await self._read_online(limit)  # they go first (sorted by level)
         first = time.monotonic()
         while True:
             batch, rest, full = self._select(pending)
@@ -388,7 +417,7 @@ class Worker:
                 # batch that fills early goes early, and read without blocking. The event
                 # loop's timers have millisecond resolution, so a shorter wait only yields.
                 await asyncio.sleep(0.001 if wait_s >= 0.001 else 0)
-                more = await self._read(limit - items, None)
+                more = await self._read(limit - items, None, background=self.drain)
             more += self._take_reclaimed()
             pending = batch + rest + more
             if not more and self.drain and idle.is_set():
