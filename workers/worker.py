@@ -277,14 +277,19 @@ class Worker:
     async def _read(
         self, count: int, block_ms: int | None, *, background: bool = True
     ) -> list[PendingRequest]:
-        """New requests: the online streams' first; the background stream's (jobs, batch
-        jobs) only when no online request waits (and ``background``), and only a few at a
-        time, so that an online request never waits behind more than the batch being
-        computed."""
+        """New requests. The background stream (jobs, batch jobs) is read only with
+        ``background``, and then a few entries at a time: before each batch the worker looks
+        for online requests again (:meth:`_gather`, :meth:`_serve`), so an online request
+        never waits behind more than the batch being computed. Waiting (``block_ms``) is one
+        call on every stream, as an idle worker's read is on the path of every request."""
+        if not background:
+            return await self._read_from(self.streams[:-1], count, block_ms)
+        if block_ms is not None:
+            return await self._read_from(self.streams, max(1, count // 8), block_ms)
         online = await self._read_from(self.streams[:-1], count, None)
-        if online or not background or self._stopping.is_set():
+        if online or self._stopping.is_set():
             return online
-        return await self._read_from(self.streams, max(1, count // 8), block_ms)
+        return await self._read_from(self.streams, max(1, count // 8), None)
 
     async def _read_online(self, count: int) -> list[PendingRequest]:
         """Online requests that arrived while background ones were held (no waiting)."""
