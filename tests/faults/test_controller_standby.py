@@ -4,8 +4,9 @@ leader is killed (SIGKILL) or frozen (SIGSTOP), and a frozen leader that wakes u
 new as those before it, and none is there twice.
 
 The controllers have real decisions to make: the catalog serves an autoscaled model, and
-a thread keeps filling and emptying its queue, so the leader scales it up and down every
-few seconds (no executor runs: the wanted counts are only written)."""
+a thread keeps filling and emptying its queue (4 s each, so that every empty spell holds
+the two quiet checks a scale-down takes), so the leader scales it up and down every few
+seconds (no executor runs: the wanted counts are only written)."""
 
 from __future__ import annotations
 
@@ -101,9 +102,9 @@ def busy_model(redis_server: RedisServer, namespace: str) -> Iterator[None]:
         while not stop.is_set():
             for _ in range(5):
                 client.xadd(stream, {"x": "1"})
-            stop.wait(2.5)
+            stop.wait(4.0)
             client.delete(stream)
-            stop.wait(2.5)
+            stop.wait(4.0)
 
     thread = threading.Thread(target=churn, daemon=True)
     thread.start()
@@ -221,7 +222,7 @@ def test_a_frozen_leader_is_replaced_and_applies_nothing_when_it_wakes(
 ) -> None:
     old, new = leader_and_standby(start_controller)
     old_token = old.tokens()[-1]
-    assert procs.wait_until(lambda: (old_token, 2) in decision_log(redis, namespace), 12), (
+    assert procs.wait_until(lambda: (old_token, 2) in decision_log(redis, namespace), 20), (
         "the leader decided nothing"
     )
     stopped_at = time.monotonic()
@@ -231,7 +232,7 @@ def test_a_frozen_leader_is_replaced_and_applies_nothing_when_it_wakes(
     assert took_over_at is not None
     new_token = new.tokens()[0]
     assert new_token > old_token
-    assert procs.wait_until(lambda: (new_token, 1) in decision_log(redis, namespace), 12), (
+    assert procs.wait_until(lambda: (new_token, 1) in decision_log(redis, namespace), 20), (
         "the new leader decided nothing"
     )
 

@@ -80,7 +80,10 @@ def test_two_gateways_and_two_workers_sum_up(two_by_two: Stack) -> None:
 
 def test_the_metrics_port_serves_metrics_only(two_by_two: Stack) -> None:
     metrics_url = f"http://127.0.0.1:{two_by_two.metrics_port}"
-    assert "nv_inference_request_success{" in httpx.get(f"{metrics_url}/metrics").text
+    # (the first scrapes after start may come before the gateway's first snapshot)
+    assert wait_until(
+        lambda: "nv_inference_request_success{" in httpx.get(f"{metrics_url}/metrics").text, 15
+    )
     assert httpx.get(f"{metrics_url}/v2/health/ready").status_code == 404
     assert httpx.post(f"{metrics_url}/v2/models/ident/infer", json=REQUEST).status_code == 404
     assert httpx.post(f"{metrics_url}/metrics").status_code == 405
