@@ -70,15 +70,13 @@ class Runner:
 
     def _fail(self, batch_id: str, error: str) -> None:
         log.warning("batch %s failed: %s", batch_id, error)
+        self._end(batch_id, {b.F_STATUS: b.FAILED, b.F_ERROR: error})
+
+    def _end(self, batch_id: str, fields: dict[str, str]) -> None:
+        """The job's final status (and what goes with it); no longer running."""
+        fields[b.F_FINISHED] = f"{time.time():.6f}"
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(
-                self.keys.batch(batch_id),
-                mapping={
-                    b.F_STATUS: b.FAILED,
-                    b.F_ERROR: error,
-                    b.F_FINISHED: f"{time.time():.6f}",
-                },
-            )
+            pipe.hset(self.keys.batch(batch_id), mapping=cast(dict[Any, Any], fields))
             pipe.srem(self.keys.running_batches, batch_id)
             pipe.execute()
 
@@ -187,23 +185,8 @@ class Runner:
             lease.stop()
 
     def _take(self, batch_id: str, index: int) -> int:
-        keys = self.keys
-        return int(
-            cast(
-                int,
-                self.redis.eval(
-                    b.TAKE,
-                    4,
-                    keys.batch(batch_id),
-                    keys.batch_shards(batch_id),
-                    keys.batch_attempts(batch_id),
-                    keys.batch_leases(batch_id),
-                    str(index),
-                    f"{time.time():.3f}",
-                    self.settings.batch_shard_lease_s,
-                ),
-            )
-        )
+        now = f"{time.time():.3f}"
+        return self._shard_script(b.TAKE, batch_id, index, now, self.settings.batch_shard_lease_s)
 
     def _attempt(
         self,
@@ -238,7 +221,7 @@ class Runner:
         state = orjson.dumps(
             {"committed": True, "attempt": attempt, "rows": [start, end], "files": files}
         )
-        outcome = self._script(b.COMMIT, batch_id, index, attempt, state)
+        outcome = self._shard_script(b.COMMIT, batch_id, index, attempt, state)
         if outcome < 0:
             log.info(
                 "batch %s shard %d attempt %d not committed (%d)", batch_id, index, attempt, outcome
@@ -246,27 +229,26 @@ class Runner:
             for location in files.values():
                 self.storage.remove(location)
             return
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(self.keys.batch_progress(batch_id), str(index), end - start)
-            pipe.hdel(self.keys.batch_leases(batch_id), str(index))
-            pipe.execute()
+        self.redis.hset(self.keys.batch_progress(batch_id), str(index), end - start)
         if outcome == 1:
             self._finish(batch_id)
 
-    def _script(self, script: str, batch_id: str, index: int, attempt: int, state: bytes) -> int:
+    def _shard_script(self, script: str, batch_id: str, index: int, *args: Any) -> int:
+        """One of :mod:`sluice.batches`' shard scripts (KEYS: the batch, its shard states,
+        attempts and leases; ARGV: the shard, then ``args``)."""
         keys = self.keys
         return int(
             cast(
                 int,
                 self.redis.eval(
                     script,
-                    3,
+                    4,
                     keys.batch(batch_id),
                     keys.batch_shards(batch_id),
                     keys.batch_attempts(batch_id),
+                    keys.batch_leases(batch_id),
                     str(index),
-                    attempt,
-                    state,
+                    *args,
                 ),
             )
         )
@@ -274,10 +256,7 @@ class Runner:
     def _shard_failed(self, batch_id: str, index: int, attempt: int, error: str) -> None:
         log.warning("batch %s shard %d failed: %s", batch_id, index, error)
         state = orjson.dumps({"error": error, "attempt": attempt})
-        outcome = self._script(b.FAIL_SHARD, batch_id, index, attempt, state)
-        if outcome >= 0:
-            self.redis.hdel(self.keys.batch_leases(batch_id), str(index))
-        if outcome == 1:
+        if self._shard_script(b.FAIL_SHARD, batch_id, index, attempt, state) == 1:
             self._finish(batch_id)
 
     def _run(
@@ -349,7 +328,6 @@ class Runner:
 
     def _finish(self, batch_id: str) -> None:
         record = self.record(batch_id)
-        key = self.keys.batch(batch_id)
         if int(record.get(b.F_SHARDS_FAILED) or 0):
             states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
             errors = [
@@ -364,17 +342,7 @@ class Runner:
         except (OSError, SluiceError) as exc:
             self._fail(batch_id, f"writing the outputs failed: {getattr(exc, 'message', exc)}")
             return
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(
-                key,
-                mapping={
-                    b.F_STATUS: b.COMPLETED,
-                    b.F_MANIFEST: manifest,
-                    b.F_FINISHED: f"{time.time():.6f}",
-                },
-            )
-            pipe.srem(self.keys.running_batches, batch_id)
-            pipe.execute()
+        self._end(batch_id, {b.F_STATUS: b.COMPLETED, b.F_MANIFEST: manifest})
         log.info("batch %s completed: %s", batch_id, manifest)
 
     def _manifest(self, batch_id: str, record: dict[str, str]) -> str:

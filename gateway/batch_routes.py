@@ -30,6 +30,7 @@ from gateway.jobs import owner_of
 from gateway.json_body import json_object, json_response
 from gateway.state import GatewayState, state_of
 from sluice import batches as b
+from sluice.celery_config import celery_app, queue_name
 from sluice.errors import InvalidInput, NotFound, Unsupported
 
 batch_router = APIRouter()
@@ -39,10 +40,7 @@ _ERRORS_SHOWN = 20
 
 @cache
 def _celery(redis_url: str, namespace: str) -> Any:
-    try:
-        from sluice.celery_config import celery_app
-    except ImportError:  # pragma: no cover - the batch extra is missing
-        return None
+    """The Celery app that sends plan tasks; None without the batch extra."""
     try:
         return celery_app(redis_url, namespace)
     except ImportError:
@@ -50,8 +48,6 @@ def _celery(redis_url: str, namespace: str) -> Any:
 
 
 async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
-    from sluice.celery_config import queue_name
-
     settings = state.settings
     app = _celery(settings.redis_url, settings.namespace)
     if app is None:

@@ -214,11 +214,11 @@ async def run_infer(
     parsed, number, level = request.parsed, request.number, request.level
     transfer = state.transfer
     big = len(body) > OFFLOAD_BYTES
-    names_shm = not big and _SHM_MARK in body
+    in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
     stream = state.keys.request_stream(model, number, level)
     with state.admission.admit(model, number, request.max_queue, parsed.id):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
-        heavy_pack = big or (names_shm and not transfer.same_host)
+        heavy_pack = big or (in_regions and not transfer.same_host)
         headers, payload, segment = await _off_loop(
             heavy_pack, lambda: transfer.pack(parsed.inputs)
         )

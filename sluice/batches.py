@@ -200,13 +200,14 @@ F_ERROR, F_MANIFEST, F_OWNER, F_RETRIES = "error", "manifest", "owner", "retries
 F_SHARDS_FAILED = "shards_failed"
 
 COMMIT = """
--- KEYS: batch hash, shard states, attempts; ARGV: shard, attempt, state (JSON)
+-- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'running' then return -1 end
 if tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') ~= tonumber(ARGV[2]) then return -2 end
 local state = redis.call('HGET', KEYS[2], ARGV[1])
 if state and string.find(state, '"committed"', 1, true) then return -3 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HDEL', KEYS[4], ARGV[1])
 local done = redis.call('HINCRBY', KEYS[1], 'shards_done', 1)
 local failed = tonumber(redis.call('HGET', KEYS[1], 'shards_failed') or '0')
 if done + failed == tonumber(redis.call('HGET', KEYS[1], 'shards')) then return 1 end
@@ -217,7 +218,7 @@ return 0
 shard exists (this one is a zombie); -3: the shard was committed already."""
 
 FAIL_SHARD = """
--- KEYS: batch hash, shard states, attempts; ARGV: shard, attempt, state (JSON)
+-- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'running' then return -1 end
 if tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') ~= tonumber(ARGV[2]) then return -2 end
@@ -227,6 +228,7 @@ if state and (string.find(state, '"committed"', 1, true)
   return -3
 end
 redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+redis.call('HDEL', KEYS[4], ARGV[1])
 local failed = redis.call('HINCRBY', KEYS[1], 'shards_failed', 1)
 local done = tonumber(redis.call('HGET', KEYS[1], 'shards_done') or '0')
 if done + failed == tonumber(redis.call('HGET', KEYS[1], 'shards')) then return 1 end

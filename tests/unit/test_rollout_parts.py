@@ -33,6 +33,11 @@ def test_plans_are_checked_field_by_field() -> None:
         ({"step_s": 1e9}, "'step_s'"),
         ({"min_samples": 1.5}, "'min_samples'"),
         ({"max_p99_ratio": 0.5}, "'max_p99_ratio'"),
+        ({"shadow_s": -1}, "'shadow_s'"),
+        ({"shadow_s": "soon"}, "'shadow_s'"),
+        ({"shadow_percent": 0}, "'shadow_percent'"),
+        ({"shadow_percent": 101}, "'shadow_percent'"),
+        ({"shadow_percent": 50.5}, "'shadow_percent'"),
     ):
         with pytest.raises(InvalidInput, match=field):
             RolloutPlan.from_json(body)
