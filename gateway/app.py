@@ -26,6 +26,7 @@ from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
 from gateway.fast_path import InferFastPath
 from gateway.gateway_report import report
+from gateway.grpc_api.server import GrpcServer
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
@@ -199,9 +200,14 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
         await _refresh(state, dispatcher, touch=True)
         refresher = asyncio.create_task(_refresh_loop(state, dispatcher), name="catalog-refresh")
         sweeper = asyncio.create_task(_sweep_loop(state), name="shm-sweeper")
+        grpc_server = GrpcServer(state) if settings.grpc_port else None
         try:
+            if grpc_server is not None:
+                await grpc_server.start()
             yield
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop(settings.shutdown_timeout_s)
             refresher.cancel()
             sweeper.cancel()
             await asyncio.gather(refresher, sweeper, return_exceptions=True)

@@ -46,6 +46,11 @@ def decode_raw_handle(value: Any) -> bytes:
         raw = base64.b64decode(encoded, validate=True)
     except (binascii.Error, ValueError):
         raise InvalidInput("'raw_handle.b64' is not valid base64") from None
+    return checked_raw_handle(raw)
+
+
+def checked_raw_handle(raw: bytes) -> bytes:
+    """``raw`` when it has a CUDA IPC handle's size (gRPC sends the bytes themselves)."""
     if len(raw) != IPC_HANDLE_SIZE:
         raise InvalidInput(
             f"'raw_handle' holds {len(raw)} bytes; a CUDA IPC handle has {IPC_HANDLE_SIZE}"

@@ -41,6 +41,12 @@ def _read_keys(read: Callable[[], list[str]], setting: str) -> frozenset[bytes]:
         raise InvalidConfig(f"{setting}: cannot read the key file: {exc.strerror}") from None
 
 
+def bearer_token(value: bytes) -> bytes:
+    """The key of an ``Authorization: Bearer <key>`` value (empty for another scheme)."""
+    scheme, _, credential = value.partition(b" ")
+    return credential.strip() if scheme.lower() == b"bearer" else b""
+
+
 @dataclass(frozen=True)
 class KeyRing:
     inference: frozenset[bytes]
@@ -64,7 +70,10 @@ class KeyRing:
         """None when allowed, else (status, message)."""
         if path.startswith(_OPEN):
             return None
-        management = path.startswith(_MANAGEMENT)
+        return self.check_call(path.startswith(_MANAGEMENT), token)
+
+    def check_call(self, management: bool, token: bytes | None) -> tuple[int, str] | None:
+        """As :meth:`check`, for a call known to be a management one or not (gRPC)."""
         if management and self.admin:
             required = self.admin
         elif self.inference:
@@ -118,8 +127,7 @@ class EdgeGuard:
         length: bytes | None = None
         for name, value in headers:
             if name == b"authorization" and token is None:
-                scheme, _, credential = value.partition(b" ")
-                token = credential.strip() if scheme.lower() == b"bearer" else b""
+                token = bearer_token(value)
             elif name == b"content-length":
                 length = value
         path = scope["path"]

@@ -19,7 +19,7 @@ from gateway.infer_request import InferRequest, RequestedOutput, parse_infer_req
 from gateway.infer_response import encode_infer_response
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
-from sluice.config import DynamicBatching
+from sluice.config import DynamicBatching, ModelConfig
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
 from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
 from sluice.shm import unlink
@@ -134,17 +134,39 @@ async def prepare(
     :func:`gateway.routing.requested_label`). ``default_timeout_us``: the deadline when the
     request sets none, instead of the model's queue policy or ``SLUICE_DEFAULT_TIMEOUT_S``
     (a job's time to live in the queue)."""
+    big = len(body) > OFFLOAD_BYTES
+    names_shm = not big and _SHM_MARK in body  # (a big one goes off the loop anyway)
+    return await prepare_with(
+        state,
+        model,
+        version,
+        lambda config: parse_infer_request(body, json_length, config, state.limits, state.regions),
+        big or (names_shm and _BYTES_MARK in body),
+        label,
+        default_timeout_us=default_timeout_us,
+    )
+
+
+async def prepare_with(
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    parse: Callable[[ModelConfig], InferRequest],
+    heavy: bool,
+    label: str | None = None,
+    *,
+    default_timeout_us: int = 0,
+    deadline_us: int = 0,
+) -> Prepared:
+    """:func:`prepare` for any wire form: ``parse`` checks the request against the model's
+    configuration (on a thread when ``heavy``). ``deadline_us``: the most time the client
+    itself waits (a gRPC deadline), which caps the request's timeout."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
     entry, number = state.view.route(model, version, label)
     config = entry.config
     assert config is not None
-    big = len(body) > OFFLOAD_BYTES
-    names_shm = not big and _SHM_MARK in body  # (a big one goes off the loop anyway)
-    parsed = await _off_loop(
-        big or (names_shm and _BYTES_MARK in body),
-        lambda: parse_infer_request(body, json_length, config, state.limits, state.regions),
-    )
+    parsed = await _off_loop(heavy, lambda: parse(config))
     named = parsed.parameters.get(PARAMETER)
     if named is not None:
         late_label = parameter_label(named, version, label)
@@ -153,6 +175,8 @@ async def prepare(
     dynamic = config.dynamic_batching
     model_default_us = dynamic.default_timeout_us if dynamic else 0
     timeout_us = _timeout_us(parsed, state, default_timeout_us or model_default_us)
+    if deadline_us:
+        timeout_us = max(1, min(timeout_us, deadline_us))
     return Prepared(
         parsed,
         model,
@@ -211,9 +235,30 @@ async def run_infer(
     ``trace`` goes into the stream entry for the worker; ``span`` (when tracing) gets a
     ``reply`` child while the answer is turned into the response."""
     request = await prepare(state, model, version, body, json_length, label)
-    parsed, number, level = request.parsed, request.number, request.level
+    parsed, transfer = request.parsed, state.transfer
+    return await execute(
+        state,
+        request,
+        len(body) > OFFLOAD_BYTES,
+        lambda reply, data: encode_reply(transfer, model, reply, data, parsed.outputs, parsed.id),
+        trace,
+        span,
+    )
+
+
+async def execute(
+    state: GatewayState,
+    request: Prepared,
+    big: bool,
+    encode: Callable[[ReplyMessage, memoryview], T],
+    trace: TraceParent | None = None,
+    span: RequestSpan | None = None,
+) -> T:
+    """Queue a prepared request, await its answer and ``encode`` it (on a thread when the
+    answer is large), whatever the wire form: REST and gRPC share this path. ``big``: the
+    request's bytes are many (packed on a thread)."""
+    parsed, model, number, level = request.parsed, request.model, request.number, request.level
     transfer = state.transfer
-    big = len(body) > OFFLOAD_BYTES
     in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
     stream = state.keys.request_stream(model, number, level)
     with state.admission.admit(model, number, request.max_queue, parsed.id):
@@ -237,10 +282,7 @@ async def run_infer(
             if reply.error_kind:
                 raise error_from_kind(reply.error_kind, reply.error)
             answer_bytes = transfer.bytes_to_handle(reply.outputs)
-            return await _off_loop(
-                answer_bytes > OFFLOAD_BYTES,
-                lambda: encode_reply(transfer, model, reply, data, parsed.outputs, parsed.id),
-            )
+            return await _off_loop(answer_bytes > OFFLOAD_BYTES, lambda: encode(reply, data))
         finally:
             transfer.discard(reply.outputs)
             if reply_span is not None:

@@ -176,7 +176,22 @@ def parse_infer_request(
         raise InvalidInput(f"malformed request body: {exc}") from None
     if not isinstance(doc, dict):
         raise InvalidInput(f"malformed request body: expected a JSON object, got {json_type(doc)}")
+    return parse_infer_document(doc, binary, config, limits, lookup, header_length is None)
 
+
+def parse_infer_document(
+    doc: dict[str, Any],
+    binary: memoryview,
+    config: ModelConfig,
+    limits: RequestLimits = DEFAULT_LIMITS,
+    regions: RegionLookup | None = None,
+    no_header: bool = False,
+) -> InferRequest:
+    """Validate a request already decoded into the JSON form (``doc``) whose binary inputs
+    lie one after the other in ``binary``: the JSON body's header and the gRPC message
+    (see :mod:`gateway.grpc_api.tensors`) both end here, so both are checked the same way.
+    ``no_header``: the body came without Inference-Header-Content-Length (for the hint)."""
+    lookup: RegionLookup = regions if regions is not None else _NoRegions()
     request_id = _parse_id(doc.get("id"), limits)
     parameters, binary_default = _parse_request_parameters(doc.get("parameters"))
     pending = _parse_input_headers(doc.get("inputs"), config, limits, request_id)
@@ -184,9 +199,7 @@ def parse_infer_request(
         doc.get("outputs"), config, binary_default, limits, lookup, request_id
     )
     batch_size = _check_input_specs(pending, config, limits, request_id)
-    inputs = _read_input_data(
-        pending, binary, header_length is None, limits, lookup, config, request_id
-    )
+    inputs = _read_input_data(pending, binary, no_header, limits, lookup, config, request_id)
     return InferRequest(
         id=request_id,
         inputs=inputs,

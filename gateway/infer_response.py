@@ -52,7 +52,7 @@ def encode_infer_response(
     entries: list[dict[str, Any]] = []
     buffers: list[bytes | memoryview] = []
     for output, want_binary in zip(outputs, binary, strict=True):
-        nbytes = _checked_nbytes(output)
+        nbytes = checked_nbytes(output)
         entry: dict[str, Any] = {
             "name": output.name,
             "datatype": output.datatype,
@@ -89,7 +89,7 @@ def encode_error(message: str) -> bytes:
     return orjson.dumps({"error": message})
 
 
-def _checked_nbytes(output: OutputTensor) -> int:
+def checked_nbytes(output: OutputTensor) -> int:
     """Byte length of the output's buffer, checked against its shape (fixed width)."""
     nbytes = output.region_bytes if output.region else memoryview(output.data).nbytes
     element_size = ELEMENT_SIZE.get(output.datatype)

@@ -51,6 +51,11 @@ def parse_log_settings(body: bytes) -> dict[str, Any]:
         raise InvalidInput(f"failed to parse the request JSON buffer: {exc}") from None
     if not isinstance(document, dict):
         raise InvalidInput("failed to parse the request JSON buffer: not a JSON object")
+    return log_changes(document)
+
+
+def log_changes(document: dict[str, Any]) -> dict[str, Any]:
+    """The changes a settings document asks for (POST's body, or gRPC's settings)."""
     changes: dict[str, Any] = {}
     if document.get("log_file") is not None:
         raise Unsupported("log file location can not be updated through network protocol")

@@ -41,6 +41,8 @@ _HINT = (
 )
 
 
+NAMED_REPOSITORY = "'repository_name' specification is not supported"
+
 _POLL_S = 0.05
 _FILE_PREFIX = "file:"
 
@@ -78,10 +80,15 @@ async def unload(model: str, request: Request) -> Response:
 
 async def _explicit(request: Request) -> GatewayState:
     state = state_of(request)
+    await require_explicit(state)
+    return state
+
+
+async def require_explicit(state: GatewayState) -> None:
+    """Load and unload are refused unless ``sluice up`` runs in explicit mode."""
     mode = await state.redis.get(state.keys.control_mode)
     if mode != b"explicit":
         raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")
-    return state
 
 
 def _parameters(body: bytes) -> dict[str, Any]:
@@ -124,4 +131,4 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
 @model_control_router.post("/v2/repository/{repository}/models/{model}/load")
 @model_control_router.post("/v2/repository/{repository}/models/{model}/unload")
 async def load_or_unload_in(repository: str, model: str) -> Response:
-    raise Unsupported("'repository_name' specification is not supported")
+    raise Unsupported(NAMED_REPOSITORY)

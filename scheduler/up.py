@@ -247,6 +247,28 @@ def _listeners(settings: UpSettings) -> list[socket.socket]:
     return listeners
 
 
+def _reserve_grpc_port(settings: UpSettings) -> socket.socket | None:
+    """Hold the gRPC port for our gateways, which bind it with SO_REUSEPORT (grpcio cannot
+    serve on an inherited socket): bound, never listening, so no connection lands here.
+    Checked first without SO_REUSEPORT, so that a port another server holds (another Sluice
+    included) is refused instead of shared."""
+    if not settings.grpc_port:
+        return None
+    family = socket.AF_INET6 if ":" in settings.http_host else socket.AF_INET
+    where = f"{settings.http_host}:{settings.grpc_port}"
+    try:
+        with socket.socket(family, socket.SOCK_STREAM) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind((settings.http_host, settings.grpc_port))
+        reserved = socket.socket(family, socket.SOCK_STREAM)
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        reserved.bind((settings.http_host, settings.grpc_port))
+    except OSError as exc:
+        raise ListenError(f"cannot listen on {where} (gRPC port): {exc.strerror}") from None
+    return reserved
+
+
 def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[ChildSpec]:
     """The batch workers (Celery), when the batch extra is installed."""
     if not settings.batch_workers:
@@ -271,6 +293,8 @@ def _gateway_specs(
         SLUICE_HTTP_PORT=str(settings.http_port),
         SLUICE_HTTP_FD=str(listeners[0].fileno()),
         SLUICE_GATEWAY_PROCESSES=str(settings.gateway_processes),
+        SLUICE_GRPC_PORT=str(settings.grpc_port),
+        SLUICE_GRPC_REUSE_PORT="true",
         SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
     )
     if len(listeners) > 1:
@@ -329,6 +353,8 @@ def _wait_ready(
                 f"Metrics at {scheme}://{settings.http_host}:{settings.metrics_port}/metrics",
                 flush=True,
             )
+        if settings.grpc_port and settings.gateway:
+            print(f"gRPC at {settings.http_host}:{settings.grpc_port}", flush=True)
         print(f"Sluice ready at {url}", flush=True)
     return True
 
@@ -458,6 +484,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
 
     supervisor: Supervisor | None = None
     listeners: list[socket.socket] = []
+    held: list[socket.socket] = []
+    """Sockets that only keep a port ours (the gRPC one)."""
     sweeper = SegmentSweeper(settings.namespace, models)
     namespace = Keys(settings.namespace)
     client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
@@ -487,6 +515,9 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         else:
             try:
                 listeners = _listeners(settings)
+                grpc_reservation = _reserve_grpc_port(settings)
+                if grpc_reservation is not None:
+                    held.append(grpc_reservation)
             except ListenError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
@@ -547,7 +578,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
         client.close()
         if supervisor is not None:
             supervisor.stop()
-        for listener in listeners:
+        for listener in [*listeners, *held]:
             listener.close()
         sweeper.tick(final=True)  # every child is gone: nobody will read what is left
         if staging is not None:

@@ -79,6 +79,10 @@ def up(
         int | None,
         typer.Option(help="Port serving only GET /metrics, as Triton's (default 8002; 0: none)."),
     ] = None,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(help="Port of the Triton gRPC API, as Triton's (default 8001; 0: none)."),
+    ] = None,
     model_control_mode: Annotated[
         str | None,
         typer.Option(
@@ -125,6 +129,7 @@ def up(
             redis_url=redis_url,
             gateway_processes=gateway_processes,
             metrics_port=metrics_port,
+            grpc_port=grpc_port,
             gateway=gateway,
             controller=controller,
             model_control_mode=model_control_mode,
@@ -147,6 +152,10 @@ def gateway(
         int | None,
         typer.Option(help="Also serve GET /metrics alone on this port, as Triton's 8002."),
     ] = None,
+    grpc_port: Annotated[
+        int | None,
+        typer.Option(help="Port of the Triton gRPC API (default 8001; 0: none)."),
+    ] = None,
     verbose: Verbose = False,
 ) -> None:
     """Run one gateway process (settings from SLUICE_* variables and these options)."""
@@ -161,6 +170,7 @@ def gateway(
                 http_host=http_host,
                 redis_url=redis_url,
                 metrics_port=metrics_port,
+                grpc_port=grpc_port,
             )
         )
     )

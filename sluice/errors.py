@@ -1,9 +1,11 @@
 """The error hierarchy shared by every process.
 
 Each error carries one HTTP status (as :class:`http.HTTPStatus`, so the core
-never imports a web framework) and one message that is sent to clients as
-``{"error": message}``. Per-request errors are kept apart from fatal ones:
-everything here concerns a single request or model, never the process.
+never imports a web framework), one gRPC status code (by its name in ``grpc.StatusCode``,
+so the core never imports grpc; as Triton maps its error codes) and one message that is
+sent to clients as ``{"error": message}`` or as the gRPC status details. Per-request
+errors are kept apart from fatal ones: everything here concerns a single request or model,
+never the process.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ class SluiceError(Exception):
     """Root of every error a client can see."""
 
     status: HTTPStatus = HTTPStatus.INTERNAL_SERVER_ERROR
+    grpc_code: str = "INTERNAL"
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -25,30 +28,35 @@ class InvalidInput(SluiceError):
     """The request does not fit the protocol or the model's metadata."""
 
     status = HTTPStatus.BAD_REQUEST
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class InvalidConfig(SluiceError):
     """A model configuration or repository entry is unusable."""
 
     status = HTTPStatus.BAD_REQUEST
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class NotFound(SluiceError):
     """Unknown model, version or resource."""
 
     status = HTTPStatus.NOT_FOUND
+    grpc_code = "NOT_FOUND"
 
 
 class PayloadTooLarge(SluiceError):
     """The request body (or a decompressed body) exceeds the configured limit."""
 
     status = HTTPStatus.REQUEST_ENTITY_TOO_LARGE
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class Unavailable(SluiceError):
     """The model or a service it depends on (Redis, workers) cannot serve now."""
 
     status = HTTPStatus.SERVICE_UNAVAILABLE
+    grpc_code = "UNAVAILABLE"
 
 
 class Overloaded(SluiceError):
@@ -58,6 +66,7 @@ class Overloaded(SluiceError):
     retry on Triton's code keep working."""
 
     status = HTTPStatus.SERVICE_UNAVAILABLE
+    grpc_code = "UNAVAILABLE"
 
     def __init__(self, message: str, retry_after_s: int = 1) -> None:
         super().__init__(message)
@@ -72,24 +81,28 @@ class Unauthorized(SluiceError):
     """No valid API key was presented."""
 
     status = HTTPStatus.UNAUTHORIZED
+    grpc_code = "UNAUTHENTICATED"
 
 
 class Forbidden(SluiceError):
     """The key is valid but does not allow this endpoint."""
 
     status = HTTPStatus.FORBIDDEN
+    grpc_code = "PERMISSION_DENIED"
 
 
 class DeadlineExceeded(SluiceError):
     """The request's deadline passed before it could be answered."""
 
     status = HTTPStatus.GATEWAY_TIMEOUT
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class Unsupported(SluiceError):
     """A feature the request or configuration asks for is not implemented."""
 
     status = HTTPStatus.NOT_IMPLEMENTED
+    grpc_code = "UNIMPLEMENTED"
 
 
 class InferenceFailed(SluiceError):

@@ -105,6 +105,28 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
 
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    """Port of the KServe v2 / Triton gRPC API, on ``http_host`` (Triton's 8001; 0: none)."""
+
+    grpc_reuse_port: bool = False
+    """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
+    ``sluice up`` (which sets it, having made sure no other server holds the port)."""
+
+    grpc_max_receive_message_bytes: int = Field(64 * MIB, ge=1024, le=(1 << 31) - 1)
+    """Largest gRPC request message (gRPC's max_receive_message_length), as
+    ``max_body_bytes`` for HTTP; beyond it the call fails with RESOURCE_EXHAUSTED."""
+
+    grpc_max_send_message_bytes: int = Field((1 << 31) - 1, ge=1024, le=(1 << 31) - 1)
+    """Largest gRPC response message (gRPC's max_send_message_length; Triton's default)."""
+
+    grpc_response_compression: Literal["none", "gzip", "deflate"] = "none"
+    """Compression of gRPC responses (requests are accepted compressed or not, as the
+    client chooses)."""
+
+    grpc_stream_max_in_flight: int = Field(256, ge=1, le=65536)
+    """Requests of one ModelStreamInfer stream under way at once; the stream reads no
+    further until one is answered (flow control reaches the client)."""
+
     model_control_timeout_s: float = Field(125.0, gt=0)
     """How long a load / unload request waits for ``sluice up`` to carry it out."""
 
@@ -347,6 +369,9 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     metrics_port: int = Field(8002, ge=0, le=65535)
     """The metrics-only port, Triton's 8002 (0: none; ``/metrics`` is on the HTTP port too)."""
+
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    """The gRPC port, Triton's 8001, shared by the gateway processes (0: no gRPC)."""
 
     gateway: bool = True
     """False: publish the catalog and run the workers only (gateways run elsewhere)."""

@@ -7,6 +7,7 @@ endpoints an admin key, health endpoints none; refusals are 401 (with
 
 from __future__ import annotations
 
+import queue
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,6 +141,48 @@ def test_tritonclient_with_an_authorization_header(secured: Stack) -> None:
         with pytest.raises(InferenceServerException) as wrong:
             client.get_model_metadata(MODEL, headers={"Authorization": f"Bearer {WRONG_KEY}"})
         assert wrong.value.status() == "401"
+
+
+def test_grpc_calls_take_the_same_keys(secured: Stack) -> None:
+    """Metadata ``authorization: Bearer <key>``: inference calls take any key, management
+    calls the admin key; health checking needs none."""
+    import grpc
+    import tritonclient.grpc as grpcclient
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    data = np.array([[1.5, -2.0, 3.25]], dtype=np.float32)
+    with grpcclient.InferenceServerClient(secured.grpc_address) as client:
+        tensor = grpcclient.InferInput("IN_FP32", list(data.shape), "FP32")
+        tensor.set_data_from_numpy(data)
+        for key in (INFERENCE_KEYS[1], FILE_KEYS[1], ADMIN_KEY):
+            headers = {"authorization": f"Bearer {key}"}
+            assert client.is_model_ready(MODEL, headers=headers)
+            result = client.infer(MODEL, [tensor], headers=headers)
+            np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+        for headers, status in (
+            ({}, "StatusCode.UNAUTHENTICATED"),
+            ({"authorization": f"Bearer {WRONG_KEY}"}, "StatusCode.UNAUTHENTICATED"),
+        ):
+            with pytest.raises(InferenceServerException) as refused:
+                client.infer(MODEL, [tensor], headers=headers)
+            assert refused.value.status() == status
+            assert "API key" in refused.value.message()
+        inference = {"authorization": f"Bearer {INFERENCE_KEYS[0]}"}
+        with pytest.raises(InferenceServerException) as forbidden:
+            client.get_model_repository_index(headers=inference)
+        assert forbidden.value.status() == "StatusCode.PERMISSION_DENIED"
+        admin = {"authorization": f"Bearer {ADMIN_KEY}"}
+        assert client.get_model_repository_index(headers=admin).models[0].name == MODEL
+        assert client.get_system_shared_memory_status(headers=admin).regions == {}
+
+        errors: queue.Queue[InferenceServerException] = queue.Queue()
+        client.start_stream(callback=lambda result, error: errors.put(error))
+        # No key: the stream is refused as it opens, before any request.
+        assert errors.get(timeout=10).status() == "StatusCode.UNAUTHENTICATED"
+        client.stop_stream()
+    with grpc.insecure_channel(secured.grpc_address) as channel:
+        check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
+        assert check.status == health_pb2.HealthCheckResponse.SERVING
 
 
 def test_keys_never_appear_in_the_logs(secured: Stack, http: httpx.Client) -> None:

@@ -34,7 +34,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -205,6 +207,7 @@ class Stack:
         self.ports = {
             "SLUICE_HTTP_PORT": free_port(),
             "SLUICE_METRICS_PORT": free_port(),
+            "SLUICE_GRPC_PORT": free_port(),
             "SLUICE_PROMETHEUS_PORT": free_port(),
             "SLUICE_GRAFANA_PORT": free_port(),
         }
@@ -533,6 +536,14 @@ def check_stack(stack: Stack) -> None:
     status, _ = http(stack.url("SLUICE_METRICS_PORT", "/v2/health/ready"))
     assert status != 200, "the metrics port serves more than /metrics"
     progress("the metrics port counts the inference")
+
+    # The same inference over gRPC, on Triton's port as compose publishes it.
+    with grpcclient.InferenceServerClient(f"127.0.0.1:{stack.ports['SLUICE_GRPC_PORT']}") as rpc:
+        features = np.array(IRIS_REQUEST["inputs"][0]["data"], np.float32).reshape(2, 4)
+        tensor = grpcclient.InferInput("input", [2, 4], "FP32")
+        tensor.set_data_from_numpy(features)
+        assert rpc.infer("iris", [tensor]).as_numpy("label").tolist() == [[0], [2]]
+    progress("iris answered over gRPC")
 
     # Redis keeps an append-only file.
     (redis,) = stack.containers("label=com.docker.compose.service=redis")

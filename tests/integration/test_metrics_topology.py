@@ -132,7 +132,16 @@ def test_gateway_apart_from_the_workers(tmp_path: Path, redis_server: RedisServe
         text=True,
     )
     gateway = subprocess.Popen(
-        [*cli, "gateway", "--http-port", str(port), "--metrics-port", str(metrics_port)],
+        [
+            *cli,
+            "gateway",
+            "--http-port",
+            str(port),
+            "--metrics-port",
+            str(metrics_port),
+            "--grpc-port",
+            "0",
+        ],
         env=env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

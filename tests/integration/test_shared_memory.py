@@ -498,3 +498,47 @@ def test_across_hosts_regions_work_and_no_segment_is_made(
         np.testing.assert_array_equal(got, data)
         client.unregister_system_shared_memory()
     assert segments(stack) == []
+
+
+def test_regions_over_grpc(region: Region, shm_stack: Stack) -> None:
+    """The same regions through tritonclient.grpc: registration, status, inputs and outputs
+    by reference, unregistration."""
+    import tritonclient.grpc as grpcclient
+
+    data = RNG.standard_normal((2, 500)).astype(np.float32)
+    size = data.nbytes
+    handle = region("grpc-io", 2 * size)
+    shm.set_shared_memory_region(handle, [data])
+    with grpcclient.InferenceServerClient(shm_stack.grpc_address) as client:
+        client.register_system_shared_memory("g-in", key_of(handle), size)
+        client.register_system_shared_memory("g-out", key_of(handle), size, offset=size)
+        status = client.get_system_shared_memory_status().regions
+        assert set(status) == {"g-in", "g-out"}
+        assert (status["g-out"].key, status["g-out"].offset) == (key_of(handle), size)
+        assert status["g-out"].byte_size == size
+
+        tensor = grpcclient.InferInput("IN_FP32", list(data.shape), "FP32")
+        tensor.set_shared_memory("g-in", size)
+        output = grpcclient.InferRequestedOutput("OUT_FP32")
+        output.set_shared_memory("g-out", size)
+        result = client.infer("ident", [tensor], outputs=[output])
+        answer = result.get_output("OUT_FP32")
+        assert list(answer.shape) == [2, 500]
+        assert answer.parameters["shared_memory_region"].string_param == "g-out"
+        assert list(result.get_response().raw_output_contents) == [b""]
+        got = shm.get_contents_as_numpy(handle, np.float32, [2, 500], offset=size)
+        np.testing.assert_array_equal(got, data)
+        del got
+
+        with pytest.raises(InferenceServerException) as unknown:
+            client.get_system_shared_memory_status("nope")
+        assert "'nope'" in unknown.value.message()
+        client.unregister_system_shared_memory("g-in")
+        assert set(client.get_system_shared_memory_status().regions) == {"g-out"}
+        client.unregister_system_shared_memory()
+        assert client.get_system_shared_memory_status().regions == {}
+        with pytest.raises(InferenceServerException) as cuda:
+            client.register_cuda_shared_memory("c", base64.b64encode(b"\1" * 64), 0, 16)
+        # (a machine with a GPU would get further: the handle is not a real one)
+        assert cuda.value.status() in ("StatusCode.UNIMPLEMENTED", "StatusCode.INVALID_ARGUMENT")
+        assert client.get_cuda_shared_memory_status().regions == {}

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import httpx
 import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
 
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
@@ -63,3 +66,19 @@ def test_tls_serves_https(tmp_path: Path, start_stack: Callable[..., Stack]) -> 
         tensor.set_data_from_numpy(data)
         result = client.infer("echo", [tensor])
         np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+    with grpcclient.InferenceServerClient(
+        stack.grpc_address, ssl=True, root_certificates=str(cert)
+    ) as secure:
+        result = secure.infer("echo", [grpc_input(data)])
+        np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), data)
+    with (
+        grpcclient.InferenceServerClient(stack.grpc_address) as plain_grpc,
+        pytest.raises(InferenceServerException),
+    ):
+        plain_grpc.is_server_live(client_timeout=5)
+
+
+def grpc_input(data: np.ndarray) -> grpcclient.InferInput:
+    tensor = grpcclient.InferInput("IN_FP32", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    return tensor

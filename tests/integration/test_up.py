@@ -40,7 +40,8 @@ def test_up_prints_a_line_per_model_then_ready(stack: Stack) -> None:
     lines = [line.rstrip("\n") for line in stack.stdout_lines]
     ready_at = next(n for n, line in enumerate(lines) if line.startswith(READY_PREFIX))
     assert lines[ready_at] == f"{READY_PREFIX}{stack.url}"
-    models = lines[:ready_at]
+    assert lines[ready_at - 1] == f"gRPC at {stack.grpc_address}"
+    models = lines[: ready_at - 1]
     assert "model 'iris' version 1 ready (1 instance)" in models, models
     assert "model 'nobatch' version 1 ready (1 instance)" in models
     broken = [line for line in models if line.startswith("model 'broken_config' unavailable: ")]
@@ -115,7 +116,10 @@ def test_empty_repository_warns_and_serves(
         ),
         5,
     )
-    assert stack.stdout_lines == [f"{READY_PREFIX}{stack.url}\n"]
+    assert stack.stdout_lines == [
+        f"gRPC at {stack.grpc_address}\n",
+        f"{READY_PREFIX}{stack.url}\n",
+    ]
     with httpx.Client(base_url=stack.url, timeout=10) as http:
         assert http.post("/v2/repository/index").json() == []
         assert http.get("/v2/health/ready").status_code == 200

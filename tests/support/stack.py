@@ -33,6 +33,8 @@ class Stack:
     port: int = field(default_factory=free_port)
     metrics_port: int = 0
     """The metrics-only port (0: none, /metrics stays on the HTTP port)."""
+    grpc_port: int = field(default_factory=free_port)
+    """The gRPC port (0: none)."""
     args: list[str] = field(default_factory=list)
     """More ``sluice up`` options."""
     process: subprocess.Popen[str] | None = None
@@ -48,6 +50,11 @@ class Stack:
     def address(self) -> str:
         """host:port, the form tritonclient takes."""
         return f"127.0.0.1:{self.port}"
+
+    @property
+    def grpc_address(self) -> str:
+        """host:port of the gRPC API, the form tritonclient.grpc takes."""
+        return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout_s: float = 90.0) -> None:
         # No batch worker unless a test asks for one (SLUICE_BATCH_WORKERS in ``env``).
@@ -69,6 +76,8 @@ class Stack:
                 str(self.port),
                 "--metrics-port",
                 str(self.metrics_port),
+                "--grpc-port",
+                str(self.grpc_port),
                 *self.args,
             ],
             stdout=subprocess.PIPE,

@@ -1,0 +1,226 @@
+"""``ModelInfer`` and ``ModelStreamInfer``: gRPC requests on the REST path's data plane.
+
+Both take the request message as bytes and decode it here, on a thread when it is large,
+and answer bytes encoded the same way, so that no work proportional to a tensor's size runs
+on the event loop (gRPC's own deserializer would run there). From the decoded message on,
+a request takes :func:`gateway.infer.prepare_with` and :func:`gateway.infer.execute`, as a
+REST one does: the same validation, admission control, deadlines, priorities, version
+labels, shared memory and shadow traffic. A gRPC deadline caps the request's timeout.
+
+On a stream, requests are handled concurrently, each answered when its answer arrives
+(matched by its ``id``, as Triton's clients do), and at most
+``SLUICE_GRPC_STREAM_MAX_IN_FLIGHT`` at once: beyond, the stream reads no further, so that
+HTTP/2 flow control holds the client back. A failed request answers a stream response with
+``error_message`` and the request's ``id``; the stream goes on. A stream the client
+cancels takes its requests under way with it: their places in the dispatcher and in
+admission control are given back at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from gateway import request_id
+from gateway.infer import OFFLOAD_BYTES, execute, prepare_with
+from gateway.infer_request import InferRequest, parse_infer_document
+from gateway.shm_transfer import TensorTransfer
+from gateway.state import GatewayState
+from sluice.config import ModelConfig
+from sluice.errors import InvalidInput
+from sluice.routing import HEADER
+from sluice.trace_context import TraceParent, parse_traceparent
+from sluice.wire import ReplyMessage
+
+from .protocol import service_pb2
+from .status import status_of
+from .tensors import encode_response, request_document
+
+log = logging.getLogger(__name__)
+
+_SHM = "shared_memory_region"
+_LABEL_METADATA = HEADER.lower()
+
+
+def metadata_of(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
+    """The call's metadata (text values; the first of a repeated key)."""
+    found: dict[str, str] = {}
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(value, str):
+            found.setdefault(key, value)
+    return found
+
+
+class InferCalls:
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    async def model_infer(
+        self, message: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> bytes:
+        metadata = metadata_of(context)
+        remaining = context.time_remaining()
+        try:
+            request = await self.decode(message)
+            return await self.infer(request, len(message), metadata, remaining)
+        except Exception as exc:
+            code, details = status_of(exc)
+            _log_failure(code, details)
+            await context.abort(code, details)
+            raise  # (abort raises)
+
+    async def model_stream_infer(
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        metadata = metadata_of(context)
+        answers: asyncio.Queue[bytes | None] = asyncio.Queue()
+        slots = asyncio.Semaphore(self.state.settings.grpc_stream_max_in_flight)
+        under_way: set[asyncio.Task[None]] = set()
+
+        async def answer(message: bytes) -> None:
+            try:
+                answers.put_nowait(await self._stream_answer(message, metadata))
+            finally:
+                slots.release()
+
+        async def read() -> None:
+            try:
+                async for message in messages:
+                    await slots.acquire()
+                    task = asyncio.create_task(answer(message))
+                    under_way.add(task)
+                    task.add_done_callback(under_way.discard)
+                while under_way:
+                    await asyncio.gather(*under_way, return_exceptions=True)
+            finally:
+                answers.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (answer_bytes := await answers.get()) is not None:
+                yield answer_bytes
+            await reader  # (re-raises what ended the reading, a cancelled call's error)
+        finally:
+            reader.cancel()
+            for task in list(under_way):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.gather(reader, *under_way, return_exceptions=True)
+
+    async def _stream_answer(self, message: bytes, metadata: dict[str, str]) -> bytes:
+        """One stream response: the answer, or the error with the request's id."""
+        request: Any = None
+        try:
+            request = await self.decode(message)
+            answer = await self.infer(request, len(message), metadata, None)
+        except Exception as exc:
+            code, details = status_of(exc)
+            _log_failure(code, details)
+            response = service_pb2.ModelStreamInferResponse(error_message=details)
+            response.infer_response.id = request.id if request is not None else ""
+            return bytes(response.SerializeToString())
+        # A ModelInferResponse is the stream response's field 2: its bytes, length-prefixed.
+        return _STREAM_FIELD + _varint(len(answer)) + answer
+
+    async def decode(self, message: bytes) -> Any:
+        """The ``ModelInferRequest`` (decoded on a thread when large)."""
+        if len(message) > OFFLOAD_BYTES:
+            return await asyncio.to_thread(_decode, message)
+        return _decode(message)
+
+    async def infer(
+        self, request: Any, size: int, metadata: dict[str, str], remaining_s: float | None
+    ) -> bytes:
+        """One decoded request of ``size`` bytes, checked, queued, answered: the
+        ``ModelInferResponse`` bytes; raises what the client is to see."""
+        state = self.state
+        reservation = state.bodies.reservation()
+        try:
+            reservation.ensure(size)
+            big = size > OFFLOAD_BYTES
+            model, version = request.model_name, request.model_version or None
+            limits = state.limits
+            if len(model) > limits.max_string_length or len(version or "") > 64:
+                raise InvalidInput("'model_name' or 'model_version' is too long")
+
+            def parse(config: ModelConfig) -> InferRequest:
+                document, binary = request_document(request)
+                return parse_infer_document(document, binary, config, limits, state.regions)
+
+            heavy = big or _names_shm_bytes(request)
+            request_id.from_header(metadata.get("x-request-id"))
+            deadline_us = 0 if remaining_s is None else max(1, int(remaining_s * 1_000_000))
+            prepared = await prepare_with(
+                state,
+                model,
+                version,
+                parse,
+                heavy,
+                metadata.get(_LABEL_METADATA) or None,
+                deadline_us=deadline_us,
+            )
+            parsed, transfer = prepared.parsed, state.transfer
+
+            def encode(reply: ReplyMessage, data: memoryview) -> bytes:
+                return _encode(transfer, model, reply, data, parsed)
+
+            return await execute(state, prepared, big, encode, _trace_of(metadata))
+        finally:
+            reservation.release()
+
+
+def _names_shm_bytes(request: Any) -> bool:
+    """A BYTES input in a shared memory region is read and counted while parsed: such a
+    request may be heavy whatever its size."""
+    return any(
+        tensor.datatype == "BYTES" and _SHM in tensor.parameters for tensor in request.inputs
+    )
+
+
+def _decode(message: bytes) -> Any:
+    try:
+        return service_pb2.ModelInferRequest.FromString(message)
+    except DecodeError as exc:
+        raise InvalidInput(f"malformed ModelInferRequest: {exc}") from None
+
+
+def _encode(
+    transfer: TensorTransfer,
+    model: str,
+    reply: ReplyMessage,
+    data: memoryview,
+    parsed: InferRequest,
+) -> bytes:
+    outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
+    return encode_response(model, str(reply.model_version), parsed.id, outputs)
+
+
+def _trace_of(metadata: dict[str, str]) -> TraceParent | None:
+    traceparent = metadata.get("traceparent")
+    if traceparent is None:
+        return None
+    return parse_traceparent(traceparent, metadata.get("tracestate"))
+
+
+_STREAM_FIELD = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response, length-delimited
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _log_failure(code: grpc.StatusCode, details: str) -> None:
+    level = logging.WARNING if code is grpc.StatusCode.INTERNAL else logging.DEBUG
+    request_id.current()
+    log.log(level, "gRPC inference request failed: %s %s", code.name, details)

@@ -1,0 +1,232 @@
+"""The gateway's gRPC server: ``inference.GRPCInferenceService``, ``grpc.health.v1.Health``
+and server reflection, on ``SLUICE_GRPC_PORT``, in the gateway's event loop and on its state.
+
+Keys as for REST: metadata ``authorization: Bearer <key>``; the repository, shared memory,
+trace and log calls are management calls (admin keys), the others inference calls; health
+and reflection are open. TLS with the HTTP API's certificate when one is set. Health answers
+SERVING for the whole server ("") and for the inference service while the server is ready
+(:func:`gateway.inspection.server_not_ready`), re-checked at every catalog refresh.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any, TypeAlias
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from gateway.guard import KeyRing, bearer_token
+from gateway.inspection import server_not_ready
+from gateway.state import GatewayState
+from sluice.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+
+from .infer import InferCalls
+from .protocol import SERVICE, service_pb2
+from .service import ControlCalls
+from .status import status_of
+
+log = logging.getLogger(__name__)
+
+_MANAGEMENT = frozenset(
+    (
+        "RepositoryIndex",
+        "RepositoryModelLoad",
+        "RepositoryModelUnload",
+        "SystemSharedMemoryStatus",
+        "SystemSharedMemoryRegister",
+        "SystemSharedMemoryUnregister",
+        "CudaSharedMemoryStatus",
+        "CudaSharedMemoryRegister",
+        "CudaSharedMemoryUnregister",
+        "TraceSetting",
+        "LogSettings",
+    )
+)
+_DENIED = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED}
+_COMPRESSION = {
+    "none": grpc.Compression.NoCompression,
+    "gzip": grpc.Compression.Gzip,
+    "deflate": grpc.Compression.Deflate,
+}
+
+Context: TypeAlias = "grpc.aio.ServicerContext[Any, Any]"
+
+
+class GrpcServer:
+    """Started and stopped by the gateway's lifespan."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+        self.keys = KeyRing.from_settings(state.settings)
+        self.health = health.aio.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self._watcher: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        settings = self.state.settings
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 1 if settings.grpc_reuse_port else 0),
+                ("grpc.max_receive_message_length", settings.grpc_max_receive_message_bytes),
+                ("grpc.max_send_message_length", settings.grpc_max_send_message_bytes),
+                ("grpc.max_concurrent_streams", 1024),
+            ],
+            maximum_concurrent_rpcs=settings.max_in_flight,
+            compression=_COMPRESSION[settings.grpc_response_compression],
+        )
+        server.add_generic_rpc_handlers((self._inference_handler(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        reflection.enable_server_reflection(
+            (
+                SERVICE,
+                health_pb2.DESCRIPTOR.services_by_name["Health"].full_name,
+                reflection.SERVICE_NAME,
+            ),
+            server,
+        )
+        address = f"{_bracketed(settings.http_host)}:{settings.grpc_port}"
+        try:
+            if settings.ssl_certfile:
+                server.add_secure_port(
+                    address, _credentials(settings.ssl_certfile, settings.ssl_keyfile)
+                )
+            else:
+                server.add_insecure_port(address)
+        except RuntimeError as exc:
+            raise InvalidConfig(f"cannot listen on {address} (gRPC port): {exc}") from None
+        await server.start()
+        self.server = server
+        await self.refresh_health()
+        self._watcher = asyncio.create_task(self._watch_health(), name="grpc-health")
+
+    async def stop(self, grace_s: float) -> None:
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        if self.server is not None:
+            await self.health.enter_graceful_shutdown()
+            await self.server.stop(grace_s)
+
+    async def refresh_health(self) -> None:
+        ready = server_not_ready(self.state) is None
+        status = (
+            health_pb2.HealthCheckResponse.SERVING
+            if ready
+            else health_pb2.HealthCheckResponse.NOT_SERVING
+        )
+        for service in ("", SERVICE):
+            await self.health.set(service, status)
+
+    async def _watch_health(self) -> None:
+        while True:
+            await asyncio.sleep(self.state.settings.catalog_refresh_s)
+            try:
+                await self.refresh_health()
+            except Exception:
+                log.exception("updating the gRPC health status failed")
+
+    # ----------------------------------------------------------------- handlers
+
+    def _inference_handler(self) -> grpc.GenericRpcHandler:
+        control = ControlCalls(self.state)
+        infer = InferCalls(self.state)
+        handlers: dict[str, grpc.RpcMethodHandler] = {}
+        methods = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
+        for method in methods:
+            name = method.name
+            if name == "ModelInfer":  # bytes in, bytes out: decoded and encoded off the loop
+                handlers[name] = grpc.unary_unary_rpc_method_handler(
+                    self._guarded_unary(name, infer.model_infer)
+                )
+            elif name == "ModelStreamInfer":
+                handlers[name] = grpc.stream_stream_rpc_method_handler(
+                    self._guarded_stream(name, infer.model_stream_infer)
+                )
+            else:  # bytes in: the size is checked before anything is decoded
+                request_type = getattr(service_pb2, method.input_type.name)
+                call = _control_call(
+                    getattr(control, name), request_type, self.state.settings.max_control_body_bytes
+                )
+                handlers[name] = grpc.unary_unary_rpc_method_handler(
+                    self._guarded_unary(name, call), response_serializer=_serialize
+                )
+        return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    async def _check_key(self, method: str, context: Context) -> None:
+        token: bytes | None = None
+        for key, value in context.invocation_metadata() or ():
+            if key == "authorization":
+                raw = value.encode("latin-1") if isinstance(value, str) else value
+                token = bearer_token(raw)
+                break
+        denied = self.keys.check_call(method in _MANAGEMENT, token)
+        if denied is not None:
+            await context.abort(_DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1])
+
+    def _guarded_unary(
+        self, method: str, call: Callable[[Any, Context], Awaitable[Any]]
+    ) -> Callable[[Any, Context], Awaitable[Any]]:
+        async def guarded(request: Any, context: Context) -> Any:
+            await self._check_key(method, context)
+            return await call(request, context)
+
+        return guarded
+
+    def _guarded_stream(
+        self, method: str, call: Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]
+    ) -> Callable[[AsyncIterator[Any], Context], AsyncIterator[Any]]:
+        async def guarded(requests: AsyncIterator[Any], context: Context) -> AsyncIterator[Any]:
+            await self._check_key(method, context)
+            async for response in call(requests, context):
+                yield response
+
+        return guarded
+
+
+def _control_call(
+    method: Callable[[Any], Awaitable[Any]], request_type: Any, limit: int
+) -> Callable[[bytes, Context], Awaitable[Any]]:
+    """A control RPC taking its request as bytes, at most ``limit`` of them (as REST's
+    ``SLUICE_MAX_CONTROL_BODY_BYTES``), whose Sluice errors become gRPC statuses."""
+
+    async def call(message: bytes, context: Context) -> Any:
+        try:
+            if len(message) > limit:
+                raise PayloadTooLarge(
+                    f"the request message has {len(message)} bytes, more than the limit of "
+                    f"{limit} (SLUICE_MAX_CONTROL_BODY_BYTES)"
+                )
+            try:
+                request = request_type.FromString(message)
+            except DecodeError as exc:
+                raise InvalidInput(f"malformed {request_type.__name__}: {exc}") from None
+            return await method(request)
+        except Exception as exc:
+            code, details = status_of(exc)
+            await context.abort(code, details)
+
+    return call
+
+
+def _serialize(message: Any) -> bytes:
+    serialized: bytes = message.SerializeToString()
+    return serialized
+
+
+def _bracketed(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def _credentials(certfile: str, keyfile: str) -> grpc.ServerCredentials:
+    try:
+        certificate = Path(certfile).read_bytes()
+        key = Path(keyfile or certfile).read_bytes()
+    except OSError as exc:
+        raise InvalidConfig(f"SLUICE_SSL_CERTFILE / SLUICE_SSL_KEYFILE: {exc}") from None
+    return grpc.ssl_server_credentials(((key, certificate),))

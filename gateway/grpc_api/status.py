@@ -1,0 +1,26 @@
+"""gRPC status codes for Sluice's errors (each error class names its own, see
+:mod:`sluice.errors`), and the messages sent with them: the same texts as over HTTP."""
+
+from __future__ import annotations
+
+import logging
+
+import grpc
+from redis.exceptions import RedisError
+
+from sluice.errors import SluiceError
+
+log = logging.getLogger(__name__)
+
+
+def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    """The code and details a failed call answers with."""
+    if isinstance(exc, SluiceError):
+        return grpc.StatusCode[exc.grpc_code], exc.message
+    if isinstance(exc, RedisError):
+        return (
+            grpc.StatusCode.UNAVAILABLE,
+            f"the request queue (Redis) is unreachable; retry later ({exc})",
+        )
+    log.error("gRPC call failed", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

@@ -1,0 +1,118 @@
+"""What the health, metadata, repository and statistics endpoints answer, whatever the wire:
+the REST routes (:mod:`gateway.routes`) and the gRPC service (:mod:`gateway.grpc_api`)
+render the same documents, in Triton's JSON form (which is also its protobuf's)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.metadata import model_metadata
+from gateway.state import GatewayState
+from sluice.errors import InvalidInput, Unavailable
+from sluice.statistics import render_model_stats
+
+
+def server_not_ready(state: GatewayState) -> str | None:
+    """Why the server is not ready (None: it is)."""
+    if not state.redis_ok:
+        return "server is not ready: Redis is unreachable"
+    if not state.view.loaded:
+        return "server is not ready: the model catalog is not loaded yet"
+    if state.settings.strict_readiness:
+        waiting = state.view.not_ready()
+        if waiting:
+            return f"server is not ready: {_listed(waiting)}"
+    return None
+
+
+def _listed(models: list[str], most: int = 5) -> str:
+    shown = ", ".join(models[:most])
+    more = f" and {len(models) - most} more" if len(models) > most else ""
+    return f"model(s) not ready: {shown}{more}"
+
+
+def model_not_ready(state: GatewayState, model: str, version: str | None) -> str | None:
+    """Why a model version cannot serve (None: it is ready), after Triton's
+    "Model version not ready"."""
+    try:
+        _, number = state.view.resolve(model, version)
+    except Unavailable as exc:
+        return f"Model version not ready; {exc.message}"
+    if not state.view.is_ready(model, number):
+        return f"Model version not ready; model '{model}' version {number} has no live worker yet"
+    return None
+
+
+def metadata_document(state: GatewayState, model: str, version: str | None) -> dict[str, Any]:
+    if version is None:
+        entry = state.view.entry(model)
+        if not entry.available:
+            raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
+        return model_metadata(entry, list(entry.versions))
+    entry, number = state.view.resolve(model, version)
+    return model_metadata(entry, [number])
+
+
+def config_document(state: GatewayState, model: str, version: str | None) -> dict[str, Any]:
+    entry, _ = state.view.resolve(model, version)
+    assert entry.config is not None
+    return dict(entry.config.raw)
+
+
+def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]]:
+    """The repository index: one row per model version (per model when unavailable)."""
+    if not isinstance(ready_only, bool):
+        raise InvalidInput("'ready' must be a boolean")
+    rows: list[dict[str, str]] = []
+    for name in sorted(state.view.models):
+        entry = state.view.models[name]
+        if not entry.available:
+            if not ready_only:
+                rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.error or ""})
+            continue
+        for version in entry.versions:
+            error = state.view.load_error(name, version)
+            if state.view.is_ready(name, version):
+                row = {"name": name, "version": str(version), "state": "READY", "reason": ""}
+            elif error is not None:
+                row = {
+                    "name": name,
+                    "version": str(version),
+                    "state": "UNAVAILABLE",
+                    "reason": error,
+                }
+            else:
+                row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
+            if not ready_only or row["state"] == "READY":
+                rows.append(row)
+    return rows
+
+
+def stats_targets(state: GatewayState, model: str, version: str | None) -> list[tuple[str, int]]:
+    """The model versions a statistics request covers (``model`` empty: every one)."""
+    if not model:
+        return sorted(
+            (entry.name, number)
+            for entry in state.view.models.values()
+            if entry.available
+            for number in entry.versions
+        )
+    if version is None:
+        entry = state.view.entry(model)
+        return [(model, number) for number in entry.versions]
+    _, number = state.view.resolve(model, version)
+    return [(model, number)]
+
+
+async def stats_document(state: GatewayState, models: list[tuple[str, int]]) -> dict[str, Any]:
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for name, version in models:
+            pipe.hgetall(state.keys.stats(name, version))
+            pipe.hgetall(state.keys.batch_stats(name, version))
+            pipe.hgetall(state.keys.instance_stats(name, version))
+        results = await pipe.execute()
+    stats = [
+        render_model_stats(name, version, *results[3 * i : 3 * i + 3])
+        for i, (name, version) in enumerate(models)
+    ]
+    return {"model_stats": stats}
