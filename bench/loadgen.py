@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import math
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from time import perf_counter
 from typing import Any, TypeVar
@@ -35,6 +35,10 @@ RECONNECT_BACKOFF = 0.05  # seconds a closed-loop worker waits after a failed co
 
 # Called with True when the measured window opens and False when it closes.
 WindowHook = Callable[[bool], None]
+# Looks at an answered body: None if it is right, else what is wrong with it.
+AnswerCheck = Callable[[bytes], str | None]
+# One request of a non-HTTP client: None when answered correctly, else what went wrong.
+Call = Callable[[], Awaitable[str | None]]
 
 
 @dataclass
@@ -49,16 +53,28 @@ class Recorder:
     last_end: float = 0.0
     ok: frozenset[int] = frozenset({200})
     """Statuses that count as answered (202 for job submissions)."""
+    check: AnswerCheck | None = None
+    """Also checks the body of an answer with an ``ok`` status."""
 
     def record(self, key: float, start: float, end: float, status: int, body: bytes) -> None:
         """Count a request if ``key`` (its completion or scheduled time) is in the window."""
         if not self.window_start <= key < self.window_end:
             return
+        if status not in self.ok:
+            problem: str | None = f"HTTP {status}: {body[:300].decode(errors='replace')}"
+        else:
+            problem = self.check(body) if self.check is not None else None
+        self.outcome(key, start, end, problem)
+
+    def outcome(self, key: float, start: float, end: float, problem: str | None) -> None:
+        """Count a request answered right (``problem`` None) or not, if ``key`` is in the window."""
+        if not self.window_start <= key < self.window_end:
+            return
         self.last_end = max(self.last_end, end)
-        if status in self.ok:
+        if problem is None:
             self.latencies.append(end - start)
         else:
-            self.error(f"HTTP {status}: {body[:300].decode(errors='replace')}")
+            self.error(problem)
 
     def error(self, message: str) -> None:
         self.errors += 1
@@ -125,10 +141,11 @@ async def closed_loop(
     warmup: float = 1.0,
     on_window: WindowHook | None = None,
     ok: frozenset[int] = frozenset({200}),
+    check: AnswerCheck | None = None,
 ) -> LoadResult:
     """``concurrency`` workers sending back to back; counts completions inside the window."""
     start = perf_counter()
-    recorder = Recorder(start + warmup, start + warmup + duration, ok=ok)
+    recorder = Recorder(start + warmup, start + warmup + duration, ok=ok, check=check)
 
     async def worker() -> None:
         connection: HttpConnection | None = None
@@ -142,6 +159,37 @@ async def closed_loop(
         finally:
             if connection is not None:
                 connection.close()
+
+    _window_hooks(warmup, duration, on_window)
+    tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+    await _drain(tasks, recorder, recorder.window_end + DRAIN_TIMEOUT - perf_counter())
+    return LoadResult(recorder.latencies, recorder.errors, recorder.error_samples, duration)
+
+
+async def closed_loop_calls(
+    call: Call,
+    concurrency: int,
+    duration: float,
+    warmup: float = 1.0,
+    on_window: WindowHook | None = None,
+) -> LoadResult:
+    """:func:`closed_loop` for any client: ``concurrency`` coroutines awaiting ``call()``
+    back to back. An exception it raises counts as an error (its message is sampled) and
+    that coroutine waits ``RECONNECT_BACKOFF`` before its next request."""
+    start = perf_counter()
+    recorder = Recorder(start + warmup, start + warmup + duration)
+
+    async def worker() -> None:
+        while (sent := perf_counter()) < recorder.window_end:
+            try:
+                problem = await call()
+            except Exception as exc:  # an error status or a transport error
+                done = perf_counter()
+                recorder.outcome(done, sent, done, f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(RECONNECT_BACKOFF)
+                continue
+            done = perf_counter()
+            recorder.outcome(done, sent, done, problem)
 
     _window_hooks(warmup, duration, on_window)
     tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]

@@ -64,11 +64,17 @@ def concrete_shape(shape: tuple[int, ...], batch: int, batched: bool) -> list[in
     return dims
 
 
+def numpy_dtype(datatype: str) -> np.dtype[Any] | None:
+    """The little-endian numpy dtype of a protocol datatype (None for BYTES and BF16)."""
+    name = _NUMPY_DTYPES.get(datatype)
+    return None if name is None else np.dtype(name)
+
+
 def random_tensor(spec: TensorSpec, shape: list[int], rng: np.random.Generator) -> np.ndarray:
     """Seeded random data of the spec's datatype, little-endian."""
-    if spec.datatype not in _NUMPY_DTYPES:
+    dtype = numpy_dtype(spec.datatype)
+    if dtype is None:
         raise ValueError(f"input {spec.name!r}: datatype {spec.datatype} is not supported")
-    dtype = np.dtype(_NUMPY_DTYPES[spec.datatype])
     if dtype.kind == "f":
         return rng.standard_normal(shape).astype(dtype)
     if dtype.kind == "b":
@@ -116,6 +122,20 @@ def binary_body(
     return header + b"".join(array.tobytes() for _, array in inputs), len(header)
 
 
+def request_inputs(
+    metadata: dict[str, Any], max_batch_size: int, batch: int = 1, seed: int = 0
+) -> list[tuple[TensorSpec, np.ndarray]]:
+    """The seeded random inputs of a request of ``batch`` entries (the same for every wire)."""
+    batched = max_batch_size > 0
+    if batched and not 1 <= batch <= max_batch_size:
+        raise ValueError(f"batch {batch} is outside 1..{max_batch_size} (max_batch_size)")
+    rng = np.random.default_rng(seed)
+    return [
+        (spec, random_tensor(spec, concrete_shape(spec.shape, batch, batched), rng))
+        for spec in tensor_specs(metadata, "inputs")
+    ]
+
+
 def build_request(
     target: Target,
     model: str,
@@ -126,14 +146,7 @@ def build_request(
     seed: int = 0,
 ) -> InferRequest:
     """Encode ``POST /v2/models/<model>/infer`` with random inputs of ``batch`` entries."""
-    batched = max_batch_size > 0
-    if batched and not 1 <= batch <= max_batch_size:
-        raise ValueError(f"batch {batch} is outside 1..{max_batch_size} (max_batch_size)")
-    rng = np.random.default_rng(seed)
-    inputs = [
-        (spec, random_tensor(spec, concrete_shape(spec.shape, batch, batched), rng))
-        for spec in tensor_specs(metadata, "inputs")
-    ]
+    inputs = request_inputs(metadata, max_batch_size, batch, seed)
     headers: dict[str, str]
     if mode == "json":
         body = json_body(inputs)
@@ -147,4 +160,5 @@ def build_request(
     else:
         raise ValueError(f"unknown mode {mode!r}; expected one of {', '.join(MODES)}")
     raw = encode_request(target, "POST", model_path(model, "/infer"), body, headers)
-    return InferRequest(mode=mode, items=batch if batched else 1, raw=raw, body_bytes=len(body))
+    items = batch if max_batch_size > 0 else 1
+    return InferRequest(mode=mode, items=items, raw=raw, body_bytes=len(body))

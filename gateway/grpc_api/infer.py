@@ -118,15 +118,13 @@ class InferCalls:
         request: Any = None
         try:
             request = await self.decode(message)
-            answer = await self.infer(request, len(message), metadata, None)
+            return await self.infer(request, len(message), metadata, None, stream=True)
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
             response = service_pb2.ModelStreamInferResponse(error_message=details)
             response.infer_response.id = request.id if request is not None else ""
             return bytes(response.SerializeToString())
-        # A ModelInferResponse is the stream response's field 2: its bytes, length-prefixed.
-        return _STREAM_FIELD + _varint(len(answer)) + answer
 
     async def decode(self, message: bytes) -> Any:
         """The ``ModelInferRequest`` (decoded on a thread when large)."""
@@ -135,10 +133,17 @@ class InferCalls:
         return _decode(message)
 
     async def infer(
-        self, request: Any, size: int, metadata: dict[str, str], remaining_s: float | None
+        self,
+        request: Any,
+        size: int,
+        metadata: dict[str, str],
+        remaining_s: float | None,
+        *,
+        stream: bool = False,
     ) -> bytes:
         """One decoded request of ``size`` bytes, checked, queued, answered: the
-        ``ModelInferResponse`` bytes; raises what the client is to see."""
+        ``ModelInferResponse`` bytes (``stream``: the ``ModelStreamInferResponse`` bytes
+        holding it); raises what the client is to see."""
         state = self.state
         reservation = state.bodies.reservation()
         try:
@@ -168,7 +173,11 @@ class InferCalls:
             parsed, transfer = prepared.parsed, state.transfer
 
             def encode(reply: ReplyMessage, data: memoryview) -> bytes:
-                return _encode(transfer, model, reply, data, parsed)
+                answer = _encode(transfer, model, reply, data, parsed)
+                if not stream:
+                    return answer
+                # The stream response's field 2 is the ModelInferResponse: its bytes, framed.
+                return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
 
             return await execute(state, prepared, big, encode, _trace_of(metadata))
         finally:

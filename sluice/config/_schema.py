@@ -2,9 +2,9 @@
 
 ``tritonclient.grpc/__init__`` imports grpcio and tritonclient's whole gRPC client,
 which the workers and the config reader have no use for, so the generated
-``model_config_pb2`` file is loaded by path instead of by import. The generated code registers its descriptors in the default pool, so
-loading it twice (here and through ``tritonclient.grpc``) yields the same
-message classes.
+``model_config_pb2`` file is loaded by path instead of by import. The generated
+code registers its descriptors in the default pool, so loading it twice (here and
+through ``tritonclient.grpc``) yields the same message classes.
 """
 
 from __future__ import annotations

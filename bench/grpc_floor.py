@@ -1,0 +1,139 @@
+"""``python -m bench.grpc_floor``: what grpcio's Python server costs per call by itself.
+
+A server that answers every call with its request (no Sluice, no model, no Redis) runs in a
+process of its own, with grpcio's asyncio server (on uvloop, as the gateway) or its
+thread-pool server; a raw client (pre-encoded 100-byte messages, N coroutines on one
+channel) drives it closed loop from another process. Reported: calls/s and the server's CPU
+per call, the floor under any Python gRPC front end on this machine, to set beside the
+gateway's CPU per request in ``bench.grpc_bench``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from concurrent import futures
+
+import grpc
+
+from bench.stack import free_port
+
+_METHOD = "/floor.Echo/Echo"
+
+
+def _handlers(echo: object) -> grpc.GenericRpcHandler:
+    return grpc.method_handlers_generic_handler(
+        "floor.Echo", {"Echo": grpc.unary_unary_rpc_method_handler(echo)}
+    )
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def serve(kind: str, port: int) -> None:
+    """Serve until stdin closes; then print the CPU seconds used, as JSON."""
+    if kind == "aio":
+        import uvloop
+
+        async def echo(request: bytes, context: object) -> bytes:
+            return request
+
+        async def main() -> None:
+            server = grpc.aio.server()
+            server.add_generic_rpc_handlers((_handlers(echo),))
+            server.add_insecure_port(f"127.0.0.1:{port}")
+            await server.start()
+            print("ready", flush=True)
+            await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+            print(json.dumps({"cpu_s": _cpu_s()}), flush=True)
+
+        uvloop.run(main())
+        return
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
+    server.add_generic_rpc_handlers((_handlers(lambda request, context: request),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    server.start()
+    print("ready", flush=True)
+    sys.stdin.read()
+    print(json.dumps({"cpu_s": _cpu_s()}), flush=True)
+
+
+async def _drive(port: int, concurrency: int, seconds: float) -> int:
+    message = b"x" * 100
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        call = channel.unary_unary(_METHOD)
+        await call(message)
+        done = 0
+        end = time.monotonic() + seconds
+
+        async def worker() -> None:
+            nonlocal done
+            while time.monotonic() < end:
+                await call(message)
+                done += 1
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done
+
+
+def measure(kind: str, concurrency: int, seconds: float) -> dict[str, float | int | str]:
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "bench.grpc_floor", "--serve", kind, "--port", str(port)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None and server.stdin is not None
+        if server.stdout.readline().strip() != "ready":
+            raise RuntimeError("the echo server did not start")
+        warm = asyncio.run(_drive(port, concurrency, 1.0))
+        calls = asyncio.run(_drive(port, concurrency, seconds))
+        server.stdin.close()
+        cpu_s = float(json.loads(server.stdout.readline())["cpu_s"])
+    finally:
+        server.kill()
+        server.wait()
+    return {
+        "server": kind,
+        "concurrency": concurrency,
+        "calls_per_s": round(calls / seconds, 1),
+        "server_cpu_us_per_call": round(cpu_s / (warm + calls) * 1e6),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--serve", choices=("aio", "threads"), help=argparse.SUPPRESS)
+    parser.add_argument("--port", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=8.0)
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args.serve, args.port)
+        return 0
+    print(f"grpcio {grpc.__version__}, {os.cpu_count()} CPUs", file=sys.stderr)
+    print("| server | concurrency | calls/s | server CPU µs/call |")
+    print("| --- | ---: | ---: | ---: |")
+    for kind in ("aio", "threads"):
+        row = measure(kind, args.concurrency, args.seconds)
+        label = "grpc.aio (uvloop)" if kind == "aio" else "grpc.server (16 threads)"
+        print(
+            f"| {label} | {row['concurrency']} | {row['calls_per_s']:,.0f} "
+            f"| {row['server_cpu_us_per_call']} |",
+            flush=True,
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
