@@ -596,11 +596,12 @@ def check_stack(stack: Stack) -> None:
         status, body = http(stack.url("SLUICE_PROMETHEUS_PORT", query))
         results = json.loads(body)["data"]["result"] if status == 200 else []
         return any(
-            result["metric"].get("model") == "iris" and float(result["value"][1]) == 1.0
+            result["metric"].get("model") == "iris" and float(result["value"][1]) == 2.0
             for result in results
         )
 
-    wait_for('Prometheus holding nv_inference_request_success{model="iris"} 1', scraped, 90, 2)
+    # Two: the REST inference and the gRPC one.
+    wait_for('Prometheus holding nv_inference_request_success{model="iris"} 2', scraped, 90, 2)
     progress("Prometheus scraped the gateway's metrics port")
 
 
