@@ -10,6 +10,8 @@ from time import perf_counter
 import numpy as np
 import onnxruntime as ort
 
+from sluice.runtime import usable_cores
+
 WARMUP_RUNS = 3
 MIN_RUNS = 5
 
@@ -138,3 +140,15 @@ def run_baseline(
         feed = random_feed(session, batch, max_batch_size > 0, rng)
         points.append(time_batch(session, feed, batch, seconds_per_batch))
     return Baseline(str(model_path), threads, max_batch_size, points)
+
+
+def run_best_baseline(
+    model_path: Path, max_batch_size: int, seconds_per_batch: float = 0.5
+) -> Baseline:
+    """The engine at its best on this machine: :func:`run_baseline` with 1, 2, ... every
+    usable core, the run with the highest throughput."""
+    runs = [
+        run_baseline(model_path, max_batch_size, threads, seconds_per_batch)
+        for threads in range(1, usable_cores() + 1)
+    ]
+    return max(runs, key=lambda run: run.best.items_per_s)

@@ -6,8 +6,11 @@ Examples::
     python -m bench --model cnn --rate 100,200,300 --mode binary,json
     python -m bench --model mlp --url http://127.0.0.1:8000 --stack-pid 12345
 
-Without ``--url`` the bench starts ``sluice up`` itself on a free port and stops it at
-the end. Outputs go to ``--out`` (results.json, results.md, throughput.png,
+Without ``--url`` the bench starts ``sluice up`` itself on a free port, over the whole
+repository (idle models included, as a user's; ``--only-model`` serves the benchmarked one
+alone) with its defaults, and stops it at the end. The in-process baseline is the engine at
+its best on this machine: the best of 1 .. every core's intra-op threads (``--threads N``
+fixes both sides to N instead). Outputs go to ``--out`` (results.json, results.md, throughput.png,
 latency.png); the Markdown table is also printed to stdout.
 """
 
@@ -26,7 +29,13 @@ from typing import Any
 import onnxruntime
 
 from bench import loadgen
-from bench.baseline import Baseline, config_max_batch_size, latest_model_file, run_baseline
+from bench.baseline import (
+    Baseline,
+    config_max_batch_size,
+    latest_model_file,
+    run_baseline,
+    run_best_baseline,
+)
 from bench.client import (
     HttpError,
     Target,
@@ -119,9 +128,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--threads",
         type=int,
-        default=1,
+        default=0,
         help="intra-op threads of the baseline, and of the workers of a stack the bench "
-        "starts (as SLUICE_THREADS; default 1)",
+        "starts (as SLUICE_THREADS); default 0: the baseline takes the best of 1..all cores "
+        "and the stack runs with its defaults",
+    )
+    parser.add_argument(
+        "--only-model",
+        action="store_true",
+        help="serve only the benchmarked model (default: the whole repository, idle models "
+        "included, as a user's)",
     )
     parser.add_argument(
         "--baseline-seconds",
@@ -184,8 +200,13 @@ def baseline_for(args: argparse.Namespace, max_batch: int) -> Baseline | None:
     except FileNotFoundError as exc:
         log(f"no in-process baseline: {exc}")
         return None
-    log(f"in-process baseline: {path}, batch 1..{max_batch}, {args.threads} thread(s)")
-    baseline = run_baseline(path, max_batch, args.threads, args.baseline_seconds)
+    if args.threads:
+        log(f"in-process baseline: {path}, batch 1..{max_batch}, {args.threads} thread(s)")
+        baseline = run_baseline(path, max_batch, args.threads, args.baseline_seconds)
+    else:
+        log(f"in-process baseline: {path}, batch 1..{max_batch}, the best of 1..all cores")
+        baseline = run_best_baseline(path, max_batch, args.baseline_seconds)
+        log(f"  best with {baseline.threads} thread(s)")
     for point in baseline.points:
         log(
             f"  batch {point.batch:4d}: p50 {point.p50_ms:9.3f} ms, "
@@ -316,15 +337,17 @@ def main(argv: list[str] | None = None) -> int:
     stack: Stack | None = None
     try:
         if args.url is None:
-            served = single_model_repository(args.model_repository, args.model, args.out)
-            log(f"starting sluice up --model-repository {served} (only '{args.model}')")
+            served = args.model_repository
+            if args.only_model:
+                served = single_model_repository(args.model_repository, args.model, args.out)
+            log(f"starting sluice up --model-repository {served}")
             stack = start_stack(
                 served,
                 args.http_port,
                 args.out / "stack.log",
                 shlex.split(args.stack_args),
-                # Workers read SLUICE_THREADS: give them the baseline's thread count.
-                {"SLUICE_THREADS": str(args.threads)},
+                # Workers read SLUICE_THREADS: the baseline's thread count when one is given.
+                {"SLUICE_THREADS": str(args.threads)} if args.threads else {},
             )
             log(f"stack ready at {stack.url} (pid {stack.pid}; log {args.out / 'stack.log'})")
         # The bench's own stack listens on the port it was given, whatever URL it printed.

@@ -10,7 +10,6 @@ that scales up does not oversubscribe the machine.
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,6 +17,7 @@ from typing import cast
 
 from redis import Redis
 
+from scheduler.placement import threads_per_instance
 from scheduler.supervisor import Child, ChildSpec, Supervisor
 from sluice.keys import Keys
 from sluice.repository import RepositoryModel
@@ -61,7 +61,7 @@ class InstanceReconciler:
     ) -> None:
         running = [c for c in children if c.spec.version == version and not c.retiring]
         if count > len(running):
-            threads = self._threads(count - len(running))
+            threads = threads_per_instance(count)
             specs = [
                 self.instance_spec(model, version, threads) for _ in range(count - len(running))
             ]
@@ -82,9 +82,3 @@ class InstanceReconciler:
             log.info(
                 "'%s' version %d: %d -> %d instances", model.name, version, len(running), count
             )
-
-    def _threads(self, adding: int) -> int:
-        workers = sum(
-            1 for _, children in self.fleet.values() for child in children if not child.retiring
-        )
-        return max(1, (os.cpu_count() or 1) // max(1, workers + adding))

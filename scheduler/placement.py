@@ -8,6 +8,7 @@ import shutil
 import subprocess
 
 from sluice.config import InstanceGroup
+from sluice.runtime import usable_cores
 
 Placement = tuple[str, int | None]
 """(KIND_CPU or KIND_GPU, GPU index or None)."""
@@ -45,3 +46,11 @@ def placements(groups: tuple[InstanceGroup, ...], gpus: tuple[int, ...]) -> list
         for device in group.gpus or gpus or (0,):
             result.extend([("KIND_GPU", device)] * group.count)
     return result
+
+
+def threads_per_instance(instances: int) -> int:
+    """Compute threads of each of a model version's ``instances`` workers: every core this
+    process may use, divided among that model's own instances only. The workers of other
+    models take none: an idle model uses no core, and the busy one gets the machine (a
+    worker's thread pool does not spin while it waits, see the onnxruntime backend)."""
+    return max(1, usable_cores() // max(1, instances))

@@ -29,7 +29,7 @@ from scheduler import controller
 from scheduler.catalog_publisher import publish_catalog
 from scheduler.instances import Fleet, InstanceReconciler, InstanceSpec
 from scheduler.model_control import ModelControl
-from scheduler.placement import placements, visible_gpus
+from scheduler.placement import placements, threads_per_instance, visible_gpus
 from scheduler.redis_server import RedisNotInstalled, RedisServer
 from scheduler.sources import (
     LocalSource,
@@ -120,13 +120,6 @@ class SegmentSweeper:
             self.due = time.monotonic() + self.EVERY_S
 
 
-def _threads_per_instance(models: list[RepositoryModel]) -> int:
-    """Compute threads of each worker: the cores divided among every instance started."""
-    usable = [m for m in models if m.config is not None and m.error is None]
-    total = sum(m.config.total_instances * len(m.versions) for m in usable if m.config) or 1
-    return max(1, (os.cpu_count() or 1) // total)
-
-
 def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> list[RepositoryModel]:
     """Explicit model control: the models named by --load-model (``*``: all)."""
     wanted = set(settings.load_model)
@@ -190,10 +183,10 @@ def _worker_specs(
 ) -> list[ChildSpec]:
     """One child per instance of each served version of each usable model."""
     usable = [m for m in models if m.config is not None and m.error is None]
-    threads = threads or _threads_per_instance(models)
     specs: list[ChildSpec] = []
     for model in usable:
         assert model.config is not None
+        model_threads = threads or threads_per_instance(model.config.total_instances)
         where = placements(model.config.instance_groups, visible_gpus())
         for version in model.versions:
             for index, (kind, device) in enumerate(where):
@@ -210,7 +203,7 @@ def _worker_specs(
                     "--kind",
                     kind,
                     "--threads",
-                    str(threads),
+                    str(model_threads),
                 ]
                 if device is not None:
                     argv += ["--gpu", str(device)]
@@ -524,10 +517,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             supervisor = Supervisor(_gateway_specs(settings, env, listeners))
         supervisor.start()
         supervisor.add(_batch_worker_specs(settings, env))
-        threads = _threads_per_instance(loaded)
         children = {
-            model.name: supervisor.add(_worker_specs([model], repository, env, threads))
-            for model in loaded
+            model.name: supervisor.add(_worker_specs([model], repository, env)) for model in loaded
         }
         fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
         instances = InstanceReconciler(client, namespace, supervisor, fleet, _instance_spec(env))

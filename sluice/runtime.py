@@ -3,6 +3,15 @@
 from __future__ import annotations
 
 import gc
+import os
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity, not the machine's count)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # (not Linux)
+        return max(1, os.cpu_count() or 1)
 
 
 def tune_garbage_collector() -> None:

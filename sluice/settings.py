@@ -247,7 +247,8 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
 
 class WorkerSettings(CommonSettings):
     threads: int = Field(0, ge=0)
-    """Compute threads per worker; 0 divides the machine's cores among the model's instances."""
+    """Compute threads per worker; 0: the cores divided among the instances of its own model
+    (what `sluice up` passes), or every core for a worker started alone."""
 
     heartbeat_s: float = Field(1.0, gt=0)
     """How often a worker announces itself; it counts as dead after three missed beats."""

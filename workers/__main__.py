@@ -65,7 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = WorkerSettings()
     configure_logging("worker", settings)
-    threads = settings.threads or args.threads or 1
+    threads = settings.threads or args.threads  # 0: every usable core
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)
     return run_worker(settings, args.model_repository, args.model, args.version, placement)
 

@@ -11,6 +11,7 @@ import numpy as np
 from sluice.config import ModelConfig
 from sluice.errors import InvalidConfig, InvalidInput, Unsupported
 from workers.backends.base import Placement
+from workers.backends.threads import flag_parameter, int_parameter, threads_or_all
 
 _GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
 
@@ -50,15 +51,52 @@ def _as_text(name: str, array: np.ndarray) -> np.ndarray:
     return text
 
 
+_THREADS = range(0, 1025)
+_SESSION_PREFIX = "session."
+SPINNING = "session.intra_op.allow_spinning"
+
+
+def session_options(config: ModelConfig, placement: Placement) -> object:
+    """onnxruntime's session options from the placement and the parameters Triton's
+    onnxruntime backend reads (``intra_op_thread_count``, ``inter_op_thread_count``,
+    ``execution_mode``, ``enable_mem_arena``, ``enable_mem_pattern``, and any
+    ``session.*`` key as a session configuration entry). Threads that wait for work do not
+    spin by default (``session.intra_op.allow_spinning`` 0): every core may belong to several
+    models' instances, and a spinning pool takes the cores another busy model needs."""
+    import onnxruntime as ort
+
+    name, parameters = config.name, config.parameters
+    options = ort.SessionOptions()
+    intra = int_parameter(name, parameters, "intra_op_thread_count", _THREADS)
+    options.intra_op_num_threads = threads_or_all(placement.threads if intra is None else intra)
+    inter = int_parameter(name, parameters, "inter_op_thread_count", _THREADS)
+    options.inter_op_num_threads = 1 if inter is None else inter
+    mode = int_parameter(name, parameters, "execution_mode", range(0, 2))
+    options.execution_mode = (
+        ort.ExecutionMode.ORT_PARALLEL if mode == 1 else ort.ExecutionMode.ORT_SEQUENTIAL
+    )
+    arena = flag_parameter(name, parameters, "enable_mem_arena")
+    if arena is not None:
+        options.enable_cpu_mem_arena = arena
+    pattern = flag_parameter(name, parameters, "enable_mem_pattern")
+    if pattern is not None:
+        options.enable_mem_pattern = pattern
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    options.add_session_config_entry(SPINNING, "0")
+    for key, value in parameters.items():
+        if key.startswith(_SESSION_PREFIX):
+            try:
+                options.add_session_config_entry(key, value)
+            except Exception as exc:
+                raise InvalidConfig(f"model '{name}': parameter '{key}': {exc}") from None
+    return options
+
+
 class OnnxRuntimeBackend:
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         import onnxruntime as ort
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = placement.threads
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        options = session_options(config, placement)
         try:
             self._session = ort.InferenceSession(
                 str(model_path), sess_options=options, providers=_providers(config, placement)

@@ -22,6 +22,7 @@ import torch
 from sluice.config import ModelConfig
 from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 from workers.backends.base import Placement
+from workers.backends.threads import int_parameter, threads_or_all
 from workers.backends.torch_io import Signature, results_by_name, to_numpy, to_torch
 
 
@@ -103,6 +104,9 @@ def _short(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[:500]}"
 
 
+_THREADS = range(0, 1025)
+
+
 class TorchBackend:
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         if not config.inputs or not config.outputs:
@@ -112,9 +116,12 @@ class TorchBackend:
             )
         self._config = config
         self._device = _device(config, placement)
-        torch.set_num_threads(max(1, placement.threads))
+        # Triton's PyTorch backend parameters, when the model sets them.
+        intra = int_parameter(config.name, config.parameters, "INTRA_OP_THREAD_COUNT", _THREADS)
+        inter = int_parameter(config.name, config.parameters, "INTER_OP_THREAD_COUNT", _THREADS)
+        torch.set_num_threads(threads_or_all(placement.threads if intra is None else intra))
         with contextlib.suppress(RuntimeError):  # only settable before the first parallel op
-            torch.set_num_interop_threads(1)
+            torch.set_num_interop_threads(inter or 1)
         try:
             self._model = _load(model_path, self._device)
         except Exception as exc:
