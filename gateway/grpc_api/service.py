@@ -46,6 +46,11 @@ def _parsed(document: Any, message: Any) -> Any:
     return json_format.ParseDict(document, message, ignore_unknown_fields=True)
 
 
+def _regions(rows: list[dict[str, Any]], message: Any) -> Any:
+    """A shared memory status response: REST's list of regions as gRPC's map by name."""
+    return _parsed({"regions": {row["name"]: row for row in rows}}, message)
+
+
 class ControlCalls:
     """One method per RPC: the decoded request in, the response message out."""
 
@@ -121,10 +126,7 @@ class ControlCalls:
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:
         regions = self.state.regions.system_status(request.name or None)
-        return _parsed(
-            {"regions": {region["name"]: region for region in regions}},
-            pb.SystemSharedMemoryStatusResponse(),
-        )
+        return _regions(regions, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any) -> Any:
         if not request.key:
@@ -142,10 +144,7 @@ class ControlCalls:
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:
         regions = self.state.regions.cuda_status(request.name or None)
-        return _parsed(
-            {"regions": {region["name"]: region for region in regions}},
-            pb.CudaSharedMemoryStatusResponse(),
-        )
+        return _regions(regions, pb.CudaSharedMemoryStatusResponse())
 
     async def CudaSharedMemoryRegister(self, request: Any) -> Any:
         handle = checked_raw_handle(request.raw_handle)

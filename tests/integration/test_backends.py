@@ -197,7 +197,8 @@ def test_torch_models_equal_in_process(
     inputs = {input_name: np.random.default_rng(5).standard_normal((6, 16)).astype(np.float32)}
     served = _infer(client, model, inputs, {input_name: "FP32"}).as_numpy(output_name)
     expected = _in_process(repository, model, inputs)[output_name]
-    np.testing.assert_array_equal(served, expected)
+    # The worker may use more threads than this process: sums run in another order.
+    np.testing.assert_allclose(served, expected, rtol=1e-5, atol=1e-6)
 
 
 def test_python_text_model_equals_in_process(
