@@ -288,6 +288,10 @@ def test_the_sluice_routing_command(stack: Stack, http: httpx.Client) -> None:
         "labels": {"production": 1},
         "weights": {"1": 90, "2": 10},
     }
+    # The command talked to either gateway process; this one sees it within a refresh.
+    deadline = time.monotonic() + 5
+    while infer(http, "/labels/production").status_code != 200 and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert served_by(infer(http, "/labels/production")) == "1"
     refused = sluice_routing(stack, "set-weights", MODEL, "1=5000")
     assert refused.returncode == 1 and "'weights.1' must be an integer" in refused.stderr
