@@ -152,6 +152,22 @@ def test_log_and_trace_settings(client: grpcclient.InferenceServerClient) -> Non
         "UNIMPLEMENTED",
         "trace settings can not be updated",
     )
+    rejected(lambda: client.get_trace_settings(model_name="no_such_model"), "NOT_FOUND")
+
+
+def test_trace_settings_over_rest(stack: Stack) -> None:
+    """The same extension at ``/v2[/models/{m}]/trace/setting``, with its bad inputs."""
+    with httpx.Client(base_url=stack.url, timeout=10) as http:
+        settings = http.get("/v2/trace/setting")
+        assert settings.status_code == 200 and settings.json()["trace_level"] == ["OFF"]
+        assert http.get("/v2/models/iris/trace/setting").json() == settings.json()
+        assert http.post("/v2/trace/setting", content=b"").json() == settings.json()
+        changed = http.post("/v2/trace/setting", json={"trace_rate": "2"})
+        assert changed.status_code == 501, changed.text
+        assert "trace settings can not be updated" in changed.json()["error"]
+        assert http.post("/v2/trace/setting", content=b"{not json").status_code == 400
+        unknown = http.get("/v2/models/no_such_model/trace/setting")
+        assert unknown.status_code == 404 and "no_such_model" in unknown.json()["error"]
 
 
 # -- inference -----------------------------------------------------------------------
