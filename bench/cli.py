@@ -23,12 +23,13 @@ import os
 import platform
 import shlex
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import onnxruntime
 
-from bench import loadgen
+from bench import library_clients, loadgen
 from bench.baseline import (
     Baseline,
     config_max_batch_size,
@@ -111,6 +112,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-in-flight", type=int, default=256, help="open-loop in-flight cap (default 256)"
     )
+    parser.add_argument(
+        "--client",
+        choices=library_clients.CLIENTS,
+        default="raw",
+        help="closed-loop load generator: raw (the bench's pre-encoded requests on raw "
+        "keep-alive sockets, the cheapest client), aiohttp (a general-purpose asyncio client "
+        "sending the same bytes) or tritonclient (tritonclient.http.aio); default raw",
+    )
     parser.add_argument("--url", help="use a running stack (loopback only) instead of starting one")
     parser.add_argument(
         "--stack-pid", type=int, help="with --url: root pid of the stack, for CPU accounting"
@@ -150,6 +159,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--out", type=Path, default=Path("bench/out"), help="output folder (default bench/out)"
     )
     args = parser.parse_args(argv)
+    if args.client != "raw" and args.rate:
+        parser.error("--rate needs --client raw (the open loop sends pre-encoded requests)")
     if args.concurrency is None:
         args.concurrency = [] if args.rate else _ints(DEFAULT_CONCURRENCY)
     if args.url is not None:
@@ -243,7 +254,22 @@ def run_point(
     baseline: Baseline | None,
 ) -> Point:
     meter.last = None
-    if loop == "closed":
+    coroutine: Coroutine[Any, Any, loadgen.LoadResult]
+    if loop == "closed" and args.client != "raw":
+        coroutine = library_clients.closed_loop(
+            args.client,
+            target,
+            args.model,
+            args.model_metadata,
+            args.max_batch,
+            request,
+            args.batch,
+            int(load),
+            args.duration,
+            args.warmup,
+            meter.on_window,
+        )
+    elif loop == "closed":
         coroutine = loadgen.closed_loop(
             target, request.raw, int(load), args.duration, args.warmup, meter.on_window
         )
@@ -299,6 +325,7 @@ def metadata_of(args: argparse.Namespace, target: Target, stack: Stack | None) -
     return {
         "model": args.model,
         "modes": args.mode,
+        "client": args.client,
         "url": target.url,
         "started_stack": stack is not None,
         "stack_command": shlex.join(stack.process.args) if stack is not None else None,  # type: ignore[arg-type]
@@ -356,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         model_metadata = get_json(target, model_path(args.model))
         max_batch = max_batch_size(target, args.model, args.model_repository)
         requests = build_requests(args, target, model_metadata, max_batch)
+        args.model_metadata, args.max_batch = model_metadata, max_batch
         meter = CpuMeter(stack.pid if stack is not None else args.stack_pid)
         meta = metadata_of(args, target, stack)
         meta["max_batch_size"] = max_batch

@@ -14,6 +14,10 @@ connection here has at most one timer running, for the phase it is in:
 
 While the application computes the answer no timer runs: the request's own deadline
 bounds that. Connections beyond ``max_connections`` are closed as soon as they open.
+
+uvicorn writes a response's head and its body in two calls, so two packets and two
+wake-ups of the client for every small answer; here they go out in one write
+(:class:`OneWriteTransport`).
 """
 
 from __future__ import annotations
@@ -38,6 +42,50 @@ def _closing_response(status: str, message: str) -> bytes:
         f"connection: close\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
+
+
+_COMBINE_MAX_BYTES = 64 * 1024
+"""A body up to this size is copied behind its head; a larger one goes in its own write."""
+
+
+class OneWriteTransport:
+    """The transport a request's cycle writes to: a response's head is held until its body
+    is written in the same turn of the event loop, and both go in one write. Whatever is
+    held at the end of that turn (a body-less answer, a streamed one) is written then."""
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self._held
+        if held is not None:
+            self._held = None
+            if len(data) <= _COMBINE_MAX_BYTES:
+                self._transport.write(held + data)
+                return
+            self._transport.write(held)
+            self._transport.write(data)
+        elif data.startswith(b"HTTP/1.1 ") and not data.startswith(b"HTTP/1.1 100 "):
+            self._held = data
+            self._loop.call_soon(self.flush)
+        else:
+            self._transport.write(data)
+
+    def flush(self) -> None:
+        held, self._held = self._held, None
+        if held is not None and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def close(self) -> None:
+        self.flush()
+        self._transport.close()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
 
 
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
@@ -114,6 +162,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         super().on_headers_complete()
+        if self.cycle is not None:
+            self.cycle.transport = OneWriteTransport(self.transport, self.loop)  # type: ignore[assignment]
         self._arm("body", self.body_timeout_s)
 
     def on_message_complete(self) -> None:

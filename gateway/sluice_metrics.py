@@ -45,6 +45,17 @@ _HISTOGRAMS = (
         hist.COMPUTE,
     ),
     ("sluice_batch_size", "Items per model execution (Triton's inference count)", hist.BATCH_SIZE),
+    (
+        "sluice_batch_wait_seconds",
+        "Time from a batch's first request held by the worker to the batch's computation",
+        hist.BATCH_WAIT,
+    ),
+    (
+        "sluice_batch_cost_model_error_ratio",
+        "How far adaptive batching's cost model missed a batch's cost: "
+        "|predicted - measured| / measured",
+        hist.COST_MODEL_ERROR,
+    ),
 )
 
 
@@ -79,6 +90,7 @@ class _Families:
         yield from self._queue(versions)
         yield from self._recovery(versions)
         yield from self._instances(versions)
+        yield from self._batch_closes(versions)
         yield from self._histograms(versions)
         yield from self._gateways()
 
@@ -210,6 +222,21 @@ class _Families:
             instances.add_metric([*labels, "loading"], 0 if state.load_error else missing)
             instances.add_metric([*labels, "failed"], missing if state.load_error else 0)
         return (instances,)
+
+    def _batch_closes(self, versions: list[VersionState]) -> Iterable[Metric]:
+        closes = CounterMetricFamily(
+            "sluice_batch_closes",
+            "Batches by why they closed: full (max_batch_size), preferred (a preferred size), "
+            "window (max_queue_delay ran out), adaptive (waiting no longer paid), stopping",
+            labels=[*_LABELS, "reason"],
+        )
+        for state in versions:
+            labels = [state.model, str(state.version)]
+            for reason in st.BATCH_CLOSE_REASONS:
+                closes.add_metric(
+                    [*labels, reason], state.counters.get(st.batch_close_field(reason), 0)
+                )
+        return (closes,)
 
     def _histograms(self, versions: list[VersionState]) -> Iterable[Metric]:
         for name, help_text, histogram in _HISTOGRAMS:

@@ -33,6 +33,10 @@ _LATENCY_BOUNDS_S = (
     60.0,
 )
 _BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+_WAIT_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+_RATIO_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
+RATIO_UNIT = 1000
+"""Ratios are recorded in thousandths (the hash holds integers)."""
 
 
 @dataclass(frozen=True)
@@ -101,3 +105,7 @@ COMPUTE = Histogram("compute", _LATENCY_BOUNDS_S, 1e9)
 """Input preparation, inference and output extraction of the request's batch."""
 BATCH_SIZE = Histogram("batch", _BATCH_BOUNDS, 1)
 """Items (Triton's inference count) per model execution."""
+BATCH_WAIT = Histogram("batch_wait", _WAIT_BOUNDS_S, 1e9)
+"""From a batch's first request held to the batch going to compute."""
+COST_MODEL_ERROR = Histogram("cost_error", _RATIO_BOUNDS, RATIO_UNIT)
+"""|predicted - measured| / measured cost of a batch (see :mod:`workers.adaptive`)."""

@@ -41,6 +41,20 @@ class Timing:
     output_ns: int = 0
 
 
+@dataclass(slots=True)
+class BatchClose:
+    """How a batch was formed (see :mod:`workers.adaptive`), for the metrics."""
+
+    reason: str
+    """One of :data:`sluice.statistics.BATCH_CLOSE_REASONS`."""
+    opened: float
+    """When the batch's first request was held (monotonic seconds)."""
+    waited_ns: int = 0
+    """From then until the batch went to compute."""
+    cost_error: float | None = None
+    """The cost model's relative error on the previous batch, if not recorded yet."""
+
+
 def error_outcome(request: PendingRequest, version: int, error: SluiceError) -> Outcome:
     reply = ReplyMessage(
         request.message.request_key, version, error_kind=error_kind(error), error=error.message
@@ -60,7 +74,11 @@ class Publisher:
     """Keep the latency and batch-size histograms (off with SLUICE_ALLOW_METRICS=false)."""
 
     async def publish(
-        self, outcomes: list[Outcome], timing: Timing | None = None, items: int = 0
+        self,
+        outcomes: list[Outcome],
+        timing: Timing | None = None,
+        items: int = 0,
+        close: BatchClose | None = None,
     ) -> bool:
         """True once published; False after retries failed (the entries stay pending and are
         delivered again elsewhere)."""
@@ -86,7 +104,7 @@ class Publisher:
                     for stream, ids in by_stream.items():
                         pipe.xack(stream, WORKER_GROUP, *ids)
                         pipe.xdel(stream, *ids)
-                    self._record(pipe, outcomes, timing, items)
+                    self._record(pipe, outcomes, timing, items, close)
                     await pipe.execute()
                 return True
             except RedisError as exc:
@@ -127,7 +145,12 @@ class Publisher:
             log.debug("marking %d job(s) in progress failed: %s", len(job_keys), exc)
 
     def _record(
-        self, pipe: Pipeline, outcomes: list[Outcome], timing: Timing | None, items: int
+        self,
+        pipe: Pipeline,
+        outcomes: list[Outcome],
+        timing: Timing | None,
+        items: int,
+        close: BatchClose | None = None,
     ) -> None:
         now_ns = time.time_ns()
         ok = [o for o in outcomes if not o.reply.error_kind]
@@ -146,6 +169,8 @@ class Publisher:
                     if kind == "DeadlineExceeded":
                         miss = st.deadline_miss_field("queue")
                         counters[miss] = counters.get(miss, 0) + 1
+        if close is not None:
+            self._record_close(counters, close)
         batch: dict[str, int] = {}
         instance: dict[str, int] = {}
         last_inference = None
@@ -186,3 +211,13 @@ class Publisher:
         ]
         arguments = st.record_arguments([counters, batch, instance], last_inference)
         pipe.eval(st.RECORD_SCRIPT, len(keys), *keys, *arguments)
+
+    def _record_close(self, counters: dict[str, int], close: BatchClose) -> None:
+        """Why the batch closed, how long it waited, and how far the cost model missed."""
+        field = st.batch_close_field(close.reason)
+        counters[field] = counters.get(field, 0) + 1
+        if not self.histograms:
+            return
+        hist.BATCH_WAIT.observe(counters, close.waited_ns)
+        if close.cost_error is not None:
+            hist.COST_MODEL_ERROR.observe(counters, round(close.cost_error * hist.RATIO_UNIT))

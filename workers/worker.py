@@ -1,9 +1,10 @@
 """One worker process: one instance of one model version.
 
 The loop blocks for the first request, then keeps filling the batch until it
-is full, reaches a preferred size, or the first request has waited
-``max_queue_delay`` and the compute thread is free. While one batch computes
-on the compute thread, the event loop already gathers the next. Answers are
+is full, reaches a preferred size, waiting no longer pays (:mod:`workers.adaptive`), or
+the first request has waited ``max_queue_delay``; it goes when the compute thread is
+free. While one batch computes on the compute thread, the event loop already gathers
+the next. Answers are
 published, and entries acknowledged, in one pipelined round trip per batch
 (see :mod:`workers.replies`); requests of dead workers are taken over by
 :mod:`workers.reclaim`.
@@ -40,6 +41,7 @@ from sluice.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
+from workers.adaptive import BatchPolicy, batch_policy
 from workers.backends import load_backend
 from workers.backends.base import Backend, Placement, RequestsFailed
 from workers.batching import (
@@ -52,7 +54,7 @@ from workers.batching import (
     validate,
 )
 from workers.reclaim import Reclaimer
-from workers.replies import Outcome, Publisher, Timing, error_outcome
+from workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
 from workers.warmup import warm_up
 
 if TYPE_CHECKING:
@@ -64,6 +66,7 @@ EXIT_LOAD_FAILED = 3
 """Exit status of a worker whose model cannot load: the supervisor does not respawn it."""
 
 _IDLE_BLOCK_MS = 500
+_NO_DEADLINE_NS = 1 << 62
 
 
 class Worker:
@@ -99,7 +102,14 @@ class Worker:
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="compute")
-        self._compute_ewma_s = 0.001
+        dynamic = config.dynamic_batching
+        self._policy = BatchPolicy(dynamic.max_queue_delay_us / 1e6 if dynamic else 0.0, False)
+        """Replaced by the config's own policy (:func:`batch_policy`) once the model loads."""
+        self._publish_turn = asyncio.Lock()
+        """Held while a batch's answers are published (one batch's at a time)."""
+        self._edf = False
+        """Requests of one priority level go in deadline order (adaptive batching, unless
+        the config asks Triton's ``preserve_ordering``)."""
         self._reclaimed: list[PendingRequest] = []
         self._redis: Redis | None = None
         self._publisher: Publisher | None = None
@@ -172,6 +182,9 @@ class Worker:
 
     def _load_and_warm_up(self) -> Backend:
         self._labels = self._read_labels()
+        self._policy = batch_policy(self.config)
+        dynamic = self.config.dynamic_batching
+        self._edf = self._policy.adaptive and not (dynamic and dynamic.preserve_ordering)
         backend = load_backend(self.config, self.model_path, self.placement)
         try:
             warm_up(backend, self.config, self.model_path.parent.parent)
@@ -249,30 +262,45 @@ class Worker:
     # -- batch formation -------------------------------------------------------------------
 
     async def _serve(self, backend: Backend) -> None:
+        limit = max(1, self.config.max_batch_size)
         idle = asyncio.Event()
         idle.set()
         carry: list[PendingRequest] = []
         running: set[asyncio.Task[None]] = set()
         while True:
-            batch, carry = await self._gather(carry, idle)
+            batch, carry, close = await self._gather(carry, idle)
             if batch:
+                computing = not idle.is_set()
                 await idle.wait()
-                if batch[0].level == self._background and not self._stopping.is_set():
+                if self._look_again(batch, carry, computing):
                     # Formed while the last batch computed: online requests that arrived
-                    # meanwhile go first.
-                    arrived = await self._read_online(max(1, self.config.max_batch_size))
+                    # meanwhile go first, or by their deadlines.
+                    arrived = await self._read_online(limit)
                     if arrived:
                         carry = arrived + batch + carry
                         continue
                 idle.clear()
-                task = asyncio.create_task(self._execute(batch, backend))
+                close.waited_ns = int((time.monotonic() - close.opened) * 1e9)
+                task = asyncio.create_task(self._execute(batch, backend, close, idle))
                 running.add(task)
                 task.add_done_callback(running.discard)
-                task.add_done_callback(lambda _: idle.set())
             elif self._stopping.is_set() or (self.drain and not running and not carry):
                 break
         if running:
             await asyncio.gather(*running)
+
+    def _look_again(
+        self, batch: list[PendingRequest], carry: list[PendingRequest], computing: bool
+    ) -> bool:
+        """Whether a batch formed while the last one computed is chosen again from what
+        arrived meanwhile: a background batch, always; with deadline order, a batch that
+        waited for the compute thread, while this worker holds less than a batch more
+        (the rest stays in the stream, for the model's other instances)."""
+        if self._stopping.is_set():
+            return False
+        if batch[0].level == self._background:
+            return True
+        return computing and self._edf and len(carry) < max(1, self.config.max_batch_size)
 
     async def _read(
         self, count: int, block_ms: int | None, *, background: bool = True
@@ -321,15 +349,18 @@ class Worker:
             return []
         pending: list[PendingRequest] = []
         rejected: list[Outcome] = []
+        arrived = 0
         for stream, entries in response or ():
             name = stream.decode() if isinstance(stream, bytes) else stream
             level = self.streams.index(name)
+            arrived += len(entries)
             for entry_id, fields in entries:
                 parsed = self._parse(entry_id, fields, name, level)
                 if isinstance(parsed, Outcome):
                     rejected.append(parsed)
                 elif parsed is not None:
                     pending.append(parsed)
+        self._policy.arrivals.add(arrived, time.monotonic())
         if rejected:
             _log_failures(rejected)
             await self.publisher.publish(rejected)
@@ -363,9 +394,13 @@ class Worker:
     def _select(
         self, pending: list[PendingRequest]
     ) -> tuple[list[PendingRequest], list[PendingRequest], bool]:
-        """The next batch (highest priority first, then arrival order, all of the first
-        request's shape), the rest, and whether the batch is full."""
-        pending.sort(key=lambda r: r.level)
+        """The next batch (highest priority first, then arrival order or, with adaptive
+        batching, earliest deadline; all of the first request's shape), the rest, and
+        whether the batch is full."""
+        if self._edf:
+            pending.sort(key=lambda r: (r.level, r.message.deadline_ns or _NO_DEADLINE_NS))
+        else:
+            pending.sort(key=lambda r: r.level)
         limit = max(1, self.config.max_batch_size)
         key = pending[0].key
         batch: list[PendingRequest] = []
@@ -390,31 +425,43 @@ class Worker:
 
     async def _gather(
         self, carry: list[PendingRequest], idle: asyncio.Event
-    ) -> tuple[list[PendingRequest], list[PendingRequest]]:
+    ) -> tuple[list[PendingRequest], list[PendingRequest], BatchClose]:
+        """The next batch, the requests left for later, and why the batch closed."""
         limit = max(1, self.config.max_batch_size)
         dynamic = self.config.dynamic_batching
-        delay_s = dynamic.max_queue_delay_us / 1e6 if dynamic else 0.0
         preferred = set(dynamic.preferred_batch_sizes) if dynamic else set()
+        policy = self._policy
+        first = time.monotonic()
         pending = carry + self._take_reclaimed()
         if not pending:
             if self._stopping.is_set():
-                return [], []
+                return [], [], BatchClose("stopping", first)
             pending = await self._read(limit, None if self.drain else _IDLE_BLOCK_MS)
             if not pending:
-                return [], []
+                return [], [], BatchClose("window", first)
+            first = time.monotonic()
         elif any(r.level == self._background for r in pending) and not self._stopping.is_set():
             pending += await self._read_online(limit)  # they go first (sorted by level)
-        first = time.monotonic()
         while True:
             batch, rest, full = self._select(pending)
             items = sum(r.items for r in batch)
-            waited = time.monotonic() - first
-            if full or self._stopping.is_set():
-                return batch, rest
-            if idle.is_set() and (items in preferred or waited >= delay_s):
-                return batch, rest
-            wait_s = delay_s - waited if waited < delay_s else self._compute_ewma_s / 2
-            if wait_s >= 0.1:
+            now = time.monotonic()
+            waited = now - first
+            if full:
+                return batch, rest, BatchClose("full", first)
+            if self._stopping.is_set():
+                return batch, rest, BatchClose("stopping", first)
+            if idle.is_set():
+                reason = "preferred" if items in preferred else policy.close(items, waited, now)
+                if reason is not None:
+                    return batch, rest, BatchClose(reason, first)
+            wait_s = policy.window_s - waited
+            if not idle.is_set():
+                # The batch cannot go before the compute thread is free: wait for that,
+                # then take what arrived meanwhile (no polling while it computes).
+                await idle.wait()
+                more = await self._read(limit - items, None, background=self.drain)
+            elif wait_s >= 0.1:
                 more = await self._read(limit - items, math.ceil(wait_s * 1000))
             else:
                 # Redis ends a BLOCK shorter than its cron period (100 ms at the default
@@ -426,12 +473,51 @@ class Worker:
             more += self._take_reclaimed()
             pending = batch + rest + more
             if not more and self.drain and idle.is_set():
-                return batch, rest
+                return batch, rest, BatchClose("window", first)
 
     # -- execution -------------------------------------------------------------------------
 
-    async def _execute(self, batch: list[PendingRequest], backend: Backend) -> None:
+    async def _execute(
+        self, batch: list[PendingRequest], backend: Backend, close: BatchClose, idle: asyncio.Event
+    ) -> None:
+        """Compute ``batch``, then publish its answers while the next batch computes: the
+        instance is free (``idle``) again once this batch's answers are the next to go, so
+        at most one batch's answers are in flight and a Redis round trip is not on the
+        path from one batch to the next."""
+        started = time.monotonic()
+        policy = self._policy
+        turn = False
+        try:
+            outcomes, timing, items = await self._compute_batch(batch, backend)
+            await self._publish_turn.acquire()
+            turn = True
+        finally:
+            busy_s = time.monotonic() - started
+            idle.set()
+        try:
+            if items:
+                # What the batch cost: the instance was busy for this long.
+                predicted = policy.cost.predict(items) if policy.cost.warm else None
+                if predicted is not None and busy_s > 0:
+                    close.cost_error = abs(predicted - busy_s) / busy_s
+                policy.cost.observe(items, busy_s)
+            _log_failures(outcomes)
+            await self.publisher.publish(outcomes, timing, items, close)
+        finally:
+            if turn:
+                self._publish_turn.release()
+
+    async def _compute_batch(
+        self, batch: list[PendingRequest], backend: Backend
+    ) -> tuple[list[Outcome], Timing, int]:
+        """Each request's outcome, the batch's timing and the items computed. Requests
+        whose deadline passed, or (adaptive batching) cannot be met by the batch's
+        expected cost, are answered without computing."""
         now_ns = time.time_ns()
+        policy = self._policy
+        cost = policy.cost
+        predicted_s = cost.predict(sum(r.items for r in batch)) if cost.warm else 0.0
+        doomed_ns = now_ns + int(predicted_s * 1e9) if policy.adaptive else now_ns
         if log.isEnabledFor(logging.DEBUG):
             ids = [r.message.request_id for r in batch]
             log.debug("batch of %d request(s)", len(batch), extra={"request_ids": ids})
@@ -444,13 +530,18 @@ class Worker:
             if deadline and deadline < now_ns:
                 expired = DeadlineExceeded("the request's deadline passed while it was queued")
                 outcomes.append(error_outcome(request, self.version, expired))
+            elif deadline and deadline < doomed_ns:
+                doomed = DeadlineExceeded(
+                    "the request's deadline would pass before its batch computes "
+                    f"(about {predicted_s * 1e3:.3g} ms)"
+                )
+                outcomes.append(error_outcome(request, self.version, doomed))
             else:
                 live.append(request)
         timing = Timing(started_ns=now_ns)
         if live:
             await self.publisher.started(live)
             loop = asyncio.get_running_loop()
-            started = time.monotonic()
             try:
                 results = await loop.run_in_executor(
                     self._executor, self._compute, live, backend, timing
@@ -470,12 +561,9 @@ class Worker:
                 )
                 failure = error.message
                 outcomes.extend(error_outcome(r, self.version, error) for r in live)
-            elapsed = time.monotonic() - started
-            self._compute_ewma_s = 0.8 * self._compute_ewma_s + 0.2 * elapsed
         if span is not None:
             span.end(failure)
-        _log_failures(outcomes)
-        await self.publisher.publish(outcomes, timing, sum(r.items for r in live))
+        return outcomes, timing, sum(r.items for r in live)
 
     def _trace_batch(self, batch: list[PendingRequest], started_ns: int) -> BatchSpan:
         """Each request's ``queue_wait`` span, and the batch's ``batch_compute`` span."""

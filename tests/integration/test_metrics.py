@@ -260,6 +260,9 @@ SLUICE_PER_MODEL = {
     "sluice_queue_duration_seconds_bucket": {"le"},
     "sluice_compute_duration_seconds_bucket": {"le"},
     "sluice_batch_size_bucket": {"le"},
+    "sluice_batch_closes_total": {"reason"},
+    "sluice_batch_wait_seconds_bucket": {"le"},
+    "sluice_batch_cost_model_error_ratio_bucket": {"le"},
 }
 SLUICE_GLOBAL = {
     "sluice_gateway_in_flight",
