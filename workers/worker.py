@@ -1,13 +1,12 @@
 """One worker process: one instance of one model version.
 
-The loop blocks for the first request, then keeps filling the batch until it
-is full, reaches a preferred size, waiting no longer pays (:mod:`workers.adaptive`), or
-the first request has waited ``max_queue_delay``; it goes when the compute thread is
-free. While one batch computes on the compute thread, the event loop already gathers
-the next. Answers are
-published, and entries acknowledged, in one pipelined round trip per batch
-(see :mod:`workers.replies`); requests of dead workers are taken over by
-:mod:`workers.reclaim`.
+The loop blocks for the first request, then keeps filling the batch until it is full,
+reaches a preferred size, waiting no longer pays (:mod:`workers.adaptive`), or the first
+request has waited ``max_queue_delay``; it goes when the compute thread is free. While
+one batch computes on the compute thread, the event loop already gathers the next.
+Answers are published, and entries acknowledged, in one pipelined round trip per batch
+(see :mod:`workers.replies`) while the next batch computes; requests of dead workers are
+taken over by :mod:`workers.reclaim`.
 """
 
 from __future__ import annotations
