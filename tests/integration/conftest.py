@@ -36,7 +36,10 @@ def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         "identity",
         [dt for dt in ALL_DATATYPES if dt != "BF16"],
-        extra="dynamic_batching { max_queue_delay_microseconds: 20000 }",
+        # Triton's fixed window (adaptive batching off): tests rely on every batch waiting
+        # 20 ms for company (test_adaptive_batching.py covers the adaptive default).
+        extra="dynamic_batching { max_queue_delay_microseconds: 20000 }\n"
+        'parameters { key: "adaptive_batching" value: { string_value: "false" } }',
     )
     write_identity(root, "identity_bf16", ["BF16"])
     write_identity(root, "nobatch", ["FP32"], dims=(2, 3), max_batch_size=0)

@@ -73,8 +73,5 @@ def test_concurrent_clients_are_batched_and_answered_correctly(stack: Stack) -> 
     inferences = after["inference_count"] - before["inference_count"]
     executions = after["execution_count"] - before["execution_count"]
     assert inferences == CLIENTS * REQUESTS_PER_CLIENT
-    # Adaptive batching sends a batch as soon as waiting for more does not pay, so these
-    # slow Python clients share batches only while one computes (test_adaptive_batching.py
-    # covers the window itself).
-    assert executions < inferences, f"{executions} executions for {inferences} inferences"
+    assert executions <= inferences / 2, f"{executions} executions for {inferences} inferences"
     assert any(b["batch_size"] > 1 for b in after["batch_stats"])
