@@ -86,7 +86,10 @@ def _fill_defaults(msg: Any, model_name: str) -> None:
     if msg.version_policy.WhichOneof("policy_choice") is None:
         msg.version_policy.latest.num_versions = 1
     if not msg.default_model_filename:
-        msg.default_model_filename = default_model_filename(msg.platform, msg.backend)
+        model_type = (
+            msg.parameters["model_type"].string_value if "model_type" in msg.parameters else ""
+        )
+        msg.default_model_filename = default_model_filename(msg.platform, msg.backend, model_type)
     for index, group in enumerate(msg.instance_group):
         if not group.name:
             group.name = f"{model_name}_{index}"

@@ -21,6 +21,17 @@ _FILENAME_BY_BACKEND: dict[str, str] = {
     "tensorrt": "model.plan",
     "python": "model.py",
     "torch_aoti": "model.pt2",
+    "openvino": "model.xml",
+}
+
+TREE_BACKEND = "fil"
+"""Triton's FIL backend: tree models; the file depends on ``parameters.model_type``."""
+_FILENAME_BY_TREE_FORMAT: dict[str, str] = {
+    "xgboost_ubj": "xgboost.ubj",
+    "xgboost_json": "xgboost.json",
+    "xgboost": "xgboost.model",
+    "lightgbm": "model.txt",
+    "treelite_checkpoint": "checkpoint.tl",
 }
 
 # Model files from which the platform is inferred when the config names none (Triton does
@@ -38,9 +49,17 @@ TORCH_BACKENDS = frozenset({"pytorch", "torch_aoti"})
 TORCH_EXPORT_FILENAME = "model.pt2"
 
 
-def default_model_filename(platform: str, backend: str) -> str:
-    """The file Triton loads when ``default_model_filename`` is not set ("" if unknown)."""
+def default_model_filename(platform: str, backend: str, model_type: str = "") -> str:
+    """The file Triton loads when ``default_model_filename`` is not set ("" if unknown);
+    ``model_type``: the FIL backend's parameter of that name."""
+    if backend == TREE_BACKEND:
+        return _FILENAME_BY_TREE_FORMAT.get(model_type, "")
     return _FILENAME_BY_PLATFORM.get(platform) or _FILENAME_BY_BACKEND.get(backend, "")
+
+
+def tree_formats() -> tuple[str, ...]:
+    """The FIL backend's ``model_type`` values."""
+    return tuple(_FILENAME_BY_TREE_FORMAT)
 
 
 def is_onnx(platform: str, backend: str) -> bool:

@@ -9,14 +9,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from sluice.config import ModelConfig
-from sluice.config.platforms import is_torch
+from sluice.config.platforms import TREE_BACKEND, is_torch
 from sluice.errors import InvalidConfig, Unsupported
 from workers.backends.base import Backend, Placement
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
 _TENSORRT = {"tensorrt_plan", "tensorrt"}
 _SUPPORTED = (
-    "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, python"
+    "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, "
+    "python, fil (tree models), openvino"
 )
 
 
@@ -38,6 +39,14 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
         from workers.backends.tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend(config, model_path, placement)
+    if config.backend == TREE_BACKEND:
+        from workers.backends.tree_backend import TreeBackend
+
+        return TreeBackend(config, model_path, placement)
+    if config.backend == "openvino":
+        from workers.backends.openvino_backend import OpenVinoBackend
+
+        return OpenVinoBackend(config, model_path, placement)
     if config.backend == "python":
         from workers.backends.python_backend import load_python_backend
 
