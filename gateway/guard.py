@@ -24,7 +24,7 @@ from gateway.infer_response import encode_error
 from sluice.errors import InvalidConfig, PayloadTooLarge, SluiceError
 from sluice.settings import ApiKeySettings
 
-_OPEN = ("/v2/health/",)
+_OPEN = ("/v2/health/", "/ping")
 _MANAGEMENT = (
     "/v2/repository",
     "/v2/systemsharedmemory",
@@ -136,7 +136,9 @@ class EdgeGuard:
             extra = [(b"www-authenticate", b"Bearer")] if denied[0] == 401 else []
             await _reject(send, denied[0], denied[1], extra)
             return
-        if path.startswith("/v2/models/") and path.endswith("/infer"):
+        if (path.startswith("/v2/models/") and path.endswith("/infer")) or path.startswith(
+            "/predictions/"
+        ):
             # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves.
             await self.app(scope, receive, send)
             return

@@ -251,6 +251,37 @@ def worker(
 app.add_typer(batch_app, name="batch")
 app.command("infer")(infer_command)
 
+
+@app.command("import-mar")
+def import_mar(
+    sources: Annotated[
+        list[Path], typer.Argument(help="TorchServe .mar archives, or model store folders.")
+    ],
+    model_repository: Annotated[
+        Path, typer.Option(help="Triton-layout repository to write the models into.")
+    ] = Path("model_repository"),
+    config_properties: Annotated[
+        Path | None,
+        typer.Option(help="TorchServe's config.properties: batching, workers, queue, timeout."),
+    ] = None,
+    force: Annotated[bool, typer.Option(help="Replace models that exist already.")] = False,
+) -> None:
+    """Lay out a TorchServe model store as a repository Sluice serves (backend torchserve)."""
+    from sluice.errors import SluiceError
+    from sluice.mar_import import import_archives, read_store_settings
+
+    try:
+        settings = read_store_settings(config_properties)
+        names = import_archives(sources, model_repository, settings, force=force)
+    except SluiceError as exc:
+        typer.echo(f"error: {exc.message}", err=True)
+        raise typer.Exit(2) from None
+    for key in settings.ignored:
+        typer.echo(f"config.properties: {key} has no Sluice equivalent; ignored", err=True)
+    for name in names:
+        typer.echo(f"model '{name}' -> {model_repository / name}")
+
+
 routing = typer.Typer(
     no_args_is_help=True,
     help="Version labels and traffic split of a model, through a gateway's HTTP API.",

@@ -22,6 +22,7 @@ _FILENAME_BY_BACKEND: dict[str, str] = {
     "python": "model.py",
     "torch_aoti": "model.pt2",
     "openvino": "model.xml",
+    "torchserve": "model.mar",
 }
 
 TREE_BACKEND = "fil"

@@ -628,15 +628,15 @@ def test_tensorrt_errors_with_a_fake_engine(
 
 
 def test_unknown_backend_is_unsupported(tmp_path: Path) -> None:
-    config = 'backend: "openvino"\nmax_batch_size: 0\n'
+    config = 'backend: "dali"\nmax_batch_size: 0\ndefault_model_filename: "model.dali"\n'
     config += (
         f"input [ {tensor('x', 'TYPE_FP32', '1')} ]\noutput [ {tensor('y', 'TYPE_FP32', '1')} ]"
     )
-    model_dir = write_model_dir(tmp_path, "vino", config, {"1/model.xml": "<xml/>"})
+    model_dir = write_model_dir(tmp_path, "pipeline", config, {"1/model.dali": "x"})
     model = read_model(model_dir)
     assert model.config is not None
-    with pytest.raises(Unsupported, match="backend 'openvino' is not supported"):
-        load_backend(model.config, model_dir / "1" / "model.xml", CPU)
+    with pytest.raises(Unsupported, match="backend 'dali' is not supported"):
+        load_backend(model.config, model_dir / "1" / "model.dali", CPU)
 
 
 def test_python_backend_is_inferred_from_model_py(tmp_path: Path) -> None:

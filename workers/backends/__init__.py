@@ -17,7 +17,7 @@ _ONNX = {"onnxruntime_onnx", "onnxruntime"}
 _TENSORRT = {"tensorrt_plan", "tensorrt"}
 _SUPPORTED = (
     "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, "
-    "python, fil (tree models), openvino"
+    "python, fil (tree models), openvino, torchserve (.mar archives)"
 )
 
 
@@ -43,6 +43,10 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
         from workers.backends.tree_backend import TreeBackend
 
         return TreeBackend(config, model_path, placement)
+    if config.backend == "torchserve":
+        from workers.backends.torchserve_backend import TorchServeBackend
+
+        return TorchServeBackend(config, model_path, placement)
     if config.backend == "openvino":
         from workers.backends.openvino_backend import OpenVinoBackend
 

@@ -114,6 +114,7 @@ def _load(kind: str, path: Path, threads: int, gpu: int | None) -> tuple[Predict
         import lightgbm
 
         model = lightgbm.Booster(model_file=str(path))
+
         def predict_light(rows: np.ndarray) -> np.ndarray:
             return np.asarray(model.predict(rows, num_threads=threads))
 

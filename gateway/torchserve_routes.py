@@ -1,0 +1,115 @@
+"""TorchServe's inference API beside the KServe v2 routes: ``POST /predictions/{model}
+[/{version}]`` and ``GET /ping``.
+
+A prediction carries the request's body and content type as the model's ``body`` and
+``content_type`` BYTES inputs (:mod:`workers.backends.torchserve_backend`): through the
+same validation, admission, queue and batcher as a v2 request, so TorchServe's
+``batch_size`` / ``max_batch_delay`` become Sluice's batching. The answer is the handler's
+``response`` with its ``response_type``; errors use TorchServe's body,
+``{"code", "type", "message"}``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from gateway.body import read_body
+from gateway.infer import execute, prepare_with
+from gateway.inspection import server_not_ready
+from gateway.json_body import json_response
+from gateway.state import state_of
+from sluice.config import ModelConfig
+from sluice.errors import InvalidInput, SluiceError
+from sluice.wire import ReplyMessage
+
+router = APIRouter()
+
+BODY, CONTENT_TYPE = "body", "content_type"
+RESPONSE, RESPONSE_TYPE = "response", "response_type"
+_DEFAULT_TYPE = "application/octet-stream"
+
+
+def _error(error: SluiceError) -> Response:
+    body = {"code": int(error.status), "type": type(error).__name__, "message": error.message}
+    return json_response(body, int(error.status))
+
+
+def _element(value: bytes) -> bytes:
+    """One BYTES element in Triton's binary layout (little-endian length, then the bytes)."""
+    return struct.pack("<I", len(value)) + value
+
+
+def _document(config: ModelConfig, body: bytes, content_type: bytes) -> dict[str, Any]:
+    names = {spec.name for spec in config.inputs}
+    if BODY not in names or CONTENT_TYPE not in names:
+        raise InvalidInput(
+            f"model '{config.name}' is not a TorchServe model (it takes no '{BODY}' and "
+            f"'{CONTENT_TYPE}' inputs); call it at /v2/models/{config.name}/infer"
+        )
+    shape = [1, 1] if config.max_batch_size > 0 else [1]
+    return {
+        "inputs": [
+            {
+                "name": name,
+                "datatype": "BYTES",
+                "shape": shape,
+                "parameters": {"binary_data_size": 4 + len(value)},
+            }
+            for name, value in ((BODY, body), (CONTENT_TYPE, content_type))
+        ],
+        "outputs": [
+            {"name": name, "parameters": {"binary_data": True}}
+            for name in (RESPONSE, RESPONSE_TYPE)
+        ],
+    }
+
+
+def _first_element(data: bytes | memoryview) -> bytes:
+    view = memoryview(data)
+    if len(view) < 4:
+        return b""
+    (length,) = struct.unpack_from("<I", view)
+    return bytes(view[4 : 4 + length])
+
+
+@router.get("/ping")
+async def ping(request: Request) -> Response:
+    """TorchServe's health check: 200 ``Healthy`` once the gateway serves, else 500."""
+    state = state_of(request)
+    if server_not_ready(state):
+        return json_response({"status": "Unhealthy"}, 500)
+    return json_response({"status": "Healthy"})
+
+
+@router.post("/predictions/{model}")
+@router.post("/predictions/{model}/{version}")
+async def predictions(request: Request, model: str, version: str | None = None) -> Response:
+    state = state_of(request)
+    try:
+        body = await read_body(request, state.settings.max_body_bytes)
+        content_type = request.headers.get("content-type", _DEFAULT_TYPE).encode("latin-1")
+        binary = memoryview(_element(body) + _element(content_type))
+
+        def parse(config: ModelConfig) -> Any:
+            from gateway.infer_request import parse_infer_document
+
+            document = _document(config, body, content_type)
+            return parse_infer_document(document, binary, config, state.limits, state.regions)
+
+        prepared = await prepare_with(state, model, version, parse, heavy=len(body) > 1 << 16)
+        transfer = state.transfer
+        outputs = prepared.parsed.outputs
+
+        def encode(reply: ReplyMessage, data: memoryview) -> Response:
+            tensors = {t.name: t for t in transfer.unpack(reply.outputs, data, outputs)}
+            answer = tensors.get(RESPONSE)
+            kind = tensors.get(RESPONSE_TYPE)
+            media = _first_element(kind.data).decode("latin-1") if kind else _DEFAULT_TYPE
+            return Response(_first_element(answer.data) if answer else b"", media_type=media)
+
+        return await execute(state, prepared, len(body) > 1 << 16, encode)
+    except SluiceError as exc:
+        return _error(exc)

@@ -1,0 +1,220 @@
+"""TorchServe model archives made with the real ``torch-model-archiver``, served through a
+real stack and called with TorchServe's own API (``POST /predictions/{model}``): a
+``BaseHandler`` subclass on a TorchScript model and a module with a ``handle`` function,
+raw, JSON and multipart bodies, batching, and an error that fails only its own request."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import warnings
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import torch
+
+from scheduler.redis_server import RedisServer
+from tests.support.model_files import save_torchscript
+from tests.support.stack import Stack
+
+LINEAR_HANDLER = '''
+import json
+
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class LinearHandler(BaseHandler):
+    """Rows of 4 numbers in (a JSON list per request), 2 numbers out per row."""
+
+    def preprocess(self, data):
+        rows = []
+        for request in data:
+            value = request.get("data") or request.get("body")
+            if isinstance(value, (bytes, bytearray)):
+                value = json.loads(value)
+            rows.append(value)
+        return torch.tensor(rows, dtype=torch.float32)
+
+    def postprocess(self, output):
+        size = output.shape[0]
+        return [{"y": row, "batch": size} for row in output.tolist()]
+'''
+
+SHOUT_HANDLER = '''
+def handle(data, context):
+    """Text in, the same text in capitals out; "boom" fails (its own request only)."""
+    if data is None:
+        return None
+    answers = []
+    for request in data:
+        text = request.get("body")
+        text = text.decode() if isinstance(text, (bytes, bytearray)) else str(text)
+        if "boom" in text:
+            raise ValueError("cannot shout boom")
+        answers.append(text.upper())
+    return answers
+'''
+
+
+def _archive(tmp: Path, name: str, handler: str, serialized: Path | None) -> Path:
+    source = tmp / f"{name}-src"
+    source.mkdir()
+    (source / "handler.py").write_text(handler)
+    store = tmp / "store"
+    store.mkdir(exist_ok=True)
+    command = [
+        str(Path(sys.executable).parent / "torch-model-archiver"),  # the real tool, from PyPI
+        "--model-name",
+        name,
+        "--version",
+        "1.0",
+        "--handler",
+        str(source / "handler.py"),
+        "--export-path",
+        str(store),
+        "--force",
+    ]
+    if serialized is not None:
+        command += ["--serialized-file", str(serialized)]
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+    return store / f"{name}.mar"
+
+
+@pytest.fixture(scope="module")
+def linear(tmp_path_factory: pytest.TempPathFactory) -> torch.jit.ScriptModule:
+    torch.manual_seed(0)
+    path = save_torchscript(
+        torch.nn.Linear(4, 2).eval(),
+        (torch.zeros(1, 4),),
+        tmp_path_factory.mktemp("linear") / "model.pt",
+    )
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", r"`torch\.jit", DeprecationWarning)
+        return torch.jit.load(str(path))
+
+
+@pytest.fixture(scope="module")
+def stack(
+    tmp_path_factory: pytest.TempPathFactory,
+    linear: torch.jit.ScriptModule,
+    redis_server: RedisServer,
+) -> Iterator[Stack]:
+    tmp = tmp_path_factory.mktemp("torchserve")
+    weights = tmp / "model.pt"
+    linear.save(str(weights))
+    _archive(tmp, "linear", LINEAR_HANDLER, weights)
+    _archive(tmp, "shout", SHOUT_HANDLER, None)
+    # TorchServe's own configuration, with settings Sluice takes and one it does not.
+    models = {
+        "linear": {"1.0": {"defaultVersion": True, "batchSize": 8, "maxBatchDelay": 50}},
+        "shout": {"1.0": {"batchSize": 4, "maxBatchDelay": 50, "minWorkers": 1}},
+    }
+    (tmp / "config.properties").write_text(
+        "inference_address=http://0.0.0.0:8080\n"
+        "# a comment\n"
+        f"models={json.dumps(models)}\n"
+        "job_queue_size=500\n"
+    )
+    repository = tmp / "repository"
+    imported = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "import-mar",
+            str(tmp / "store"),
+            "--model-repository",
+            str(repository),
+            "--config-properties",
+            str(tmp / "config.properties"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert imported.returncode == 0, imported.stderr
+    assert "model 'linear' ->" in imported.stdout and "model 'shout' ->" in imported.stdout
+    assert "inference_address has no Sluice equivalent; ignored" in imported.stderr
+    config = (repository / "linear" / "config.pbtxt").read_text()
+    assert "max_batch_size: 8" in config and "max_queue_size: 500" in config
+    stack = Stack(repository, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def _expected(linear: torch.jit.ScriptModule, row: list[float]) -> list[float]:
+    with torch.no_grad():
+        return [float(v) for v in linear(torch.tensor([row]))[0]]
+
+
+def test_a_base_handler_answers_as_in_process(stack: Stack, linear: torch.jit.ScriptModule) -> None:
+    row = [1.0, 2.0, 3.0, 4.0]
+    answer = httpx.post(f"{stack.url}/predictions/linear", json=row, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    assert answer.json()["y"] == pytest.approx(_expected(linear, row), rel=1e-6)
+    form = httpx.post(
+        f"{stack.url}/predictions/linear/1",
+        files={"data": ("row.json", json.dumps(row).encode(), "application/json")},
+        timeout=30,
+    )
+    assert form.status_code == 200, form.text
+    assert form.json()["y"] == pytest.approx(_expected(linear, row), rel=1e-6)
+
+
+def test_concurrent_predictions_are_batched_and_kept_apart(
+    stack: Stack, linear: torch.jit.ScriptModule
+) -> None:
+    rows = [[float(i), 1.0, -1.0, 0.5 * i] for i in range(32)]
+
+    def one(row: list[float]) -> dict[str, object]:
+        with httpx.Client(timeout=30) as client:
+            answer = client.post(f"{stack.url}/predictions/linear", json=row)
+            assert answer.status_code == 200, answer.text
+            return answer.json()  # type: ignore[no-any-return]
+
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(one, rows))
+    for row, answer in zip(rows, answers, strict=True):
+        assert answer["y"] == pytest.approx(_expected(linear, row), rel=1e-5, abs=1e-6)
+    assert max(int(answer["batch"]) for answer in answers) > 1  # type: ignore[call-overload]
+
+
+def test_a_function_handler_and_an_error_that_fails_only_its_request(stack: Stack) -> None:
+    url = f"{stack.url}/predictions/shout"
+    headers = {"content-type": "text/plain"}
+    with ThreadPoolExecutor(8) as pool:
+        texts = ["hello", "boom", "sluice", "again"] * 4
+        answers = list(
+            pool.map(lambda text: httpx.post(url, content=text, headers=headers, timeout=30), texts)
+        )
+    for text, answer in zip(texts, answers, strict=True):
+        if text == "boom":
+            assert answer.status_code == 500
+            assert "cannot shout boom" in answer.json()["message"]
+        else:
+            assert answer.status_code == 200, answer.text
+            assert answer.text == text.upper()
+
+
+def test_the_same_model_answers_on_the_v2_route_and_unknown_models_say_so(stack: Stack) -> None:
+    document = {
+        "inputs": [
+            {"name": "body", "shape": [1, 1], "datatype": "BYTES", "data": ["quiet"]},
+            {"name": "content_type", "shape": [1, 1], "datatype": "BYTES", "data": ["text/plain"]},
+        ]
+    }
+    answer = httpx.post(f"{stack.url}/v2/models/shout/infer", json=document, timeout=30)
+    assert answer.status_code == 200, answer.text
+    outputs = {o["name"]: o["data"] for o in answer.json()["outputs"]}
+    assert outputs["response"] == ["QUIET"]
+    missing = httpx.post(f"{stack.url}/predictions/nothing", content=b"x", timeout=30)
+    assert missing.status_code == 404
+    assert set(missing.json()) == {"code", "type", "message"}
+    assert httpx.get(f"{stack.url}/ping").json() == {"status": "Healthy"}

@@ -1,0 +1,208 @@
+"""TorchServe model archives (``backend: "torchserve"``, ``<version>/model.mar``): the
+archive's handler runs as TorchServe runs it, on Sluice's batches.
+
+The archive is unpacked into a private folder (:mod:`sluice.mar`), and TorchServe's own
+model loader (the ``ts`` package of ``torchserve``, in the ``torchserve`` extra) imports the
+handler: a handler file of the archive (a ``BaseHandler`` subclass with ``initialize`` /
+``preprocess`` / ``inference`` / ``postprocess`` / ``handle``, or a module with a ``handle``
+function) or a built-in handler's name. Its ``context`` is TorchServe's: the manifest,
+``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``), and each request's
+headers.
+
+Requests take TorchServe's shape: one dict per request, ``{"body": ...}`` for a raw body
+(decoded as TorchServe's frontend does: JSON parsed, ``text/*`` as text, anything else as
+bytes) or one entry per field of a ``multipart/form-data`` body. The model's tensors are
+``body`` and ``content_type`` (BYTES) in, ``response`` and ``response_type`` (BYTES) out:
+what ``POST /predictions/{model}`` sends, and what a KServe v2 client can send too. A
+handler that raises on a batch of several requests is run again on each request alone, so
+its error fails only the request that caused it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from collections.abc import Mapping, Sequence
+from email.parser import BytesParser
+from email.policy import HTTP
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sluice.config import ModelConfig
+from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.mar import unpack
+from workers.backends.base import Placement, RequestsFailed
+
+BODY, CONTENT_TYPE = "body", "content_type"
+RESPONSE, RESPONSE_TYPE = "response", "response_type"
+MAX_UNPACKED_BYTES = 64 << 30
+"""An archive unpacking to more than this is refused (the repository is the operator's, so
+this only stops a bomb made by mistake)."""
+
+_JSON, _TEXT, _BINARY = "application/json", "text/plain", "application/octet-stream"
+
+
+def decode_value(content_type: str, value: bytes) -> Any:
+    """A request part as TorchServe's backend hands it to handlers."""
+    if content_type.startswith(_JSON):
+        try:
+            return json.loads(value)
+        except ValueError:
+            return bytearray(value)
+    if content_type.startswith("text"):
+        try:
+            return value.decode()
+        except UnicodeDecodeError:
+            return bytearray(value)
+    return bytearray(value)
+
+
+def request_entry(content_type: str, body: bytes) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One request's dict for the handler, and its headers (TorchServe's RequestProcessor)."""
+    if content_type.startswith("multipart/form-data"):
+        message = BytesParser(policy=HTTP).parsebytes(
+            b"Content-Type: " + content_type.encode() + b"\r\n\r\n" + body
+        )
+        entry: dict[str, Any] = {}
+        headers: dict[str, Any] = {}
+        for part in message.iter_parts():
+            name = part.get_param("name", header="content-disposition") or "body"
+            part_type = part.get_content_type() if part.get("content-type") else _BINARY
+            payload = part.get_payload(decode=True)
+            payload = payload if isinstance(payload, bytes) else b""
+            entry[str(name)] = decode_value(part_type, payload)
+            headers[str(name)] = {"content-type": part_type}
+        return entry, headers
+    return {BODY: decode_value(content_type, body)}, {BODY: {"content-type": content_type}}
+
+
+def encode_response(value: Any, content_type: str | None) -> tuple[bytes, str]:
+    """A handler's answer for one request as bytes, with its content type."""
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value), content_type or _BINARY
+    if isinstance(value, str):
+        return value.encode(), content_type or _TEXT
+    return json.dumps(value).encode(), content_type or _JSON
+
+
+def _texts(array: np.ndarray | None, count: int, default: str) -> list[str]:
+    if array is None:
+        return [default] * count
+    values = []
+    for item in array.reshape(count, -1)[:, 0]:
+        raw = item if isinstance(item, bytes) else str(item).encode()
+        values.append(raw.decode(errors="replace") or default)
+    return values
+
+
+class TorchServeBackend:
+    def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
+        try:
+            from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
+            from ts.model_loader import TsModelLoader
+        except ImportError:
+            raise InvalidConfig(
+                f"model '{config.name}' is a TorchServe archive and needs TorchServe's "
+                "handler runtime, which is not installed; install sluice[torchserve]"
+            ) from None
+        self._dir = Path(tempfile.mkdtemp(prefix="sluice-mar-"))
+        try:
+            manifest = unpack(model_path, self._dir / "model", MAX_UNPACKED_BYTES)
+            model_dir = str(self._dir / "model")
+            sys.path.insert(0, model_dir)
+            import ts
+
+            metrics_file = Path(ts.__file__).parent / "configs" / "metrics.yaml"
+            gpu = placement.gpu if placement.kind == "KIND_GPU" else None
+            batch = max(1, config.max_batch_size)
+            self._service = TsModelLoader().load(
+                config.name,
+                model_dir,
+                manifest.handler,
+                gpu,
+                batch,
+                metrics_cache=MetricsCacheYamlImpl(config_file_path=str(metrics_file)),
+            )
+        except SluiceError:
+            self.close()
+            raise
+        except Exception as exc:
+            self.close()
+            raise InvalidConfig(
+                f"model '{config.name}': the archive's handler failed to initialize: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+
+    def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
+    ) -> dict[str, np.ndarray]:
+        bodies = inputs[BODY].reshape(len(inputs[BODY]), -1)[:, 0]
+        types = _texts(inputs.get(CONTENT_TYPE), len(bodies), _BINARY)
+        requests = [
+            request_entry(kind, body if isinstance(body, bytes) else str(body).encode())
+            for kind, body in zip(types, bodies, strict=True)
+        ]
+        try:
+            answers = self._handle(requests, range(len(requests)))
+        except SluiceError:
+            if len(requests) == 1:
+                raise
+            answers, failures = [], {}
+            for index in range(len(requests)):
+                try:
+                    answers.extend(self._handle([requests[index]], [index]))
+                except SluiceError as error:
+                    failures[index] = error
+                    answers.append((b"", _TEXT))
+            if failures:
+                raise RequestsFailed(failures, self._arrays(answers)) from None
+        return self._arrays(answers)
+
+    def _handle(
+        self, requests: list[tuple[dict[str, Any], dict[str, Any]]], ids: Sequence[int]
+    ) -> list[tuple[bytes, str]]:
+        from ts.context import RequestProcessor
+        from ts.utils.util import PredictionException
+
+        context = self._service.context
+        context.request_ids = {i: str(request_id) for i, request_id in enumerate(ids)}
+        context.request_processor = [RequestProcessor(headers) for _, headers in requests]
+        context.metrics.request_ids = context.request_ids
+        batch = [entry for entry, _ in requests]
+        try:
+            answers = self._service._entry_point(batch, context)
+        except PredictionException as exc:
+            raise InferenceFailed(f"the handler refused the request: {exc.message}") from None
+        except Exception as exc:
+            raise InferenceFailed(f"the handler failed: {type(exc).__name__}: {exc}") from None
+        if not isinstance(answers, list) or len(answers) != len(batch):
+            got = len(answers) if isinstance(answers, list) else type(answers).__name__
+            raise InferenceFailed(
+                f"the handler answered {got} for {len(batch)} request(s): it must return "
+                "a list with one answer per request"
+            )
+        return [
+            encode_response(value, context.get_response_content_type(index))
+            for index, value in enumerate(answers)
+        ]
+
+    @staticmethod
+    def _arrays(answers: list[tuple[bytes, str]]) -> dict[str, np.ndarray]:
+        response = np.empty((len(answers), 1), dtype=np.object_)
+        kinds = np.empty((len(answers), 1), dtype=np.object_)
+        for index, (data, kind) in enumerate(answers):
+            response[index, 0], kinds[index, 0] = data, kind.encode()
+        return {RESPONSE: response, RESPONSE_TYPE: kinds}
+
+    def close(self) -> None:
+        model_dir = str(self._dir / "model")
+        if model_dir in sys.path:
+            sys.path.remove(model_dir)
+        shutil.rmtree(self._dir, ignore_errors=True)
