@@ -23,6 +23,7 @@ _FILENAME_BY_BACKEND: dict[str, str] = {
     "torch_aoti": "model.pt2",
     "openvino": "model.xml",
     "torchserve": "model.mar",
+    "tensorflow": "model.savedmodel",
 }
 
 TREE_BACKEND = "fil"

@@ -15,9 +15,11 @@ from workers.backends.base import Backend, Placement
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
 _TENSORRT = {"tensorrt_plan", "tensorrt"}
+_TENSORFLOW = {"tensorflow_savedmodel", "tensorflow_graphdef"}
 _SUPPORTED = (
     "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, "
-    "python, fil (tree models), openvino, torchserve (.mar archives)"
+    "python, fil (tree models), openvino, torchserve (.mar archives), "
+    "tensorflow_savedmodel, tensorflow_graphdef"
 )
 
 
@@ -43,6 +45,10 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
         from workers.backends.tree_backend import TreeBackend
 
         return TreeBackend(config, model_path, placement)
+    if config.platform in _TENSORFLOW or config.backend == "tensorflow":
+        from workers.backends.tensorflow_backend import TensorFlowBackend
+
+        return TensorFlowBackend(config, model_path, placement)
     if config.backend == "torchserve":
         from workers.backends.torchserve_backend import TorchServeBackend
 
