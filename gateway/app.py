@@ -34,6 +34,7 @@ from gateway.routes import router
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
+from gateway.torchserve_management import router as torchserve_management
 from gateway.torchserve_routes import router as torchserve_router
 from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
@@ -222,6 +223,7 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
     app.include_router(router)
     app.include_router(torchserve_router)
+    app.include_router(torchserve_management)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(RedisError, _redis_error)
     app.add_exception_handler(HTTPException, _http_error)

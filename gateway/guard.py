@@ -31,6 +31,7 @@ _MANAGEMENT = (
     "/v2/cudasharedmemory",
     "/v2/logging",
     "/v2/trace",
+    "/models",
 )
 
 

@@ -174,6 +174,11 @@ class ModelControl:
     def _begin_load(self, command: ControlCommand, deadline: float) -> None:
         name = command.model
         source = self.repository / name
+        current = self.loaded.get(name)
+        if not source.is_dir() and current is not None and current[0].path.is_dir():
+            # Loaded from a request's files, not from the repository: a new configuration
+            # applies to the files it was loaded from.
+            source = current[0].path
         if not command.files and not source.is_dir():
             self._reply(command, f"failed to load '{name}', failed to poll from model repository")
             return
@@ -200,7 +205,6 @@ class ModelControl:
         env = dict(self.env, SLUICE_LOAD_ERRORS_KEY=errors_key)
         specs = self.worker_specs(model, model_dir.parent, env)
         kept: list[Child] = []
-        current = self.loaded.get(name)
         if command.versions and current is not None and _same_model(current[0], model):
             # A load naming its versions (a rollout) changes only which versions run: the
             # versions already running keep their workers. A plain load reloads them all.

@@ -108,6 +108,10 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     grpc_port: int = Field(8001, ge=0, le=65535)
     """Port of the KServe v2 / Triton gRPC API, on ``http_host`` (Triton's 8001; 0: none)."""
 
+    model_store: Path | None = None
+    """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``
+    registers (TorchServe's ``--model-store``; unset: registering is refused)."""
+
     grpc_reuse_port: bool = False
     """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
     ``sluice up`` (which sets it, having made sure no other server holds the port)."""

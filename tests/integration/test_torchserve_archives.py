@@ -218,3 +218,80 @@ def test_the_same_model_answers_on_the_v2_route_and_unknown_models_say_so(stack:
     assert missing.status_code == 404
     assert set(missing.json()) == {"code", "type", "message"}
     assert httpx.get(f"{stack.url}/ping").json() == {"status": "Healthy"}
+
+
+@pytest.fixture(scope="module")
+def managed(
+    tmp_path_factory: pytest.TempPathFactory, stack: Stack, redis_server: RedisServer
+) -> Iterator[Stack]:
+    """A stack in explicit model control with an empty repository and a model store holding
+    the ``shout`` archive (built for ``stack``)."""
+    tmp = tmp_path_factory.mktemp("managed")
+    store = tmp / "store"
+    store.mkdir()
+    archive = stack.repository / "shout" / "1" / "model.mar"  # type: ignore[operator]
+    (store / "shout.mar").write_bytes(archive.read_bytes())
+    (tmp / "repository").mkdir()
+    managed = Stack(
+        tmp / "repository",
+        redis_server.url,
+        env={"SLUICE_MODEL_STORE": str(store)},
+        args=["--model-control-mode", "explicit"],
+    )
+    managed.start()
+    yield managed
+    managed.stop()
+
+
+def test_the_management_api_registers_scales_describes_and_unregisters(managed: Stack) -> None:
+    with httpx.Client(base_url=managed.url, timeout=120) as http:
+        registered = http.post(
+            "/models",
+            params={
+                "url": "shout.mar",
+                "batch_size": 4,
+                "max_batch_delay": 20,
+                "initial_workers": 1,
+            },
+        )
+        assert registered.status_code == 200, registered.text
+        assert "registered with 1 initial workers" in registered.json()["status"]
+        answer = http.post(
+            "/predictions/shout", content="hi", headers={"content-type": "text/plain"}
+        )
+        assert answer.status_code == 200 and answer.text == "HI"
+        assert {"modelName": "shout", "modelUrl": "shout.mar"} in http.get("/models").json()[
+            "models"
+        ]
+        (described,) = http.get("/models/shout").json()
+        assert described["batchSize"] == 4 and described["maxBatchDelay"] == 20
+        assert [w["status"] for w in described["workers"]] == ["READY"]
+
+        scaled = http.put("/models/shout", params={"min_worker": 1, "max_worker": 2})
+        assert scaled.status_code == 202, scaled.text
+        (described,) = http.get("/models/shout/1.0").json()
+        assert (described["minWorkers"], described["maxWorkers"]) == (1, 2)
+
+        default = http.put("/models/shout/1/set-default")
+        assert default.status_code == 200, default.text
+        assert http.post("/predictions/shout", content="again").text == "AGAIN"
+
+        assert http.delete("/models/shout/1.0").status_code == 200
+        gone = http.post("/predictions/shout", content="x")
+        assert gone.status_code in (404, 503) and set(gone.json()) == {"code", "type", "message"}
+
+
+@pytest.mark.parametrize(
+    ("url", "status", "fragment"),
+    [
+        ("../store/shout.mar", 400, "must name an archive of the model store"),
+        ("https://example.com/m.mar", 400, "URLs are not fetched"),
+        ("missing.mar", 404, "is not in the model store"),
+    ],
+)
+def test_registering_refuses_what_is_not_in_the_store(
+    managed: Stack, url: str, status: int, fragment: str
+) -> None:
+    answer = httpx.post(f"{managed.url}/models", params={"url": url}, timeout=30)
+    assert answer.status_code == status, answer.text
+    assert fragment in answer.json()["message"]
