@@ -6,6 +6,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 
+def escape_label(value: str) -> str:
+    """A label value as Prometheus' text format writes it."""
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
 def family(lines: list[str], name: str, help_text: str, kind: str) -> None:
     """The HELP and TYPE lines of a metric family."""
     lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]

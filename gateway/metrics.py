@@ -22,9 +22,10 @@ import asyncio
 import logging
 
 from gateway import gpu_metrics, metric_snapshot, sluice_metrics
-from gateway.host_metrics import HOST, family
+from gateway.host_metrics import HOST, escape_label, family
 from gateway.metric_snapshot import Snapshot
 from gateway.state import GatewayState
+from gateway.torchserve_metrics import torchserve_lines
 from sluice.settings import GatewaySettings
 from sluice.shm import segment_bytes
 from sluice.statistics import (
@@ -112,6 +113,8 @@ async def metrics_text(state: GatewayState) -> bytes:
 def _text(snapshot: Snapshot, settings: GatewaySettings) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
     lines = triton_lines(snapshot)
+    if settings.torchserve_metrics:
+        lines += torchserve_lines(snapshot)
     lines += HOST.lines()
     lines += gpu_metrics.GPUS.lines()
     text = ("\n".join(lines) + "\n").encode()
@@ -140,11 +143,7 @@ def triton_lines(snapshot: Snapshot) -> list[str]:
 
 
 def _sample(name: str, model: str, version: int, value: float, reason: str = "") -> str:
-    labels = f'model="{_escape(model)}",version="{version}"'
+    labels = f'model="{escape_label(model)}",version="{version}"'
     if reason:
         labels = f'{labels},reason="{reason}"'
     return f"{name}{{{labels}}} {value}"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")

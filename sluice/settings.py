@@ -108,6 +108,10 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     grpc_port: int = Field(8001, ge=0, le=65535)
     """Port of the KServe v2 / Triton gRPC API, on ``http_host`` (Triton's 8001; 0: none)."""
 
+    torchserve_metrics: bool = False
+    """Also write TorchServe's Prometheus names for the inference counters on /metrics
+    (``ts_inference_requests_total`` and the two latency counters)."""
+
     model_store: Path | None = None
     """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``
     registers (TorchServe's ``--model-store``; unset: registering is refused)."""

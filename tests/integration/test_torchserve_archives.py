@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -142,7 +143,7 @@ def stack(
     assert "inference_address has no Sluice equivalent; ignored" in imported.stderr
     config = (repository / "linear" / "config.pbtxt").read_text()
     assert "max_batch_size: 8" in config and "max_queue_size: 500" in config
-    stack = Stack(repository, redis_server.url)
+    stack = Stack(repository, redis_server.url, env={"SLUICE_TORCHSERVE_METRICS": "true"})
     stack.start()
     yield stack
     stack.stop()
@@ -218,6 +219,26 @@ def test_the_same_model_answers_on_the_v2_route_and_unknown_models_say_so(stack:
     assert missing.status_code == 404
     assert set(missing.json()) == {"code", "type", "message"}
     assert httpx.get(f"{stack.url}/ping").json() == {"status": "Healthy"}
+
+
+def test_torchserve_s_metric_names_count_the_predictions(stack: Stack) -> None:
+    before = _ts_requests(stack)
+    for _ in range(3):
+        assert httpx.post(f"{stack.url}/predictions/linear", json=[0, 0, 0, 1]).status_code == 200
+    deadline = time.monotonic() + 10
+    while _ts_requests(stack) < before + 3 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _ts_requests(stack) >= before + 3
+    text = httpx.get(f"{stack.url}/metrics").text
+    assert "# TYPE ts_inference_latency_microseconds counter" in text
+    assert 'ts_queue_latency_microseconds{model_name="linear",model_version="1",' in text
+
+
+def _ts_requests(stack: Stack) -> float:
+    for line in httpx.get(f"{stack.url}/metrics").text.splitlines():
+        if line.startswith('ts_inference_requests_total{model_name="linear"'):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
 
 
 @pytest.fixture(scope="module")
