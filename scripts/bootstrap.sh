@@ -70,3 +70,7 @@ build_models() {
     .venv/bin/python model_repository/build.py >/dev/null
 }
 step "building the example models in model_repository/" build_models
+build_more_models() {
+    TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python examples/more_backends/build.py >/dev/null
+}
+step "building the other backends' examples in examples/more_backends/repository/" build_more_models
