@@ -15,6 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,7 @@ from tests.support.stack import Stack
 
 LINEAR_HANDLER = '''
 import json
+import time
 
 import torch
 from ts.torch_handler.base_handler import BaseHandler
@@ -33,6 +35,7 @@ class LinearHandler(BaseHandler):
     """Rows of 4 numbers in (a JSON list per request), 2 numbers out per row."""
 
     def preprocess(self, data):
+        time.sleep(0.02)  # a handler that takes a while: concurrent requests queue up
         rows = []
         for request in data:
             value = request.get("data") or request.get("body")
@@ -44,6 +47,71 @@ class LinearHandler(BaseHandler):
     def postprocess(self, output):
         size = output.shape[0]
         return [{"y": row, "batch": size} for row in output.tolist()]
+'''
+
+IMAGE_HANDLER = '''
+import io
+
+import numpy as np
+import torch
+from PIL import Image
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class ImageClassifier(BaseHandler):
+    """An image classifier as TorchServe's docs write one: PIL decodes, the TorchScript
+    model scores, index_to_name.json (an extra file) names the top classes."""
+
+    def preprocess(self, data):
+        images = []
+        for request in data:
+            image = Image.open(io.BytesIO(request.get("data") or request.get("body")))
+            pixels = np.asarray(image.convert("L").resize((8, 8)), dtype=np.float32)
+            images.append(torch.from_numpy(pixels).reshape(1, 8, 8) / 255)
+        return torch.stack(images)
+
+    def postprocess(self, output):
+        top = torch.softmax(output, dim=1).topk(2, dim=1)
+        return [
+            {self.mapping[str(i)]: p for i, p in zip(index.tolist(), value.tolist())}
+            for value, index in zip(top.values, top.indices)
+        ]
+'''
+
+TEXT_HANDLER = '''
+import json
+import os
+
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class IntentClassifier(BaseHandler):
+    """Like TorchServe's text classification example: a vocabulary (an extra file) turns
+    words into ids, an EmbeddingBag model scores the intents."""
+
+    def initialize(self, context):
+        super().initialize(context)
+        directory = context.system_properties.get("model_dir")
+        with open(os.path.join(directory, "vocab.json")) as f:
+            self.vocab = json.load(f)
+
+    def preprocess(self, data):
+        ids, offsets = [], []
+        for request in data:
+            text = request.get("data") or request.get("body")
+            if isinstance(text, (bytes, bytearray)):
+                text = text.decode()
+            offsets.append(len(ids))
+            ids += [self.vocab.get(word, 0) for word in text.lower().split()] or [0]
+        return torch.tensor(ids), torch.tensor(offsets)
+
+    def inference(self, data):
+        with torch.no_grad():
+            return self.model(*data)
+
+    def postprocess(self, output):
+        return [self.mapping[str(int(i))] for i in output.argmax(dim=1)]
 '''
 
 SHOUT_HANDLER = '''
@@ -62,7 +130,9 @@ def handle(data, context):
 '''
 
 
-def _archive(tmp: Path, name: str, handler: str, serialized: Path | None) -> Path:
+def _archive(
+    tmp: Path, name: str, handler: str, serialized: Path | None, extra: tuple[Path, ...] = ()
+) -> Path:
     source = tmp / f"{name}-src"
     source.mkdir()
     (source / "handler.py").write_text(handler)
@@ -82,8 +152,36 @@ def _archive(tmp: Path, name: str, handler: str, serialized: Path | None) -> Pat
     ]
     if serialized is not None:
         command += ["--serialized-file", str(serialized)]
+    if extra:
+        command += ["--extra-files", ",".join(str(path) for path in extra)]
     subprocess.run(command, check=True, capture_output=True, timeout=120)
     return store / f"{name}.mar"
+
+
+IMAGE_LABELS = {"0": "cat", "1": "dog", "2": "bird"}
+INTENT_LABELS = {"0": "weather", "1": "music", "2": "alarm"}
+VOCAB = {"rain": 1, "sunny": 2, "play": 3, "song": 4, "music": 5, "wake": 6, "alarm": 7}
+INTENT_EXAMPLE = (torch.tensor([1, 2, 3]), torch.tensor([0, 2]))
+
+
+class Intent(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.embedding = torch.nn.EmbeddingBag(8, 6, mode="mean")
+        self.score = torch.nn.Linear(6, 3)
+
+    def forward(self, ids: torch.Tensor, offsets: torch.Tensor) -> torch.Tensor:
+        return self.score(self.embedding(ids, offsets))
+
+
+def _image_model() -> torch.nn.Module:
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 3)).eval()
+
+
+def _intent_model() -> torch.nn.Module:
+    torch.manual_seed(2)
+    return Intent().eval()
 
 
 @pytest.fixture(scope="module")
@@ -110,10 +208,31 @@ def stack(
     linear.save(str(weights))
     _archive(tmp, "linear", LINEAR_HANDLER, weights)
     _archive(tmp, "shout", SHOUT_HANDLER, None)
+    for name, handler, module, example, mapping, extra in (
+        ("image", IMAGE_HANDLER, _image_model(), (torch.zeros(1, 1, 8, 8),), IMAGE_LABELS, {}),
+        (
+            "intent",
+            TEXT_HANDLER,
+            _intent_model(),
+            INTENT_EXAMPLE,
+            INTENT_LABELS,
+            {"vocab.json": VOCAB},
+        ),
+    ):
+        files = tmp / f"{name}-files"
+        files.mkdir()
+        model_file = save_torchscript(module, example, files / "model.pt")
+        (files / "index_to_name.json").write_text(json.dumps(mapping))
+        for file_name, content in extra.items():
+            (files / file_name).write_text(json.dumps(content))
+        extras = tuple(p for p in files.iterdir() if p.suffix == ".json")
+        _archive(tmp, name, handler, model_file, extras)
     # TorchServe's own configuration, with settings Sluice takes and one it does not.
     models = {
         "linear": {"1.0": {"defaultVersion": True, "batchSize": 8, "maxBatchDelay": 50}},
         "shout": {"1.0": {"batchSize": 4, "maxBatchDelay": 50, "minWorkers": 1}},
+        "image": {"1.0": {"batchSize": 4, "maxBatchDelay": 20}},
+        "intent": {"1.0": {"batchSize": 4, "maxBatchDelay": 20}},
     }
     (tmp / "config.properties").write_text(
         "inference_address=http://0.0.0.0:8080\n"
@@ -316,3 +435,32 @@ def test_registering_refuses_what_is_not_in_the_store(
     answer = httpx.post(f"{managed.url}/models", params={"url": url}, timeout=30)
     assert answer.status_code == status, answer.text
     assert fragment in answer.json()["message"]
+
+
+def test_an_image_classifier_and_an_intent_classifier_answer_as_in_process(stack: Stack) -> None:
+    import io
+
+    from PIL import Image
+
+    pixels = np.random.default_rng(3).integers(0, 256, (16, 16, 3), dtype=np.uint8)
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="PNG")
+    answer = httpx.post(f"{stack.url}/predictions/image", content=buffer.getvalue(), timeout=30)
+    assert answer.status_code == 200, answer.text
+    gray = Image.open(io.BytesIO(buffer.getvalue())).convert("L").resize((8, 8))
+    batch = torch.from_numpy(np.asarray(gray, dtype=np.float32)).reshape(1, 1, 8, 8) / 255
+    with torch.no_grad():
+        top = torch.softmax(_image_model()(batch), dim=1).topk(2, dim=1)
+    expected = {
+        IMAGE_LABELS[str(i)]: p
+        for i, p in zip(top.indices[0].tolist(), top.values[0].tolist(), strict=True)
+    }
+    assert answer.json() == pytest.approx(expected, rel=1e-5)
+
+    text = "play a song with music"
+    intent = httpx.post(f"{stack.url}/predictions/intent", content=text, timeout=30)
+    assert intent.status_code == 200, intent.text
+    ids = torch.tensor([VOCAB.get(word, 0) for word in text.split()])
+    with torch.no_grad():
+        scores = _intent_model()(ids, torch.tensor([0]))
+    assert intent.text == INTENT_LABELS[str(int(scores.argmax(dim=1)[0]))]

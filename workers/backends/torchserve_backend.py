@@ -21,6 +21,7 @@ its error fails only the request that caused it.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 import sys
 import tempfile
@@ -36,6 +37,8 @@ from sluice.config import ModelConfig
 from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.mar import unpack
 from workers.backends.base import Placement, RequestsFailed
+
+log = logging.getLogger(__name__)
 
 BODY, CONTENT_TYPE = "body", "content_type"
 RESPONSE, RESPONSE_TYPE = "response", "response_type"
@@ -112,6 +115,13 @@ class TorchServeBackend:
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-mar-"))
         try:
             manifest = unpack(model_path, self._dir / "model", MAX_UNPACKED_BYTES)
+            if manifest.requirements_file:
+                log.warning(
+                    "model '%s': the archive lists %s; Sluice does not install packages, "
+                    "so the handler runs with what this environment has",
+                    config.name,
+                    manifest.requirements_file,
+                )
             model_dir = str(self._dir / "model")
             sys.path.insert(0, model_dir)
             import ts
