@@ -5,7 +5,8 @@
 - ``GET /models/{m}[/{v}]``: a model's description, with its workers;
 - ``POST /models?url=<archive>.mar[&model_name=&batch_size=&max_batch_delay=
   &initial_workers=&response_timeout=]``: register an archive of the model store
-  (``SLUICE_MODEL_STORE``, TorchServe's ``--model-store``), and load it;
+  (``SLUICE_MODEL_STORE``, TorchServe's ``--model-store``) or from a URL the operator
+  allows (``SLUICE_ALLOWED_MODEL_URLS``, TorchServe's ``allowed_urls``), and load it;
 - ``PUT /models/{m}?min_worker=&max_worker=``: scale; the controller's autoscaling keeps
   the instances between the two (:mod:`scheduler.autoscaling`);
 - ``DELETE /models/{m}[/{v}]``: unregister (unload);
@@ -16,10 +17,14 @@ Versions are Sluice's (Triton's numbered folders); a registered archive is versi
 
 from __future__ import annotations
 
+import asyncio
+import re
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import orjson
 from fastapi import APIRouter, Request, Response
 
@@ -30,7 +35,7 @@ from gateway.state import GatewayState, state_of
 from sluice.config import config_to_json, parse_config_text
 from sluice.control import ControlCommand
 from sluice.errors import InvalidInput, NotFound, SluiceError
-from sluice.mar import read_manifest, triton_config
+from sluice.mar import MarManifest, read_manifest, triton_config
 from sluice.routing import Routing, check_served
 
 router = APIRouter()
@@ -136,22 +141,11 @@ async def register(request: Request) -> Response:
     try:
         await require_explicit(state)
         url = request.query_params.get("url", "")
-        store = state.settings.model_store
-        if store is None:
-            raise InvalidInput("no model store is set (SLUICE_MODEL_STORE): nothing to register")
-        if not url or "/" in url or "\\" in url or url.startswith(".") or "://" in url:
-            raise InvalidInput(
-                "'url' must name an archive of the model store (a file name); URLs are not fetched"
-            )
-        path = Path(store) / url
-        if not path.is_file() or path.is_symlink():
-            raise NotFound(f"model archive '{url}' is not in the model store")
-        if path.stat().st_size > MAX_REGISTER_BYTES:
-            raise InvalidInput(
-                f"'{url}' is larger than {MAX_REGISTER_BYTES >> 20} MiB: lay it out with "
-                "`sluice import-mar` instead"
-            )
-        manifest = read_manifest(path)
+        if "://" in url:
+            data = await _fetch(url, state.settings.allowed_model_urls)
+        else:
+            data = await asyncio.to_thread(_from_store, url, state.settings.model_store)
+        manifest = await asyncio.to_thread(_manifest, data, url)
         name = request.query_params.get("model_name") or manifest.model_name
         workers = _whole(request, "initial_workers", 1, least=1)
         text = triton_config(
@@ -162,12 +156,71 @@ async def register(request: Request) -> Response:
             response_timeout_s=_whole(request, "response_timeout", 0),
         )
         config = config_to_json(parse_config_text(text, model_name=name))
-        files = {"1/model.mar": path.read_bytes()}
+        files = {"1/model.mar": data}
         await carry_out(state, ControlCommand("load", name, orjson.dumps(config).decode(), files))
         message = f'Model "{name}" Version: 1 registered with {workers} initial workers'
         return json_response({"status": message})
     except SluiceError as exc:
         return _error(exc)
+
+
+def _too_large(url: str) -> InvalidInput:
+    return InvalidInput(
+        f"'{url}' is larger than {MAX_REGISTER_BYTES >> 20} MiB: lay it out with "
+        "`sluice import-mar` instead"
+    )
+
+
+def _from_store(url: str, store: Path | None) -> bytes:
+    """An archive of the model store, named by its file name."""
+    if store is None:
+        raise InvalidInput("no model store is set (SLUICE_MODEL_STORE): nothing to register")
+    if not url or "/" in url or "\\" in url or url.startswith("."):
+        raise InvalidInput("'url' must name an archive of the model store (a file name)")
+    path = Path(store) / url
+    if not path.is_file() or path.is_symlink():
+        raise NotFound(f"model archive '{url}' is not in the model store")
+    if path.stat().st_size > MAX_REGISTER_BYTES:
+        raise _too_large(url)
+    return path.read_bytes()
+
+
+async def _fetch(url: str, allowed: str) -> bytes:
+    """An archive from a URL the operator allows (``SLUICE_ALLOWED_MODEL_URLS``: regular
+    expressions, comma-separated, matched against the whole URL; none by default)."""
+    patterns = [p.strip() for p in allowed.split(",") if p.strip()]
+    if not url.startswith(("http://", "https://")) or not any(
+        re.fullmatch(pattern, url) for pattern in patterns
+    ):
+        raise InvalidInput(
+            f"'url' {url[:200]!r} is not an allowed URL (SLUICE_ALLOWED_MODEL_URLS); an "
+            "archive of the model store is named by its file name"
+        )
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with (
+            httpx.AsyncClient(timeout=60, follow_redirects=False) as client,
+            client.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                raise NotFound(f"'{url}' answered HTTP {response.status_code}")
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > MAX_REGISTER_BYTES:
+                    raise _too_large(url)
+                chunks.append(chunk)
+    except httpx.HTTPError as exc:
+        raise NotFound(f"cannot download '{url}': {type(exc).__name__}") from None
+    return b"".join(chunks)
+
+
+def _manifest(data: bytes, url: str) -> MarManifest:
+    with tempfile.TemporaryDirectory() as scratch:
+        name = url.rsplit("/", 1)[-1] or "model.mar"
+        path = Path(scratch) / (name if name.endswith(".mar") else "model.mar")
+        path.write_bytes(data)
+        return read_manifest(path)
 
 
 @router.put("/models/{model}")

@@ -112,6 +112,11 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     """Also write TorchServe's Prometheus names for the inference counters on /metrics
     (``ts_inference_requests_total`` and the two latency counters)."""
 
+    allowed_model_urls: str = ""
+    """URLs ``POST /models?url=`` may download archives from: regular expressions,
+    comma-separated, each matched against the whole URL (TorchServe's ``allowed_urls``;
+    none by default, where TorchServe allows every URL)."""
+
     model_store: Path | None = None
     """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``
     registers (TorchServe's ``--model-store``; unset: registering is refused)."""

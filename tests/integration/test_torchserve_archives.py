@@ -5,9 +5,12 @@ raw, JSON and multipart bodies, batching, and an error that fails only its own r
 
 from __future__ import annotations
 
+import functools
+import http.server
 import json
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator
@@ -372,15 +375,24 @@ def managed(
     archive = stack.repository / "shout" / "1" / "model.mar"  # type: ignore[operator]
     (store / "shout.mar").write_bytes(archive.read_bytes())
     (tmp / "repository").mkdir()
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(store))
+    files = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=files.serve_forever, daemon=True).start()
     managed = Stack(
         tmp / "repository",
         redis_server.url,
-        env={"SLUICE_MODEL_STORE": str(store)},
+        env={
+            "SLUICE_MODEL_STORE": str(store),
+            "SLUICE_ALLOWED_MODEL_URLS": rf"http://127\.0\.0\.1:{files.server_port}/.*",
+        },
         args=["--model-control-mode", "explicit"],
     )
     managed.start()
+    managed.files_url = f"http://127.0.0.1:{files.server_port}"  # type: ignore[attr-defined]
     yield managed
     managed.stop()
+    files.shutdown()
+    files.server_close()
 
 
 def test_the_management_api_registers_scales_describes_and_unregisters(managed: Stack) -> None:
@@ -425,7 +437,8 @@ def test_the_management_api_registers_scales_describes_and_unregisters(managed: 
     ("url", "status", "fragment"),
     [
         ("../store/shout.mar", 400, "must name an archive of the model store"),
-        ("https://example.com/m.mar", 400, "URLs are not fetched"),
+        ("https://example.com/m.mar", 400, "is not an allowed URL"),
+        ("file:///etc/passwd", 400, "is not an allowed URL"),
         ("missing.mar", 404, "is not in the model store"),
     ],
 )
@@ -464,3 +477,17 @@ def test_an_image_classifier_and_an_intent_classifier_answer_as_in_process(stack
     with torch.no_grad():
         scores = _intent_model()(ids, torch.tensor([0]))
     assert intent.text == INTENT_LABELS[str(int(scores.argmax(dim=1)[0]))]
+
+
+def test_an_archive_registers_from_a_url_the_operator_allows(managed: Stack) -> None:
+    url = f"{managed.files_url}/shout.mar"  # type: ignore[attr-defined]
+    with httpx.Client(base_url=managed.url, timeout=120) as http:
+        registered = http.post("/models", params={"url": url, "model_name": "fetched"})
+        assert registered.status_code == 200, registered.text
+        answer = http.post(
+            "/predictions/fetched", content="far", headers={"content-type": "text/plain"}
+        )
+        assert answer.text == "FAR"
+        missing = http.post("/models", params={"url": f"{managed.files_url}/nothing.mar"})  # type: ignore[attr-defined]
+        assert missing.status_code == 404 and "answered HTTP 404" in missing.json()["message"]
+        assert http.delete("/models/fetched").status_code == 200
