@@ -10,7 +10,7 @@ from typing import Protocol
 import numpy as np
 
 from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, SluiceError
+from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +45,13 @@ class Backend(Protocol):
 
 class BackendFactory(Protocol):
     def __call__(self, config: ModelConfig, model_path: Path, placement: Placement) -> Backend: ...
+
+
+def missing_extra(model: str, what: str, extra: str) -> InvalidConfig:
+    """The load error of a model whose backend's package is not installed."""
+    return InvalidConfig(
+        f"model '{model}' needs {what}, which is not installed; install sluice[{extra}]"
+    )
 
 
 class RequestsFailed(InferenceFailed):

@@ -24,7 +24,7 @@ import numpy as np
 
 from sluice.config import ModelConfig
 from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Placement
+from workers.backends.base import Placement, missing_extra
 from workers.backends.threads import threads_or_all
 
 _SLUICE_KEYS = {"SKIP_OV_DYNAMIC_BATCHSIZE", "RESHAPE_IO_LAYERS"}
@@ -94,10 +94,7 @@ class OpenVinoBackend:
         try:
             import openvino as ov
         except ImportError:
-            raise InvalidConfig(
-                f"model '{config.name}' needs OpenVINO, which is not installed; "
-                "install sluice[openvino]"
-            ) from None
+            raise missing_extra(config.name, "OpenVINO", "openvino") from None
         core = ov.Core()
         properties = compile_properties(config, placement)
         try:

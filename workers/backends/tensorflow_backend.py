@@ -21,7 +21,7 @@ import numpy as np
 
 from sluice.config import ModelConfig
 from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Placement
+from workers.backends.base import Placement, missing_extra
 from workers.backends.threads import threads_or_all
 
 SAVEDMODEL = "tensorflow_savedmodel"
@@ -110,10 +110,7 @@ class TensorFlowBackend:
         try:
             import tensorflow as tf
         except ImportError:
-            raise InvalidConfig(
-                f"model '{config.name}' needs TensorFlow, which is not installed; "
-                "install sluice[tensorflow]"
-            ) from None
+            raise missing_extra(config.name, "TensorFlow", "tensorflow") from None
         self._tf = tf
         with contextlib.suppress(RuntimeError):  # only before TensorFlow's first op
             tf.config.threading.set_intra_op_parallelism_threads(threads_or_all(placement.threads))

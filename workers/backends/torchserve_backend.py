@@ -36,7 +36,7 @@ import numpy as np
 from sluice.config import ModelConfig
 from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.mar import unpack
-from workers.backends.base import Placement, RequestsFailed
+from workers.backends.base import Placement, RequestsFailed, missing_extra
 
 log = logging.getLogger(__name__)
 
@@ -108,10 +108,7 @@ class TorchServeBackend:
             from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
             from ts.model_loader import TsModelLoader
         except ImportError:
-            raise InvalidConfig(
-                f"model '{config.name}' is a TorchServe archive and needs TorchServe's "
-                "handler runtime, which is not installed; install sluice[torchserve]"
-            ) from None
+            raise missing_extra(config.name, "TorchServe's handler runtime", "torchserve") from None
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-mar-"))
         try:
             manifest = unpack(model_path, self._dir / "model", MAX_UNPACKED_BYTES)

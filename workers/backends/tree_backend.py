@@ -25,7 +25,7 @@ import numpy as np
 from sluice.config import ModelConfig
 from sluice.config.platforms import tree_formats
 from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Placement
+from workers.backends.base import Placement, missing_extra
 from workers.backends.threads import flag_parameter, threads_or_all
 
 INPUT = "input__0"
@@ -147,11 +147,7 @@ class TreeBackend:
                 kind, model_path, threads_or_all(placement.threads), gpu
             )
         except ImportError:
-            package = _PACKAGES[kind]
-            raise InvalidConfig(
-                f"model '{name}' ({kind}) needs {package}, which is not installed; "
-                "install sluice[trees]"
-            ) from None
+            raise missing_extra(name, _PACKAGES[kind], "trees") from None
         except (InvalidConfig, Unsupported):
             raise
         except Exception as exc:
