@@ -7,8 +7,8 @@
   &initial_workers=&response_timeout=]``: register an archive of the model store
   (``SLUICE_MODEL_STORE``, TorchServe's ``--model-store``) or from a URL the operator
   allows (``SLUICE_ALLOWED_MODEL_URLS``, TorchServe's ``allowed_urls``), and load it;
-- ``PUT /models/{m}?min_worker=&max_worker=``: scale; the controller's autoscaling keeps
-  the instances between the two (:mod:`scheduler.autoscaling`);
+- ``PUT /models/{m}[/{v}]?min_worker=&max_worker=``: scale; the controller's autoscaling
+  keeps the instances between the two (:mod:`scheduler.autoscaling`), for every version;
 - ``DELETE /models/{m}[/{v}]``: unregister (unload);
 - ``PUT /models/{m}/{v}/set-default``: requests naming no version go to ``v``.
 
@@ -224,11 +224,15 @@ def _manifest(data: bytes, url: str) -> MarManifest:
 
 
 @router.put("/models/{model}")
-async def scale(request: Request, model: str) -> Response:
+@router.put("/models/{model}/{version}")
+async def scale(request: Request, model: str, version: str | None = None) -> Response:
+    """Instances are per model here (every served version gets the same range)."""
     state = state_of(request)
     try:
         await require_explicit(state)
         entry = state.view.entry(model)
+        if version is not None:
+            _version(version, entry.versions, model)
         if entry.config is None:
             raise InvalidInput(f"model '{model}' is unavailable: {entry.error}")
         current = entry.config

@@ -419,7 +419,7 @@ def test_the_management_api_registers_scales_describes_and_unregisters(managed: 
         assert described["batchSize"] == 4 and described["maxBatchDelay"] == 20
         assert [w["status"] for w in described["workers"]] == ["READY"]
 
-        scaled = http.put("/models/shout", params={"min_worker": 1, "max_worker": 2})
+        scaled = http.put("/models/shout/1.0", params={"min_worker": 1, "max_worker": 2})
         assert scaled.status_code == 202, scaled.text
         (described,) = http.get("/models/shout/1.0").json()
         assert (described["minWorkers"], described["maxWorkers"]) == (1, 2)
