@@ -26,6 +26,7 @@ from gateway.catalog_view import CatalogView
 from gateway.dispatcher import RedisDispatcher
 from gateway.fast_path import InferFastPath
 from gateway.gateway_report import report
+from gateway.generate_routes import router as generate_router
 from gateway.grpc_api.server import GrpcServer
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
@@ -223,6 +224,7 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     app = FastAPI(title="Sluice", version="v2", lifespan=lifespan)
     app.include_router(router)
     app.include_router(torchserve_router)
+    app.include_router(generate_router)
     app.include_router(torchserve_management)
     app.add_exception_handler(SluiceError, _sluice_error)
     app.add_exception_handler(RedisError, _redis_error)

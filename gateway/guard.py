@@ -137,9 +137,10 @@ class EdgeGuard:
             extra = [(b"www-authenticate", b"Bearer")] if denied[0] == 401 else []
             await _reject(send, denied[0], denied[1], extra)
             return
-        if (path.startswith("/v2/models/") and path.endswith("/infer")) or path.startswith(
-            "/predictions/"
-        ):
+        if (
+            path.startswith("/v2/models/")
+            and path.endswith(("/infer", "/generate", "/generate_stream"))
+        ) or path.startswith("/predictions/"):
             # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves.
             await self.app(scope, receive, send)
             return

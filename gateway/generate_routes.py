@@ -1,0 +1,142 @@
+"""Triton's generate extension: ``POST /v2/models/{m}[/versions/{v}]/generate`` and
+``/generate_stream``.
+
+The request is one JSON object. Each of the model's inputs takes the value of the key
+with its name (``text_input`` for a text model), or of the same key in ``parameters``; a
+value is one element or an array of them, and its shape follows the input's dims (one
+dimension of -1 takes the element count; a batching model gets a batch of 1). Other keys
+and ``parameters`` go with the request as its parameters. The answer has ``model_name``,
+``model_version`` and each output under its own name: one element as itself, several as
+an array. ``/generate_stream`` sends the same answer as a server-sent event; a model that
+answers once (every model here: decoupled models are still to come) sends one event.
+Errors before inference are ``{"error": ...}`` with the status, as on every route.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+
+from gateway.body import read_body
+from gateway.infer import encode_reply, execute, prepare_with
+from gateway.infer_request import InferRequest, parse_infer_document
+from gateway.json_body import json_object
+from gateway.state import state_of
+from sluice.config import ModelConfig
+from sluice.errors import InferenceFailed, InvalidInput
+from sluice.wire import ReplyMessage
+
+router = APIRouter()
+
+_RESERVED = ("parameters", "id")
+_SSE = "text/event-stream; charset=utf-8"
+
+
+def _flat(value: Any) -> list[Any]:
+    if isinstance(value, list):
+        return [item for element in value for item in _flat(element)]
+    return [value]
+
+
+def _shape(config: ModelConfig, name: str, dims: tuple[int, ...], count: int) -> list[int]:
+    """The input's shape for ``count`` elements: the config's dims, one -1 taking what the
+    fixed ones leave, and a batch of 1 for a batching model."""
+    fixed = math.prod(d for d in dims if d != -1) if dims else 1
+    free = [i for i, d in enumerate(dims) if d == -1]
+    shape = list(dims) if dims else [1]
+    if len(free) == 1 and fixed and count % fixed == 0:
+        shape[free[0]] = count // fixed
+    elif free:
+        raise InvalidInput(
+            f"input '{name}' of model '{config.name}' has dims {list(dims)}: the generate "
+            "extension can fill one variable dimension only; use /infer"
+        )
+    return [1, *shape] if config.max_batch_size > 0 else shape
+
+
+def generate_document(body: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
+    """The KServe v2 request document of a generate request."""
+    parameters = body.get("parameters", {})
+    if not isinstance(parameters, dict):
+        raise InvalidInput("'parameters' must be an object")
+    names = {spec.name for spec in config.inputs}
+    inputs = []
+    for spec in config.inputs:
+        if spec.name in body:
+            value = body[spec.name]
+        elif spec.name in parameters:
+            value = parameters[spec.name]
+        elif spec.optional:
+            continue
+        else:
+            raise InvalidInput(
+                f"generate request for model '{config.name}' has no value for input '{spec.name}'"
+            )
+        data = _flat(value)
+        inputs.append(
+            {
+                "name": spec.name,
+                "datatype": spec.datatype,
+                "shape": _shape(config, spec.name, spec.dims, len(data)),
+                "data": data,
+            }
+        )
+    extra = {key: value for key, value in body.items() if key not in names and key not in _RESERVED}
+    extra.update({k: v for k, v in parameters.items() if k not in names})
+    document: dict[str, Any] = {"inputs": inputs}
+    if extra:
+        document["parameters"] = extra
+    if "id" in body:
+        document["id"] = body["id"]
+    return document
+
+
+def _answer(model: str, infer_json: bytes) -> bytes:
+    response = orjson.loads(infer_json)
+    answer: dict[str, Any] = {
+        "model_name": model,
+        "model_version": response.get("model_version", ""),
+    }
+    for output in response.get("outputs", []):
+        data = output.get("data", [])
+        answer[output["name"]] = data[0] if len(data) == 1 else data
+    return orjson.dumps(answer)
+
+
+async def _generate(request: Request, model: str, version: str | None) -> bytes:
+    state = state_of(request)
+    body = json_object(await read_body(request, state.settings.max_body_bytes))
+
+    def parse(config: ModelConfig) -> InferRequest:
+        document = generate_document(body, config)
+        return parse_infer_document(document, memoryview(b""), config, state.limits)
+
+    prepared = await prepare_with(state, model, version, parse, heavy=False)
+    parsed, transfer = prepared.parsed, state.transfer
+
+    def encode(reply: ReplyMessage, data: memoryview) -> bytes:
+        content, json_length = encode_reply(transfer, model, reply, data, parsed.outputs, parsed.id)
+        if json_length is not None:
+            raise InferenceFailed(
+                f"an output of model '{model}' cannot be written as JSON (bytes that are not "
+                "UTF-8, or a number JSON cannot hold); use /infer with binary outputs"
+            )
+        return _answer(model, content)
+
+    return await execute(state, prepared, False, encode)
+
+
+@router.post("/v2/models/{model}/generate")
+@router.post("/v2/models/{model}/versions/{version}/generate")
+async def generate(request: Request, model: str, version: str | None = None) -> Response:
+    return Response(await _generate(request, model, version), media_type="application/json")
+
+
+@router.post("/v2/models/{model}/generate_stream")
+@router.post("/v2/models/{model}/versions/{version}/generate_stream")
+async def generate_stream(request: Request, model: str, version: str | None = None) -> Response:
+    answer = await _generate(request, model, version)
+    return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
