@@ -32,6 +32,7 @@ from gateway.json_body import json_response
 from gateway.model_control_routes import carry_out, require_explicit
 from gateway.routing_routes import _update
 from gateway.state import GatewayState, state_of
+from sluice.catalog import CatalogEntry
 from sluice.config import config_to_json, parse_config_text
 from sluice.control import ControlCommand
 from sluice.errors import InvalidInput, NotFound, SluiceError
@@ -223,16 +224,23 @@ def _manifest(data: bytes, url: str) -> MarManifest:
         return read_manifest(path)
 
 
+async def _managed(state: GatewayState, model: str, version: str | None) -> CatalogEntry:
+    """A model that model control may change (explicit mode), and the version named, if
+    any, served."""
+    await require_explicit(state)
+    entry = state.view.entry(model)
+    if version is not None:
+        _version(version, entry.versions, model)
+    return entry
+
+
 @router.put("/models/{model}")
 @router.put("/models/{model}/{version}")
 async def scale(request: Request, model: str, version: str | None = None) -> Response:
     """Instances are per model here (every served version gets the same range)."""
     state = state_of(request)
     try:
-        await require_explicit(state)
-        entry = state.view.entry(model)
-        if version is not None:
-            _version(version, entry.versions, model)
+        entry = await _managed(state, model, version)
         if entry.config is None:
             raise InvalidInput(f"model '{model}' is unavailable: {entry.error}")
         current = entry.config
@@ -256,10 +264,7 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
 async def unregister(request: Request, model: str, version: str | None = None) -> Response:
     state = state_of(request)
     try:
-        await require_explicit(state)
-        entry = state.view.entry(model)
-        if version is not None:
-            _version(version, entry.versions, model)
+        await _managed(state, model, version)
         await carry_out(state, ControlCommand("unload", model))
         shown = f" version: {version}" if version else ""
         return json_response({"status": f'Model "{model}"{shown} unregistered'})
