@@ -21,7 +21,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from gateway.body import read_body
-from gateway.infer import encode_reply, execute, prepare_with
+from gateway.infer import OFFLOAD_BYTES, encode_reply, execute, prepare_with
 from gateway.infer_request import InferRequest, parse_infer_document
 from gateway.json_body import json_object
 from gateway.state import state_of
@@ -108,13 +108,15 @@ def _answer(model: str, infer_json: bytes) -> bytes:
 
 async def _generate(request: Request, model: str, version: str | None) -> bytes:
     state = state_of(request)
-    body = json_object(await read_body(request, state.settings.max_body_bytes))
+    body = await read_body(request, state.settings.max_body_bytes)
+    big = len(body) > OFFLOAD_BYTES
 
     def parse(config: ModelConfig) -> InferRequest:
-        document = generate_document(body, config)
+        # On a thread when the body is big, as a JSON /infer request's.
+        document = generate_document(json_object(body), config)
         return parse_infer_document(document, memoryview(b""), config, state.limits)
 
-    prepared = await prepare_with(state, model, version, parse, heavy=False)
+    prepared = await prepare_with(state, model, version, parse, heavy=big)
     parsed, transfer = prepared.parsed, state.transfer
 
     def encode(reply: ReplyMessage, data: memoryview) -> bytes:
@@ -126,7 +128,7 @@ async def _generate(request: Request, model: str, version: str | None) -> bytes:
             )
         return _answer(model, content)
 
-    return await execute(state, prepared, False, encode)
+    return await execute(state, prepared, big, encode)
 
 
 @router.post("/v2/models/{model}/generate")

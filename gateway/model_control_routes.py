@@ -104,9 +104,16 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
     socket timeout is shorter than a load may take, and loads are rare); raises
     InvalidInput with the reason when it failed."""
     keys = state.keys
+    # A command carrying files (a registered archive: up to hundreds of MiB) is packed on
+    # a thread, not on the event loop.
+    fields = (
+        await asyncio.to_thread(encode_command, command)
+        if command.files
+        else (encode_command(command))
+    )
     await state.redis.xadd(
         stream or keys.control_requests,
-        encode_command(command),  # type: ignore[arg-type]
+        fields,  # type: ignore[arg-type]
         maxlen=1000,
         approximate=True,
     )

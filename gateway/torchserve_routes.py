@@ -17,7 +17,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from gateway.body import read_body
-from gateway.infer import execute, prepare_with
+from gateway.infer import OFFLOAD_BYTES, execute, prepare_with
+from gateway.infer_request import InferRequest, parse_infer_document
 from gateway.inspection import server_not_ready
 from gateway.json_body import json_response
 from gateway.state import state_of
@@ -91,15 +92,15 @@ async def predictions(request: Request, model: str, version: str | None = None) 
     try:
         body = await read_body(request, state.settings.max_body_bytes)
         content_type = request.headers.get("content-type", _DEFAULT_TYPE).encode("latin-1")
-        binary = memoryview(_element(body) + _element(content_type))
+        big = len(body) > OFFLOAD_BYTES
 
-        def parse(config: ModelConfig) -> Any:
-            from gateway.infer_request import parse_infer_document
-
+        def parse(config: ModelConfig) -> InferRequest:
+            # On a thread when the body is big: the tensors are a copy of it.
             document = _document(config, body, content_type)
+            binary = memoryview(_element(body) + _element(content_type))
             return parse_infer_document(document, binary, config, state.limits, state.regions)
 
-        prepared = await prepare_with(state, model, version, parse, heavy=len(body) > 1 << 16)
+        prepared = await prepare_with(state, model, version, parse, heavy=big)
         transfer = state.transfer
         outputs = prepared.parsed.outputs
 
@@ -110,6 +111,6 @@ async def predictions(request: Request, model: str, version: str | None = None) 
             media = _first_element(kind.data).decode("latin-1") if kind else _DEFAULT_TYPE
             return Response(_first_element(answer.data) if answer else b"", media_type=media)
 
-        return await execute(state, prepared, len(body) > 1 << 16, encode)
+        return await execute(state, prepared, big, encode)
     except SluiceError as exc:
         return _error(exc)

@@ -7,11 +7,12 @@ explicitly; nothing else reads the environment.
 from __future__ import annotations
 
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1 << 20
@@ -116,6 +117,17 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     """URLs ``POST /models?url=`` may download archives from: regular expressions,
     comma-separated, each matched against the whole URL (TorchServe's ``allowed_urls``;
     none by default, where TorchServe allows every URL)."""
+
+    @field_validator("allowed_model_urls")
+    @classmethod
+    def _patterns_compile(cls, value: str) -> str:
+        for pattern in (p.strip() for p in value.split(",")):
+            if pattern:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return value
 
     model_store: Path | None = None
     """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``

@@ -52,7 +52,7 @@ class BatchClose:
     waited_ns: int = 0
     """From then until the batch went to compute."""
     cost_error: float | None = None
-    """The cost model's relative error on the previous batch, if not recorded yet."""
+    """How far the cost model missed this batch's cost (relative), once it is known."""
 
 
 def error_outcome(request: PendingRequest, version: int, error: SluiceError) -> Outcome:

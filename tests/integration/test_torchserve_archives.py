@@ -491,3 +491,39 @@ def test_an_archive_registers_from_a_url_the_operator_allows(managed: Stack) -> 
         missing = http.post("/models", params={"url": f"{managed.files_url}/nothing.mar"})  # type: ignore[attr-defined]
         assert missing.status_code == 404 and "answered HTTP 404" in missing.json()["message"]
         assert http.delete("/models/fetched").status_code == 200
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "params", "status", "fragment"),
+    [
+        ("PUT", "/models/nothing", {"min_worker": 1}, 404, "nothing"),
+        (
+            "POST",
+            "/models",
+            {"url": "shout.mar", "batch_size": "many"},
+            400,
+            "'batch_size' must be",
+        ),
+        ("POST", "/models", {"url": "shout.mar", "initial_workers": 0}, 400, "'initial_workers'"),
+        ("GET", "/models/nothing", {}, 404, "nothing"),
+        ("DELETE", "/models/nothing/1", {}, 404, "nothing"),
+    ],
+)
+def test_bad_management_requests_say_what_is_wrong(
+    managed: Stack, method: str, path: str, params: dict[str, object], status: int, fragment: str
+) -> None:
+    answer = httpx.request(method, f"{managed.url}{path}", params=params, timeout=30)
+    assert answer.status_code == status, answer.text
+    assert fragment in answer.json()["message"]
+
+
+def test_bad_scale_and_default_values_say_what_is_wrong(stack: Stack) -> None:
+    """On a stack whose models are loaded: explicit mode is not on there, so scaling is
+    refused as Triton refuses loads; set-default names a version that is not served."""
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        refused = http.put("/models/shout", params={"min_worker": 1})
+        assert refused.status_code == 503 and "polling is enabled" in refused.json()["message"]
+        unknown = http.put("/models/shout/7/set-default")
+        assert unknown.status_code == 400 and "not served" in unknown.json()["message"]
+        bad = http.put("/models/shout/v1.x/set-default")
+        assert bad.status_code == 400 and "is not a version" in bad.json()["message"]

@@ -106,3 +106,15 @@ def test_requests_and_answers_take_torchserve_s_shapes() -> None:
     assert encode_response({"y": [1]}, None) == (b'{"y": [1]}', "application/json")
     assert encode_response("text", None) == (b"text", "text/plain")
     assert encode_response(b"\x00", "image/png") == (b"\x00", "image/png")
+
+
+def test_an_allowed_url_pattern_that_is_not_a_regular_expression_is_refused_at_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from pydantic import ValidationError
+
+    from sluice.settings import GatewaySettings
+
+    monkeypatch.setenv("SLUICE_ALLOWED_MODEL_URLS", r"http://ok/.*,http://(")
+    with pytest.raises(ValidationError, match="'http://\\(' is not a regular expression"):
+        GatewaySettings()
