@@ -43,6 +43,7 @@ class Baseline:
     threads: int
     max_batch_size: int
     points: list[BaselinePoint]
+    engine: str = "onnxruntime"
 
     @property
     def best(self) -> BaselinePoint:

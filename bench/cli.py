@@ -50,6 +50,7 @@ from bench.cpu import CpuMeter
 from bench.payload import MODES, InferRequest, build_request
 from bench.report import Point, Results, summarize, write_all
 from bench.stack import Stack, start_stack, stop_stack
+from bench.torch_baseline import run_torch_baseline, torchscript_file, wants_gpu
 
 DEFAULT_CONCURRENCY = "1,4,16,64,128"
 IDLE_SECONDS = 1.0  # stack CPU is sampled this long with no load
@@ -206,6 +207,15 @@ def max_batch_size(target: Target, model: str, repository: Path) -> int:
 def baseline_for(args: argparse.Namespace, max_batch: int) -> Baseline | None:
     if args.no_baseline:
         return None
+    script = torchscript_file(args.model_repository, args.model)
+    if script is not None:
+        gpu = wants_gpu(args.model_repository, args.model)
+        log(f"in-process torch baseline: {script} on {'GPU 0' if gpu else 'the CPU'}")
+        baseline = run_torch_baseline(
+            script, args.model_metadata, max_batch, gpu, args.baseline_seconds
+        )
+        _log_points(baseline)
+        return baseline
     try:
         path = latest_model_file(args.model_repository, args.model)
     except FileNotFoundError as exc:
@@ -218,12 +228,16 @@ def baseline_for(args: argparse.Namespace, max_batch: int) -> Baseline | None:
         log(f"in-process baseline: {path}, batch 1..{max_batch}, the best of 1..all cores")
         baseline = run_best_baseline(path, max_batch, args.baseline_seconds)
         log(f"  best with {baseline.threads} thread(s)")
+    _log_points(baseline)
+    return baseline
+
+
+def _log_points(baseline: Baseline) -> None:
     for point in baseline.points:
         log(
             f"  batch {point.batch:4d}: p50 {point.p50_ms:9.3f} ms, "
             f"{point.items_per_s:12,.0f} items/s"
         )
-    return baseline
 
 
 async def _probe(target: Target, raw: bytes) -> tuple[int, bytes]:

@@ -146,7 +146,8 @@ def baseline_markdown(baseline: Baseline) -> str:
     ]
     best = baseline.best
     return (
-        f"In-process onnxruntime ({baseline.threads} intra-op thread(s)); best "
+        f"In-process {baseline.engine}, {baseline.model_path} ({baseline.threads} intra-op "
+        f"thread(s)); best "
         f"**{_number(best.items_per_s, 0)} items/s** at batch {best.batch}; "
         f"batch-1 p50 {_number(baseline.batch1_p50_ms, 3)} ms.\n\n"
         + _table(["batch", "p50 ms", "items/s"], rows)

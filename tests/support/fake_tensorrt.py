@@ -180,8 +180,9 @@ def install(monkeypatch: pytest.MonkeyPatch, *, cuda: bool = True, devices: int 
     """Make ``import tensorrt`` (and cuda-python, unless ``cuda`` is False) find the fakes."""
     Runtime.engines = []
     monkeypatch.setitem(sys.modules, "tensorrt", tensorrt_module())
-    if not cuda:
-        monkeypatch.setitem(sys.modules, "cuda", None)
+    if not cuda:  # hidden, also where the real cuda-python is installed and imported
+        for name in ("cuda", "cuda.bindings", "cuda.bindings.runtime", "cuda.cudart"):
+            monkeypatch.setitem(sys.modules, name, None)
         return
     runtime = cuda_runtime_module(devices)
     bindings = ModuleType("cuda.bindings")

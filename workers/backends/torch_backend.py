@@ -64,7 +64,11 @@ def _load(path: Path, device: torch.device) -> Callable[..., Any]:
         index = device.index if device.type == "cuda" else -1
         return aoti_load_package(str(path), device_index=index)
     if path.suffix == ".pt2":
-        program = torch.export.load(str(path))
+        with warnings.catch_warnings():
+            # Some torch releases read the archive's weights from a read-only buffer and say
+            # so; the weights are copied to the device (or only read) afterwards.
+            warnings.filterwarnings("ignore", "The given buffer is not writable", UserWarning)
+            program = torch.export.load(str(path))
         if device.type != "cpu":
             from torch.export.passes import move_to_device_pass
 
