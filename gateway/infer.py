@@ -21,7 +21,9 @@ from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching, ModelConfig
 from sluice.errors import InvalidInput, Unavailable, error_from_kind
+from sluice.keys import Keys
 from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
+from sluice.sequences import batch_size_problem, sequence_of
 from sluice.shm import unlink
 from sluice.trace_context import TraceParent
 from sluice.wire import ReplyMessage, RequestMessage, TensorHeader
@@ -116,6 +118,13 @@ class Prepared:
     request_id: str
     routed: bool
     """It named no version and no label: the model's split (and shadow) apply."""
+    slot: int | None = None
+    """A sequence model's request: the instance (slot) that holds its sequence."""
+
+    def stream(self, keys: Keys) -> str:
+        if self.slot is not None:
+            return keys.sequence_stream(self.model, self.number, self.slot)
+        return keys.request_stream(self.model, self.number, self.level)
 
 
 async def prepare(
@@ -172,6 +181,7 @@ async def prepare_with(
         late_label = parameter_label(named, version, label)
         if late_label is not None:  # (the model's configuration is the same for each version)
             entry, number = state.view.resolve(model, None, late_label)
+    slot = _sequence_slot(parsed, config) if config.sequence_batching is not None else None
     dynamic = config.dynamic_batching
     model_default_us = dynamic.default_timeout_us if dynamic else 0
     timeout_us = _timeout_us(parsed, state, default_timeout_us or model_default_us)
@@ -185,8 +195,17 @@ async def prepare_with(
         timeout_us,
         (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size,
         request_id.settle(parsed.id),
-        version is None and label is None and named is None,
+        version is None and label is None and named is None and slot is None,
+        slot,
     )
+
+
+def _sequence_slot(parsed: InferRequest, config: ModelConfig) -> int:
+    """The slot of a sequence model's request (Triton's errors for what it lacks)."""
+    ref = sequence_of(parsed.parameters, config.name)
+    if config.max_batch_size > 0 and parsed.batch_size != 1:
+        raise batch_size_problem(config.name)
+    return ref.slot(config.total_instances)
 
 
 def request_message(
@@ -260,7 +279,7 @@ async def execute(
     parsed, model, number, level = request.parsed, request.model, request.number, request.level
     transfer = state.transfer
     in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
-    stream = state.keys.request_stream(model, number, level)
+    stream = request.stream(state.keys)
     with state.admission.admit(model, number, request.max_queue, parsed.id):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
         heavy_pack = big or (in_regions and not transfer.same_host)

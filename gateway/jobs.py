@@ -99,6 +99,11 @@ async def submit_job(
         default_timeout_us=int(settings.job_queue_ttl_s * 1_000_000),
     )
     parsed = request.parsed
+    if request.slot is not None:
+        raise InvalidInput(
+            f"model '{model}' is a sequence model: its requests must be answered in order, "
+            "one after the other; send them as synchronous requests"
+        )
     if any(t.shm is not None for t in parsed.inputs) or any(
         o.shm is not None for o in parsed.outputs
     ):

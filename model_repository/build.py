@@ -315,7 +315,7 @@ MODEL_FILES: dict[str, str] = {
 }
 """The file each builder writes, where it is not model.onnx."""
 TORCH_MODELS = frozenset({"torchscript_mlp", "torch_export_mlp"})
-PYTHON_MODELS = ("text_stats", "triton_python_add_sub")
+PYTHON_MODELS = ("text_stats", "triton_python_add_sub", "accumulator")
 """Models made of committed files only (config.pbtxt and <version>/model.py)."""
 MODELS = (*BUILDERS, *PYTHON_MODELS)
 

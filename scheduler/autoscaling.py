@@ -52,6 +52,11 @@ class ScalePolicy:
         parameters = config.parameters
         if MAX_KEY not in parameters:
             return None
+        if config.sequence_batching is not None:
+            raise InvalidConfig(
+                f"model '{config.name}': a sequence model keeps its configured instance count "
+                f"(each instance holds the sequences routed to it); remove {MAX_KEY}"
+            )
         try:
             maximum = int(parameters[MAX_KEY])
             minimum = int(parameters.get(MIN_KEY, 1))

@@ -204,6 +204,8 @@ def _worker_specs(
                     kind,
                     "--threads",
                     str(model_threads),
+                    "--slot",
+                    str(index),
                 ]
                 if device is not None:
                     argv += ["--gpu", str(device)]

@@ -29,6 +29,16 @@ class Keys:
             return [self.request_stream(model, version)]
         return [self.request_stream(model, version, p) for p in range(1, priority_levels + 1)]
 
+    def sequence_stream(self, model: str, version: int, slot: int) -> str:
+        """Requests of the sequences routed to one instance (slot) of a sequence model:
+        that instance alone reads it, so a sequence's requests are computed in order."""
+        return f"{self.namespace}:req:{model}:{version}:s{slot}"
+
+    def sequence_state(self, model: str, version: int, sequence: str) -> str:
+        """A sequence's checkpoint (its implicit state), written with each answer and
+        expiring when the sequence has been idle for the model's idle time."""
+        return f"{self.namespace}:seq:{model}:{version}:{sequence}"
+
     def background_stream(self, model: str, version: int) -> str:
         """Requests below every online priority level (asynchronous jobs, batch jobs): the
         workers of the model version take them only when no online request waits."""

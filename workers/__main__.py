@@ -25,6 +25,7 @@ def run_worker(
     model: str,
     version: int | None,
     placement: Placement,
+    slot: int = 0,
 ) -> int:
     entry = read_model(repository / model)
     if entry.config is None or entry.error:
@@ -39,7 +40,13 @@ def run_worker(
         return EXIT_LOAD_FAILED
     tracing = tracing_from_settings(settings, "worker")
     worker = Worker(
-        settings, entry.config, version, entry.model_file(version), placement, tracing=tracing
+        settings,
+        entry.config,
+        version,
+        entry.model_file(version),
+        placement,
+        tracing=tracing,
+        slot=slot,
     )
     tune_garbage_collector()
 
@@ -62,12 +69,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kind", default="KIND_CPU", choices=["KIND_CPU", "KIND_GPU"])
     parser.add_argument("--gpu", type=int)
     parser.add_argument("--threads", type=int, default=0)
+    parser.add_argument(
+        "--slot", type=int, default=0, help="which instance of the model this worker is (0 ..)"
+    )
     args = parser.parse_args(argv)
     settings = WorkerSettings()
     configure_logging("worker", settings)
     threads = settings.threads or args.threads  # 0: every usable core
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)
-    return run_worker(settings, args.model_repository, args.model, args.version, placement)
+    return run_worker(
+        settings, args.model_repository, args.model, args.version, placement, args.slot
+    )
 
 
 if __name__ == "__main__":

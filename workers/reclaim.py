@@ -72,6 +72,24 @@ class Reclaimer:
                 claimed += await self._claim(stream, level, name, min_idle)
         return claimed
 
+    async def take_over(self, stream: str, level: int) -> list[PendingRequest]:
+        """Everything other consumers hold on ``stream``, oldest first, whether they still
+        beat or not: for a stream that one worker alone reads (a sequence model's slot),
+        the others are its predecessors."""
+        claimed: list[PendingRequest] = []
+        for consumer in await self.redis.xinfo_consumers(stream, WORKER_GROUP):
+            name = _text(consumer["name"])
+            if name == self.worker_id:
+                continue
+            while True:
+                taken = await self._claim(stream, level, name, 0)
+                claimed += taken
+                if not taken:
+                    break
+            await self.redis.xgroup_delconsumer(stream, WORKER_GROUP, name)
+        claimed.sort(key=lambda request: _entry_order(request.entry_id))
+        return claimed
+
     async def _claim(
         self, stream: str, level: int, consumer: str, min_idle: int
     ) -> list[PendingRequest]:
@@ -147,3 +165,8 @@ class Reclaimer:
             "it was moved to the dead-letter stream"
         )
         return error_outcome(request, self.version, error)
+
+
+def _entry_order(entry_id: bytes) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.decode().partition("-")
+    return int(milliseconds), int(sequence or 0)

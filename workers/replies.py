@@ -7,6 +7,7 @@ import asyncio
 import logging
 import time
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
@@ -72,6 +73,11 @@ class Publisher:
     reply_max_len: int
     histograms: bool = True
     """Keep the latency and batch-size histograms (off with SLUICE_ALLOW_METRICS=false)."""
+    checkpoints: Callable[[Pipeline, list[PendingRequest]], None] | None = None
+    """A sequence model's: queues each answered request's checkpoint; answers, checkpoints
+    and acknowledgements then go in one transaction."""
+    published: Callable[[list[PendingRequest]], None] | None = None
+    """Told which requests' answers went out (their checkpoints are then forgotten)."""
 
     async def publish(
         self,
@@ -89,7 +95,10 @@ class Publisher:
             by_stream[outcome.request.stream].append(outcome.request.entry_id)
         for attempt in range(_ATTEMPTS):
             try:
-                async with self.redis.pipeline(transaction=False) as pipe:
+                transaction = self.checkpoints is not None
+                async with self.redis.pipeline(transaction=transaction) as pipe:
+                    if self.checkpoints is not None:
+                        self.checkpoints(pipe, [outcome.request for outcome in outcomes])
                     for outcome in outcomes:
                         reply_to = outcome.request.message.reply_to
                         if reply_to and self.keys.is_job(reply_to):
@@ -106,6 +115,8 @@ class Publisher:
                         pipe.xdel(stream, *ids)
                     self._record(pipe, outcomes, timing, items, close)
                     await pipe.execute()
+                if self.published is not None:
+                    self.published([outcome.request for outcome in outcomes])
                 return True
             except RedisError as exc:
                 log.warning(

@@ -54,6 +54,7 @@ from workers.batching import (
 )
 from workers.reclaim import Reclaimer
 from workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
+from workers.sequence_book import SequenceBook
 from workers.warmup import warm_up
 
 if TYPE_CHECKING:
@@ -79,9 +80,12 @@ class Worker:
         *,
         drain: bool = False,
         tracing: Tracing | None = None,
+        slot: int = 0,
     ) -> None:
         """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs).
-        ``tracing``: record each batch's spans (see :mod:`sluice.otel`); None: no spans."""
+        ``tracing``: record each batch's spans (see :mod:`sluice.otel`); None: no spans.
+        ``slot``: which instance of the model this is (a sequence model's instance reads
+        the requests of the sequences routed to its slot)."""
         self.tracing = tracing
         self.settings = settings
         self.config = config
@@ -92,10 +96,15 @@ class Worker:
         self.keys = Keys(settings.namespace)
         levels = config.dynamic_batching.priority_levels if config.dynamic_batching else 0
         # Online priority levels first, then the background stream (jobs, batch jobs).
-        self.streams = [
-            *self.keys.request_streams(config.name, version, levels),
-            self.keys.background_stream(config.name, version),
-        ]
+        online = (
+            [self.keys.sequence_stream(config.name, version, slot)]
+            if config.sequence_batching is not None
+            else self.keys.request_streams(config.name, version, levels)
+        )
+        self.streams = [*online, self.keys.background_stream(config.name, version)]
+        self.slot = slot
+        self._book: SequenceBook | None = None
+        """A sequence model's sequences (None for other models)."""
         self._background = len(self.streams) - 1
         """The background stream's level (its index)."""
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -149,6 +158,12 @@ class Worker:
     async def _run(self) -> int:
         error_field = load_error_field(self.config.name, self.version)
         try:
+            if self.config.sequence_batching is not None:
+                self._book = SequenceBook(
+                    self.config, self.model_path.parent.parent, self.redis, self.keys, self.version
+                )
+                self.publisher.checkpoints = self._book.write_checkpoints
+                self.publisher.published = self._book.published
             backend = await asyncio.get_running_loop().run_in_executor(
                 self._executor, self._load_and_warm_up
             )
@@ -163,6 +178,10 @@ class Worker:
         await self.redis.hdel(self.keys.load_errors, error_field)
         await self._ensure_groups()
         await self._beat()
+        if self._book is not None:
+            # What this slot's previous worker held goes first, in order (it is gone: one
+            # worker per slot), so each sequence goes on where its checkpoint left it.
+            self._reclaimed += await self._reclaimer().take_over(self.streams[0], 0)
         background = [
             asyncio.create_task(self._heartbeat(), name="heartbeat"),
             asyncio.create_task(self._reclaim_loop(), name="reclaim"),
@@ -184,6 +203,11 @@ class Worker:
         self._policy = batch_policy(self.config)
         dynamic = self.config.dynamic_batching
         self._edf = self._policy.adaptive and not (dynamic and dynamic.preserve_ordering)
+        sequences = self.config.sequence_batching
+        if sequences is not None:
+            # Arrival order (a sequence's requests must stay in order), the strategy's window.
+            self._policy = BatchPolicy(sequences.max_queue_delay_us / 1e6, False)
+            self._edf = False
         backend = load_backend(self.config, self.model_path, self.placement)
         try:
             warm_up(backend, self.config, self.model_path.parent.parent)
@@ -232,8 +256,8 @@ class Worker:
             except RedisError as exc:
                 log.warning("heartbeat failed: %s", exc)
 
-    async def _reclaim_loop(self) -> None:
-        reclaimer = Reclaimer(
+    def _reclaimer(self) -> Reclaimer:
+        return Reclaimer(
             self.redis,
             self.keys,
             self.settings,
@@ -244,6 +268,9 @@ class Worker:
             self._parse,
             self.publisher,
         )
+
+    async def _reclaim_loop(self) -> None:
+        reclaimer = self._reclaimer()
         while True:
             await asyncio.sleep(self.settings.reclaim_interval_s)
             if self._stopping.is_set():
@@ -405,7 +432,15 @@ class Worker:
         batch: list[PendingRequest] = []
         rest: list[PendingRequest] = []
         items, full = 0, False
+        sequences: set[Any] = set()
         for request in pending:
+            if self._book is not None:
+                # One request of a sequence per batch: the next needs this one's state.
+                sequence = request.message.parameters.get("sequence_id")
+                if sequence in sequences:
+                    rest.append(request)
+                    continue
+                sequences.add(sequence)
             if request.key == key and items + request.items <= limit and not full:
                 batch.append(request)
                 items += request.items
@@ -537,6 +572,9 @@ class Worker:
                 outcomes.append(error_outcome(request, self.version, doomed))
             else:
                 live.append(request)
+        if self._book is not None and live:
+            live, refused = await self._book.admit(live)
+            outcomes += [error_outcome(r, self.version, exc) for r, exc in refused]
         timing = Timing(started_ns=now_ns)
         if live:
             await self.publisher.started(live)
@@ -581,16 +619,26 @@ class Worker:
             if len(batch) == 1:
                 raise
             return self._each_alone(batch, backend, timing)
+        book = self._book
+        wanted = output_names(batch)
+        if book is not None:
+            try:
+                inputs.update(book.inputs(batch))
+            except InvalidInput:
+                if len(batch) == 1:
+                    raise
+                return self._each_alone(batch, backend, timing)
+            wanted = [*wanted, *book.state_outputs]
         t1 = time.perf_counter_ns()
         failures: dict[int, SluiceError] = {}
         try:
-            outputs = backend.infer(
-                inputs, output_names(batch), request_sizes=[r.items for r in batch]
-            )
+            outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
         except RequestsFailed as exc:
-            if exc.outputs is None:
+            if exc.outputs is None or book is not None:
                 return [exc.failures.get(i, exc) for i in range(len(batch))]
             outputs, failures = exc.outputs, dict(exc.failures)
+        if book is not None:
+            book.update(batch, outputs)
         t2 = time.perf_counter_ns()
         try:
             results = split(batch, outputs, self.config, self._labels)

@@ -29,6 +29,7 @@ from .platforms import (
     is_onnx,
 )
 from .render import render_config
+from .sequence import SequenceBatching, SequenceControl, SequenceState
 
 __all__ = [
     "CONFIG_FILENAME",
@@ -40,6 +41,9 @@ __all__ = [
     "FrozenMap",
     "InstanceGroup",
     "ModelConfig",
+    "SequenceBatching",
+    "SequenceControl",
+    "SequenceState",
     "TensorSpec",
     "VersionPolicy",
     "WarmupInput",

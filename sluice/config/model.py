@@ -6,6 +6,8 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .sequence import SequenceBatching
+
 
 class FrozenMap(Mapping[str, str]):
     """A read-only, hashable string mapping (keeps :class:`ModelConfig` hashable)."""
@@ -123,6 +125,7 @@ class ModelConfig:
     default_model_filename: str
     execution_accelerators: tuple[str, ...] = ()
     warmup: tuple[WarmupSample, ...] = ()
+    sequence_batching: SequenceBatching | None = None
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def input(self, name: str) -> TensorSpec | None:

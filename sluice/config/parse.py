@@ -25,6 +25,7 @@ from .model import (
 )
 from .platforms import default_model_filename
 from .render import render_config
+from .sequence import build_sequence_batching
 from .validate import validate_config
 
 CONFIG_FILENAME = "config.pbtxt"
@@ -126,6 +127,11 @@ def _build(msg: Any) -> ModelConfig:
         default_model_filename=msg.default_model_filename,
         execution_accelerators=tuple(a.name for a in accelerators),
         warmup=tuple(_warmup_sample(sample) for sample in msg.model_warmup),
+        sequence_batching=(
+            build_sequence_batching(msg.sequence_batching)
+            if msg.HasField("sequence_batching")
+            else None
+        ),
         raw=render_config(msg),
     )
 

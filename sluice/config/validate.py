@@ -10,6 +10,7 @@ from sluice.datatypes import from_config_type
 from sluice.errors import InvalidConfig
 
 from ._schema import model_config_pb2
+from .sequence import sequence_batching_problem
 
 
 def validate_config(msg: Any, *, model_name: str, source: str) -> None:
@@ -36,6 +37,10 @@ def validate_config(msg: Any, *, model_name: str, source: str) -> None:
         reason = _dynamic_batching_problem(msg.dynamic_batching, msg.max_batch_size)
         if reason:
             raise fail(f"dynamic_batching: {reason}")
+    if msg.HasField("sequence_batching"):
+        reason = sequence_batching_problem(msg)
+        if reason:
+            raise fail(f"sequence_batching: {reason}")
     for index, group in enumerate(msg.instance_group):
         reason = _instance_group_problem(group)
         if reason:

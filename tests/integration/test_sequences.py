@@ -1,0 +1,274 @@
+"""Sequence batching on a real stack: interleaved sequences from many clients, both
+strategies, Triton's control tensors and implicit state, string and integer correlation
+ids, and Triton's errors for requests that name no sequence, skip START, or come after
+the sequence went idle."""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as httpclient
+
+from scheduler.redis_server import RedisServer
+from tests.integration.conftest import load_examples_builder
+from tests.support.stack import Stack
+
+ECHO_CONFIG = """
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "INPUT" data_type: TYPE_INT32 dims: [ 1 ] }} ]
+output [
+  {{ name: "START_OUT" data_type: TYPE_INT32 dims: [ 1 ] }},
+  {{ name: "END_OUT" data_type: TYPE_FP32 dims: [ 1 ] }},
+  {{ name: "READY_OUT" data_type: TYPE_BOOL dims: [ 1 ] }},
+  {{ name: "CORRID_OUT" data_type: {corrid_type} dims: [ 1 ] }},
+  {{ name: "COUNT" data_type: TYPE_INT64 dims: [ 1 ] }}
+]
+sequence_batching {{
+  {strategy}
+  max_sequence_idle_microseconds: {idle_us}
+  control_input [
+    {{ name: "START" control [ {{ kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "END" control [ {{ kind: CONTROL_SEQUENCE_END fp32_false_true: [ 0, 1 ] }} ] }},
+    {{ name: "READY"
+       control [ {{ kind: CONTROL_SEQUENCE_READY bool_false_true: [ false, true ] }} ] }},
+    {{ name: "CORRID" control [ {{ kind: CONTROL_SEQUENCE_CORRID data_type: {corrid_type} }} ] }}
+  ]
+  state [ {{
+    input_name: "COUNT_IN" output_name: "COUNT_OUT" data_type: TYPE_INT64 dims: [ 1 ]
+    initial_state: {{ data_type: TYPE_INT64 dims: [ 1 ] data_file: "start_at" name: "start" }}
+  }} ]
+}}
+instance_group [ {{ count: {count} kind: KIND_CPU }} ]
+"""
+
+ECHO_MODEL = """
+import numpy as np
+
+
+class Model:
+    def execute(self, inputs):
+        count = inputs["COUNT_IN"] + 1
+        return {
+            "START_OUT": inputs["START"],
+            "END_OUT": inputs["END"],
+            "READY_OUT": inputs["READY"],
+            "CORRID_OUT": inputs["CORRID"],
+            "COUNT": count,
+            "COUNT_OUT": count,
+        }
+"""
+
+START_AT = 100
+"""The echo models' initial count (their initial_state data file)."""
+
+
+def _write_echo(root: Path, name: str, *, corrid: str, strategy: str, idle_us: int) -> None:
+    model = root / name
+    (model / "1").mkdir(parents=True)
+    (model / "initial_state").mkdir()
+    (model / "initial_state" / "start_at").write_bytes(np.int64(START_AT).tobytes())
+    (model / "1" / "model.py").write_text(ECHO_MODEL)
+    (model / "config.pbtxt").write_text(
+        ECHO_CONFIG.format(
+            name=name, corrid_type=corrid, strategy=strategy, idle_us=idle_us, count=2
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("sequences")
+    load_examples_builder().build_all(root, models=("accumulator",))
+    oldest = (root / "accumulator" / "config.pbtxt").read_text()
+    oldest = oldest.replace('name: "accumulator"', 'name: "accumulator_oldest"').replace(
+        "direct { }", "oldest { max_candidate_sequences: 8 max_queue_delay_microseconds: 2000 }"
+    )
+    (root / "accumulator_oldest" / "1").mkdir(parents=True)
+    (root / "accumulator_oldest" / "config.pbtxt").write_text(oldest)
+    (root / "accumulator_oldest" / "1" / "model.py").write_text(
+        (root / "accumulator" / "1" / "model.py").read_text()
+    )
+    _write_echo(root, "echo_u64", corrid="TYPE_UINT64", strategy="direct { }", idle_us=400_000)
+    _write_echo(root, "echo_str", corrid="TYPE_STRING", strategy="oldest { }", idle_us=60_000_000)
+    stack = Stack(root, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def _body(value: float | int, datatype: str, **parameters: Any) -> dict[str, Any]:
+    return {
+        "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": datatype, "data": [value]}],
+        "parameters": parameters,
+    }
+
+
+def _post(http: httpx.Client, model: str, body: dict[str, Any]) -> httpx.Response:
+    return http.post(f"/v2/models/{model}/infer", json=body)
+
+
+def _outputs(response: httpx.Response) -> dict[str, Any]:
+    assert response.status_code == 200, response.text
+    return {o["name"]: o["data"][0] for o in response.json()["outputs"]}
+
+
+@pytest.mark.parametrize("model", ["accumulator", "accumulator_oldest"])
+def test_interleaved_sequences_each_equal_their_own_running_sum(stack: Stack, model: str) -> None:
+    rng = random.Random(7)
+    sequences = {
+        (1000 + n if n % 2 else f"client-{n}"): [
+            rng.randint(-5, 9) for _ in range(rng.randint(3, 9))
+        ]
+        for n in range(24)
+    }
+
+    def run(item: tuple[int | str, list[int]]) -> tuple[list[float], list[float]]:
+        sequence_id, values = item
+        got = []
+        with httpx.Client(base_url=stack.url, timeout=30) as http:
+            for index, value in enumerate(values):
+                flags = {"sequence_start": index == 0, "sequence_end": index == len(values) - 1}
+                body = _body(value, "FP32", sequence_id=sequence_id, **flags)
+                got.append(_outputs(_post(http, model, body))["OUTPUT"])
+                time.sleep(rng.random() * 0.004)
+        return got, list(np.cumsum(values, dtype=np.float64))
+
+    with ThreadPoolExecutor(12) as pool:
+        for got, expected in pool.map(run, sequences.items()):
+            assert got == expected
+
+
+def test_control_tensors_and_implicit_state_are_tritons(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        first = _outputs(
+            _post(http, "echo_u64", _body(1, "INT32", sequence_id=77, sequence_start=True))
+        )
+        middle = _outputs(_post(http, "echo_u64", _body(2, "INT32", sequence_id=77)))
+        last = _outputs(
+            _post(http, "echo_u64", _body(3, "INT32", sequence_id=77, sequence_end=True))
+        )
+    assert (first["START_OUT"], first["END_OUT"], first["READY_OUT"]) == (1, 0.0, True)
+    assert (middle["START_OUT"], middle["END_OUT"], middle["READY_OUT"]) == (0, 0.0, True)
+    assert (last["START_OUT"], last["END_OUT"], last["READY_OUT"]) == (0, 1.0, True)
+    assert [first["CORRID_OUT"], middle["CORRID_OUT"], last["CORRID_OUT"]] == [77, 77, 77]
+    # The state starts from the initial_state data file and follows COUNT_OUT.
+    assert [first["COUNT"], middle["COUNT"], last["COUNT"]] == [
+        START_AT + 1,
+        START_AT + 2,
+        START_AT + 3,
+    ]
+
+
+def test_string_correlation_ids_reach_the_model(stack: Stack) -> None:
+    client = httpclient.InferenceServerClient(stack.address)
+    try:
+        for step, flags in enumerate(({"sequence_start": True}, {}, {"sequence_end": True})):
+            value = httpclient.InferInput("INPUT", [1, 1], "INT32")
+            value.set_data_from_numpy(np.array([[step]], dtype=np.int32))
+            result = client.infer("echo_str", [value], sequence_id="order-9f3", **flags)
+            assert result.as_numpy("CORRID_OUT").reshape(-1)[0] == b"order-9f3"
+            assert result.as_numpy("COUNT").reshape(-1)[0] == START_AT + step + 1
+    finally:
+        client.close()
+
+
+def test_requests_without_a_sequence_get_tritons_errors(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        none = _post(http, "accumulator", _body(1.0, "FP32"))
+        zero = _post(http, "accumulator", _body(1.0, "FP32", sequence_id=0))
+        unstarted = _post(http, "accumulator", _body(1.0, "FP32", sequence_id=424242))
+        batch = _post(
+            http,
+            "accumulator",
+            {
+                "inputs": [{"name": "INPUT", "shape": [2, 1], "datatype": "FP32", "data": [1, 2]}],
+                "parameters": {"sequence_id": 5, "sequence_start": True},
+            },
+        )
+        bad_flag = _post(
+            http, "accumulator", _body(1.0, "FP32", sequence_id=5, sequence_start="yes")
+        )
+    for response in (none, zero):
+        assert response.status_code == 400
+        assert response.json()["error"] == (
+            "inference request to model 'accumulator' must specify a non-zero or non-empty "
+            "correlation ID"
+        )
+    assert unstarted.status_code == 400
+    assert unstarted.json()["error"] == (
+        "inference request for sequence 424242 to model 'accumulator' must specify the START "
+        "flag on the first request of the sequence"
+    )
+    assert batch.status_code == 400
+    assert "must specify batch-size 1 due to requirements of sequence batcher" in batch.text
+    assert bad_flag.status_code == 400 and "'sequence_start' must be a boolean" in bad_flag.text
+
+
+def test_an_idle_sequence_is_forgotten(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        started = _post(http, "echo_u64", _body(1, "INT32", sequence_id=31, sequence_start=True))
+        assert started.status_code == 200
+        time.sleep(0.8)  # the model's max_sequence_idle_microseconds is 400 ms
+        late = _post(http, "echo_u64", _body(2, "INT32", sequence_id=31))
+        restarted = _outputs(
+            _post(http, "echo_u64", _body(3, "INT32", sequence_id=31, sequence_start=True))
+        )
+    assert late.status_code == 400
+    assert "must specify the START flag on the first request of the sequence" in late.text
+    assert restarted["COUNT"] == START_AT + 1
+
+
+def test_a_sequence_model_refuses_asynchronous_jobs(stack: Stack) -> None:
+    body = _body(1.0, "FP32", sequence_id=8, sequence_start=True)
+    response = httpx.post(
+        f"{stack.url}/v2/models/accumulator/infer",
+        json=body,
+        headers={"Prefer": "respond-async"},
+        timeout=30,
+    )
+    assert response.status_code == 400
+    assert "is a sequence model" in response.json()["error"]
+
+
+def test_a_grpc_stream_carries_a_sequence_in_order(stack: Stack) -> None:
+    """tritonclient's streaming API, as Triton's sequence clients use it: the requests of a
+    sequence go out back to back, without waiting for answers."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for index, value in enumerate(values):
+            tensor = grpcclient.InferInput("INPUT", [1, 1], "FP32")
+            tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+            client.async_stream_infer(
+                "accumulator",
+                [tensor],
+                request_id=str(index),
+                sequence_id=991,
+                sequence_start=index == 0,
+                sequence_end=index == len(values) - 1,
+            )
+        got: dict[int, float] = {}
+        for _ in values:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got[int(result.get_response().id)] = float(result.as_numpy("OUTPUT").reshape(-1)[0])
+    finally:
+        client.stop_stream()
+        client.close()
+    assert [got[i] for i in range(len(values))] == list(np.cumsum(values))
