@@ -594,7 +594,7 @@ def build_minilm_pooling(directory: Path | str) -> Path:
     does for all-MiniLM-L6-v2 (token count clamped at 1e-9, norm at 1e-12).
 
     ``last_hidden_state`` FP32 [N,L,384], ``attention_mask`` INT64 [N,L] -> ``EMBEDDING``
-    FP32 [N,384]. Eleven ONNX nodes rather than a Python model: onnxruntime runs them in
+    FP32 [N,384]. Ten ONNX nodes rather than a Python model: onnxruntime runs them in
     C++ without the GIL or a Python call per batch, and takes the hidden states as they
     come (no copy into Python objects).
     """
