@@ -23,7 +23,6 @@ from starlette.types import ASGIApp
 from gateway.admission import Admission
 from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
-from gateway.dispatcher import RedisDispatcher
 from gateway.fast_path import InferFastPath
 from gateway.gateway_report import report
 from gateway.generate_routes import router as generate_router
@@ -37,6 +36,7 @@ from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from gateway.torchserve_management import router as torchserve_management
 from gateway.torchserve_routes import router as torchserve_router
+from sluice.dispatch import RedisDispatcher
 from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
 from sluice.settings import GatewaySettings

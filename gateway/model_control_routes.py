@@ -73,7 +73,7 @@ async def unload(model: str, request: Request) -> Response:
     unload_dependents = _parameters(await request.body()).get("unload_dependents", False)
     if not isinstance(unload_dependents, bool):
         raise InvalidInput("'unload_dependents' must be a boolean")
-    # No model depends on another yet (ensembles are still to come): nothing more to do.
+    # Ensembles' composing models are loaded and unloaded on their own: nothing more to do.
     await carry_out(state, ControlCommand("unload", model))
     return Response(status_code=200)
 

@@ -10,10 +10,10 @@ from starlette.requests import Request
 from gateway.admission import Admission
 from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
-from gateway.dispatcher import Dispatcher
 from gateway.infer_request import RequestLimits
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
+from sluice.dispatch import Dispatcher
 from sluice.keys import Keys
 from sluice.settings import GatewaySettings
 

@@ -100,6 +100,10 @@ def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
     if not versions:
         raise InvalidConfig("the version policy selects no available version")
     newest = path / str(versions[-1])
+    if config is not None and config.is_ensemble:
+        # An ensemble's version folder holds no model file (Triton's layout: an empty 1/);
+        # its composing models are checked when it loads.
+        return config, versions
 
     if config is None:
         if not (newest / ONNX_FILENAME).is_file():

@@ -22,7 +22,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
@@ -42,7 +42,13 @@ from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
 from workers.adaptive import BatchPolicy, batch_policy
 from workers.backends import load_backend
-from workers.backends.base import Backend, Placement, RequestsFailed
+from workers.backends.base import (
+    Backend,
+    ConcurrentBackend,
+    Placement,
+    RequestContext,
+    RequestsFailed,
+)
 from workers.batching import (
     PendingRequest,
     combine,
@@ -55,6 +61,7 @@ from workers.batching import (
 from workers.reclaim import Reclaimer
 from workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
 from workers.sequence_book import SequenceBook
+from workers.slots import ComputeSlots, backend_concurrency
 from workers.warmup import warm_up
 
 if TYPE_CHECKING:
@@ -123,6 +130,8 @@ class Worker:
         self._publisher: Publisher | None = None
         self._labels: dict[str, list[bytes]] = {}
         """Each output's classification labels (its ``label_filename``)."""
+        self._concurrency = 1
+        """Batches computed at once: the backend's ``concurrency`` (see :mod:`workers.slots`)."""
 
     def stop(self) -> None:
         """Finish what this worker holds, answer and acknowledge it, then leave :meth:`run`."""
@@ -176,6 +185,13 @@ class Worker:
             await self.redis.hset(errors_key, error_field, reason)
             return EXIT_LOAD_FAILED
         await self.redis.hdel(self.keys.load_errors, error_field)
+        if self._concurrency > 1:
+            # One compute thread per batch in flight; the loading thread's pool retires.
+            loader, self._executor = (
+                self._executor,
+                ThreadPoolExecutor(self._concurrency, thread_name_prefix="compute"),
+            )
+            loader.shutdown(wait=False)
         await self._ensure_groups()
         await self._beat()
         if self._book is not None:
@@ -210,6 +226,7 @@ class Worker:
             self._edf = False
         backend = load_backend(self.config, self.model_path, self.placement)
         try:
+            self._concurrency = backend_concurrency(backend)
             warm_up(backend, self.config, self.model_path.parent.parent)
         except BaseException:
             backend.close()
@@ -289,8 +306,12 @@ class Worker:
 
     async def _serve(self, backend: Backend) -> None:
         limit = max(1, self.config.max_batch_size)
-        idle = asyncio.Event()
-        idle.set()
+        idle: asyncio.Event | ComputeSlots
+        if self._concurrency == 1:
+            idle = asyncio.Event()
+            idle.set()
+        else:
+            idle = ComputeSlots(self._concurrency)
         carry: list[PendingRequest] = []
         running: set[asyncio.Task[None]] = set()
         while True:
@@ -458,7 +479,7 @@ class Worker:
         return taken
 
     async def _gather(
-        self, carry: list[PendingRequest], idle: asyncio.Event
+        self, carry: list[PendingRequest], idle: asyncio.Event | ComputeSlots
     ) -> tuple[list[PendingRequest], list[PendingRequest], BatchClose]:
         """The next batch, the requests left for later, and why the batch closed."""
         limit = max(1, self.config.max_batch_size)
@@ -512,12 +533,17 @@ class Worker:
     # -- execution -------------------------------------------------------------------------
 
     async def _execute(
-        self, batch: list[PendingRequest], backend: Backend, close: BatchClose, idle: asyncio.Event
+        self,
+        batch: list[PendingRequest],
+        backend: Backend,
+        close: BatchClose,
+        idle: asyncio.Event | ComputeSlots,
     ) -> None:
         """Compute ``batch``, then publish its answers while the next batch computes: the
         instance is free (``idle``) again once this batch's answers are the next to go, so
         at most one batch's answers are in flight and a Redis round trip is not on the
-        path from one batch to the next."""
+        path from one batch to the next. (With a concurrent backend, ``idle`` counts free
+        slots: this batch gives its slot back at the same point.)"""
         started = time.monotonic()
         policy = self._policy
         turn = False
@@ -632,7 +658,17 @@ class Worker:
         t1 = time.perf_counter_ns()
         failures: dict[int, SluiceError] = {}
         try:
-            outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
+            if self._concurrency == 1:
+                outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
+            else:
+                # A concurrent backend (an ensemble) passes each request's deadline and ids
+                # on to the requests it makes itself.
+                outputs = cast(ConcurrentBackend, backend).infer(
+                    inputs,
+                    wanted,
+                    request_sizes=[r.items for r in batch],
+                    contexts=[_context(r.message) for r in batch],
+                )
         except RequestsFailed as exc:
             if exc.outputs is None or book is not None:
                 return [exc.failures.get(i, exc) for i in range(len(batch))]
@@ -662,6 +698,15 @@ class Worker:
             except SluiceError as exc:
                 results.append(exc)
         return results
+
+
+def _context(message: RequestMessage) -> RequestContext:
+    return RequestContext(
+        request_id=message.request_id or message.client_id,
+        deadline_ns=message.deadline_ns,
+        trace=message.trace,
+        priority=message.priority,
+    )
 
 
 def _log_ids(message: RequestMessage) -> dict[str, Any]:

@@ -2,8 +2,11 @@
 
 from ._schema import model_config_pb2, new_model_config
 from .autocomplete import autocomplete_from_onnx
+from .ensemble import LATEST, CycleError, ensemble_problem, step_levels
 from .model import (
+    ENSEMBLE_PLATFORM,
     DynamicBatching,
+    EnsembleStep,
     FrozenMap,
     InstanceGroup,
     ModelConfig,
@@ -33,11 +36,15 @@ from .sequence import SequenceBatching, SequenceControl, SequenceState
 
 __all__ = [
     "CONFIG_FILENAME",
+    "ENSEMBLE_PLATFORM",
+    "LATEST",
     "ONNX_BACKEND",
     "ONNX_FILENAME",
     "ONNX_PLATFORM",
     "PLATFORM_BY_FILE_SUFFIX",
+    "CycleError",
     "DynamicBatching",
+    "EnsembleStep",
     "FrozenMap",
     "InstanceGroup",
     "ModelConfig",
@@ -54,9 +61,11 @@ __all__ = [
     "config_to_json",
     "config_to_proto",
     "default_model_filename",
+    "ensemble_problem",
     "is_onnx",
     "model_config_pb2",
     "new_model_config",
     "parse_config_text",
     "render_config",
+    "step_levels",
 ]

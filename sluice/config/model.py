@@ -111,6 +111,22 @@ class WarmupSample:
 
 
 @dataclass(frozen=True, slots=True)
+class EnsembleStep:
+    """One ``ensemble_scheduling.step``: a composing model and how its tensors are wired."""
+
+    model_name: str
+    model_version: int
+    """-1: the latest ready version when the step runs."""
+    input_map: FrozenMap
+    """The step model's input -> the ensemble tensor it reads."""
+    output_map: FrozenMap
+    """The step model's output -> the ensemble tensor it produces."""
+
+
+ENSEMBLE_PLATFORM = "ensemble"
+
+
+@dataclass(frozen=True, slots=True)
 class ModelConfig:
     name: str
     platform: str
@@ -126,6 +142,8 @@ class ModelConfig:
     execution_accelerators: tuple[str, ...] = ()
     warmup: tuple[WarmupSample, ...] = ()
     sequence_batching: SequenceBatching | None = None
+    ensemble_steps: tuple[EnsembleStep, ...] = ()
+    """``ensemble_scheduling.step``, in config order (empty unless an ensemble)."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def input(self, name: str) -> TensorSpec | None:
@@ -139,6 +157,10 @@ class ModelConfig:
         if not self.instance_groups:
             return 1
         return sum(group.count for group in self.instance_groups)
+
+    @property
+    def is_ensemble(self) -> bool:
+        return self.platform == ENSEMBLE_PLATFORM
 
     @property
     def platform_or_backend(self) -> str:

@@ -15,6 +15,7 @@ from sluice.errors import InvalidConfig
 from ._schema import model_config_pb2, new_model_config
 from .model import (
     DynamicBatching,
+    EnsembleStep,
     FrozenMap,
     InstanceGroup,
     ModelConfig,
@@ -131,6 +132,15 @@ def _build(msg: Any) -> ModelConfig:
             build_sequence_batching(msg.sequence_batching)
             if msg.HasField("sequence_batching")
             else None
+        ),
+        ensemble_steps=tuple(
+            EnsembleStep(
+                model_name=step.model_name,
+                model_version=step.model_version,
+                input_map=FrozenMap(dict(step.input_map)),
+                output_map=FrozenMap(dict(step.output_map)),
+            )
+            for step in msg.ensemble_scheduling.step
         ),
         raw=render_config(msg),
     )

@@ -10,6 +10,7 @@ from sluice.datatypes import from_config_type
 from sluice.errors import InvalidConfig
 
 from ._schema import model_config_pb2
+from .ensemble import ensemble_problem
 from .sequence import sequence_batching_problem
 
 
@@ -49,6 +50,9 @@ def validate_config(msg: Any, *, model_name: str, source: str) -> None:
     reason = _version_policy_problem(msg.version_policy)
     if reason:
         raise fail(f"version_policy: {reason}")
+    reason = ensemble_problem(msg)
+    if reason:
+        raise fail(reason)
     for index, sample in enumerate(msg.model_warmup):
         reason = _warmup_problem(sample, msg.max_batch_size)
         if reason:

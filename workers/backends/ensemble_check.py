@@ -1,0 +1,92 @@
+"""What an ensemble's load checks against its composing models (Triton core
+``ValidateEnsembleConfig``): each exists in the repository and is usable, names the
+version asked for, has the inputs and outputs its maps name (every required input
+mapped), batches at least as much as the ensemble, and no chain of ensembles leads back
+to this one. Failing any of these fails the ensemble's load with the reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sluice.config import LATEST, ModelConfig
+from sluice.errors import InvalidConfig
+from sluice.repository import read_model
+
+_MAX_NESTING = 16
+"""Ensembles within ensembles followed when looking for a cycle."""
+
+
+def composing_configs(config: ModelConfig, repository: Path) -> list[ModelConfig]:
+    """Each step's model configuration, in step order; raises :class:`InvalidConfig`."""
+    configs: list[ModelConfig] = []
+    for index, step in enumerate(config.ensemble_steps):
+        where = f"in ensemble '{config.name}', step {index} (model '{step.model_name}')"
+        model_dir = repository / step.model_name
+        if not model_dir.is_dir():
+            raise InvalidConfig(f"{where}: model '{step.model_name}' is not in the repository")
+        model = read_model(model_dir)
+        if model.config is None or model.error:
+            raise InvalidConfig(f"{where}: model '{step.model_name}' is unusable: {model.error}")
+        if step.model_version != LATEST and step.model_version not in model.versions:
+            served = ", ".join(map(str, model.versions))
+            raise InvalidConfig(
+                f"{where}: version {step.model_version} is not served (served: {served})"
+            )
+        _check_mapping(config, index, model.config)
+        configs.append(model.config)
+    _check_nesting(config, repository)
+    return configs
+
+
+def _check_mapping(ensemble: ModelConfig, index: int, model: ModelConfig) -> None:
+    step = ensemble.ensemble_steps[index]
+    prefix = f"in ensemble '{ensemble.name}', "
+    for model_input, tensor in step.input_map.items():
+        if model.input(model_input) is None:
+            raise InvalidConfig(
+                f"{prefix}ensemble tensor {tensor} is mapping to non-existing input "
+                f"{model_input} in model {model.name}"
+            )
+    for spec in model.inputs:
+        if spec.name not in step.input_map and not spec.optional:
+            raise InvalidConfig(
+                f"{prefix}input {spec.name} in model {model.name} is not mapped to any "
+                "ensemble tensors"
+            )
+    for model_output, tensor in step.output_map.items():
+        if model.output(model_output) is None:
+            raise InvalidConfig(
+                f"{prefix}ensemble tensor {tensor} is mapped from non-existing output "
+                f"{model_output} in model {model.name}"
+            )
+    if 0 < model.max_batch_size < ensemble.max_batch_size:
+        raise InvalidConfig(
+            f"ensemble {ensemble.name} allows maximum batch size {ensemble.max_batch_size}, "
+            f"but it contains model {model.name} which only allows maximum batch size to be "
+            f"{model.max_batch_size}"
+        )
+
+
+def _check_nesting(config: ModelConfig, repository: Path) -> None:
+    """No ensemble among the composing models (at any depth) calls this one again: such
+    a request would wait on itself until its deadline."""
+    seen: set[str] = set()
+    frontier = [step.model_name for step in config.ensemble_steps]
+    for _depth in range(_MAX_NESTING):
+        following: list[str] = []
+        for name in frontier:
+            if name == config.name:
+                raise InvalidConfig(
+                    f"ensemble '{config.name}' contains itself through nested ensembles "
+                    "(circular dependency)"
+                )
+            if name in seen:
+                continue
+            seen.add(name)
+            model = read_model(repository / name)
+            if model.config is not None and model.config.is_ensemble:
+                following.extend(step.model_name for step in model.config.ensemble_steps)
+        if not following:
+            return
+        frontier = following
+    raise InvalidConfig(f"ensemble '{config.name}' nests ensembles deeper than {_MAX_NESTING}")

@@ -1,0 +1,57 @@
+"""Cutting a batch into its requests and joining their answers again, for backends that
+handle each request of a batch on its own (an ensemble runs its graph per request)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from sluice.errors import InferenceFailed, SluiceError
+
+
+def split_requests(
+    inputs: Mapping[str, np.ndarray], sizes: Sequence[int], batching: bool
+) -> list[dict[str, np.ndarray]]:
+    """Each request's inputs: rows of dim 0 in order when ``batching``; else one request."""
+    if not batching or len(sizes) <= 1:
+        return [dict(inputs)]
+    parts: list[dict[str, np.ndarray]] = []
+    start = 0
+    for size in sizes:
+        parts.append({name: array[start : start + size] for name, array in inputs.items()})
+        start += size
+    return parts
+
+
+def join_requests(
+    answers: Sequence[Mapping[str, np.ndarray]],
+    sizes: Sequence[int],
+    outputs: Sequence[str],
+    failures: Mapping[int, SluiceError],
+) -> dict[str, np.ndarray] | None:
+    """Whole-batch outputs from each request's answer (rows of failed requests hold
+    zeros, as :class:`workers.backends.base.RequestsFailed` expects); None when every
+    request failed. Raises :class:`InferenceFailed` when the answers' item shapes differ."""
+    good = [i for i in range(len(answers)) if i not in failures]
+    if not good:
+        return None
+    joined: dict[str, np.ndarray] = {}
+    for name in outputs:
+        sample = answers[good[0]][name]
+        rows: list[np.ndarray] = []
+        for index, size in enumerate(sizes):
+            if index in failures:
+                filler = np.zeros((size, *sample.shape[1:]), dtype=sample.dtype)
+                if sample.dtype == np.object_:
+                    filler.fill(b"")
+                rows.append(filler)
+            else:
+                rows.append(answers[index][name])
+        try:
+            joined[name] = np.concatenate(rows, axis=0)
+        except ValueError as exc:
+            raise InferenceFailed(
+                f"output '{name}': the batch's requests answered different shapes ({exc})"
+            ) from None
+    return joined
