@@ -7,26 +7,36 @@ value is one element or an array of them, and its shape follows the input's dims
 dimension of -1 takes the element count; a batching model gets a batch of 1). Other keys
 and ``parameters`` go with the request as its parameters. The answer has ``model_name``,
 ``model_version`` and each output under its own name: one element as itself, several as
-an array. ``/generate_stream`` sends the same answer as a server-sent event; a model that
-answers once (every model here: decoupled models are still to come) sends one event.
+an array. ``/generate_stream`` sends the same answer as a server-sent event: one for a model
+that answers once; one per response, as they come, for a decoupled model (whose requests
+``/generate`` refuses with Triton's 501).
 Errors before inference are ``{"error": ...}`` with the status, as on every route.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Request, Response
+from fastapi.responses import StreamingResponse
 
 from gateway.body import read_body
-from gateway.infer import OFFLOAD_BYTES, encode_reply, execute, prepare_with
+from gateway.infer import (
+    OFFLOAD_BYTES,
+    Prepared,
+    encode_reply,
+    execute,
+    execute_stream,
+    prepare_with,
+)
 from gateway.infer_request import InferRequest, parse_infer_document
 from gateway.json_body import json_object
 from gateway.state import state_of
 from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidInput
+from sluice.errors import InferenceFailed, InvalidInput, SluiceError
 from sluice.wire import ReplyMessage
 
 router = APIRouter()
@@ -106,7 +116,10 @@ def _answer(model: str, infer_json: bytes) -> bytes:
     return orjson.dumps(answer)
 
 
-async def _generate(request: Request, model: str, version: str | None) -> bytes:
+async def _prepare(
+    request: Request, model: str, version: str | None
+) -> tuple[Prepared, bool, Callable[[ReplyMessage, memoryview], bytes]]:
+    """The prepared request, whether it is big, and how an answer becomes a generate one."""
     state = state_of(request)
     body = await read_body(request, state.settings.max_body_bytes)
     big = len(body) > OFFLOAD_BYTES
@@ -128,17 +141,41 @@ async def _generate(request: Request, model: str, version: str | None) -> bytes:
             )
         return _answer(model, content)
 
-    return await execute(state, prepared, big, encode)
+    return prepared, big, encode
 
 
 @router.post("/v2/models/{model}/generate")
 @router.post("/v2/models/{model}/versions/{version}/generate")
 async def generate(request: Request, model: str, version: str | None = None) -> Response:
-    return Response(await _generate(request, model, version), media_type="application/json")
+    prepared, big, encode = await _prepare(request, model, version)
+    answer = await execute(state_of(request), prepared, big, encode)
+    return Response(answer, media_type="application/json")
 
 
 @router.post("/v2/models/{model}/generate_stream")
 @router.post("/v2/models/{model}/versions/{version}/generate_stream")
 async def generate_stream(request: Request, model: str, version: str | None = None) -> Response:
-    answer = await _generate(request, model, version)
-    return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
+    """One event per response; a decoupled model's come as it sends them, until its final
+    one. An error after the stream began is an event ``{"error": ...}`` that ends it."""
+    prepared, big, encode = await _prepare(request, model, version)
+    state = state_of(request)
+    if not prepared.decoupled:
+        answer = await execute(state, prepared, big, encode)
+        return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
+    responses = execute_stream(state, prepared, big, encode)
+    # The first response (or the error before any) decides the status, as on /generate.
+    first = await anext(responses, None)
+
+    async def events() -> AsyncIterator[bytes]:
+        try:
+            if first is not None and first[1] is not None:
+                yield b"data: " + first[1] + b"\n\n"
+            async for _reply, answer in responses:
+                if answer is not None:
+                    yield b"data: " + answer + b"\n\n"
+        except SluiceError as exc:
+            yield b"data: " + orjson.dumps({"error": exc.message}) + b"\n\n"
+        finally:
+            await responses.aclose()
+
+    return StreamingResponse(events(), media_type=_SSE)

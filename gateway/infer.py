@@ -5,8 +5,9 @@ request path. A label may also come in the ``Sluice-Version-Label`` header or th
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
-from collections.abc import Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -20,7 +21,7 @@ from gateway.infer_response import encode_infer_response
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching, ModelConfig
-from sluice.errors import InvalidInput, Unavailable, error_from_kind
+from sluice.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
 from sluice.keys import Keys
 from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
 from sluice.sequences import batch_size_problem, sequence_of
@@ -120,6 +121,8 @@ class Prepared:
     """It named no version and no label: the model's split (and shadow) apply."""
     slot: int | None = None
     """A sequence model's request: the instance (slot) that holds its sequence."""
+    decoupled: bool = False
+    """The model answers any number of times (only streaming routes can carry that)."""
 
     def stream(self, keys: Keys) -> str:
         if self.slot is not None:
@@ -197,6 +200,7 @@ async def prepare_with(
         request_id.settle(parsed.id),
         version is None and label is None and named is None and slot is None,
         slot,
+        config.decoupled,
     )
 
 
@@ -272,10 +276,15 @@ async def execute(
     encode: Callable[[ReplyMessage, memoryview], T],
     trace: TraceParent | None = None,
     span: RequestSpan | None = None,
+    *,
+    endpoint: str = "HTTP end point",
 ) -> T:
     """Queue a prepared request, await its answer and ``encode`` it (on a thread when the
     answer is large), whatever the wire form: REST and gRPC share this path. ``big``: the
-    request's bytes are many (packed on a thread)."""
+    request's bytes are many (packed on a thread). ``endpoint`` names the route in
+    Triton's refusal of decoupled models (which answer on streaming routes only)."""
+    if request.decoupled:
+        raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
     parsed, model, number, level = request.parsed, request.model, request.number, request.level
     transfer = state.transfer
     in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
@@ -306,6 +315,43 @@ async def execute(
             transfer.discard(reply.outputs)
             if reply_span is not None:
                 reply_span.end(reply.error_kind)
+
+
+async def execute_stream(
+    state: GatewayState,
+    request: Prepared,
+    big: bool,
+    encode: Callable[[ReplyMessage, memoryview], T],
+    trace: TraceParent | None = None,
+) -> AsyncGenerator[tuple[ReplyMessage, T | None], None]:
+    """:func:`execute` for streaming routes: each response as it comes, encoded (None for
+    a final response that carries no outputs), until the final one. A model that is not
+    decoupled gives one."""
+    transfer = state.transfer
+    with state.admission.admit(request.model, request.number, request.max_queue, request.parsed.id):
+        headers, payload, segment = await _off_loop(
+            big, lambda: transfer.pack(request.parsed.inputs, inline=True)
+        )
+        try:
+            message = request_message(state, request, headers, trace, inline=True)
+            replies = state.dispatcher.submit_stream(
+                request.model,
+                request.stream(state.keys),
+                message,
+                payload,
+                request.timeout_us / 1_000_000,
+            )
+            async for reply, data in replies:
+                if reply.error_kind:
+                    raise error_from_kind(reply.error_kind, reply.error)
+                if not reply.outputs:
+                    yield reply, None
+                    continue
+                heavy = transfer.bytes_to_handle(reply.outputs) > OFFLOAD_BYTES
+                yield reply, await _off_loop(heavy, functools.partial(encode, reply, data))
+        finally:
+            if segment is not None:
+                unlink(segment)
 
 
 def _shadow(

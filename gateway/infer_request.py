@@ -47,6 +47,8 @@ _MAX_BYTES_ELEMENT = (1 << 32) - 1
 _MAX_CLASSES = (1 << 32) - 1  # Triton keeps the count in a uint32
 _LENGTH = struct.Struct("<I")
 _RESERVED_PREFIX = "triton_"
+_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Reserved names Triton's frontends read themselves (gRPC streams of decoupled models)."""
 _SHM_REGION = "shared_memory_region"
 _SHM_SIZE = "shared_memory_byte_size"
 _SHM_OFFSET = "shared_memory_offset"
@@ -241,7 +243,10 @@ def _parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
     parameters: dict[str, Any] = {}
     binary_default = False
     for key, item in value.items():
-        if key.startswith(_RESERVED_PREFIX):
+        if key in _TRITON_PARAMETERS:
+            if not isinstance(item, bool):
+                raise InvalidInput(f"request parameter '{key}' must be a boolean")
+        elif key.startswith(_RESERVED_PREFIX):
             raise InvalidInput(
                 f"request parameter '{key}' is reserved "
                 f"(names starting with '{_RESERVED_PREFIX}' are reserved)"

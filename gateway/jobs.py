@@ -29,7 +29,14 @@ from gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, reque
 from gateway.infer_request import RequestedOutput
 from gateway.state import GatewayState
 from sluice import jobs
-from sluice.errors import InvalidInput, NotFound, Overloaded, SluiceError, error_from_kind
+from sluice.errors import (
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    SluiceError,
+    Unsupported,
+    error_from_kind,
+)
 from sluice.trace_context import TraceParent
 from sluice.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
 
@@ -99,6 +106,11 @@ async def submit_job(
         default_timeout_us=int(settings.job_queue_ttl_s * 1_000_000),
     )
     parsed = request.parsed
+    if request.decoupled:
+        raise Unsupported(
+            f"model '{model}' is decoupled: its responses are streamed; use "
+            "/generate_stream or gRPC streaming"
+        )
     if request.slot is not None:
         raise InvalidInput(
             f"model '{model}' is a sequence model: its requests must be answered in order, "

@@ -655,7 +655,7 @@ MODEL_FILES: dict[str, str] = {
 }
 """The file each builder writes, where it is not model.onnx."""
 TORCH_MODELS = frozenset({"torchscript_mlp", "torch_export_mlp"})
-PYTHON_MODELS = ("text_stats", "triton_python_add_sub", "accumulator")
+PYTHON_MODELS = ("text_stats", "triton_python_add_sub", "accumulator", "word_streamer")
 """Models made of committed files only (config.pbtxt and <version>/model.py)."""
 ENSEMBLES = ("minilm_embedding",)
 """Ensembles: a committed config.pbtxt and an empty version folder (1/.gitkeep)."""

@@ -15,7 +15,7 @@ import logging
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 from typing import Protocol, cast
 
@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.coalescer import AppendCoalescer
-from sluice.errors import DeadlineExceeded, Unavailable
+from sluice.errors import DeadlineExceeded, SluiceError, Unavailable
 from sluice.keys import Keys
 from sluice.redis_types import StreamRead
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_reply, encode_request
@@ -51,6 +51,10 @@ class Dispatcher(Protocol):
 
     def mirror(self, stream: str, message: RequestMessage, payload: bytes) -> None: ...
 
+    def submit_stream(
+        self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
+    ) -> AsyncIterator[Reply]: ...
+
 
 class RedisDispatcher:
     def __init__(
@@ -75,6 +79,8 @@ class RedisDispatcher:
         self.gateway_id = caller + uuid.uuid4().hex[:12]
         self.reply_stream = keys.reply_stream(self.gateway_id)
         self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._streams: dict[str, asyncio.Queue[Reply | SluiceError]] = {}
+        """Requests to decoupled models: their responses, as they come."""
         self._counter = itertools.count()
         self._reader: asyncio.Task[None] | None = None
         self.expired: Counter[str] = Counter()
@@ -98,6 +104,42 @@ class RedisDispatcher:
         for future in self._pending.values():
             if not future.done():
                 future.set_exception(error)
+        failure = error if isinstance(error, SluiceError) else Unavailable(str(error))
+        for queue in self._streams.values():
+            queue.put_nowait(failure)
+
+    async def submit_stream(
+        self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
+    ) -> AsyncIterator[Reply]:
+        """The responses of a decoupled model to one request, in order, until its final one
+        (or an error, which ends them); all within ``timeout_s``."""
+        key = str(next(self._counter))
+        message.request_key = key
+        message.reply_to = self.reply_stream
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Reply | SluiceError] = asyncio.Queue()
+        self._streams[key] = queue
+        deadline = loop.time() + timeout_s
+        try:
+            try:
+                await self._appender.append(stream, encode_request(message, payload))
+            except RedisError as exc:
+                raise Unavailable(f"the request queue is unreachable: {exc}") from None
+            while True:
+                try:
+                    item = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
+                except TimeoutError:
+                    self.expired[stream] += 1
+                    raise DeadlineExceeded(
+                        f"no final answer from model '{model}' within {timeout_s:.3f} s"
+                    ) from None
+                if isinstance(item, SluiceError):
+                    raise item
+                yield item
+                if item[0].final or item[0].error_kind:
+                    return
+        finally:
+            self._streams.pop(key, None)
 
     async def submit(
         self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
@@ -183,6 +225,10 @@ class RedisDispatcher:
             reply = decode_reply(fields)
         except MalformedEntry as exc:
             log.error("dropping malformed reply: %s", exc)
+            return
+        queue = self._streams.get(reply[0].request_key)
+        if queue is not None:
+            queue.put_nowait(reply)
             return
         future = self._pending.get(reply[0].request_key)
         if future is not None and not future.done():

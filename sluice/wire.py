@@ -92,6 +92,8 @@ class ReplyMessage:
     error_kind: str = ""
     """Empty on success, else the name of a :mod:`sluice.errors` class."""
     error: str = ""
+    final: bool = True
+    """False on the responses of a decoupled model before its last one for the request."""
 
 
 def _ref_out(ref: ShmRef) -> list[Any]:
@@ -252,6 +254,8 @@ def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, byt
         "ek": message.error_kind,
         "e": message.error,
     }
+    if not message.final:
+        header["f"] = False
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
 
 
@@ -264,6 +268,7 @@ def decode_reply(fields: Mapping[bytes, bytes]) -> tuple[ReplyMessage, memoryvie
             outputs=_tensors_in(header["o"], len(payload)),
             error_kind=_str(header.get("ek", "")),
             error=_str(header.get("e", "")),
+            final=header.get("f", True) is not False,
         )
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"reply header is missing or has a bad field: {exc}") from None

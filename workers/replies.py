@@ -126,6 +126,23 @@ class Publisher:
         log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
         return False
 
+    async def partial(self, request: PendingRequest, reply: ReplyMessage, payload: bytes) -> None:
+        """One response of a decoupled model that is not its last for ``request``: sent, not
+        acknowledged (the final one is). One that cannot be sent (Redis away) is logged and
+        skipped: the client sees the responses that were sent, then the final one."""
+        reply_to = request.message.reply_to
+        if not reply_to or self.keys.is_job(reply_to):
+            return
+        try:
+            await self.redis.xadd(
+                reply_to,
+                encode_reply(reply, payload),  # type: ignore[arg-type]
+                maxlen=self.reply_max_len,
+                approximate=True,
+            )
+        except RedisError as exc:
+            log.warning("sending a response of a decoupled model failed: %s", exc)
+
     def _finish_job(self, pipe: Pipeline, job: str, outcome: Outcome) -> None:
         """The answer goes into the job's record (unless it was cancelled meanwhile, or
         answered already: a request delivered twice)."""

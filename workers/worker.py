@@ -126,6 +126,8 @@ class Worker:
         """Requests of one priority level go in deadline order (adaptive batching, unless
         the config asks Triton's ``preserve_ordering``)."""
         self._reclaimed: list[PendingRequest] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        """The worker's event loop (a decoupled model's responses are published on it)."""
         self._redis: Redis | None = None
         self._publisher: Publisher | None = None
         self._labels: dict[str, list[bytes]] = {}
@@ -148,6 +150,7 @@ class Worker:
         return self._publisher
 
     async def run(self) -> int:
+        self._loop = asyncio.get_running_loop()
         self._redis = Redis.from_url(self.settings.redis_url, socket_timeout=10)
         self._publisher = Publisher(
             self._redis,
@@ -225,9 +228,16 @@ class Worker:
             self._policy = BatchPolicy(sequences.max_queue_delay_us / 1e6, False)
             self._edf = False
         backend = load_backend(self.config, self.model_path, self.placement)
+        if self.config.decoupled and not hasattr(backend, "infer_stream"):
+            backend.close()
+            raise InvalidConfig(
+                f"model '{self.config.name}' is decoupled (model_transaction_policy), which "
+                "only Python models can be"
+            )
         try:
             self._concurrency = backend_concurrency(backend)
-            warm_up(backend, self.config, self.model_path.parent.parent)
+            if not self.config.decoupled:  # (warm-up samples expect one answer each)
+                warm_up(backend, self.config, self.model_path.parent.parent)
         except BaseException:
             backend.close()
             raise
@@ -645,6 +655,10 @@ class Worker:
             if len(batch) == 1:
                 raise
             return self._each_alone(batch, backend, timing)
+        if self.config.decoupled:
+            answers = self._compute_decoupled(batch, inputs, backend)
+            timing.infer_ns = time.perf_counter_ns() - t0
+            return answers
         book = self._book
         wanted = output_names(batch)
         if book is not None:
@@ -685,6 +699,44 @@ class Worker:
         t3 = time.perf_counter_ns()
         timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
         return [failures.get(i, result) for i, result in enumerate(results)]
+
+    def _compute_decoupled(
+        self, batch: list[PendingRequest], inputs: dict[str, Any], backend: Backend
+    ) -> list[tuple[list[TensorHeader], bytes] | SluiceError]:
+        """A decoupled model's batch: each response but a request's final one is published
+        as it comes (in order: this thread waits for each); the final ones are returned,
+        published and acknowledged as any answer. A request whose final response carries no
+        outputs is answered with none (clients see the stream end)."""
+        finals: dict[int, tuple[list[TensorHeader], bytes] | SluiceError] = {}
+
+        def emit(index: int, outputs: Any, final: bool) -> None:
+            request = batch[index]
+            result: tuple[list[TensorHeader], bytes] | SluiceError
+            if outputs is None:
+                result = ([], b"")
+            elif isinstance(outputs, SluiceError):
+                result, final = outputs, True
+            else:
+                try:
+                    result = split([request], outputs, self.config, self._labels)[0]
+                except SluiceError as exc:
+                    result, final = exc, True
+            if index in finals:
+                return  # the request was answered already
+            if final:
+                finals[index] = result
+                return
+            assert not isinstance(result, SluiceError)
+            headers, payload = result
+            reply = ReplyMessage(request.message.request_key, self.version, headers, final=False)
+            partial = self.publisher.partial(request, reply, payload)
+            assert self._loop is not None
+            asyncio.run_coroutine_threadsafe(partial, self._loop).result()
+
+        stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)
+        stream(inputs, output_names(batch), [r.items for r in batch], emit)
+        missing = InferenceFailed("the model sent no final response")
+        return [finals.get(index, missing) for index in range(len(batch))]
 
     def _each_alone(
         self, batch: list[PendingRequest], backend: Backend, timing: Timing

@@ -21,14 +21,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from gateway import request_id
-from gateway.infer import OFFLOAD_BYTES, execute, prepare_with
+from gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
 from gateway.infer_request import InferRequest, parse_infer_document
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
@@ -46,6 +46,8 @@ log = logging.getLogger(__name__)
 
 _SHM = "shared_memory_region"
 _LABEL_METADATA = HEADER.lower()
+_EMPTY_FINAL = "triton_enable_empty_final_response"
+_FINAL = "triton_final_response"
 
 
 def metadata_of(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
@@ -85,7 +87,9 @@ class InferCalls:
 
         async def answer(message: bytes) -> None:
             try:
-                answers.put_nowait(await self._stream_answer(message, metadata))
+                last = await self._stream_answer(message, metadata, answers.put_nowait)
+                if last:
+                    answers.put_nowait(last)
             finally:
                 slots.release()
 
@@ -113,12 +117,15 @@ class InferCalls:
             with contextlib.suppress(asyncio.CancelledError):
                 await asyncio.gather(reader, *under_way, return_exceptions=True)
 
-    async def _stream_answer(self, message: bytes, metadata: dict[str, str]) -> bytes:
-        """One stream response: the answer, or the error with the request's id."""
+    async def _stream_answer(
+        self, message: bytes, metadata: dict[str, str], sink: Callable[[bytes], None]
+    ) -> bytes:
+        """One stream response: the answer, or the error with the request's id (a
+        decoupled model's responses go to ``sink`` as they come, and this is empty)."""
         request: Any = None
         try:
             request = await self.decode(message)
-            return await self.infer(request, len(message), metadata, None, stream=True)
+            return await self.infer(request, len(message), metadata, None, sink=sink)
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
@@ -139,11 +146,13 @@ class InferCalls:
         metadata: dict[str, str],
         remaining_s: float | None,
         *,
-        stream: bool = False,
+        sink: Callable[[bytes], None] | None = None,
     ) -> bytes:
         """One decoded request of ``size`` bytes, checked, queued, answered: the
-        ``ModelInferResponse`` bytes (``stream``: the ``ModelStreamInferResponse`` bytes
-        holding it); raises what the client is to see."""
+        ``ModelInferResponse`` bytes (with a stream's ``sink``: the
+        ``ModelStreamInferResponse`` bytes holding it, or, for a decoupled model, each of
+        its responses given to ``sink`` and b""); raises what the client is to see."""
+        stream = sink is not None
         state = self.state
         reservation = state.bodies.reservation()
         try:
@@ -179,9 +188,54 @@ class InferCalls:
                 # The stream response's field 2 is the ModelInferResponse: its bytes, framed.
                 return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
 
-            return await execute(state, prepared, big, encode, _trace_of(metadata))
+            if sink is not None and prepared.decoupled:
+                empty_final = request.parameters.get(_EMPTY_FINAL)
+                await _decoupled(
+                    state,
+                    prepared,
+                    big,
+                    encode,
+                    _trace_of(metadata),
+                    sink,
+                    empty_final is not None and empty_final.bool_param,
+                )
+                return b""
+            return await execute(
+                state, prepared, big, encode, _trace_of(metadata), endpoint="ModelInfer RPC"
+            )
         finally:
             reservation.release()
+
+
+async def _decoupled(
+    state: GatewayState,
+    prepared: Prepared,
+    big: bool,
+    encode: Callable[[ReplyMessage, memoryview], bytes],
+    trace: TraceParent | None,
+    sink: Callable[[bytes], None],
+    empty_final: bool,
+) -> None:
+    """A decoupled model's responses on a stream. With the request's
+    ``triton_enable_empty_final_response``, each carries Triton's ``triton_final_response``
+    parameter and a final response without outputs is sent too (empty), as Triton does."""
+    async for reply, answer in execute_stream(state, prepared, big, encode, trace):
+        if answer is None:
+            if empty_final:
+                response = service_pb2.ModelStreamInferResponse()
+                response.infer_response.model_name = prepared.model
+                response.infer_response.model_version = str(reply.model_version)
+                response.infer_response.id = prepared.parsed.id
+                response.infer_response.parameters[_FINAL].bool_param = True
+                sink(bytes(response.SerializeToString()))
+            continue
+        if empty_final:
+            flag = service_pb2.ModelInferResponse()
+            flag.parameters[_FINAL].bool_param = reply.final
+            # Protocol buffers merge concatenated messages: the answer gains the parameter.
+            field = flag.SerializeToString()
+            answer = answer + _STREAM_FIELD + _varint(len(field)) + field
+        sink(answer)
 
 
 def _names_shm_bytes(request: Any) -> bool:

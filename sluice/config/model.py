@@ -163,5 +163,12 @@ class ModelConfig:
         return self.platform == ENSEMBLE_PLATFORM
 
     @property
+    def decoupled(self) -> bool:
+        """``model_transaction_policy { decoupled: true }``: any number of responses per
+        request, the last one marked final."""
+        policy = self.raw.get("model_transaction_policy") or {}
+        return bool(policy.get("decoupled", False))
+
+    @property
     def platform_or_backend(self) -> str:
         return self.platform or self.backend

@@ -530,8 +530,19 @@ def test_pb_utils_helpers() -> None:
     assert error is not None and error.message() == "oops"
     assert output is not None and output.as_numpy().tolist() == [1, 2]
     request = pb_utils.InferenceRequest("m", [], ["x"])
-    with pytest.raises(Unsupported, match="BLS"):
-        request.exec()
+    with pytest.raises(Unsupported, match="BLS calls of decoupled models"):
+        request.exec(decoupled=True)
+    with pytest.raises(pb_utils.TritonModelException, match="for decoupled models"):
+        request.get_response_sender()
+    sent: list[tuple[object, bool]] = []
+    sender = pb_utils.InferenceResponseSender(
+        lambda response, final: sent.append((response, final))
+    )
+    sender.send(response)
+    sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+    assert sent == [(response, False), (None, True)]
+    with pytest.raises(pb_utils.TritonModelException, match="Response sender has been closed"):
+        sender.send(response)
 
 
 # ----------------------------------------------------------------------------- TensorRT, selection

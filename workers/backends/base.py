@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -35,6 +35,12 @@ class RequestContext:
     """Unix ns; 0: none."""
     trace: TraceParent | None
     priority: int = 0
+
+
+Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]
+"""How a decoupled model's backend hands over a response: ``emit(index, outputs, final)``
+for the batch's request ``index``; outputs None (only with ``final``): no more responses;
+an error ends the request's responses."""
 
 
 class Backend(Protocol):

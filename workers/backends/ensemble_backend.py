@@ -13,7 +13,8 @@ the composing models count, trace and expire it as one of their own requests.
 An instance spends its time waiting for its composing models, so it declares
 ``concurrency`` (:mod:`workers.slots`): the worker computes up to that many batches at
 once, each on a thread of its own, which hands the request to this backend's event loop
-(a thread owned by the backend, with its own Redis clients and reply stream) and waits.
+(:class:`workers.model_calls.ModelCalls`: a thread with its own Redis clients and reply
+stream) and waits.
 Each step additionally has at most :data:`STEP_IN_FLIGHT` requests in flight, so that one
 slow composing model cannot collect an unbounded queue from one ensemble instance.
 
@@ -24,35 +25,23 @@ gRPC code) and a message naming the ensemble, the step and its model.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import threading
-import time
-import uuid
-from collections.abc import Coroutine, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
-from redis.asyncio import Redis
 
 from sluice.config import ModelConfig
-from sluice.datatypes import to_buffer, to_numpy
-from sluice.dispatch import RedisDispatcher
 from sluice.errors import (
-    DeadlineExceeded,
     InferenceFailed,
     InvalidConfig,
     SluiceError,
-    error_from_kind,
 )
-from sluice.keys import Keys
-from sluice.settings import WorkerSettings
-from sluice.targets import TargetResolver
-from sluice.wire import RequestMessage, TensorHeader
 from workers.backends.base import Placement, RequestContext, RequestsFailed
 from workers.backends.ensemble_check import composing_configs
 from workers.backends.ensemble_join import join_requests, split_requests
+from workers.model_calls import CallContext, ModelCalls
 
 log = logging.getLogger(__name__)
 
@@ -65,16 +54,6 @@ the threads and the memory of one worker process."""
 STEP_IN_FLIGHT = 64
 """Requests one instance has queued on one step's model at once (the same bound)."""
 
-_STREAM_MAX_LEN = 100_000
-"""Approximate cap on a request stream (the gateway's default ``SLUICE_STREAM_MAX_LEN``),
-a safety net only: workers delete entries once answered."""
-_DEFAULT_TIMEOUT_S = 60.0
-"""A step's deadline when the request carries none (the gateway always gives one)."""
-_TOUCH_S = 60.0
-"""How often the reply stream's time to live is renewed."""
-
-T = TypeVar("T")
-
 
 class EnsembleBackend:
     concurrency = CONCURRENCY
@@ -85,64 +64,11 @@ class EnsembleBackend:
         self.config = config
         self.steps = config.ensemble_steps
         self.step_configs = composing_configs(config, model_path.parent.parent)
-        self._settings = WorkerSettings()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._loop.run_forever, name=f"ensemble-{config.name}", daemon=True
-        )
-        self._thread.start()
-        try:
-            self._call(self._open())
-        except BaseException:
-            self.close()
-            raise
-
-    # -- the backend's own event loop ------------------------------------------------------
-
-    def _call(self, coroutine: Coroutine[Any, Any, T]) -> T:
-        """Run ``coroutine`` on the backend's loop and wait for it (from a worker thread)."""
-        return asyncio.run_coroutine_threadsafe(coroutine, self._loop).result()
-
-    async def _open(self) -> None:
-        settings = self._settings
-        self._redis = Redis.from_url(settings.redis_url, socket_timeout=10)
-        self._reader = Redis.from_url(settings.redis_url)
-        keys = Keys(settings.namespace)
-        self._dispatcher = RedisDispatcher(
-            self._redis,
-            self._reader,
-            keys,
-            stream_max_len=_STREAM_MAX_LEN,
-            caller=f"ensemble-{self.config.name}-",
-        )
-        self._targets = TargetResolver(self._redis, keys)
         self._limits = [asyncio.Semaphore(STEP_IN_FLIGHT) for _ in self.steps]
-        await self._dispatcher.start()
-        self._toucher = asyncio.create_task(self._touch())
-
-    async def _touch(self) -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                await self._dispatcher.touch()
-            await asyncio.sleep(_TOUCH_S)
-
-    async def _shut(self) -> None:
-        toucher = getattr(self, "_toucher", None)
-        if toucher is not None:
-            toucher.cancel()
-        dispatcher = getattr(self, "_dispatcher", None)
-        if dispatcher is not None:
-            await dispatcher.stop()
-        for client in (getattr(self, "_redis", None), getattr(self, "_reader", None)):
-            if client is not None:
-                await client.aclose()
+        self._calls = ModelCalls(f"ensemble-{config.name}-")
 
     def close(self) -> None:
-        if self._loop.is_running():
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._shut(), self._loop).result(timeout=5)
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(timeout=5)
+        self._calls.close()
 
     # -- Backend ---------------------------------------------------------------------------
 
@@ -160,7 +86,7 @@ class EnsembleBackend:
         if contexts is None or len(contexts) != len(parts):
             contexts = [RequestContext("", 0, None)] * len(parts)
         futures = [
-            asyncio.run_coroutine_threadsafe(self.run(part, outputs, context), self._loop)
+            asyncio.run_coroutine_threadsafe(self.run(part, outputs, context), self._calls.loop)
             for part, context in zip(parts, contexts, strict=True)
         ]
         answers: list[dict[str, np.ndarray]] = []
@@ -242,46 +168,15 @@ class EnsembleBackend:
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
     ) -> dict[str, np.ndarray]:
         step, model = self.steps[index], self.step_configs[index]
-        target = await self._targets.resolve(step.model_name, step.model_version)
-        now_ns = time.time_ns()
-        deadline_ns = context.deadline_ns or now_ns + int(_DEFAULT_TIMEOUT_S * 1e9)
-        timeout_s = (deadline_ns - now_ns) / 1e9
-        if timeout_s <= 0:
-            raise DeadlineExceeded("the request's deadline passed before the step was queued")
-        headers: list[TensorHeader] = []
-        buffers: list[bytes | memoryview] = []
+        inputs = []
         for name, array in reads.items():
             spec = model.input(name)
             assert spec is not None  # checked when the ensemble loaded
-            buffer = to_buffer(spec.datatype, array)
-            headers.append(TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer)))
-            buffers.append(buffer)
-        message = RequestMessage(
-            request_key="",
-            reply_to="",
-            inputs=headers,
-            outputs=list(step.output_map),
-            client_id=context.request_id,
-            deadline_ns=deadline_ns,
-            enqueued_ns=now_ns,
-            priority=0,
-            request_id=context.request_id or uuid.uuid4().hex,
-            trace=context.trace,
+            inputs.append((name, spec.datatype, array))
+        call = CallContext(context.request_id, context.deadline_ns, context.trace)
+        return await self._calls.submit(
+            step.model_name, step.model_version, inputs, list(step.output_map), call
         )
-        reply, data = await self._dispatcher.submit(
-            step.model_name, target.stream, message, b"".join(buffers), timeout_s
-        )
-        if reply.error_kind:
-            raise error_from_kind(reply.error_kind, reply.error)
-        answer: dict[str, np.ndarray] = {}
-        offset = 0
-        for header in reply.outputs:
-            if header.shm is not None:  # never asked for: every output comes inline
-                raise InferenceFailed(f"output '{header.name}' came in shared memory")
-            chunk = data[offset : offset + header.nbytes]
-            offset += header.nbytes
-            answer[header.name] = to_numpy(header.datatype, header.shape, chunk)
-        return answer
 
 
 def load_ensemble_backend(

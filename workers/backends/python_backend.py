@@ -8,12 +8,18 @@ Sluice's own API, whole batches at a time::
         def execute(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
         def finalize(self) -> None: ...  # optional
 
+``execute`` may be ``async def``. It may call other models with the context kept from
+``initialize``: ``context.infer("other", {"X": x})`` (or ``await context.infer_async(...)``),
+Triton's BLS in this API's style.
+
 Models written for Triton's Python backend (``class TritonPythonModel``) run
 through :mod:`workers.backends.triton_python`.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,8 +28,9 @@ from typing import Any
 import numpy as np
 
 from sluice.config import ModelConfig, config_to_json
-from sluice.errors import InferenceFailed, InvalidConfig
-from workers.backends.base import Backend, Placement
+from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
+from workers.backends.base import Backend, Emit, Placement
+from workers.backends.ensemble_join import split_requests
 from workers.backends.python_model import (
     accepts_arguments,
     call_model,
@@ -33,6 +40,7 @@ from workers.backends.python_model import (
     import_model_file,
     module_name_for,
 )
+from workers.model_calls import CallContext, process_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,46 @@ class ModelContext:
     """"KIND_CPU" or "KIND_GPU" (the model itself decides how to use the GPU)."""
     device_id: int
     threads: int
+
+    def infer(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str] = (),
+        *,
+        version: int = -1,
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Call another model of this deployment from ``execute`` (Triton's BLS, in Sluice's
+        style): its ``outputs`` (all when none are named); its error is raised as the
+        Sluice error it answered (``InvalidInput``, ``Unavailable``, ...). Datatypes are
+        those the called model's config gives its inputs."""
+        calls = process_calls()
+        return calls.call_soon(
+            calls.submit(model, version, *_call_args(inputs, outputs, timeout_s))
+        )
+
+    async def infer_async(
+        self,
+        model: str,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str] = (),
+        *,
+        version: int = -1,
+        timeout_s: float | None = None,
+    ) -> dict[str, np.ndarray]:
+        """:meth:`infer` for ``async def execute``: calls made together run together."""
+        calls = process_calls()
+        call = calls.submit(model, version, *_call_args(inputs, outputs, timeout_s))
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(call, calls.loop))
+
+
+def _call_args(
+    inputs: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float | None
+) -> tuple[list[tuple[str, str, np.ndarray]], list[str], CallContext]:
+    deadline_ns = time.time_ns() + int(timeout_s * 1e9) if timeout_s else 0
+    tensors = [(name, "", np.asarray(array)) for name, array in inputs.items()]
+    return tensors, list(outputs), CallContext(deadline_ns=deadline_ns)
 
 
 def _version_of(model_file: Path) -> int:
@@ -97,6 +145,7 @@ class SimplePythonBackend:
         self._model = instance
         self._file = model_file
         self._module_name = module_name
+        self._batched = config.max_batch_size > 0
         context = ModelContext(
             name=config.name,
             version=_version_of(model_file),
@@ -124,6 +173,49 @@ class SimplePythonBackend:
             raise InferenceFailed(
                 f"{self._file.name}: execute returned no output '{missing[0]}' "
                 f"(it returned {', '.join(map(str, result)) or 'nothing'})"
+            )
+        return {name: np.asarray(result[name]) for name in outputs}
+
+    def infer_stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None,
+        emit: Emit,
+    ) -> None:
+        """A decoupled model: ``stream(inputs)``, a generator, runs once per request and
+        each dict it yields is one response; its end is the final one."""
+        stream = getattr(self._model, "stream", None)
+        if stream is None:
+            raise InferenceFailed(
+                f"{self._file.name}: a decoupled model (model_transaction_policy) defines "
+                "stream(self, inputs), a generator of output dicts"
+            )
+        sizes = list(request_sizes or [1])
+        parts = split_requests(inputs, sizes, self._batched)
+        for index, part in enumerate(parts):
+            try:
+                for response in call_model(self._file, "stream", stream, part):
+                    emit(index, self._checked(response, outputs), False)
+            except SluiceError as exc:
+                emit(index, exc, True)
+                continue
+            except Exception as exc:
+                emit(index, InferenceFailed(f"stream raised {describe(exc, self._file)}"), True)
+                continue
+            emit(index, None, True)
+
+    def _checked(self, result: Any, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+        if not isinstance(result, Mapping):
+            raise InferenceFailed(
+                f"{self._file.name}: a response must be a dict of output name -> numpy "
+                f"array, not {type(result).__name__}"
+            )
+        missing = [name for name in outputs if name not in result]
+        if missing:
+            raise InferenceFailed(
+                f"{self._file.name}: a response has no output '{missing[0]}' "
+                f"(it has {', '.join(map(str, result)) or 'nothing'})"
             )
         return {name: np.asarray(result[name]) for name in outputs}
 

@@ -10,6 +10,8 @@ batch dimension. A response carrying an error fails only its own request
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -27,8 +29,11 @@ from sluice.errors import (
     Unsupported,
 )
 from workers.backends import triton_python_backend_utils as pb
-from workers.backends.base import Placement, RequestsFailed
+from workers.backends.base import Emit, Placement, RequestsFailed
 from workers.backends.python_model import call_model, forget_module
+
+FINAL_WAIT_S = 300.0
+"""How long a decoupled model may take to send every request's final response."""
 
 _ERROR_BY_CODE: dict[int, type[SluiceError]] = {
     pb.TritonError.INVALID_ARG: InvalidInput,
@@ -65,11 +70,6 @@ class TritonPythonBackend:
         self._file = model_file
         self._module_name = module_name
         self._version = int(model_file.parent.name) if model_file.parent.name.isdigit() else -1
-        if pb.using_decoupled_model_transaction_policy(config.raw):
-            raise InvalidConfig(
-                f"model '{config.name}' is decoupled (model_transaction_policy), "
-                "which Sluice does not support"
-            )
         gpu = placement.kind == "KIND_GPU"
         device = placement.gpu or 0
         args = {
@@ -117,6 +117,39 @@ class TritonPythonBackend:
             raise RequestsFailed(failures, merged)
         assert merged is not None
         return merged
+
+    def infer_stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None,
+        emit: Emit,
+    ) -> None:
+        """A decoupled model: ``execute`` answers through each request's response sender,
+        now or later from threads of its own; this returns once every request had its final
+        response (or :data:`FINAL_WAIT_S` passed)."""
+        sizes = self._sizes(inputs, request_sizes)
+        requests = self._requests(inputs, outputs, sizes)
+        finished = [threading.Event() for _ in requests]
+        for index, (request, items) in enumerate(zip(requests, sizes, strict=True)):
+
+            def deliver(
+                response: pb.InferenceResponse | None, final: bool, i: int = index, n: int = items
+            ) -> None:
+                emit(i, None if response is None else self._answer(response, outputs, n), final)
+                if final:
+                    finished[i].set()
+
+            request._sender = pb.InferenceResponseSender(deliver)  # type: ignore[attr-defined]
+        call_model(self._file, "execute", self._model.execute, requests)
+        deadline = time.monotonic() + FINAL_WAIT_S
+        for index, done in enumerate(finished):
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                late = InferenceFailed(
+                    f"{self._file.name}: no final response (TRITONSERVER_RESPONSE_COMPLETE_FINAL)"
+                    f" within {FINAL_WAIT_S:g} s"
+                )
+                emit(index, late, True)
 
     def _sizes(
         self, inputs: Mapping[str, np.ndarray], request_sizes: Sequence[int] | None

@@ -2,22 +2,35 @@
 Triton's Python backend. Sluice registers this module under that name before it
 imports a ``model.py``, so ``import triton_python_backend_utils as pb_utils`` works.
 
-Not provided: BLS (``InferenceRequest.exec``), decoupled response senders,
-GPU tensors (every tensor is a CPU numpy array), custom metrics.
+BLS (business logic scripting): ``InferenceRequest(model_name=..., inputs=...,
+requested_output_names=...).exec()`` (and ``await ....async_exec()``) calls another model
+served by the same deployment, through its stream, as an ensemble step does
+(:mod:`workers.model_calls`); the answer is an ``InferenceResponse`` whose ``has_error()``
+says whether the called model failed. ``timeout`` (microseconds) bounds the call.
+
+Decoupled models (``model_transaction_policy { decoupled: true }``) answer through
+``request.get_response_sender().send(response, flags)``.
+
+Not provided: BLS calls of decoupled models, GPU tensors
+(every tensor is a CPU numpy array), custom metrics.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+import threading
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from sluice import datatypes
 from sluice.config import model_config_pb2
-from sluice.errors import Unsupported
+from sluice.errors import SluiceError, Unsupported
+from workers.model_calls import CallContext, ModelCalls, process_calls
 
 _log = logging.getLogger("model.py")
 
@@ -79,6 +92,37 @@ class Tensor:
         return f"Tensor({self._name!r}, shape={list(self._data.shape)}, dtype={self._data.dtype})"
 
 
+TRITONSERVER_RESPONSE_COMPLETE_FINAL = 1
+"""``InferenceResponseSender.send`` flag: the request's last response."""
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_START = 1
+TRITONSERVER_REQUEST_FLAG_SEQUENCE_END = 2
+
+
+class InferenceResponseSender:
+    """A decoupled model's way to answer a request any number of times, from ``execute`` or
+    from a thread of its own; the last ``send`` carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``."""
+
+    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None]) -> None:
+        self._deliver = deliver
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: InferenceResponse | None = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        with self._lock:
+            if self._closed:
+                raise TritonModelException(
+                    "Unable to send response. Response sender has been closed."
+                )
+            if response is None and not final:
+                raise TritonModelException("send needs a response, or the FINAL flag")
+            self._closed = final
+            self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class InferenceRequest:
     """One client request as ``execute`` sees it."""
 
@@ -93,6 +137,7 @@ class InferenceRequest:
         correlation_id: int | str = 0,
         parameters: Mapping[str, Any] | str | None = None,
         flags: int = 0,
+        timeout: int = 0,
         **_ignored: Any,
     ) -> None:
         self._model_name = model_name
@@ -106,6 +151,7 @@ class InferenceRequest:
         else:
             self._parameters = json.dumps(dict(parameters or {}))
         self._flags = flags
+        self._timeout_us = timeout
 
     def inputs(self) -> list[Tensor]:
         return list(self._inputs)
@@ -135,14 +181,37 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def get_response_sender(self) -> Any:
-        raise Unsupported("decoupled models (response senders) are not supported by Sluice")
+    def get_response_sender(self) -> InferenceResponseSender:
+        sender = getattr(self, "_sender", None)
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender is for decoupled models (model_transaction_policy "
+                "{ decoupled: true })"
+            )
+        return sender
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise Unsupported("BLS (InferenceRequest.exec) is not supported by Sluice")
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Call ``model_name`` with this request (BLS); its answer, or its error."""
+        calls, call = self._bls_call(decoupled)
+        return _response(lambda: calls.call_soon(call))
 
-    async def async_exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise Unsupported("BLS (InferenceRequest.async_exec) is not supported by Sluice")
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """:meth:`exec` for ``async def execute``: awaits the answer without blocking."""
+        calls, call = self._bls_call(decoupled)
+        future = asyncio.run_coroutine_threadsafe(call, calls.loop)
+        return await _async_response(asyncio.wrap_future(future))
+
+    def _bls_call(self, decoupled: bool) -> tuple[ModelCalls, Coroutine[Any, Any, Any]]:
+        if decoupled:
+            raise Unsupported("BLS calls of decoupled models (decoupled=True) are not supported")
+        if not self._model_name:
+            raise TritonModelException("InferenceRequest.exec needs a model_name")
+        calls = process_calls()
+        deadline_ns = time.time_ns() + self._timeout_us * 1000 if self._timeout_us else 0
+        inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
+        context = CallContext(self._request_id, deadline_ns)
+        call = calls.submit(self._model_name, self._model_version, inputs, self._requested, context)
+        return calls, call
 
 
 class InferenceResponse:
@@ -163,6 +232,28 @@ class InferenceResponse:
 
     def error(self) -> TritonError | None:
         return self._error
+
+
+def _answer(answer: Mapping[str, np.ndarray]) -> InferenceResponse:
+    return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
+
+
+def _failure(exc: SluiceError) -> InferenceResponse:
+    return InferenceResponse(error=TritonError(exc.message))
+
+
+def _response(call: Callable[[], Mapping[str, np.ndarray]]) -> InferenceResponse:
+    try:
+        return _answer(call())
+    except SluiceError as exc:
+        return _failure(exc)
+
+
+async def _async_response(call: Awaitable[Mapping[str, np.ndarray]]) -> InferenceResponse:
+    try:
+        return _answer(await call)
+    except SluiceError as exc:
+        return _failure(exc)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

@@ -1,0 +1,171 @@
+"""Decoupled models (any number of responses per request) on a real stack: the example
+``word_streamer`` (Triton's response sender) and a model in Sluice's API (``stream``)
+that calls another model for each response (BLS), through /generate_stream and gRPC
+streaming: every response arrives, in order, and the final one ends the stream; the routes
+that carry one answer refuse them with Triton's texts."""
+
+from __future__ import annotations
+
+import queue
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
+
+from scheduler.redis_server import RedisServer
+from tests.integration.conftest import load_examples_builder
+from tests.support.stack import Stack
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COUNTER = """
+import numpy as np
+
+
+class Model:
+    def initialize(self, config, context):
+        self.context = context
+
+    def stream(self, inputs):
+        count = int(inputs["COUNT"].reshape(-1)[0])
+        if count < 0:
+            raise ValueError("COUNT must not be negative")
+        for step in range(count):
+            value = np.full((1, 4), step, dtype=np.float32)
+            total = self.context.infer("add_sub", {"INPUT0": value, "INPUT1": value}, ["OUTPUT0"])
+            yield {"STEP": np.array([[step]], dtype=np.int32), "DOUBLED": total["OUTPUT0"]}
+"""
+
+COUNTER_CONFIG = """
+name: "counter"
+backend: "python"
+max_batch_size: 4
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "STEP" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "DOUBLED" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+model_transaction_policy { decoupled: true }
+"""
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("decoupled")
+    load_examples_builder().build_all(root, models=("word_streamer",))
+    shutil.copytree(ROOT / "model_repository" / "triton_python_add_sub", root / "add_sub")
+    config = root / "add_sub" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"triton_python_add_sub"', '"add_sub"'))
+    (root / "counter" / "1").mkdir(parents=True)
+    (root / "counter" / "1" / "model.py").write_text(COUNTER)
+    (root / "counter" / "config.pbtxt").write_text(COUNTER_CONFIG)
+    stack = Stack(root, redis_server.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def _events(response: httpx.Response) -> list[dict[str, Any]]:
+    assert response.headers["content-type"].startswith("text/event-stream")
+    chunks = [c for c in response.text.split("\n\n") if c.strip()]
+    assert all(c.startswith("data: ") for c in chunks), response.text
+    return [orjson.loads(c.removeprefix("data: ")) for c in chunks]
+
+
+def test_every_word_arrives_in_order_and_the_final_ends_the_stream(stack: Stack) -> None:
+    text = "streams arrive one word at a time until the final flag"
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        response = http.post("/v2/models/word_streamer/generate_stream", json={"text_input": text})
+    assert response.status_code == 200
+    events = _events(response)
+    assert [event["text_output"] for event in events] == text.split()
+    assert all(event["model_name"] == "word_streamer" for event in events)
+
+
+def test_an_empty_text_streams_nothing_and_bad_text_is_an_error_event(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        empty = http.post("/v2/models/word_streamer/generate_stream", json={"text_input": ""})
+        assert empty.status_code == 200 and _events(empty) == []
+        counted = http.post("/v2/models/counter/generate_stream", json={"COUNT": -1})
+    assert counted.status_code == 500
+    assert "COUNT must not be negative" in counted.json()["error"]
+
+
+def test_a_sluice_stream_model_calling_another_model_streams_each_answer(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        response = http.post("/v2/models/counter/generate_stream", json={"COUNT": 5})
+    assert response.status_code == 200, response.text
+    events = _events(response)
+    assert [event["STEP"] for event in events] == [0, 1, 2, 3, 4]
+    assert [event["DOUBLED"] for event in events] == [[2.0 * s] * 4 for s in range(5)]
+
+
+def test_routes_with_one_answer_refuse_decoupled_models_as_triton_does(stack: Stack) -> None:
+    body = {"inputs": [{"name": "text_input", "shape": [1], "datatype": "BYTES", "data": ["a b"]}]}
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        infer = http.post("/v2/models/word_streamer/infer", json=body)
+        generate = http.post("/v2/models/word_streamer/generate", json={"text_input": "a b"})
+        job = http.post(
+            "/v2/models/word_streamer/infer", json=body, headers={"Prefer": "respond-async"}
+        )
+    for response in (infer, generate):
+        assert response.status_code == 501
+        assert response.json()["error"] == (
+            "HTTP end point doesn't support models with decoupled transaction policy"
+        )
+    assert job.status_code == 501 and "is decoupled" in job.json()["error"]
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    try:
+        text = grpcclient.InferInput("text_input", [1], "BYTES")
+        text.set_data_from_numpy(np.array([b"a b"], dtype=object))
+        with pytest.raises(InferenceServerException) as info:
+            client.infer("word_streamer", [text])
+    finally:
+        client.close()
+    assert info.value.status() == "StatusCode.UNIMPLEMENTED"
+    assert "ModelInfer RPC doesn't support models with decoupled transaction policy" in str(
+        info.value
+    )
+
+
+@pytest.mark.parametrize("empty_final", [False, True])
+def test_grpc_streaming_carries_every_response(stack: Stack, empty_final: bool) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    sentences = ["one two three", "four five"]
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for index, sentence in enumerate(sentences):
+            text = grpcclient.InferInput("text_input", [1], "BYTES")
+            text.set_data_from_numpy(np.array([sentence.encode()], dtype=object))
+            client.async_stream_infer(
+                "word_streamer",
+                [text],
+                request_id=str(index),
+                enable_empty_final_response=empty_final,
+            )
+        words: dict[str, list[str]] = {"0": [], "1": []}
+        finals: dict[str, int] = {"0": 0, "1": 0}
+        expected = 5 + (2 if empty_final else 0)
+        for _ in range(expected):
+            result, error = answers.get(timeout=30)
+            assert error is None, error.message()
+            response = result.get_response()
+            final = response.parameters.get("triton_final_response")
+            if final is not None and final.bool_param:
+                finals[response.id] += 1
+                continue
+            words[response.id].append(result.as_numpy("text_output").reshape(-1)[0].decode())
+        assert answers.empty()
+    finally:
+        client.stop_stream()
+        client.close()
+    assert words == {"0": ["one", "two", "three"], "1": ["four", "five"]}
+    assert finals == ({"0": 1, "1": 1} if empty_final else {"0": 0, "1": 0})

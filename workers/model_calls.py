@@ -1,0 +1,196 @@
+"""Requests a worker makes of other models: an ensemble's steps, a Python model's BLS calls.
+
+A request is queued on the called model's stream exactly as the gateway queues a client's
+(a :class:`sluice.wire.RequestMessage` whose payload is the tensors in Triton's binary
+layout), and its answer comes back on a reply stream of this process's own. The calls run
+on an event loop of their own, on a thread owned by :class:`ModelCalls` with its own Redis
+clients, so that a backend's compute threads (which are not event-loop threads) can wait
+for them: :meth:`ModelCalls.call` from a thread, :meth:`ModelCalls.submit` on the loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+import time
+import uuid
+from collections.abc import Coroutine, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import numpy as np
+from redis.asyncio import Redis
+
+from sluice.datatypes import from_numpy_dtype, to_buffer, to_numpy
+from sluice.dispatch import RedisDispatcher
+from sluice.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
+from sluice.keys import Keys
+from sluice.settings import WorkerSettings
+from sluice.targets import TargetResolver
+from sluice.trace_context import TraceParent
+from sluice.wire import RequestMessage, TensorHeader
+
+_STREAM_MAX_LEN = 100_000
+"""Approximate cap on a request stream (the gateway's default ``SLUICE_STREAM_MAX_LEN``),
+a safety net only: workers delete entries once answered."""
+DEFAULT_TIMEOUT_S = 60.0
+"""A call's deadline when the request it serves carries none (the gateway always gives one)."""
+_TOUCH_S = 60.0
+"""How often the reply stream's time to live is renewed."""
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class CallContext:
+    """What a call inherits from the request it serves: its deadline and ids."""
+
+    request_id: str = ""
+    deadline_ns: int = 0
+    """Unix ns; 0: :data:`DEFAULT_TIMEOUT_S` from now."""
+    trace: TraceParent | None = None
+
+
+class ModelCalls:
+    def __init__(self, caller: str, settings: WorkerSettings | None = None) -> None:
+        """``caller`` names this process's reply stream (for operators reading Redis)."""
+        self._settings = settings or WorkerSettings()
+        self._caller = caller
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self.loop.run_forever, name=caller, daemon=True)
+        self._thread.start()
+        try:
+            self.call_soon(self._open())
+        except BaseException:
+            self.close()
+            raise
+
+    def call_soon(self, coroutine: Coroutine[Any, Any, T]) -> T:
+        """Run ``coroutine`` on the calls' loop and wait for it (from another thread)."""
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result()
+
+    async def _open(self) -> None:
+        settings = self._settings
+        self._redis = Redis.from_url(settings.redis_url, socket_timeout=10)
+        self._reader = Redis.from_url(settings.redis_url)
+        keys = Keys(settings.namespace)
+        self._dispatcher = RedisDispatcher(
+            self._redis, self._reader, keys, stream_max_len=_STREAM_MAX_LEN, caller=self._caller
+        )
+        self._targets = TargetResolver(self._redis, keys)
+        await self._dispatcher.start()
+        self._toucher = asyncio.create_task(self._touch())
+
+    async def _touch(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self._dispatcher.touch()
+            await asyncio.sleep(_TOUCH_S)
+
+    async def _shut(self) -> None:
+        toucher = getattr(self, "_toucher", None)
+        if toucher is not None:
+            toucher.cancel()
+        dispatcher = getattr(self, "_dispatcher", None)
+        if dispatcher is not None:
+            await dispatcher.stop()
+        for client in (getattr(self, "_redis", None), getattr(self, "_reader", None)):
+            if client is not None:
+                await client.aclose()
+
+    def close(self) -> None:
+        if self.loop.is_running():
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(self._shut(), self.loop).result(timeout=5)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=5)
+
+    def call(
+        self,
+        model: str,
+        version: int,
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+        outputs: Sequence[str],
+        context: CallContext,
+    ) -> dict[str, np.ndarray]:
+        """:meth:`submit` from a thread that is not the calls' loop."""
+        return self.call_soon(self.submit(model, version, inputs, outputs, context))
+
+    async def submit(
+        self,
+        model: str,
+        version: int,
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+        outputs: Sequence[str],
+        context: CallContext,
+    ) -> dict[str, np.ndarray]:
+        """The ``outputs`` of ``model`` (``version`` -1: the latest ready; no outputs: all of
+        them) for ``inputs`` ((name, datatype, array) each; datatype "": the one the model's
+        config gives the input); raises the error the model answered."""
+        target = await self._targets.resolve(model, version)
+        if target.config.sequence_batching is not None:
+            raise Unsupported(
+                f"model '{model}' is a sequence model: other models cannot call it (its "
+                "requests need a sequence id and must reach the instance that holds it)"
+            )
+        now_ns = time.time_ns()
+        deadline_ns = context.deadline_ns or now_ns + int(DEFAULT_TIMEOUT_S * 1e9)
+        timeout_s = (deadline_ns - now_ns) / 1e9
+        if timeout_s <= 0:
+            raise DeadlineExceeded(f"the deadline passed before the request to '{model}' went")
+        headers: list[TensorHeader] = []
+        buffers: list[bytes | memoryview] = []
+        for name, datatype, array in inputs:
+            if not datatype:
+                spec = target.config.input(name)
+                datatype = spec.datatype if spec is not None else from_numpy_dtype(array.dtype)
+            buffer = to_buffer(datatype, array)
+            headers.append(TensorHeader(name, datatype, tuple(array.shape), len(buffer)))
+            buffers.append(buffer)
+        message = RequestMessage(
+            request_key="",
+            reply_to="",
+            inputs=headers,
+            outputs=list(outputs) or [spec.name for spec in target.config.outputs],
+            client_id=context.request_id,
+            deadline_ns=deadline_ns,
+            enqueued_ns=now_ns,
+            priority=0,
+            request_id=context.request_id or uuid.uuid4().hex,
+            trace=context.trace,
+        )
+        reply, data = await self._dispatcher.submit(
+            model, target.stream, message, b"".join(buffers), timeout_s
+        )
+        if reply.error_kind:
+            raise error_from_kind(reply.error_kind, reply.error)
+        return answer_tensors(reply.outputs, data)
+
+
+def answer_tensors(outputs: Sequence[TensorHeader], data: memoryview) -> dict[str, np.ndarray]:
+    """The tensors of an answer whose outputs all came inline."""
+    answer: dict[str, np.ndarray] = {}
+    offset = 0
+    for header in outputs:
+        if header.shm is not None:  # never asked for: every output comes inline
+            raise InferenceFailed(f"output '{header.name}' came in shared memory")
+        chunk = data[offset : offset + header.nbytes]
+        offset += header.nbytes
+        answer[header.name] = to_numpy(header.datatype, header.shape, chunk)
+    return answer
+
+
+_PROCESS_CALLS: ModelCalls | None = None
+_PROCESS_CALLS_LOCK = threading.Lock()
+
+
+def process_calls() -> ModelCalls:
+    """This process's :class:`ModelCalls` for Python models' calls (BLS), opened at the
+    first call and shared by every model instance of the process."""
+    global _PROCESS_CALLS
+    with _PROCESS_CALLS_LOCK:
+        if _PROCESS_CALLS is None:
+            _PROCESS_CALLS = ModelCalls(f"bls-{os.getpid()}-")
+        return _PROCESS_CALLS
