@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from time import perf_counter
@@ -112,13 +113,19 @@ def time_batch(
     session: ort.InferenceSession, feed: dict[str, np.ndarray], batch: int, seconds: float
 ) -> BaselinePoint:
     """Run ``feed`` repeatedly for about ``seconds`` (at least MIN_RUNS times)."""
+    return time_runs(lambda: session.run(None, feed), batch, seconds)
+
+
+def time_runs(once: Callable[[], object], batch: int, seconds: float) -> BaselinePoint:
+    """``once()`` (a batch of ``batch`` items) after WARMUP_RUNS, repeatedly for about
+    ``seconds`` and at least MIN_RUNS times."""
     for _ in range(WARMUP_RUNS):
-        session.run(None, feed)
+        once()
     times: list[float] = []
     started = perf_counter()
     while len(times) < MIN_RUNS or perf_counter() - started < seconds:
         before = perf_counter()
-        session.run(None, feed)
+        once()
         times.append(perf_counter() - before)
     total = sum(times)
     return BaselinePoint(

@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from time import perf_counter
 from typing import Any
 
 import numpy as np
 
-from bench.baseline import MIN_RUNS, WARMUP_RUNS, Baseline, BaselinePoint, batch_sizes
+from bench.baseline import Baseline, BaselinePoint, batch_sizes, time_runs
 from sluice.runtime import usable_cores
 
 _NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64}
@@ -61,22 +60,7 @@ def _time(
             for output in outputs if isinstance(outputs, tuple | list) else (outputs,):
                 output.cpu().numpy()  # waits for the device
 
-    for _ in range(WARMUP_RUNS):
-        once()
-    times: list[float] = []
-    started = perf_counter()
-    while len(times) < MIN_RUNS or perf_counter() - started < seconds:
-        before = perf_counter()
-        once()
-        times.append(perf_counter() - before)
-    total = sum(times)
-    return BaselinePoint(
-        batch=batch,
-        runs=len(times),
-        p50_ms=float(np.median(times)) * 1000.0,
-        mean_ms=total / len(times) * 1000.0,
-        items_per_s=batch * len(times) / total,
-    )
+    return time_runs(once, batch, seconds)
 
 
 def run_torch_baseline(

@@ -5,7 +5,8 @@ A request is queued on the called model's stream exactly as the gateway queues a
 layout), and its answer comes back on a reply stream of this process's own. The calls run
 on an event loop of their own, on a thread owned by :class:`ModelCalls` with its own Redis
 clients, so that a backend's compute threads (which are not event-loop threads) can wait
-for them: :meth:`ModelCalls.call` from a thread, :meth:`ModelCalls.submit` on the loop.
+for them: :meth:`ModelCalls.submit` on the loop, through :meth:`ModelCalls.call_soon` from
+another thread.
 """
 
 from __future__ import annotations
@@ -106,17 +107,6 @@ class ModelCalls:
                 asyncio.run_coroutine_threadsafe(self._shut(), self.loop).result(timeout=5)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=5)
-
-    def call(
-        self,
-        model: str,
-        version: int,
-        inputs: Sequence[tuple[str, str, np.ndarray]],
-        outputs: Sequence[str],
-        context: CallContext,
-    ) -> dict[str, np.ndarray]:
-        """:meth:`submit` from a thread that is not the calls' loop."""
-        return self.call_soon(self.submit(model, version, inputs, outputs, context))
 
     async def submit(
         self,

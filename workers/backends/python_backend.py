@@ -163,18 +163,7 @@ class SimplePythonBackend:
         request_sizes: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
         result = call_model(self._file, "execute", self._model.execute, dict(inputs))
-        if not isinstance(result, Mapping):
-            raise InferenceFailed(
-                f"{self._file.name}: execute must return a dict of output name -> numpy "
-                f"array, not {type(result).__name__}"
-            )
-        missing = [name for name in outputs if name not in result]
-        if missing:
-            raise InferenceFailed(
-                f"{self._file.name}: execute returned no output '{missing[0]}' "
-                f"(it returned {', '.join(map(str, result)) or 'nothing'})"
-            )
-        return {name: np.asarray(result[name]) for name in outputs}
+        return self._checked(result, outputs, "execute", "return")
 
     def infer_stream(
         self,
@@ -196,7 +185,7 @@ class SimplePythonBackend:
         for index, part in enumerate(parts):
             try:
                 for response in call_model(self._file, "stream", stream, part):
-                    emit(index, self._checked(response, outputs), False)
+                    emit(index, self._checked(response, outputs, "stream", "yield"), False)
             except SluiceError as exc:
                 emit(index, exc, True)
                 continue
@@ -205,17 +194,21 @@ class SimplePythonBackend:
                 continue
             emit(index, None, True)
 
-    def _checked(self, result: Any, outputs: Sequence[str]) -> dict[str, np.ndarray]:
+    def _checked(
+        self, result: Any, outputs: Sequence[str], method: str, verb: str
+    ) -> dict[str, np.ndarray]:
+        """``outputs`` of what ``method`` gave (it must ``verb`` a dict of arrays)."""
         if not isinstance(result, Mapping):
             raise InferenceFailed(
-                f"{self._file.name}: a response must be a dict of output name -> numpy "
+                f"{self._file.name}: {method} must {verb} a dict of output name -> numpy "
                 f"array, not {type(result).__name__}"
             )
         missing = [name for name in outputs if name not in result]
         if missing:
+            done = "returned" if verb == "return" else "yielded"
             raise InferenceFailed(
-                f"{self._file.name}: a response has no output '{missing[0]}' "
-                f"(it has {', '.join(map(str, result)) or 'nothing'})"
+                f"{self._file.name}: {method} {done} no output '{missing[0]}' "
+                f"(it {done} {', '.join(map(str, result)) or 'nothing'})"
             )
         return {name: np.asarray(result[name]) for name in outputs}
 
