@@ -25,6 +25,7 @@ from sluice.config import (
     parse_config_text,
 )
 from sluice.config.platforms import fallback_model_filename
+from sluice.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
 from sluice.errors import InvalidConfig
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
@@ -113,6 +114,9 @@ def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
         config = autocomplete_from_onnx(None, newest / ONNX_FILENAME, model_name=name)
     elif not config.platform and not config.backend:
         config = _infer_platform(config, newest)
+    python_file = newest / (config.default_model_filename or "model.py")
+    if wants_python_autocomplete(config, python_file):
+        config = autocomplete_python(config, python_file)
     if is_onnx(config.platform, config.backend) and not (config.inputs and config.outputs):
         model_file = newest / config.default_model_filename
         if not model_file.is_file():
