@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.coalescer import AppendCoalescer
-from sluice.errors import DeadlineExceeded, SluiceError, Unavailable
+from sluice.errors import DeadlineExceeded, Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
 from sluice.redis_types import StreamRead
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_reply, encode_request
@@ -31,6 +31,9 @@ from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, decode_rep
 log = logging.getLogger(__name__)
 
 Reply = tuple[ReplyMessage, memoryview]
+
+STREAM_BACKLOG = 4096
+"""Responses of a decoupled model that may wait for one slow client before its stream ends."""
 
 _TRIM_EVERY = 512
 """Answers read between two trims of the reply stream."""
@@ -228,7 +231,16 @@ class RedisDispatcher:
             return
         queue = self._streams.get(reply[0].request_key)
         if queue is not None:
-            queue.put_nowait(reply)
+            if queue.qsize() < STREAM_BACKLOG:
+                queue.put_nowait(reply)
+            else:  # the client reads slower than the model answers: end its stream
+                del self._streams[reply[0].request_key]
+                queue.put_nowait(
+                    Overloaded(
+                        f"more than {STREAM_BACKLOG} responses waited for a client that reads "
+                        "them too slowly; the stream was ended"
+                    )
+                )
             return
         future = self._pending.get(reply[0].request_key)
         if future is not None and not future.done():
