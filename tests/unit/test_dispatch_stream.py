@@ -27,9 +27,7 @@ def test_responses_queue_in_order_and_a_slow_client_is_cut_off(monkeypatch: Any)
         queue: asyncio.Queue[Any] = asyncio.Queue()
         dispatcher._streams["7"] = queue
         for index in range(5):
-            dispatcher._resolve(
-                encode_reply(ReplyMessage("7", 1, final=False), str(index).encode())
-            )
+            dispatcher._resolve(encode_reply(ReplyMessage("7", index, final=False)))
         return [queue.get_nowait() for _ in range(queue.qsize())]
 
     items = asyncio.run(run())
