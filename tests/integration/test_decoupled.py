@@ -155,7 +155,11 @@ def test_grpc_streaming_carries_every_response(stack: Stack, empty_final: bool) 
         finals: dict[str, int] = {"0": 0, "1": 0}
         expected = 5 + (2 if empty_final else 0)
         for _ in range(expected):
-            result, error = answers.get(timeout=30)
+            try:
+                result, error = answers.get(timeout=30)
+            except queue.Empty:
+                log = "".join(stack.stderr_lines[-30:])
+                pytest.fail(f"a response did not come within 30 s; the stack's log ends:\n{log}")
             assert error is None, error.message()
             response = result.get_response()
             final = response.parameters.get("triton_final_response")
@@ -165,7 +169,7 @@ def test_grpc_streaming_carries_every_response(stack: Stack, empty_final: bool) 
             words[response.id].append(result.as_numpy("text_output").reshape(-1)[0].decode())
         assert answers.empty()
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=True)
         client.close()
     assert words == {"0": ["one", "two", "three"], "1": ["four", "five"]}
     assert finals == ({"0": 1, "1": 1} if empty_final else {"0": 0, "1": 0})
