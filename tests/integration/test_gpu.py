@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import torch
 
+from gateway.gpu_metrics import GPU_FAMILIES
 from scheduler.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
@@ -118,14 +119,7 @@ def test_gpu_gauges_are_tritons_and_read_the_real_device(gpu_stack: Stack) -> No
         match[1]: float(match[2])
         for match in re.finditer(rf'^(nv_\w+)\{{gpu_uuid="{re.escape(uuid)}"\}} (\S+)$', text, re.M)
     }
-    assert set(values) >= {
-        "nv_gpu_utilization",
-        "nv_gpu_memory_total_bytes",
-        "nv_gpu_memory_used_bytes",
-        "nv_gpu_power_usage",
-        "nv_gpu_power_limit",
-        "nv_energy_consumption",
-    }, text
+    assert set(values) >= set(GPU_FAMILIES), text
     assert values["nv_gpu_memory_total_bytes"] == total
     assert 0 < values["nv_gpu_memory_used_bytes"] <= total  # the workers' models are there
     assert 0 <= values["nv_gpu_utilization"] <= 1
