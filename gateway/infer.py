@@ -18,6 +18,7 @@ from gateway import request_id
 from gateway.body import header_length, read_body
 from gateway.infer_request import InferRequest, RequestedOutput, parse_infer_request
 from gateway.infer_response import encode_infer_response
+from gateway.queue_turn import QueueTurn
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import DynamicBatching, ModelConfig
@@ -278,11 +279,13 @@ async def execute(
     span: RequestSpan | None = None,
     *,
     endpoint: str = "HTTP end point",
+    turn: QueueTurn | None = None,
 ) -> T:
     """Queue a prepared request, await its answer and ``encode`` it (on a thread when the
     answer is large), whatever the wire form: REST and gRPC share this path. ``big``: the
     request's bytes are many (packed on a thread). ``endpoint`` names the route in
-    Triton's refusal of decoupled models (which answer on streaming routes only)."""
+    Triton's refusal of decoupled models (which answer on streaming routes only); ``turn``:
+    the request's place among its gRPC stream's (see :mod:`gateway.queue_turn`)."""
     if request.decoupled:
         raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
     parsed, model, number, level = request.parsed, request.model, request.number, request.level
@@ -299,9 +302,10 @@ async def execute(
             message = request_message(state, request, headers, trace)
             if request.routed:
                 _shadow(state, model, number, level, message, payload, segment)
-            reply, data = await state.dispatcher.submit(
+            submit = state.dispatcher.submit(
                 model, stream, message, payload, request.timeout_us / 1_000_000
             )
+            reply, data = await (turn.queue(submit) if turn is not None else submit)
         finally:
             if segment is not None:
                 unlink(segment)

@@ -30,6 +30,7 @@ from google.protobuf.message import DecodeError
 from gateway import request_id
 from gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
 from gateway.infer_request import InferRequest, parse_infer_document
+from gateway.queue_turn import QueueTurn
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import ModelConfig
@@ -85,19 +86,23 @@ class InferCalls:
         slots = asyncio.Semaphore(self.state.settings.grpc_stream_max_in_flight)
         under_way: set[asyncio.Task[None]] = set()
 
-        async def answer(message: bytes) -> None:
+        async def answer(message: bytes, turn: QueueTurn) -> None:
             try:
-                last = await self._stream_answer(message, metadata, answers.put_nowait)
+                last = await self._stream_answer(message, metadata, answers.put_nowait, turn)
                 if last:
                     answers.put_nowait(last)
             finally:
+                turn.done.set()  # (failed before it was queued: the next one may go)
                 slots.release()
 
         async def read() -> None:
+            before: asyncio.Event | None = None
             try:
                 async for message in messages:
                     await slots.acquire()
-                    task = asyncio.create_task(answer(message))
+                    turn = QueueTurn(before)
+                    before = turn.done
+                    task = asyncio.create_task(answer(message, turn))
                     under_way.add(task)
                     task.add_done_callback(under_way.discard)
                 while under_way:
@@ -118,14 +123,18 @@ class InferCalls:
                 await asyncio.gather(reader, *under_way, return_exceptions=True)
 
     async def _stream_answer(
-        self, message: bytes, metadata: dict[str, str], sink: Callable[[bytes], None]
+        self,
+        message: bytes,
+        metadata: dict[str, str],
+        sink: Callable[[bytes], None],
+        turn: QueueTurn,
     ) -> bytes:
         """One stream response: the answer, or the error with the request's id (a
         decoupled model's responses go to ``sink`` as they come, and this is empty)."""
         request: Any = None
         try:
             request = await self.decode(message)
-            return await self.infer(request, len(message), metadata, None, sink=sink)
+            return await self.infer(request, len(message), metadata, None, sink=sink, turn=turn)
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
@@ -147,6 +156,7 @@ class InferCalls:
         remaining_s: float | None,
         *,
         sink: Callable[[bytes], None] | None = None,
+        turn: QueueTurn | None = None,
     ) -> bytes:
         """One decoded request of ``size`` bytes, checked, queued, answered: the
         ``ModelInferResponse`` bytes (with a stream's ``sink``: the
@@ -189,6 +199,8 @@ class InferCalls:
                 return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
 
             if sink is not None and prepared.decoupled:
+                if turn is not None:  # (a decoupled model's requests keep no order)
+                    turn.done.set()
                 empty_final = request.parameters.get(_EMPTY_FINAL)
                 await _decoupled(
                     state,
@@ -201,7 +213,13 @@ class InferCalls:
                 )
                 return b""
             return await execute(
-                state, prepared, big, encode, _trace_of(metadata), endpoint="ModelInfer RPC"
+                state,
+                prepared,
+                big,
+                encode,
+                _trace_of(metadata),
+                endpoint="ModelInfer RPC",
+                turn=turn,
             )
         finally:
             reservation.release()

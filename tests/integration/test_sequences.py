@@ -68,6 +68,29 @@ class Model:
         }
 """
 
+TEXT_LENGTH_CONFIG = """
+name: "text_length"
+backend: "python"
+max_batch_size: 4
+input [ { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT64 dims: [ 1 ] } ]
+sequence_batching {
+  max_sequence_idle_microseconds: 60000000
+  state [ { input_name: "SO_FAR" output_name: "NOW" data_type: TYPE_INT64 dims: [ 1 ] } ]
+}
+"""
+
+TEXT_LENGTH_MODEL = """
+import numpy as np
+
+
+class Model:
+    def execute(self, inputs):
+        lengths = np.array([[len(v)] for v in inputs["TEXT"].reshape(-1)], dtype=np.int64)
+        total = inputs["SO_FAR"] + lengths
+        return {"TOTAL": total, "NOW": total}
+"""
+
 START_AT = 100
 """The echo models' initial count (their initial_state data file)."""
 
@@ -98,6 +121,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     (root / "accumulator_oldest" / "1" / "model.py").write_text(
         (root / "accumulator" / "1" / "model.py").read_text()
     )
+    (root / "text_length" / "1").mkdir(parents=True)
+    (root / "text_length" / "1" / "model.py").write_text(TEXT_LENGTH_MODEL)
+    (root / "text_length" / "config.pbtxt").write_text(TEXT_LENGTH_CONFIG)
     _write_echo(root, "echo_u64", corrid="TYPE_UINT64", strategy="direct { }", idle_us=400_000)
     _write_echo(root, "echo_str", corrid="TYPE_STRING", strategy="oldest { }", idle_us=60_000_000)
     stack = Stack(root, redis_server.url)
@@ -272,3 +298,38 @@ def test_a_grpc_stream_carries_a_sequence_in_order(stack: Stack) -> None:
         client.stop_stream()
         client.close()
     assert [got[i] for i in range(len(values))] == list(np.cumsum(values))
+
+
+def test_a_large_request_is_not_overtaken_on_a_grpc_stream(stack: Stack) -> None:
+    """The first request carries 200 KiB (parsed on a thread), the next ones a few bytes,
+    all sent back to back: the sequence still sees them in the order they were sent."""
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    texts = [b"x" * 200_000, b"ab", b"cde", b"f"]
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for index, text in enumerate(texts):
+            tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[text]], dtype=object))
+            client.async_stream_infer(
+                "text_length",
+                [tensor],
+                request_id=str(index),
+                sequence_id=5150,
+                sequence_start=index == 0,
+                sequence_end=index == len(texts) - 1,
+            )
+        got: dict[int, int] = {}
+        for _ in texts:
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got[int(result.get_response().id)] = int(result.as_numpy("TOTAL").reshape(-1)[0])
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    lengths = np.cumsum([len(text) for text in texts]).tolist()
+    assert [got[i] for i in range(len(texts))] == lengths
