@@ -1,5 +1,6 @@
 """Which stream a request for a model (and version) goes to, for callers other than the
-gateway: an ensemble's worker calling its composing models.
+gateway: an ensemble's worker calling its composing models, a Python model calling another
+(BLS).
 
 The same rules as the gateway's :class:`gateway.catalog_view.CatalogView` for a request
 that names a version or none (Triton's): the catalog entry says which versions are
