@@ -16,6 +16,7 @@ from typing import Any, cast
 import numpy as np
 from redis import Redis
 
+from sluice.clock import CLOCK
 from sluice.config import ModelConfig
 from sluice.datatypes import deserialize_bytes, from_numpy_dtype, numpy_dtype, serialize_bytes
 from sluice.errors import InvalidInput, SluiceError
@@ -90,7 +91,8 @@ class Feeder:
         count: int,
         sent: dict[str, tuple[int, int, float]],
     ) -> None:
-        now_ns = time.time_ns()
+        CLOCK.sync_blocking(self.redis)  # (the workers may run on other hosts)
+        now_ns = CLOCK.now_ns()
         with self.redis.pipeline(transaction=False) as pipe:
             for index in range(first, first + count):
                 start, end = chunks[index]

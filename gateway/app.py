@@ -36,6 +36,7 @@ from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from gateway.torchserve_management import router as torchserve_management
 from gateway.torchserve_routes import router as torchserve_router
+from sluice.clock import CLOCK
 from sluice.dispatch import RedisDispatcher
 from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
@@ -85,6 +86,7 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
         started = time.perf_counter()
         server = await state.redis.info("server")
         round_trip_s = time.perf_counter() - started
+        await CLOCK.sync(state.redis)  # (the deadlines it writes are read on other hosts)
         await state.view.refresh(state.redis)
         await state.view.routing.refresh(state.redis, state.keys, state.view.models)
         state.admission.observe(state.view.depths)

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import time
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -21,6 +20,7 @@ from gateway.infer_response import encode_infer_response
 from gateway.queue_turn import QueueTurn
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
+from sluice.clock import CLOCK
 from sluice.config import DynamicBatching, ModelConfig
 from sluice.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
 from sluice.keys import Keys
@@ -224,7 +224,7 @@ def request_message(
     """The stream entry's header for a prepared request; ``inline``: every output comes
     back in the answer itself (no shared memory), as a job's must."""
     parsed, transfer = request.parsed, state.transfer
-    now_ns = time.time_ns()
+    now_ns = CLOCK.now_ns()
     return RequestMessage(
         request_key="",
         reply_to="",

@@ -15,7 +15,6 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 import uuid
 from collections.abc import Coroutine, Sequence
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 from redis.asyncio import Redis
 
+from sluice.clock import CLOCK
 from sluice.datatypes import from_numpy_dtype, to_buffer, to_numpy
 from sluice.dispatch import RedisDispatcher
 from sluice.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
@@ -125,7 +125,7 @@ class ModelCalls:
                 f"model '{model}' is a sequence model: other models cannot call it (its "
                 "requests need a sequence id and must reach the instance that holds it)"
             )
-        now_ns = time.time_ns()
+        now_ns = CLOCK.now_ns()
         deadline_ns = context.deadline_ns or now_ns + int(DEFAULT_TIMEOUT_S * 1e9)
         timeout_s = (deadline_ns - now_ns) / 1e9
         if timeout_s <= 0:

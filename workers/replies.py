@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 from sluice import histograms as hist
 from sluice import jobs
 from sluice import statistics as st
+from sluice.clock import CLOCK
 from sluice.errors import SluiceError, error_kind
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
@@ -180,7 +181,7 @@ class Publisher:
         items: int,
         close: BatchClose | None = None,
     ) -> None:
-        now_ns = time.time_ns()
+        now_ns = CLOCK.now_ns()
         ok = [o for o in outcomes if not o.reply.error_kind]
         counters: dict[str, int] = {}
         failed = len(outcomes) - len(ok)

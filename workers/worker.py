@@ -28,6 +28,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError, ResponseError
 
 from sluice.classification import read_labels
+from sluice.clock import CLOCK
 from sluice.config import ModelConfig
 from sluice.errors import (
     DeadlineExceeded,
@@ -268,6 +269,7 @@ class Worker:
                     raise
 
     async def _beat(self) -> None:
+        await CLOCK.sync(self.redis)  # (deadlines written by gateways on other hosts)
         key = self.keys.live_workers(self.config.name, self.version)
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -583,7 +585,7 @@ class Worker:
         """Each request's outcome, the batch's timing and the items computed. Requests
         whose deadline passed, or (adaptive batching) cannot be met by the batch's
         expected cost, are answered without computing."""
-        now_ns = time.time_ns()
+        now_ns = CLOCK.now_ns()
         policy = self._policy
         cost = policy.cost
         predicted_s = cost.predict(sum(r.items for r in batch)) if cost.warm else 0.0

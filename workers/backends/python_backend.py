@@ -19,7 +19,6 @@ through :mod:`workers.backends.triton_python`.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from sluice.clock import CLOCK
 from sluice.config import ModelConfig, config_to_json
 from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
 from workers.backends.base import Backend, Emit, Placement
@@ -92,7 +92,7 @@ class ModelContext:
 def _call_args(
     inputs: Mapping[str, np.ndarray], outputs: Sequence[str], timeout_s: float | None
 ) -> tuple[list[tuple[str, str, np.ndarray]], list[str], CallContext]:
-    deadline_ns = time.time_ns() + int(timeout_s * 1e9) if timeout_s else 0
+    deadline_ns = CLOCK.now_ns() + int(timeout_s * 1e9) if timeout_s else 0
     tensors = [(name, "", np.asarray(array)) for name, array in inputs.items()]
     return tensors, list(outputs), CallContext(deadline_ns=deadline_ns)
 

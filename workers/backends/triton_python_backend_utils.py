@@ -21,13 +21,13 @@ import asyncio
 import json
 import logging
 import threading
-import time
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
 from sluice import datatypes
+from sluice.clock import CLOCK
 from sluice.config import model_config_pb2
 from sluice.errors import SluiceError, Unsupported
 from workers.model_calls import CallContext, ModelCalls, process_calls
@@ -207,7 +207,7 @@ class InferenceRequest:
         if not self._model_name:
             raise TritonModelException("InferenceRequest.exec needs a model_name")
         calls = process_calls()
-        deadline_ns = time.time_ns() + self._timeout_us * 1000 if self._timeout_us else 0
+        deadline_ns = CLOCK.now_ns() + self._timeout_us * 1000 if self._timeout_us else 0
         inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
         context = CallContext(self._request_id, deadline_ns)
         call = calls.submit(self._model_name, self._model_version, inputs, self._requested, context)

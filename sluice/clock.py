@@ -1,0 +1,59 @@
+"""The deployment's clock: Unix time as the Redis server tells it.
+
+Deadlines and enqueue times travel in stream entries: a gateway writes them, a worker on
+another host compares them with its own time. So every process reads time as its own clock
+plus its offset from Redis's clock (``TIME``, corrected by half the round trip), and two
+hosts agree to within their round trips to Redis whatever their clocks say. On one host
+every process measures the same offset, and nothing changes.
+
+Each measurement's error is at most half its round trip, so the offset kept is that of the
+fastest of the recent measurements.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+
+from redis import Redis as SyncRedis
+from redis.asyncio import Redis
+
+_SAMPLES = 30
+"""Measurements the offset is chosen among (one a second: the last half minute)."""
+
+
+@dataclass
+class DeploymentClock:
+    offset_ns: int = 0
+    _samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
+    """(round trip, offset) of the recent measurements."""
+
+    def now_ns(self) -> int:
+        """Unix time in ns on the deployment's clock."""
+        return time.time_ns() + self.offset_ns
+
+    def observe(self, sent_ns: int, redis_ns: int, received_ns: int) -> None:
+        """One measurement: Redis said ``redis_ns`` between ``sent_ns`` and ``received_ns``
+        (this process's clock)."""
+        round_trip = max(0, received_ns - sent_ns)
+        self._samples.append((round_trip, redis_ns - (sent_ns + received_ns) // 2))
+        self.offset_ns = min(self._samples)[1]
+
+    async def sync(self, redis: Redis) -> None:
+        """Measure against ``redis`` (Redis errors propagate; the offset stays)."""
+        sent = time.time_ns()
+        seconds, micros = await redis.time()
+        received = time.time_ns()
+        self.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+
+    def sync_blocking(self, redis: SyncRedis) -> None:
+        """:meth:`sync` with a blocking client (batch jobs' workers)."""
+        sent = time.time_ns()
+        seconds, micros = redis.time()
+        received = time.time_ns()
+        self.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+
+
+CLOCK = DeploymentClock()
+"""This process's view of the deployment's clock (gateways and workers keep it in sync)."""
