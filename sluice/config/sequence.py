@@ -128,6 +128,8 @@ def _boolean_values(control: Any) -> tuple[str, tuple[Any, Any]]:
 def sequence_batching_problem(msg: Any) -> str | None:
     """Why ``msg.sequence_batching`` cannot be served, or None. Messages follow Triton's."""
     batching = msg.sequence_batching
+    if msg.model_transaction_policy.decoupled:
+        return "decoupled models (model_transaction_policy) cannot be sequence models yet"
     seen_kinds: set[str] = set()
     names: set[str] = set()
     client_inputs = {tensor.name for tensor in msg.input}

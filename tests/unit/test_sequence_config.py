@@ -111,6 +111,11 @@ def test_bad_sequence_batching_names_the_field(text: str, extra: str, reason: st
     assert reason in info.value.message
 
 
+def test_a_decoupled_sequence_model_is_refused_clearly() -> None:
+    with pytest.raises(InvalidConfig, match=r"decoupled models .* cannot be sequence models"):
+        _parse("", "model_transaction_policy { decoupled: true }")
+
+
 def test_dynamic_and_sequence_batching_exclude_each_other() -> None:
     with pytest.raises(InvalidConfig, match='"sequence_batching" is specified along with'):
         _parse("", "dynamic_batching { }")
