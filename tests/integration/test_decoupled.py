@@ -173,3 +173,14 @@ def test_grpc_streaming_carries_every_response(stack: Stack, empty_final: bool) 
         client.close()
     assert words == {"0": ["one", "two", "three"], "1": ["four", "five"]}
     assert finals == ({"0": 1, "1": 1} if empty_final else {"0": 0, "1": 0})
+
+
+def test_a_non_boolean_empty_final_flag_is_a_clear_400(stack: Stack) -> None:
+    body = {"text_input": "a b", "parameters": {"triton_enable_empty_final_response": "yes"}}
+    other = {"text_input": "a b", "parameters": {"triton_secret": True}}
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        flag = http.post("/v2/models/word_streamer/generate_stream", json=body)
+        reserved = http.post("/v2/models/word_streamer/generate_stream", json=other)
+    assert flag.status_code == 400
+    assert "'triton_enable_empty_final_response' must be a boolean" in flag.json()["error"]
+    assert reserved.status_code == 400 and "is reserved" in reserved.json()["error"]
