@@ -5,6 +5,7 @@ the sequence went idle."""
 
 from __future__ import annotations
 
+import queue
 import random
 import time
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from scheduler.redis_server import RedisServer
@@ -266,70 +268,51 @@ def test_a_sequence_model_refuses_asynchronous_jobs(stack: Stack) -> None:
     assert "is a sequence model" in response.json()["error"]
 
 
-def test_a_grpc_stream_carries_a_sequence_in_order(stack: Stack) -> None:
-    """tritonclient's streaming API, as Triton's sequence clients use it: the requests of a
-    sequence go out back to back, without waiting for answers."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
+def _stream_sequence(
+    stack: Stack, model: str, sequence_id: int, name: str, datatype: str, rows: list[Any]
+) -> list[Any]:
+    """Send one sequence's requests back to back on one gRPC stream (tritonclient's
+    streaming API, as Triton's sequence clients use it); each answer's first output value,
+    in the order the requests were sent."""
     answers: queue.Queue[Any] = queue.Queue()
     client = grpcclient.InferenceServerClient(stack.grpc_address)
-    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    got: dict[int, Any] = {}
     try:
         client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        for index, value in enumerate(values):
-            tensor = grpcclient.InferInput("INPUT", [1, 1], "FP32")
-            tensor.set_data_from_numpy(np.array([[value]], dtype=np.float32))
+        for index, row in enumerate(rows):
+            tensor = grpcclient.InferInput(name, [1, 1], datatype)
+            tensor.set_data_from_numpy(row)
             client.async_stream_infer(
-                "accumulator",
+                model,
                 [tensor],
                 request_id=str(index),
-                sequence_id=991,
+                sequence_id=sequence_id,
                 sequence_start=index == 0,
-                sequence_end=index == len(values) - 1,
+                sequence_end=index == len(rows) - 1,
             )
-        got: dict[int, float] = {}
-        for _ in values:
+        for _ in rows:
             result, error = answers.get(timeout=30)
             assert error is None, error
-            got[int(result.get_response().id)] = float(result.as_numpy("OUTPUT").reshape(-1)[0])
+            output = result.get_response().outputs[0].name
+            got[int(result.get_response().id)] = result.as_numpy(output).reshape(-1)[0]
     finally:
-        client.stop_stream()
+        client.stop_stream(cancel_requests=True)
         client.close()
-    assert [got[i] for i in range(len(values))] == list(np.cumsum(values))
+    return [got[i] for i in range(len(rows))]
+
+
+def test_a_grpc_stream_carries_a_sequence_in_order(stack: Stack) -> None:
+    values = [3.0, 1.0, 4.0, 1.0, 5.0, 9.0, 2.0, 6.0]
+    rows = [np.array([[value]], dtype=np.float32) for value in values]
+    got = _stream_sequence(stack, "accumulator", 991, "INPUT", "FP32", rows)
+    assert [float(value) for value in got] == list(np.cumsum(values))
 
 
 def test_a_large_request_is_not_overtaken_on_a_grpc_stream(stack: Stack) -> None:
     """The first request carries 200 KiB (parsed on a thread), the next ones a few bytes,
     all sent back to back: the sequence still sees them in the order they were sent."""
-    import queue
-
-    import tritonclient.grpc as grpcclient
-
-    answers: queue.Queue[Any] = queue.Queue()
-    client = grpcclient.InferenceServerClient(stack.grpc_address)
     texts = [b"x" * 200_000, b"ab", b"cde", b"f"]
-    try:
-        client.start_stream(callback=lambda result, error: answers.put((result, error)))
-        for index, text in enumerate(texts):
-            tensor = grpcclient.InferInput("TEXT", [1, 1], "BYTES")
-            tensor.set_data_from_numpy(np.array([[text]], dtype=object))
-            client.async_stream_infer(
-                "text_length",
-                [tensor],
-                request_id=str(index),
-                sequence_id=5150,
-                sequence_start=index == 0,
-                sequence_end=index == len(texts) - 1,
-            )
-        got: dict[int, int] = {}
-        for _ in texts:
-            result, error = answers.get(timeout=30)
-            assert error is None, error
-            got[int(result.get_response().id)] = int(result.as_numpy("TOTAL").reshape(-1)[0])
-    finally:
-        client.stop_stream(cancel_requests=True)
-        client.close()
+    rows = [np.array([[text]], dtype=object) for text in texts]
+    got = _stream_sequence(stack, "text_length", 5150, "TEXT", "BYTES", rows)
     lengths = np.cumsum([len(text) for text in texts]).tolist()
-    assert [got[i] for i in range(len(texts))] == lengths
+    assert [int(value) for value in got] == lengths
