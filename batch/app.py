@@ -18,7 +18,7 @@ from celery import Celery
 
 from batch.runner import Reaper, Runner
 from sluice import batches as b
-from sluice.celery_config import celery_app, queue_name
+from sluice.celery_config import broker_url, celery_app, queue_name
 from sluice.settings import BatchSettings
 
 log = logging.getLogger("batch")
@@ -28,7 +28,7 @@ _RETRY_BACKOFF_S = 2.0
 
 def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
     app = celery_app(
-        settings.redis_url,
+        broker_url(settings.redis_url, settings.batch_broker_url),
         settings.namespace,
         visibility_timeout_s=settings.batch_visibility_timeout_s,
         task_time_limit_s=settings.batch_task_time_limit_s,

@@ -15,7 +15,6 @@ from typing import Any, cast
 
 import numpy as np
 import orjson
-from redis import Redis
 from redis.exceptions import RedisError
 
 from batch.feeder import Cancelled, Feeder, ShardFailed
@@ -35,6 +34,7 @@ from sluice.catalog import MalformedEntry, decode_entry
 from sluice.config import ModelConfig
 from sluice.errors import InvalidInput, SluiceError
 from sluice.keys import Keys
+from sluice.redis_connect import connect
 from sluice.settings import BatchSettings
 
 log = logging.getLogger("batch")
@@ -53,7 +53,7 @@ class Runner:
     def __init__(self, settings: BatchSettings, send_shard: SendShard) -> None:
         self.settings = settings
         self.keys = Keys(settings.namespace)
-        self.redis = Redis.from_url(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
+        self.redis = connect(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
         self.storage = Storage(settings)
         self.send_shard = send_shard
         self._readers: dict[str, InputReader] = {}

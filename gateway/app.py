@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
-from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -40,6 +39,7 @@ from sluice.clock import CLOCK
 from sluice.dispatch import RedisDispatcher
 from sluice.errors import Overloaded, SluiceError, Unavailable
 from sluice.keys import Keys
+from sluice.redis_connect import connect_async, server_identity
 from sluice.settings import GatewaySettings
 from sluice.shm import sweep_orphans
 
@@ -84,7 +84,7 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
     requests waiting here at once instead of at their deadlines."""
     try:
         started = time.perf_counter()
-        server = await state.redis.info("server")
+        run_id = await server_identity(state.redis)
         round_trip_s = time.perf_counter() - started
         await CLOCK.sync(state.redis)  # (the deadlines it writes are read on other hosts)
         await state.view.refresh(state.redis)
@@ -93,7 +93,6 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
         await report(state, dispatcher.gateway_id, round_trip_s)
         if touch:
             await dispatcher.touch()
-        run_id = str(server.get("run_id", ""))
         if state.redis_run_id and run_id != state.redis_run_id:
             log.warning("Redis restarted: failing the requests it lost")
             dispatcher.fail_all(Unavailable("the request queue (Redis) restarted; retry"))
@@ -164,14 +163,14 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         timeout = settings.redis_timeout_s
-        redis = Redis.from_url(
+        redis = connect_async(
             settings.redis_url,
             socket_connect_timeout=timeout,
             socket_timeout=timeout,
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
         )
         # The reader blocks up to 1 s in XREAD, so its socket timeout must be longer.
-        reader = Redis.from_url(
+        reader = connect_async(
             settings.redis_url,
             socket_connect_timeout=timeout,
             socket_timeout=timeout + 5,

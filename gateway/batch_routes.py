@@ -30,7 +30,7 @@ from gateway.jobs import owner_of
 from gateway.json_body import json_object, json_response
 from gateway.state import GatewayState, state_of
 from sluice import batches as b
-from sluice.celery_config import celery_app, queue_name
+from sluice.celery_config import broker_url, celery_app, queue_name
 from sluice.errors import InvalidInput, NotFound, Unsupported
 
 batch_router = APIRouter()
@@ -47,11 +47,22 @@ def _celery(redis_url: str, namespace: str) -> Any:
         return None
 
 
-async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
+def _celery_of(state: GatewayState) -> Any:
+    """The Celery app, or Unsupported saying what is missing."""
     settings = state.settings
-    app = _celery(settings.redis_url, settings.namespace)
+    try:
+        broker = broker_url(settings.redis_url, settings.batch_broker_url)
+    except ValueError as exc:
+        raise Unsupported(str(exc)) from None
+    app = _celery(broker, settings.namespace)
     if app is None:
         raise Unsupported("batch jobs need Celery: pip install 'sluice[batch]'")
+    return app
+
+
+async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
+    settings = state.settings
+    app = _celery_of(state)
     await asyncio.to_thread(
         app.send_task,
         b.PLAN_TASK,
@@ -63,6 +74,7 @@ async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
 @batch_router.post("/v2/batches")
 async def submit(request: Request) -> Response:
     state = state_of(request)
+    _celery_of(state)  # refused before anything is written
     body = b.parse_batch_request(json_object(await request.body()))
     entry = state.view.entry(body.model)  # 404 for an unknown model
     if body.version is not None and body.version not in entry.versions:
@@ -70,7 +82,7 @@ async def submit(request: Request) -> Response:
     batch_id = b.new_batch_id()
     now = time.time()
     keys = state.keys
-    async with state.redis.pipeline(transaction=True) as pipe:
+    async with state.redis.pipeline(transaction=False) as pipe:
         pipe.hset(
             keys.batch(batch_id),
             mapping={

@@ -135,7 +135,8 @@ async def submit_job(
     job_id = jobs.new_job_id()
     keys = state.keys
     message = request_message(state, request, headers, trace, inline=True)
-    message.request_key, message.reply_to = job_id, keys.job(job_id)
+    job_key = keys.job(model, job_id)
+    message.request_key, message.reply_to = job_id, job_key
     explicit_priority = "priority" in parsed.parameters
     stream = (
         keys.request_stream(model, request.number, request.level)
@@ -144,7 +145,6 @@ async def submit_job(
     )
     outputs = [jobs.JobOutput(o.name, o.binary, o.classes) for o in parsed.outputs]
     fields = encode_request(message, payload)
-    job_key = keys.job(job_id)
     args: list[Any] = [
         job_id,
         f"{time.time():.6f}",
@@ -167,6 +167,9 @@ async def submit_job(
         keys.job_by_key(model, key) if key else job_key,
         keys.stats(model, request.number),
     ]
+    # The id -> model record first: a job must never be in the queue without it. It outlives
+    # the job (an hour beyond its longest life); a failed submission leaves only it behind.
+    await state.redis.set(keys.job_model(job_id), model, ex=args[2] + args[3] + 3600)
     outcome, found = cast(list[Any], await _script(state, jobs.SUBMIT)(keys=script_keys, args=args))
     if outcome == -1:
         raise Overloaded(
@@ -203,7 +206,11 @@ async def job_record(state: GatewayState, job_id: str, owner: str) -> dict[str, 
     job of another API key."""
     if not jobs.is_job_id(job_id):
         raise NotFound(f"no job '{job_id[:64]}'")
-    raw = cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.job(job_id)))
+    model = cast(bytes | None, await state.redis.get(state.keys.job_model(job_id)))
+    if model is None:
+        raise NotFound(f"no job '{job_id}'")
+    job_key = state.keys.job(model.decode(errors="replace"), job_id)
+    raw = cast(dict[bytes, bytes], await state.redis.hgetall(job_key))
     record = {k.decode(): v for k, v in raw.items()}
     if not record or record.get(jobs.F_OWNER, b"").decode() != owner:
         raise NotFound(f"no job '{job_id}'")
@@ -279,13 +286,12 @@ async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
     """Cancel the job; its status afterwards."""
     record = await job_record(state, job_id, owner)
     stream = record.get(jobs.F_STREAM, b"").decode()
-    stats = state.keys.stats(
-        record.get(jobs.F_MODEL, b"").decode(), int(record.get(jobs.F_VERSION, b"0") or 0)
-    )
+    model = record.get(jobs.F_MODEL, b"").decode()
+    stats = state.keys.stats(model, int(record.get(jobs.F_VERSION, b"0") or 0))
+    job_key = state.keys.job(model, job_id)
     try:
-        status = await state.redis.eval(
-            jobs.CANCEL, 3, state.keys.job(job_id), stream, stats, f"{time.time():.6f}"
-        )
+        now = f"{time.time():.6f}"
+        status = await state.redis.eval(jobs.CANCEL, 3, job_key, stream, stats, now)
     except RedisError as exc:
         raise SluiceError(f"cannot cancel job '{job_id}': {exc}") from None
     if status is None:

@@ -17,6 +17,7 @@ from typing import Any, cast
 from redis.asyncio import Redis
 
 from gateway.catalog_view import CatalogView
+from sluice.clock import CLOCK
 from sluice.keys import WORKER_GROUP, Keys
 
 ModelVersion = tuple[str, int]
@@ -61,7 +62,6 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     versions: list[VersionState] = []
     now = time.time()
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.time()
         pipe.zrangebyscore(keys.gateways, now, "+inf")
         pipe.hgetall(keys.gateway_counters)
         for name in sorted(view.models):
@@ -84,10 +84,11 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                     pipe.xrange(stream, "-", "+", count=1)
                 versions.append(state)
         results: list[Any] = await pipe.execute(raise_on_error=False)
-    seconds, microseconds = _ints(results[0], (0, 0))
-    now_ms = seconds * 1000 + microseconds // 1000
-    live = [_text(member) for member in _list(results[1])]
-    position = 3
+    # Redis's clock (entry ids are its milliseconds), as last read; a cluster pipeline
+    # cannot carry TIME.
+    now_ms = CLOCK.now_ns() // 1_000_000
+    live = [_text(member) for member in _list(results[0])]
+    position = 2
     for state in versions:
         state.counters = _counters(results[position])
         live_workers = results[position + 1]
@@ -109,7 +110,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                 pipe.hgetall(keys.gateway_report(gateway_id))
             reports = await pipe.execute(raise_on_error=False)
         gateways = [_counters(report) for report in reports if report]
-    return Snapshot(versions, now_ms, gateways, _counters(results[2]))
+    return Snapshot(versions, now_ms, gateways, _counters(results[1]))
 
 
 def _text(value: bytes | str) -> str:
@@ -118,12 +119,6 @@ def _text(value: bytes | str) -> str:
 
 def _list(value: Any) -> list[Any]:
     return cast(list[Any], value) if isinstance(value, list) else []
-
-
-def _ints(value: Any, default: tuple[int, int]) -> tuple[int, int]:
-    if isinstance(value, (list, tuple)) and len(value) == 2:
-        return int(value[0]), int(value[1])
-    return default
 
 
 def _counters(value: Any) -> dict[str, int]:

@@ -150,8 +150,10 @@ class Autoscaler:
             ),
             self.keys.background_stream(model.name, version),
         ]
+        # Redis's clock (entry ids are its milliseconds), asked apart: a cluster's pipelines
+        # cannot carry TIME.
+        seconds, microseconds = cast(tuple[int, int], self.client.time())
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.time()
             pipe.hmget(
                 self.keys.stats(model.name, version),
                 [st.count_field("success"), st.count_field("fail")],
@@ -161,13 +163,12 @@ class Autoscaler:
                 pipe.xpending(stream, WORKER_GROUP)
                 pipe.xrange(stream, "-", "+", count=1)
             results = cast(list[Any], pipe.execute(raise_on_error=False))
-        seconds, microseconds = results[0]
         now_ms = int(seconds) * 1000 + int(microseconds) // 1000
-        answered = sum(int(v) for v in results[1] if v is not None)
+        answered = sum(int(v) for v in results[0] if v is not None)
         backlog = busy = 0
         oldest_ms: int | None = None
         for index in range(len(streams)):
-            length, pending, first = results[2 + 3 * index : 5 + 3 * index]
+            length, pending, first = results[1 + 3 * index : 4 + 3 * index]
             backlog += length if isinstance(length, int) else 0
             busy += int(pending.get("pending", 0)) if isinstance(pending, dict) else 0
             if isinstance(first, list) and first:

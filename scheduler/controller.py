@@ -37,6 +37,7 @@ from sluice.control import ControlCommand, read_commands, send_reply
 from sluice.errors import SluiceError
 from sluice.keys import Keys
 from sluice.logs import configure_logging
+from sluice.redis_connect import connect
 from sluice.rollout import OPS as ROLLOUT_OPS
 from sluice.settings import ControllerSettings
 
@@ -59,7 +60,7 @@ def run_controller(
     """Lead or stand by until ``stop_event`` is set; then give the lease up. ``on_lead``
     runs once per leadership, ``tick`` every ``tick_s`` while leading, ``on_lose`` when a
     leadership ends; each must return well within the lease's lifetime."""
-    redis = Redis.from_url(
+    redis = connect(
         settings.redis_url,
         socket_timeout=settings.lease_renew_s,
         socket_connect_timeout=settings.lease_renew_s,
@@ -231,7 +232,7 @@ def run(
     """A controller until ``stop_event`` is set (``sluice controller``, or a thread of
     ``sluice up``, which does not ``announce`` on stdout that it leads)."""
     repository, source = controller_repository(settings)
-    client = Redis.from_url(
+    client = connect(
         settings.redis_url,
         socket_timeout=settings.lease_renew_s,
         socket_connect_timeout=settings.lease_renew_s,

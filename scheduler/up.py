@@ -40,8 +40,10 @@ from scheduler.sources import (
 )
 from scheduler.supervisor import ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
+from sluice.celery_config import broker_url
 from sluice.errors import InvalidConfig
 from sluice.keys import Keys
+from sluice.redis_connect import connect
 from sluice.repository import RepositoryModel, scan_repository
 from sluice.settings import (
     ApiKeySettings,
@@ -271,6 +273,11 @@ def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[Child
     if importlib.util.find_spec("celery") is None:
         log.info("no batch workers: batch jobs need Celery (pip install 'sluice[batch]')")
         return []
+    try:
+        broker_url(settings.redis_url, settings.batch_broker_url)
+    except ValueError as exc:
+        log.warning("no batch workers: %s", exc)
+        return []
     batch_env = dict(env)
     batch_env.setdefault("SLUICE_BATCH_ROOT", os.getcwd())
     return [
@@ -483,7 +490,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     """Sockets that only keep a port ours (the gRPC one)."""
     sweeper = SegmentSweeper(settings.namespace, models)
     namespace = Keys(settings.namespace)
-    client = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    client = connect(redis_url, socket_timeout=2, socket_connect_timeout=2)
     control: ModelControl | None = None
     decider: tuple[threading.Thread, threading.Event] | None = None
     staging: Path | None = None

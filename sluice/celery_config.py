@@ -12,9 +12,24 @@ from typing import TYPE_CHECKING
 
 from sluice.batches import QUEUE
 from sluice.keys import Keys
+from sluice.redis_connect import is_cluster_url
 
 if TYPE_CHECKING:
     from celery import Celery
+
+
+def broker_url(redis_url: str, batch_broker_url: str) -> str:
+    """The broker batch tasks travel through: ``SLUICE_BATCH_BROKER_URL``, else the
+    deployment's Redis unless that is a cluster, which Celery's Redis transport cannot use
+    (ValueError, naming the setting)."""
+    if batch_broker_url:
+        return batch_broker_url
+    if is_cluster_url(redis_url):
+        raise ValueError(
+            "batch jobs on a Redis Cluster need SLUICE_BATCH_BROKER_URL: a plain Redis for "
+            "Celery, whose Redis transport does not speak Redis Cluster"
+        )
+    return redis_url
 
 
 def queue_name(namespace: str) -> str:

@@ -2,6 +2,20 @@
 
 Every key starts with the deployment's namespace. Each name below says what
 the key holds and who writes it.
+
+Keys carry Redis Cluster hash tags (the part in braces decides the slot), so that every
+multi-key command or script touches one slot:
+
+- ``{<namespace>}:…``: the control plane (catalog, routing, rollouts, controller, gateways).
+  Small and rarely written, so one slot is enough.
+- ``<namespace>:<kind>:{<model>}:…``: everything of one model (its request streams of every
+  version and priority, statistics, live workers, sequences, jobs), so a worker's answer,
+  acknowledgement, statistics and checkpoint go in one transaction on one shard.
+- ``<namespace>:reply:{<gateway>}``: one gateway's answers; ``<namespace>:batch:{<id>}…``
+  one offline batch.
+
+A model name containing ``}`` still maps all its keys to one slot: the tag is always what
+lies between the first ``{`` (right after the fixed prefix) and the next ``}``.
 """
 
 from __future__ import annotations
@@ -21,7 +35,7 @@ class Keys:
         XREADGROUP); level 0 is the only stream of models without priority levels.
         Workers delete entries once answered, so the length is the queue depth."""
         suffix = f":p{priority}" if priority else ""
-        return f"{self.namespace}:req:{model}:{version}{suffix}"
+        return f"{self.namespace}:req:{{{model}}}:{version}{suffix}"
 
     def request_streams(self, model: str, version: int, priority_levels: int) -> list[str]:
         """Every stream of a model version, highest priority (level 1) first."""
@@ -32,22 +46,28 @@ class Keys:
     def sequence_stream(self, model: str, version: int, slot: int) -> str:
         """Requests of the sequences routed to one instance (slot) of a sequence model:
         that instance alone reads it, so a sequence's requests are computed in order."""
-        return f"{self.namespace}:req:{model}:{version}:s{slot}"
+        return f"{self.namespace}:req:{{{model}}}:{version}:s{slot}"
 
     def sequence_state(self, model: str, version: int, sequence: str) -> str:
         """A sequence's checkpoint (its implicit state), written with each answer and
         expiring when the sequence has been idle for the model's idle time."""
-        return f"{self.namespace}:seq:{model}:{version}:{sequence}"
+        return f"{self.namespace}:seq:{{{model}}}:{version}:{sequence}"
 
     def background_stream(self, model: str, version: int) -> str:
         """Requests below every online priority level (asynchronous jobs, batch jobs): the
         workers of the model version take them only when no online request waits."""
-        return f"{self.namespace}:req:{model}:{version}:bg"
+        return f"{self.namespace}:req:{{{model}}}:{version}:bg"
 
-    def job(self, job_id: str) -> str:
+    def job(self, model: str, job_id: str) -> str:
         """Hash of one asynchronous job (:mod:`sluice.jobs`): its status, and its answer once
-        a worker wrote it there. A request whose reply address is such a key is a job."""
-        return f"{self.namespace}:job:{job_id}"
+        a worker wrote it there. A request whose reply address is such a key is a job. It
+        lives in its model's slot, with the stream and statistics its scripts touch."""
+        return f"{self.namespace}:job:{{{model}}}:{job_id}"
+
+    def job_model(self, job_id: str) -> str:
+        """The model a job id belongs to (what finds :meth:`job` from the id alone); it
+        expires with the job."""
+        return f"{self.namespace}:job-model:{job_id}"
 
     def is_job(self, reply_to: str) -> bool:
         return reply_to.startswith(f"{self.namespace}:job:")
@@ -55,42 +75,42 @@ class Keys:
     def job_by_key(self, model: str, key: str) -> str:
         """The job id an ``Idempotency-Key`` (or request id) named for a model, while the
         job lives."""
-        return f"{self.namespace}:job-key:{model}:{key}"
+        return f"{self.namespace}:job-key:{{{model}}}:{key}"
 
     def batch(self, batch_id: str) -> str:
         """Hash of one offline batch job (:mod:`sluice.batches`)."""
-        return f"{self.namespace}:batch:{batch_id}"
+        return f"{self.namespace}:batch:{{{batch_id}}}"
 
     def batch_shards(self, batch_id: str) -> str:
         """Hash shard index -> its state (JSON): attempt, rows, part, error."""
-        return f"{self.namespace}:batch:{batch_id}:shards"
+        return f"{self.namespace}:batch:{{{batch_id}}}:shards"
 
     def batch_attempts(self, batch_id: str) -> str:
         """Hash shard index -> its newest attempt (only that one may commit)."""
-        return f"{self.namespace}:batch:{batch_id}:attempts"
+        return f"{self.namespace}:batch:{{{batch_id}}}:attempts"
 
     def batch_progress(self, batch_id: str) -> str:
         """Hash shard index -> rows answered by its current attempt (all once committed)."""
-        return f"{self.namespace}:batch:{batch_id}:progress"
+        return f"{self.namespace}:batch:{{{batch_id}}}:progress"
 
     def batch_leases(self, batch_id: str) -> str:
         """Hash shard index -> when its running attempt's lease ends (unix s): the attempt
         renews it every second; past it, the shard is given to another worker."""
-        return f"{self.namespace}:batch:{batch_id}:leases"
+        return f"{self.namespace}:batch:{{{batch_id}}}:leases"
 
     @property
     def running_batches(self) -> str:
         """Set of the batch ids running now (what the batch workers' reapers look at)."""
-        return f"{self.namespace}:batches:running"
+        return f"{{{self.namespace}}}:batches:running"
 
     @property
     def batches(self) -> str:
         """Sorted set batch id -> creation time (unix s), for listing."""
-        return f"{self.namespace}:batches"
+        return f"{{{self.namespace}}}:batches"
 
     def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
         """Answers to one attempt of one shard (the shard task reads them itself)."""
-        return f"{self.namespace}:reply:batch-{batch_id}-{shard}-{attempt}"
+        return f"{self.namespace}:reply:{{batch-{batch_id}-{shard}-{attempt}}}"
 
     @property
     def celery_prefix(self) -> str:
@@ -99,115 +119,115 @@ class Keys:
 
     def dead_letters(self, model: str, version: int) -> str:
         """Requests that were delivered too often (each killed its worker), kept for a look."""
-        return f"{self.namespace}:dead:{model}:{version}"
+        return f"{self.namespace}:dead:{{{model}}}:{version}"
 
     def reply_stream(self, gateway_id: str) -> str:
         """Answers for one gateway process (workers XADD, the gateway's reader XREADs)."""
-        return f"{self.namespace}:reply:{gateway_id}"
+        return f"{self.namespace}:reply:{{{gateway_id}}}"
 
     @property
     def catalog(self) -> str:
         """Hash model name -> catalog entry (msgpack), written by the controller."""
-        return f"{self.namespace}:catalog"
+        return f"{{{self.namespace}}}:catalog"
 
     @property
     def catalog_revision(self) -> str:
         """Counter bumped on every catalog change, so readers reload only when needed."""
-        return f"{self.namespace}:catalog:rev"
+        return f"{{{self.namespace}}}:catalog:rev"
 
     @property
     def load_errors(self) -> str:
         """Hash "model:version" -> reason a worker could not load that version."""
-        return f"{self.namespace}:load-errors"
+        return f"{{{self.namespace}}}:load-errors"
 
     def live_workers(self, model: str, version: int) -> str:
         """Sorted set worker id -> heartbeat expiry (unix seconds)."""
-        return f"{self.namespace}:live:{model}:{version}"
+        return f"{self.namespace}:live:{{{model}}}:{version}"
 
     @property
     def control_requests(self) -> str:
         """Stream of model control commands (load, unload) to the executor (``sluice up``),
         from gateways and from the controller."""
-        return f"{self.namespace}:control:requests"
+        return f"{{{self.namespace}}}:control:requests"
 
     @property
     def controller_requests(self) -> str:
         """Stream of rollout commands (start, promote, rollback) from gateways to the
         leading controller."""
-        return f"{self.namespace}:controller:requests"
+        return f"{{{self.namespace}}}:controller:requests"
 
     def control_reply(self, command_id: str) -> str:
         """List where the answer to one control command is pushed (the gateway polls it)."""
-        return f"{self.namespace}:control:reply:{command_id}"
+        return f"{{{self.namespace}}}:control:reply:{command_id}"
 
     def rollout(self, model: str) -> str:
         """A model's rollout state (JSON, :mod:`sluice.rollout`), written by the controller."""
-        return f"{self.namespace}:rollout:{model}"
+        return f"{{{self.namespace}}}:rollout:{model}"
 
     @property
     def control_mode(self) -> str:
         """Triton's model control mode in force (``none``, ``explicit``), set by ``sluice up``."""
-        return f"{self.namespace}:control:mode"
+        return f"{{{self.namespace}}}:control:mode"
 
     def routing(self, model: str) -> str:
         """Hash of a model's version labels ("label:<name>" -> version) and split weights
         ("weight:<version>" -> weight), written by the gateway's routing endpoints."""
-        return f"{self.namespace}:routing:{model}"
+        return f"{{{self.namespace}}}:routing:{model}"
 
     @property
     def gateways(self) -> str:
         """Sorted set gateway id -> expiry (unix seconds) of its last report."""
-        return f"{self.namespace}:gateways"
+        return f"{{{self.namespace}}}:gateways"
 
     def gateway_report(self, gateway_id: str) -> str:
         """Hash of one gateway process's gauges (in flight, Redis round trip), expiring."""
-        return f"{self.namespace}:gateway:{gateway_id}"
+        return f"{{{self.namespace}}}:gateway:{gateway_id}"
 
     @property
     def gateway_counters(self) -> str:
         """Hash of counters every gateway adds to that belong to no model."""
-        return f"{self.namespace}:gateway-counters"
+        return f"{{{self.namespace}}}:gateway-counters"
 
     def stats(self, model: str, version: int) -> str:
         """Hash of Triton statistics counters for one model version (workers HINCRBY)."""
-        return f"{self.namespace}:stats:{model}:{version}"
+        return f"{self.namespace}:stats:{{{model}}}:{version}"
 
     def batch_stats(self, model: str, version: int) -> str:
         """Hash "<batch size>:<counter>" -> value, Triton's batch_stats."""
-        return f"{self.namespace}:batch-stats:{model}:{version}"
+        return f"{self.namespace}:batch-stats:{{{model}}}:{version}"
 
     def instance_stats(self, model: str, version: int) -> str:
         """Hash worker id -> executions, to show that every instance serves."""
-        return f"{self.namespace}:instance-stats:{model}:{version}"
+        return f"{self.namespace}:instance-stats:{{{model}}}:{version}"
 
     @property
     def controller_lease(self) -> str:
         """Id of the controller that leads, expiring unless it renews (SET NX PX)."""
-        return f"{self.namespace}:controller:lease"
+        return f"{{{self.namespace}}}:controller:lease"
 
     @property
     def controller_fencing(self) -> str:
         """Fencing token of the current leader, bumped (INCR) each time a controller
         takes the lease; decisions carrying an older token are refused."""
-        return f"{self.namespace}:controller:fencing"
+        return f"{{{self.namespace}}}:controller:fencing"
 
     @property
     def controller_decisions(self) -> str:
         """List of the controller's applied decisions, oldest first, each tagged with the
         fencing token of the leader that applied it."""
-        return f"{self.namespace}:controller:decisions"
+        return f"{{{self.namespace}}}:controller:decisions"
 
     @property
     def desired_instances(self) -> str:
         """Hash "model:version" -> instances the controller's autoscaler wants; executors
         start or retire workers to match."""
-        return f"{self.namespace}:controller:instances"
+        return f"{{{self.namespace}}}:controller:instances"
 
     @property
     def polled_repository(self) -> str:
         """The repository listing (version tokens, JSON) the controller last acted upon in
         poll mode, so that a new leader sees what changed since."""
-        return f"{self.namespace}:controller:polled"
+        return f"{{{self.namespace}}}:controller:polled"
 
 
 def load_error_field(model: str, version: int) -> str:

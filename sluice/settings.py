@@ -25,10 +25,18 @@ class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
 
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis that carries the request streams, reply streams and the model catalog."""
+    """Redis that carries the request streams, reply streams and the model catalog. A Redis
+    Cluster is named ``redis+cluster://host:port`` (or ``rediss+cluster://``): any node,
+    the others are discovered (:mod:`sluice.redis_connect`)."""
 
-    namespace: str = "sluice"
-    """Prefix of every Redis key, so that several deployments can share one Redis."""
+    namespace: str = Field("sluice", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Prefix of every Redis key, so that several deployments can share one Redis (letters,
+    digits, ``_.-``: braces would move the keys' Redis Cluster hash tags)."""
+
+    batch_broker_url: str = ""
+    """Celery broker of the offline batch jobs; empty: the deployment's Redis. Celery's Redis
+    transport does not speak Redis Cluster, so a deployment on a cluster names a plain Redis
+    here to run batch jobs."""
 
     allow_metrics: bool = True
     """As Triton's --allow-metrics: False turns off ``GET /metrics`` and the latency

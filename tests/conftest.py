@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from scheduler.redis_server import RedisServer
+from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack
 
 
@@ -34,3 +35,14 @@ def start_stack(redis_server: RedisServer) -> Iterator[Callable[..., Stack]]:
     yield start
     for stack in stacks:
         stack.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalRedisCluster]:
+    """A Redis Cluster of the tests' own (3 primaries, 3 replicas), stopped at the end."""
+    cluster = LocalRedisCluster()
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()

@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-from redis.asyncio import Redis
 
 from sluice.clock import CLOCK
 from sluice.datatypes import from_numpy_dtype, to_buffer, to_numpy
 from sluice.dispatch import RedisDispatcher
 from sluice.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
 from sluice.keys import Keys
+from sluice.redis_connect import connect_async
 from sluice.settings import WorkerSettings
 from sluice.targets import TargetResolver
 from sluice.trace_context import TraceParent
@@ -74,8 +74,8 @@ class ModelCalls:
 
     async def _open(self) -> None:
         settings = self._settings
-        self._redis = Redis.from_url(settings.redis_url, socket_timeout=10)
-        self._reader = Redis.from_url(settings.redis_url)
+        self._redis = connect_async(settings.redis_url, socket_timeout=10)
+        self._reader = connect_async(settings.redis_url)
         keys = Keys(settings.namespace)
         self._dispatcher = RedisDispatcher(
             self._redis, self._reader, keys, stream_max_len=_STREAM_MAX_LEN, caller=self._caller

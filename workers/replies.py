@@ -96,26 +96,23 @@ class Publisher:
             by_stream[outcome.request.stream].append(outcome.request.entry_id)
         for attempt in range(_ATTEMPTS):
             try:
-                transaction = self.checkpoints is not None
-                async with self.redis.pipeline(transaction=transaction) as pipe:
-                    if self.checkpoints is not None:
+                if self.checkpoints is None:
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        self._send(pipe, outcomes)
+                        self._settle(pipe, outcomes, by_stream, timing, items, close)
+                        await pipe.execute()
+                else:
+                    # A sequence model: its checkpoints, acknowledgements and statistics
+                    # live in the model's slot and go in one transaction; the answers go to
+                    # the gateways' slots first. Lost in between, the request is computed
+                    # again from the same checkpoint and its second answer is dropped.
+                    async with self.redis.pipeline(transaction=False) as pipe:
+                        self._send(pipe, outcomes)
+                        await pipe.execute()
+                    async with self.redis.pipeline(transaction=True) as pipe:
                         self.checkpoints(pipe, [outcome.request for outcome in outcomes])
-                    for outcome in outcomes:
-                        reply_to = outcome.request.message.reply_to
-                        if reply_to and self.keys.is_job(reply_to):
-                            self._finish_job(pipe, reply_to, outcome)
-                        elif reply_to:
-                            pipe.xadd(
-                                reply_to,
-                                encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
-                                maxlen=self.reply_max_len,
-                                approximate=True,
-                            )
-                    for stream, ids in by_stream.items():
-                        pipe.xack(stream, WORKER_GROUP, *ids)
-                        pipe.xdel(stream, *ids)
-                    self._record(pipe, outcomes, timing, items, close)
-                    await pipe.execute()
+                        self._settle(pipe, outcomes, by_stream, timing, items, close)
+                        await pipe.execute()
                 if self.published is not None:
                     self.published([outcome.request for outcome in outcomes])
                 return True
@@ -126,6 +123,37 @@ class Publisher:
                 await asyncio.sleep(0.2 * 2**attempt)
         log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
         return False
+
+    def _send(self, pipe: Pipeline, outcomes: list[Outcome]) -> None:
+        """Queue the answers to the gateways waiting for them."""
+        for outcome in outcomes:
+            reply_to = outcome.request.message.reply_to
+            if reply_to and not self.keys.is_job(reply_to):
+                pipe.xadd(
+                    reply_to,
+                    encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
+                    maxlen=self.reply_max_len,
+                    approximate=True,
+                )
+
+    def _settle(
+        self,
+        pipe: Pipeline,
+        outcomes: list[Outcome],
+        by_stream: dict[str, list[bytes]],
+        timing: Timing | None,
+        items: int,
+        close: BatchClose | None,
+    ) -> None:
+        """Queue what stays in the model's slot: jobs' answers, acknowledgements, statistics."""
+        for outcome in outcomes:
+            reply_to = outcome.request.message.reply_to
+            if reply_to and self.keys.is_job(reply_to):
+                self._finish_job(pipe, reply_to, outcome)
+        for stream, ids in by_stream.items():
+            pipe.xack(stream, WORKER_GROUP, *ids)
+            pipe.xdel(stream, *ids)
+        self._record(pipe, outcomes, timing, items, close)
 
     async def partial(self, request: PendingRequest, reply: ReplyMessage, payload: bytes) -> None:
         """One response of a decoupled model that is not its last for ``request``: sent, not

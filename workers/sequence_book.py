@@ -3,13 +3,14 @@ tensors of each request, and the checkpoints that let the sequence outlive this 
 
 Every request of a sequence reaches this instance alone (the gateway routes it to the
 instance's *slot* stream), so the state in memory is authoritative while the process
-lives. Each answer is published in one Redis transaction with its sequence's checkpoint
-(the state after that request) and the acknowledgement of its entry: either all three
-happen or none. A worker that replaces a dead one takes over its unacknowledged entries
-and restores each sequence from its checkpoint, so every request changes the state exactly
-once and the sequence goes on with the results it would have had. Writing the checkpoint
-with every answer costs one more command in a round trip that is made anyway, and needs no
-replay; states are small (a model's per-sequence state, typically kilobytes).
+lives. Each answer is sent, and then its sequence's checkpoint (the state after that
+request) and the acknowledgement of its entry are written in one Redis transaction (both
+live in the model's hash slot, so this holds on a Redis Cluster too): the checkpoint and
+the acknowledgement happen together or not at all. A worker that replaces a dead one takes
+over its unacknowledged entries and restores each sequence from its checkpoint, so every
+request changes the state exactly once and the sequence goes on with the results it would
+have had; an answer sent just before the worker died is sent again, and the gateway drops
+the second. States are small (a model's per-sequence state, typically kilobytes).
 
 A checkpoint expires after the model's ``max_sequence_idle_microseconds``, as the
 sequence does: a later request without START gets Triton's error.

@@ -38,6 +38,7 @@ from sluice.errors import (
     SluiceError,
 )
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
+from sluice.redis_connect import connect_async
 from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
@@ -152,7 +153,7 @@ class Worker:
 
     async def run(self) -> int:
         self._loop = asyncio.get_running_loop()
-        self._redis = Redis.from_url(self.settings.redis_url, socket_timeout=10)
+        self._redis = connect_async(self.settings.redis_url, socket_timeout=10)
         self._publisher = Publisher(
             self._redis,
             self.keys,

@@ -1,0 +1,143 @@
+"""Sluice on a real Redis Cluster (3 primaries, 3 replicas, started by the tests):
+``SLUICE_REDIS_URL=redis+cluster://…`` and everything a user does on one Redis works the
+same: inference over HTTP and gRPC, a stateful sequence, an asynchronous job, statistics
+and metrics; batch jobs without a plain broker are refused with the setting to use."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+from redis import Redis
+
+from sluice.keys import Keys
+from sluice.redis_connect import connect
+from tests.support.load import answer_matches, slow_request
+from tests.support.redis_cluster import LocalRedisCluster
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"
+
+
+@pytest.fixture(scope="module")
+def cluster_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_cluster: LocalRedisCluster
+) -> Iterator[Stack]:
+    repository = tmp_path_factory.mktemp("cluster-repo")
+    write_slow(repository, "slow", extra="dynamic_batching { max_queue_delay_microseconds: 500 }")
+    shutil.copytree(EXAMPLES / "accumulator", repository / "accumulator")
+    stack = Stack(repository, redis_cluster.url)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_inference_over_http_and_grpc(cluster_stack: Stack) -> None:
+    with httpx.Client(base_url=cluster_stack.url, timeout=30) as http:
+        for index in range(20):
+            response = http.post("/v2/models/slow/infer", json=slow_request(index))
+            assert response.status_code == 200, response.text
+            assert answer_matches(index, response.json())
+    client = grpcclient.InferenceServerClient(cluster_stack.grpc_address)
+    try:
+        values = np.arange(8, dtype=np.float32).reshape(2, 4)
+        inputs = [
+            grpcclient.InferInput("IN", [2, 4], "FP32"),
+            grpcclient.InferInput("ITERS", [2, 1], "INT64"),
+        ]
+        inputs[0].set_data_from_numpy(values)
+        inputs[1].set_data_from_numpy(np.zeros((2, 1), dtype=np.int64))
+        result = client.infer("slow", inputs)
+        np.testing.assert_array_equal(result.as_numpy("OUT"), values)
+        assert client.is_server_ready()
+    finally:
+        client.close()
+
+
+def test_sequence_keeps_its_state(cluster_stack: Stack) -> None:
+    totals = []
+    with httpx.Client(base_url=cluster_stack.url, timeout=30) as http:
+        for step, value in enumerate([1.0, 2.0, 4.0]):
+            parameters: dict[str, object] = {"sequence_id": 42}
+            if step == 0:
+                parameters["sequence_start"] = True
+            if step == 2:
+                parameters["sequence_end"] = True
+            body = {
+                "parameters": parameters,
+                "inputs": [{"name": "INPUT", "datatype": "FP32", "shape": [1, 1], "data": [value]}],
+            }
+            response = http.post("/v2/models/accumulator/infer", json=body)
+            assert response.status_code == 200, response.text
+            totals.append(response.json()["outputs"][0]["data"][0])
+    assert totals == [1.0, 3.0, 7.0]
+
+
+def test_asynchronous_job_completes(cluster_stack: Stack) -> None:
+    with httpx.Client(base_url=cluster_stack.url, timeout=30) as http:
+        submitted = http.post(
+            "/v2/models/slow/infer", json=slow_request(7), headers={"Prefer": "respond-async"}
+        )
+        assert submitted.status_code == 202, submitted.text
+        job = submitted.json()["id"]
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            status = http.get(f"/v2/jobs/{job}").json()["status"]
+            if status == "completed":
+                break
+            time.sleep(0.1)
+        assert status == "completed"
+        result = http.get(f"/v2/jobs/{job}/result")
+        assert result.status_code == 200, result.text
+        assert answer_matches(7, result.json())
+        assert http.get(f"/v2/jobs/{'0' * 32}").status_code == 404
+
+
+def test_statistics_and_metrics(cluster_stack: Stack) -> None:
+    with httpx.Client(base_url=cluster_stack.url, timeout=30) as http:
+        assert http.post("/v2/models/slow/infer", json=slow_request(1)).status_code == 200
+        stats = http.get("/v2/models/slow/stats").json()["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] >= 1
+        metrics = http.get("/metrics")
+        assert metrics.status_code == 200
+        assert 'nv_inference_request_success{model="slow",version="1"}' in metrics.text
+
+
+def test_batch_jobs_need_a_plain_broker(cluster_stack: Stack) -> None:
+    with httpx.Client(base_url=cluster_stack.url, timeout=30) as http:
+        response = http.post(
+            "/v2/batches", json={"model": "slow", "input": "in.jsonl", "output": "out"}
+        )
+    assert response.status_code == 501, response.text
+    assert "SLUICE_BATCH_BROKER_URL" in response.json()["error"]
+
+
+def test_a_models_keys_share_one_slot(
+    cluster_stack: Stack, redis_cluster: LocalRedisCluster
+) -> None:
+    """What the workers wrote for a model lives on one shard: its stream, statistics,
+    live workers and sequence streams all hash to the same slot."""
+    keys = Keys(cluster_stack.namespace)
+    client = connect(redis_cluster.url)
+    try:
+        written = [
+            keys.request_stream("slow", 1),
+            keys.stats("slow", 1),
+            keys.live_workers("slow", 1),
+            keys.sequence_stream("accumulator", 1, 0),
+        ]
+        assert all(client.exists(key) for key in written)
+        for model_keys in (written[:3], written[3:]):
+            node = redis_cluster.primary_of(model_keys[0])
+            plain = Redis(host="127.0.0.1", port=node.port)
+            assert all(plain.exists(key) for key in model_keys)  # no MOVED: one node has all
+            plain.close()
+    finally:
+        client.close()
