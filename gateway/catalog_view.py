@@ -31,10 +31,17 @@ class CatalogView:
     load_errors: dict[str, str] = field(default_factory=dict)
     depths: dict[tuple[str, int], int] = field(default_factory=dict)
     """Entries in each model version's streams: its queue depth."""
+    hosts: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict)
+    """The hosts of each model version's live workers (:mod:`sluice.hosts`); a worker that
+    has not said counts as an unknown host."""
     revision: bytes | None = None
     loaded: bool = False
     routing: RoutingView = field(default_factory=RoutingView)
     """Version labels and traffic splits (gateway.routing), refreshed beside the catalog."""
+
+    def only_on(self, model: str, version: int, host: str) -> bool:
+        """Whether every live worker of the version is on ``host`` (and there is one)."""
+        return self.hosts.get((model, version)) == frozenset((host,))
 
     async def refresh(self, redis: Redis) -> None:
         revision = cast(bytes | None, await redis.get(self.keys.catalog_revision))
@@ -60,7 +67,8 @@ class CatalogView:
             for entry in self.models.values():
                 streams = self._streams(entry)
                 for version in entry.versions:
-                    pipe.zcount(self.keys.live_workers(entry.name, version), now, "+inf")
+                    pipe.zrangebyscore(self.keys.live_workers(entry.name, version), now, "+inf")
+                    pipe.hgetall(self.keys.worker_hosts(entry.name, version))
                     names = streams(version)
                     for stream in names:
                         pipe.xlen(stream)
@@ -69,14 +77,21 @@ class CatalogView:
         self.load_errors = {k.decode(): v.decode() for k, v in results[0].items()}
         ready: dict[str, set[int]] = {}
         depths: dict[tuple[str, int], int] = {}
+        hosts: dict[tuple[str, int], frozenset[str]] = {}
         position = 1
         for name, version, stream_count in order:
-            if results[position]:
+            live, advertised = results[position], results[position + 1]
+            if live:
                 ready.setdefault(name, set()).add(version)
-            depths[(name, version)] = sum(results[position + 1 : position + 1 + stream_count])
-            position += 1 + stream_count
+            hosts[(name, version)] = frozenset(
+                advertised.get(worker, b"?").decode(errors="replace") for worker in live
+            )
+            first = position + 2
+            depths[(name, version)] = sum(results[first : first + stream_count])
+            position = first + stream_count
         self.ready = {name: frozenset(versions) for name, versions in ready.items()}
         self.depths = depths
+        self.hosts = hosts
 
     def _streams(self, entry: CatalogEntry) -> Callable[[int], list[str]]:
         levels = 0

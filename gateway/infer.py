@@ -219,11 +219,14 @@ def request_message(
     headers: list[TensorHeader],
     trace: TraceParent | None,
     *,
+    local: bool,
     inline: bool = False,
 ) -> RequestMessage:
-    """The stream entry's header for a prepared request; ``inline``: every output comes
-    back in the answer itself (no shared memory), as a job's must."""
+    """The stream entry's header for a prepared request; ``local``: its workers share this
+    host (:meth:`TensorTransfer.local`); ``inline``: every output comes back in the answer
+    itself (no shared memory), as a job's must."""
     parsed, transfer = request.parsed, state.transfer
+    inline = inline or not local
     now_ns = CLOCK.now_ns()
     return RequestMessage(
         request_key="",
@@ -235,10 +238,11 @@ def request_message(
         enqueued_ns=now_ns,
         priority=request.level,
         parameters={k: v for k, v in parsed.parameters.items() if k not in _GATEWAY_PARAMETERS},
-        output_regions={} if inline else transfer.output_regions(parsed.outputs),
+        output_regions={} if inline else transfer.output_regions(parsed.outputs, local),
         segment_prefix="" if inline else transfer.message_prefix,
         segment_min_bytes=0 if inline else transfer.segment_min_bytes,
         classes=parsed.classes or {},
+        host="" if inline else transfer.host,
         request_id=request.request_id,
         trace=trace,
     )
@@ -292,14 +296,15 @@ async def execute(
     transfer = state.transfer
     in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
     stream = request.stream(state.keys)
+    local = transfer.local(state.view, model, number)
     with state.admission.admit(model, number, request.max_queue, parsed.id):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
-        heavy_pack = big or (in_regions and not transfer.same_host)
+        heavy_pack = big or (in_regions and not local)
         headers, payload, segment = await _off_loop(
-            heavy_pack, lambda: transfer.pack(parsed.inputs)
+            heavy_pack, lambda: transfer.pack(parsed.inputs, local=local)
         )
         try:
-            message = request_message(state, request, headers, trace)
+            message = request_message(state, request, headers, trace, local=local)
             if request.routed:
                 _shadow(state, model, number, level, message, payload, segment)
             submit = state.dispatcher.submit(
@@ -333,11 +338,13 @@ async def execute_stream(
     decoupled gives one."""
     transfer = state.transfer
     with state.admission.admit(request.model, request.number, request.max_queue, request.parsed.id):
+        local = transfer.local(state.view, request.model, request.number)
         headers, payload, segment = await _off_loop(
-            big, lambda: transfer.pack(request.parsed.inputs, inline=True)
+            big or (not local and any(t.shm is not None for t in request.parsed.inputs)),
+            lambda: transfer.pack(request.parsed.inputs, local=local, inline=True),
         )
         try:
-            message = request_message(state, request, headers, trace, inline=True)
+            message = request_message(state, request, headers, trace, local=local, inline=True)
             replies = state.dispatcher.submit_stream(
                 request.model,
                 request.stream(state.keys),

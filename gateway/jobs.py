@@ -130,11 +130,12 @@ async def submit_job(
             "characters without spaces"
         )
     headers, payload, _ = await _off_loop(
-        len(body) > OFFLOAD_BYTES, lambda: state.transfer.pack(parsed.inputs, inline=True)
+        len(body) > OFFLOAD_BYTES,
+        lambda: state.transfer.pack(parsed.inputs, local=False, inline=True),
     )
     job_id = jobs.new_job_id()
     keys = state.keys
-    message = request_message(state, request, headers, trace, inline=True)
+    message = request_message(state, request, headers, trace, local=False, inline=True)
     job_key = keys.job(model, job_id)
     message.request_key, message.reply_to = job_id, job_key
     explicit_priority = "priority" in parsed.parameters

@@ -1,8 +1,9 @@
 """How a request's tensor bytes travel between this gateway and the workers.
 
-On one host (``shm_same_host``) no large tensor crosses Redis: inputs and outputs in a
-client's registered region are read and written by the worker itself, and other
-tensors larger than ``shm_threshold_bytes`` go through a segment (:mod:`sluice.shm`)
+On one host (``shm_same_host``, and every live worker of the model version advertising
+this gateway's host: the request is *local*) no large tensor crosses Redis: inputs and
+outputs in a client's registered region are read and written by the worker itself, and
+other tensors larger than ``shm_threshold_bytes`` go through a segment (:mod:`sluice.shm`)
 that the gateway creates for a request's inputs and a worker creates for a reply's
 outputs. The gateway removes both: its own when the request ends, however it ends;
 a worker's as soon as it has read it. Across hosts every byte goes in the entry, and
@@ -14,10 +15,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+from gateway.catalog_view import CatalogView
 from gateway.infer_request import InputTensor, RequestedOutput
 from gateway.infer_response import OutputTensor
 from gateway.shm_registry import RegionRegistry
 from sluice.errors import InferenceFailed, InvalidInput
+from sluice.hosts import host_id
 from sluice.settings import GatewaySettings
 from sluice.shm import (
     close_quietly,
@@ -39,6 +42,8 @@ class TensorTransfer:
     """``sluice-<namespace>-``: names of this deployment's segments."""
     same_host: bool
     threshold: int
+    host: str = ""
+    """This gateway's host id (:mod:`sluice.hosts`)."""
     message_prefix: str = field(init=False)
     """The segment prefix workers get: only on one host may they use segments."""
     segment_min_bytes: int = field(init=False)
@@ -55,33 +60,40 @@ class TensorTransfer:
             segment_prefix(settings.namespace),
             settings.shm_same_host,
             settings.shm_threshold_bytes,
+            host_id(settings.host_id),
         )
 
-    def output_regions(self, outputs: list[RequestedOutput]) -> dict[str, ShmRef]:
-        """Outputs the worker writes into client regions itself (same host only)."""
-        if not self.same_host:
+    def output_regions(self, outputs: list[RequestedOutput], local: bool) -> dict[str, ShmRef]:
+        """Outputs the worker writes into client regions itself (local requests only)."""
+        if not local:
             return {}
         return {o.name: o.shm for o in outputs if o.shm is not None}
+
+    def local(self, view: CatalogView, model: str, version: int) -> bool:
+        """Whether a request to the version may use shared memory: one host by
+        configuration, and every live worker of it advertising this gateway's host."""
+        return self.same_host and view.only_on(model, version, self.host)
 
     # -- inputs ----------------------------------------------------------------------------
 
     def pack(
-        self, inputs: list[InputTensor], *, inline: bool = False
+        self, inputs: list[InputTensor], *, local: bool, inline: bool = False
     ) -> tuple[list[TensorHeader], bytes, str | None]:
         """The entry's tensor headers and payload, and the segment made for the large
         inputs (None if none): the caller removes it with :func:`sluice.shm.unlink` once
         the request ended, however it ended. Writing the segment costs what joining the
         bytes into the entry would have cost, on the event loop as that would have been.
-        ``inline``: every byte in the entry (a job's entry outlives its request)."""
+        ``local``: the workers share this host (:meth:`local`); ``inline``: every byte in
+        the entry (a job's entry outlives its request)."""
         headers: list[TensorHeader] = []
         parts: list[bytes | memoryview | None] = []  # bytes in the entry; None: by reference
         large: list[int] = []
-        limit = self.threshold if self.same_host and self.threshold and not inline else -1
+        limit = self.threshold if local and self.threshold and not inline else -1
         for tensor in inputs:
             header = TensorHeader(tensor.name, tensor.datatype, tensor.shape, len(tensor.data))
             data: bytes | memoryview | None = tensor.data
             if tensor.shm is not None:
-                if self.same_host:
+                if local:
                     header.nbytes, header.shm, data = tensor.shm.byte_size, tensor.shm, None
                 else:
                     data = self._read_region(tensor)

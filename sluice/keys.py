@@ -48,6 +48,11 @@ class Keys:
         that instance alone reads it, so a sequence's requests are computed in order."""
         return f"{self.namespace}:req:{{{model}}}:{version}:s{slot}"
 
+    def sequence_owner(self, model: str, version: int, slot: int) -> str:
+        """Which worker reads a slot's stream now: a lease (worker, expiring unless renewed)
+        among the workers of every host started for that slot (:mod:`workers.slot_lease`)."""
+        return f"{self.namespace}:seq-owner:{{{model}}}:{version}:s{slot}"
+
     def sequence_state(self, model: str, version: int, sequence: str) -> str:
         """A sequence's checkpoint (its implicit state), written with each answer and
         expiring when the sequence has been idle for the model's idle time."""
@@ -143,6 +148,11 @@ class Keys:
     def live_workers(self, model: str, version: int) -> str:
         """Sorted set worker id -> heartbeat expiry (unix seconds)."""
         return f"{self.namespace}:live:{{{model}}}:{version}"
+
+    def worker_hosts(self, model: str, version: int) -> str:
+        """Hash worker id -> host id (:mod:`sluice.hosts`), written with each heartbeat:
+        whether a gateway may hand this version's workers shared memory."""
+        return f"{self.namespace}:hosts:{{{model}}}:{version}"
 
     @property
     def control_requests(self) -> str:

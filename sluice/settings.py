@@ -33,6 +33,10 @@ class CommonSettings(BaseSettings):
     """Prefix of every Redis key, so that several deployments can share one Redis (letters,
     digits, ``_.-``: braces would move the keys' Redis Cluster hash tags)."""
 
+    host_id: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
+    """Which host this process is on, for shared memory (:mod:`sluice.hosts`); empty: derived
+    from the kernel's boot id and this process's /dev/shm."""
+
     batch_broker_url: str = ""
     """Celery broker of the offline batch jobs; empty: the deployment's Redis. Celery's Redis
     transport does not speak Redis Cluster, so a deployment on a cluster names a plain Redis

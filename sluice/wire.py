@@ -76,6 +76,9 @@ class RequestMessage:
     gateway reads and removes it); 0: every other output goes inline in the reply."""
     classes: dict[str, int] = field(default_factory=dict)
     """Outputs answered as their top-N classes (Triton's classification extension)."""
+    host: str = ""
+    """The gateway's host (:mod:`sluice.hosts`) when the request uses shared memory: only a
+    worker on that host can serve it."""
     request_id: str = ""
     """The id logs and traces know the request by: the client's KServe ``id``, else its
     ``X-Request-ID``, else one the gateway made up (empty in entries of older gateways)."""
@@ -185,6 +188,8 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
         header["sm"] = message.segment_min_bytes
     if message.classes:
         header["cl"] = message.classes
+    if message.host:
+        header["h"] = message.host
     if message.request_id:
         header["ri"] = message.request_id
     if message.trace is not None:
@@ -215,6 +220,7 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
             message.segment_min_bytes = _int(header["sm"])
         if "cl" in header:
             message.classes = _classes(header["cl"])
+        message.host = _str(header.get("h", ""))
         message.request_id = _str(header.get("ri", ""))
         if "tp" in header:  # a malformed one is no trace context, as from a client
             message.trace = parse_traceparent(_str(header["tp"]), _str(header.get("ts", "")))

@@ -20,7 +20,7 @@ import numpy as np
 from sluice.classification import CLASSIFIABLE, classify, unsupported_message
 from sluice.config import ModelConfig, TensorSpec
 from sluice.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
-from sluice.errors import InferenceFailed, InvalidInput
+from sluice.errors import InferenceFailed, InvalidInput, Unavailable
 from sluice.shm import new_segment_name, unlink, write_segment
 from sluice.wire import RequestMessage, ShmRef, TensorHeader
 from workers import shm_io
@@ -67,6 +67,13 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
     for name in message.outputs:
         if config.output(name) is None:
             raise InvalidInput(f"unknown output '{name}'")
+    if shm_io.MAPPINGS.elsewhere(message.host):
+        if message.output_regions or any(t.shm is not None for t in message.inputs):
+            raise Unavailable(
+                f"the request's tensors are in shared memory on host '{message.host}' and "
+                f"it reached a worker on host '{shm_io.MAPPINGS.host}'; retry"
+            )
+        message.segment_prefix, message.segment_min_bytes = "", 0  # outputs come inline
     for tensor in message.inputs:
         if tensor.shm is not None:
             shm_io.MAPPINGS.check(tensor.shm, f"input '{tensor.name}'")

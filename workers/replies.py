@@ -22,6 +22,7 @@ from sluice.errors import SluiceError, error_kind
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
 from workers.batching import PendingRequest
+from workers.slot_lease import SlotLease, SlotLost
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,8 @@ class Publisher:
     and acknowledgements then go in one transaction."""
     published: Callable[[list[PendingRequest]], None] | None = None
     """Told which requests' answers went out (their checkpoints are then forgotten)."""
+    lease: SlotLease | None = None
+    """A sequence worker's slot lease: its checkpoints are written only while it holds it."""
 
     async def publish(
         self,
@@ -110,12 +113,17 @@ class Publisher:
                         self._send(pipe, outcomes)
                         await pipe.execute()
                     async with self.redis.pipeline(transaction=True) as pipe:
+                        if self.lease is not None:
+                            await self.lease.fence(pipe)
                         self.checkpoints(pipe, [outcome.request for outcome in outcomes])
                         self._settle(pipe, outcomes, by_stream, timing, items, close)
                         await pipe.execute()
                 if self.published is not None:
                     self.published([outcome.request for outcome in outcomes])
                 return True
+            except SlotLost:
+                log.error("not recording %d answers: %s", len(outcomes), "the slot was taken")
+                return False  # the worker that took the slot computes them again
             except RedisError as exc:
                 log.warning(
                     "publishing %d answers failed (try %d): %s", len(outcomes), attempt + 1, exc

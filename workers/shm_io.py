@@ -35,8 +35,15 @@ from sluice.wire import ShmRef
 class SharedObjects:
     """Access to the shared memory objects of this host, one call at a time."""
 
-    def __init__(self, directory: Path = SHM_DIR) -> None:
+    def __init__(self, directory: Path = SHM_DIR, host: str = "") -> None:
         self.directory = directory
+        self.host = host
+        """This worker's host id (:mod:`sluice.hosts`), set when the worker starts."""
+
+    def elsewhere(self, message_host: str) -> bool:
+        """Whether a request that may use shared memory came from a gateway on another
+        host (a worker joined from elsewhere after the gateway chose shared memory)."""
+        return bool(message_host and self.host and message_host != self.host)
 
     def check(self, ref: ShmRef, what: str) -> None:
         """The referenced bytes exist now (cheap: open, fstat, close)."""

@@ -37,11 +37,13 @@ from sluice.errors import (
     InvalidInput,
     SluiceError,
 )
+from sluice.hosts import host_id
 from sluice.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.redis_connect import connect_async
 from sluice.redis_types import StreamRead
 from sluice.settings import WorkerSettings
 from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
+from workers import shm_io
 from workers.adaptive import BatchPolicy, batch_policy
 from workers.backends import load_backend
 from workers.backends.base import (
@@ -63,6 +65,7 @@ from workers.batching import (
 from workers.reclaim import Reclaimer
 from workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
 from workers.sequence_book import SequenceBook
+from workers.slot_lease import SlotLease
 from workers.slots import ComputeSlots, backend_concurrency
 from workers.warmup import warm_up
 
@@ -72,6 +75,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 EXIT_LOAD_FAILED = 3
+EXIT_SLOT_LOST = 4
+"""Another worker took this sequence worker's slot (it was cut off from Redis for longer
+than the lease): restarted, it stands by."""
 """Exit status of a worker whose model cannot load: the supervisor does not respawn it."""
 
 _IDLE_BLOCK_MS = 500
@@ -114,9 +120,14 @@ class Worker:
         self.slot = slot
         self._book: SequenceBook | None = None
         """A sequence model's sequences (None for other models)."""
+        self._lease: SlotLease | None = None
+        """A sequence worker's hold on its slot (:mod:`workers.slot_lease`)."""
         self._background = len(self.streams) - 1
         """The background stream's level (its index)."""
         self.worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.host = host_id(self.settings.host_id)
+        """Advertised with the heartbeat: gateways on this host may send shared memory."""
+        shm_io.MAPPINGS.host = self.host
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="compute")
         dynamic = config.dynamic_batching
@@ -199,15 +210,15 @@ class Worker:
             loader.shutdown(wait=False)
         await self._ensure_groups()
         await self._beat()
-        if self._book is not None:
-            # What this slot's previous worker held goes first, in order (it is gone: one
-            # worker per slot), so each sequence goes on where its checkpoint left it.
-            self._reclaimed += await self._reclaimer().take_over(self.streams[0], 0)
-        background = [
-            asyncio.create_task(self._heartbeat(), name="heartbeat"),
-            asyncio.create_task(self._reclaim_loop(), name="reclaim"),
-        ]
+        background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         try:
+            if self._book is not None:
+                if not await self._take_slot():
+                    return 0  # stopped while standing by
+                # What this slot's previous worker held goes first, in order (it is gone:
+                # one worker per slot), so each sequence goes on where its checkpoint left it.
+                self._reclaimed += await self._reclaimer().take_over(self.streams[0], 0)
+            background.append(asyncio.create_task(self._reclaim_loop(), name="reclaim"))
             await self._serve(backend)
         finally:
             for task in background:
@@ -216,8 +227,38 @@ class Worker:
             with contextlib.suppress(RedisError):
                 live = self.keys.live_workers(self.config.name, self.version)
                 await self.redis.zrem(live, self.worker_id)
+                await self.redis.hdel(
+                    self.keys.worker_hosts(self.config.name, self.version), self.worker_id
+                )
+                if self._lease is not None:
+                    await self._lease.release()
             backend.close()
-        return 0
+        return EXIT_SLOT_LOST if self._lease is not None and self._lease.lost else 0
+
+    async def _take_slot(self) -> bool:
+        """Hold this sequence worker's slot, standing by while another worker (another
+        host's) serves it; False if asked to stop meanwhile."""
+        lease = SlotLease.for_worker(
+            self.redis,
+            self.keys.sequence_owner(self.config.name, self.version, self.slot),
+            self.host,
+            self.worker_id,
+            3 * self.settings.heartbeat_s,
+        )
+        announced = False
+        while not self._stopping.is_set():
+            try:
+                if await lease.acquire():
+                    self._lease = self.publisher.lease = lease
+                    return True
+            except RedisError as exc:
+                log.warning("cannot take slot %d: %s", self.slot, exc)
+            if not announced:
+                log.info("slot %d is served by another worker; standing by", self.slot)
+                announced = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stopping.wait(), self.settings.heartbeat_s)
+        return False
 
     def _load_and_warm_up(self) -> Backend:
         self._labels = self._read_labels()
@@ -272,11 +313,20 @@ class Worker:
     async def _beat(self) -> None:
         await CLOCK.sync(self.redis)  # (deadlines written by gateways on other hosts)
         key = self.keys.live_workers(self.config.name, self.version)
+        hosts = self.keys.worker_hosts(self.config.name, self.version)
         now = time.time()
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
             pipe.zremrangebyscore(key, "-inf", now)
-            await pipe.execute()
+            pipe.hset(hosts, self.worker_id, self.host)
+            pipe.zrange(key, 0, -1)
+            pipe.hkeys(hosts)
+            *_, live, advertised = await pipe.execute()
+        gone = set(advertised) - set(live)  # workers that died without leaving
+        if gone:
+            await self.redis.hdel(hosts, *gone)
+        if self._lease is not None and not await self._lease.renew():
+            self._stopping.set()  # another worker serves the slot now
 
     async def _heartbeat(self) -> None:
         while True:
@@ -386,6 +436,16 @@ class Worker:
     async def _read_from(
         self, streams: list[str], count: int, block_ms: int | None
     ) -> list[PendingRequest]:
+        if self._lease is not None:
+            try:
+                held = await self._lease.hold_for((block_ms or 0) / 1000 + 0.1)
+            except RedisError as exc:
+                log.warning("cannot renew the slot's lease: %s", exc)
+                await asyncio.sleep(0.2)
+                return []
+            if not held:
+                self._stopping.set()  # another worker serves the slot now
+                return []
         try:
             response: StreamRead = await self.redis.xreadgroup(  # type: ignore[assignment]
                 WORKER_GROUP,

@@ -11,7 +11,10 @@ from __future__ import annotations
 import base64
 import os
 import signal
+import subprocess
+import sys
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -499,6 +502,67 @@ def test_across_hosts_regions_work_and_no_segment_is_made(
         np.testing.assert_array_equal(got, data)
         client.unregister_system_shared_memory()
     assert segments(stack) == []
+
+
+def test_a_worker_on_another_host_turns_shared_memory_off(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    """Workers advertise their host; while one of a model's workers is elsewhere, the
+    gateway sends that model's tensors in the entry, and uses segments again once every
+    worker is back on its host."""
+    repository = build_repository(tmp_path)
+    stack = start_stack(repository, env=SAME_HOST)
+    assert stack.process is not None and stack.redis_url is not None
+    keys = Keys(stack.namespace)
+    env = dict(
+        os.environ,
+        SLUICE_REDIS_URL=stack.redis_url,
+        SLUICE_NAMESPACE=stack.namespace,
+        SLUICE_HOST_ID="another-host",
+    )
+    argv = ["--model-repository", str(repository), "--model", "ident", "--version", "1"]
+    far = subprocess.Popen(
+        [sys.executable, "-m", "workers", *argv, "--kind", "KIND_CPU", "--threads", "1"],
+        env=env,
+    )
+    data = RNG.standard_normal((2, 1 << 20)).astype(np.float32)  # 8 MiB
+    tensor = httpclient.InferInput("IN_FP32", list(data.shape), "FP32")
+    tensor.set_data_from_numpy(data)
+    (near,) = procs.worker_pids(stack.process.pid, "ident")
+
+    def entry_while_frozen(pids: list[int]) -> dict[bytes, bytes]:
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            thread, outcome = in_background(stack, lambda other: other.infer("ident", [tensor]))
+            entry = queued_entry(stack, "ident")
+        finally:
+            for pid in pids:
+                os.kill(pid, signal.SIGCONT)
+        thread.join(30)
+        np.testing.assert_array_equal(outcome["result"].as_numpy("OUT_FP32"), data)
+        return entry
+
+    try:
+        with Redis.from_url(stack.redis_url) as redis:
+            hosts = keys.worker_hosts("ident", 1)
+            assert procs.wait_until(lambda: redis.hlen(hosts) == 2, 30), "no second worker"
+            time.sleep(2)  # the gateway's next look at the workers
+            entry = entry_while_frozen([near, far.pid])
+            header = msgpack.unpackb(entry[b"h"])
+            assert len(entry[b"d"]) == data.nbytes and "sp" not in header and "h" not in header
+            assert segments(stack) == []
+            far.terminate()
+            assert far.wait(30) == 0
+            assert redis.hlen(hosts) == 1  # it said it left
+        time.sleep(2)
+        entry = entry_while_frozen([near])
+        assert len(entry[b"d"]) == 0  # through a segment again
+        assert procs.wait_until(lambda: segments(stack) == [], 5), segments(stack)
+    finally:
+        if far.poll() is None:
+            far.kill()
+            far.wait()
 
 
 def test_regions_over_grpc(region: Region, shm_stack: Stack) -> None:

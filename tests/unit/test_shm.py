@@ -370,7 +370,9 @@ def tensor(name: str, size: int) -> InputTensor:
 
 def test_large_inputs_go_through_one_segment(namespace: str) -> None:
     moving = transfer(namespace)
-    headers, payload, segment = moving.pack([tensor("a", 2000), tensor("b", 10), tensor("c", 3000)])
+    headers, payload, segment = moving.pack(
+        [tensor("a", 2000), tensor("b", 10), tensor("c", 3000)], local=moving.same_host
+    )
     assert len(payload) == 10
     assert segments_of(namespace) == [segment]
     assert segment is not None
@@ -389,7 +391,7 @@ def test_everything_inline_across_hosts_or_without_threshold(
     namespace: str, same_host: bool, threshold: int
 ) -> None:
     moving = transfer(namespace, same_host, threshold)
-    headers, payload, segment = moving.pack([tensor("a", 5000)])
+    headers, payload, segment = moving.pack([tensor("a", 5000)], local=moving.same_host)
     assert headers[0].shm is None and len(payload) == 5000 and segment is None
     assert segments_of(namespace) == []
     assert moving.segment_min_bytes == 0
@@ -402,7 +404,9 @@ def test_no_room_for_a_segment_means_inline(
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("gateway.shm_transfer.write_segment", full)
-    headers, payload, segment = transfer(namespace).pack([tensor("a", 5000), tensor("b", 7)])
+    headers, payload, segment = transfer(namespace).pack(
+        [tensor("a", 5000), tensor("b", 7)], local=True
+    )
     assert segment is None and [h.shm for h in headers] == [None, None]
     assert payload == bytes(tensor("a", 5000).data) + bytes(tensor("b", 7).data)
 
@@ -416,9 +420,9 @@ def test_across_hosts_the_gateway_reads_client_regions(
     moving.regions.register_system("r", key, 0, 4096)
     ref = moving.regions.resolve("input 'a'", "r", 100, 8)
     source = InputTensor("a", "UINT8", (8,), b"", ref, "r")
-    headers, payload, segment = moving.pack([source])
+    headers, payload, segment = moving.pack([source], local=moving.same_host)
     assert headers[0].shm is None and payload == b"\x07" * 8 and segment is None
-    assert moving.output_regions([RequestedOutput("y", False, ref, "r")]) == {}
+    assert moving.output_regions([RequestedOutput("y", False, ref, "r")], local=False) == {}
 
 
 def test_reply_outputs_from_segments_regions_and_inline(
@@ -440,7 +444,7 @@ def test_reply_outputs_from_segments_regions_and_inline(
         RequestedOutput("b", False, region, "r"),
         RequestedOutput("c", True),
     ]
-    assert moving.output_regions(requested) == {"b": region}
+    assert moving.output_regions(requested, local=True) == {"b": region}
     outputs = moving.unpack(headers, memoryview(b"abc"), requested)
     assert bytes(outputs[0].data) == b"x" * 40
     assert (outputs[1].region, outputs[1].region_bytes, outputs[1].data) == ("r", 16, b"")
