@@ -49,6 +49,8 @@ holds a label-safe form for selectors)."""
 VERSION_ANNOTATION = "sluice.dev/version"
 """The version a worker Deployment serves."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+REQUEST_TIMEOUT_S = 10.0
+"""Connect and read timeout of each API call: a hung API server must not stop the executor."""
 
 
 class ExecutorUnavailable(SourceError):
@@ -145,7 +147,7 @@ class KubernetesExecutor:
             return {}
         try:
             listing = self.apps.list_namespaced_deployment(
-                self.namespace, label_selector=self.selector
+                self.namespace, label_selector=self.selector, _request_timeout=REQUEST_TIMEOUT_S
             )
         except Exception as exc:  # the client's ApiException, or a connection error
             log.warning("cannot list the worker Deployments in '%s': %s", self.namespace, exc)
@@ -170,7 +172,10 @@ class KubernetesExecutor:
                 continue
             try:
                 self.apps.patch_namespaced_deployment_scale(
-                    name, self.namespace, {"spec": {"replicas": count}}
+                    name,
+                    self.namespace,
+                    {"spec": {"replicas": count}},
+                    _request_timeout=REQUEST_TIMEOUT_S,
                 )
             except Exception as exc:
                 log.warning("cannot scale Deployment '%s' to %d: %s", name, count, exc)
