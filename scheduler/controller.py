@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from scheduler.autoscaler import Autoscaler
 from scheduler.fenced_commands import CommandSender, served_models
+from scheduler.kubernetes_executor import start_executor
 from scheduler.leadership import Lease
 from scheduler.model_staging import check_model_name
 from scheduler.repository_poller import RepositoryPoller
@@ -232,6 +233,7 @@ def run(
     """A controller until ``stop_event`` is set (``sluice controller``, or a thread of
     ``sluice up``, which does not ``announce`` on stdout that it leads)."""
     repository, source = controller_repository(settings)
+    executor = start_executor(settings, repository, stop_event)
     client = connect(
         settings.redis_url,
         socket_timeout=settings.lease_renew_s,
@@ -252,6 +254,8 @@ def run(
     finally:
         decisions.stop()
         client.close()
+        if executor is not None:
+            executor.join(5)
 
 
 def main() -> int:

@@ -368,6 +368,20 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     the controller reads it for rollouts and, in poll mode, lists it for changes. Empty:
     no polling, and rollouts only of versions the catalog already knows."""
 
+    executor: Literal["local", "kubernetes"] = "local"
+    """Who carries the wanted instance counts out: ``local``, ``sluice up`` (worker
+    processes); ``kubernetes``, this controller, by scaling the worker Deployments and
+    publishing the catalog (:mod:`scheduler.kubernetes_executor`, the ``kubernetes`` extra)."""
+
+    kubernetes_namespace: str = ""
+    """Namespace of the worker Deployments; empty: the controller pod's own."""
+
+    kubernetes_selector: str = "app.kubernetes.io/component=worker,sluice.dev/scaler=controller"
+    """Label selector of the worker Deployments the controller scales."""
+
+    kubernetes_context: str = ""
+    """Outside a cluster: the kubeconfig context to use (empty: the current one)."""
+
 
 class BatchSettings(RepositorySourceSettings, CommonSettings):
     """Settings of a batch worker (``sluice batch-worker``, or started by ``sluice up``)."""
