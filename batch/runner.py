@@ -31,6 +31,7 @@ from batch.storage import Storage
 from sluice import batches as b
 from sluice import statistics as st
 from sluice.catalog import MalformedEntry, decode_entry
+from sluice.clock import CLOCK
 from sluice.config import ModelConfig
 from sluice.errors import InvalidInput, SluiceError
 from sluice.keys import Keys
@@ -185,7 +186,8 @@ class Runner:
             lease.stop()
 
     def _take(self, batch_id: str, index: int) -> int:
-        now = f"{time.time():.3f}"
+        CLOCK.sync_blocking(self.redis)  # (its lease is read by batch workers on other hosts)
+        now = f"{CLOCK.now():.3f}"
         return self._shard_script(b.TAKE, batch_id, index, now, self.settings.batch_shard_lease_s)
 
     def _attempt(
@@ -416,7 +418,7 @@ class LeaseKeeper:
                     keys.batch_leases(self.batch_id),
                     str(self.index),
                     self.attempt,
-                    f"{time.time() + lease_s:.3f}",
+                    f"{CLOCK.now() + lease_s:.3f}",
                 )
             except RedisError as exc:
                 log.warning("renewing the lease of shard %d failed: %s", self.index, exc)
@@ -460,7 +462,8 @@ class Reaper:
     def sweep(self) -> None:
         runner, keys = self.runner, self.runner.keys
         redis = runner.redis
-        now = time.time()
+        CLOCK.sync_blocking(redis)  # (leases are written by batch workers on other hosts)
+        now = CLOCK.now()
         ttl = int(runner.settings.batch_shard_lease_s * 10)
         for raw in cast(set[bytes], redis.smembers(keys.running_batches)):
             batch_id = raw.decode()

@@ -7,7 +7,6 @@ request path only reads local dictionaries.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import cast
@@ -16,6 +15,7 @@ from redis.asyncio import Redis
 
 from gateway.routing_view import RoutingView
 from sluice.catalog import UNLOADED, CatalogEntry, decode_entry
+from sluice.clock import CLOCK
 from sluice.errors import InvalidInput, NotFound, Unavailable
 from sluice.keys import Keys, load_error_field
 from sluice.wire import MalformedEntry
@@ -60,7 +60,7 @@ class CatalogView:
                     continue
                 models[entry.name] = entry
             self.models, self.revision, self.loaded = models, revision, True
-        now = time.time()
+        now = CLOCK.now()
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.load_errors)
             order: list[tuple[str, int, int]] = []

@@ -9,11 +9,11 @@ shared statistics hashes, where they survive the process.
 
 from __future__ import annotations
 
-import time
 from collections import Counter
 
 from gateway.state import GatewayState
 from sluice import statistics as st
+from sluice.clock import CLOCK
 
 REPORT_TTL_S = 5
 """A gateway's report outlives its last refresh by this much."""
@@ -32,7 +32,7 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
     dispatcher = state.dispatcher
     expired, dispatcher.expired = dispatcher.expired, Counter()
     body_rejects, state.bodies.refused = state.bodies.refused, 0
-    now = time.time()
+    now = CLOCK.now()
     try:
         async with state.redis.pipeline(transaction=False) as pipe:
             report_key = keys.gateway_report(gateway_id)

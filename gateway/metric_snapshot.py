@@ -10,7 +10,6 @@ gateway counters that belong to no model.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -60,7 +59,7 @@ class Snapshot:
 
 async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     versions: list[VersionState] = []
-    now = time.time()
+    now = CLOCK.now()
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrangebyscore(keys.gateways, now, "+inf")
         pipe.hgetall(keys.gateway_counters)

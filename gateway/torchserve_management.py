@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import re
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +32,7 @@ from gateway.model_control_routes import carry_out, require_explicit
 from gateway.routing_routes import _update
 from gateway.state import GatewayState, state_of
 from sluice.catalog import CatalogEntry
+from sluice.clock import CLOCK
 from sluice.config import config_to_json, parse_config_text
 from sluice.control import ControlCommand
 from sluice.errors import InvalidInput, NotFound, SluiceError
@@ -75,7 +75,7 @@ def _whole(request: Request, name: str, default: int, least: int = 0) -> int:
 
 async def _workers(state: GatewayState, model: str, versions: tuple[int, ...]) -> list[Any]:
     workers = []
-    now = time.time()
+    now = CLOCK.now()
     for version in versions:
         members = await state.redis.zrangebyscore(
             state.keys.live_workers(model, version), now, "+inf"

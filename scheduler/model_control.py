@@ -39,6 +39,7 @@ from redis.exceptions import RedisError
 from scheduler.model_staging import check_model_name, stage
 from scheduler.supervisor import Child, ChildSpec, Supervisor
 from sluice.catalog import UNLOADED
+from sluice.clock import CLOCK
 from sluice.control import ControlCommand, read_commands, send_reply
 from sluice.errors import SluiceError
 from sluice.keys import Keys, load_error_field
@@ -311,7 +312,8 @@ class ModelControl:
         model = self._current.model if self._current is not None else None
         if model is None:
             return False
-        now = time.time()
+        CLOCK.sync_blocking(self.client)  # (heartbeats are on the deployment's clock)
+        now = CLOCK.now()
         live: set[str] = set()
         for version in model.versions:
             members = self.client.zrangebyscore(

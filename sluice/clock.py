@@ -12,6 +12,7 @@ fastest of the recent measurements.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -28,17 +29,26 @@ class DeploymentClock:
     offset_ns: int = 0
     _samples: deque[tuple[int, int]] = field(default_factory=lambda: deque(maxlen=_SAMPLES))
     """(round trip, offset) of the recent measurements."""
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    """Batch workers measure from more than one thread."""
 
     def now_ns(self) -> int:
         """Unix time in ns on the deployment's clock."""
         return time.time_ns() + self.offset_ns
 
+    def now(self) -> float:
+        """Unix time in seconds on the deployment's clock: what every timestamp that another
+        process (perhaps on another host) compares with its own time is written in, such as
+        heartbeats, leases and deadlines."""
+        return (time.time_ns() + self.offset_ns) / 1e9
+
     def observe(self, sent_ns: int, redis_ns: int, received_ns: int) -> None:
         """One measurement: Redis said ``redis_ns`` between ``sent_ns`` and ``received_ns``
         (this process's clock)."""
         round_trip = max(0, received_ns - sent_ns)
-        self._samples.append((round_trip, redis_ns - (sent_ns + received_ns) // 2))
-        self.offset_ns = min(self._samples)[1]
+        with self._lock:
+            self._samples.append((round_trip, redis_ns - (sent_ns + received_ns) // 2))
+            self.offset_ns = min(self._samples)[1]
 
     async def sync(self, redis: Redis) -> None:
         """Measure against ``redis`` (Redis errors propagate; the offset stays)."""

@@ -19,6 +19,7 @@ from typing import cast
 from redis.asyncio import Redis
 
 from sluice.catalog import CatalogEntry, decode_entry
+from sluice.clock import CLOCK
 from sluice.config import ModelConfig
 from sluice.errors import Unavailable
 from sluice.keys import Keys
@@ -94,7 +95,7 @@ class TargetResolver:
                 entry = None
         ready: set[int] = set()
         if entry is not None and entry.versions:
-            now = time.time()
+            now = CLOCK.now()
             async with self._redis.pipeline(transaction=False) as pipe:
                 for version in entry.versions:
                     pipe.zcount(self._keys.live_workers(model, version), now, "+inf")

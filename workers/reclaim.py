@@ -11,7 +11,6 @@ error instead of a fourth victim.
 from __future__ import annotations
 
 import logging
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +19,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice import statistics as st
+from sluice.clock import CLOCK
 from sluice.errors import InferenceFailed
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.redis_types import StreamEntry
@@ -53,7 +53,7 @@ class Reclaimer:
 
     async def reclaim(self) -> list[PendingRequest]:
         """Claim what dead workers held; returns the requests to process here."""
-        now = time.time()
+        now = CLOCK.now()
         live_key = self.keys.live_workers(self.model, self.version)
         live = {_text(m) for m in await self.redis.zrangebyscore(live_key, now, "+inf")}
         dead_idle_ms = int(3 * self.settings.heartbeat_s * 1000)

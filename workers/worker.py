@@ -314,7 +314,7 @@ class Worker:
         await CLOCK.sync(self.redis)  # (deadlines written by gateways on other hosts)
         key = self.keys.live_workers(self.config.name, self.version)
         hosts = self.keys.worker_hosts(self.config.name, self.version)
-        now = time.time()
+        now = CLOCK.now()
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
             pipe.zremrangebyscore(key, "-inf", now)
