@@ -166,6 +166,10 @@ class RedisDispatcher:
         finally:
             expiry.cancel()
             self._pending.pop(key, None)
+            if future.done() and not future.cancelled():
+                # Failed (Redis went away) while its entry was still being appended: the
+                # caller got the append's error instead; mark this one as seen.
+                future.exception()
 
     def mirror(self, stream: str, message: RequestMessage, payload: bytes) -> None:
         """Also queue a copy of ``message`` on ``stream`` (shadow traffic): a worker computes
