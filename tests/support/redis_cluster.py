@@ -100,6 +100,21 @@ class LocalRedisCluster:
             timeout=timeout_s,
         )
         self.wait_healthy(deadline - time.monotonic())
+        self.wait_replicas_synced(deadline - time.monotonic())
+
+    def wait_replicas_synced(self, timeout_s: float = 30.0) -> None:
+        """Until every replica has its primary's data (its link is up): a replica that never
+        synced cannot be promoted when its primary dies."""
+        deadline = time.monotonic() + timeout_s
+
+        def synced() -> bool:
+            for node in self.running():
+                info = node.client().info("replication")
+                if info.get("role") == "slave" and info.get("master_link_status") != "up":
+                    return False
+            return True
+
+        self._wait(synced, deadline, "every replica to sync with its primary")
 
     def _launch(self, binary: str, port: int) -> subprocess.Popen[bytes]:
         folder = self.workdir / str(port)
@@ -117,6 +132,10 @@ class LocalRedisCluster:
                 "nodes.conf",
                 "--cluster-node-timeout",
                 str(NODE_TIMEOUT_MS),
+                # A replica's first full sync starts at once, not after the default 5 s
+                # wait for more replicas: until it ends, the replica cannot take over.
+                "--repl-diskless-sync-delay",
+                "0",
                 "--save",
                 "",
                 "--appendonly",
