@@ -3,11 +3,13 @@
 Deadlines and enqueue times travel in stream entries: a gateway writes them, a worker on
 another host compares them with its own time. So every process reads time as its own clock
 plus its offset from Redis's clock (``TIME``, corrected by half the round trip), and two
-hosts agree to within their round trips to Redis whatever their clocks say. On one host
-every process measures the same offset, and nothing changes.
+hosts agree to within their round trips to Redis whatever their clocks say. On Redis's own
+host (and any whose clock agrees with it) every process keeps its own clock, exactly.
 
 Each measurement's error is at most half its round trip, so the offset kept is that of the
-fastest of the recent measurements.
+fastest of the recent measurements, moved toward zero by that half: only what is certain is
+corrected (within a round trip of the truth), and a clock that agrees with Redis's as far
+as can be measured, as every clock of Redis's own host does, is not corrected at all.
 """
 
 from __future__ import annotations
@@ -48,7 +50,8 @@ class DeploymentClock:
         round_trip = max(0, received_ns - sent_ns)
         with self._lock:
             self._samples.append((round_trip, redis_ns - (sent_ns + received_ns) // 2))
-            self.offset_ns = min(self._samples)[1]
+            best_round_trip, estimate = min(self._samples)
+            self.offset_ns = _least_correction(estimate, best_round_trip // 2)
 
     async def sync(self, redis: Redis) -> None:
         """Measure against ``redis`` (Redis errors propagate; the offset stays)."""
@@ -63,6 +66,16 @@ class DeploymentClock:
         seconds, micros = redis.time()
         received = time.time_ns()
         self.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+
+
+def _least_correction(estimate_ns: int, uncertainty_ns: int) -> int:
+    """The offset nearest zero that the measurement allows: the true one lies within
+    ``uncertainty_ns`` of ``estimate_ns``. A clock that agrees with Redis's as far as can be
+    measured is left alone, so that processes of one host (one clock) keep exactly the same
+    time, and durations one measures from another's timestamps never come out negative."""
+    if abs(estimate_ns) <= uncertainty_ns:
+        return 0
+    return estimate_ns - uncertainty_ns if estimate_ns > 0 else estimate_ns + uncertainty_ns
 
 
 CLOCK = DeploymentClock()

@@ -224,7 +224,9 @@ class Publisher:
         if failed:
             counters[st.count_field("fail")] = failed
             counters[st.ns_field("fail")] = sum(
-                now_ns - o.request.message.enqueued_ns for o in outcomes if o.reply.error_kind
+                max(0, now_ns - o.request.message.enqueued_ns)
+                for o in outcomes
+                if o.reply.error_kind
             )
             for outcome in outcomes:
                 kind = outcome.reply.error_kind
@@ -249,7 +251,11 @@ class Publisher:
             counters[st.INFERENCE_COUNT] = items
             counters[st.EXECUTION_COUNT] = 1
             counters[st.count_field("success")] = n
-            request_ns = [now_ns - o.request.message.enqueued_ns for o in ok]
+            # At least what this worker measured itself: enqueue times come from a gateway's
+            # reading of the deployment's clock, which may differ from this one's by a round
+            # trip, and a duration must never come out negative.
+            held_ns = now_ns - timing.started_ns
+            request_ns = [max(held_ns, now_ns - o.request.message.enqueued_ns) for o in ok]
             queue_ns = [max(0, timing.started_ns - o.request.message.enqueued_ns) for o in ok]
             counters[st.ns_field("success")] = sum(request_ns)
             counters[st.count_field("queue")] = n

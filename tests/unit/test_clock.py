@@ -31,16 +31,28 @@ def test_a_skewed_host_reads_the_servers_time() -> None:
 
 def test_the_fastest_recent_measurement_wins() -> None:
     clock = DeploymentClock()
-    clock.observe(0, 1_000, 2_000)  # round trip 2 µs: offset 0
-    clock.observe(0, 900_000, 1_000_000)  # round trip 1 ms: offset 400 µs, less sure
-    assert clock.offset_ns == 0
-    clock.observe(10_000, 10_600, 11_000)  # round trip 1 µs: offset 100 ns
-    assert clock.offset_ns == 100
+    clock.observe(0, 1_000_000, 2_000)  # round trip 2 µs: offset 999 µs ± 1 µs
+    clock.observe(0, 5_000_000, 1_000_000)  # round trip 1 ms: offset 4.5 ms ± 0.5 ms
+    assert clock.offset_ns == 998_000  # the surer one, what it shows for certain
+    clock.observe(10_000, 2_010_600, 11_000)  # round trip 1 µs: offset 2 ms ± 0.5 µs
+    assert clock.offset_ns == 2_000_100 - 500
+
+
+def test_a_clock_that_agrees_as_far_as_can_be_measured_is_left_alone() -> None:
+    """Processes on Redis's host measure tiny offsets that differ by their round trips;
+    they all keep their own (the same) clock, so durations between them stay exact."""
+    for sent, redis_time, received in [(0, 3_000, 10_000), (0, 7_000, 10_000), (0, 5, 10)]:
+        clock = DeploymentClock()
+        clock.observe(sent, redis_time, received)
+        assert clock.offset_ns == 0
+    behind = DeploymentClock()
+    behind.observe(0, -50_000, 10_000)  # Redis 55 µs behind, ± 5 µs: 50 µs for certain
+    assert behind.offset_ns == -50_000
 
 
 def test_old_measurements_are_forgotten() -> None:
     clock = DeploymentClock()
-    clock.observe(0, 0, 0)  # a perfect one, long ago
+    clock.observe(0, -1_000_000, 0)  # a perfect one, long ago
     for index in range(30):
-        clock.observe(index, index + 5_000 + 10, index + 10_000)
-    assert clock.offset_ns == 5_000 + 10 - 5_000
+        clock.observe(index, index + 5_000 + 1_000_000, index + 10_000)
+    assert clock.offset_ns == 1_000_000 - 5_000
