@@ -198,7 +198,10 @@ def test_the_controller_publishes_the_catalog_and_its_autoscaler_scales_the_depl
         assert {p.path for p in patches} == {
             f"/apis/apps/v1/namespaces/{NS}/deployments/sluice-worker-slow-1/scale"
         }
-        assert [p.body["spec"]["replicas"] for p in patches] == [2, 4]
+        # Each decision doubles (2, then 4); the executor patches what it reads each second,
+        # so on a busy machine it may read the 4 first and never patch the 2.
+        replicas = [p.body["spec"]["replicas"] for p in patches]
+        assert replicas in ([2, 4], [4]), replicas
         # Redis lost the catalog (a restart without persistence): published again.
         redis_client.delete(keys.catalog, keys.catalog_revision)
         assert wait_until(lambda: redis_client.hexists(keys.catalog, "slow"), 10)
