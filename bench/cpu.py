@@ -92,14 +92,17 @@ Sample = dict[tuple[int, int], tuple[str, float]]  # (pid, start) -> (group, cpu
 class CpuMeter:
     """CPU seconds per group between :meth:`start` and :meth:`stop`."""
 
-    def __init__(self, stack_pid: int | None) -> None:
+    def __init__(self, stack_pid: int | None, more_roots: tuple[int, ...] = ()) -> None:
+        """``more_roots``: other process trees to follow beside ``stack_pid``'s (a
+        deployment spread over several processes started apart, such as test hosts)."""
         self.stack_pid = stack_pid
+        self.roots = ((stack_pid,) if stack_pid is not None else ()) + more_roots
         self._groups: dict[tuple[int, int], str] = {}  # command lines, read once per process
         self._start: Sample = {}
         self.last: dict[str, float] | None = None  # CPU seconds per group, last window
 
     def sample(self) -> Sample:
-        processes = tree(self.stack_pid) if self.stack_pid is not None else []
+        processes = [stat for root in self.roots for stat in tree(root)]
         sample: Sample = {}
         for stat in processes:
             key = (stat.pid, stat.start_ticks)

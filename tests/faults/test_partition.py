@@ -17,11 +17,13 @@ so each side learns of it from its own timeouts, as across a failed switch.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import cast
 
 import pytest
 
 from sluice.keys import WORKER_GROUP
+from sluice.redis_types import StreamEntry
 from sluice.settings import GatewaySettings
 from sluice.wire import decode_request
 from tests.faults.conftest import Report
@@ -63,19 +65,16 @@ def _held_requests(deployment: Deployment, host: Host) -> set[str]:
     redis = deployment.redis
     assert redis is not None
     stream = deployment.keys.request_stream(MODEL, 1)
-    workers = {
-        worker.decode()
-        for worker, where in redis.hgetall(deployment.keys.worker_hosts(MODEL, 1)).items()
-        if where.decode() == host.name
-    }
     ids: set[str] = set()
-    for worker in workers:
+    for worker in deployment.workers_by_host(MODEL).get(host.name, set()):
         rows = redis.xpending_range(
             stream, WORKER_GROUP, min="-", max="+", count=10_000, consumername=worker
         )
         for row in rows:
-            for _, fields in redis.xrange(stream, row["message_id"], row["message_id"]):
-                ids.add(decode_request(fields)[0].client_id)
+            entries = cast(
+                list[StreamEntry], redis.xrange(stream, row["message_id"], row["message_id"])
+            )
+            ids |= {decode_request(fields)[0].client_id for _, fields in entries}
     return ids
 
 
@@ -94,7 +93,7 @@ def _cut_while_busy(deployment: Deployment, host: Host, timeout_s: float = 10.0)
     raise AssertionError(f"{host.name} held no request within {timeout_s} s")
 
 
-def _wait(predicate, timeout_s: float) -> float | None:  # type: ignore[no-untyped-def]
+def _wait(predicate: Callable[[], bool], timeout_s: float) -> float | None:
     """Seconds until ``predicate()`` held, or None if it did not within ``timeout_s``."""
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
@@ -104,7 +103,7 @@ def _wait(predicate, timeout_s: float) -> float | None:  # type: ignore[no-untyp
     return None
 
 
-def _since(start: float, predicate, timeout_s: float = 20.0) -> float | None:  # type: ignore[no-untyped-def]
+def _since(start: float, predicate: Callable[[], bool], timeout_s: float = 20.0) -> float | None:
     """Seconds from ``start`` until ``predicate()`` held (None: not within ``timeout_s``)."""
     waited = _wait(predicate, timeout_s)
     return None if waited is None else time.monotonic() - start

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import httpx
 from redis import Redis
@@ -223,14 +223,13 @@ class Deployment:
         """Host id -> the ids of that host's live workers of ``model``, as Redis sees them."""
         assert self.redis is not None
         keys = self.keys
-        live = {
-            m.decode()
-            for m in self.redis.zrangebyscore(
-                keys.live_workers(model, version), self.redis_time(), "+inf"
-            )
-        }
+        members = self.redis.zrangebyscore(
+            keys.live_workers(model, version), self.redis_time(), "+inf"
+        )
+        live = {member.decode() for member in cast(list[bytes], members)}
         hosts: dict[str, set[str]] = {}
-        for worker, host in self.redis.hgetall(keys.worker_hosts(model, version)).items():
+        advertised = cast(dict[bytes, bytes], self.redis.hgetall(keys.worker_hosts(model, version)))
+        for worker, host in advertised.items():
             if worker.decode() in live:
                 hosts.setdefault(host.decode(), set()).add(worker.decode())
         return hosts

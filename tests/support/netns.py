@@ -58,7 +58,9 @@ def _used_prefixes() -> list[ipaddress.IPv4Network]:
         if word in ("local", "broadcast", "unreachable", "blackhole", "prohibit"):
             word = line.split()[1]
         try:
-            found.append(ipaddress.ip_network(word, strict=False))
+            network = ipaddress.ip_network(word, strict=False)
+            if isinstance(network, ipaddress.IPv4Network):
+                found.append(network)
         except ValueError:
             continue
     return found
@@ -67,7 +69,7 @@ def _used_prefixes() -> list[ipaddress.IPv4Network]:
 def _free_subnet(taken: list[ipaddress.IPv4Network]) -> ipaddress.IPv4Network:
     """A /24 in 10.0.0.0/8 that no route of this machine (nor another test network) uses."""
     for _ in range(200):
-        candidate = ipaddress.ip_network(
+        candidate = ipaddress.IPv4Network(
             f"10.{random.randint(64, 250)}.{random.randint(0, 255)}.0/24"
         )
         if not any(candidate.overlaps(other) for other in taken):
