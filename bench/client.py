@@ -38,13 +38,14 @@ class Target:
         return f"http://{self.authority}"
 
 
-def parse_target(url: str) -> Target:
-    """Parse ``http://host:port``; refuse anything that is not plain HTTP on loopback."""
+def parse_target(url: str, also_allowed: frozenset[str] = frozenset()) -> Target:
+    """Parse ``http://host:port``; refuse anything that is not plain HTTP on loopback (or on
+    one of ``also_allowed``: the bench's own test hosts)."""
     parts = urlsplit(url)
     if parts.scheme != "http":
         raise ValueError(f"only http:// URLs are supported, got {url!r}")
     host = parts.hostname or ""
-    if host not in LOOPBACK_HOSTS:
+    if host not in LOOPBACK_HOSTS | also_allowed:
         raise ValueError(f"refusing non-loopback host {host!r}: the bench only targets loopback")
     if parts.path not in ("", "/"):
         raise ValueError(f"the URL must not have a path, got {url!r}")

@@ -115,7 +115,8 @@ def _measure_layout(
         try:
             deployment.start(timeout_s=300)
             deployment.wait_for_workers(args.model, 1, timeout_s=300)
-            targets = [parse_target(deployment.gateway_url(i)) for i in range(gateways)]
+            own = frozenset(host.address("front") for host in deployment.gateway_hosts)
+            targets = [parse_target(deployment.gateway_url(i), own) for i in range(gateways)]
             metadata = get_json(targets[0], model_path(args.model))
             max_batch = int(
                 get_json(targets[0], model_path(args.model, "/config"))["max_batch_size"]
