@@ -7,15 +7,88 @@ commands; what differs is that a multi-key command, script or transaction must s
 one hash slot, which the key layout (:mod:`sluice.keys`) ensures.
 
 The rest of Sluice types the cluster client as the plain one: it is used only through the
-commands both share.
+commands both share. One more difference is smoothed over: when the cluster cannot serve a
+command (a slot without a primary during a failover, no node reachable), redis-py raises
+``RedisClusterException``, which is no ``RedisError``; here it becomes
+:class:`ClusterUnavailable`, a connection error, so that everything Sluice does when Redis
+is unreachable (a 503, a retry, a warning and the loop goes on) applies to a cluster too.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar, cast
 
 from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
+from redis.cluster import RedisCluster
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import (
+    CrossSlotTransactionError,
+    InvalidPipelineStack,
+    RedisClusterException,
+)
+
+T = TypeVar("T")
+
+
+class ClusterUnavailable(RedisConnectionError):
+    """A Redis Cluster cannot serve a command now (redis-py's ``RedisClusterException``)."""
+
+
+def _unavailable(exc: RedisClusterException) -> Exception:
+    if isinstance(exc, CrossSlotTransactionError | InvalidPipelineStack):
+        return exc  # a mistake in the caller, not the cluster's state: left as it is
+    return ClusterUnavailable(f"Redis Cluster: {exc}")
+
+
+def _translated(call: Callable[..., T]) -> Callable[..., T]:
+    @functools.wraps(call)
+    def run(*args: Any, **kwargs: Any) -> T:
+        try:
+            return call(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise _unavailable(exc) from exc
+
+    return run
+
+
+def _translated_async(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    @functools.wraps(call)
+    async def run(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await call(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise _unavailable(exc) from exc
+
+    return run
+
+
+class _Cluster(RedisCluster):
+    def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return _translated(super().execute_command)(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        setattr(pipe, "execute", _translated(pipe.execute))  # noqa: B010 (on this instance)
+        return pipe
+
+
+class _AsyncCluster(AsyncRedisCluster):
+    async def initialize(self, *args: Any, **kwargs: Any) -> AsyncRedisCluster:
+        """(reads the cluster's layout: at the first command, and again after a failover)"""
+        return await _translated_async(super().initialize)(*args, **kwargs)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        return await _translated_async(super().execute_command)(*args, **kwargs)
+
+    def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
+        pipe = super().pipeline(transaction, shard_hint)
+        setattr(pipe, "execute", _translated_async(pipe.execute))  # noqa: B010 (on this instance)
+        return pipe
+
 
 _CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 
@@ -44,10 +117,9 @@ def connect(url: str, **options: Any) -> Redis:
     plain, cluster = split_url(url)
     if not cluster:
         return Redis.from_url(plain, **options)
-    from redis.cluster import RedisCluster
-
-    client = RedisCluster.from_url(_without_db(plain), **_cluster_options(options))
-    return cast(Redis, client)
+    # (the synchronous client reads the cluster's layout at once)
+    make = _translated(_Cluster.from_url)
+    return cast(Redis, make(_without_db(plain), **_cluster_options(options)))
 
 
 def connect_async(url: str, **options: Any) -> AsyncRedis:
@@ -55,9 +127,7 @@ def connect_async(url: str, **options: Any) -> AsyncRedis:
     plain, cluster = split_url(url)
     if not cluster:
         return AsyncRedis.from_url(plain, **options)
-    from redis.asyncio.cluster import RedisCluster
-
-    client = RedisCluster.from_url(_without_db(plain), **_cluster_options(options))
+    client = _AsyncCluster.from_url(_without_db(plain), **_cluster_options(options))
     return cast(AsyncRedis, client)
 
 

@@ -128,4 +128,6 @@ def test_primary_failover_under_load(
     assert all(a.correct for a in after), figures
     assert set(statuses.get("recovered", {})) <= {"200"}, figures
     assert figures["lost"] == 0, figures
-    assert children_before == children_after, "a Sluice process was restarted"
+    assert children_before == children_after, "a Sluice process was restarted:\n" + "".join(
+        line for line in stack.stderr_lines if "reading requests failed" not in line
+    )

@@ -35,6 +35,9 @@ from tests.support.slow_model import write_slow
 MODEL = "slow"
 CLIENTS = 8
 REDIS_TIMEOUT_S = GatewaySettings().redis_timeout_s
+GATEWAY_CUT_S = 8.0
+NOTICED_S = 2 * REDIS_TIMEOUT_S + 1.0
+"""By then the gateway knows: a refresh (every 0.5 s) timed out, with its one retry."""
 
 
 def _request(index: int) -> dict[str, object]:
@@ -193,7 +196,7 @@ def test_a_gateway_cut_off_from_redis_answers_503_quickly(
         time.sleep(1.5)
         network.cut(gateway, "back")
         cut_at = time.monotonic()
-        time.sleep(6)
+        time.sleep(GATEWAY_CUT_S)
         network.restore(gateway, "back")
         restored_at = time.monotonic()
         serving_again_s = _wait(
@@ -207,7 +210,7 @@ def test_a_gateway_cut_off_from_redis_answers_503_quickly(
 
     answers = list(load.answers)
     during = [a for a in answers if cut_at <= a.started_s <= restored_at]
-    after_detection = [a for a in during if a.started_s >= cut_at + 3 * REDIS_TIMEOUT_S]
+    after_detection = [a for a in during if cut_at + NOTICED_S <= a.started_s <= restored_at - 0.5]
     failed = [a for a in answers if a.status != 200]
     figures = load.figures()
     figures.update(
@@ -229,5 +232,5 @@ def test_a_gateway_cut_off_from_redis_answers_503_quickly(
     # No one waits for a deadline (60 s): at most a command's timeout and its one retry.
     assert figures["slowest_answer_while_cut_s"] <= 2 * REDIS_TIMEOUT_S + 1.5
     # Once the gateway knows, it answers at once, without touching Redis.
-    assert after_detection and figures["slowest_answer_once_noticed_s"] < 0.5
+    assert after_detection and figures["slowest_answer_once_noticed_s"] < 1.0
     assert serving_again_s is not None and serving_again_s < 5, deployment.logs()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from tests.support.netns import Host, HostNetwork, NetnsUnavailable
 
 REDIS_PORT = 6379
 HTTP_PORT = 8000
+SLUICE = (sys.executable, "-m", "sluice.cli")
 
 
 @dataclass
@@ -104,59 +106,25 @@ class Deployment:
             net.add_host(f"gw{n}", ["front", "back"]) for n in range(self.gateways)
         ]
         self.worker_host_list = [net.add_host(f"wk{n}", ["back"]) for n in range(self.worker_hosts)]
+        redis_host = self.redis_host
+        redis_args = f"--port {REDIS_PORT} --save '' --appendonly no --protected-mode no "
+        redis_args += "--loglevel warning"
         self._spawn(
             "redis",
-            self.redis_host,
-            [
-                "redis-server",
-                "--bind",
-                self.redis_host.address("back"),
-                "--port",
-                str(REDIS_PORT),
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--protected-mode",
-                "no",
-                "--loglevel",
-                "warning",
-            ],
+            redis_host,
+            ["redis-server", "--bind", redis_host.address("back"), *shlex.split(redis_args)],
         )
         self.redis = Redis.from_url(self.redis_url, socket_timeout=5, socket_connect_timeout=2)
         self._wait("redis-server answering", self._redis_answers, 10)
+        workers = [
+            *["up", "--no-gateway", "--no-controller", "--model-repository"],
+            str(self.repository),
+        ]
+        gateway = f"gateway --http-host 0.0.0.0 --http-port {HTTP_PORT} --grpc-port 0".split()
         for host in self.worker_host_list:
-            self._spawn(
-                host.name,
-                host,
-                [
-                    sys.executable,
-                    "-m",
-                    "sluice.cli",
-                    "up",
-                    "--no-gateway",
-                    "--no-controller",
-                    "--model-repository",
-                    str(self.repository),
-                ],
-            )
+            self._spawn(host.name, host, [*SLUICE, *workers])
         for host in self.gateway_hosts:
-            self._spawn(
-                host.name,
-                host,
-                [
-                    sys.executable,
-                    "-m",
-                    "sluice.cli",
-                    "gateway",
-                    "--http-host",
-                    "0.0.0.0",
-                    "--http-port",
-                    str(HTTP_PORT),
-                    "--grpc-port",
-                    "0",
-                ],
-            )
+            self._spawn(host.name, host, [*SLUICE, *gateway])
         deadline = time.monotonic() + timeout_s
         for index in range(self.gateways):
             self._wait(

@@ -6,6 +6,21 @@ from typing import Any
 
 import numpy as np
 
+from sluice.config import parse_config_text
+
+TINY_CONFIG = parse_config_text(
+    """
+    name: "m"
+    platform: "onnxruntime_onnx"
+    max_batch_size: 8
+    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    """,
+    model_name="m",
+)
+"""A model config with one FP32 input ``x`` and one output ``y``, for tests of the parts
+around a model (no model file behind it)."""
+
 FIXED_TYPES = [
     ("BOOL", np.bool_),
     ("UINT8", np.uint8),

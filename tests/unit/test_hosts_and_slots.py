@@ -8,28 +8,27 @@ import re
 import pytest
 from pydantic import ValidationError
 from redis.crc import key_slot
+from redis.exceptions import RedisError
 
 from gateway.catalog_view import CatalogView
-from sluice.config import parse_config_text
+from scheduler.redis_server import free_port
 from sluice.errors import Unavailable
 from sluice.hosts import host_id
 from sluice.keys import Keys
-from sluice.redis_connect import is_cluster_url, split_url
+from sluice.redis_connect import (
+    ClusterUnavailable,
+    connect,
+    connect_async,
+    is_cluster_url,
+    split_url,
+)
 from sluice.settings import CommonSettings
 from sluice.wire import RequestMessage, ShmRef, TensorHeader, decode_request, encode_request
+from tests.support.samples import TINY_CONFIG
 from workers import shm_io
 from workers.batching import validate
 
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    platform: "onnxruntime_onnx"
-    max_batch_size: 8
-    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
+CONFIG = TINY_CONFIG
 
 
 def slot(key: str) -> int:
@@ -105,6 +104,29 @@ def test_a_cluster_url_with_another_database_is_refused() -> None:
 
     with pytest.raises(ValueError, match="only database 0"):
         connect("redis+cluster://127.0.0.1:1/3")
+
+
+def test_a_cluster_that_cannot_serve_raises_a_redis_error() -> None:
+    """redis-py's RedisClusterException is no RedisError: unless translated, a cluster without
+    a reachable node (or a slot without a primary during a failover) would escape every
+    handler of Redis errors and kill the process instead of answering 503."""
+    url = f"redis+cluster://127.0.0.1:{free_port()}"
+    with pytest.raises(ClusterUnavailable, match="Redis Cluster"):
+        connect(url, socket_connect_timeout=0.2)
+    assert issubclass(ClusterUnavailable, RedisError)
+
+
+async def test_an_async_cluster_that_cannot_serve_raises_a_redis_error() -> None:
+    client = connect_async(f"redis+cluster://127.0.0.1:{free_port()}", socket_connect_timeout=0.2)
+    try:
+        with pytest.raises(RedisError):
+            await client.get("x")
+        with pytest.raises(RedisError):
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.get("x")
+                await pipe.execute()
+    finally:
+        await client.aclose()
 
 
 def test_host_ids() -> None:

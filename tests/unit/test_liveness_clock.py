@@ -20,23 +20,14 @@ from redis.asyncio import Redis
 
 from scheduler.redis_server import RedisServer
 from sluice.clock import CLOCK
-from sluice.config import parse_config_text
 from sluice.keys import WORKER_GROUP, Keys
 from sluice.settings import WorkerSettings
+from tests.support.samples import TINY_CONFIG
 from workers.backends.base import Placement
 from workers.reclaim import Reclaimer
 from workers.worker import Worker
 
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    platform: "onnxruntime_onnx"
-    max_batch_size: 8
-    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
+CONFIG = TINY_CONFIG
 SKEW_S = 90.0
 
 

@@ -21,7 +21,6 @@ import pytest
 from gateway.infer_request import InputTensor, RequestedOutput
 from gateway.shm_registry import RegionRegistry, client_shm_allowed, client_shm_refusal
 from gateway.shm_transfer import TensorTransfer
-from sluice.config import parse_config_text
 from sluice.datatypes import to_buffer
 from sluice.errors import Forbidden, InferenceFailed, InvalidInput, NotFound, Unsupported
 from sluice.settings import GatewaySettings, WorkerSettings
@@ -49,6 +48,7 @@ from sluice.wire import (
     encode_reply,
     encode_request,
 )
+from tests.support.samples import TINY_CONFIG
 from workers.backends.base import Placement
 from workers.batching import PendingRequest, combine, shape_key, split, validate
 from workers.replies import Timing
@@ -550,16 +550,7 @@ def test_a_region_must_be_a_plain_object(kind: str, not_plain: dict[str, Path]) 
             call()
 
 
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    platform: "onnxruntime_onnx"
-    max_batch_size: 8
-    input [ { name: "x" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
+CONFIG = TINY_CONFIG
 
 
 def test_worker_reads_and_writes_regions_and_makes_output_segments(
