@@ -68,7 +68,10 @@ def _translated_async(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaita
 
 class _Cluster(RedisCluster):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return _translated(super().execute_command)(*args, **kwargs)
+        try:
+            return super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise _unavailable(exc) from exc
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
@@ -82,7 +85,10 @@ class _AsyncCluster(AsyncRedisCluster):
         return await _translated_async(super().initialize)(*args, **kwargs)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        return await _translated_async(super().execute_command)(*args, **kwargs)
+        try:
+            return await super().execute_command(*args, **kwargs)
+        except RedisClusterException as exc:
+            raise _unavailable(exc) from exc
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
