@@ -16,8 +16,9 @@ is unreachable (a 503, a retry, a warning and the loop goes on) applies to a clu
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar, cast
 
 from redis import Redis
@@ -44,13 +45,19 @@ def _unavailable(exc: RedisClusterException) -> Exception:
     return ClusterUnavailable(f"Redis Cluster: {exc}")
 
 
+@contextlib.contextmanager
+def _cluster_errors() -> Iterator[None]:
+    try:
+        yield
+    except RedisClusterException as exc:
+        raise _unavailable(exc) from exc
+
+
 def _translated(call: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(call)
     def run(*args: Any, **kwargs: Any) -> T:
-        try:
+        with _cluster_errors():
             return call(*args, **kwargs)
-        except RedisClusterException as exc:
-            raise _unavailable(exc) from exc
 
     return run
 
@@ -58,20 +65,16 @@ def _translated(call: Callable[..., T]) -> Callable[..., T]:
 def _translated_async(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
     @functools.wraps(call)
     async def run(*args: Any, **kwargs: Any) -> T:
-        try:
+        with _cluster_errors():
             return await call(*args, **kwargs)
-        except RedisClusterException as exc:
-            raise _unavailable(exc) from exc
 
     return run
 
 
 class _Cluster(RedisCluster):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _cluster_errors():
             return super().execute_command(*args, **kwargs)
-        except RedisClusterException as exc:
-            raise _unavailable(exc) from exc
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
@@ -82,13 +85,12 @@ class _Cluster(RedisCluster):
 class _AsyncCluster(AsyncRedisCluster):
     async def initialize(self, *args: Any, **kwargs: Any) -> AsyncRedisCluster:
         """(reads the cluster's layout: at the first command, and again after a failover)"""
-        return await _translated_async(super().initialize)(*args, **kwargs)
+        with _cluster_errors():
+            return await super().initialize(*args, **kwargs)
 
     async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        try:
+        with _cluster_errors():
             return await super().execute_command(*args, **kwargs)
-        except RedisClusterException as exc:
-            raise _unavailable(exc) from exc
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
         pipe = super().pipeline(transaction, shard_hint)
@@ -123,9 +125,9 @@ def connect(url: str, **options: Any) -> Redis:
     plain, cluster = split_url(url)
     if not cluster:
         return Redis.from_url(plain, **options)
-    # (the synchronous client reads the cluster's layout at once)
-    make = _translated(_Cluster.from_url)
-    return cast(Redis, make(_without_db(plain), **_cluster_options(options)))
+    with _cluster_errors():  # (the synchronous client reads the cluster's layout at once)
+        client = _Cluster.from_url(_without_db(plain), **_cluster_options(options))
+    return cast(Redis, client)
 
 
 def connect_async(url: str, **options: Any) -> AsyncRedis:
@@ -151,10 +153,8 @@ async def server_identity(redis: AsyncRedis) -> str:
     """What changes when Redis loses its data: the server's run id, or on a cluster the
     run ids of all its primaries (a failover replaces one, and writes it had not yet passed
     to its replica may be gone with it)."""
-    from redis.asyncio.cluster import RedisCluster
-
-    if isinstance(redis, RedisCluster):
-        found = await redis.info("server", target_nodes=RedisCluster.PRIMARIES)
+    if isinstance(redis, AsyncRedisCluster):
+        found = await redis.info("server", target_nodes=AsyncRedisCluster.PRIMARIES)
         return ",".join(sorted(str(info.get("run_id", "")) for info in found.values()))
     server = await redis.info("server")
     return str(server.get("run_id", ""))
