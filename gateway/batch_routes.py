@@ -26,7 +26,7 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.jobs import owner_of
+from gateway.guard import tenant_of
 from gateway.json_body import json_object, json_response
 from gateway.state import GatewayState, state_of
 from sluice import batches as b
@@ -80,6 +80,7 @@ async def submit(request: Request) -> Response:
     if body.version is not None and body.version not in entry.versions:
         raise InvalidInput(f"'version': model '{body.model}' does not serve version {body.version}")
     batch_id = b.new_batch_id()
+    tenant = tenant_of(request.scope)
     now = time.time()
     keys = state.keys
     async with state.redis.pipeline(transaction=False) as pipe:
@@ -93,10 +94,10 @@ async def submit(request: Request) -> Response:
                 b.F_OUTPUT: body.output,
                 b.F_OPTIONS: orjson.dumps(body.options.to_json()),
                 b.F_CREATED: f"{now:.6f}",
-                b.F_OWNER: owner_of(request.headers.get("authorization")),
+                b.F_OWNER: tenant,
             },
         )
-        pipe.zadd(keys.batches, {batch_id: now})
+        pipe.zadd(keys.batches(tenant), {batch_id: now})
         await pipe.execute()
     await _queue_plan(state, batch_id, resume=False)
     answer = json_response(await _status(state, batch_id, request), 201)
@@ -107,8 +108,10 @@ async def submit(request: Request) -> Response:
 @batch_router.get("/v2/batches")
 async def list_batches(request: Request) -> Response:
     state = state_of(request)
-    owner = owner_of(request.headers.get("authorization"))
-    ids = cast(list[bytes], await state.redis.zrevrange(state.keys.batches, 0, b.MAX_LISTED - 1))
+    owner = tenant_of(request.scope)
+    ids = cast(
+        list[bytes], await state.redis.zrevrange(state.keys.batches(owner), 0, b.MAX_LISTED - 1)
+    )
     async with state.redis.pipeline(transaction=False) as pipe:
         for raw in ids:
             pipe.hgetall(state.keys.batch(raw.decode()))
@@ -171,7 +174,7 @@ async def _record(state: GatewayState, batch_id: str, request: Request) -> dict[
     record = _decoded(
         cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.batch(batch_id)))
     )
-    if not record or record.get(b.F_OWNER, "") != owner_of(request.headers.get("authorization")):
+    if not record or record.get(b.F_OWNER, "") != tenant_of(request.scope):
         raise NotFound(f"no batch '{batch_id}'")
     return record
 

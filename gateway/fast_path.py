@@ -25,9 +25,10 @@ from starlette.types import Message, Receive, Scope, Send
 from gateway import request_id
 from gateway.body import check_declared_length, decode_body, parse_header_length, too_large
 from gateway.body_budget import BodyReservation
+from gateway.guard import tenant_of
 from gateway.infer import run_infer
 from gateway.infer_response import encode_error
-from gateway.jobs import job_record, owner_of, prefers_async, status_body, submit_job
+from gateway.jobs import job_record, prefers_async, status_body, submit_job
 from gateway.state import GatewayState
 from sluice.errors import Overloaded, SluiceError
 from sluice.logs import TRACE_ID
@@ -127,7 +128,15 @@ class InferFastPath:
             label = requested_label(version, label, headers.get(b"sluice-version-label"))
             if prefers_async(headers.get(b"prefer")):
                 status, content, response_headers = await _submit_job(
-                    state, match.group(1), version, body, json_length, label, trace, headers
+                    state,
+                    match.group(1),
+                    version,
+                    body,
+                    json_length,
+                    label,
+                    trace,
+                    headers,
+                    tenant_of(scope),
                 )
             else:
                 content, response_json_length = await run_infer(
@@ -177,6 +186,7 @@ async def _submit_job(
     label: str | None,
     trace: TraceParent | None,
     headers: dict[bytes, str],
+    tenant: str,
 ) -> tuple[int, bytes, list[tuple[bytes, bytes]]]:
     """``Prefer: respond-async``: 202, the job's status and its URL in ``Location``."""
     submitted = await submit_job(
@@ -188,12 +198,12 @@ async def _submit_job(
         label=label,
         trace=trace,
         idempotency_key=headers.get(b"idempotency-key"),
-        owner=owner_of(headers.get(b"authorization")),
+        owner=tenant,
     )
     if submitted.status is not None:
         body = orjson.dumps(submitted.status)
     else:  # an earlier job with the same idempotency key: as it is now
-        record = await job_record(state, submitted.job_id, owner_of(headers.get(b"authorization")))
+        record = await job_record(state, submitted.job_id, tenant)
         body = status_body(submitted.job_id, record)
     location = f"/v2/jobs/{submitted.job_id}".encode()
     return 202, body, [_JSON, (b"location", location), (b"preference-applied", b"respond-async")]

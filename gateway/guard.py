@@ -6,14 +6,17 @@ after decompression); every other route may receive at most
 against the bytes as they arrive, so no route ever buffers more than its limit.
 
 Keys are bearer tokens (``Authorization: Bearer <key>``), compared in constant
-time and never logged. Health endpoints are open; management endpoints
-(repository, shared memory) need an admin key when admin keys are set;
-everything else needs an inference or admin key when inference keys are set.
+time and never logged; each belongs to a tenant (:mod:`sluice.tenants`), which the guard
+leaves in the request's scope for the routes that keep things per tenant. Health endpoints
+are open; whenever any key is set, management endpoints (repository, model control,
+shared memory, logging, trace, TorchServe's management API) need an admin key and
+everything else needs a key.
 """
 
 from __future__ import annotations
 
 import hmac
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -23,6 +26,7 @@ from gateway.body import check_declared_length
 from gateway.infer_response import encode_error
 from sluice.errors import InvalidConfig, PayloadTooLarge, SluiceError
 from sluice.settings import ApiKeySettings
+from sluice.tenants import ADMIN, ANONYMOUS, KeyEntry, parse_key_entry
 
 _OPEN = ("/v2/health/", "/ping")
 _MANAGEMENT = (
@@ -33,13 +37,28 @@ _MANAGEMENT = (
     "/v2/trace",
     "/models",
 )
+_MODEL_TRACE = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/trace/setting/?")
+
+TENANT_STATE = "sluice.tenant"
+"""Where the guard leaves the caller's tenant in the ASGI scope's ``state``."""
 
 
-def _read_keys(read: Callable[[], list[str]], setting: str) -> frozenset[bytes]:
+def is_management(path: str) -> bool:
+    """Whether a route changes or reveals the deployment itself (an admin key's)."""
+    return path.startswith(_MANAGEMENT) or bool(_MODEL_TRACE.fullmatch(path))
+
+
+def _read_keys(
+    read: Callable[[], list[str]], setting: str, default_tenant: str | None
+) -> tuple[KeyEntry, ...]:
     try:
-        return frozenset(key.encode() for key in read())
+        entries = read()
     except OSError as exc:
         raise InvalidConfig(f"{setting}: cannot read the key file: {exc.strerror}") from None
+    try:
+        return tuple(parse_key_entry(entry, default_tenant) for entry in entries)
+    except ValueError as exc:
+        raise InvalidConfig(f"{setting}: {exc}") from None
 
 
 def bearer_token(value: bytes) -> bytes:
@@ -48,46 +67,95 @@ def bearer_token(value: bytes) -> bytes:
     return credential.strip() if scheme.lower() == b"bearer" else b""
 
 
+@dataclass(frozen=True, slots=True)
+class Access:
+    """What the guard decided: the caller's tenant, or why it is refused."""
+
+    tenant: str = ANONYMOUS
+    status: int = 0
+    """0: allowed; else 401 or 403."""
+    message: str = ""
+
+    @property
+    def denied(self) -> tuple[int, str] | None:
+        return (self.status, self.message) if self.status else None
+
+
+_MISSING = Access(status=401, message="missing API key: send 'Authorization: Bearer <key>'")
+_INVALID = Access(status=401, message="invalid API key")
+_NOT_ADMIN = Access(
+    status=403, message="this key may not use management endpoints; use an admin key"
+)
+_NO_ADMIN_KEYS = Access(
+    status=403,
+    message="management endpoints need an admin key, and none is set (SLUICE_ADMIN_KEYS)",
+)
+
+
 @dataclass(frozen=True)
 class KeyRing:
-    inference: frozenset[bytes]
-    admin: frozenset[bytes]
+    """The deployment's keys, each with its tenant. Whenever any key is set, every route
+    but health needs one, and management routes need an admin key (refused to everybody
+    when only inference keys are set). Without keys everything is open to one tenant,
+    ``anonymous``."""
+
+    inference: tuple[KeyEntry, ...] = ()
+    admin: tuple[KeyEntry, ...] = ()
 
     @classmethod
     def from_settings(cls, settings: ApiKeySettings) -> KeyRing:
         return cls(
-            _read_keys(settings.inference_keys, "SLUICE_API_KEYS_FILE"),
-            _read_keys(settings.admin_key_list, "SLUICE_ADMIN_KEYS_FILE"),
+            _read_keys(settings.inference_keys, "SLUICE_API_KEYS", None),
+            _read_keys(settings.admin_key_list, "SLUICE_ADMIN_KEYS", ADMIN),
         )
 
+    @property
+    def configured(self) -> bool:
+        return bool(self.inference or self.admin)
+
     @staticmethod
-    def _matches(token: bytes, keys: Iterable[bytes]) -> bool:
-        found = False
-        for key in keys:  # no early exit: the time taken does not depend on which key matched
-            found |= hmac.compare_digest(token, key)
+    def _match(token: bytes, entries: Iterable[KeyEntry]) -> str | None:
+        found: str | None = None
+        for entry in entries:  # no early exit: the time taken does not depend on the match
+            if hmac.compare_digest(token, entry.key):
+                found = entry.tenant
         return found
 
     def check(self, path: str, token: bytes | None) -> tuple[int, str] | None:
         """None when allowed, else (status, message)."""
+        return self.access(path, token).denied
+
+    def access(self, path: str, token: bytes | None) -> Access:
+        """Who calls ``path`` with ``token``, or why not."""
         if path.startswith(_OPEN):
-            return None
-        return self.check_call(path.startswith(_MANAGEMENT), token)
+            return Access()
+        return self.access_call(is_management(path), token)
+
+    def access_call(self, management: bool, token: bytes | None) -> Access:
+        """As :meth:`access`, for a call known to be a management one or not (gRPC)."""
+        if not self.configured:
+            return Access()
+        if token is None:
+            return _MISSING
+        admin = self._match(token, self.admin)
+        if admin is not None:
+            return Access(admin)
+        user = self._match(token, self.inference)
+        if user is None:
+            return _INVALID
+        if management:
+            return _NOT_ADMIN if self.admin else _NO_ADMIN_KEYS
+        return Access(user)
 
     def check_call(self, management: bool, token: bytes | None) -> tuple[int, str] | None:
-        """As :meth:`check`, for a call known to be a management one or not (gRPC)."""
-        if management and self.admin:
-            required = self.admin
-        elif self.inference:
-            required = self.inference | self.admin
-        else:  # admin keys alone guard the management endpoints only
-            return None
-        if token is None:
-            return 401, "missing API key: send 'Authorization: Bearer <key>'"
-        if self._matches(token, required):
-            return None
-        if management and self._matches(token, self.inference):
-            return 403, "this key may not use management endpoints; use an admin key"
-        return 401, "invalid API key"
+        return self.access_call(management, token).denied
+
+
+def tenant_of(scope: Scope) -> str:
+    """The tenant the guard found for this request (``anonymous`` without keys)."""
+    state = scope.get("state")
+    tenant = state.get(TENANT_STATE) if isinstance(state, dict) else None
+    return tenant if isinstance(tenant, str) else ANONYMOUS
 
 
 class EdgeGuard:
@@ -132,11 +200,12 @@ class EdgeGuard:
             elif name == b"content-length":
                 length = value
         path = scope["path"]
-        denied = self.keys.check(path, token)
-        if denied is not None:
-            extra = [(b"www-authenticate", b"Bearer")] if denied[0] == 401 else []
-            await _reject(send, denied[0], denied[1], extra)
+        access = self.keys.access(path, token)
+        if access.status:
+            extra = [(b"www-authenticate", b"Bearer")] if access.status == 401 else []
+            await _reject(send, access.status, access.message, extra)
             return
+        scope.setdefault("state", {})[TENANT_STATE] = access.tenant
         if (
             path.startswith("/v2/models/")
             and path.endswith(("/infer", "/generate", "/generate_stream"))

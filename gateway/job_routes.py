@@ -8,7 +8,7 @@
 - ``DELETE /v2/jobs/{id}``: cancel it (202 while a worker still holds it, then
   ``cancelled``).
 
-A job is found only with the API key that submitted it.
+A job is found only by the tenant whose key submitted it.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
+from gateway.guard import tenant_of
 from gateway.infer import inference_response
 from gateway.jobs import (
     cancel_job,
     encode_result,
     job_record,
     job_status,
-    owner_of,
     preferred_wait_s,
     status_body,
     wait_for_result,
@@ -38,14 +38,14 @@ job_router = APIRouter()
 @job_router.get("/v2/jobs/{job_id}")
 async def get_job(job_id: str, request: Request) -> Response:
     state = state_of(request)
-    record = await job_record(state, job_id, owner_of(request.headers.get("authorization")))
+    record = await job_record(state, job_id, tenant_of(request.scope))
     return Response(status_body(job_id, record), media_type="application/json")
 
 
 @job_router.get("/v2/jobs/{job_id}/result")
 async def get_result(job_id: str, request: Request) -> Response:
     state = state_of(request)
-    owner = owner_of(request.headers.get("authorization"))
+    owner = tenant_of(request.scope)
     wait_s = preferred_wait_s(request.headers.get("prefer"), state.settings.max_job_wait_s)
     record = await wait_for_result(state, job_id, owner, wait_s)
     status = record.get(jobs.F_STATUS, b"").decode()
@@ -62,7 +62,7 @@ async def get_result(job_id: str, request: Request) -> Response:
 @job_router.delete("/v2/jobs/{job_id}")
 async def delete_job(job_id: str, request: Request) -> Response:
     state = state_of(request)
-    owner = owner_of(request.headers.get("authorization"))
+    owner = tenant_of(request.scope)
     await cancel_job(state, job_id, owner)
     record = await job_record(state, job_id, owner)
     status = record.get(jobs.F_STATUS, b"").decode()

@@ -7,15 +7,15 @@ the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting and returns the
 for a repeated ``Idempotency-Key`` (or request ``id``). Jobs queue on the model version's
 background stream, below every online request, unless the request sets its ``priority``.
 
-A job belongs to the API key that submitted it (a hash of it is kept in the record): with
-another key, or none, it is not found. Job ids are 128-bit random, never derived from input.
+A job belongs to the tenant whose API key submitted it (:mod:`sluice.tenants`; its name is
+kept in the record): for another tenant, it is not found. Job ids are 128-bit random, never
+derived from input.
 """
 
 from __future__ import annotations
 
 import asyncio
 import datetime
-import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -61,16 +61,6 @@ def preferred_wait_s(prefer: str | None, limit_s: float) -> float:
         return 0.0
     match = _WAIT.search(prefer)
     return min(float(match.group(1)), limit_s) if match else 0.0
-
-
-def owner_of(authorization: str | None) -> str:
-    """Who a job belongs to: a hash of the bearer key that submitted it ('' for none)."""
-    if not authorization:
-        return ""
-    scheme, _, credential = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not credential.strip():
-        return ""
-    return hashlib.sha256(credential.strip().encode()).hexdigest()[:32]
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +155,7 @@ async def submit_job(
     script_keys = [
         job_key,
         stream,
-        keys.job_by_key(model, key) if key else job_key,
+        keys.job_by_key(model, owner, key) if key else job_key,
         keys.stats(model, request.number),
     ]
     # The id -> model record first: a job must never be in the queue without it. It outlives

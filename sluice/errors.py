@@ -77,6 +77,21 @@ class ServerBusy(Overloaded):
     """The gateway holds as many requests as it may; retry later."""
 
 
+class QuotaExceeded(Overloaded):
+    """A tenant is over one of its own limits (queued jobs, queued bytes, stored bytes):
+    429 with ``Retry-After``, the limit named in the message; other tenants go on."""
+
+    status = HTTPStatus.TOO_MANY_REQUESTS
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
+class Conflict(SluiceError):
+    """The request contradicts what exists: an idempotency key reused with another body."""
+
+    status = HTTPStatus.CONFLICT
+    grpc_code = "ALREADY_EXISTS"
+
+
 class Unauthorized(SluiceError):
     """No valid API key was presented."""
 
@@ -122,6 +137,8 @@ _BY_NAME: dict[str, type[SluiceError]] = {
         Unavailable,
         Overloaded,
         ServerBusy,
+        QuotaExceeded,
+        Conflict,
         Unauthorized,
         Forbidden,
         DeadlineExceeded,

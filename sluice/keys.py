@@ -77,10 +77,11 @@ class Keys:
     def is_job(self, reply_to: str) -> bool:
         return reply_to.startswith(f"{self.namespace}:job:")
 
-    def job_by_key(self, model: str, key: str) -> str:
-        """The job id an ``Idempotency-Key`` (or request id) named for a model, while the
-        job lives."""
-        return f"{self.namespace}:job-key:{{{model}}}:{key}"
+    def job_by_key(self, model: str, tenant: str, key: str) -> str:
+        """The job id (and a digest of its request) that a tenant's ``Idempotency-Key`` (or
+        request id) named for a model, while the job lives. Another tenant's equal key is
+        another key."""
+        return f"{self.namespace}:job-key:{{{model}}}:{tenant}:{key}"
 
     def batch(self, batch_id: str) -> str:
         """Hash of one offline batch job (:mod:`sluice.batches`)."""
@@ -108,10 +109,10 @@ class Keys:
         """Set of the batch ids running now (what the batch workers' reapers look at)."""
         return f"{{{self.namespace}}}:batches:running"
 
-    @property
-    def batches(self) -> str:
-        """Sorted set batch id -> creation time (unix s), for listing."""
-        return f"{{{self.namespace}}}:batches"
+    def batches(self, tenant: str) -> str:
+        """Sorted set batch id -> creation time (unix s) of one tenant's batches, for its
+        listing (no tenant sees, or is crowded out by, another's)."""
+        return f"{{{self.namespace}}}:batches:{tenant}"
 
     def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
         """Answers to one attempt of one shard (the shard task reads them itself)."""

@@ -81,16 +81,21 @@ class ApiKeySettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
 
     api_keys: str = Field("", repr=False)
-    """Comma-separated bearer tokens accepted on inference endpoints; empty = no auth."""
+    """Comma-separated ``tenant:key`` entries: bearer tokens accepted on every endpoint but
+    management, each belonging to its tenant (a bare ``key`` is a tenant of its own, see
+    :mod:`sluice.tenants`). With no key at all (here or in ``admin_keys``) every endpoint is
+    open to one tenant, ``anonymous``."""
 
     api_keys_file: str = ""
-    """File with one inference key per line (added to ``api_keys``)."""
+    """File with one ``tenant:key`` entry per line (added to ``api_keys``)."""
 
     admin_keys: str = Field("", repr=False)
-    """Comma-separated bearer tokens for management endpoints (repository, shared memory)."""
+    """Comma-separated ``tenant:key`` entries (a bare ``key``: tenant ``admin``) accepted on
+    every endpoint, management included (repository, model control, shared memory, logging,
+    trace, TorchServe's management API). Whenever any key is set, management needs one."""
 
     admin_keys_file: str = ""
-    """File with one admin key per line (added to ``admin_keys``)."""
+    """File with one admin ``tenant:key`` entry per line (added to ``admin_keys``)."""
 
     def inference_keys(self) -> list[str]:
         """``api_keys`` and the lines of ``api_keys_file``; OSError if it cannot be read."""

@@ -51,7 +51,7 @@ def test_everything_of_a_model_is_in_one_slot(model: str) -> None:
         keys.worker_hosts(model, 1),
         keys.dead_letters(model, 1),
         keys.job(model, "0" * 32),
-        keys.job_by_key(model, "client-key{}"),
+        keys.job_by_key(model, "team-a", "client-key{}"),
     ]
     assert len({slot(key) for key in together}) == 1, together
 
@@ -76,7 +76,7 @@ def test_the_control_plane_is_one_slot_and_models_spread() -> None:
         keys.controller_decisions,
         keys.desired_instances,
         keys.polled_repository,
-        keys.batches,
+        keys.batches("team-a"),
         keys.running_batches,
     ]
     assert len({slot(key) for key in control}) == 1
