@@ -54,11 +54,11 @@ def _read_keys(
     try:
         entries = read()
     except OSError as exc:
-        raise InvalidConfig(f"{setting}: cannot read the key file: {exc.strerror}") from None
+        raise InvalidConfig(f"{setting}_FILE: cannot read the key file: {exc.strerror}") from None
     try:
         return tuple(parse_key_entry(entry, default_tenant) for entry in entries)
     except ValueError as exc:
-        raise InvalidConfig(f"{setting}: {exc}") from None
+        raise InvalidConfig(f"{setting} (or {setting}_FILE): {exc}") from None
 
 
 def bearer_token(value: bytes) -> bytes:

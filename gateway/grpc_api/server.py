@@ -48,6 +48,7 @@ _MANAGEMENT = frozenset(
         "LogSettings",
     )
 )
+_HEALTH = frozenset(("ServerLive", "ServerReady"))
 _DENIED = {401: grpc.StatusCode.UNAUTHENTICATED, 403: grpc.StatusCode.PERMISSION_DENIED}
 _COMPRESSION = {
     "none": grpc.Compression.NoCompression,
@@ -159,6 +160,8 @@ class GrpcServer:
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
     async def _check_key(self, method: str, context: Context) -> None:
+        if method in _HEALTH:
+            return  # open, as HTTP's /v2/health/*
         token: bytes | None = None
         for key, value in context.invocation_metadata() or ():
             if key == "authorization":

@@ -8,8 +8,10 @@ endpoints an admin key, health endpoints none; refusals are 401 (with
 from __future__ import annotations
 
 import queue
+import re
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -183,6 +185,97 @@ def test_grpc_calls_take_the_same_keys(secured: Stack) -> None:
     with grpc.insecure_channel(secured.grpc_address) as channel:
         check = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest())
         assert check.status == health_pb2.HealthCheckResponse.SERVING
+
+
+OPEN_PATHS = ("/v2/health/", "/ping")
+_PARAMETERS = {"model": "no-such-model", "version": "1", "label": "production"}
+
+
+def openapi_routes(http: httpx.Client) -> list[tuple[str, str, bool]]:
+    """Every (method, concrete path, management?) of the gateway's OpenAPI schema, path
+    parameters filled with names that exist nowhere, so no call changes anything."""
+    from gateway.guard import is_management
+
+    schema = call(http, "GET", "/openapi.json", ADMIN_KEY).json()
+    routes = []
+    for template, operations in schema["paths"].items():
+        path = template
+        for name in re.findall(r"{(\w+)}", template):
+            path = path.replace(f"{{{name}}}", _PARAMETERS.get(name, "x0"))
+        for method in operations:
+            routes.append((method.upper(), path, is_management(path)))
+    return routes
+
+
+def test_every_route_of_the_schema_is_guarded(http: httpx.Client) -> None:
+    """Walks every route the gateway declares, with no key, a wrong key, an inference key and
+    an admin key: only health is open, management is the admin key's alone."""
+    routes = openapi_routes(http)
+    assert len(routes) > 50, routes
+    management = [r for r in routes if r[2]]
+    assert {"/v2/repository/index", "/v2/logging", "/models"} <= {p for _, p, _ in management}
+    for method, path, is_admin_only in routes:
+        where = f"{method} {path}"
+        if path.startswith(OPEN_PATHS):
+            assert call(http, method, path, None).status_code not in (401, 403), where
+            continue
+        assert_refused(call(http, method, path, None), 401)
+        assert_refused(call(http, method, path, WRONG_KEY), 401)
+        as_user = call(http, method, path, INFERENCE_KEYS[0])
+        if is_admin_only:
+            assert as_user.status_code == 403, (where, as_user.text)
+        else:
+            assert as_user.status_code not in (401, 403), (where, as_user.text)
+        as_admin = call(http, method, path, ADMIN_KEY)
+        assert as_admin.status_code not in (401, 403), (where, as_admin.text)
+
+
+def grpc_code(channel: Any, method: Any, key: str | None) -> Any:
+    """The status code of one call of ``method`` (an empty request) with ``key``."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    request_type = getattr(service_pb2, method.input_type.name)
+    path = f"/{method.containing_service.full_name}/{method.name}"
+    metadata = () if key is None else (("authorization", f"Bearer {key}"),)
+    try:
+        if method.name == "ModelStreamInfer":
+            stream = channel.stream_stream(path, request_serializer=request_type.SerializeToString)
+            for _ in stream(iter([request_type()]), metadata=metadata, timeout=10):
+                break
+        else:
+            unary = channel.unary_unary(path, request_serializer=request_type.SerializeToString)
+            unary(request_type(), metadata=metadata, timeout=10)
+    except grpc.RpcError as exc:
+        return exc.code()
+    return grpc.StatusCode.OK
+
+
+def test_every_grpc_method_is_guarded(secured: Stack) -> None:
+    """Every method of Triton's gRPC service: no key or a wrong key is UNAUTHENTICATED, an
+    inference key on a management method PERMISSION_DENIED, an admin key gets through."""
+    import grpc
+    from tritonclient.grpc import service_pb2
+
+    from gateway.grpc_api.server import _MANAGEMENT
+
+    service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    assert len(service.methods) > 15
+    denied = (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED)
+    with grpc.insecure_channel(secured.grpc_address) as channel:
+        for method in service.methods:
+            name = method.name
+            if name in ("ServerLive", "ServerReady"):
+                assert grpc_code(channel, method, None) not in denied, name
+                continue
+            assert grpc_code(channel, method, None) == grpc.StatusCode.UNAUTHENTICATED, name
+            assert grpc_code(channel, method, WRONG_KEY) == grpc.StatusCode.UNAUTHENTICATED, name
+            as_user = grpc_code(channel, method, INFERENCE_KEYS[0])
+            if name in _MANAGEMENT:
+                assert as_user == grpc.StatusCode.PERMISSION_DENIED, name
+            else:
+                assert as_user not in denied, name
+            assert grpc_code(channel, method, ADMIN_KEY) not in denied, name
 
 
 def test_keys_never_appear_in_the_logs(secured: Stack, http: httpx.Client) -> None:
