@@ -1,17 +1,68 @@
 """JSON Lines batch jobs: each input line is a KServe v2 inference request (``inputs`` with
 ``name``, ``shape``, ``datatype`` and ``data``; optional ``id``), each output line the v2
-response to it, in the same order."""
+response to it, in the same order.
+
+A line comes from a client, so what it may cost is bounded before anything is built from
+it: its length (``SLUICE_BATCH_MAX_LINE_BYTES``, read without holding more of the file),
+its shape (the model's dims after a batch dimension of at most ``max_batch_size``), and
+its elements, which must be as many as the shape says and each of the datatype's JSON
+kind (numbers in range, true/false, strings for BYTES, as the online JSON route takes
+them). The arrays built are then at most a small multiple of the line's length. Every
+refusal is an :class:`~sluice.errors.InvalidInput` naming the line and the input: it fails
+the shard once, with no retry.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+from collections.abc import Iterator
+from typing import IO, Any
 
 import numpy as np
 import orjson
 
-from sluice.config import ModelConfig
-from sluice.datatypes import from_numpy_dtype, numpy_dtype
+from sluice.config import ModelConfig, TensorSpec
+from sluice.datatypes import BYTES, element_count, from_numpy_dtype, numpy_dtype
 from sluice.errors import InvalidInput
+
+_SKIP_CHUNK = 1 << 20
+_MAX_NAME = 100
+
+
+def non_blank_lines(stream: IO[bytes], max_bytes: int) -> Iterator[tuple[int, bytes | None]]:
+    """``(offset, line)`` for each non-blank line from the stream's position on; ``line`` is
+    None for a line longer than ``max_bytes``, which is skipped, never held whole."""
+    offset = stream.tell()
+    while line := stream.readline(max_bytes + 1):
+        start = offset
+        offset += len(line)
+        if line.endswith(b"\n") or len(line) <= max_bytes:
+            if line.strip():
+                yield start, line
+            continue
+        blank = not line.strip()
+        while not line.endswith(b"\n"):
+            line = stream.readline(_SKIP_CHUNK)
+            if not line:
+                break
+            offset += len(line)
+            blank = blank and not line.strip()
+        if not blank:
+            yield start, None
+
+
+def parse_line(raw: bytes | None, where: str, max_bytes: int) -> Any:
+    """One line's JSON, or InvalidInput naming the line."""
+    if raw is None:
+        raise InvalidInput(
+            f"{where}: longer than {max_bytes} bytes (SLUICE_BATCH_MAX_LINE_BYTES); send "
+            "fewer rows per line"
+        )
+    try:
+        return json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        reason = "nested too deeply" if isinstance(exc, RecursionError) else str(exc)[:200]
+        raise InvalidInput(f"{where}: not JSON: {reason}") from None
 
 
 def request_arrays(request: Any, config: ModelConfig, where: str) -> dict[str, np.ndarray]:
@@ -19,29 +70,29 @@ def request_arrays(request: Any, config: ModelConfig, where: str) -> dict[str, n
     if not isinstance(request, dict) or not isinstance(request.get("inputs"), list):
         raise InvalidInput(f"{where}: a request must be an object with an 'inputs' list")
     arrays: dict[str, np.ndarray] = {}
-    for item in request["inputs"]:
+    for position, item in enumerate(request["inputs"]):
         if not isinstance(item, dict):
-            raise InvalidInput(f"{where}: each input must be an object")
-        name, shape, datatype = item.get("name"), item.get("shape"), item.get("datatype")
+            raise InvalidInput(f"{where}: input {position} must be an object")
+        name = item.get("name")
         spec = config.input(name) if isinstance(name, str) else None
         if spec is None or not isinstance(name, str):
-            raise InvalidInput(f"{where}: model '{config.name}' has no input {name!r}")
+            shown = name[:_MAX_NAME] if isinstance(name, str) else _kind(name)
+            raise InvalidInput(f"{where}: model '{config.name}' has no input {shown!r}")
+        if name in arrays:
+            raise InvalidInput(f"{where}: input '{name}' is given twice")
+        datatype = item.get("datatype")
         if datatype != spec.datatype:
-            raise InvalidInput(f"{where}: input '{name}' takes {spec.datatype}, not {datatype!r}")
-        if not isinstance(shape, list) or not shape or not all(_dimension(d) for d in shape):
-            raise InvalidInput(f"{where}: input '{name}' needs a shape of non-negative integers")
+            shown = datatype[:_MAX_NAME] if isinstance(datatype, str) else _kind(datatype)
+            raise InvalidInput(f"{where}: input '{name}' takes {spec.datatype}, not {shown!r}")
+        label = f"{where}: input '{name}'"
+        shape = _shape(item.get("shape"), spec, config, label)
         data = item.get("data")
-        try:
-            if datatype == "BYTES":
-                flat = np.array(
-                    [v.encode() if isinstance(v, str) else bytes(v) for v in _flatten(data)],
-                    dtype=object,
-                )
-            else:
-                flat = np.asarray(data, dtype=numpy_dtype(datatype)).reshape(-1)
-            arrays[name] = flat.reshape(shape)
-        except (TypeError, ValueError) as exc:
-            raise InvalidInput(f"{where}: input '{name}': {exc}") from None
+        if not isinstance(data, list):
+            raise InvalidInput(f"{label}: 'data' must be a list, got {_kind(data)}")
+        count = element_count(shape)
+        elements = _flatten(data, count, shape, label)
+        flat = _bytes(elements, label) if datatype == BYTES else _numbers(elements, datatype, label)
+        arrays[name] = flat.reshape(shape)
     missing = [s.name for s in config.inputs if not s.optional and s.name not in arrays]
     if missing:
         raise InvalidInput(f"{where}: input '{missing[0]}' is missing")
@@ -51,14 +102,124 @@ def request_arrays(request: Any, config: ModelConfig, where: str) -> dict[str, n
     return arrays
 
 
+def _shape(shape: Any, spec: TensorSpec, config: ModelConfig, label: str) -> list[int]:
+    """The request's shape: a batch dimension of at most ``max_batch_size``, then the
+    model's dims (any size where a dim is -1)."""
+    dims = list(spec.dims)
+    wanted = f"[rows, {', '.join(str(d) for d in dims)}]" if dims else "[rows]"
+    if (
+        not isinstance(shape, list)
+        or len(shape) != len(dims) + 1
+        or not all(_dimension(d) for d in shape)
+    ):
+        raise InvalidInput(
+            f"{label}: 'shape' must be {len(dims) + 1} non-negative integers {wanted} "
+            "(-1 in the model's dims: any size)"
+        )
+    if any(want != -1 and got != want for got, want in zip(shape[1:], dims, strict=True)):
+        raise InvalidInput(f"{label}: shape {shape} does not fit the model's {wanted}")
+    if config.max_batch_size > 0 and shape[0] > config.max_batch_size:
+        raise InvalidInput(
+            f"{label}: {shape[0]} rows in one line, but model '{config.name}' takes at most "
+            f"{config.max_batch_size} per request (max_batch_size)"
+        )
+    return shape
+
+
 def _dimension(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value < 1 << 31
 
 
-def _flatten(data: Any) -> list[Any]:
-    if isinstance(data, list):
-        return [x for item in data for x in _flatten(item)]
-    return [data]
+def _flatten(data: list[Any], count: int, shape: list[int], label: str) -> list[Any]:
+    """The leaves of ``data`` in row-major order (nesting may be ragged, as Triton allows),
+    walked without recursion and abandoned as soon as there are more than ``count``."""
+    out: list[Any] = []
+    stack = [iter(data)]
+    while stack:
+        for item in stack[-1]:
+            if isinstance(item, list):
+                stack.append(iter(item))
+                break
+            out.append(item)
+            if len(out) > count:
+                raise InvalidInput(
+                    f"{label}: 'data' holds more than the {count} elements of shape {shape}"
+                )
+        else:
+            stack.pop()
+    if len(out) != count:
+        raise InvalidInput(
+            f"{label}: 'data' holds {len(out)} elements; shape {shape} needs {count}"
+        )
+    return out
+
+
+def _bytes(elements: list[Any], label: str) -> np.ndarray:
+    flat = np.empty(len(elements), dtype=object)
+    for index, value in enumerate(elements):
+        if not isinstance(value, str):
+            raise InvalidInput(
+                f"{label} element {index} must be a string, got {_kind(value)} "
+                "(BYTES data is given as strings)"
+            )
+        flat[index] = value.encode()
+    return flat
+
+
+def _numbers(elements: list[Any], datatype: str, label: str) -> np.ndarray:
+    """Numbers of ``datatype``, each a JSON number (or true/false) in the type's range."""
+    target = numpy_dtype(datatype)
+    array: np.ndarray = np.asarray(elements) if elements else np.zeros(0, dtype=target)
+    if array.dtype.kind not in "biuf":
+        for index, value in enumerate(elements):
+            if not isinstance(value, int | float):  # (bool is an int)
+                raise InvalidInput(f"{label} element {index} must be a number, got {_kind(value)}")
+            if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
+                raise InvalidInput(f"{label} element {index} is out of range for {datatype}")
+        array = np.asarray(elements, dtype=np.float64)  # (int64 and uint64 values mixed)
+    kind = array.dtype.kind
+    if datatype == "BOOL":
+        if kind == "f" or (kind in "iu" and not ((array == 0) | (array == 1)).all()):
+            raise InvalidInput(f"{label}: BOOL data must be true/false (or 0/1)")
+        return array.astype(np.bool_)
+    if target.kind in "iu":
+        if kind == "f":
+            if not all(type(v) is int or isinstance(v, bool) for v in elements):
+                raise InvalidInput(f"{label}: {datatype} data must be integers")
+            low, high = min(elements), max(elements)
+        else:
+            low, high = (int(array.min()), int(array.max())) if array.size else (0, 0)
+        info = np.iinfo(target)
+        if low < info.min or high > info.max:
+            bad = low if low < info.min else high
+            raise InvalidInput(
+                f"{label}: value {bad} is out of range for {datatype} [{info.min}, {info.max}]"
+            )
+        return np.array(elements, dtype=target) if kind == "f" else array.astype(target)
+    try:
+        with np.errstate(over="raise", invalid="raise"):
+            return array.astype(target)
+    except FloatingPointError:
+        raise InvalidInput(f"{label}: a value is out of range for {datatype}") from None
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value is described in messages."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
 
 
 def answer_line(

@@ -4,9 +4,13 @@ without unpacking, and a safe unpacking.
 An archive is a zip with ``MAR-INF/MANIFEST.json`` (``model.modelName``, ``model.handler``,
 ``model.serializedFile``, ``model.modelFile``, ``model.modelVersion``,
 ``model.requirementsFile``) beside the model's files. It comes from outside, so nothing in it
-is trusted: member names that are absolute, climb with ``..``, or are links are refused;
-the entry count is bounded; and the bytes written while unpacking are counted, not the
-sizes the zip claims, so a compressed bomb stops at the limit.
+is trusted: member names that are absolute, climb with ``..``, name the archive's own root
+(``.``), hold empty parts or backslashes, clash with another member, or are links are
+refused, as are encrypted members. Unpacking is bounded three ways (:class:`UnpackLimits`):
+the entry count, each entry's size and the total size. The sizes are checked twice: from
+the zip's central directory before anything is written, and again by counting the bytes
+actually written, since the directory can lie; a compressed bomb stops at the limit either
+way.
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ import json
 import shutil
 import stat
 import zipfile
+import zlib
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidConfig
@@ -24,7 +29,27 @@ from sluice.errors import InvalidConfig
 MANIFEST = "MAR-INF/MANIFEST.json"
 MAX_ENTRIES = 10_000
 MAX_MANIFEST_BYTES = 1 << 20
+MAX_UNPACKED_BYTES = 4 << 30
+"""Bound on what one archive unpacks to (4 GiB; a larger model is served from its files,
+not from an archive)."""
 _CHUNK = 1 << 20
+_DAMAGED = (zipfile.BadZipFile, zlib.error, EOFError, NotImplementedError, RuntimeError)
+"""What reading a member of a damaged (or lying) archive raises: a bad CRC, a short or
+corrupt stream, an unknown compression method, a password."""
+
+
+@dataclass(frozen=True, slots=True)
+class UnpackLimits:
+    """How much one archive may unpack to."""
+
+    total_bytes: int = MAX_UNPACKED_BYTES
+    entries: int = MAX_ENTRIES
+    entry_bytes: int | None = None
+    """Largest single entry; None: ``total_bytes``."""
+
+    @property
+    def largest_entry(self) -> int:
+        return self.total_bytes if self.entry_bytes is None else self.entry_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,20 +86,28 @@ def _text(value: Any, field: str, path: Path, *, required: bool = False) -> str:
 
 
 def read_manifest(path: Path) -> MarManifest:
-    """The archive's manifest, checked; the archive's members are checked too."""
+    """The archive's manifest, checked; the archive's members are checked too (names and
+    count; sizes only when unpacking, against the unpacker's limits)."""
     with _open(path) as archive:
-        _check_members(path, archive)
-        try:
-            info = archive.getinfo(MANIFEST)
-        except KeyError:
-            raise _bad(path, f"{MANIFEST} is missing (not made by torch-model-archiver?)") from None
-        if info.file_size > MAX_MANIFEST_BYTES:
-            raise _bad(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+        _check_members(path, archive, MAX_ENTRIES)
+        return _manifest(path, archive)
+
+
+def _manifest(path: Path, archive: zipfile.ZipFile) -> MarManifest:
+    try:
+        info = archive.getinfo(MANIFEST)
+    except KeyError:
+        raise _bad(path, f"{MANIFEST} is missing (not made by torch-model-archiver?)") from None
+    if info.file_size > MAX_MANIFEST_BYTES:
+        raise _bad(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
         with archive.open(info) as stream:
             data = stream.read(MAX_MANIFEST_BYTES + 1)
+    except _DAMAGED as exc:
+        raise _bad(path, f"{MANIFEST} is damaged ({exc})") from None
     try:
         manifest = json.loads(data)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         raise _bad(path, f"{MANIFEST} is not JSON ({exc})") from None
     model = manifest.get("model") if isinstance(manifest, dict) else None
     if not isinstance(model, dict):
@@ -90,49 +123,133 @@ def read_manifest(path: Path) -> MarManifest:
     )
 
 
-def _check_members(path: Path, archive: zipfile.ZipFile) -> list[zipfile.ZipInfo]:
+def _parts(path: Path, info: zipfile.ZipInfo) -> tuple[str, ...]:
+    """The member's path inside the archive, part by part, or a refusal: a member must
+    name a file or folder strictly inside the archive, in exactly one spelling."""
+    raw = info.filename
+    if raw.startswith("/") or "\\" in raw:
+        raise _bad(path, f"entry {raw!r} points outside the archive")
+    parts = raw.split("/")
+    if info.is_dir():
+        parts = parts[:-1]  # the trailing slash of a folder
+    if ".." in parts:
+        raise _bad(path, f"entry {raw!r} points outside the archive")
+    if not parts or any(part in ("", ".") or "\0" in part for part in parts):
+        raise _bad(path, f"entry {raw!r} does not name a file or folder inside the archive")
+    return tuple(parts)
+
+
+def _check_members(
+    path: Path, archive: zipfile.ZipFile, max_entries: int, limits: UnpackLimits | None = None
+) -> list[tuple[zipfile.ZipInfo, tuple[str, ...]]]:
+    """Every member with its path, once each is found acceptable; with ``limits``, the
+    sizes the central directory claims are checked against them too."""
     members = archive.infolist()
-    if len(members) > MAX_ENTRIES:
-        raise _bad(path, f"more than {MAX_ENTRIES} entries")
-    seen: set[str] = set()
+    if len(members) > max_entries:
+        raise _bad(path, f"more than {max_entries} entries")
+    checked: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
+    files: set[tuple[str, ...]] = set()
+    folders: set[tuple[str, ...]] = set()
+    claimed = 0
     for info in members:
-        name = PurePosixPath(info.filename)
-        if name.is_absolute() or ".." in name.parts or "\\" in info.filename:
-            raise _bad(path, f"entry {info.filename!r} points outside the archive")
+        parts = _parts(path, info)
         kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix mode recorded
         if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
             raise _bad(path, f"entry {info.filename!r} is not a plain file or folder")
-        key = str(name)
-        if key in seen:
+        if info.flag_bits & 0x1:
+            raise _bad(path, f"entry {info.filename!r} is encrypted")
+        if parts in files or (info.is_dir() and parts in folders):
             raise _bad(path, f"entry {info.filename!r} appears twice")
-        seen.add(key)
-    return members
+        (folders if info.is_dir() else files).add(parts)
+        folders.update(parts[:end] for end in range(1, len(parts)))
+        if limits is not None and not info.is_dir():
+            claimed += info.file_size
+            if claimed > limits.total_bytes:
+                raise _bad(
+                    path,
+                    f"unpacks to more than {limits.total_bytes} bytes (by its directory)",
+                )
+            if info.file_size > limits.largest_entry:
+                raise _bad(
+                    path,
+                    f"entry {info.filename!r} unpacks to more than {limits.largest_entry} bytes",
+                )
+        checked.append((info, parts))
+    clash = sorted(files & folders)
+    if clash:
+        raise _bad(path, f"entry {'/'.join(clash[0])!r} is both a file and a folder")
+    return checked
 
 
-def unpack(path: Path, destination: Path, max_bytes: int) -> MarManifest:
+def unpack(
+    path: Path,
+    destination: Path,
+    max_bytes: int = MAX_UNPACKED_BYTES,
+    *,
+    limits: UnpackLimits | None = None,
+) -> MarManifest:
     """Unpack ``path`` into ``destination`` (created; must not exist), writing at most
-    ``max_bytes``; returns the manifest. On any failure nothing is left behind."""
-    manifest = read_manifest(path)
-    destination.mkdir(parents=True)
-    try:
-        written = 0
-        with _open(path) as archive:
-            for info in _check_members(path, archive):
-                target = destination.joinpath(*PurePosixPath(info.filename).parts)
+    ``max_bytes`` (or what ``limits`` allow); returns the manifest. On any failure nothing
+    is left behind."""
+    limits = limits or UnpackLimits(total_bytes=max_bytes)
+    with _open(path) as archive:
+        members = _check_members(path, archive, limits.entries, limits)
+        manifest = _manifest(path, archive)
+        destination.mkdir(parents=True)
+        try:
+            written = 0
+            for info, parts in members:
+                target = destination.joinpath(*parts)
                 if info.is_dir():
                     target.mkdir(parents=True, exist_ok=True)
                     continue
                 target.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(info) as source, target.open("xb") as sink:
-                    while chunk := source.read(_CHUNK):
-                        written += len(chunk)
-                        if written > max_bytes:
-                            raise _bad(path, f"unpacks to more than {max_bytes} bytes")
-                        sink.write(chunk)
-    except BaseException:
-        shutil.rmtree(destination, ignore_errors=True)
-        raise
+                written += _write(path, archive, info, target, limits, limits.total_bytes - written)
+        except BaseException:
+            shutil.rmtree(destination, ignore_errors=True)
+            raise
     return manifest
+
+
+def _write(
+    path: Path,
+    archive: zipfile.ZipFile,
+    info: zipfile.ZipInfo,
+    target: Path,
+    limits: UnpackLimits,
+    allowance: int,
+) -> int:
+    """Copy one member to ``target``, counting what is written: beyond what the directory
+    claimed for it, beyond the entry bound or beyond ``allowance`` (what the total bound
+    leaves) it stops. Returns the bytes written."""
+    written = 0
+    try:
+        with archive.open(info) as source, target.open("xb") as sink:
+            while chunk := source.read(_CHUNK):
+                written += len(chunk)
+                if written > allowance:
+                    raise _bad(
+                        path,
+                        f"unpacks to more than {limits.total_bytes} bytes",
+                    )
+                if written > limits.largest_entry:
+                    raise _bad(
+                        path,
+                        f"entry {info.filename!r} unpacks to more than "
+                        f"{limits.largest_entry} bytes",
+                    )
+                if written > info.file_size:
+                    raise _bad(
+                        path,
+                        f"entry {info.filename!r} holds more than the {info.file_size} bytes "
+                        "its directory claims",
+                    )
+                sink.write(chunk)
+    except _DAMAGED as exc:
+        raise _bad(path, f"entry {info.filename!r} is damaged ({exc})") from None
+    except (FileExistsError, IsADirectoryError, NotADirectoryError):
+        raise _bad(path, f"entry {info.filename!r} clashes with another entry") from None
+    return written
 
 
 def triton_config(

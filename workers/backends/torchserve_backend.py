@@ -42,9 +42,6 @@ log = logging.getLogger(__name__)
 
 BODY, CONTENT_TYPE = "body", "content_type"
 RESPONSE, RESPONSE_TYPE = "response", "response_type"
-MAX_UNPACKED_BYTES = 64 << 30
-"""An archive unpacking to more than this is refused (the repository is the operator's, so
-this only stops a bomb made by mistake)."""
 
 _JSON, _TEXT, _BINARY = "application/json", "text/plain", "application/octet-stream"
 
@@ -111,7 +108,7 @@ class TorchServeBackend:
             raise missing_extra(config.name, "TorchServe's handler runtime", "torchserve") from None
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-mar-"))
         try:
-            manifest = unpack(model_path, self._dir / "model", MAX_UNPACKED_BYTES)
+            manifest = unpack(model_path, self._dir / "model")
             if manifest.requirements_file:
                 log.warning(
                     "model '%s': the archive lists %s; Sluice does not install packages, "
