@@ -14,6 +14,14 @@ HTTP/2 flow control holds the client back. A failed request answers a stream res
 ``error_message`` and the request's ``id``; the stream goes on. A stream the client
 cancels takes its requests under way with it: their places in the dispatcher and in
 admission control are given back at once.
+
+Memory: each message's bytes are charged to the body budget HTTP bodies share
+(``SLUICE_MAX_BUFFERED_BODY_BYTES``) as soon as the message has arrived, before it is
+decoded, and given back once it is answered; a message that does not fit is refused
+(UNAVAILABLE, or a stream response with its ``id``). What may be arriving at once is
+bounded apart (:mod:`gateway.grpc_api.limits`): ModelInfer messages are read in turn
+(:mod:`gateway.grpc_api.receiving`), streams are limited in number and ended when idle
+(:mod:`gateway.grpc_api.stream_idle`).
 """
 
 from __future__ import annotations
@@ -28,20 +36,25 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from gateway import request_id
+from gateway.body_budget import BodyReservation
 from gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
 from gateway.infer_request import InferRequest, parse_infer_document
 from gateway.queue_turn import QueueTurn
 from gateway.shm_transfer import TensorTransfer
 from gateway.state import GatewayState
 from sluice.config import ModelConfig
-from sluice.errors import InvalidInput
+from sluice.errors import InvalidInput, ServerBusy, SluiceError
 from sluice.routing import HEADER
 from sluice.trace_context import TraceParent, parse_traceparent
 from sluice.wire import ReplyMessage
 
+from .limits import GrpcLimits
 from .protocol import service_pb2
+from .receiving import Receiving
 from .status import status_of
+from .stream_idle import StreamActivity, next_message
 from .tensors import encode_response, request_document
+from .wire_id import request_id_of
 
 log = logging.getLogger(__name__)
 
@@ -61,48 +74,97 @@ def metadata_of(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
 
 
 class InferCalls:
-    def __init__(self, state: GatewayState) -> None:
+    def __init__(self, state: GatewayState, limits: GrpcLimits) -> None:
         self.state = state
+        self.limits = limits
+        self.receiving = Receiving(limits)
+        self.open_streams = 0
 
     async def model_infer(
-        self, message: bytes, context: grpc.aio.ServicerContext[bytes, bytes]
+        self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> bytes:
+        """One ModelInfer call (served as client-streaming: see :mod:`.receiving`)."""
         metadata = metadata_of(context)
         remaining = context.time_remaining()
+        reservation = self.state.bodies.reservation()
         try:
-            request = await self.decode(message)
-            return await self.infer(request, len(message), metadata, remaining)
+            request, size = await self._received(context, reservation)
+            return await self.infer(request, size, metadata, remaining)
         except Exception as exc:
-            code, details = status_of(exc)
-            _log_failure(code, details)
-            await context.abort(code, details)
-            raise  # (abort raises)
+            _fail(context, exc)
+            return b""  # (not sent: the call ends with the error's status)
+        finally:
+            reservation.release()
+
+    async def _received(
+        self, context: grpc.aio.ServicerContext[bytes, bytes], reservation: BodyReservation
+    ) -> tuple[Any, int]:
+        """The call's request, decoded, and its size, charged to ``reservation``."""
+        message = await self.receiving.one(context)
+        reservation.ensure(len(message))
+        return await self.decode(message), len(message)
 
     async def model_stream_infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
+        limit = self.limits.open_streams
+        if self.open_streams >= limit:
+            busy = ServerBusy(
+                f"the gateway has {self.open_streams} ModelStreamInfer streams open, its limit "
+                "(SLUICE_GRPC_MAX_OPEN_STREAMS); retry later",
+                1,
+            )
+            _fail(context, busy)
+            return
+        self.open_streams += 1
+        try:
+            async for answer in self._stream(context):
+                yield answer
+        finally:
+            self.open_streams -= 1
+
+    async def _stream(
+        self, context: grpc.aio.ServicerContext[bytes, bytes]
+    ) -> AsyncIterator[bytes]:
+        """The stream's answers; its requests are read with ``context.read()`` (see
+        :mod:`.receiving`), not from the iterator grpcio hands the handler."""
         metadata = metadata_of(context)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
         slots = asyncio.Semaphore(self.state.settings.grpc_stream_max_in_flight)
         under_way: set[asyncio.Task[None]] = set()
+        activity = StreamActivity()
 
-        async def answer(message: bytes, turn: QueueTurn) -> None:
+        async def answer(message: bytes, turn: QueueTurn, reservation: BodyReservation) -> None:
             try:
                 last = await self._stream_answer(message, metadata, answers.put_nowait, turn)
                 if last:
                     answers.put_nowait(last)
             finally:
+                reservation.release()
                 turn.done.set()  # (failed before it was queued: the next one may go)
                 slots.release()
+                activity.ended()
 
         async def read() -> None:
             before: asyncio.Event | None = None
+            idle_s = self.limits.stream_idle_s
             try:
-                async for message in messages:
-                    await slots.acquire()
+                while (message := await next_message(context, activity, idle_s)) is not None:
+                    reservation = self.state.bodies.reservation()
+                    try:
+                        reservation.ensure(len(message))
+                    except ServerBusy as exc:
+                        answers.put_nowait(_stream_error(request_id_of(message), exc.message))
+                        continue
+                    try:
+                        await slots.acquire()
+                    except BaseException:
+                        reservation.release()
+                        raise
                     turn = QueueTurn(before)
                     before = turn.done
-                    task = asyncio.create_task(answer(message, turn))
+                    activity.began()
+                    task = asyncio.create_task(answer(message, turn, reservation))
                     under_way.add(task)
                     task.add_done_callback(under_way.discard)
                 while under_way:
@@ -114,7 +176,10 @@ class InferCalls:
         try:
             while (answer_bytes := await answers.get()) is not None:
                 yield answer_bytes
-            await reader  # (re-raises what ended the reading, a cancelled call's error)
+            try:
+                await reader  # (re-raises what ended the reading, a cancelled call's error)
+            except SluiceError as exc:  # (an idle stream)
+                _fail(context, exc)
         finally:
             reader.cancel()
             for task in list(under_way):
@@ -138,9 +203,7 @@ class InferCalls:
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
-            response = service_pb2.ModelStreamInferResponse(error_message=details)
-            response.infer_response.id = request.id if request is not None else ""
-            return bytes(response.SerializeToString())
+            return _stream_error(request.id if request is not None else "", details)
 
     async def decode(self, message: bytes) -> Any:
         """The ``ModelInferRequest`` (decoded on a thread when large)."""
@@ -158,71 +221,67 @@ class InferCalls:
         sink: Callable[[bytes], None] | None = None,
         turn: QueueTurn | None = None,
     ) -> bytes:
-        """One decoded request of ``size`` bytes, checked, queued, answered: the
-        ``ModelInferResponse`` bytes (with a stream's ``sink``: the
-        ``ModelStreamInferResponse`` bytes holding it, or, for a decoupled model, each of
-        its responses given to ``sink`` and b""); raises what the client is to see."""
+        """One decoded request of ``size`` bytes (already charged to the body budget by the
+        caller), checked, queued, answered: the ``ModelInferResponse`` bytes (with a
+        stream's ``sink``: the ``ModelStreamInferResponse`` bytes holding it, or, for a
+        decoupled model, each of its responses given to ``sink`` and b""); raises what the
+        client is to see."""
         stream = sink is not None
         state = self.state
-        reservation = state.bodies.reservation()
-        try:
-            reservation.ensure(size)
-            big = size > OFFLOAD_BYTES
-            model, version = request.model_name, request.model_version or None
-            limits = state.limits
-            if len(model) > limits.max_string_length or len(version or "") > 64:
-                raise InvalidInput("'model_name' or 'model_version' is too long")
+        big = size > OFFLOAD_BYTES
+        model, version = request.model_name, request.model_version or None
+        limits = state.limits
+        if len(model) > limits.max_string_length or len(version or "") > 64:
+            raise InvalidInput("'model_name' or 'model_version' is too long")
 
-            def parse(config: ModelConfig) -> InferRequest:
-                document, binary = request_document(request)
-                return parse_infer_document(document, binary, config, limits, state.regions)
+        def parse(config: ModelConfig) -> InferRequest:
+            document, binary = request_document(request)
+            return parse_infer_document(document, binary, config, limits, state.regions)
 
-            heavy = big or _names_shm_bytes(request)
-            request_id.from_header(metadata.get("x-request-id"))
-            deadline_us = 0 if remaining_s is None else max(1, int(remaining_s * 1_000_000))
-            prepared = await prepare_with(
-                state,
-                model,
-                version,
-                parse,
-                heavy,
-                metadata.get(_LABEL_METADATA) or None,
-                deadline_us=deadline_us,
-            )
-            parsed, transfer = prepared.parsed, state.transfer
+        heavy = big or _names_shm_bytes(request)
+        request_id.from_header(metadata.get("x-request-id"))
+        deadline_us = 0 if remaining_s is None else max(1, int(remaining_s * 1_000_000))
+        prepared = await prepare_with(
+            state,
+            model,
+            version,
+            parse,
+            heavy,
+            metadata.get(_LABEL_METADATA) or None,
+            deadline_us=deadline_us,
+        )
+        parsed, transfer = prepared.parsed, state.transfer
 
-            def encode(reply: ReplyMessage, data: memoryview) -> bytes:
-                answer = _encode(transfer, model, reply, data, parsed)
-                if not stream:
-                    return answer
-                # The stream response's field 2 is the ModelInferResponse: its bytes, framed.
-                return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
+        def encode(reply: ReplyMessage, data: memoryview) -> bytes:
+            answer = _encode(transfer, model, reply, data, parsed)
+            if not stream:
+                return answer
+            # The stream response's field 2 is the ModelInferResponse: its bytes, framed.
+            return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
 
-            if sink is not None and prepared.decoupled:
-                if turn is not None:  # (a decoupled model's requests keep no order)
-                    turn.done.set()
-                empty_final = request.parameters.get(_EMPTY_FINAL)
-                await _decoupled(
-                    state,
-                    prepared,
-                    big,
-                    encode,
-                    _trace_of(metadata),
-                    sink,
-                    empty_final is not None and empty_final.bool_param,
-                )
-                return b""
-            return await execute(
+        if sink is not None and prepared.decoupled:
+            if turn is not None:  # (a decoupled model's requests keep no order)
+                turn.done.set()
+            empty_final = request.parameters.get(_EMPTY_FINAL)
+            await _decoupled(
                 state,
                 prepared,
                 big,
                 encode,
                 _trace_of(metadata),
-                endpoint="ModelInfer RPC",
-                turn=turn,
+                sink,
+                empty_final is not None and empty_final.bool_param,
             )
-        finally:
-            reservation.release()
+            return b""
+        return await execute(
+            state,
+            prepared,
+            big,
+            encode,
+            _trace_of(metadata),
+            endpoint="ModelInfer RPC",
+            turn=turn,
+        )
 
 
 async def _decoupled(
@@ -254,6 +313,26 @@ async def _decoupled(
             field = flag.SerializeToString()
             answer = answer + _STREAM_FIELD + _varint(len(field)) + field
         sink(answer)
+
+
+def _stream_error(request_id: str, details: str) -> bytes:
+    response = service_pb2.ModelStreamInferResponse(error_message=details)
+    response.infer_response.id = request_id
+    return bytes(response.SerializeToString())
+
+
+def _fail(context: grpc.aio.ServicerContext[bytes, bytes], exc: Exception) -> None:
+    """End the call with the error's status once the handler returns.
+
+    Not ``context.abort``: grpcio keeps the exception abort raises on the call's state, and
+    its traceback leads back to that state, a cycle that keeps the finished call (and the
+    request bytes grpcio still holds for it) until a full garbage collection, hundreds of
+    MiB after a flood of refused large messages.
+    """
+    code, details = status_of(exc)
+    _log_failure(code, details)
+    context.set_code(code)
+    context.set_details(details)
 
 
 def _names_shm_bytes(request: Any) -> bool:

@@ -6,6 +6,10 @@ trace and log calls are management calls (admin keys), the others inference call
 and reflection are open. TLS with the HTTP API's certificate when one is set. Health answers
 SERVING for the whole server ("") and for the inference service while the server is ready
 (:func:`gateway.inspection.server_not_ready`), re-checked at every catalog refresh.
+
+Memory and streams are bounded before grpcio buffers anything a handler could refuse:
+see :mod:`gateway.grpc_api.limits` (what may arrive at once) and
+:mod:`gateway.grpc_api.options` (streams per connection, flow control, keepalive).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from gateway.state import GatewayState
 from sluice.errors import InvalidConfig, InvalidInput, PayloadTooLarge
 
 from .infer import InferCalls
+from .limits import GrpcLimits
+from .options import server_options
 from .protocol import SERVICE, service_pb2
 from .service import ControlCalls
 from .status import status_of
@@ -64,6 +70,7 @@ class GrpcServer:
 
     def __init__(self, state: GatewayState) -> None:
         self.state = state
+        self.limits = GrpcLimits.from_settings(state.settings)
         self.keys = KeyRing.from_settings(state.settings)
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
@@ -72,12 +79,7 @@ class GrpcServer:
     async def start(self) -> None:
         settings = self.state.settings
         server = grpc.aio.server(
-            options=[
-                ("grpc.so_reuseport", 1 if settings.grpc_reuse_port else 0),
-                ("grpc.max_receive_message_length", settings.grpc_max_receive_message_bytes),
-                ("grpc.max_send_message_length", settings.grpc_max_send_message_bytes),
-                ("grpc.max_concurrent_streams", 1024),
-            ],
+            options=server_options(settings, self.limits),
             maximum_concurrent_rpcs=settings.max_in_flight,
             compression=_COMPRESSION[settings.grpc_response_compression],
         )
@@ -136,13 +138,15 @@ class GrpcServer:
 
     def _inference_handler(self) -> grpc.GenericRpcHandler:
         control = ControlCalls(self.state)
-        infer = InferCalls(self.state)
+        infer = InferCalls(self.state, self.limits)
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         methods = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
         for method in methods:
             name = method.name
             if name == "ModelInfer":  # bytes in, bytes out: decoded and encoded off the loop
-                handlers[name] = grpc.unary_unary_rpc_method_handler(
+                # Client-streaming on the server's side (the same bytes on the wire): the
+                # handler runs before the message is read, and reads it in turn.
+                handlers[name] = grpc.stream_unary_rpc_method_handler(
                     self._guarded_unary(name, infer.model_infer)
                 )
             elif name == "ModelStreamInfer":

@@ -1,0 +1,46 @@
+"""The channel arguments of the gateway's gRPC server: message sizes, streams per
+connection, flow control and keepalive.
+
+Flow control: a stream's window is grpc's 64 KiB look-ahead, not grown by bandwidth-delay
+probing, so a call whose message is not being read yet (it waits for its turn, see
+:mod:`gateway.grpc_api.limits`) holds at most that much in the gateway. A message being
+read gets a window of its whole announced size from grpcio itself, so large messages still
+arrive at full speed.
+
+Keepalive: the gateway pings connections that have calls open and closes those whose peer
+does not answer; connections without calls are closed after an idle time; clients that
+ping more often than every five minutes without sending anything are sent away after two
+such pings (grpc's and Triton's defaults, stated here).
+"""
+
+from __future__ import annotations
+
+from sluice.settings import GatewaySettings
+
+from .limits import GrpcLimits
+
+STREAM_WINDOW_BYTES = 64 * 1024
+MIN_CLIENT_PING_INTERVAL_MS = 300_000
+MAX_PING_STRIKES = 2
+
+
+def _ms(seconds: float) -> int:
+    return max(1, round(seconds * 1000))
+
+
+def server_options(settings: GatewaySettings, limits: GrpcLimits) -> list[tuple[str, int]]:
+    return [
+        ("grpc.so_reuseport", 1 if settings.grpc_reuse_port else 0),
+        ("grpc.max_receive_message_length", limits.receive_bytes),
+        ("grpc.max_send_message_length", settings.grpc_max_send_message_bytes),
+        ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
+        ("grpc.http2.bdp_probe", 0),
+        ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
+        ("grpc.keepalive_time_ms", _ms(settings.grpc_keepalive_time_s)),
+        ("grpc.keepalive_timeout_ms", _ms(settings.grpc_keepalive_timeout_s)),
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.http2.max_pings_without_data", 0),
+        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
+        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+        ("grpc.max_connection_idle_ms", _ms(settings.grpc_max_connection_idle_s)),
+    ]
