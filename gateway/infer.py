@@ -297,6 +297,7 @@ async def execute(
     in_regions = any(tensor.shm is not None for tensor in parsed.inputs)
     stream = request.stream(state.keys)
     local = transfer.local(state.view, model, number)
+    state.redis_room.check()
     with state.admission.admit(model, number, request.max_queue, parsed.id):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
         heavy_pack = big or (in_regions and not local)
@@ -337,6 +338,7 @@ async def execute_stream(
     a final response that carries no outputs), until the final one. A model that is not
     decoupled gives one."""
     transfer = state.transfer
+    state.redis_room.check()
     with state.admission.admit(request.model, request.number, request.max_queue, request.parsed.id):
         local = transfer.local(state.view, request.model, request.number)
         headers, payload, segment = await _off_loop(

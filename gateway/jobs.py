@@ -3,9 +3,14 @@
 
 A job goes through exactly the validation of a synchronous request (:func:`gateway.infer.
 prepare`), then its entry and its record are written by one script, which refuses it when
-the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting and returns the earlier job
-for a repeated ``Idempotency-Key`` (or request ``id``). Jobs queue on the model version's
-background stream, below every online request, unless the request sets its ``priority``.
+the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting (503), or when the tenant's
+waiting jobs of the model are ``SLUICE_TENANT_MAX_QUEUED_JOBS`` or would hold more than
+``SLUICE_TENANT_MAX_QUEUED_JOB_BYTES`` (429, that tenant alone). A repeated
+``Idempotency-Key`` (or request ``id``) of the tenant returns the earlier job when the
+request is the same (a digest of it is kept with the key), and 409 when it is another.
+Jobs queue on the model version's background stream, below every online request, unless the
+request sets its ``priority``. Nothing is accepted while Redis is nearly full
+(:mod:`gateway.redis_room`).
 
 A job belongs to the tenant whose API key submitted it (:mod:`sluice.tenants`; its name is
 kept in the record): for another tenant, it is not found. Job ids are 128-bit random, never
@@ -16,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime
+import hashlib
 import re
 import time
 from dataclasses import dataclass
@@ -30,9 +36,12 @@ from gateway.infer_request import RequestedOutput
 from gateway.state import GatewayState
 from sluice import jobs
 from sluice.errors import (
+    Conflict,
     InvalidInput,
     NotFound,
     Overloaded,
+    PayloadTooLarge,
+    QuotaExceeded,
     SluiceError,
     Unsupported,
     error_from_kind,
@@ -86,6 +95,7 @@ async def submit_job(
 ) -> Submitted:
     """Validate the request as a synchronous one and queue it as a job."""
     settings = state.settings
+    state.redis_room.check()
     request = await prepare(
         state,
         model,
@@ -119,9 +129,14 @@ async def submit_job(
             f"the idempotency key must be 1 to {jobs.MAX_IDEMPOTENCY_KEY} printable ASCII "
             "characters without spaces"
         )
+    big = len(body) > OFFLOAD_BYTES
+    digest = (
+        await _off_loop(big, lambda: request_digest(model, version, label, json_length, body))
+        if key is not None
+        else ""
+    )
     headers, payload, _ = await _off_loop(
-        len(body) > OFFLOAD_BYTES,
-        lambda: state.transfer.pack(parsed.inputs, local=False, inline=True),
+        big, lambda: state.transfer.pack(parsed.inputs, local=False, inline=True)
     )
     job_id = jobs.new_job_id()
     keys = state.keys
@@ -136,6 +151,13 @@ async def submit_job(
     )
     outputs = [jobs.JobOutput(o.name, o.binary, o.classes) for o in parsed.outputs]
     fields = encode_request(message, payload)
+    entry_bytes = sum(len(name) + len(value) for name, value in fields.items())
+    if entry_bytes > settings.tenant_max_queued_job_bytes:
+        raise PayloadTooLarge(
+            f"the job would hold {entry_bytes} bytes in the queue, more than a tenant's "
+            f"queued jobs may hold ({settings.tenant_max_queued_job_bytes} bytes, "
+            "SLUICE_TENANT_MAX_QUEUED_JOB_BYTES)"
+        )
     args: list[Any] = [
         job_id,
         f"{time.time():.6f}",
@@ -149,6 +171,10 @@ async def submit_job(
         key or "",
         owner,
         parsed.id,
+        digest,
+        settings.tenant_max_queued_jobs,
+        settings.tenant_max_queued_job_bytes,
+        entry_bytes,
     ]
     for name, value in fields.items():
         args += [name, value]
@@ -157,18 +183,16 @@ async def submit_job(
         stream,
         keys.job_by_key(model, owner, key) if key else job_key,
         keys.stats(model, request.number),
+        keys.queued_jobs(model),
+        keys.job_room(model),
     ]
     # The id -> model record first: a job must never be in the queue without it. It outlives
     # the job (an hour beyond its longest life); a failed submission leaves only it behind.
     await state.redis.set(keys.job_model(job_id), model, ex=args[2] + args[3] + 3600)
     outcome, found = cast(list[Any], await _script(state, jobs.SUBMIT)(keys=script_keys, args=args))
-    if outcome == -1:
-        raise Overloaded(
-            f"model '{model}' version {request.number} has {settings.max_queued_jobs} "
-            "jobs waiting, its limit; retry later",
-            5,
-        )
     found_id = found.decode() if isinstance(found, bytes) else str(found)
+    if outcome < 0:
+        raise _refusal(state, outcome, model, request.number, owner, key, found_id)
     queued = {
         "id": found_id,
         "model": model,
@@ -179,6 +203,55 @@ async def submit_job(
     }
     return Submitted(found_id, outcome == 1, queued if outcome == 1 else None)
 
+
+def request_digest(
+    model: str, version: str | None, label: str | None, json_length: int | None, body: bytes
+) -> str:
+    """What defines a job's request (the model, the version or label asked for, the body
+    and how it splits into JSON and binary parts), as a SHA-256 in hex: kept beside the job
+    id under its idempotency key, so that the key reused for another request is told apart.
+    Proportional to the body: off the event loop for a large one."""
+    digest = hashlib.sha256()
+    digest.update(orjson.dumps([model, version or "", label or "", json_length]))
+    digest.update(body)
+    return digest.hexdigest()
+
+
+def _refusal(
+    state: GatewayState,
+    outcome: int,
+    model: str,
+    version: int,
+    owner: str,
+    key: str | None,
+    found: str,
+) -> SluiceError:
+    """The error for a refused submission (SUBMIT's negative outcomes)."""
+    settings = state.settings
+    if outcome == _REUSED:
+        return Conflict(f"idempotency key '{key}' was used for another request")
+    if outcome == _TENANT_JOBS:
+        return QuotaExceeded(
+            f"tenant '{owner}' has {found} jobs of model '{model}' waiting, its limit "
+            f"(SLUICE_TENANT_MAX_QUEUED_JOBS={settings.tenant_max_queued_jobs}); retry later",
+            5,
+        )
+    if outcome == _TENANT_BYTES:
+        return QuotaExceeded(
+            f"tenant '{owner}' has {found} bytes of jobs of model '{model}' waiting; this one "
+            "would pass its limit (SLUICE_TENANT_MAX_QUEUED_JOB_BYTES="
+            f"{settings.tenant_max_queued_job_bytes}); retry later",
+            5,
+        )
+    return Overloaded(
+        f"model '{model}' version {version} has {settings.max_queued_jobs} "
+        "jobs waiting, its limit; retry later",
+        5,
+    )
+
+
+_QUEUE_FULL, _TENANT_JOBS, _REUSED, _TENANT_BYTES = -1, -2, -3, -4
+"""SUBMIT's refusals (see :data:`sluice.jobs.SUBMIT`)."""
 
 _SCRIPTS: dict[tuple[int, str], AsyncScript] = {}
 
@@ -282,7 +355,17 @@ async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
     job_key = state.keys.job(model, job_id)
     try:
         now = f"{time.time():.6f}"
-        status = await state.redis.eval(jobs.CANCEL, 3, job_key, stream, stats, now)
+        status = await state.redis.eval(
+            jobs.CANCEL,
+            5,
+            job_key,
+            stream,
+            stats,
+            state.keys.queued_jobs(model),
+            state.keys.job_room(model),
+            now,
+            job_id,
+        )
     except RedisError as exc:
         raise SluiceError(f"cannot cancel job '{job_id}': {exc}") from None
     if status is None:

@@ -11,6 +11,7 @@ from gateway.admission import Admission
 from gateway.body_budget import BodyBudget
 from gateway.catalog_view import CatalogView
 from gateway.infer_request import RequestLimits
+from gateway.redis_room import RedisRoom
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
 from sluice.dispatch import Dispatcher
@@ -33,6 +34,9 @@ class GatewayState:
     """How tensor bytes travel to the workers and back (entry or shared memory)."""
     bodies: BodyBudget
     """Request-body bytes held by this process, within SLUICE_MAX_BUFFERED_BODY_BYTES."""
+    redis_room: RedisRoom = field(default_factory=lambda: RedisRoom(0.0))
+    """Room left in Redis (its memory, read in the periodic refresh): ``redis_room.check()``
+    refuses new work that would add to a Redis above SLUICE_REDIS_MEMORY_HIGH_WATER."""
     redis_ok: bool = field(default=False)
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""

@@ -187,27 +187,33 @@ class Publisher:
         reply = outcome.reply
         pipe.eval(
             jobs.FINISH,
-            2,
+            4,
             job,
             self.keys.stats(self.model, self.version),
+            self.keys.queued_jobs(self.model),
+            self.keys.job_room(self.model),
             jobs.status_of_answer(reply.error_kind),
             fields[HEADER_FIELD],
             fields[DATA_FIELD],
             f"{time.time():.6f}",
             reply.error,
             reply.error_kind,
+            outcome.request.message.request_key,
         )
 
     async def started(self, requests: list[PendingRequest]) -> None:
-        """Mark the jobs among ``requests`` in progress (best effort: only their status
-        shows it)."""
-        job_keys = [r.message.reply_to for r in requests if self.keys.is_job(r.message.reply_to)]
-        if not job_keys:
+        """Mark the jobs among ``requests`` in progress, and give back the room they held
+        in their tenants' queued-job accounts (best effort: their answer gives it back too)."""
+        started = [r.message for r in requests if self.keys.is_job(r.message.reply_to)]
+        if not started:
             return
+        keys = [self.keys.queued_jobs(self.model), self.keys.job_room(self.model)]
+        keys += [m.reply_to for m in started]
+        ids = [m.request_key for m in started]
         try:
-            await self.redis.eval(jobs.START, len(job_keys), *job_keys, f"{time.time():.6f}")
+            await self.redis.eval(jobs.START, len(keys), *keys, f"{time.time():.6f}", *ids)
         except RedisError as exc:
-            log.debug("marking %d job(s) in progress failed: %s", len(job_keys), exc)
+            log.debug("marking %d job(s) in progress failed: %s", len(started), exc)
 
     def _record(
         self,

@@ -7,17 +7,19 @@ requests overtake queued jobs."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from redis import Redis
 
 from scheduler.redis_server import RedisServer
 from tests.support.load import slow_request
@@ -252,3 +254,194 @@ def test_many_jobs_at_once_all_complete(http: httpx.Client) -> None:
     for location in locations:
         result = http.get(f"{location}/result", headers={"Prefer": "wait=30"})
         assert result.status_code == 200
+
+
+def test_an_idempotency_key_reused_for_another_request_is_a_conflict(http: httpx.Client) -> None:
+    tensor = {"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [3, 4]}
+    other = {"id": "", "inputs": [tensor]}
+    first = submit(http, "double", REQUEST, **{"Idempotency-Key": "order-77"})
+    assert first.status_code == 202, first.text
+    again = submit(http, "double", REQUEST, **{"Idempotency-Key": "order-77"})
+    assert again.status_code == 202 and again.headers["location"] == first.headers["location"]
+    conflict = submit(http, "double", other, **{"Idempotency-Key": "order-77"})
+    assert conflict.status_code == 409, conflict.text
+    assert conflict.json()["error"] == "idempotency key 'order-77' was used for another request"
+    by_id = submit(http, "double", {**REQUEST, "id": "req-conflict"})
+    assert by_id.status_code == 202
+    by_id_other = submit(http, "double", {**other, "id": "req-conflict"})
+    assert by_id_other.status_code == 409
+    assert "idempotency key 'req-conflict'" in by_id_other.json()["error"]
+    assert submit(http, "double", {**REQUEST, "id": "req-conflict"}).status_code == 202
+    result = http.get(f"{first.headers['location']}/result", headers={"Prefer": "wait=30"})
+    assert result.json()["outputs"][0]["data"] == [2.0, 4.0]  # the first request's answer
+
+
+TEAM_A = {"Authorization": "Bearer key-a"}
+TEAM_B = {"Authorization": "Bearer key-b"}
+TEAM_C = {"Authorization": "Bearer key-c"}
+TENANT_MAX_JOBS = 3
+TENANT_MAX_BYTES = 4_000
+
+
+@pytest.fixture(scope="module")
+def tenants(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
+    """A stack with three tenants, an admin, and small per-tenant bounds on queued jobs."""
+    root = tmp_path_factory.mktemp("tenants")
+    write_repository(root)
+    env = {
+        "SLUICE_API_KEYS": "team-a:key-a,team-b:key-b,team-c:key-c",
+        "SLUICE_ADMIN_KEYS": "admin-key",
+        "SLUICE_TENANT_MAX_QUEUED_JOBS": str(TENANT_MAX_JOBS),
+        "SLUICE_TENANT_MAX_QUEUED_JOB_BYTES": str(TENANT_MAX_BYTES),
+    }
+    stack = Stack(root, redis_server.url, env=env)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_two_tenants_share_no_job_and_no_idempotency_key(tenants: Stack) -> None:
+    wrong, admin = {"Authorization": "Bearer nope"}, {"Authorization": "Bearer admin-key"}
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
+        blocker = submit(http, "slow", slow_request(1, 100_000), **TEAM_B)
+        assert blocker.status_code == 202, blocker.text
+        a = submit(http, "slow", slow_request(2, 10), **TEAM_A, **{"Idempotency-Key": "1"})
+        assert a.status_code == 202, a.text
+        location = a.headers["location"]
+        job_id, unknown = location.rsplit("/", 1)[1], "0" * 32
+        for method, suffix in (("GET", ""), ("GET", "/result"), ("DELETE", "")):
+            for job in (job_id, unknown):
+                path = f"/v2/jobs/{job}{suffix}"
+                for headers in (wrong, {}):
+                    answer = http.request(method, path, headers=headers)
+                    assert answer.status_code == 401, (method, path, answer.text)
+                # B learns nothing: A's job answers exactly as an unknown id does
+                answer = http.request(method, path, headers=TEAM_B)
+                assert answer.status_code == 404, (method, path, answer.text)
+                assert answer.json() == {"error": f"no job '{job}'"}
+        for headers in (wrong, {}):
+            assert submit(http, "slow", slow_request(3, 10), **headers).status_code == 401
+        # A's idempotency key, and A's request id, reused by B are B's own new jobs
+        b = submit(http, "slow", slow_request(2, 10), **TEAM_B, **{"Idempotency-Key": "1"})
+        b_by_id = submit(http, "slow", slow_request(2, 10), **TEAM_B)
+        assert b.status_code == b_by_id.status_code == 202, (b.text, b_by_id.text)
+        assert len({location, b.headers["location"], b_by_id.headers["location"]}) == 3
+        assert http.delete(b.headers["location"], headers=TEAM_B).status_code in (200, 202)
+        # nothing B did touched A's job
+        assert http.get(location, headers=TEAM_A).json()["status"] in ("queued", "in_progress")
+        again = submit(http, "slow", slow_request(2, 10), **TEAM_A, **{"Idempotency-Key": "1"})
+        assert again.headers["location"] == location
+        result = http.get(f"{location}/result", headers={**TEAM_A, "Prefer": "wait=60"})
+        assert result.status_code == 200, result.text
+        assert result.json()["outputs"][0]["data"] == [2.0, 2.5, -2.0, 7.0]
+        assert http.get(location, headers=admin).status_code == 404  # the admin is a tenant too
+        cancelled = submit(http, "slow", slow_request(4, 10), **TEAM_A)
+        assert http.delete(cancelled.headers["location"], headers=TEAM_A).status_code in (200, 202)
+        assert finished_as(http, cancelled.headers["location"], TEAM_A) == "cancelled"
+        assert finished_as(http, b_by_id.headers["location"], TEAM_B) == "completed"
+        assert http.get(location, headers=TEAM_A).json()["status"] == "completed"
+
+
+def finished_as(http: httpx.Client, location: str, headers: dict[str, str]) -> str:
+    """The job's status once it has finished."""
+    done = ("completed", "failed", "expired", "cancelled")
+    assert wait_until(lambda: http.get(location, headers=headers).json()["status"] in done, 60)
+    status: str = http.get(location, headers=headers).json()["status"]
+    return status
+
+
+def test_a_tenant_past_its_queued_job_bounds_gets_429_and_another_goes_on(
+    tenants: Stack,
+) -> None:
+    with httpx.Client(base_url=tenants.url, timeout=60) as http:
+        blocker = submit(http, "slow", slow_request(30, 600_000), **TEAM_B)
+        assert wait_until(
+            lambda: (
+                http.get(blocker.headers["location"], headers=TEAM_B).json()["status"] != "queued"
+            ),
+            30,
+        )
+        queued = [submit(http, "slow", slow_request(31 + i, 10), **TEAM_A) for i in range(3)]
+        assert [q.status_code for q in queued] == [202] * 3, [q.text for q in queued]
+        refused = submit(http, "slow", slow_request(34, 10), **TEAM_A)
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["retry-after"]) > 0
+        assert "SLUICE_TENANT_MAX_QUEUED_JOBS" in refused.json()["error"]
+        assert "team-a" in refused.json()["error"]
+        # another tenant is not affected; a cancelled job frees its room at once
+        assert submit(http, "slow", slow_request(35, 10), **TEAM_B).status_code == 202
+        cancel = http.delete(queued[0].headers["location"], headers=TEAM_A)
+        assert cancel.json()["status"] == "cancelled"
+        assert submit(http, "slow", slow_request(34, 10), **TEAM_A).status_code == 202
+        assert submit(http, "slow", slow_request(36, 10), **TEAM_A).status_code == 429
+        # bytes: C's jobs are large, so C runs out of bytes before jobs
+        big = [submit(http, "slow", big_request(40 + i), **TEAM_C) for i in range(3)]
+        assert big[0].status_code == 202, big[0].text
+        over = [answer for answer in big if answer.status_code != 202]
+        assert over and over[0].status_code == 429, [answer.text for answer in big]
+        assert "SLUICE_TENANT_MAX_QUEUED_JOB_BYTES" in over[0].json()["error"]
+        too_big = submit(http, "slow", big_request(50, 5_000), **TEAM_C)
+        assert too_big.status_code == 413, too_big.text
+        assert "SLUICE_TENANT_MAX_QUEUED_JOB_BYTES" in too_big.json()["error"]
+        # completed jobs free their room too
+        http.delete(blocker.headers["location"], headers=TEAM_B)
+        held = [(q, TEAM_A) for q in queued[1:]] + [(b, TEAM_C) for b in big]
+        for answer, headers in held:
+            if answer.status_code == 202:
+                finished_as(http, answer.headers["location"], headers)
+        assert wait_until(
+            lambda: submit(http, "slow", big_request(60), **TEAM_C).status_code == 202, 30
+        )
+
+
+def big_request(index: int, size: int = 1_500) -> dict[str, Any]:
+    """A slow request whose queue entry is large: a request parameter of ``size`` characters
+    (such parameters travel on to the model, in the entry)."""
+    return {**slow_request(index, 10), "parameters": {"note": "x" * size}}
+
+
+def test_a_nearly_full_redis_refuses_new_work_until_it_drains(tmp_path: Path) -> None:
+    """Redis with a small maxmemory (noeviction): filled past the high-water mark, jobs and
+    synchronous requests get 503 with Retry-After; what was accepted before still completes;
+    once Redis drains, requests are accepted again."""
+    write_repository(tmp_path)
+    server = RedisServer()
+    server.start()
+    stack = Stack(tmp_path, server.url)
+    redis = Redis.from_url(server.url)
+    try:
+        stack.start()
+        with httpx.Client(base_url=stack.url, timeout=60) as http:
+            accepted = submit(http, "slow", slow_request(1, 100_000))
+            assert accepted.status_code == 202, accepted.text
+            limit = int(cast(dict[str, Any], redis.info("memory"))["used_memory"]) + (32 << 20)
+            redis.config_set("maxmemory-policy", "noeviction")
+            redis.config_set("maxmemory", limit)
+            while int(cast(dict[str, Any], redis.info("memory"))["used_memory"]) < 0.9 * limit:
+                redis.rpush("ballast", b"\0" * (256 << 10))
+
+            def refused() -> bool:
+                return submit(http, "double", REQUEST).status_code == 503
+
+            assert wait_until(refused, 10, 0.1)
+            job = submit(http, "double", REQUEST)
+            sync = http.post("/v2/models/double/infer", json=REQUEST)
+            for answer in (job, sync):
+                assert answer.status_code == 503, answer.text
+                assert int(answer.headers["retry-after"]) > 0
+                assert re.fullmatch(
+                    r"Redis is 9\d% full \(its maxmemory\); retry later", answer.json()["error"]
+                ), answer.text
+            assert http.get(accepted.headers["location"]).status_code == 200
+            redis.delete("ballast")
+            assert wait_until(lambda: submit(http, "double", REQUEST).status_code == 202, 10, 0.1)
+            assert http.post("/v2/models/double/infer", json=REQUEST).status_code == 200
+            result = http.get(
+                f"{accepted.headers['location']}/result", headers={"Prefer": "wait=60"}
+            )
+            assert result.status_code == 200, result.text
+            assert result.json()["outputs"][0]["data"] == [1.0, 1.5, -1.0, 7.0]
+    finally:
+        redis.close()
+        stack.stop()
+        server.stop()
