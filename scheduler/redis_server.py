@@ -3,11 +3,21 @@
 ``sluice up`` supervises it: when it dies it is started again on the same port, empty
 (it keeps nothing on disk); the catalog is published again and the gateway and the
 workers reconnect by themselves (see CatalogKeeper in :mod:`scheduler.up`).
+
+Any local user can connect to a port on 127.0.0.1, and whoever reaches Redis can read and
+rewrite every request, answer and job: ``sluice up`` gives its redis-server a password made
+for that start (:func:`new_password`). The password is written to a configuration file
+that only this user can read, never to redis-server's arguments (which every local user
+sees in the process list); the children get it in ``SLUICE_REDIS_URL``, in their
+environment. ``maxmemory`` with ``noeviction`` bounds its memory: once full, writes are
+refused (the gateway answers 503) instead of queued entries being evicted.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 import shutil
 import socket
 import subprocess
@@ -41,11 +51,22 @@ def free_port() -> int:
         return port
 
 
+def new_password() -> str:
+    """256 random bits, in hex (safe in a URL, a configuration file and a shell)."""
+    return secrets.token_hex(32)
+
+
 @dataclass
 class RedisServer:
-    """A redis-server child on loopback that keeps nothing on disk."""
+    """A redis-server child on loopback that keeps nothing on disk; with ``password`` it
+    refuses every client that does not authenticate, with ``maxmemory_bytes`` it refuses
+    writes beyond that size."""
 
     port: int = 0
+    password: str = field(default="", repr=False)
+    """Empty: none (the test suite's own servers); the same across restarts."""
+    maxmemory_bytes: int = 0
+    """0: no limit."""
     process: subprocess.Popen[bytes] | None = None
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="sluice-redis-")))
     backoff: Backoff = field(default_factory=Backoff)
@@ -55,29 +76,44 @@ class RedisServer:
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        """The URL clients use, with the password: for children's environment only."""
+        credentials = f":{self.password}@" if self.password else ""
+        return f"redis://{credentials}127.0.0.1:{self.port}/0"
+
+    @property
+    def address(self) -> str:
+        """Where it listens, without the password: for logs."""
+        return f"127.0.0.1:{self.port}"
+
+    def _write_config(self) -> Path:
+        """The configuration file, readable by this user only (the directory is too)."""
+        lines = [
+            f"port {self.port}",
+            "bind 127.0.0.1",
+            "protected-mode yes",
+            'save ""',
+            "appendonly no",
+            f'dir "{self.workdir}"',
+            "loglevel warning",
+        ]
+        if self.password:
+            lines.append(f"requirepass {self.password}")
+        if self.maxmemory_bytes:
+            lines += [f"maxmemory {self.maxmemory_bytes}", "maxmemory-policy noeviction"]
+        path = self.workdir / "redis.conf"
+        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(descriptor, "w") as config:
+            config.write("\n".join(lines) + "\n")
+        return path
 
     def start(self, timeout_s: float = 10.0) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             raise RedisNotInstalled(INSTALL_HINT)
         self.port = self.port or free_port()
+        self.workdir.chmod(0o700)
         self.process = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                str(self.workdir),
-                "--loglevel",
-                "warning",
-            ],
+            [binary, str(self._write_config())],
             stdout=subprocess.DEVNULL,
             start_new_session=True,
             preexec_fn=die_with_parent,
@@ -93,7 +129,7 @@ class RedisServer:
                 except RedisError:
                     if self.process.poll() is not None or time.monotonic() > deadline:
                         raise RuntimeError(
-                            f"redis-server did not start on port {self.port}"
+                            f"redis-server did not start on {self.address}"
                         ) from None
                     time.sleep(0.05)
         finally:
@@ -123,7 +159,7 @@ class RedisServer:
             except RuntimeError as exc:  # it exited again: the next tick backs off
                 log.error("%s", exc)
             else:
-                log.info("redis-server is back at %s", self.url)
+                log.info("redis-server is back at %s", self.address)
 
     def stop(self) -> None:
         if self.process is not None and self.process.poll() is None:

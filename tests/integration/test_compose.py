@@ -3,9 +3,12 @@
 scripts/containers.sh sets podman up when it is missing (Debian packages, a debootstrap base
 image kept as a cache, the Compose v2 binary). The test then builds the Sluice image from
 deploy/Dockerfile and the local stand-ins of deploy/images/ (no registry is needed), starts
-podman's Docker-compatible API service, brings the stack up under a project name of its own
-with the published ports on free loopback ports, sends an inference through the gateway,
-reads the metrics port and Prometheus, and takes everything down again: containers,
+podman's Docker-compatible API service, makes the stack's secrets with
+scripts/compose-env.sh (compose refuses to start without them), brings the stack up under a
+project name of its own with the published ports on free loopback ports, sends an inference
+through the gateway with a tenant's key (and is refused without one), checks Redis' password
+and memory bound and every container's user, read-only root and capabilities, reads the
+metrics port and Prometheus, and takes everything down again: containers,
 networks, volumes, the images it built (the base image stays, as a cache), the API service,
 and the host's ip_forward and nftables tables as they were.
 
@@ -23,6 +26,7 @@ import json
 import os
 import shutil
 import socket
+import stat
 import subprocess
 import tempfile
 import threading
@@ -38,9 +42,11 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
+from tritonclient.utils import InferenceServerException
 
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = ROOT / "scripts" / "containers.sh"
+ENV_SCRIPT = ROOT / "scripts" / "compose-env.sh"
 BASE_IMAGE = "localhost/debian:bookworm"
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
@@ -110,10 +116,13 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def http(url: str, body: bytes | None = None, timeout: float = 5.0) -> tuple[int, bytes]:
-    request = urllib.request.Request(
-        url, data=body, headers={"Content-Type": "application/json"} if body else {}
-    )
+def http(
+    url: str, body: bytes | None = None, timeout: float = 5.0, key: str | None = None
+) -> tuple[int, bytes]:
+    headers = {"Content-Type": "application/json"} if body else {}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url, data=body, headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return int(response.status), response.read()
@@ -227,15 +236,28 @@ class Stack:
         }
         self.env = environment
         self.workdir = workdir
+        # The stack's secrets, made as a user makes them (never the checkout's own .env).
+        self.env_file = workdir / "compose.env"
+        run(["sh", str(ENV_SCRIPT), "--output", str(self.env_file), "team-a"], timeout=30)
+        self.secrets = dict(
+            line.split("=", 1)
+            for line in self.env_file.read_text().splitlines()
+            if line and not line.startswith("#")
+        )
+        self.key = self.secrets["SLUICE_API_KEYS"].split(":", 1)[1]
 
     def url(self, port: str, path: str) -> str:
         return f"http://127.0.0.1:{self.ports[port]}{path}"
 
-    def compose(self, *args: str, timeout: float, check: bool = True) -> str:
+    def compose(
+        self, *args: str, timeout: float, check: bool = True, env_file: Path | None = None
+    ) -> str:
         command = [
             self.compose_binary,
             "--project-name",
             self.project,
+            "--env-file",
+            str(env_file or self.env_file),
             "--file",
             str(ROOT / "compose.yaml"),
             "--file",
@@ -462,6 +484,27 @@ def test_compose_up_serves_an_inference_and_its_metrics(cleanup: Cleanup) -> Non
 
     cleanup.add("stopping podman's API service", stop_service)
 
+    # Without the secrets compose refuses to start, and says what to run.
+    empty = workdir / "empty.env"
+    empty.write_text("")
+    refused = run(
+        [
+            stack.compose_binary,
+            "--env-file",
+            str(empty),
+            "--file",
+            str(ROOT / "compose.yaml"),
+            "config",
+            "--quiet",
+        ],
+        timeout=60,
+        env=stack.env,
+        check=False,
+    )
+    assert refused.returncode != 0
+    assert "run scripts/compose-env.sh first" in refused.stderr, refused.stderr
+    assert stat.S_IMODE(stack.env_file.stat().st_mode) == 0o600
+
     progress("building the images (Sluice from deploy/Dockerfile, stand-ins) ...")
     stack.build_images()
 
@@ -516,10 +559,11 @@ def _probe(probe: Callable[[], bool]) -> bool:
 
 
 def check_stack(stack: Stack) -> None:
-    # An inference through the published gateway port.
-    status, body = http(
-        stack.url("SLUICE_HTTP_PORT", "/v2/models/iris/infer"), json.dumps(IRIS_REQUEST).encode()
-    )
+    # Without a key: refused; with a tenant's key: an inference through the published port.
+    infer_url = stack.url("SLUICE_HTTP_PORT", "/v2/models/iris/infer")
+    status, _ = http(infer_url, json.dumps(IRIS_REQUEST).encode())
+    assert status == 401, f"an inference without a key: HTTP {status}"
+    status, body = http(infer_url, json.dumps(IRIS_REQUEST).encode(), key=stack.key)
     assert status == 200, f"iris inference: HTTP {status}: {body[:500]!r}"
     outputs = {output["name"]: output for output in json.loads(body)["outputs"]}
     assert outputs["label"]["data"] == [0, 2], outputs
@@ -527,13 +571,13 @@ def check_stack(stack: Stack) -> None:
 
     # Triton's counters on the metrics port (which serves /metrics only).
     def success_counted() -> bool:
-        status, text = http(stack.url("SLUICE_METRICS_PORT", "/metrics"))
+        status, text = http(stack.url("SLUICE_METRICS_PORT", "/metrics"), key=stack.key)
         assert status == 200, f"GET /metrics on the metrics port: HTTP {status}"
         labels = {"model": "iris", "version": "1"}
         return metric_value(text.decode(), "nv_inference_request_success", labels) == 1.0
 
     wait_for('nv_inference_request_success{model="iris",version="1"} 1', success_counted, 30)
-    status, _ = http(stack.url("SLUICE_METRICS_PORT", "/v2/health/ready"))
+    status, _ = http(stack.url("SLUICE_METRICS_PORT", "/v2/health/ready"), key=stack.key)
     assert status != 200, "the metrics port serves more than /metrics"
     progress("the metrics port counts the inference")
 
@@ -542,7 +586,10 @@ def check_stack(stack: Stack) -> None:
         features = np.array(IRIS_REQUEST["inputs"][0]["data"], np.float32).reshape(2, 4)
         tensor = grpcclient.InferInput("input", [2, 4], "FP32")
         tensor.set_data_from_numpy(features)
-        assert rpc.infer("iris", [tensor]).as_numpy("label").tolist() == [[0], [2]]
+        with pytest.raises(InferenceServerException):
+            rpc.infer("iris", [tensor])  # no key
+        answer = rpc.infer("iris", [tensor], headers={"authorization": f"Bearer {stack.key}"})
+        assert answer.as_numpy("label").tolist() == [[0], [2]]
     progress("iris answered over gRPC")
 
     # Redis keeps an append-only file.
@@ -551,6 +598,21 @@ def check_stack(stack: Stack) -> None:
         [stack.podman, "exec", redis, "redis-cli", "config", "get", "appendonly"], timeout=30
     ).stdout.split()
     assert appendonly == ["appendonly", "yes"], appendonly
+    # ... needs its password (redis-cli in the container has it in REDISCLI_AUTH) ...
+    anonymous = run(
+        [stack.podman, "exec", redis, "env", "-u", "REDISCLI_AUTH", "redis-cli", "ping"],
+        timeout=30,
+        check=False,
+    )
+    assert "NOAUTH" in anonymous.stdout + anonymous.stderr, anonymous
+    # ... and refuses writes once full rather than evicting queued entries.
+    for name, value in (("maxmemory", str(1 << 30)), ("maxmemory-policy", "noeviction")):
+        got = run(
+            [stack.podman, "exec", redis, "redis-cli", "config", "get", name], timeout=30
+        ).stdout.split()
+        assert got == [name, value], got
+    progress("Redis: append-only, password, maxmemory with noeviction")
+    check_hardening(stack)
 
     # The one-shot upload of the example models to the S3 store.
     def upload_finished() -> str | None:
@@ -603,6 +665,27 @@ def check_stack(stack: Stack) -> None:
     # Two: the REST inference and the gRPC one.
     wait_for('Prometheus holding nv_inference_request_success{model="iris"} 2', scraped, 90, 2)
     progress("Prometheus scraped the gateway's metrics port")
+
+
+def check_hardening(stack: Stack) -> None:
+    """Every container of the stack as compose.yaml asks: not root (but the one-shot chown),
+    read-only root file system, no capability, no-new-privileges."""
+    for container in stack.containers():
+        inspect = json.loads(
+            run([stack.podman, "inspect", container], timeout=30, what="podman inspect").stdout
+        )[0]
+        service = inspect["Config"]["Labels"]["com.docker.compose.service"]
+        host = inspect["HostConfig"]
+        assert host["ReadonlyRootfs"] is True, service
+        user = inspect["Config"].get("User") or "root"
+        if service == "volumes-init":
+            assert set(host.get("CapAdd") or []) <= {"CAP_CHOWN", "CHOWN"}, host.get("CapAdd")
+        else:
+            assert user.split(":")[0] not in ("", "0", "root"), (service, user)
+        assert "no-new-privileges" in " ".join(host.get("SecurityOpt") or []), service
+        effective = {c.removeprefix("CAP_") for c in inspect.get("EffectiveCaps") or []}
+        assert effective <= {"CHOWN"}, (service, effective)
+    progress("every container: not root, read-only, no capability, no-new-privileges")
 
 
 def remove_new(podman: str, before: Snapshot) -> None:

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import numpy as np
 import tritonclient.http as httpclient
+from redis import Redis
 
 from sluice import __version__
 from tests.support import procs
@@ -146,3 +149,38 @@ def test_every_option_has_a_help_text() -> None:
     options = [(c.name, p) for c in commands for p in c.params if p.param_type_name == "option"]
     assert len(options) > 10
     assert [f"{name} --{p.name}" for name, p in options if not getattr(p, "help", None)] == []
+
+
+def test_private_redis_needs_its_password_which_is_never_shown(tmp_path: Path) -> None:
+    """Without SLUICE_REDIS_URL: a redis-server with a password made for this start, given
+    to the children in their environment only, and maxmemory with noeviction; listening on
+    every interface without keys is warned about, naming the setting."""
+    no_keys = {f"SLUICE_{name}": "" for name in ("API_KEYS", "API_KEYS_FILE", "ADMIN_KEYS")}
+    env = {**no_keys, "SLUICE_ADMIN_KEYS_FILE": "", "SLUICE_REDIS_MAXMEMORY": str(96 << 20)}
+    stack = Stack(tmp_path, None, env=env, args=["--http-host", "0.0.0.0"])
+    try:
+        stack.start()
+        assert stack.process is not None and stack.redis_url is not None
+        url = urllib.parse.urlsplit(stack.redis_url)
+        assert url.hostname == "127.0.0.1" and url.password and len(url.password) >= 32
+        with socket.create_connection((url.hostname, url.port), timeout=2) as raw:
+            raw.sendall(b"PING\r\n")
+            assert raw.recv(100).startswith(b"-NOAUTH")
+        client = Redis.from_url(stack.redis_url, decode_responses=True)
+        assert client.config_get("maxmemory") == {"maxmemory": str(96 << 20)}
+        assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
+        assert client.config_get("bind") == {"bind": "127.0.0.1"}
+        client.close()
+
+        everyone = [stack.process.pid, *procs.children(stack.process.pid)]
+        assert len(everyone) >= 3  # sluice up, its redis-server, the gateway
+        for pid in everyone:
+            assert url.password not in " ".join(procs.cmdline(pid)), procs.cmdline(pid)
+        warnings = [line for line in stack.stderr_lines if "without API keys" in line]
+        assert len(warnings) == 1 and "0.0.0.0" in warnings[0], stack.stderr_lines
+        assert "SLUICE_API_KEYS" in warnings[0]
+    finally:
+        stack.stop()
+    printed = "".join(stack.stdout_lines + stack.stderr_lines)
+    assert url.password not in printed
+    assert "private redis-server at 127.0.0.1:" in printed

@@ -39,6 +39,16 @@ def cmdline(pid: int) -> list[str]:
     return [part.decode(errors="replace") for part in raw.split(b"\0") if part]
 
 
+def environment(pid: int) -> dict[str, str]:
+    """The environment ``pid`` was started with (empty when it cannot be read)."""
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    pairs = (part.decode(errors="replace").partition("=") for part in raw.split(b"\0") if part)
+    return {name: value for name, _, value in pairs}
+
+
 def _is_module(pid: int, module: str) -> bool:
     argv = cmdline(pid)
     return any(a == "-m" and b == module for a, b in itertools.pairwise(argv))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -15,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from scheduler.redis_server import free_port
+from tests.support import procs
 
 READY_PREFIX = "Sluice ready at "
-_PRIVATE_REDIS = re.compile(r"started a private redis-server at (\S+)")
 
 
 @dataclass
@@ -108,13 +107,17 @@ class Stack:
         raise RuntimeError("sluice up did not become ready:\n" + "".join(self.stderr_lines[-40:]))
 
     def _private_redis_url(self, timeout_s: float = 5.0) -> str:
+        """The private redis-server's URL, password included, as the children got it (in
+        their environment: ``sluice up`` never prints the password)."""
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            for line in self.stderr_lines:
-                if match := _PRIVATE_REDIS.search(line):
-                    return match.group(1)
+            for child in procs.children(self.process.pid):
+                url = procs.environment(child).get("SLUICE_REDIS_URL")
+                if url:
+                    return url
             time.sleep(0.05)
-        raise RuntimeError("sluice up did not say where its private redis-server is")
+        raise RuntimeError("no child of sluice up has the private redis-server's URL")
 
     def _pump(self, stream, lines: queue.Queue[str]) -> None:  # type: ignore[no-untyped-def]
         for line in stream:

@@ -66,7 +66,10 @@ def test_stack_shape() -> None:
             assert str(port).startswith("127.0.0.1:"), f"{name} publishes {port} beyond loopback"
     assert services["gateway"]["depends_on"]["redis"]["condition"] == "service_healthy"
     assert services["workers"]["depends_on"]["redis"]["condition"] == "service_healthy"
-    assert services["models-upload"]["depends_on"]["minio"]["condition"] == "service_healthy"
+    # MinIO's users and buckets are made first, then the upload runs as its own user.
+    assert services["minio-init"]["depends_on"]["minio"]["condition"] == "service_healthy"
+    upload_after = services["models-upload"]["depends_on"]["minio-init"]["condition"]
+    assert upload_after == "service_completed_successfully"
     assert "--no-gateway" in services["workers"]["command"]
     assert "--metrics-port" in services["gateway"]["command"]
     assert services["workers-gpu"]["profiles"] == ["gpu"]

@@ -89,9 +89,17 @@ def panels() -> list[dict[str, Any]]:
     return [panel for panel in dashboard()["panels"] if panel["type"] != "row"]
 
 
-def test_promtool_checks_the_config_and_the_rules() -> None:
+def test_promtool_checks_the_config_and_the_rules(tmp_path: Path) -> None:
     assert "SUCCESS: 6 rules found" in promtool("check", "rules", "alerts.yml")
-    assert "SUCCESS" in promtool("check", "config", "prometheus.yml")
+    # promtool wants the key file the scrape names, which only the container has: the same
+    # config, pointing at a key file here.
+    config = load_yaml(PROMETHEUS_DIR / "prometheus.yml")
+    key = tmp_path / "metrics-key"
+    key.write_text("k")
+    config["scrape_configs"][0]["authorization"]["credentials_file"] = str(key)
+    (tmp_path / "prometheus.yml").write_text(yaml.safe_dump(config))
+    shutil.copy(PROMETHEUS_DIR / "alerts.yml", tmp_path / "alerts.yml")
+    assert "SUCCESS" in promtool("check", "config", "prometheus.yml", cwd=tmp_path)
 
 
 def test_promtool_unit_tests_of_the_alerts_pass() -> None:
@@ -105,6 +113,11 @@ def test_the_scrape_config_reads_the_gateways_metrics_port() -> None:
     assert job["metrics_path"] == "/metrics"
     assert job["scrape_interval"] == "5s"
     assert job["static_configs"] == [{"targets": ["gateway:8002"]}]
+    # The gateway wants a key on every route but health (compose.yaml writes this file).
+    assert job["authorization"] == {
+        "type": "Bearer",
+        "credentials_file": "/run/sluice/metrics-key",
+    }
 
 
 def test_every_alert_is_complete_and_tested_firing_and_quiet() -> None:

@@ -13,6 +13,7 @@ executor scales, probes, PodDisruptionBudgets, GPUs.
 
 from __future__ import annotations
 
+import base64
 import copy
 import re
 from pathlib import Path
@@ -390,3 +391,143 @@ def test_deployment_selectors_match_their_own_pods_only(everything: list[dict[st
 def test_bad_values_are_refused_with_the_reason(model: dict[str, Any], message: str) -> None:
     with pytest.raises(helm.HelmError, match=message):
         render({"models": [model]})
+
+
+# --------------------------------------------------------------------------- safe defaults
+
+
+def pod_specs(documents: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    return {
+        name: d["spec"]["template"]["spec"] for name, d in of_kind(documents, "Deployment").items()
+    }
+
+
+def selects(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A LabelSelector (matchLabels, matchExpressions with In) against a pod's labels."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expression in selector.get("matchExpressions", []):
+        assert expression["operator"] == "In"
+        if labels.get(expression["key"]) not in expression["values"]:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("case", ["defaults", "everything"])
+def test_every_pod_is_locked_down(case: str, everything: list[dict[str, Any]]) -> None:
+    documents = render({}) if case == "defaults" else everything
+    specs = pod_specs(documents)
+    assert len(specs) >= 4
+    for name, spec in specs.items():
+        pod = spec["securityContext"]
+        assert pod["runAsNonRoot"] is True and pod["runAsUser"] != 0, name
+        assert pod["seccompProfile"] == {"type": "RuntimeDefault"}, name
+        controller = name.endswith("-controller")
+        # Only the controller calls the Kubernetes API.
+        assert spec["automountServiceAccountToken"] is controller, name
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        for container in spec.get("initContainers", []) + spec["containers"]:
+            where = f"{name}/{container['name']}"
+            context = container["securityContext"]
+            assert context["readOnlyRootFilesystem"] is True, where
+            assert context["allowPrivilegeEscalation"] is False, where
+            assert context["capabilities"] == {"drop": ["ALL"]}, where
+            assert context["runAsNonRoot"] is True, where
+            mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
+            assert "emptyDir" in volumes[mounts["/tmp"]], where  # a writable /tmp
+            if container["name"] == "worker":
+                assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
+    schema_problems = [e for d in documents for e in schema_errors(d)]
+    assert schema_problems == []
+
+
+def decoded(secret: dict[str, Any], key: str) -> str:
+    return base64.b64decode(secret["data"][key]).decode()
+
+
+def test_api_keys_come_from_a_secret_made_with_a_random_admin_key_by_default() -> None:
+    documents = render({})
+    (secret,) = of_kind(documents, "Secret").values()
+    assert secret["metadata"]["name"] == "demo-sluice-api-keys"
+    assert decoded(secret, "api-keys") == ""
+    admin = decoded(secret, "admin-keys")
+    assert re.fullmatch(r"admin:[A-Za-z0-9]{48}", admin), admin
+    other = decoded(next(iter(of_kind(render({}), "Secret").values())), "admin-keys")
+    assert other != admin  # random per install (an upgrade keeps the stored one: lookup)
+
+    gateway = pod_specs(documents)["demo-sluice-gateway"]
+    (container,) = gateway["containers"]
+    env = env_of(container)
+    assert env["SLUICE_API_KEYS_FILE"] == "/etc/sluice/keys/api-keys"
+    assert env["SLUICE_ADMIN_KEYS_FILE"] == "/etc/sluice/keys/admin-keys"
+    assert "SLUICE_API_KEYS" not in env and "SLUICE_ADMIN_KEYS" not in env
+    mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+    assert mounts["/etc/sluice/keys"]["readOnly"] is True
+    volume = {v["name"]: v for v in gateway["volumes"]}[mounts["/etc/sluice/keys"]["name"]]
+    assert volume["secret"]["secretName"] == "demo-sluice-api-keys"
+    assert volume["secret"]["defaultMode"] == 0o440
+    # No other pod gets the keys.
+    for name, spec in pod_specs(documents).items():
+        if name != "demo-sluice-gateway":
+            assert not any("secret" in v for v in spec.get("volumes", [])), name
+
+
+def test_api_keys_given_as_values_or_an_existing_secret() -> None:
+    values = {"apiKeys": {"inference": ["team-a:k1", "team-b:k2"], "admin": ["ops:k3"]}}
+    (secret,) = of_kind(render(values), "Secret").values()
+    assert decoded(secret, "api-keys") == "team-a:k1\nteam-b:k2"
+    assert decoded(secret, "admin-keys") == "ops:k3"
+    # Inference keys alone: no admin key is made up (management stays closed).
+    (secret,) = of_kind(render({"apiKeys": {"inference": ["t:k"]}}), "Secret").values()
+    assert decoded(secret, "admin-keys") == ""
+
+    documents = render({"apiKeys": {"existingSecret": "my-keys"}})
+    assert of_kind(documents, "Secret") == {}
+    gateway = pod_specs(documents)["demo-sluice-gateway"]
+    secrets = [v["secret"]["secretName"] for v in gateway["volumes"] if "secret" in v]
+    assert secrets == ["my-keys"]
+
+
+def test_network_policies_open_the_gateway_only_and_guard_redis() -> None:
+    documents = render(EVERYTHING)
+    policies = of_kind(documents, "NetworkPolicy")
+    assert set(policies) == {"demo-sluice-gateway", "demo-sluice-no-ingress", "demo-sluice-redis"}
+    pods = {
+        name: d["spec"]["template"]["metadata"]["labels"]
+        for name, d in of_kind(documents, "Deployment").items()
+    }
+
+    def selected(policy: str) -> set[str]:
+        selector = policies[policy]["spec"]["podSelector"]
+        return {name for name, labels in pods.items() if selects(selector, labels)}
+
+    assert selected("demo-sluice-gateway") == {"demo-sluice-gateway"}
+    assert selected("demo-sluice-no-ingress") == set(pods) - {"demo-sluice-gateway"}
+    closed = policies["demo-sluice-no-ingress"]["spec"]
+    assert closed["policyTypes"] == ["Ingress"] and closed["ingress"] == []
+
+    (rule,) = policies["demo-sluice-gateway"]["spec"]["ingress"]
+    container = pod_specs(documents)["demo-sluice-gateway"]["containers"][0]
+    assert {p["port"] for p in rule["ports"]} == {p["containerPort"] for p in container["ports"]}
+    assert "from" not in rule  # anyone, unless networkPolicy.gateway.from says otherwise
+
+    redis = policies["demo-sluice-redis"]["spec"]
+    assert redis["podSelector"] == {"matchLabels": {"app.kubernetes.io/name": "redis"}}
+    (rule,) = redis["ingress"]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    peers = rule["from"]
+    own, keda = peers
+    assert all(selects(own["podSelector"], labels) for labels in pods.values())
+    other_release = of_kind(render(EVERYTHING, release="other"), "Deployment")
+    assert not any(
+        selects(own["podSelector"], d["spec"]["template"]["metadata"]["labels"])
+        for d in other_release.values()
+    )
+    assert keda == {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "keda"}}}
+
+    limited = {"networkPolicy": {"gateway": {"from": [{"namespaceSelector": {}}]}}}
+    (rule,) = of_kind(render(limited), "NetworkPolicy")["demo-sluice-gateway"]["spec"]["ingress"]
+    assert rule["from"] == [{"namespaceSelector": {}}]
+    no_redis = render({"networkPolicy": {"redis": {"enabled": False}}})
+    assert "demo-sluice-redis" not in of_kind(no_redis, "NetworkPolicy")
+    assert of_kind(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == {}

@@ -91,3 +91,19 @@ envFrom:
       name: {{ . }}
 {{- end }}
 {{- end -}}
+
+{{/* The Secret holding the gateways' API keys (api-keys, admin-keys). */}}
+{{- define "sluice.apiKeysSecret" -}}
+{{- .Values.apiKeys.existingSecret | default (printf "%s-api-keys" (include "sluice.fullname" .)) -}}
+{{- end -}}
+
+{{/* Writable places of a read-only container: /tmp, always. */}}
+{{- define "sluice.tmpMount" -}}
+- name: tmp
+  mountPath: /tmp
+{{- end -}}
+
+{{- define "sluice.tmpVolume" -}}
+- name: tmp
+  emptyDir: {}
+{{- end -}}
