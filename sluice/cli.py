@@ -288,7 +288,7 @@ routing = typer.Typer(
 )
 app.add_typer(routing, name="routing")
 
-Url = Annotated[str, typer.Option(help="The gateway's URL.")]
+Url = Annotated[str, typer.Option(envvar="SLUICE_URL", help="The gateway's URL.")]
 Key = Annotated[
     str | None, typer.Option(envvar="SLUICE_API_KEY", help="Admin API key, when keys are set.")
 ]

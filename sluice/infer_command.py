@@ -49,7 +49,9 @@ def infer(
     save_dir: Annotated[
         Path | None, typer.Option(help="Also write each output to DIR/<output>.npy.")
     ] = None,
-    url: Annotated[str, typer.Option(help="The gateway's URL.")] = "http://127.0.0.1:8000",
+    url: Annotated[
+        str, typer.Option(envvar="SLUICE_URL", help="The gateway's URL.")
+    ] = "http://127.0.0.1:8000",
     key: Annotated[
         str | None, typer.Option(envvar="SLUICE_API_KEY", help="API key, when keys are set.")
     ] = None,

@@ -6,6 +6,7 @@ numpy arrays, asynchronous jobs and batch jobs, blocking (:class:`Client`) or wi
 
     with Client("http://127.0.0.1:8000") as client:
         outputs = client.infer("iris", {"input": features})
+        client.run_batch("mlp", "rows.npy", "out/")  # upload, run, download
 
 Errors raise the server's own exception classes (:mod:`sluice.errors`), with its message.
 """
@@ -14,9 +15,16 @@ from __future__ import annotations
 
 from sluice.client.async_client import AsyncClient
 from sluice.client.calls import Job
-from sluice.client.errors import JobCancelled, JobNotFinished, MalformedResponse, ServerUnreachable
+from sluice.client.errors import (
+    BatchFailed,
+    JobCancelled,
+    JobNotFinished,
+    MalformedResponse,
+    ServerUnreachable,
+)
 from sluice.client.sync import Client
 from sluice.errors import (
+    Conflict,
     DeadlineExceeded,
     Forbidden,
     InferenceFailed,
@@ -24,6 +32,7 @@ from sluice.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    QuotaExceeded,
     SluiceError,
     Unauthorized,
     Unavailable,
@@ -32,7 +41,9 @@ from sluice.errors import (
 
 __all__ = [
     "AsyncClient",
+    "BatchFailed",
     "Client",
+    "Conflict",
     "DeadlineExceeded",
     "Forbidden",
     "InferenceFailed",
@@ -44,6 +55,7 @@ __all__ = [
     "NotFound",
     "Overloaded",
     "PayloadTooLarge",
+    "QuotaExceeded",
     "ServerUnreachable",
     "SluiceError",
     "Unauthorized",

@@ -26,11 +26,18 @@ from sluice.client.codec import (
     encode_json_request,
 )
 from sluice.client.errors import (
+    BatchFailed,
     JobNotFinished,
     MalformedResponse,
     ServerUnreachable,
     error_for,
     retry_after_s,
+)
+from sluice.client.transfers import (
+    UploadSource,
+    checked_output_files,
+    checked_upload,
+    upload_headers,
 )
 from sluice.errors import DeadlineExceeded, SluiceError, Unsupported
 
@@ -56,6 +63,14 @@ class Call(Generic[T]):
     """Whether 429, 503 and connection failures are retried."""
     extra_timeout_s: float = 0.0
     """Added to the client's timeout (a result request the server holds on purpose)."""
+    retry_statuses: frozenset[int] = RETRY_STATUSES
+    """The answers that are retried (when ``retry``)."""
+    resend_after_sent: bool = True
+    """Whether a call whose connection failed after it was sent may be sent again; False
+    for a call that creates something each time (an upload), where only a connection that
+    was never made is retried."""
+    upload: UploadSource | None = None
+    """A local file streamed as the body instead of ``content``, read again on each try."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,7 +114,7 @@ class RetryPolicy:
         or None to keep this answer."""
         if not call.retry or attempt >= self.retries:
             return None
-        if response.status_code not in RETRY_STATUSES:
+        if response.status_code not in call.retry_statuses:
             return None
         delay = retry_after_s(response.headers.get("retry-after"))
         if delay is not None:
@@ -112,6 +127,10 @@ class RetryPolicy:
         """Seconds to wait before sending ``call`` again after no answer came, or None to
         give up."""
         if not call.retry or attempt >= self.retries or not retryable(error):
+            return None
+        if not call.resend_after_sent and not isinstance(
+            error, httpx.ConnectError | httpx.ConnectTimeout
+        ):
             return None
         return self.backoff_s(attempt)
 
@@ -148,7 +167,12 @@ def transport_failure(url: str, error: httpx.TransportError) -> SluiceError:
 
 def raise_for_error(response: httpx.Response) -> None:
     if response.status_code >= 400:
-        raise error_for(response.status_code, response.content, response.headers.get("retry-after"))
+        raise answer_error(response)
+
+
+def answer_error(response: httpx.Response) -> SluiceError:
+    """The exception of an error answer (its body read)."""
+    return error_for(response.status_code, response.content, response.headers.get("retry-after"))
 
 
 def json_answer(response: httpx.Response) -> dict[str, Any]:
@@ -197,6 +221,17 @@ def _result_answer(response: httpx.Response) -> dict[str, np.ndarray]:
             f"job '{job_id}' is not finished (status: {status.get('status', '?')})", status
         )
     return tensors_answer(response)
+
+
+def _output_files_answer(response: httpx.Response) -> list[dict[str, Any]]:
+    return checked_output_files(json_answer(response))
+
+
+def _uploads_answer(response: httpx.Response) -> list[dict[str, Any]]:
+    items = json_answer(response).get("uploads")
+    if not isinstance(items, list):
+        raise MalformedResponse("malformed response: GET /v2/uploads has no 'uploads' list")
+    return items
 
 
 def _batches_answer(response: httpx.Response) -> list[dict[str, Any]]:
@@ -262,9 +297,12 @@ def cancel_job(job_id: str) -> Call[dict[str, Any]]:
 
 
 def submit_batch(
-    model: str, input: str, output: str, version: int | None, options: Mapping[str, Any]
+    model: str, input: str, output: str | None, version: int | None, options: Mapping[str, Any]
 ) -> Call[dict[str, Any]]:
-    document: dict[str, Any] = {"model": model, "input": input, "output": output}
+    """``output`` None: the server keeps the outputs in its store, under the batch's id."""
+    document: dict[str, Any] = {"model": model, "input": input}
+    if output is not None:
+        document["output"] = output
     if version is not None:
         document["version"] = version
     document["options"] = dict(options)
@@ -286,6 +324,88 @@ def resume_batch(batch_id: str) -> Call[dict[str, Any]]:
 
 def batches() -> Call[list[dict[str, Any]]]:
     return Call("GET", "/v2/batches", _batches_answer)
+
+
+def batch_outputs(batch_id: str) -> Call[list[dict[str, Any]]]:
+    return Call("GET", f"{_batch_path(batch_id)}/outputs", _output_files_answer)
+
+
+def batch_output(batch_id: str, name: str) -> Call[None]:
+    """The download of one output file (its answer is streamed, not parsed)."""
+    path = f"{_batch_path(batch_id)}/outputs/{quote(name, safe='')}"
+    return Call("GET", path, raise_for_error)
+
+
+# ----------------------------------------------------------------------------- uploads
+
+
+def _upload_path(upload_id: str) -> str:
+    return f"/v2/uploads/{quote(upload_id, safe='')}"
+
+
+def upload(source: UploadSource, name: str) -> Call[dict[str, Any]]:
+    """Send a local file. No refusal is retried (each try would send the whole file again;
+    waiting seconds does not free a tenant's stored bytes), nor a body that was (partly)
+    sent and got no answer: only a connection that could not be made."""
+
+    def answer(response: httpx.Response) -> dict[str, Any]:
+        return checked_upload(json_answer(response), source)
+
+    return Call(
+        "POST",
+        f"/v2/uploads?name={quote(name, safe='')}",
+        answer,
+        upload_headers(source),
+        retry_statuses=frozenset(),
+        resend_after_sent=False,
+        upload=source,
+    )
+
+
+def uploads() -> Call[list[dict[str, Any]]]:
+    return Call("GET", "/v2/uploads", _uploads_answer)
+
+
+def upload_info(upload_id: str) -> Call[dict[str, Any]]:
+    return Call("GET", _upload_path(upload_id), json_answer)
+
+
+def delete_upload(upload_id: str) -> Call[None]:
+    return Call("DELETE", _upload_path(upload_id), raise_for_error)
+
+
+# ----------------------------------------------------------------------- waiting for batches
+
+BATCH_FINISHED = frozenset({"completed", "failed", "cancelled"})
+
+
+def batch_finished(state: Mapping[str, Any]) -> bool:
+    return state.get("status") in BATCH_FINISHED
+
+
+def batch_wait_expired(batch_id: str, state: Mapping[str, Any], timeout_s: float) -> JobNotFinished:
+    return JobNotFinished(
+        f"batch '{batch_id}' did not finish within {timeout_s:g} s "
+        f"(status: {state.get('status', '?')}, rows {state.get('rows_done', 0)} of "
+        f"{state.get('rows_total', 0)})",
+        state,
+    )
+
+
+def completed_batch(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` when the batch completed; :class:`BatchFailed` with its reason otherwise."""
+    if state.get("status") == "completed":
+        return state
+    reason = state.get("error") or "; ".join(
+        f"shard {error.get('shard')}: {error.get('error')}"
+        for error in state.get("errors", [])
+        if isinstance(error, dict)
+    )
+    raise BatchFailed(
+        f"batch '{state.get('id', '?')}' {state.get('status', 'ended')}"
+        + (f": {reason}" if reason else ""),
+        state,
+    )
 
 
 # ------------------------------------------------------------------------ waiting for jobs

@@ -13,6 +13,7 @@ from http import HTTPStatus
 from typing import Any
 
 from sluice.errors import (
+    Conflict,
     DeadlineExceeded,
     Forbidden,
     InferenceFailed,
@@ -20,6 +21,7 @@ from sluice.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    QuotaExceeded,
     SluiceError,
     Unauthorized,
     Unavailable,
@@ -31,6 +33,7 @@ _BY_STATUS: dict[int, type[SluiceError]] = {
     401: Unauthorized,
     403: Forbidden,
     404: NotFound,
+    409: Conflict,
     413: PayloadTooLarge,
     500: InferenceFailed,
     501: Unsupported,
@@ -69,6 +72,15 @@ class JobNotFinished(SluiceError):
         """The job's status as the server showed it (``id``, ``status``, timestamps)."""
 
 
+class BatchFailed(SluiceError):
+    """A batch job ended without completing (failed or cancelled)."""
+
+    def __init__(self, message: str, batch: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.batch: dict[str, Any] = dict(batch)
+        """The batch's status as the server showed it last (``error``, ``errors`` ...)."""
+
+
 def retry_after_s(value: str | None) -> float | None:
     """A ``Retry-After`` header in seconds (None when absent or an HTTP date, unsupported)."""
     if value is None:
@@ -101,12 +113,15 @@ def error_message(content: bytes, status: int) -> str:
 def error_for(status: int, content: bytes, retry_after: str | None = None) -> SluiceError:
     """The exception for an error answer: the class the server raised, its message.
 
-    503 (and 429) with ``Retry-After`` is :class:`Overloaded` (it carries the delay); a
+    503 with ``Retry-After`` is :class:`Overloaded` (it carries the delay), 429 with it
+    :class:`QuotaExceeded` (a tenant over its own limit, an :class:`Overloaded` too); a
     status of no class of the hierarchy is :class:`SluiceError`, its message prefixed with
     the status."""
     message = error_message(content, status)
     delay = retry_after_s(retry_after)
-    if status in (429, 503) and delay is not None:
+    if status == 429 and delay is not None:
+        return QuotaExceeded(message, retry_after_s=max(0, round(delay)))
+    if status == 503 and delay is not None:
         return Overloaded(message, retry_after_s=max(0, round(delay)))
     if status == 410:
         return JobCancelled(message)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -11,10 +13,11 @@ import httpx
 import numpy as np
 import numpy.typing as npt
 
-from sluice.client import calls
+from sluice.client import calls, transfers
 from sluice.client.calls import Call, Job, RetryPolicy
 from sluice.client.codec import encode_json_request, encode_request
 from sluice.client.errors import JobNotFinished, ServerUnreachable
+from sluice.client.transfers import ProgressCallback
 
 T = TypeVar("T")
 
@@ -69,7 +72,9 @@ class Client:
                     call.method,
                     call.path,
                     headers=call.headers,
-                    content=call.content,
+                    content=call.content
+                    if call.upload is None
+                    else transfers.read_chunks(call.upload),
                     timeout=self.timeout_s + call.extra_timeout_s,
                 )
             except httpx.TransportError as exc:
@@ -189,9 +194,17 @@ class Client:
     # --------------------------------------------------------------------------- batches
 
     def submit_batch(
-        self, model: str, input: str, output: str, *, version: int | None = None, **options: Any
+        self,
+        model: str,
+        input: str,
+        output: str | None = None,
+        *,
+        version: int | None = None,
+        **options: Any,
     ) -> dict[str, Any]:
-        """Start a batch job reading ``input`` and writing ``output``; the batch (``id``)."""
+        """Start a batch job reading ``input`` (``upload:<id>``, or a location the operator
+        allows) and writing ``output`` (None: the server's store, under the batch's id, to
+        download with :meth:`download_batch_outputs`); the batch (``id``)."""
         return self._run(calls.submit_batch(model, input, output, version, options))
 
     def batch(self, batch_id: str) -> dict[str, Any]:
@@ -205,3 +218,156 @@ class Client:
 
     def batches(self) -> list[dict[str, Any]]:
         return self._run(calls.batches())
+
+    def wait_batch(
+        self, batch_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
+    ) -> dict[str, Any]:
+        """The batch's status once it has finished (completed, failed or cancelled);
+        :class:`JobNotFinished` after ``timeout_s`` (None: no limit)."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            state = self.batch(batch_id)
+            if calls.batch_finished(state):
+                return state
+            if deadline is not None and time.monotonic() >= deadline:
+                raise calls.batch_wait_expired(batch_id, state, timeout_s or 0.0)
+            time.sleep(poll_s)
+
+    def batch_outputs(self, batch_id: str) -> list[dict[str, Any]]:
+        """The output files of a completed batch kept in the server's store: each a
+        ``name`` and its ``bytes`` (and ``sha256`` where the server gives it)."""
+        return self._run(calls.batch_outputs(batch_id))
+
+    def download_batch_output(
+        self,
+        batch_id: str,
+        name: str,
+        path: str | os.PathLike[str],
+        *,
+        progress: ProgressCallback | None = None,
+        size: int | None = None,
+        sha256: str | None = None,
+    ) -> Path:
+        """Stream the output file ``name`` to ``path`` (the file itself), written under a
+        temporary name and renamed once whole and checked against ``size`` and ``sha256``
+        when given; the path."""
+        call = calls.batch_output(batch_id, name)
+        target = transfers.PartialFile(Path(path), size, sha256)
+        attempt = 0
+        while True:
+            try:
+                with self._http.stream(call.method, call.path, timeout=self.timeout_s) as response:
+                    if response.status_code < 400:
+                        return self._save(response, target, progress)
+                    response.read()
+            except httpx.TransportError as exc:
+                target.discard()
+                delay = self.retry.after_error(call, attempt, exc)
+                if delay is None:
+                    raise calls.transport_failure(self.url, exc) from exc
+            except BaseException:
+                target.discard()
+                raise
+            else:
+                delay = self.retry.after_response(call, attempt, response)
+                if delay is None:
+                    raise calls.answer_error(response)
+            time.sleep(delay)
+            attempt += 1
+
+    @staticmethod
+    def _save(
+        response: httpx.Response, target: transfers.PartialFile, progress: ProgressCallback | None
+    ) -> Path:
+        total = target.size if target.size is not None else transfers.content_length(response)
+        target.open()
+        if progress is not None:
+            progress(0, total)
+        for chunk in response.iter_bytes(transfers.CHUNK_BYTES):
+            target.write(chunk)
+            if progress is not None:
+                progress(target.written, total)
+        return target.commit()
+
+    def download_batch_outputs(
+        self,
+        batch_id: str,
+        directory: str | os.PathLike[str],
+        *,
+        progress: ProgressCallback | None = None,
+    ) -> list[Path]:
+        """Every output file of a completed batch into ``directory`` (created), under the
+        names the server lists; ``progress`` sees the bytes of all of them together."""
+        folder = transfers.output_directory(directory)
+        files = self.batch_outputs(batch_id)
+        combined = transfers.CombinedProgress(files, progress)
+        combined.start()
+        saved = []
+        for item in files:
+            path = self.download_batch_output(
+                batch_id,
+                item["name"],
+                transfers.output_path(folder, item["name"]),
+                progress=combined.for_file(),
+                size=item.get("bytes"),
+                sha256=item.get("sha256"),
+            )
+            combined.file_done(path)
+            saved.append(path)
+        return saved
+
+    def run_batch(
+        self,
+        model: str,
+        input_path: str | os.PathLike[str],
+        output_dir: str | os.PathLike[str],
+        *,
+        version: int | None = None,
+        timeout_s: float | None = None,
+        poll_s: float = 1.0,
+        **options: Any,
+    ) -> dict[str, Any]:
+        """Upload a local file, run it through ``model`` as a batch job, wait for it, and
+        download its outputs into ``output_dir``; the batch's final status.
+        :class:`BatchFailed` (with the reason) when it does not complete. Both paths are
+        checked before anything is sent."""
+        source = transfers.input_file(input_path)
+        folder = transfers.output_directory(output_dir)
+        record = self.upload(source)
+        submitted = self.submit_batch(
+            model, transfers.UPLOAD_PREFIX + record["id"], version=version, **options
+        )
+        state = calls.completed_batch(
+            self.wait_batch(submitted["id"], timeout_s=timeout_s, poll_s=poll_s)
+        )
+        self.download_batch_outputs(state["id"], folder)
+        return state
+
+    # ---------------------------------------------------------------------------- uploads
+
+    def upload(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        name: str | None = None,
+        progress: ProgressCallback | None = None,
+        hashing_progress: ProgressCallback | None = None,
+    ) -> dict[str, Any]:
+        """Upload a local file for batch jobs (``input: "upload:<id>"``), streamed from
+        disk with its sha256 (computed first, in a pass of its own: ``hashing_progress``);
+        the server's record: ``id``, ``name``, ``bytes``, ``sha256``, ``expires``.
+        ``name`` (default: the file's) tells the server the format by its extension."""
+        file = transfers.input_file(path)
+        hashed = transfers.hash_file(file, hashing_progress)
+        source = transfers.UploadSource(file, hashed.size, hashed.sha256, progress)
+        return self._run(calls.upload(source, name or transfers.upload_name(file)))
+
+    def uploads(self) -> list[dict[str, Any]]:
+        """This API key's tenant's uploads."""
+        return self._run(calls.uploads())
+
+    def upload_info(self, upload_id: str) -> dict[str, Any]:
+        return self._run(calls.upload_info(upload_id))
+
+    def delete_upload(self, upload_id: str) -> None:
+        self._run(calls.delete_upload(upload_id))
