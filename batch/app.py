@@ -6,7 +6,14 @@ message at a time. A running shard holds a lease it renews every second: when it
 dies, every batch worker's reaper sees the lease run out and queues the shard again, to run
 as a new attempt (:mod:`batch.runner`); the broker's own redelivery, after
 ``SLUICE_BATCH_VISIBILITY_TIMEOUT_S``, is the last resort. A transient failure (Redis, storage) is
-retried by Celery with a back-off; after ``max_retries`` the shard counts as failed.
+retried by Celery with a back-off; after ``max_retries`` the shard counts as failed. Every
+batch worker also removes expired uploads and batch jobs from the batch store
+(:mod:`batch.sweeper`).
+
+S3 credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, a role), read by this process alone: give the
+batch worker credentials of its own, for the batch store and the locations batch jobs may
+name, and none that can write the model repository.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ from typing import Any
 from celery import Celery
 
 from batch.runner import Reaper, Runner
+from batch.sweeper import StoreSweeper, SweeperThread
 from sluice import batches as b
 from sluice.celery_config import broker_url, celery_app, queue_name
 from sluice.settings import BatchSettings
@@ -71,6 +79,10 @@ def run_worker(settings: BatchSettings) -> int:
     log.info("batch worker on queue %s", queue_name(settings.namespace))
     reaper = Reaper(runner)
     reaper.start()
+    sweeper = SweeperThread(
+        StoreSweeper(runner.redis, runner.keys, runner.storage.store), settings.store_sweep_s
+    )
+    sweeper.start()
     try:
         app.worker_main(
             [
@@ -90,6 +102,7 @@ def run_worker(settings: BatchSettings) -> int:
             ]
         )
     finally:
+        sweeper.stop()
         reaper.stop()
         runner.close()
     return 0

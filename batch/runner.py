@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 
 from batch.feeder import Cancelled, Feeder, ShardFailed
 from batch.formats import (
+    InputLimits,
     InputReader,
     JsonLinesReader,
     open_input,
@@ -30,6 +31,8 @@ from batch.jsonl import answer_line, request_arrays
 from batch.storage import Storage
 from sluice import batches as b
 from sluice import statistics as st
+from sluice import uploads as u
+from sluice.batch_store import Tree
 from sluice.catalog import MalformedEntry, decode_entry
 from sluice.clock import CLOCK
 from sluice.config import ModelConfig
@@ -37,6 +40,7 @@ from sluice.errors import InvalidInput, SluiceError
 from sluice.keys import Keys
 from sluice.redis_connect import connect
 from sluice.settings import BatchSettings
+from sluice.tenants import ANONYMOUS
 
 log = logging.getLogger("batch")
 
@@ -74,12 +78,56 @@ class Runner:
         self._end(batch_id, {b.F_STATUS: b.FAILED, b.F_ERROR: error})
 
     def _end(self, batch_id: str, fields: dict[str, str]) -> None:
-        """The job's final status (and what goes with it); no longer running."""
-        fields[b.F_FINISHED] = f"{time.time():.6f}"
+        """The job's final status (and what goes with it); no longer running, and expiring
+        ``SLUICE_BATCH_RETENTION_S`` from now."""
+        now = time.time()
+        fields[b.F_FINISHED] = f"{now:.6f}"
+        tenant = self._tenant(self.record(batch_id))
+        member = u.expiry_member(u.BATCH, tenant, batch_id)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.hset(self.keys.batch(batch_id), mapping=cast(dict[Any, Any], fields))
             pipe.srem(self.keys.running_batches, batch_id)
+            pipe.zadd(self.keys.store_expiry, {member: now + self.settings.batch_retention_s})
             pipe.execute()
+
+    @staticmethod
+    def _tenant(record: dict[str, str]) -> str:
+        return record.get(b.F_OWNER) or ANONYMOUS
+
+    def _outputs(self, batch_id: str, record: dict[str, str]) -> Tree:
+        return self.storage.output_tree(self._tenant(record), batch_id, record[b.F_OUTPUT])
+
+    def _charge(self, batch_id: str, record: dict[str, str], size: int) -> None:
+        """Count ``size`` bytes (negative: given back) of this batch's files in the store
+        against its tenant; files at a location of the client's own are not counted."""
+        if record[b.F_OUTPUT] or not size:
+            return
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.incrby(self.keys.stored_bytes(self._tenant(record)), size)
+            pipe.hincrby(self.keys.batch(batch_id), b.F_STORED, size)
+            pipe.execute()
+
+    def _check_quota(self, record: dict[str, str]) -> None:
+        if record[b.F_OUTPUT]:
+            return
+        limit = self.settings.tenant_max_stored_bytes
+        stored = int(
+            cast(bytes | None, self.redis.get(self.keys.stored_bytes(self._tenant(record)))) or 0
+        )
+        if stored >= limit:
+            raise InvalidInput(
+                f"the tenant keeps more than SLUICE_TENANT_MAX_STORED_BYTES ({limit}) bytes in "
+                "the batch store: delete uploads or let old batch jobs expire, then resume"
+            )
+
+    def _put(
+        self, batch_id: str, record: dict[str, str], tree: Tree, name: str, source: Path
+    ) -> int:
+        """Put a finished scratch file in this batch's output tree as ``name``; its size."""
+        replaced = 0 if record[b.F_OUTPUT] else tree.size(name) or 0
+        size = tree.put_file(name, source)
+        self._charge(batch_id, record, size - replaced)
+        return size
 
     def _model(self, record: dict[str, str]) -> tuple[ModelConfig, int]:
         name = record[b.F_MODEL]
@@ -103,8 +151,16 @@ class Runner:
         reader = self._readers.get(batch_id)
         if reader is None:
             options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
-            path = self.storage.input_file(record[b.F_INPUT], f"{batch_id}.{options.input_format}")
-            reader = open_input(path, options.input_format, config, options.input_name)
+            path = self.storage.input_file(
+                self._tenant(record), record[b.F_INPUT], f"{batch_id}.{options.input_format}"
+            )
+            reader = open_input(
+                path,
+                options.input_format,
+                config,
+                options.input_name,
+                InputLimits.of(self.settings),
+            )
             self._readers = {batch_id: reader}  # one job's input at a time per worker
         return reader
 
@@ -119,13 +175,15 @@ class Runner:
             return
         if record.get(b.F_STATUS) != b.PLANNING:
             return  # planned already (a redelivered plan task)
+        options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
         try:
             config, version = self._model(record)
+            self._outputs(batch_id, record)  # allowed, and a store when there is none
+            _check_output_format(config, options.output_format)
             reader = self._reader(batch_id, record, config)
         except SluiceError as exc:
             self._fail(batch_id, exc.message)
             return
-        options = b.BatchOptions(**json.loads(record[b.F_OPTIONS]))
         shard_rows = max(options.shard_rows, math.ceil(reader.rows / b.MAX_SHARDS) or 1)
         shards = math.ceil(reader.rows / shard_rows)
         self.redis.hset(
@@ -206,7 +264,9 @@ class Runner:
                 self.redis.hincrby(self.keys.stats(config.name, version), st.BATCH_SHARD_RETRIES, 1)
             if attempt > options.max_retries + 1:
                 raise InvalidInput(f"shard {index} was tried {attempt - 1} times; giving up")
-            files = self._run(batch_id, index, attempt, record, options, config, version, lease)
+            files, sizes = self._run(
+                batch_id, index, attempt, record, options, config, version, lease
+            )
         except (ShardFailed, InvalidInput) as exc:
             self._shard_failed(batch_id, index, attempt, exc.message)
             return
@@ -221,15 +281,23 @@ class Runner:
         start = index * options.shard_rows
         end = min(start + options.shard_rows, int(record[b.F_ROWS_TOTAL]))
         state = orjson.dumps(
-            {"committed": True, "attempt": attempt, "rows": [start, end], "files": files}
+            {
+                "committed": True,
+                "attempt": attempt,
+                "rows": [start, end],
+                "files": files,
+                "sizes": sizes,
+            }
         )
         outcome = self._shard_script(b.COMMIT, batch_id, index, attempt, state)
         if outcome < 0:
             log.info(
                 "batch %s shard %d attempt %d not committed (%d)", batch_id, index, attempt, outcome
             )
-            for location in files.values():
-                self.storage.remove(location)
+            tree = self._outputs(batch_id, record)
+            for name in files.values():
+                tree.delete(name)
+                self._charge(batch_id, record, -sizes.get(name, 0))
             return
         self.redis.hset(self.keys.batch_progress(batch_id), str(index), end - start)
         if outcome == 1:
@@ -271,7 +339,9 @@ class Runner:
         config: ModelConfig,
         version: int,
         lease: LeaseKeeper,
-    ) -> dict[str, str]:
+    ) -> tuple[dict[str, str], dict[str, int]]:
+        """Run the shard's rows; its files in the output tree (by output name: ``""`` for
+        one file holding them all) and their sizes."""
         reader = self._reader(batch_id, record, config)
         start = index * options.shard_rows
         end = min(start + options.shard_rows, reader.rows)
@@ -314,17 +384,25 @@ class Runner:
             written = write_lines(lines, self.storage.scratch_file(f"{scratch}.jsonl"))
         else:
             outputs = feeder.run(reader.read(start, end))
+            if options.output_format == "npy":
+                for name, array in outputs.items():
+                    if array.dtype == object:
+                        raise InvalidInput(_NPY_BYTES.format(name=name))
             written = write_part(
                 options.output_format,
                 outputs,
                 lambda suffix: self.storage.scratch_file(f"{scratch}.{suffix}"),
             )
-        output = record[b.F_OUTPUT]
+        self._check_quota(record)
+        tree = self._outputs(batch_id, record)
         files: dict[str, str] = {}
+        sizes: dict[str, int] = {}
         for name, path in written.items():
             suffix = path.name.split(".", 1)[1]
-            files[name] = self.storage.put(output, f"part-{index:06d}-a{attempt}.{suffix}", path)
-        return files
+            part = f"part-{index:06d}-a{attempt}.{suffix}"
+            sizes[part] = self._put(batch_id, record, tree, part, path)
+            files[name] = part
+        return files, sizes
 
     # -- the end -------------------------------------------------------------------------
 
@@ -340,19 +418,28 @@ class Runner:
             self._fail(batch_id, "; ".join(errors)[:4000] or "a shard failed")
             return
         try:
-            manifest = self._manifest(batch_id, record)
-        except (OSError, SluiceError) as exc:
+            manifest, files = self._manifest(batch_id, record)
+        except (OSError, ValueError, SluiceError) as exc:
             self._fail(batch_id, f"writing the outputs failed: {getattr(exc, 'message', exc)}")
             return
-        self._end(batch_id, {b.F_STATUS: b.COMPLETED, b.F_MANIFEST: manifest})
+        self._end(
+            batch_id,
+            {
+                b.F_STATUS: b.COMPLETED,
+                b.F_MANIFEST: manifest,
+                b.F_FILES: orjson.dumps(files).decode(),
+            },
+        )
         log.info("batch %s completed: %s", batch_id, manifest)
 
-    def _manifest(self, batch_id: str, record: dict[str, str]) -> str:
+    def _manifest(self, batch_id: str, record: dict[str, str]) -> tuple[str, list[dict[str, Any]]]:
+        """Write the manifest (and for local ``.npy`` output, the joined outputs); how the
+        client names the manifest, and every file of the batch with its size. File names in
+        the manifest are relative to the folder it is in."""
         states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
         parts = [orjson.loads(states[k]) for k in sorted(states, key=int)]
-        parts = [{"shard": i, **p} for i, p in enumerate(parts)]
         options = json.loads(record[b.F_OPTIONS])
-        output = record[b.F_OUTPUT]
+        tree = self._outputs(batch_id, record)
         body: dict[str, Any] = {
             "batch": batch_id,
             "model": record[b.F_MODEL],
@@ -362,38 +449,71 @@ class Runner:
             "format": options["output_format"],
             "parts": [{"rows": p["rows"], "files": p["files"]} for p in parts],
         }
-        if options["output_format"] == "npy" and not output.startswith("s3://") and parts:
-            body["outputs"] = self._join(output, parts, int(record[b.F_ROWS_TOTAL]))
+        files = [
+            {"name": name, "bytes": size}
+            for p in parts
+            for name, size in sorted(p.get("sizes", {}).items())
+        ]
+        if options["output_format"] == "npy" and tree.is_local and parts:
+            joined = self._join(batch_id, record, tree, parts, int(record[b.F_ROWS_TOTAL]))
+            body["outputs"] = {name: file for name, (file, _) in joined.items()}
+            files += [{"name": file, "bytes": size} for file, size in joined.values()]
         path = self.storage.scratch_file(f"{batch_id}-{b.MANIFEST}")
         path.write_bytes(orjson.dumps(body, option=orjson.OPT_INDENT_2))
-        return self.storage.put(output, b.MANIFEST, path)
+        size = self._put(batch_id, record, tree, b.MANIFEST, path)
+        return tree.join(b.MANIFEST), [{"name": b.MANIFEST, "bytes": size}, *files]
 
-    def _join(self, output: str, parts: list[dict[str, Any]], rows: int) -> dict[str, str]:
-        """Every output's parts joined, in input order, into ``<output>/<name>.npy``."""
-        joined: dict[str, str] = {}
+    def _join(
+        self,
+        batch_id: str,
+        record: dict[str, str],
+        tree: Tree,
+        parts: list[dict[str, Any]],
+        rows: int,
+    ) -> dict[str, tuple[str, int]]:
+        """Every output's parts joined, in input order, into ``<name>.npy`` of a local
+        output tree: output name -> (file, size). Never with pickle: a part file is read
+        as plain numbers or refused (anyone who may write the output location could have
+        replaced it)."""
+        joined: dict[str, tuple[str, int]] = {}
         for name in parts[0]["files"]:
-            first = np.load(
-                self.storage.get(parts[0]["files"][name]), mmap_mode="r", allow_pickle=True
-            )
-            scratch = self.storage.scratch_file(f"join-{safe_name(name)}.npy")
+            path_of = tree.local_path
+            first = np.load(_local(path_of(parts[0]["files"][name])), mmap_mode="r")
             if first.dtype == object:
-                chunks = [
-                    np.load(self.storage.get(p["files"][name]), allow_pickle=True) for p in parts
-                ]
-                np.save(scratch, np.concatenate(chunks), allow_pickle=True)
-            else:
-                target = np.lib.format.open_memmap(
-                    scratch, mode="w+", dtype=first.dtype, shape=(rows, *first.shape[1:])
-                )
-                for part in parts:
-                    start, end = part["rows"]
-                    target[start:end] = np.load(
-                        self.storage.get(part["files"][name]), mmap_mode="r"
-                    )
-                target.flush()
-                del target
-            joined[name] = self.storage.put(output, f"{safe_name(name)}.npy", Path(scratch))
+                raise InvalidInput(_NPY_BYTES.format(name=name))
+            scratch = self.storage.scratch_file(f"join-{batch_id}-{safe_name(name)}.npy")
+            target = np.lib.format.open_memmap(
+                scratch, mode="w+", dtype=first.dtype, shape=(rows, *first.shape[1:])
+            )
+            for part in parts:
+                start, end = part["rows"]
+                target[start:end] = np.load(_local(path_of(part["files"][name])), mmap_mode="r")
+            target.flush()
+            del target
+            file = f"{safe_name(name)}.npy"
+            joined[name] = (file, self._put(batch_id, record, tree, file, Path(scratch)))
         return joined
+
+
+_NPY_BYTES = (
+    "output '{name}' is BYTES, which .npy holds only with pickle (never used here): "
+    "choose 'options.output_format' parquet (or send JSON Lines)"
+)
+
+
+def _local(path: Path | None) -> Path:
+    if path is None:
+        raise InvalidInput("joining outputs needs a local output folder")
+    return path
+
+
+def _check_output_format(config: ModelConfig, output_format: str) -> None:
+    """Refuse ``.npy`` output for a model with a BYTES output before any row runs."""
+    if output_format != "npy":
+        return
+    for spec in config.outputs:
+        if spec.datatype == "BYTES":
+            raise InvalidInput(_NPY_BYTES.format(name=spec.name))
 
 
 class LeaseKeeper:

@@ -29,6 +29,7 @@ from gateway.grpc_api.server import GrpcServer
 from gateway.guard import EdgeGuard, KeyRing
 from gateway.infer_request import RequestLimits
 from gateway.infer_response import encode_error
+from gateway.redis_room import RedisRoom
 from gateway.routes import router
 from gateway.shm_registry import RegionRegistry
 from gateway.shm_transfer import TensorTransfer
@@ -90,6 +91,7 @@ async def _refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool
         await state.view.refresh(state.redis)
         await state.view.routing.refresh(state.redis, state.keys, state.view.models)
         state.admission.observe(state.view.depths)
+        await state.redis_room.refresh(state.redis)
         await report(state, dispatcher.gateway_id, round_trip_s)
         if touch:
             await dispatcher.touch()
@@ -196,6 +198,7 @@ def create_fastapi_app(settings: GatewaySettings) -> FastAPI:
             regions=regions,
             transfer=transfer,
             bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),
+            redis_room=RedisRoom(settings.redis_memory_high_water),
         )
         app.state.sluice = state
         await dispatcher.start()

@@ -1,16 +1,20 @@
 """Offline batch jobs over HTTP (see :mod:`sluice.batches`):
 
-- ``POST /v2/batches`` ``{"model", "input", "output", "version"?, "options"?}``: 201, the
+- ``POST /v2/batches`` ``{"model", "input", "output"?, "version"?, "options"?}``: 201, the
   job's status, and its URL in ``Location``; the request is checked field by field (400
-  naming the field), the model must be served;
+  naming the field), the model must be served. ``input`` is ``upload:<id>`` (one of the
+  tenant's uploads) or a location the operator allows the tenant (403 otherwise, see
+  :mod:`sluice.batch_access`); ``output`` left out: the batch store;
 - ``GET /v2/batches/{id}``: status, rows done of the total, rate, ETA, shards, each failed
   shard's error, and the manifest once complete;
 - ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume``;
-- ``GET /v2/batches``: the newest 100 of this API key.
+- ``GET /v2/batches``: the tenant's newest 100;
+- ``GET /v2/batches/{id}/outputs``: the files of a completed batch (409 before), and
+  ``GET /v2/batches/{id}/outputs/{name}``: one of them, streamed.
 
 The gateway only writes the record and queues the planning task (Celery, on the same
-Redis); batch workers do the rest. Like a job, a batch job is found only with the API key
-that submitted it.
+Redis); batch workers do the rest. A batch job belongs to its tenant: another tenant's is
+answered exactly as an unknown one (404).
 """
 
 from __future__ import annotations
@@ -18,20 +22,24 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import AsyncIterator, Iterator
 from functools import cache
 from typing import Any, cast
 
 import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import Response, StreamingResponse
 
 from gateway.guard import tenant_of
 from gateway.json_body import json_object, json_response
 from gateway.state import GatewayState, state_of
+from gateway.upload_routes import batch_data, quota_message, upload_record
 from sluice import batches as b
+from sluice import uploads as u
+from sluice.batch_store import Tree, open_tree
 from sluice.celery_config import broker_url, celery_app, queue_name
-from sluice.errors import InvalidInput, NotFound, Unsupported
+from sluice.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unsupported
 
 batch_router = APIRouter()
 
@@ -75,14 +83,40 @@ async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
 async def submit(request: Request) -> Response:
     state = state_of(request)
     _celery_of(state)  # refused before anything is written
-    body = b.parse_batch_request(json_object(await request.body()))
+    state.redis_room.check()
+    document = json_object(await request.body())
+    tenant = tenant_of(request.scope)
+    keys = state.keys
+    data = batch_data(state)
+    source = document.get("input")
+    upload_name = ""
+    if isinstance(source, str) and b.is_upload_input(source):
+        b.check_location(source, "input")
+        upload_name = (await upload_record(state, tenant, b.upload_of(source)))[u.F_NAME]
+    body = b.parse_batch_request(document, upload_name)
     entry = state.view.entry(body.model)  # 404 for an unknown model
     if body.version is not None and body.version not in entry.versions:
         raise InvalidInput(f"'version': model '{body.model}' does not serve version {body.version}")
+    if not upload_name:
+        await asyncio.to_thread(data.policy.check, tenant, body.input, "input")
+    if body.output:
+        await asyncio.to_thread(data.policy.check, tenant, body.output, "output")
+    else:
+        data.need_store()
+        quota = state.settings.tenant_max_stored_bytes
+        stored = int(cast(bytes | None, await state.redis.get(keys.stored_bytes(tenant))) or 0)
+        if stored >= quota:
+            raise QuotaExceeded(quota_message(quota), 60)
     batch_id = b.new_batch_id()
-    tenant = tenant_of(request.scope)
     now = time.time()
-    keys = state.keys
+    if upload_name:
+        upload_id = b.upload_of(body.input)
+        use = state.redis.register_script(u.USE)
+        member = u.expiry_member(u.UPLOAD, tenant, upload_id)
+        if not int(
+            await use(keys=[keys.upload(tenant, upload_id), keys.store_expiry], args=[member])
+        ):
+            raise NotFound(f"no upload '{upload_id}'")
     async with state.redis.pipeline(transaction=False) as pipe:
         pipe.hset(
             keys.batch(batch_id),
@@ -134,12 +168,15 @@ async def cancel(batch_id: str, request: Request) -> Response:
     state = state_of(request)
     record = await _record(state, batch_id, request)
     if record.get(b.F_STATUS) not in b.FINISHED:
+        now = time.time()
+        member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
         async with state.redis.pipeline(transaction=False) as pipe:
             pipe.hset(
                 state.keys.batch(batch_id),
-                mapping={b.F_STATUS: b.CANCELLED, b.F_FINISHED: f"{time.time():.6f}"},
+                mapping={b.F_STATUS: b.CANCELLED, b.F_FINISHED: f"{now:.6f}"},
             )
             pipe.srem(state.keys.running_batches, batch_id)
+            pipe.zadd(state.keys.store_expiry, {member: now + state.settings.batch_retention_s})
             await pipe.execute()
     return json_response(await _status(state, batch_id, request))
 
@@ -163,6 +200,9 @@ async def resume(batch_id: str, request: Request) -> Response:
         )
         if planned:
             pipe.sadd(state.keys.running_batches, batch_id)
+        pipe.zrem(
+            state.keys.store_expiry, u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
+        )
         await pipe.execute()
     await _queue_plan(state, batch_id, resume=True)
     return json_response(await _status(state, batch_id, request))
@@ -189,7 +229,7 @@ def _summary(batch_id: str, record: dict[str, str]) -> dict[str, Any]:
         "model": record.get(b.F_MODEL, ""),
         "status": record.get(b.F_STATUS, ""),
         "input": record.get(b.F_INPUT, ""),
-        "output": record.get(b.F_OUTPUT, ""),
+        "output": record.get(b.F_OUTPUT) or None,
         "created": _number(record.get(b.F_CREATED)),
     }
     if record.get(b.F_VERSION):
@@ -244,3 +284,67 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
     if record.get(b.F_MANIFEST):
         body["manifest"] = record[b.F_MANIFEST]
     return body
+
+
+@batch_router.get("/v2/batches/{batch_id}/outputs")
+async def list_outputs(batch_id: str, request: Request) -> Response:
+    record = await _record(state_of(request), batch_id, request)
+    return json_response({"files": _files(batch_id, record)})
+
+
+@batch_router.get("/v2/batches/{batch_id}/outputs/{name}")
+async def download_output(batch_id: str, name: str, request: Request) -> Response:
+    state = state_of(request)
+    record = await _record(state, batch_id, request)
+    listed = {f["name"]: f for f in _files(batch_id, record)}
+    if name not in listed:  # the client's text names a listed file, never a path
+        raise NotFound(f"batch '{batch_id}' has no output file '{name[:100]}'")
+    tree = await asyncio.to_thread(_output_tree, state, record, batch_id)
+    size = await asyncio.to_thread(tree.size, name)
+    if size is None:
+        raise NotFound(f"{tree.join(name)} is gone")
+    chunks = await asyncio.to_thread(tree.read_chunks, name, size)
+    return StreamingResponse(
+        _streamed(chunks),
+        media_type="application/octet-stream",
+        headers={
+            "Content-Length": str(size),
+            "Content-Disposition": f'attachment; filename="{name}"',
+        },
+    )
+
+
+def _files(batch_id: str, record: dict[str, str]) -> list[dict[str, Any]]:
+    """The files of a completed batch; 409 (saying why) before it completed."""
+    status = record.get(b.F_STATUS, "")
+    if status != b.COMPLETED or not record.get(b.F_FILES):
+        raise Conflict(
+            f"batch '{batch_id}' is {status or 'unknown'}: its outputs are listed once it "
+            "is completed"
+        )
+    files: list[dict[str, Any]] = json.loads(record[b.F_FILES])
+    return files
+
+
+def _output_tree(state: GatewayState, record: dict[str, str], batch_id: str) -> Tree:
+    data = batch_data(state)
+    tenant = record.get(b.F_OWNER, "")
+    output = record.get(b.F_OUTPUT, "")
+    if not output:
+        return data.need_store().batch_outputs(tenant, batch_id)
+    real = data.policy.check(tenant, output, "output")
+    return open_tree(real, data.clients, output).child(batch_id, f"{output.rstrip('/')}/{batch_id}")
+
+
+async def _streamed(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
+    """The file's pieces, each read on a thread (never on the event loop)."""
+    try:
+        while True:
+            piece = await asyncio.to_thread(next, chunks, None)
+            if piece is None:
+                return
+            yield piece
+    finally:
+        close = getattr(chunks, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)

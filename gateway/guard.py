@@ -43,6 +43,11 @@ TENANT_STATE = "sluice.tenant"
 """Where the guard leaves the caller's tenant in the ASGI scope's ``state``."""
 
 
+def is_upload(scope: Scope) -> bool:
+    """``POST /v2/uploads``: a file streamed to the batch store, within its own limit."""
+    return scope["method"] == "POST" and scope["path"] in ("/v2/uploads", "/v2/uploads/")
+
+
 def is_management(path: str) -> bool:
     """Whether a route changes or reveals the deployment itself (an admin key's)."""
     return path.startswith(_MANAGEMENT) or bool(_MODEL_TRACE.fullmatch(path))
@@ -207,10 +212,15 @@ class EdgeGuard:
             return
         scope.setdefault("state", {})[TENANT_STATE] = access.tenant
         if (
-            path.startswith("/v2/models/")
-            and path.endswith(("/infer", "/generate", "/generate_stream"))
-        ) or path.startswith("/predictions/"):
-            # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves.
+            (
+                path.startswith("/v2/models/")
+                and path.endswith(("/infer", "/generate", "/generate_stream"))
+            )
+            or path.startswith("/predictions/")
+            or is_upload(scope)
+        ):
+            # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves, uploads
+            # SLUICE_MAX_UPLOAD_BYTES (streamed to the batch store, never held).
             await self.app(scope, receive, send)
             return
         limit = self.max_control_body_bytes

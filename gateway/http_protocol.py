@@ -8,7 +8,8 @@ connection here has at most one timer running, for the phase it is in:
 - waiting for a request's headers (from the connection's start, or from the first byte
   of the next request): ``header_timeout_s``, then ``408`` and close;
 - waiting for the rest of the body once the headers are in: ``body_timeout_s``, then
-  close (the application sees a disconnect);
+  close (the application sees a disconnect); for an upload (``POST /v2/uploads``, a file
+  of up to gigabytes) the time counts from the last bytes received instead;
 - writing a response the client does not read (the transport's buffer stays full):
   ``send_timeout_s``, then close.
 
@@ -100,6 +101,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""
+        self._idle_body = False
+        """An upload's body: its timeout counts from the last bytes received."""
 
     def _arm(self, phase: str, timeout_s: float) -> None:
         self._disarm()
@@ -164,7 +167,16 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.transport = OneWriteTransport(self.transport, self.loop)  # type: ignore[assignment]
+        scope = self.scope
+        self._idle_body = scope.get("method") == "POST" and scope.get("path", "").startswith(
+            "/v2/uploads"
+        )
         self._arm("body", self.body_timeout_s)
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        if self._idle_body and self._phase == "body":
+            self._arm("body", self.body_timeout_s)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -30,6 +30,7 @@ from gateway.routing_routes import routing_router
 from gateway.shm_routes import shm_router
 from gateway.state import state_of
 from gateway.trace_settings import trace_router
+from gateway.upload_routes import upload_router
 from sluice import __version__
 
 EXTENSIONS = [
@@ -53,6 +54,7 @@ router.include_router(routing_router)
 router.include_router(label_router)
 router.include_router(job_router)
 router.include_router(batch_router)
+router.include_router(upload_router)
 router.include_router(trace_router)
 
 Handler = Callable[..., Awaitable[Response]]

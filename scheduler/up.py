@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -29,8 +29,9 @@ from scheduler import controller
 from scheduler.catalog_publisher import publish_catalog
 from scheduler.instances import Fleet, InstanceReconciler, InstanceSpec
 from scheduler.model_control import ModelControl
+from scheduler.open_listener import warn_if_open_beyond_loopback
 from scheduler.placement import placements, threads_per_instance, visible_gpus
-from scheduler.redis_server import RedisNotInstalled, RedisServer
+from scheduler.redis_server import RedisNotInstalled, RedisServer, new_password
 from scheduler.sources import (
     LocalSource,
     SourceError,
@@ -266,6 +267,20 @@ def _reserve_grpc_port(settings: UpSettings) -> socket.socket | None:
     return reserved
 
 
+def _batch_data_env(settings: UpSettings, repository: Path) -> dict[str, str]:
+    """What the gateways and batch workers learn of batch data: the store (a data directory
+    of its own by default, never the directory ``sluice up`` started in) and the model
+    repository, where no batch job may read or write."""
+    store = settings.batch_store
+    if store and not store.startswith("s3://"):
+        store = os.path.abspath(store)
+    source = settings.model_repository
+    return {
+        "SLUICE_BATCH_STORE": store,
+        "SLUICE_MODEL_REPOSITORY": source if source.startswith("s3://") else str(repository),
+    }
+
+
 def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[ChildSpec]:
     """The batch workers (Celery), when the batch extra is installed."""
     if not settings.batch_workers:
@@ -278,10 +293,8 @@ def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[Child
     except ValueError as exc:
         log.warning("no batch workers: %s", exc)
         return []
-    batch_env = dict(env)
-    batch_env.setdefault("SLUICE_BATCH_ROOT", os.getcwd())
     return [
-        ChildSpec(f"batch-worker#{index}", [sys.executable, "-m", "batch"], batch_env)
+        ChildSpec(f"batch-worker#{index}", [sys.executable, "-m", "batch"], env)
         for index in range(settings.batch_workers)
     ]
 
@@ -319,7 +332,7 @@ def _gateway_specs(
 
 def _wait_ready(
     settings: UpSettings,
-    keys: ApiKeySettings | None,
+    probe: str | None,
     models: list[RepositoryModel],
     supervisor: Supervisor,
     redis_server: RedisServer | None,
@@ -328,9 +341,7 @@ def _wait_ready(
     """Announces each model as it becomes ready, then Sluice; False when it cannot start."""
     scheme = "https" if settings.ssl_certfile else "http"
     url = f"{scheme}://{settings.http_host}:{settings.http_port}"
-    announcer = Announcer(
-        url, _probe_token(keys or ApiKeySettings()), {m.name for m in models}, _instances(models)
-    )
+    announcer = Announcer(url, probe, {m.name for m in models}, _instances(models))
     deadline = time.monotonic() + settings.ready_timeout_s
     gateway_child = supervisor.children[0]
     while not stop.is_set() and not announcer.settled():
@@ -379,14 +390,28 @@ def _listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def _probe_token(keys: ApiKeySettings) -> str | None:
-    """A key the gateway accepts on the repository index (an admin key works everywhere)."""
-    for read in (keys.admin_key_list, keys.inference_keys):
-        with contextlib.suppress(OSError):  # the gateway refuses to start and says why
-            found = read()
-            if found:
-                return found[0]
-    return None
+PROBE_TENANT = "sluice-up"
+"""Tenant of the admin key ``sluice up`` makes for its own readiness probe."""
+
+
+def _probe_key(keys: ApiKeySettings | None) -> str | None:
+    """A key for the readiness probe, which reads the repository index (a management
+    route): made for this start and given to the gateways as one more admin key, so that
+    the probe works however the operator's keys are written, and with inference keys
+    alone. None without keys (everything is open)."""
+    if keys is None or not (
+        keys.api_keys or keys.api_keys_file or keys.admin_keys or keys.admin_keys_file
+    ):
+        return None
+    return secrets.token_urlsafe(32)
+
+
+def _with_probe_key(env: dict[str, str], probe: str | None) -> dict[str, str]:
+    if probe is None:
+        return env
+    admin = env.get("SLUICE_ADMIN_KEYS", "")
+    entry = f"{PROBE_TENANT}:{probe}"
+    return {**env, "SLUICE_ADMIN_KEYS": f"{admin},{entry}" if admin.strip() else entry}
 
 
 def _repository_index(url: str, token: str | None) -> list[dict[str, Any]] | None:
@@ -475,14 +500,23 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     redis_server: RedisServer | None = None
     redis_url = settings.redis_url
     if not redis_url_given:
-        redis_server = RedisServer()
+        redis_server = RedisServer(
+            password=new_password(), maxmemory_bytes=settings.redis_maxmemory
+        )
         try:
             redis_server.start()
         except RedisNotInstalled as exc:
             print(f"error: {exc}", file=sys.stderr)
             return 2
         redis_url = redis_server.url
-        log.info("started a private redis-server at %s", redis_url)
+        log.info(
+            "started a private redis-server at %s (password made for this start, "
+            "maxmemory %d MiB, SLUICE_REDIS_MAXMEMORY)",
+            redis_server.address,
+            settings.redis_maxmemory >> 20,
+        )
+    if settings.gateway:
+        warn_if_open_beyond_loopback(settings.http_host, keys)
 
     supervisor: Supervisor | None = None
     listeners: list[socket.socket] = []
@@ -495,7 +529,13 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     decider: tuple[threading.Thread, threading.Event] | None = None
     staging: Path | None = None
     try:
-        env = dict(os.environ, SLUICE_REDIS_URL=redis_url, SLUICE_NAMESPACE=settings.namespace)
+        env = dict(
+            os.environ,
+            SLUICE_REDIS_URL=redis_url,
+            SLUICE_NAMESPACE=settings.namespace,
+            **_batch_data_env(settings, repository),
+        )
+        probe = _probe_key(keys)
         explicit = settings.model_control_mode == "explicit"
         loaded = _initially_loaded(settings, models) if explicit else models
         served = list(loaded)
@@ -509,7 +549,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             client.delete(namespace.load_errors)
             catalog.publish()
         except RedisError as exc:
-            print(f"error: cannot reach Redis at {redis_url}: {exc}", file=sys.stderr)
+            print(f"error: cannot reach Redis at {_redacted(redis_url)}: {exc}", file=sys.stderr)
             return 2
 
         if not settings.gateway:
@@ -523,7 +563,9 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             except ListenError as exc:
                 print(f"error: {exc}", file=sys.stderr)
                 return 2
-            supervisor = Supervisor(_gateway_specs(settings, env, listeners))
+            supervisor = Supervisor(
+                _gateway_specs(settings, _with_probe_key(env, probe), listeners)
+            )
         supervisor.start()
         supervisor.add(_batch_worker_specs(settings, env))
         children = {
@@ -558,7 +600,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 f"gateway; gateways reach them through {_redacted(redis_url)}",
                 flush=True,
             )
-        elif not _wait_ready(settings, keys, loaded, supervisor, redis_server, stop):
+        elif not _wait_ready(settings, probe, loaded, supervisor, redis_server, stop):
             return 1
         while not stop.wait(0.1):
             supervisor.tick()

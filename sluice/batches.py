@@ -11,9 +11,17 @@ dead that wakes up) cannot overwrite a newer one. Completion is counted in Redis
 attempt that commits the last shard writes the manifest (and, for local ``.npy`` output,
 the outputs joined in input order).
 
+Where: the input is one of the tenant's uploads (``upload:<id>``, :mod:`sluice.uploads`) or
+a location the operator allows the tenant (:mod:`sluice.batch_access`); the outputs go to
+``<output>/<batch id>/`` for an allowed output location, else to the batch store under
+``<tenant>/batches/<batch id>/`` (downloaded through the gateway). Every batch writes under
+its own id, so two batches never touch each other's files.
+
 Record layout: ``Keys.batch(id)`` (hash, fields below), ``Keys.batch_shards(id)`` (hash
 shard index -> JSON state), ``Keys.batch_attempts(id)`` (hash shard index -> newest
-attempt), ``Keys.batches`` (sorted set id -> creation time, for listing).
+attempt), ``Keys.batches(tenant)`` (sorted set id -> creation time, for listing). A finished
+batch expires ``SLUICE_BATCH_RETENTION_S`` after it ended (``Keys.store_expiry``), with its
+files in the store.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ from typing import Any
 
 from sluice.errors import InvalidInput
 from sluice.fields import integers, numbers
+from sluice.uploads import INPUT_PREFIX, is_upload_id
 
 PLAN_TASK = "sluice.batch.plan"
 SHARD_TASK = "sluice.batch.shard"
@@ -139,16 +148,23 @@ def format_of(location: str, given: str) -> str:
 
 
 def check_location(value: Any, field: str) -> str:
-    """A data location as a client names it: an absolute local path or ``s3://bucket/key``.
-    Whether a local path lies inside the batch root is checked where it is opened."""
+    """A data location as a client names it: an absolute local path or ``s3://bucket/key``
+    (and for the input, ``upload:<id>``). Only its form is checked here; whether the tenant
+    may use it is :mod:`sluice.batch_access`'s, at submission and where it is opened."""
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"'{field}' must be a path or an s3:// URL")
     if len(value) > 4096 or "\0" in value or any(ord(c) < 32 for c in value):
         raise InvalidInput(f"'{field}' is not a valid path")
+    if value.startswith(INPUT_PREFIX) and field == "input":
+        if not is_upload_id(value[len(INPUT_PREFIX) :]):
+            raise InvalidInput(f"'{field}': '{value[:80]}' is not 'upload:<upload id>'")
+        return value
     if value.startswith("s3://"):
-        bucket = value[5:].split("/", 1)[0]
+        bucket, _, key = value[5:].partition("/")
         if not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
             raise InvalidInput(f"'{field}': '{bucket[:80]}' is not an S3 bucket name")
+        if any(part in (".", "..") for part in key.split("/")):
+            raise InvalidInput(f"'{field}' must not contain '..' or '.' segments")
         return value
     if "://" in value:
         raise InvalidInput(f"'{field}': only local paths and s3:// URLs are supported")
@@ -159,8 +175,19 @@ def check_location(value: Any, field: str) -> str:
     return value
 
 
-def parse_batch_request(body: Any) -> BatchRequest:
-    """``POST /v2/batches``'s body, checked field by field."""
+def is_upload_input(location: str) -> bool:
+    return location.startswith(INPUT_PREFIX)
+
+
+def upload_of(location: str) -> str:
+    """The upload id of an ``upload:<id>`` input."""
+    return location[len(INPUT_PREFIX) :]
+
+
+def parse_batch_request(body: Any, upload_name: str = "") -> BatchRequest:
+    """``POST /v2/batches``'s body, checked field by field. ``upload_name``: the name of the
+    upload an ``upload:<id>`` input names (its extension tells the format). ``output``
+    left out (or ``""``): the batch store."""
     if not isinstance(body, dict):
         raise InvalidInput("the batch request must be a JSON object")
     unknown = sorted(set(body) - {"model", "version", "input", "output", "options"})
@@ -176,8 +203,9 @@ def parse_batch_request(body: Any) -> BatchRequest:
         raise InvalidInput("'version' must be a positive integer")
     options = BatchOptions.from_json(body.get("options"))
     source = check_location(body.get("input"), "input")
-    target = check_location(body.get("output"), "output")
-    input_format = format_of(source, options.input_format)
+    output = body.get("output")
+    target = "" if output is None or output == "" else check_location(output, "output")
+    input_format = format_of(upload_name or source, options.input_format)
     output_format = options.output_format or ("jsonl" if input_format == "jsonl" else "npy")
     if (input_format == "jsonl") != (output_format == "jsonl"):
         raise InvalidInput("JSON Lines input (v2 requests) goes with JSON Lines output only")
@@ -198,6 +226,11 @@ F_ROWS_TOTAL, F_ROWS_DONE, F_SHARDS, F_SHARDS_DONE = (
 )
 F_ERROR, F_MANIFEST, F_OWNER, F_RETRIES = "error", "manifest", "owner", "retries"
 F_SHARDS_FAILED = "shards_failed"
+F_FILES = "files"
+"""JSON list of ``{"name", "bytes"}``: every file of a completed batch (the manifest, the
+parts, the joined outputs), what ``GET /v2/batches/{id}/outputs`` lists and serves."""
+F_STORED = "stored_bytes"
+"""Bytes this batch keeps in the batch store (counted against its tenant)."""
 
 COMMIT = """
 -- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)

@@ -83,6 +83,20 @@ class Keys:
         another key."""
         return f"{self.namespace}:job-key:{{{model}}}:{tenant}:{key}"
 
+    def queued_jobs(self, model: str) -> str:
+        """Sorted set job id -> when its wait ends (unix s) of a model's jobs that no worker
+        has started yet: how the job scripts find the ones that expired while queued, so
+        that :meth:`job_room` does not keep counting them (:mod:`sluice.jobs`)."""
+        return f"{self.namespace}:queued-jobs:{{{model}}}"
+
+    def job_room(self, model: str) -> str:
+        """Hash of what each tenant's queued jobs of a model hold: ``n:<tenant>`` (jobs),
+        ``b:<tenant>`` (bytes of their entries) and, per queued job, ``<job id>`` ->
+        ``"<bytes> <tenant>"``. Written by the job scripts only, so it is exact; the bounds
+        SLUICE_TENANT_MAX_QUEUED_JOBS and SLUICE_TENANT_MAX_QUEUED_JOB_BYTES are checked
+        against it. One key per model (not per tenant), so that a worker can name it."""
+        return f"{self.namespace}:job-room:{{{model}}}"
+
     def batch(self, batch_id: str) -> str:
         """Hash of one offline batch job (:mod:`sluice.batches`)."""
         return f"{self.namespace}:batch:{{{batch_id}}}"
@@ -113,6 +127,26 @@ class Keys:
         """Sorted set batch id -> creation time (unix s) of one tenant's batches, for its
         listing (no tenant sees, or is crowded out by, another's)."""
         return f"{{{self.namespace}}}:batches:{tenant}"
+
+    def upload(self, tenant: str, upload_id: str) -> str:
+        """Hash of one upload (:mod:`sluice.uploads`): its name, size, digest, expiry, and
+        how many batch jobs use it; the file itself is in the batch store."""
+        return f"{{{self.namespace}}}:upload:{tenant}:{upload_id}"
+
+    def uploads(self, tenant: str) -> str:
+        """Sorted set upload id -> creation time (unix s) of one tenant's uploads."""
+        return f"{{{self.namespace}}}:uploads:{tenant}"
+
+    def stored_bytes(self, tenant: str) -> str:
+        """Bytes one tenant keeps in the batch store (uploads and outputs; reserved while an
+        upload arrives), within SLUICE_TENANT_MAX_STORED_BYTES."""
+        return f"{{{self.namespace}}}:stored-bytes:{tenant}"
+
+    @property
+    def store_expiry(self) -> str:
+        """Sorted set ``upload:<tenant>:<id>`` / ``batch:<tenant>:<id>`` -> when it expires
+        (unix s; +inf while in use): what the batch workers' sweeper removes, files and all."""
+        return f"{{{self.namespace}}}:store-expiry"
 
     def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
         """Answers to one attempt of one shard (the shard task reads them itself)."""

@@ -113,7 +113,114 @@ def _keys(inline: str, file: str) -> list[str]:
     return keys
 
 
-class GatewaySettings(ApiKeySettings, CommonSettings):
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "sluice" / "repositories")
+
+
+class RepositorySourceSettings(BaseSettings):
+    """Where a model repository comes from when it is not a local directory
+    (``s3://bucket/prefix``), and the limits put on what the store sends."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    repository_cache_dir: str = Field(default_factory=_default_cache_dir)
+    """Local copies of remote repositories, one folder per repository URL (default
+    ``$XDG_CACHE_HOME/sluice/repositories``, else ``~/.cache/sluice/repositories``)."""
+
+    repository_poll_s: float = Field(15.0, gt=0)
+    """How often a repository is listed again for changes (Triton's --repository-poll-secs)."""
+
+    s3_endpoint_url: str = ""
+    """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the
+    standard AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
+
+    s3_region: str = ""
+    """Region of the bucket; empty: the standard AWS chain (AWS_REGION, ~/.aws/config)."""
+
+    s3_max_object_bytes: int = Field(8 * GIB, ge=1)
+    """Largest object taken from the store; a version holding a larger one is refused."""
+
+    s3_max_version_bytes: int = Field(32 * GIB, ge=1)
+    """Largest model version taken (its files and the model's own files together)."""
+
+    s3_max_objects: int = Field(100_000, ge=1)
+    """Most objects under the repository prefix; beyond it the listing is refused."""
+
+    s3_timeout_s: float = Field(60.0, gt=0)
+    """Connect and read timeout of each request to the store."""
+
+    s3_attempts: int = Field(5, ge=1, le=20)
+    """Tries per request (and per object download) before the error is reported."""
+
+
+def _default_batch_store() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "sluice" / "batches")
+
+
+class BatchStoreSettings(RepositorySourceSettings):
+    """Where batch data lives and which locations a tenant's batch jobs may name: what the
+    gateway (uploads, downloads, checks at submission) and the batch worker (reads, writes,
+    expiry) must agree on. The repository source settings come along: the S3 client's, and
+    the repository cache, where no batch job may read or write."""
+
+    batch_store: str = ""
+    """Where uploads and batch outputs are kept: a directory or ``s3://bucket/prefix/``,
+    one area per tenant (``<store>/<tenant>/uploads/...``, ``<store>/<tenant>/batches/<id>/``).
+    Empty: no uploads, and every batch job must name an output location it is allowed.
+    ``sluice up`` sets it to ``$XDG_DATA_HOME/sluice/batches`` (else
+    ``~/.local/share/sluice/batches``) unless it is set."""
+
+    batch_root: str = ""
+    """An operator's directory whose local paths every tenant's batch jobs may read and
+    write (after following links); empty: none. Not set by ``sluice up``."""
+
+    batch_allowed_locations: str = ""
+    """Server paths and ``s3://`` locations a tenant's batch jobs may name as input or
+    output: comma-separated ``tenant=regex`` (``*=regex``: every tenant), each regex
+    matched against the whole location. None by default: tenants upload their data and
+    download their outputs through the gateway."""
+
+    @field_validator("batch_allowed_locations")
+    @classmethod
+    def _rules_parse(cls, value: str) -> str:
+        for rule in (r.strip() for r in value.split(",")):
+            if not rule:
+                continue
+            tenant, equals, pattern = rule.partition("=")
+            if not equals or not tenant.strip() or not pattern.strip():
+                raise ValueError(f"{rule[:80]!r} is not 'tenant=regex' (or '*=regex')")
+            try:
+                re.compile(pattern.strip())
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return value
+
+    model_repository: str = ""
+    """The model repository (a directory or ``s3://bucket/prefix``): no batch job may read
+    or write inside it. ``sluice up`` passes its own."""
+
+    batch_retention_s: float = Field(7 * 86_400.0, gt=0)
+    """How long a finished batch job (its record, listing entry and outputs in the store)
+    is kept."""
+
+    upload_retention_s: float = Field(86_400.0, gt=0)
+    """How long an upload is kept; one a batch job uses is kept as long as that job."""
+
+    tenant_max_stored_bytes: int = Field(50 * GIB, ge=1)
+    """Bytes one tenant may keep in the store (uploads and batch outputs together); beyond
+    it, uploads and new batch jobs get 429 + Retry-After and running ones fail their next
+    shard."""
+
+    max_batch_input_bytes: int = Field(8 * GIB, ge=1)
+    """Largest ``s3://`` input of one batch job, checked before and while downloading."""
+
+    store_sweep_s: float = Field(60.0, gt=0)
+    """How often a batch worker removes expired uploads and batch jobs (with their files)."""
+
+
+class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     http_host: str = "127.0.0.1"
     """Address the HTTP server binds to."""
 
@@ -154,9 +261,10 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
     ``sluice up`` (which sets it, having made sure no other server holds the port)."""
 
-    grpc_max_receive_message_bytes: int = Field(64 * MIB, ge=1024, le=(1 << 31) - 1)
-    """Largest gRPC request message (gRPC's max_receive_message_length), as
-    ``max_body_bytes`` for HTTP; beyond it the call fails with RESOURCE_EXHAUSTED."""
+    grpc_max_receive_message_bytes: int | None = Field(None, ge=1024, le=(1 << 31) - 1)
+    """Largest gRPC request message (gRPC's max_receive_message_length); beyond it the call
+    fails with RESOURCE_EXHAUSTED. Unset: ``max_body_bytes``, so that one setting bounds
+    HTTP bodies and gRPC messages alike."""
 
     grpc_max_send_message_bytes: int = Field((1 << 31) - 1, ge=1024, le=(1 << 31) - 1)
     """Largest gRPC response message (gRPC's max_send_message_length; Triton's default)."""
@@ -168,6 +276,37 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     grpc_stream_max_in_flight: int = Field(256, ge=1, le=65536)
     """Requests of one ModelStreamInfer stream under way at once; the stream reads no
     further until one is answered (flow control reaches the client)."""
+
+    grpc_max_streams_per_connection: int = Field(100, ge=1, le=65536)
+    """Calls one gRPC connection may have open at once (HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in its own channel."""
+
+    grpc_max_concurrent_receives: int | None = Field(None, ge=1)
+    """ModelInfer request messages one gateway process receives at once (gRPC reads a whole
+    message before it can be looked at); a further call waits for its turn while HTTP/2
+    flow control holds its bytes at the client. Unset: ``max_buffered_body_bytes`` divided
+    by the receive limit (at least 1), so messages being received can never take more than
+    that budget."""
+
+    grpc_max_open_streams: int | None = Field(None, ge=1)
+    """ModelStreamInfer streams one gateway process keeps open at once (each may have one
+    message of up to the receive limit arriving); a further stream is refused with
+    UNAVAILABLE. Unset: as ``grpc_max_concurrent_receives``."""
+
+    grpc_stream_idle_timeout_s: float = Field(300.0, gt=0)
+    """A ModelStreamInfer stream that sends no request for this long, with none of its
+    requests under way, is ended with DEADLINE_EXCEEDED, giving its place back."""
+
+    grpc_keepalive_time_s: float = Field(60.0, gt=0)
+    """How often the gateway pings a gRPC connection with calls open, to find dead peers."""
+
+    grpc_keepalive_timeout_s: float = Field(20.0, gt=0)
+    """A connection whose peer does not answer a ping within this time is closed (its
+    calls end)."""
+
+    grpc_max_connection_idle_s: float = Field(300.0, gt=0)
+    """A gRPC connection without any call for this long is closed (GOAWAY; clients
+    reconnect on their next call)."""
 
     model_control_timeout_s: float = Field(125.0, gt=0)
     """How long a load / unload request waits for ``sluice up`` to carry it out."""
@@ -218,6 +357,11 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
     least ``max_body_bytes``); beyond it new requests get 503 + Retry-After, so a flood of
     large bodies cannot exhaust the host's memory."""
 
+    max_upload_bytes: int = Field(8 * GIB, ge=1)
+    """Largest file ``POST /v2/uploads`` takes (streamed to the batch store; 413 beyond).
+    The upload route has this limit instead of ``max_control_body_bytes``, and its body
+    timeout counts from the last bytes received instead of from the headers."""
+
     max_control_body_bytes: int = Field(1 * MIB, ge=1)
     """Largest accepted request body on every route but inference (shared memory
     registration, repository): they carry small JSON documents."""
@@ -248,6 +392,20 @@ class GatewaySettings(ApiKeySettings, CommonSettings):
 
     max_queued_jobs: int = Field(100_000, ge=1)
     """Jobs one model version may have waiting; beyond: 503 + Retry-After."""
+
+    tenant_max_queued_jobs: int = Field(10_000, ge=1)
+    """Jobs one tenant may have waiting (submitted, not yet started by a worker) for one
+    model; beyond: 429 + Retry-After for that tenant alone."""
+
+    tenant_max_queued_job_bytes: int = Field(1 << 30, ge=1)
+    """Bytes one tenant's waiting jobs of one model may hold in Redis (their queue entries);
+    beyond: 429 + Retry-After for that tenant alone (413 for one job larger than this)."""
+
+    redis_memory_high_water: float = Field(0.85, ge=0, le=1)
+    """Fraction of Redis's ``maxmemory`` above which new work that would add to Redis
+    (inference requests, jobs, batch jobs) is refused with 503 + Retry-After, so that
+    Redis never fills up with what was already accepted. No check when Redis has no
+    ``maxmemory``, or with 0."""
 
     max_job_wait_s: float = Field(60.0, ge=0)
     """The longest ``Prefer: wait=N`` a result request may hold (long-polling)."""
@@ -312,47 +470,6 @@ class WorkerSettings(CommonSettings):
     errors); ``sluice up`` sets it for a load on request, see scheduler/model_control.py."""
 
 
-def _default_cache_dir() -> str:
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return str(Path(base) / "sluice" / "repositories")
-
-
-class RepositorySourceSettings(BaseSettings):
-    """Where a model repository comes from when it is not a local directory
-    (``s3://bucket/prefix``), and the limits put on what the store sends."""
-
-    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
-
-    repository_cache_dir: str = Field(default_factory=_default_cache_dir)
-    """Local copies of remote repositories, one folder per repository URL (default
-    ``$XDG_CACHE_HOME/sluice/repositories``, else ``~/.cache/sluice/repositories``)."""
-
-    repository_poll_s: float = Field(15.0, gt=0)
-    """How often a repository is listed again for changes (Triton's --repository-poll-secs)."""
-
-    s3_endpoint_url: str = ""
-    """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the
-    standard AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
-
-    s3_region: str = ""
-    """Region of the bucket; empty: the standard AWS chain (AWS_REGION, ~/.aws/config)."""
-
-    s3_max_object_bytes: int = Field(8 * GIB, ge=1)
-    """Largest object taken from the store; a version holding a larger one is refused."""
-
-    s3_max_version_bytes: int = Field(32 * GIB, ge=1)
-    """Largest model version taken (its files and the model's own files together)."""
-
-    s3_max_objects: int = Field(100_000, ge=1)
-    """Most objects under the repository prefix; beyond it the listing is refused."""
-
-    s3_timeout_s: float = Field(60.0, gt=0)
-    """Connect and read timeout of each request to the store."""
-
-    s3_attempts: int = Field(5, ge=1, le=20)
-    """Tries per request (and per object download) before the error is reported."""
-
-
 class ControllerSettings(RepositorySourceSettings, CommonSettings):
     """Settings of a controller process; several may run, one leads (see
     :mod:`scheduler.leadership`)."""
@@ -388,13 +505,8 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     """Outside a cluster: the kubeconfig context to use (empty: the current one)."""
 
 
-class BatchSettings(RepositorySourceSettings, CommonSettings):
+class BatchSettings(BatchStoreSettings, CommonSettings):
     """Settings of a batch worker (``sluice batch-worker``, or started by ``sluice up``)."""
-
-    batch_root: str = ""
-    """Local paths a batch job may read and write lie inside this directory (after
-    following links); empty: none, only s3:// locations. ``sluice up`` sets it to the
-    directory it was started in unless it is set."""
 
     batch_concurrency: int = Field(1, ge=1, le=64)
     """Shard tasks one batch worker runs at once (threads)."""
@@ -409,6 +521,24 @@ class BatchSettings(RepositorySourceSettings, CommonSettings):
 
     batch_task_time_limit_s: float = Field(3600.0, gt=0)
     """A shard task running longer is stopped (and retried)."""
+
+    batch_max_line_bytes: int = Field(64 * MIB, ge=1)
+    """Longest line of a JSON Lines input (one v2 request, as large as one online request
+    may be); a longer line fails its shard, naming the line, and is never held whole."""
+
+    batch_max_expanded_bytes: int = Field(8 * GIB, ge=1)
+    """Most bytes one compressed ``.npz`` array may expand to (it is expanded once into a
+    scratch file, then read a shard at a time), and one Parquet row group's column may
+    decode to; beyond it the job fails, naming the array or column and this setting."""
+
+
+def _default_redis_maxmemory() -> int:
+    """A quarter of the machine's memory, at most 2 GiB (2 GiB where it cannot be read)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2 * GIB
+    return max(64 * MIB, min(physical // 4, 2 * GIB))
 
 
 class UpSettings(RepositorySourceSettings, CommonSettings):
@@ -435,8 +565,12 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     batch_workers: int = Field(1, ge=0, le=16)
     """Batch workers (Celery, for ``POST /v2/batches``) to start; 0: none. They need the
-    ``batch`` extra; local paths of batch jobs must lie inside ``SLUICE_BATCH_ROOT`` (by
-    default the directory ``sluice up`` was started in)."""
+    ``batch`` extra."""
+
+    batch_store: str = Field(default_factory=_default_batch_store)
+    """Passed to the gateways and batch workers (SLUICE_BATCH_STORE): where uploads and
+    batch outputs are kept, a data directory of its own by default, never the directory
+    ``sluice up`` was started in."""
 
     controller: bool = True
     """Run the controller (autoscaling, rollouts, poll mode's decisions) in this process as
@@ -461,6 +595,11 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     start_redis: bool = True
     """Start a private redis-server when SLUICE_REDIS_URL is not set."""
+
+    redis_maxmemory: int = Field(default_factory=_default_redis_maxmemory, ge=MIB)
+    """``maxmemory`` of the private redis-server, in bytes (``maxmemory-policy noeviction``:
+    once full, Redis refuses writes and requests are answered 503 instead of queued data
+    being dropped). Default: a quarter of the machine's memory, at most 2 GiB."""
 
     ready_timeout_s: float = Field(120.0, gt=0)
     """How long ``sluice up`` waits for every model to become ready."""

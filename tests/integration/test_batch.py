@@ -3,7 +3,9 @@ broker): a million rows through the tiny model and 20,000 through the CNN, equal
 onnxruntime in-process and in input order; the batch worker killed mid-job and started
 again (by ``sluice up``) finishes it with no row missing or twice; the same job from and to
 S3 (moto's server over HTTP); Parquet and JSON Lines; bad requests; cancel and resume; and
-``sluice batch`` from the terminal."""
+``sluice batch`` from the terminal. This stack has no batch store: its jobs use the
+operator's ``SLUICE_BATCH_ROOT`` and an allowed S3 pattern, and each writes under its own
+id in the output folder it names."""
 
 from __future__ import annotations
 
@@ -38,6 +40,7 @@ CREDENTIALS = {
     "AWS_EC2_METADATA_DISABLED": "true",
 }
 FINISHED = ("completed", "failed", "cancelled")
+MAX_INPUT_BYTES = 1 << 20
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +61,9 @@ def stack(
         shutil.copytree(EXAMPLES / name, repository / name)
     env = {
         "SLUICE_BATCH_ROOT": str(root),
+        "SLUICE_BATCH_STORE": "",
+        "SLUICE_BATCH_ALLOWED_LOCATIONS": r"*=s3://data-[0-9a-f]{10}/.*",
+        "SLUICE_MAX_BATCH_INPUT_BYTES": str(MAX_INPUT_BYTES),
         "SLUICE_BATCH_SHARD_LEASE_S": "3",
         "SLUICE_BATCH_WORKERS": "1",
         "SLUICE_S3_ENDPOINT_URL": s3_endpoint,
@@ -112,11 +118,13 @@ def test_a_million_rows_through_the_tiny_model_in_order(
     assert state["status"] == "completed", state
     assert state["rows_done"] == state["rows_total"] == 1_000_000
     print(f"1,000,000 rows through mlp in {seconds:.1f} s ({1e6 / seconds:,.0f} rows/s)")
-    manifest = json.loads((root / "tiny-out" / "_manifest.json").read_text())
+    out = root / "tiny-out" / state["id"]
+    manifest = json.loads((out / "_manifest.json").read_text())
     assert manifest["rows"] == 1_000_000 and manifest["model"] == "mlp"
     starts = [part["rows"][0] for part in manifest["parts"]]
     assert starts == sorted(starts) and starts[0] == 0
-    output = np.load(root / "tiny-out" / "output.npy")
+    assert state["manifest"] == f"{root}/tiny-out/{state['id']}/_manifest.json"
+    output = np.load(out / "output.npy")
     np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
 
 
@@ -144,7 +152,7 @@ def test_the_cnn_job_survives_its_batch_worker_killed_mid_job(
     state = wait_finished(client, batch_id, 300)
     assert state["status"] == "completed", state
     assert state["rows_done"] == total
-    output = np.load(root / "images-out" / "output.npy")
+    output = np.load(root / "images-out" / batch_id / "output.npy")
     assert output.shape == (total, 10)
     np.testing.assert_allclose(output, in_process("cnn", images), rtol=1e-4, atol=1e-4)
     metrics = httpx.get(f"{stack.url}/metrics", timeout=10).text
@@ -177,10 +185,12 @@ def test_the_same_job_from_and_to_s3(client: Client, s3_endpoint: str) -> None:
     )
     state = wait_finished(client, state["id"])
     assert state["status"] == "completed", state
-    manifest = json.loads(s3.get_object(Bucket=bucket, Key="out/_manifest.json")["Body"].read())
+    key = f"out/{state['id']}/_manifest.json"
+    manifest = json.loads(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
+    assert state["manifest"] == f"s3://{bucket}/{key}"
     parts = []
     for part in manifest["parts"]:
-        key = part["files"]["output"].split("/", 3)[3]
+        key = f"out/{state['id']}/{part['files']['output']}"
         local = Path(f"/tmp/{bucket}-{part['rows'][0]}.npy")
         s3.download_file(bucket, key, str(local))
         parts.append(np.load(local))
@@ -204,8 +214,9 @@ def test_parquet_in_and_out(client: Client, root: Path) -> None:
     )
     state = wait_finished(client, state["id"])
     assert state["status"] == "completed", state
-    manifest = json.loads((root / "pq-out" / "_manifest.json").read_text())
-    tables = [pq.read_table(part["files"][""]) for part in manifest["parts"]]
+    out = root / "pq-out" / state["id"]
+    manifest = json.loads((out / "_manifest.json").read_text())
+    tables = [pq.read_table(out / part["files"][""]) for part in manifest["parts"]]
     output = np.stack(pa.concat_tables(tables).column("output").to_pylist())
     np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
 
@@ -222,7 +233,7 @@ def test_npz_with_float64_data_is_converted(client: Client, root: Path) -> None:
         "done": 3,
         "failed": 0,
     }
-    output = np.load(root / "npz-out" / "output.npy")
+    output = np.load(root / "npz-out" / state["id"] / "output.npy")
     expected = in_process("mlp", rows.astype(np.float32))
     np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
 
@@ -247,11 +258,12 @@ def test_json_lines_of_v2_requests(client: Client, root: Path) -> None:
     state = client.submit_batch("mlp", str(root / "requests.jsonl"), str(root / "jl-out"))
     state = wait_finished(client, state["id"])
     assert state["status"] == "completed", state
-    manifest = json.loads((root / "jl-out" / "_manifest.json").read_text())
+    out = root / "jl-out" / state["id"]
+    manifest = json.loads((out / "_manifest.json").read_text())
     answers = [
         json.loads(line)
         for part in manifest["parts"]
-        for line in Path(part["files"][""]).read_text().splitlines()
+        for line in (out / part["files"][""]).read_text().splitlines()
     ]
     assert [a["id"] for a in answers] == [f"r{i}" for i in range(10)]
     output = np.array([a["outputs"][0]["data"] for a in answers], dtype=np.float32).reshape(30, 4)
@@ -281,21 +293,30 @@ def test_bad_batch_requests_say_which_field(stack: Stack, root: Path) -> None:
         assert httpx.get(f"{url}/{batch_id}", timeout=10).status_code == 404
 
 
-def test_paths_outside_the_root_and_missing_files_fail_the_job_with_the_reason(
-    client: Client, root: Path
+def test_paths_outside_the_root_are_refused_and_errors_name_only_the_clients_path(
+    stack: Stack, client: Client, root: Path
 ) -> None:
+    """Defect 12: a refusal reads the same whether the path exists or not, and no error
+    shows the batch root."""
+    url = f"{stack.url}/v2/batches"
     outside = root.parent / f"outside-{uuid.uuid4().hex[:6]}.npy"
     np.save(outside, np.zeros((4, 16), dtype=np.float32))
     (root / "escape.npy").symlink_to(outside)
     try:
-        for source, reason in (
-            (str(outside), "outside the batch root"),
-            (str(root / "escape.npy"), "outside the batch root"),
-            (str(root / "missing.npy"), "is not a file"),
-        ):
-            state = client.submit_batch("mlp", source, str(root / "never"))
-            state = wait_finished(client, state["id"], 60)
-            assert state["status"] == "failed" and reason in state["error"], state
+        answers = {}
+        for source in (str(outside), str(root / "escape.npy"), f"{outside}.missing.npy"):
+            answer = httpx.post(
+                url, json={"model": "mlp", "input": source, "output": str(root / "n")}, timeout=10
+            )
+            assert answer.status_code == 403, answer.text
+            error = answer.json()["error"]
+            assert error.startswith("'input': ") and str(root) not in error.replace(source, "")
+            answers[source] = error.replace(source, "<path>")
+        assert len(set(answers.values())) == 1, answers  # existing or not: the same words
+        missing = client.submit_batch("mlp", str(root / "missing.npy"), str(root / "never"))
+        state = wait_finished(client, missing["id"], 60)
+        assert state["status"] == "failed", state
+        assert state["error"] == f"'input': {root / 'missing.npy'} is not a file"
         wrong = root / "wrong.npy"
         np.save(wrong, np.zeros((4, 15), dtype=np.float32))
         state = wait_finished(client, client.submit_batch("mlp", str(wrong), str(root / "w"))["id"])
@@ -303,6 +324,77 @@ def test_paths_outside_the_root_and_missing_files_fail_the_job_with_the_reason(
     finally:
         outside.unlink()
     assert not (root / "never").exists()
+
+
+def test_s3_locations_not_allowed_and_the_model_repository_are_refused(
+    stack: Stack, root: Path
+) -> None:
+    """Defects 1 and 2: the server's S3 credentials are not the client's, and no output
+    lands in the model repository."""
+    url = f"{stack.url}/v2/batches"
+    rows = str(root / "tiny.npy")
+    for body, field in (
+        ({"input": "s3://another-teams-bucket/x.npy", "output": str(root / "o")}, "input"),
+        ({"input": rows, "output": "s3://models/iris/1/"}, "output"),
+        ({"input": rows, "output": f"{stack.repository}/mlp/7"}, "output"),
+        ({"input": f"{stack.repository}/mlp/1/model.onnx.npy", "output": str(root)}, "input"),
+        ({"input": rows, "output": f"{sys.prefix}/lib"}, "output"),
+    ):
+        answer = httpx.post(url, json={"model": "mlp", **body}, timeout=10)
+        assert answer.status_code == 403, (body, answer.text)
+        assert answer.json()["error"].startswith(f"'{field}': "), answer.text
+    assert not (Path(stack.repository) / "mlp" / "7").exists()
+
+
+def test_without_a_batch_store_uploads_and_store_outputs_say_what_to_set(
+    stack: Stack, root: Path
+) -> None:
+    upload = httpx.post(f"{stack.url}/v2/uploads?name=rows.npy", content=b"x", timeout=10)
+    assert upload.status_code == 503 and "SLUICE_BATCH_STORE" in upload.json()["error"]
+    batch = httpx.post(
+        f"{stack.url}/v2/batches", json={"model": "mlp", "input": str(root / "tiny.npy")}
+    )
+    assert batch.status_code == 503 and "SLUICE_BATCH_STORE" in batch.json()["error"]
+
+
+def test_two_jobs_with_one_output_folder_keep_their_own_files(client: Client, root: Path) -> None:
+    """Defect 3: every job writes under its own id; nothing is replaced or mixed."""
+    rng = np.random.default_rng(11)
+    first, second = (rng.standard_normal((3_000, 16), dtype=np.float32) for _ in range(2))
+    np.save(root / "first.npy", first)
+    np.save(root / "second.npy", second)
+    shared = str(root / "shared-out")
+    one = client.submit_batch("mlp", str(root / "first.npy"), shared, shard_rows=500)
+    two = client.submit_batch("mlp", str(root / "second.npy"), shared, shard_rows=500)
+    for state, rows in (
+        (wait_finished(client, one["id"]), first),
+        (wait_finished(client, two["id"]), second),
+    ):
+        assert state["status"] == "completed", state
+        output = np.load(root / "shared-out" / state["id"] / "output.npy")
+        np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+    assert sorted(p.name for p in (root / "shared-out").iterdir()) == sorted([one["id"], two["id"]])
+
+
+def test_an_s3_input_larger_than_the_cap_fails_the_job_before_downloading(
+    client: Client, s3_endpoint: str
+) -> None:
+    """Defect 11: SLUICE_MAX_BATCH_INPUT_BYTES, checked with a HEAD first."""
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=s3_endpoint,
+        region_name="us-east-1",
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
+    bucket = f"data-{uuid.uuid4().hex[:10]}"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_object(Bucket=bucket, Key="big.npy", Body=b"\0" * (MAX_INPUT_BYTES + 1))
+    state = client.submit_batch("mlp", f"s3://{bucket}/big.npy", f"s3://{bucket}/out/")
+    state = wait_finished(client, state["id"], 60)
+    assert state["status"] == "failed", state
+    assert "SLUICE_MAX_BATCH_INPUT_BYTES" in state["error"], state
+    assert f"s3://{bucket}/big.npy" in state["error"]
 
 
 def test_cancel_then_resume(client: Client, root: Path) -> None:
@@ -320,7 +412,7 @@ def test_cancel_then_resume(client: Client, root: Path) -> None:
     client.resume_batch(batch_id)
     state = wait_finished(client, batch_id, 120)
     assert state["status"] == "completed", state
-    output = np.load(root / "resume-out" / "output.npy")
+    output = np.load(root / "resume-out" / batch_id / "output.npy")
     np.testing.assert_allclose(output, in_process("cnn", images), rtol=1e-4, atol=1e-4)
     listed = [b["id"] for b in client.batches()]
     assert batch_id in listed
@@ -337,9 +429,9 @@ def test_sluice_batch_from_the_terminal(stack: Stack, root: Path) -> None:
             "--model",
             "mlp",
             "--input",
-            str(root / "cli.npy"),
+            f"server:{root / 'cli.npy'}",  # on the server's side (a local path: uploaded)
             "--output",
-            str(root / "cli-out"),
+            f"server:{root / 'cli-out'}",
             "--url",
             stack.url,
         ],

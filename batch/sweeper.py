@@ -1,0 +1,136 @@
+"""Removes what expired from the batch store: uploads past ``SLUICE_UPLOAD_RETENTION_S``
+(unless a batch job uses them) and finished batch jobs past ``SLUICE_BATCH_RETENTION_S``
+(their record, listing entry and files in the store), giving their bytes back to their
+tenant. Every batch worker runs one; ``Keys.store_expiry`` says what is due, and each item
+is taken by one sweeper only (the scripts of :mod:`sluice.uploads`, a ``ZREM`` for batches).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import cast
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from sluice import batches as b
+from sluice import uploads as u
+from sluice.batch_store import BatchStore
+from sluice.keys import Keys
+
+log = logging.getLogger("batch")
+
+_PER_SWEEP = 100
+
+
+class StoreSweeper:
+    def __init__(self, redis: Redis, keys: Keys, store: BatchStore | None) -> None:
+        self.redis, self.keys, self.store = redis, keys, store
+
+    def sweep(self, now: float | None = None) -> int:
+        """Remove what is due at ``now`` (default: now); how many items were removed."""
+        now = time.time() if now is None else now
+        due = cast(
+            list[bytes],
+            self.redis.zrangebyscore(self.keys.store_expiry, "-inf", now, 0, _PER_SWEEP),
+        )
+        removed = 0
+        for raw in due:
+            kind, tenant, item_id = u.parse_expiry_member(raw.decode())
+            if kind == u.UPLOAD:
+                removed += self._upload(tenant, item_id, raw.decode())
+            elif kind == u.BATCH:
+                removed += self._batch(tenant, item_id, raw.decode(), now)
+        return removed
+
+    def _upload(self, tenant: str, upload_id: str, member: str) -> int:
+        keys = self.keys
+        size = int(
+            cast(
+                int,
+                self.redis.eval(
+                    u.REMOVE,
+                    3,
+                    keys.upload(tenant, upload_id),
+                    keys.uploads(tenant),
+                    keys.store_expiry,
+                    upload_id,
+                    member,
+                ),
+            )
+        )
+        if size == -1:
+            return 0  # a batch job took it meanwhile (its score is +inf again)
+        self.redis.zrem(keys.store_expiry, member)
+        if size >= 0:
+            if self.store is not None:
+                self.store.uploads(tenant).delete(upload_id)
+            if size:
+                self.redis.decrby(keys.stored_bytes(tenant), size)
+            log.info("upload %s of tenant %s expired", upload_id, tenant)
+        return 1
+
+    def _batch(self, tenant: str, batch_id: str, member: str, now: float) -> int:
+        keys = self.keys
+        if not self.redis.zrem(keys.store_expiry, member):
+            return 0  # another sweeper has it
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.batch(batch_id)))
+        record = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+        if record and record.get(b.F_STATUS) not in b.FINISHED:
+            return 0  # resumed since it ended: it expires when it ends again
+        if self.store is not None and not record.get(b.F_OUTPUT):
+            self.store.batch_outputs(tenant, batch_id).delete_tree()
+        stored = int(record.get(b.F_STORED) or 0)
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(
+                keys.batch(batch_id),
+                keys.batch_shards(batch_id),
+                keys.batch_attempts(batch_id),
+                keys.batch_progress(batch_id),
+                keys.batch_leases(batch_id),
+            )
+            pipe.zrem(keys.batches(tenant), batch_id)
+            if stored:
+                pipe.decrby(keys.stored_bytes(tenant), stored)
+            pipe.execute()
+        source = record.get(b.F_INPUT, "")
+        if b.is_upload_input(source):
+            upload_id = b.upload_of(source)
+            self.redis.eval(
+                u.RELEASE,
+                2,
+                keys.upload(tenant, upload_id),
+                keys.store_expiry,
+                u.expiry_member(u.UPLOAD, tenant, upload_id),
+                f"{now:.0f}",
+            )
+        log.info("batch %s of tenant %s expired", batch_id, tenant)
+        return 1
+
+
+class SweeperThread:
+    """Runs :meth:`StoreSweeper.sweep` every ``every_s`` seconds on a thread of its own."""
+
+    def __init__(self, sweeper: StoreSweeper, every_s: float) -> None:
+        self.sweeper, self.every_s = sweeper, every_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-sweeper", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                while self.sweeper.sweep() >= _PER_SWEEP:
+                    pass
+            except RedisError as exc:
+                log.warning("removing expired uploads and batch jobs failed: %s", exc)
+            except Exception:
+                log.exception("removing expired uploads and batch jobs failed")

@@ -1,0 +1,256 @@
+"""Uploads: a tenant's data for its batch jobs, sent through the gateway into the batch
+store (see :mod:`sluice.uploads`):
+
+- ``POST /v2/uploads?name=<file name>``: the body is the file, streamed to the store as it
+  arrives (never whole in memory), within ``SLUICE_MAX_UPLOAD_BYTES`` (413) and the tenant's
+  ``SLUICE_TENANT_MAX_STORED_BYTES`` (429); ``Sluice-Content-SHA256: <hex>`` is checked
+  (400 on a mismatch). 201 with the upload and ``Location: /v2/uploads/<id>``. A failed or
+  interrupted upload leaves nothing behind;
+- ``GET /v2/uploads`` (the tenant's), ``GET /v2/uploads/{id}``, ``DELETE /v2/uploads/{id}``.
+
+Another tenant's upload is answered exactly as an unknown one (404).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from dataclasses import dataclass
+from typing import Any, cast
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from gateway.body import check_declared_length
+from gateway.guard import tenant_of
+from gateway.json_body import json_response
+from gateway.state import GatewayState, state_of
+from sluice import uploads as u
+from sluice.batch_access import LocationPolicy
+from sluice.batch_store import CHUNK_BYTES, NO_STORE, BatchStore, S3Clients, Writer, open_store
+from sluice.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    PayloadTooLarge,
+    QuotaExceeded,
+    SluiceError,
+    Unavailable,
+)
+
+log = logging.getLogger("gateway")
+
+upload_router = APIRouter()
+
+SHA256_HEADER = "sluice-content-sha256"
+_HEX64 = re.compile(r"[0-9a-fA-F]{64}")
+_QUOTA_RETRY_S = 60
+MAX_LISTED = 1000
+
+
+@dataclass(frozen=True)
+class BatchData:
+    """What a gateway process needs of batch data: the store (None without one) and the
+    locations each tenant may name."""
+
+    store: BatchStore | None
+    policy: LocationPolicy
+    clients: S3Clients
+
+    def need_store(self) -> BatchStore:
+        if self.store is None:
+            raise Unavailable(NO_STORE)
+        return self.store
+
+
+_BATCH_DATA: dict[int, BatchData] = {}
+
+
+def batch_data(state: GatewayState) -> BatchData:
+    """This gateway's :class:`BatchData`, made once from its settings."""
+    settings = state.settings
+    data = _BATCH_DATA.get(id(settings))
+    if data is None:
+        clients = S3Clients(settings)
+        data = BatchData(
+            open_store(settings, clients), LocationPolicy.from_settings(settings), clients
+        )
+        _BATCH_DATA[id(settings)] = data
+    return data
+
+
+def quota_message(limit: int) -> str:
+    return (
+        f"this tenant keeps more than SLUICE_TENANT_MAX_STORED_BYTES ({limit}) bytes in the "
+        "batch store: delete uploads (DELETE /v2/uploads/{id}) or wait for old batch jobs "
+        "to expire"
+    )
+
+
+@upload_router.post("/v2/uploads")
+async def upload(request: Request) -> Response:
+    state = state_of(request)
+    state.redis_room.check()
+    settings = state.settings
+    name = request.query_params.get("name")
+    if name is None:
+        raise InvalidInput("'name' (query parameter) is required: the file's name, e.g. rows.npy")
+    u.upload_format(name)
+    expected = request.headers.get(SHA256_HEADER)
+    if expected is not None and not _HEX64.fullmatch(expected.strip()):
+        raise InvalidInput("header 'Sluice-Content-SHA256' must be 64 hexadecimal digits")
+    limit = settings.max_upload_bytes
+    declared = check_declared_length(request.headers.get("content-length"), 1 << 62)
+    if declared is not None and declared > limit:
+        raise PayloadTooLarge(
+            f"an upload of {declared} bytes exceeds SLUICE_MAX_UPLOAD_BYTES ({limit} bytes)"
+        )
+    store = batch_data(state).need_store()
+    tenant = tenant_of(request.scope)
+    keys = state.keys
+    quota = settings.tenant_max_stored_bytes
+    reserve = state.redis.register_script(u.RESERVE)
+    stored_key = keys.stored_bytes(tenant)
+    if declared is not None:
+        stored = int(cast(bytes | None, await state.redis.get(stored_key)) or 0)
+        if stored + declared > quota:
+            raise QuotaExceeded(quota_message(quota), _QUOTA_RETRY_S)
+    upload_id = u.new_upload_id()
+    writer: Writer = await asyncio.to_thread(store.uploads(tenant).writer, upload_id)
+    reserved = 0
+    committed = False
+    try:
+        buffer = bytearray()
+        received = 0
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit:
+                raise PayloadTooLarge(f"upload exceeds SLUICE_MAX_UPLOAD_BYTES ({limit} bytes)")
+            buffer += chunk
+            if len(buffer) >= CHUNK_BYTES:
+                reserved += await _reserve(reserve, stored_key, len(buffer), quota)
+                await asyncio.to_thread(writer.write, bytes(buffer))
+                buffer.clear()
+        if buffer:
+            reserved += await _reserve(reserve, stored_key, len(buffer), quota)
+            await asyncio.to_thread(writer.write, bytes(buffer))
+        if declared is not None and received != declared:
+            raise InvalidInput(f"the body has {received} bytes, not its Content-Length {declared}")
+        digest = writer.sha256()
+        if expected is not None and expected.strip().lower() != digest:
+            raise InvalidInput(
+                f"header 'Sluice-Content-SHA256' does not match the body (its SHA-256 is "
+                f"{digest}); nothing was kept"
+            )
+        await asyncio.to_thread(writer.commit)
+        committed = True
+        now = time.time()
+        expires = now + settings.upload_retention_s
+        fields = {
+            u.F_NAME: name,
+            u.F_BYTES: received,
+            u.F_SHA256: digest,
+            u.F_CREATED: f"{now:.6f}",
+            u.F_EXPIRES: f"{expires:.0f}",
+            u.F_USERS: 0,
+        }
+        async with state.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(keys.upload(tenant, upload_id), mapping=cast(dict[Any, Any], fields))
+            pipe.zadd(keys.uploads(tenant), {upload_id: now})
+            pipe.zadd(keys.store_expiry, {u.expiry_member(u.UPLOAD, tenant, upload_id): expires})
+            await pipe.execute()
+    except BaseException:
+        # A failure, a refusal or a client gone mid-body: nothing stays.
+        if committed:
+            await asyncio.to_thread(store.uploads(tenant).delete, upload_id)
+        else:
+            await asyncio.to_thread(writer.abort)
+        if reserved:
+            await _give_back(state, stored_key, reserved)
+        raise
+    log.info("upload %s of tenant %s: %d bytes", upload_id, tenant, received)
+    answer = json_response(u.describe(upload_id, {k: str(v) for k, v in fields.items()}), 201)
+    answer.headers["Location"] = f"/v2/uploads/{upload_id}"
+    return answer
+
+
+async def _reserve(reserve: Any, stored_key: str, size: int, quota: int) -> int:
+    if int(await reserve(keys=[stored_key], args=[size, quota])) < 0:
+        raise QuotaExceeded(quota_message(quota), _QUOTA_RETRY_S)
+    return size
+
+
+async def _give_back(state: GatewayState, stored_key: str, size: int) -> None:
+    try:
+        await state.redis.decrby(stored_key, size)
+    except Exception as exc:  # Redis gone: the count stays high until it is back
+        log.warning("giving back %d stored bytes failed: %s", size, exc)
+
+
+async def upload_record(state: GatewayState, tenant: str, upload_id: str) -> dict[str, str]:
+    """One of ``tenant``'s uploads; 404 (the same for another tenant's) when none."""
+    if not u.is_upload_id(upload_id):
+        raise NotFound(f"no upload '{upload_id[:64]}'")
+    raw = cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.upload(tenant, upload_id)))
+    if not raw:
+        raise NotFound(f"no upload '{upload_id}'")
+    return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+
+
+@upload_router.get("/v2/uploads")
+async def list_uploads(request: Request) -> Response:
+    state = state_of(request)
+    tenant = tenant_of(request.scope)
+    ids = cast(
+        list[bytes], await state.redis.zrevrange(state.keys.uploads(tenant), 0, MAX_LISTED - 1)
+    )
+    async with state.redis.pipeline(transaction=False) as pipe:
+        for raw in ids:
+            pipe.hgetall(state.keys.upload(tenant, raw.decode()))
+        records = cast(list[dict[bytes, bytes]], await pipe.execute())
+    listed = [
+        u.describe(raw.decode(), {k.decode(): v.decode() for k, v in record.items()})
+        for raw, record in zip(ids, records, strict=True)
+        if record
+    ]
+    return json_response({"uploads": listed})
+
+
+@upload_router.get("/v2/uploads/{upload_id}")
+async def get_upload(upload_id: str, request: Request) -> Response:
+    state = state_of(request)
+    record = await upload_record(state, tenant_of(request.scope), upload_id)
+    return json_response(u.describe(upload_id, record))
+
+
+@upload_router.delete("/v2/uploads/{upload_id}")
+async def delete_upload(upload_id: str, request: Request) -> Response:
+    state = state_of(request)
+    tenant = tenant_of(request.scope)
+    await upload_record(state, tenant, upload_id)
+    keys = state.keys
+    member = u.expiry_member(u.UPLOAD, tenant, upload_id)
+    remove = state.redis.register_script(u.REMOVE)
+    size = int(
+        await remove(
+            keys=[keys.upload(tenant, upload_id), keys.uploads(tenant), keys.store_expiry],
+            args=[upload_id, member],
+        )
+    )
+    if size == -2:
+        raise NotFound(f"no upload '{upload_id}'")
+    if size == -1:
+        raise Conflict(
+            f"upload '{upload_id}' is the input of a batch job; it goes when that job expires"
+        )
+    store = batch_data(state).store
+    if store is not None:
+        try:
+            await asyncio.to_thread(store.uploads(tenant).delete, upload_id)
+        except (OSError, SluiceError) as exc:
+            log.warning("removing upload %s's file failed: %s", upload_id, exc)
+    await _give_back(state, keys.stored_bytes(tenant), size)
+    return Response(status_code=204)
