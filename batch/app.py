@@ -23,8 +23,9 @@ from typing import Any
 
 from celery import Celery
 
+from batch.periodic import Periodic
 from batch.runner import Reaper, Runner
-from batch.sweeper import StoreSweeper, SweeperThread
+from batch.sweeper import StoreSweeper
 from sluice import batches as b
 from sluice.celery_config import broker_url, celery_app, queue_name
 from sluice.settings import BatchSettings
@@ -77,10 +78,15 @@ def run_worker(settings: BatchSettings) -> int:
     app, runner = create_app(settings)
     logging.captureWarnings(True)  # Celery's warnings become log lines like every other
     log.info("batch worker on queue %s", queue_name(settings.namespace))
-    reaper = Reaper(runner)
+    lost = Reaper(runner)
+    reaper = Periodic("shard-reaper", lost.every_s, lost.sweep, "looking for lost shards")
     reaper.start()
-    sweeper = SweeperThread(
-        StoreSweeper(runner.redis, runner.keys, runner.storage.store), settings.store_sweep_s
+    store = StoreSweeper(runner.redis, runner.keys, runner.storage.store)
+    sweeper = Periodic(
+        "store-sweeper",
+        settings.store_sweep_s,
+        store.sweep_all,
+        "removing expired uploads and batch jobs",
     )
     sweeper.start()
     try:

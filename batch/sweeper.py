@@ -8,12 +8,10 @@ is taken by one sweeper only (the scripts of :mod:`sluice.uploads`, a ``ZREM`` f
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from typing import cast
 
 from redis import Redis
-from redis.exceptions import RedisError
 
 from sluice import batches as b
 from sluice import uploads as u
@@ -28,6 +26,11 @@ _PER_SWEEP = 100
 class StoreSweeper:
     def __init__(self, redis: Redis, keys: Keys, store: BatchStore | None) -> None:
         self.redis, self.keys, self.store = redis, keys, store
+
+    def sweep_all(self) -> None:
+        """Remove everything that is due now, :data:`_PER_SWEEP` items at a time."""
+        while self.sweep() >= _PER_SWEEP:
+            pass
 
     def sweep(self, now: float | None = None) -> int:
         """Remove what is due at ``now`` (default: now); how many items were removed."""
@@ -108,29 +111,3 @@ class StoreSweeper:
             )
         log.info("batch %s of tenant %s expired", batch_id, tenant)
         return 1
-
-
-class SweeperThread:
-    """Runs :meth:`StoreSweeper.sweep` every ``every_s`` seconds on a thread of its own."""
-
-    def __init__(self, sweeper: StoreSweeper, every_s: float) -> None:
-        self.sweeper, self.every_s = sweeper, every_s
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="store-sweeper", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.every_s):
-            try:
-                while self.sweeper.sweep() >= _PER_SWEEP:
-                    pass
-            except RedisError as exc:
-                log.warning("removing expired uploads and batch jobs failed: %s", exc)
-            except Exception:
-                log.exception("removing expired uploads and batch jobs failed")
