@@ -24,6 +24,7 @@ import orjson
 from sluice.config import ModelConfig, TensorSpec
 from sluice.datatypes import BYTES, element_count, from_numpy_dtype, numpy_dtype
 from sluice.errors import InvalidInput
+from sluice.fields import json_type
 
 _SKIP_CHUNK = 1 << 20
 _MAX_NAME = 100
@@ -76,19 +77,19 @@ def request_arrays(request: Any, config: ModelConfig, where: str) -> dict[str, n
         name = item.get("name")
         spec = config.input(name) if isinstance(name, str) else None
         if spec is None or not isinstance(name, str):
-            shown = name[:_MAX_NAME] if isinstance(name, str) else _kind(name)
+            shown = name[:_MAX_NAME] if isinstance(name, str) else json_type(name)
             raise InvalidInput(f"{where}: model '{config.name}' has no input {shown!r}")
         if name in arrays:
             raise InvalidInput(f"{where}: input '{name}' is given twice")
         datatype = item.get("datatype")
         if datatype != spec.datatype:
-            shown = datatype[:_MAX_NAME] if isinstance(datatype, str) else _kind(datatype)
+            shown = datatype[:_MAX_NAME] if isinstance(datatype, str) else json_type(datatype)
             raise InvalidInput(f"{where}: input '{name}' takes {spec.datatype}, not {shown!r}")
         label = f"{where}: input '{name}'"
         shape = _shape(item.get("shape"), spec, config, label)
         data = item.get("data")
         if not isinstance(data, list):
-            raise InvalidInput(f"{label}: 'data' must be a list, got {_kind(data)}")
+            raise InvalidInput(f"{label}: 'data' must be a list, got {json_type(data)}")
         count = element_count(shape)
         elements = _flatten(data, count, shape, label)
         flat = _bytes(elements, label) if datatype == BYTES else _numbers(elements, datatype, label)
@@ -159,7 +160,7 @@ def _bytes(elements: list[Any], label: str) -> np.ndarray:
     for index, value in enumerate(elements):
         if not isinstance(value, str):
             raise InvalidInput(
-                f"{label} element {index} must be a string, got {_kind(value)} "
+                f"{label} element {index} must be a string, got {json_type(value)} "
                 "(BYTES data is given as strings)"
             )
         flat[index] = value.encode()
@@ -173,7 +174,9 @@ def _numbers(elements: list[Any], datatype: str, label: str) -> np.ndarray:
     if array.dtype.kind not in "biuf":
         for index, value in enumerate(elements):
             if not isinstance(value, int | float):  # (bool is an int)
-                raise InvalidInput(f"{label} element {index} must be a number, got {_kind(value)}")
+                raise InvalidInput(
+                    f"{label} element {index} must be a number, got {json_type(value)}"
+                )
             if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
                 raise InvalidInput(f"{label} element {index} is out of range for {datatype}")
         array = np.asarray(elements, dtype=np.float64)  # (int64 and uint64 values mixed)
@@ -201,25 +204,6 @@ def _numbers(elements: list[Any], datatype: str, label: str) -> np.ndarray:
             return array.astype(target)
     except FloatingPointError:
         raise InvalidInput(f"{label}: a value is out of range for {datatype}") from None
-
-
-def _kind(value: Any) -> str:
-    """How a JSON value is described in messages."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__
 
 
 def answer_line(

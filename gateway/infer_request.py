@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.json_tensors import BytesCountMismatch, fmt_shape, json_to_buffer, json_type
+from gateway.json_tensors import BytesCountMismatch, fmt_shape, json_to_buffer
 from sluice.classification import CLASSIFIABLE, unsupported_message
 from sluice.datatypes import (
     BYTES,
@@ -37,6 +37,7 @@ from sluice.datatypes import (
     element_count,
 )
 from sluice.errors import InvalidInput
+from sluice.fields import json_type
 from sluice.wire import ShmRef
 
 if TYPE_CHECKING:

@@ -17,6 +17,7 @@ import numpy as np
 
 from sluice.datatypes import BF16, BYTES, numpy_dtype, serialize_bytes, to_buffer
 from sluice.errors import InvalidInput
+from sluice.fields import json_type
 
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 """Triton's text (server ``ReadDataFromJson``) for JSON data of the wrong element count."""
@@ -169,21 +170,3 @@ def _flatten(label: str, data: list[Any], max_depth: int) -> list[Any]:
 
 def fmt_shape(shape: Sequence[int]) -> str:
     return "[" + ",".join(str(dim) for dim in shape) + "]"
-
-
-def json_type(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    if isinstance(value, float):
-        return "number"
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, list):
-        return "list"
-    if isinstance(value, dict):
-        return "object"
-    return type(value).__name__

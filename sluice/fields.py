@@ -37,3 +37,22 @@ def numbers(
                 raise InvalidInput(f"'{prefix}{name}' must be within {low}..{high}")
             found[name] = float(value)
     return found
+
+
+def json_type(value: Any) -> str:
+    """How a JSON value is described in messages to the client."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, dict):
+        return "object"
+    return type(value).__name__
