@@ -433,7 +433,7 @@ class Runner:
         log.info("batch %s completed: %s", batch_id, manifest)
 
     def _manifest(self, batch_id: str, record: dict[str, str]) -> tuple[str, list[dict[str, Any]]]:
-        """Write the manifest (and for local ``.npy`` output, the joined outputs); how the
+        """Write the manifest (and for ``.npy`` output, the joined outputs); how the
         client names the manifest, and every file of the batch with its size. File names in
         the manifest are relative to the folder it is in."""
         states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
@@ -454,7 +454,7 @@ class Runner:
             for p in parts
             for name, size in sorted(p.get("sizes", {}).items())
         ]
-        if options["output_format"] == "npy" and tree.is_local and parts:
+        if options["output_format"] == "npy" and parts:
             joined = self._join(batch_id, record, tree, parts, int(record[b.F_ROWS_TOTAL]))
             body["outputs"] = {name: file for name, (file, _) in joined.items()}
             files += [{"name": file, "bytes": size} for file, size in joined.values()]
@@ -471,14 +471,20 @@ class Runner:
         parts: list[dict[str, Any]],
         rows: int,
     ) -> dict[str, tuple[str, int]]:
-        """Every output's parts joined, in input order, into ``<name>.npy`` of a local
-        output tree: output name -> (file, size). Never with pickle: a part file is read
-        as plain numbers or refused (anyone who may write the output location could have
-        replaced it)."""
+        """Every output's parts joined, in input order, into ``<name>.npy`` of the output
+        tree: output name -> (file, size). Parts on S3 are downloaded into the scratch
+        folder first, one at a time. Never with pickle: a part file is read as plain
+        numbers or refused (anyone who may write the output location could have replaced
+        it)."""
         joined: dict[str, tuple[str, int]] = {}
+        limit = self.settings.tenant_max_stored_bytes
+
+        def path_of(key: str) -> Path:
+            target = self.storage.scratch_file(f"part-{batch_id}-{safe_name(key)}")
+            return tree.fetch(key, target, limit, "output")
+
         for name in parts[0]["files"]:
-            path_of = tree.local_path
-            first = np.load(_local(path_of(parts[0]["files"][name])), mmap_mode="r")
+            first = np.load(path_of(parts[0]["files"][name]), mmap_mode="r")
             if first.dtype == object:
                 raise InvalidInput(_NPY_BYTES.format(name=name))
             scratch = self.storage.scratch_file(f"join-{batch_id}-{safe_name(name)}.npy")
@@ -487,7 +493,10 @@ class Runner:
             )
             for part in parts:
                 start, end = part["rows"]
-                target[start:end] = np.load(_local(path_of(part["files"][name])), mmap_mode="r")
+                source = path_of(part["files"][name])
+                target[start:end] = np.load(source, mmap_mode="r")
+                if not tree.is_local:
+                    source.unlink(missing_ok=True)
             target.flush()
             del target
             file = f"{safe_name(name)}.npy"
@@ -499,12 +508,6 @@ _NPY_BYTES = (
     "output '{name}' is BYTES, which .npy holds only with pickle (never used here): "
     "choose 'options.output_format' parquet (or send JSON Lines)"
 )
-
-
-def _local(path: Path | None) -> Path:
-    if path is None:
-        raise InvalidInput("joining outputs needs a local output folder")
-    return path
 
 
 def _check_output_format(config: ModelConfig, output_format: str) -> None:
@@ -553,31 +556,17 @@ class LeaseKeeper:
 
 
 class Reaper:
-    """Gives the shards of dead workers to live ones: every few seconds, a shard of a running
-    batch whose lease ran out is queued again (once per attempt, whichever worker sees it
-    first). The broker would redeliver it too, but only after its visibility timeout."""
+    """Gives the shards of dead workers to live ones: every few seconds (:attr:`every_s`), a
+    shard of a running batch whose lease ran out is queued again (once per attempt,
+    whichever worker sees it first). The broker would redeliver it too, but only after its
+    visibility timeout."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="shard-reaper", daemon=True)
 
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-    def _run(self) -> None:
-        every_s = max(1.0, self.runner.settings.batch_shard_lease_s / 3)
-        while not self._stop.wait(every_s):
-            try:
-                self.sweep()
-            except RedisError as exc:
-                log.warning("looking for lost shards failed: %s", exc)
-            except Exception:
-                log.exception("looking for lost shards failed")
+    @property
+    def every_s(self) -> float:
+        return max(1.0, self.runner.settings.batch_shard_lease_s / 3)
 
     def sweep(self) -> None:
         runner, keys = self.runner, self.runner.keys

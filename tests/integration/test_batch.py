@@ -197,6 +197,12 @@ def test_the_same_job_from_and_to_s3(client: Client, s3_endpoint: str) -> None:
         local.unlink()
     output = np.concatenate(parts)
     np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)
+    # The parts are joined on S3 too: one output.npy, in input order.
+    assert manifest["outputs"] == {"output": "output.npy"}
+    joined = Path(f"/tmp/{bucket}-joined.npy")
+    s3.download_file(bucket, f"out/{state['id']}/output.npy", str(joined))
+    np.testing.assert_array_equal(np.load(joined), output)
+    joined.unlink()
 
 
 def test_parquet_in_and_out(client: Client, root: Path) -> None:
