@@ -54,7 +54,11 @@ class Receiving:
         limits = self.limits
         wait_s = limits.receive_timeout_s
         try:
-            await asyncio.wait_for(self.turns.acquire(), wait_s)
+            if self.turns.locked():  # (else a turn is taken at once, with no timer to set)
+                async with asyncio.timeout(wait_s):
+                    await self.turns.acquire()
+            else:
+                await self.turns.acquire()
         except TimeoutError:
             raise ServerBusy(
                 f"the gateway is receiving {limits.concurrent_receives} request messages of up "
@@ -63,7 +67,8 @@ class Receiving:
                 1,
             ) from None
         try:
-            return await asyncio.wait_for(_only_message(context), wait_s)
+            async with asyncio.timeout(wait_s):  # (no task made per call, as wait_for would)
+                return await _only_message(context)
         except TimeoutError:
             raise MessageTimeout(
                 f"the request message did not arrive within {wait_s:g} s (SLUICE_BODY_TIMEOUT_S)"
