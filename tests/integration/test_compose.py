@@ -8,7 +8,9 @@ scripts/compose-env.sh (compose refuses to start without them), brings the stack
 project name of its own with the published ports on free loopback ports, sends an inference
 through the gateway with a tenant's key (and is refused without one), checks Redis' password
 and memory bound and every container's user, read-only root and capabilities, reads the
-metrics port and Prometheus, and takes everything down again: containers,
+metrics port and Prometheus, runs a batch job as from a laptop (the CLI uploads the rows
+through the gateway, the batch worker runs them, the CLI downloads the outputs: no shared
+folder), and takes everything down again: containers,
 networks, volumes, the images it built (the base image stays, as a cache), the API service,
 and the host's ip_forward and nftables tables as they were.
 
@@ -665,6 +667,53 @@ def check_stack(stack: Stack) -> None:
     # Two: the REST inference and the gRPC one.
     wait_for('Prometheus holding nv_inference_request_success{model="iris"} 2', scraped, 90, 2)
     progress("Prometheus scraped the gateway's metrics port")
+    check_batch_from_a_laptop(stack)
+
+
+def check_batch_from_a_laptop(stack: Stack) -> None:
+    """A batch job as a user runs it from a laptop: the CLI on this host, in a folder the
+    stack knows nothing of, uploads the rows through the gateway into the batch store
+    (MinIO's place), the batch worker runs them, and the CLI downloads the outputs."""
+    import onnxruntime as ort
+
+    laptop = Path(tempfile.mkdtemp(prefix="sluice-laptop-"))
+    try:
+        rows = np.random.default_rng(26).standard_normal((3_000, 16), dtype=np.float32)
+        np.save(laptop / "rows.npy", rows)
+        env = {
+            **os.environ,
+            "SLUICE_URL": stack.url("SLUICE_HTTP_PORT", ""),
+            "SLUICE_API_KEY": stack.key,
+        }
+        submitted = subprocess.run(
+            [
+                str(ROOT / ".venv" / "bin" / "sluice"),
+                "batch",
+                "submit",
+                "--model",
+                "mlp",
+                "--input",
+                "rows.npy",
+                "--output",
+                "out",
+                "--shard-rows",
+                "1000",
+            ],
+            cwd=laptop,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
+        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
+        session = ort.InferenceSession(str(ROOT / "model_repository" / "mlp" / "1" / "model.onnx"))
+        (expected,) = session.run(None, {session.get_inputs()[0].name: rows})
+        output = np.load(laptop / "out" / "output.npy")
+        np.testing.assert_allclose(output, expected, rtol=1e-5, atol=1e-5)
+    finally:
+        shutil.rmtree(laptop, ignore_errors=True)
+    progress("a batch job from a laptop: uploaded, run and downloaded, equal to onnxruntime")
 
 
 def check_hardening(stack: Stack) -> None:
