@@ -226,21 +226,33 @@ def _summary(array: np.ndarray) -> str:
 
 
 def _save(console: Console, directory: Path, results: dict[str, np.ndarray]) -> None:
-    """Each output to ``<directory>/<output>.npy``. BYTES outputs are saved as a bytes
-    array (loadable without pickle, and usable as an --input again) when no element ends
-    in a NUL byte, which numpy's fixed-width bytes would drop."""
+    """Each output to ``<directory>/<output>.npy``, never with pickle. BYTES outputs are
+    saved as a bytes array (usable as an --input again) when no element ends in a NUL
+    byte, which numpy's fixed-width bytes would drop; otherwise as ``<output>.json``, the
+    shape and each element in base64."""
+    import base64
+
     import numpy as np
+    import orjson
 
     try:
         directory.mkdir(parents=True, exist_ok=True)
         for name, array in results.items():
-            path = directory / f"{_UNSAFE_FILE_CHARACTERS.sub('_', name)}.npy"
-            saved = array
-            if array.dtype.kind == "O" and not any(
-                bytes(element).endswith(b"\0") for element in array.reshape(-1)
-            ):
-                saved = array.astype(np.bytes_)
-            np.save(path, saved, allow_pickle=True)
+            stem = directory / _UNSAFE_FILE_CHARACTERS.sub("_", name)
+            path = stem.with_suffix(".npy")
+            if array.dtype.kind == "O":
+                elements = [bytes(element) for element in array.reshape(-1)]
+                if any(element.endswith(b"\0") for element in elements):
+                    path = stem.with_suffix(".json")
+                    document = {
+                        "shape": list(array.shape),
+                        "base64": [base64.b64encode(e).decode() for e in elements],
+                    }
+                    path.write_bytes(orjson.dumps(document))
+                    console.print(f"saved {name} to {path}", markup=False)
+                    continue
+                array = array.astype(np.bytes_)
+            np.save(path, array, allow_pickle=False)
             console.print(f"saved {name} to {path}", markup=False)
     except OSError as exc:
         _fail(f"--save-dir {directory}: {exc.strerror or exc}")
