@@ -143,6 +143,10 @@ def prometheus(
     (job,) = config["scrape_configs"]
     job["scrape_interval"] = "1s"
     job["static_configs"] = [{"targets": [prometheus_stack.address]}]
+    # The stack has no API keys (any key is accepted), but the scrape still sends one.
+    key_file = tmp / "metrics-key"
+    key_file.write_text("no-keys-on-this-stack\n")
+    job["authorization"]["credentials_file"] = str(key_file)
     config_file = tmp / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
     port = free_port()
