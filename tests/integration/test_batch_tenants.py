@@ -52,7 +52,7 @@ def stack(
     shutil.copytree(EXAMPLES / "mlp", repository / "mlp")
     env = {
         "SLUICE_API_KEYS": ",".join(f"team-{t}:{k}" for t, k in KEYS.items()),
-        "SLUICE_ADMIN_KEYS": "admin-key",  # (what sluice up's readiness probe uses)
+        "SLUICE_ADMIN_KEYS": "admin-key",
         "SLUICE_BATCH_STORE": str(store),
         "SLUICE_BATCH_WORKERS": "1",
         "SLUICE_MAX_UPLOAD_BYTES": str(MAX_UPLOAD),
