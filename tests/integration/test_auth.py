@@ -299,3 +299,24 @@ def test_unreadable_key_file_is_a_clear_startup_error(
     with pytest.raises(RuntimeError) as failed:
         stack.start(timeout_s=60)
     assert "SLUICE_API_KEYS_FILE" in str(failed.value)
+
+
+def test_tenant_keys_alone_start_and_management_is_nobodys(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """``tenant:key`` inference keys and no admin key: ``sluice up`` still becomes ready (its
+    readiness probe has a key of its own), every key works for inference, and management
+    routes are refused to all of them."""
+    write_identity(tmp_path, MODEL, ["FP32"])
+    stack = Stack(tmp_path, redis_server.url, env={"SLUICE_API_KEYS": "team-a:k-a,team-b:k-b"})
+    stack.start(timeout_s=90)
+    try:
+        with httpx.Client(base_url=stack.url, timeout=10) as http:
+            for key in ("k-a", "k-b"):
+                assert call(http, "POST", f"/v2/models/{MODEL}/infer", key).status_code == 200
+                refused = call(http, "POST", "/v2/repository/index", key)
+                assert_refused(refused, 403)
+                assert "none is set (SLUICE_ADMIN_KEYS)" not in refused.json()["error"]
+            assert_refused(call(http, "POST", "/v2/repository/index", None), 401)
+    finally:
+        stack.stop()
