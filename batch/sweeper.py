@@ -107,7 +107,7 @@ class StoreSweeper:
                 keys.upload(tenant, upload_id),
                 keys.store_expiry,
                 u.expiry_member(u.UPLOAD, tenant, upload_id),
-                f"{now:.0f}",
+                repr(now),  # (exactly: rounded up, it would fall due after now)
             )
         log.info("batch %s of tenant %s expired", batch_id, tenant)
         return 1
