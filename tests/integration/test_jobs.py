@@ -335,7 +335,8 @@ def test_two_tenants_share_no_job_and_no_idempotency_key(tenants: Stack) -> None
         assert result.status_code == 200, result.text
         assert result.json()["outputs"][0]["data"] == [2.0, 2.5, -2.0, 7.0]
         assert http.get(location, headers=admin).status_code == 404  # the admin is a tenant too
-        cancelled = submit(http, "slow", slow_request(4, 10), **TEAM_A)
+        # (long enough that its cancel, sent at once, finds it queued or computing)
+        cancelled = submit(http, "slow", slow_request(4, 50_000), **TEAM_A)
         assert http.delete(cancelled.headers["location"], headers=TEAM_A).status_code in (200, 202)
         assert finished_as(http, cancelled.headers["location"], TEAM_A) == "cancelled"
         assert finished_as(http, b_by_id.headers["location"], TEAM_B) == "completed"
