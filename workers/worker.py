@@ -20,12 +20,15 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from sluice.classification import read_labels
 from sluice.clock import CLOCK
@@ -82,6 +85,9 @@ than the lease): restarted, it stands by."""
 
 _IDLE_BLOCK_MS = 500
 _NO_DEADLINE_NS = 1 << 62
+_START_PATIENCE_S = 60.0
+"""How long a worker whose model has loaded waits out a Redis outage (a restart, a
+Cluster failover) before its first beat, rather than exiting and loading it again."""
 
 
 class Worker:
@@ -200,7 +206,7 @@ class Worker:
             errors_key = self.settings.load_errors_key or self.keys.load_errors
             await self.redis.hset(errors_key, error_field, reason)
             return EXIT_LOAD_FAILED
-        await self.redis.hdel(self.keys.load_errors, error_field)
+        await self._patiently(lambda: self.redis.hdel(self.keys.load_errors, error_field))
         if self._concurrency > 1:
             # One compute thread per batch in flight; the loading thread's pool retires.
             loader, self._executor = (
@@ -208,8 +214,8 @@ class Worker:
                 ThreadPoolExecutor(self._concurrency, thread_name_prefix="compute"),
             )
             loader.shutdown(wait=False)
-        await self._ensure_groups()
-        await self._beat()
+        await self._patiently(self._ensure_groups)
+        await self._patiently(self._beat)
         background = [asyncio.create_task(self._heartbeat(), name="heartbeat")]
         try:
             if self._book is not None:
@@ -300,6 +306,20 @@ class Worker:
                         f"'{spec.label_filename}': {exc.strerror or exc}"
                     ) from None
         return labels
+
+    async def _patiently(self, step: Callable[[], Awaitable[object]]) -> None:
+        """One start-up step against Redis, tried again while Redis cannot be reached (up
+        to :data:`_START_PATIENCE_S`)."""
+        deadline = time.monotonic() + _START_PATIENCE_S
+        while True:
+            try:
+                await step()
+                return
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                if time.monotonic() > deadline:
+                    raise
+                log.warning("starting: Redis cannot be reached, trying again: %s", exc)
+                await asyncio.sleep(0.5)
 
     async def _ensure_groups(self) -> None:
         """Create the consumer groups (again, after Redis lost them in a restart)."""
