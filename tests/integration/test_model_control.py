@@ -160,7 +160,7 @@ def test_unload_answers_every_admitted_request_first(
     def send(index: int) -> None:
         with httpx.Client(base_url=explicit.url, timeout=60) as http:
             codes.append(
-                http.post("/v2/models/slow/infer", json=slow_request(index, 100_000)).status_code
+                http.post("/v2/models/slow/infer", json=slow_request(index, 30_000)).status_code
             )
 
     senders = [threading.Thread(target=send, args=(i,)) for i in range(4)]

@@ -30,3 +30,17 @@ def probe_while(url: str, heavy: Callable[[], T], timeout_s: float = 120.0) -> t
     assert result, "the heavy request did not finish"
     print(f"{probes} health probes during the heavy request, slowest {slowest * 1000:.0f} ms")
     return result[0], probes, slowest
+
+
+def stall_limit(url: str, probes: int = 20) -> float:
+    """The slowest a health probe may be while something heavy runs: 0.5 s, or ten times the
+    slowest of ``probes`` probes with nothing heavy running, if the machine is that busy
+    (a stalled event loop held probes for seconds: 2.6 to 3.5 s on an idle machine)."""
+    slowest = 0.0
+    with httpx.Client(base_url=url, timeout=30) as http:
+        for _ in range(probes):
+            started = time.monotonic()
+            assert http.get("/v2/health/live").status_code == 200
+            slowest = max(slowest, time.monotonic() - started)
+            time.sleep(0.02)
+    return max(0.5, 10 * slowest)
