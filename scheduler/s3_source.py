@@ -17,8 +17,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Protocol
 
-import boto3
-from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
     ClientError,
@@ -39,6 +37,7 @@ from scheduler.sources import (
     key_problem,
     show,
 )
+from sluice.s3_client import s3_client
 from sluice.settings import RepositorySourceSettings
 
 log = logging.getLogger("sluice.sources")
@@ -88,22 +87,6 @@ def parse_s3_url(location: str) -> tuple[str, str]:
     return bucket, prefix
 
 
-def make_client(settings: RepositorySourceSettings) -> Any:
-    options: dict[str, Any] = {
-        "connect_timeout": settings.s3_timeout_s,
-        "read_timeout": settings.s3_timeout_s,
-        "retries": {"total_max_attempts": settings.s3_attempts, "mode": "standard"},
-    }
-    if settings.s3_region:
-        options["region_name"] = settings.s3_region
-    if settings.s3_endpoint_url:
-        options["s3"] = {"addressing_style": "path"}  # what MinIO and most others expect
-    session = boto3.session.Session()
-    return session.client(
-        "s3", endpoint_url=settings.s3_endpoint_url or None, config=Config(**options)
-    )
-
-
 class S3Source(RepositorySource):
     def __init__(
         self, location: str, settings: RepositorySourceSettings, client: Any = None
@@ -117,7 +100,7 @@ class S3Source(RepositorySource):
         self.max_objects = settings.s3_max_objects
         self.attempts = settings.s3_attempts
         self.timeout_s = settings.s3_timeout_s
-        self.client = client if client is not None else make_client(settings)
+        self.client = client if client is not None else s3_client(settings)
         self._manifests: dict[tuple[str, str], bytes] = {}
 
     def url(self, path: str) -> str:

@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from sluice.errors import InvalidInput
 from sluice.settings import RepositorySourceSettings
 
 log = logging.getLogger("sluice.sources")
@@ -287,7 +288,10 @@ def open_source(location: str, settings: RepositorySourceSettings) -> Repository
                 f"model repository {location}: s3:// repositories need boto3, which is not "
                 "installed: pip install 'sluice[s3]'"
             ) from None
-        return S3Source(location, settings)
+        try:
+            return S3Source(location, settings)
+        except InvalidInput as exc:  # (boto3 is imported when the client is made)
+            raise SourceError(f"model repository {location}: {exc.message}") from None
     if "://" in location:
         scheme = location.split("://", 1)[0]
         raise SourceError(

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.errors import InvalidInput, NotFound, PayloadTooLarge
+from sluice.s3_client import s3_client
 from sluice.settings import BatchStoreSettings, RepositorySourceSettings
 
 CHUNK_BYTES = 1 << 20
@@ -224,27 +225,6 @@ class _LocalWriter(Writer):
 
 
 # -- S3 ------------------------------------------------------------------------------------
-
-
-def s3_client(settings: RepositorySourceSettings) -> Any:
-    """A boto3 S3 client with the deployment's endpoint, region, timeouts and retries;
-    credentials from the standard AWS chain (``AWS_ACCESS_KEY_ID`` ..., a profile, a role),
-    so each process (gateway, batch worker) may be given its own."""
-    try:
-        import boto3
-        from botocore.config import Config
-    except ImportError:
-        raise InvalidInput("s3:// locations need boto3: pip install 'sluice[s3]'") from None
-    options: dict[str, Any] = {
-        "connect_timeout": settings.s3_timeout_s,
-        "read_timeout": settings.s3_timeout_s,
-        "retries": {"max_attempts": settings.s3_attempts, "mode": "standard"},
-    }
-    if settings.s3_region:
-        options["region_name"] = settings.s3_region
-    return boto3.client(
-        "s3", endpoint_url=settings.s3_endpoint_url or None, config=Config(**options)
-    )
 
 
 def split_s3(location: str) -> tuple[str, str]:
