@@ -33,7 +33,7 @@ from starlette.responses import Response, StreamingResponse
 
 from gateway.guard import tenant_of
 from gateway.json_body import json_object, json_response
-from gateway.state import GatewayState, state_of
+from gateway.state import GatewayState, registered_script, state_of
 from gateway.upload_routes import batch_data, quota_message, upload_record
 from sluice import batches as b
 from sluice import uploads as u
@@ -111,7 +111,7 @@ async def submit(request: Request) -> Response:
     now = time.time()
     if upload_name:
         upload_id = b.upload_of(body.input)
-        use = state.redis.register_script(u.USE)
+        use = registered_script(state, u.USE)
         member = u.expiry_member(u.UPLOAD, tenant, upload_id)
         if not int(
             await use(keys=[keys.upload(tenant, upload_id), keys.store_expiry], args=[member])

@@ -28,12 +28,11 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 import orjson
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
 from gateway.infer_request import RequestedOutput
-from gateway.state import GatewayState
+from gateway.state import GatewayState, registered_script
 from sluice import jobs
 from sluice.errors import (
     Conflict,
@@ -189,7 +188,9 @@ async def submit_job(
     # The id -> model record first: a job must never be in the queue without it. It outlives
     # the job (an hour beyond its longest life); a failed submission leaves only it behind.
     await state.redis.set(keys.job_model(job_id), model, ex=args[2] + args[3] + 3600)
-    outcome, found = cast(list[Any], await _script(state, jobs.SUBMIT)(keys=script_keys, args=args))
+    outcome, found = cast(
+        list[Any], await registered_script(state, jobs.SUBMIT)(keys=script_keys, args=args)
+    )
     found_id = found.decode() if isinstance(found, bytes) else str(found)
     if outcome < 0:
         raise _refusal(state, outcome, model, request.number, owner, key, found_id)
@@ -252,17 +253,6 @@ def _refusal(
 
 _QUEUE_FULL, _TENANT_JOBS, _REUSED, _TENANT_BYTES = -1, -2, -3, -4
 """SUBMIT's refusals (see :data:`sluice.jobs.SUBMIT`)."""
-
-_SCRIPTS: dict[tuple[int, str], AsyncScript] = {}
-
-
-def _script(state: GatewayState, source: str) -> AsyncScript:
-    """The script registered once per Redis client: EVALSHA from then on."""
-    key = (id(state.redis), source)
-    script = _SCRIPTS.get(key)
-    if script is None:
-        script = _SCRIPTS[key] = state.redis.register_script(source)
-    return script
 
 
 async def job_record(state: GatewayState, job_id: str, owner: str) -> dict[str, bytes]:

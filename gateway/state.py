@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
 from starlette.requests import Request
 
 from gateway.admission import Admission
@@ -46,3 +47,15 @@ def state_of(request: Request) -> GatewayState:
     """The gateway's state, for a route handler."""
     state: GatewayState = request.app.state.sluice
     return state
+
+
+_SCRIPTS: dict[tuple[int, str], AsyncScript] = {}
+
+
+def registered_script(state: GatewayState, source: str) -> AsyncScript:
+    """The Lua script registered once per Redis client: EVALSHA from then on."""
+    key = (id(state.redis), source)
+    script = _SCRIPTS.get(key)
+    if script is None:
+        script = _SCRIPTS[key] = state.redis.register_script(source)
+    return script

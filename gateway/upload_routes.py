@@ -27,7 +27,7 @@ from starlette.responses import Response
 from gateway.body import check_declared_length
 from gateway.guard import tenant_of
 from gateway.json_body import json_response
-from gateway.state import GatewayState, state_of
+from gateway.state import GatewayState, registered_script, state_of
 from sluice import uploads as u
 from sluice.batch_access import LocationPolicy
 from sluice.batch_store import CHUNK_BYTES, NO_STORE, BatchStore, S3Clients, Writer, open_store
@@ -112,7 +112,7 @@ async def upload(request: Request) -> Response:
     tenant = tenant_of(request.scope)
     keys = state.keys
     quota = settings.tenant_max_stored_bytes
-    reserve = state.redis.register_script(u.RESERVE)
+    reserve = registered_script(state, u.RESERVE)
     stored_key = keys.stored_bytes(tenant)
     if declared is not None:
         stored = int(cast(bytes | None, await state.redis.get(stored_key)) or 0)
@@ -233,7 +233,7 @@ async def delete_upload(upload_id: str, request: Request) -> Response:
     await upload_record(state, tenant, upload_id)
     keys = state.keys
     member = u.expiry_member(u.UPLOAD, tenant, upload_id)
-    remove = state.redis.register_script(u.REMOVE)
+    remove = registered_script(state, u.REMOVE)
     size = int(
         await remove(
             keys=[keys.upload(tenant, upload_id), keys.uploads(tenant), keys.store_expiry],
