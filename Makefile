@@ -15,4 +15,4 @@ bench: bootstrap
 	.venv/bin/python -m bench --model mlp --mode binary
 
 lint: bootstrap
-	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy sluice gateway workers scheduler batch
+	.venv/bin/ruff check . && .venv/bin/ruff format --check . && .venv/bin/mypy -p sluice

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 
-from batch.app import run_worker
-from sluice.logs import configure_logging
-from sluice.settings import BatchSettings
+from sluice.batch.app import run_worker
+from sluice.core.logs import configure_logging
+from sluice.core.settings import BatchSettings
 
 
 def main() -> int:

@@ -23,12 +23,12 @@ from typing import Any
 
 from celery import Celery
 
-from batch.periodic import Periodic
-from batch.runner import Reaper, Runner
-from batch.sweeper import StoreSweeper
-from sluice import batches as b
-from sluice.celery_config import broker_url, celery_app, queue_name
-from sluice.settings import BatchSettings
+from sluice.batch.periodic import Periodic
+from sluice.batch.runner import Reaper, Runner
+from sluice.batch.sweeper import StoreSweeper
+from sluice.core import batches as b
+from sluice.core.celery_config import broker_url, celery_app, queue_name
+from sluice.core.settings import BatchSettings
 
 log = logging.getLogger("batch")
 

@@ -16,12 +16,12 @@ from typing import Any, cast
 import numpy as np
 from redis import Redis
 
-from sluice.clock import CLOCK
-from sluice.config import ModelConfig
-from sluice.datatypes import deserialize_bytes, from_numpy_dtype, numpy_dtype, serialize_bytes
-from sluice.errors import InvalidInput, SluiceError
-from sluice.keys import Keys
-from sluice.wire import RequestMessage, TensorHeader, decode_reply, encode_request
+from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig
+from sluice.core.datatypes import deserialize_bytes, from_numpy_dtype, numpy_dtype, serialize_bytes
+from sluice.core.errors import InvalidInput, SluiceError
+from sluice.core.keys import Keys
+from sluice.core.wire import RequestMessage, TensorHeader, decode_reply, encode_request
 
 _READ_BLOCK_MS = 500
 _CANCEL_CHECK_S = 1.0

@@ -31,13 +31,13 @@ from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 
-from batch.jsonl import non_blank_lines, parse_line
-from sluice.config import ModelConfig, TensorSpec
-from sluice.datatypes import element_count, numpy_dtype
-from sluice.errors import InvalidInput
+from sluice.batch.jsonl import non_blank_lines, parse_line
+from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.datatypes import element_count, numpy_dtype
+from sluice.core.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from sluice.settings import BatchSettings
+    from sluice.core.settings import BatchSettings
 
 MIB = 1 << 20
 GIB = 1 << 30

@@ -8,7 +8,7 @@ its shape (the model's dims after a batch dimension of at most ``max_batch_size`
 its elements, which must be as many as the shape says and each of the datatype's JSON
 kind (numbers in range, true/false, strings for BYTES, as the online JSON route takes
 them). The arrays built are then at most a small multiple of the line's length. Every
-refusal is an :class:`~sluice.errors.InvalidInput` naming the line and the input: it fails
+refusal is an :class:`~sluice.core.errors.InvalidInput` naming the line and the input: it fails
 the shard once, with no retry.
 """
 
@@ -21,10 +21,10 @@ from typing import IO, Any
 import numpy as np
 import orjson
 
-from sluice.config import ModelConfig, TensorSpec
-from sluice.datatypes import BYTES, element_count, from_numpy_dtype, numpy_dtype
-from sluice.errors import InvalidInput
-from sluice.fields import json_type
+from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.datatypes import BYTES, element_count, from_numpy_dtype, numpy_dtype
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
 
 _SKIP_CHUNK = 1 << 20
 _MAX_NAME = 100

@@ -1,5 +1,5 @@
 """What the batch tasks do: plan a job into shards, run one attempt of a shard, and finish
-the job once its last shard is in (see :mod:`sluice.batches` for the record and the rules).
+the job once its last shard is in (see :mod:`sluice.core.batches` for the record and the rules).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ import numpy as np
 import orjson
 from redis.exceptions import RedisError
 
-from batch.feeder import Cancelled, Feeder, ShardFailed
-from batch.formats import (
+from sluice.batch.feeder import Cancelled, Feeder, ShardFailed
+from sluice.batch.formats import (
     InputLimits,
     InputReader,
     JsonLinesReader,
@@ -27,20 +27,20 @@ from batch.formats import (
     write_lines,
     write_part,
 )
-from batch.jsonl import answer_line, request_arrays
-from batch.storage import Storage
-from sluice import batches as b
-from sluice import statistics as st
-from sluice import uploads as u
-from sluice.batch_store import Tree
-from sluice.catalog import MalformedEntry, decode_entry
-from sluice.clock import CLOCK
-from sluice.config import ModelConfig
-from sluice.errors import InvalidInput, SluiceError
-from sluice.keys import Keys
-from sluice.redis_connect import connect
-from sluice.settings import BatchSettings
-from sluice.tenants import ANONYMOUS
+from sluice.batch.jsonl import answer_line, request_arrays
+from sluice.batch.storage import Storage
+from sluice.core import batches as b
+from sluice.core import statistics as st
+from sluice.core import uploads as u
+from sluice.core.batch_store import Tree
+from sluice.core.catalog import MalformedEntry, decode_entry
+from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidInput, SluiceError
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
+from sluice.core.settings import BatchSettings
+from sluice.core.tenants import ANONYMOUS
 
 log = logging.getLogger("batch")
 
@@ -304,7 +304,7 @@ class Runner:
             self._finish(batch_id)
 
     def _shard_script(self, script: str, batch_id: str, index: int, *args: Any) -> int:
-        """One of :mod:`sluice.batches`' shard scripts (KEYS: the batch, its shard states,
+        """One of :mod:`sluice.core.batches`' shard scripts (KEYS: the batch, its shard states,
         attempts and leases; ARGV: the shard, then ``args``)."""
         keys = self.keys
         return int(

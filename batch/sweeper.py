@@ -2,7 +2,7 @@
 (unless a batch job uses them) and finished batch jobs past ``SLUICE_BATCH_RETENTION_S``
 (their record, listing entry and files in the store), giving their bytes back to their
 tenant. Every batch worker runs one; ``Keys.store_expiry`` says what is due, and each item
-is taken by one sweeper only (the scripts of :mod:`sluice.uploads`, a ``ZREM`` for batches).
+is taken by one sweeper only (the scripts of :mod:`sluice.core.uploads`, a ``ZREM`` for batches).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from typing import cast
 
 from redis import Redis
 
-from sluice import batches as b
-from sluice import uploads as u
-from sluice.batch_store import BatchStore
-from sluice.keys import Keys
+from sluice.core import batches as b
+from sluice.core import uploads as u
+from sluice.core.batch_store import BatchStore
+from sluice.core.keys import Keys
 
 log = logging.getLogger("batch")
 

@@ -11,7 +11,7 @@ from time import perf_counter
 import numpy as np
 import onnxruntime as ort
 
-from sluice.runtime import usable_cores
+from sluice.core.runtime import usable_cores
 
 WARMUP_RUNS = 3
 MIN_RUNS = 5

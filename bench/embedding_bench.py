@@ -36,7 +36,7 @@ from bench import loadgen
 from bench.client import HttpConnection, Target, connect, encode_request, model_path
 from bench.loadgen import percentiles_ms
 from bench.stack import start_stack, stop_stack
-from sluice.runtime import usable_cores
+from sluice.core.runtime import usable_cores
 
 DEFAULT_MODEL = "minilm_embedding"
 COSINE_TOLERANCE = 1e-4

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from bench.baseline import Baseline, BaselinePoint, batch_sizes, time_runs
-from sluice.runtime import usable_cores
+from sluice.core.runtime import usable_cores
 
 _NUMPY_DTYPES = {"FP32": np.float32, "FP16": np.float16, "FP64": np.float64, "INT64": np.int64}
 

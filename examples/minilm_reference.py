@@ -44,7 +44,7 @@ def text_array(sentences: Sequence[str | bytes]) -> np.ndarray:
 def load_tokenizer_model(repository: Path = REPOSITORY) -> Any:
     """The tokenizer step's ``Model`` from ``<repository>/minilm_tokenizer/1/model.py``,
     initialised with its config.pbtxt's parameters."""
-    from sluice.config import config_to_json, parse_config_text
+    from sluice.core.config import config_to_json, parse_config_text
 
     folder = repository / TOKENIZER
     spec = importlib.util.spec_from_file_location(

@@ -12,12 +12,12 @@ from collections.abc import Iterator
 import uvicorn
 import uvloop
 
-from gateway.app import create_fastapi_app, guarded
-from gateway.fast_path import InferFastPath
-from gateway.http_protocol import bounded_protocol
-from gateway.metrics_port import MetricsOnly
-from sluice.runtime import tune_garbage_collector
-from sluice.settings import GatewaySettings
+from sluice.core.runtime import tune_garbage_collector
+from sluice.core.settings import GatewaySettings
+from sluice.gateway.app import create_fastapi_app, guarded
+from sluice.gateway.fast_path import InferFastPath
+from sluice.gateway.http_protocol import bounded_protocol
+from sluice.gateway.metrics_port import MetricsOnly
 
 
 def _raise_open_file_limit(wanted: int) -> None:
@@ -117,7 +117,7 @@ def _metrics_socket(settings: GatewaySettings) -> socket.socket | None:
 
 
 if __name__ == "__main__":
-    from sluice.logs import configure_logging
+    from sluice.core.logs import configure_logging
 
     configure_logging("gateway", GatewaySettings())
     serve(GatewaySettings())

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from sluice.errors import Overloaded, ServerBusy
+from sluice.core.errors import Overloaded, ServerBusy
 
 
 @dataclass

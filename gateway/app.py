@@ -19,30 +19,30 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
 
-from gateway.admission import Admission
-from gateway.body_budget import BodyBudget
-from gateway.catalog_view import CatalogView
-from gateway.fast_path import InferFastPath
-from gateway.gateway_report import report
-from gateway.generate_routes import router as generate_router
-from gateway.grpc_api.server import GrpcServer
-from gateway.guard import EdgeGuard, KeyRing
-from gateway.infer_request import RequestLimits
-from gateway.infer_response import encode_error
-from gateway.redis_room import RedisRoom
-from gateway.routes import router
-from gateway.shm_registry import RegionRegistry
-from gateway.shm_transfer import TensorTransfer
-from gateway.state import GatewayState
-from gateway.torchserve_management import router as torchserve_management
-from gateway.torchserve_routes import router as torchserve_router
-from sluice.clock import CLOCK
-from sluice.dispatch import RedisDispatcher
-from sluice.errors import Overloaded, SluiceError, Unavailable
-from sluice.keys import Keys
-from sluice.redis_connect import connect_async, server_identity
-from sluice.settings import GatewaySettings
-from sluice.shm import sweep_orphans
+from sluice.core.clock import CLOCK
+from sluice.core.dispatch import RedisDispatcher
+from sluice.core.errors import Overloaded, SluiceError, Unavailable
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect_async, server_identity
+from sluice.core.settings import GatewaySettings
+from sluice.core.shm import sweep_orphans
+from sluice.gateway.admission import Admission
+from sluice.gateway.body_budget import BodyBudget
+from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.fast_path import InferFastPath
+from sluice.gateway.gateway_report import report
+from sluice.gateway.generate_routes import router as generate_router
+from sluice.gateway.grpc_api.server import GrpcServer
+from sluice.gateway.guard import EdgeGuard, KeyRing
+from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.infer_response import encode_error
+from sluice.gateway.redis_room import RedisRoom
+from sluice.gateway.routes import router
+from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.state import GatewayState
+from sluice.gateway.torchserve_management import router as torchserve_management
+from sluice.gateway.torchserve_routes import router as torchserve_router
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ import zlib
 
 from starlette.requests import Request
 
-from sluice.errors import InvalidInput, PayloadTooLarge
+from sluice.core.errors import InvalidInput, PayloadTooLarge
 
 _WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 _MAX_DIGITS = 18

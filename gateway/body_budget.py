@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.errors import ServerBusy
+from sluice.core.errors import ServerBusy
 
 
 @dataclass

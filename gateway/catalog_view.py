@@ -1,6 +1,6 @@
 """The gateway's view of the control plane: models, versions and readiness.
 
-Refreshed from Redis in the background (see :mod:`sluice.keys`), so that the
+Refreshed from Redis in the background (see :mod:`sluice.core.keys`), so that the
 request path only reads local dictionaries.
 """
 
@@ -13,12 +13,12 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from gateway.routing_view import RoutingView
-from sluice.catalog import UNLOADED, CatalogEntry, decode_entry
-from sluice.clock import CLOCK
-from sluice.errors import InvalidInput, NotFound, Unavailable
-from sluice.keys import Keys, load_error_field
-from sluice.wire import MalformedEntry
+from sluice.core.catalog import UNLOADED, CatalogEntry, decode_entry
+from sluice.core.clock import CLOCK
+from sluice.core.errors import InvalidInput, NotFound, Unavailable
+from sluice.core.keys import Keys, load_error_field
+from sluice.core.wire import MalformedEntry
+from sluice.gateway.routing_view import RoutingView
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +32,7 @@ class CatalogView:
     depths: dict[tuple[str, int], int] = field(default_factory=dict)
     """Entries in each model version's streams: its queue depth."""
     hosts: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict)
-    """The hosts of each model version's live workers (:mod:`sluice.hosts`); a worker that
+    """The hosts of each model version's live workers (:mod:`sluice.core.hosts`); a worker that
     has not said counts as an unknown host."""
     revision: bytes | None = None
     loaded: bool = False

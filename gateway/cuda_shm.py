@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from sluice.errors import InvalidInput, Unsupported
+from sluice.core.errors import InvalidInput, Unsupported
 
 IPC_HANDLE_SIZE = 64
 """Bytes of a ``cudaIpcMemHandle_t`` (CUDA_IPC_HANDLE_SIZE)."""

@@ -7,7 +7,7 @@ other route goes to the FastAPI application, which also owns the lifespan.
 
 Every answer carries the request's id as ``X-Request-ID`` (see :mod:`gateway.request_id`).
 A valid W3C ``traceparent`` travels on to the worker in the stream entry; with tracing on
-(an OTLP endpoint configured, see :mod:`sluice.tracing`) the request gets a ``receive``
+(an OTLP endpoint configured, see :mod:`sluice.core.tracing`) the request gets a ``receive``
 span, whose context goes to the worker instead and back to the client as ``traceparent``.
 """
 
@@ -22,22 +22,22 @@ import orjson
 from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
-from gateway import request_id
-from gateway.body import check_declared_length, decode_body, parse_header_length, too_large
-from gateway.body_budget import BodyReservation
-from gateway.guard import tenant_of
-from gateway.infer import run_infer
-from gateway.infer_response import encode_error
-from gateway.jobs import job_record, prefers_async, status_body, submit_job
-from gateway.state import GatewayState
-from sluice.errors import Overloaded, SluiceError
-from sluice.logs import TRACE_ID
-from sluice.routing import requested_label
-from sluice.trace_context import TraceParent, parse_traceparent
-from sluice.tracing import tracing_from_settings
+from sluice.core.errors import Overloaded, SluiceError
+from sluice.core.logs import TRACE_ID
+from sluice.core.routing import requested_label
+from sluice.core.trace_context import TraceParent, parse_traceparent
+from sluice.core.tracing import tracing_from_settings
+from sluice.gateway import request_id
+from sluice.gateway.body import check_declared_length, decode_body, parse_header_length, too_large
+from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.guard import tenant_of
+from sluice.gateway.infer import run_infer
+from sluice.gateway.infer_response import encode_error
+from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
+from sluice.gateway.state import GatewayState
 
 if TYPE_CHECKING:
-    from sluice.otel import Tracing
+    from sluice.core.otel import Tracing
 
 log = logging.getLogger(__name__)
 

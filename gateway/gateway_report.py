@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from gateway.state import GatewayState
-from sluice import statistics as st
-from sluice.clock import CLOCK
+from sluice.core import statistics as st
+from sluice.core.clock import CLOCK
+from sluice.gateway.state import GatewayState
 
 REPORT_TTL_S = 5
 """A gateway's report outlives its last refresh by this much."""

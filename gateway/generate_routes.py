@@ -23,8 +23,11 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import StreamingResponse
 
-from gateway.body import read_body
-from gateway.infer import (
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidInput, SluiceError
+from sluice.core.wire import ReplyMessage
+from sluice.gateway.body import read_body
+from sluice.gateway.infer import (
     OFFLOAD_BYTES,
     Prepared,
     encode_reply,
@@ -32,12 +35,9 @@ from gateway.infer import (
     execute_stream,
     prepare_with,
 )
-from gateway.infer_request import InferRequest, parse_infer_document
-from gateway.json_body import json_object
-from gateway.state import state_of
-from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidInput, SluiceError
-from sluice.wire import ReplyMessage
+from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.json_body import json_object
+from sluice.gateway.state import state_of
 
 router = APIRouter()
 

@@ -6,7 +6,7 @@ after decompression); every other route may receive at most
 against the bytes as they arrive, so no route ever buffers more than its limit.
 
 Keys are bearer tokens (``Authorization: Bearer <key>``), compared in constant
-time and never logged; each belongs to a tenant (:mod:`sluice.tenants`), which the guard
+time and never logged; each belongs to a tenant (:mod:`sluice.core.tenants`), which the guard
 leaves in the request's scope for the routes that keep things per tenant. Health endpoints
 are open; whenever any key is set, management endpoints (repository, model control,
 shared memory, logging, trace, TorchServe's management API) need an admin key and
@@ -22,11 +22,11 @@ from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from gateway.body import check_declared_length
-from gateway.infer_response import encode_error
-from sluice.errors import InvalidConfig, PayloadTooLarge, SluiceError
-from sluice.settings import ApiKeySettings
-from sluice.tenants import ADMIN, ANONYMOUS, KeyEntry, parse_key_entry
+from sluice.core.errors import InvalidConfig, PayloadTooLarge, SluiceError
+from sluice.core.settings import ApiKeySettings
+from sluice.core.tenants import ADMIN, ANONYMOUS, KeyEntry, parse_key_entry
+from sluice.gateway.body import check_declared_length
+from sluice.gateway.infer_response import encode_error
 
 _OPEN = ("/v2/health/", "/ping")
 _MANAGEMENT = (

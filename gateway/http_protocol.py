@@ -29,7 +29,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from gateway.infer_response import encode_error
+from sluice.gateway.infer_response import encode_error
 
 log = logging.getLogger(__name__)
 

@@ -13,25 +13,25 @@ from typing import TYPE_CHECKING, TypeVar
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import request_id
-from gateway.body import header_length, read_body
-from gateway.infer_request import InferRequest, RequestedOutput, parse_infer_request
-from gateway.infer_response import encode_infer_response
-from gateway.queue_turn import QueueTurn
-from gateway.shm_transfer import TensorTransfer
-from gateway.state import GatewayState
-from sluice.clock import CLOCK
-from sluice.config import DynamicBatching, ModelConfig
-from sluice.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
-from sluice.keys import Keys
-from sluice.routing import HEADER, PARAMETER, parameter_label, requested_label
-from sluice.sequences import batch_size_problem, sequence_of
-from sluice.shm import unlink
-from sluice.trace_context import TraceParent
-from sluice.wire import ReplyMessage, RequestMessage, TensorHeader
+from sluice.core.clock import CLOCK
+from sluice.core.config import DynamicBatching, ModelConfig
+from sluice.core.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
+from sluice.core.keys import Keys
+from sluice.core.routing import HEADER, PARAMETER, parameter_label, requested_label
+from sluice.core.sequences import batch_size_problem, sequence_of
+from sluice.core.shm import unlink
+from sluice.core.trace_context import TraceParent
+from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
+from sluice.gateway import request_id
+from sluice.gateway.body import header_length, read_body
+from sluice.gateway.infer_request import InferRequest, RequestedOutput, parse_infer_request
+from sluice.gateway.infer_response import encode_infer_response
+from sluice.gateway.queue_turn import QueueTurn
+from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.state import GatewayState
 
 if TYPE_CHECKING:
-    from sluice.otel import RequestSpan
+    from sluice.core.otel import RequestSpan
 
 _NS_PER_US = 1_000
 OFFLOAD_BYTES = 64 * 1024

@@ -9,7 +9,7 @@ single input's bytes. An input or output may instead live in a registered shared
 memory region (Triton's system shared memory extension): its reference is checked
 against the region here, and the tensor carries the resolved location, no bytes.
 
-Every problem raises :class:`~sluice.errors.InvalidInput` with a message that
+Every problem raises :class:`~sluice.core.errors.InvalidInput` with a message that
 names the offending field. Checks run cheapest first: the request's structure,
 input names, datatypes and shapes, requested outputs, then the tensor data. Where
 Triton refuses the same request, the message starts with Triton's own text (core
@@ -27,21 +27,21 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import orjson
 
-from gateway.json_tensors import BytesCountMismatch, fmt_shape, json_to_buffer
-from sluice.classification import CLASSIFIABLE, unsupported_message
-from sluice.datatypes import (
+from sluice.core.classification import CLASSIFIABLE, unsupported_message
+from sluice.core.datatypes import (
     BYTES,
     DATATYPES,
     ELEMENT_SIZE,
     count_bytes_elements,
     element_count,
 )
-from sluice.errors import InvalidInput
-from sluice.fields import json_type
-from sluice.wire import ShmRef
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
+from sluice.core.wire import ShmRef
+from sluice.gateway.json_tensors import BytesCountMismatch, fmt_shape, json_to_buffer
 
 if TYPE_CHECKING:
-    from sluice.config import ModelConfig, TensorSpec
+    from sluice.core.config import ModelConfig, TensorSpec
 
 _MAX_DIM = (1 << 63) - 1
 _MAX_BYTES_ELEMENT = (1 << 32) - 1

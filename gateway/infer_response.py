@@ -17,8 +17,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from sluice.datatypes import BYTES, ELEMENT_SIZE, deserialize_bytes, element_count, to_numpy
-from sluice.errors import InferenceFailed, InvalidInput
+from sluice.core.datatypes import BYTES, ELEMENT_SIZE, deserialize_bytes, element_count, to_numpy
+from sluice.core.errors import InferenceFailed, InvalidInput
 
 _DUMPS_OPTIONS = orjson.OPT_SERIALIZE_NUMPY
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.metadata import model_metadata
-from gateway.state import GatewayState
-from sluice.errors import InvalidInput, Unavailable
-from sluice.statistics import render_model_stats
+from sluice.core.errors import InvalidInput, Unavailable
+from sluice.core.statistics import render_model_stats
+from sluice.gateway.metadata import model_metadata
+from sluice.gateway.state import GatewayState
 
 
 def server_not_ready(state: GatewayState) -> str | None:

@@ -17,9 +17,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.guard import tenant_of
-from gateway.infer import inference_response
-from gateway.jobs import (
+from sluice.core import jobs
+from sluice.gateway.guard import tenant_of
+from sluice.gateway.infer import inference_response
+from sluice.gateway.jobs import (
     cancel_job,
     encode_result,
     job_record,
@@ -28,9 +29,8 @@ from gateway.jobs import (
     status_body,
     wait_for_result,
 )
-from gateway.json_body import json_response
-from gateway.state import state_of
-from sluice import jobs
+from sluice.gateway.json_body import json_response
+from sluice.gateway.state import state_of
 
 job_router = APIRouter()
 

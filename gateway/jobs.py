@@ -1,4 +1,4 @@
-"""Asynchronous jobs in the gateway (see :mod:`sluice.jobs`): submission with
+"""Asynchronous jobs in the gateway (see :mod:`sluice.core.jobs`): submission with
 ``Prefer: respond-async`` on the inference route, status, result and cancellation.
 
 A job goes through exactly the validation of a synchronous request (:func:`gateway.infer.
@@ -12,7 +12,7 @@ Jobs queue on the model version's background stream, below every online request,
 request sets its ``priority``. Nothing is accepted while Redis is nearly full
 (:mod:`gateway.redis_room`).
 
-A job belongs to the tenant whose API key submitted it (:mod:`sluice.tenants`; its name is
+A job belongs to the tenant whose API key submitted it (:mod:`sluice.core.tenants`; its name is
 kept in the record): for another tenant, it is not found. Job ids are 128-bit random, never
 derived from input.
 """
@@ -30,11 +30,8 @@ from typing import Any, cast
 import orjson
 from redis.exceptions import RedisError
 
-from gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
-from gateway.infer_request import RequestedOutput
-from gateway.state import GatewayState, registered_script
-from sluice import jobs
-from sluice.errors import (
+from sluice.core import jobs
+from sluice.core.errors import (
     Conflict,
     InvalidInput,
     NotFound,
@@ -45,8 +42,11 @@ from sluice.errors import (
     Unsupported,
     error_from_kind,
 )
-from sluice.trace_context import TraceParent
-from sluice.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
+from sluice.core.trace_context import TraceParent
+from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
+from sluice.gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
+from sluice.gateway.infer_request import RequestedOutput
+from sluice.gateway.state import GatewayState, registered_script
 
 RESPOND_ASYNC = "respond-async"
 _WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,9})(?:$|[;,\s])", re.IGNORECASE)
@@ -252,7 +252,7 @@ def _refusal(
 
 
 _QUEUE_FULL, _TENANT_JOBS, _REUSED, _TENANT_BYTES = -1, -2, -3, -4
-"""SUBMIT's refusals (see :data:`sluice.jobs.SUBMIT`)."""
+"""SUBMIT's refusals (see :data:`sluice.core.jobs.SUBMIT`)."""
 
 
 async def job_record(state: GatewayState, job_id: str, owner: str) -> dict[str, bytes]:

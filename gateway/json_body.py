@@ -8,7 +8,7 @@ from typing import Any
 import orjson
 from starlette.responses import Response
 
-from sluice.errors import InvalidInput
+from sluice.core.errors import InvalidInput
 
 
 def json_object(body: bytes, *, empty_ok: bool = False) -> dict[str, Any]:

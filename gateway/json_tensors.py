@@ -15,9 +15,9 @@ from typing import Any
 
 import numpy as np
 
-from sluice.datatypes import BF16, BYTES, numpy_dtype, serialize_bytes, to_buffer
-from sluice.errors import InvalidInput
-from sluice.fields import json_type
+from sluice.core.datatypes import BF16, BYTES, numpy_dtype, serialize_bytes, to_buffer
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
 
 _SHAPE_MISMATCH = "Unable to parse 'data': Shape does not match true shape of 'data' field"
 """Triton's text (server ``ReadDataFromJson``) for JSON data of the wrong element count."""

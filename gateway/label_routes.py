@@ -8,11 +8,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import infer as infer_path
-from gateway.json_body import json_response
-from gateway.metadata import model_metadata
-from gateway.state import state_of
-from sluice.errors import Unavailable
+from sluice.core.errors import Unavailable
+from sluice.gateway import infer as infer_path
+from sluice.gateway.json_body import json_response
+from sluice.gateway.metadata import model_metadata
+from sluice.gateway.state import state_of
 
 label_router = APIRouter()
 

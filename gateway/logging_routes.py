@@ -7,7 +7,7 @@ Triton's error texts. Unlike Triton, a POST applies nothing unless every value i
 and wrong types and malformed bodies are 400s (Triton answers 500); an unknown format is
 a 400 too (Triton: 503). ``log_format`` takes Triton's ``default`` and ``ISO8601``, and
 Sluice's ``json``. The settings are those of the gateway process that answers (see
-:mod:`sluice.logs`); the path is a management one for the edge guard (admin keys).
+:mod:`sluice.core.logs`); the path is a management one for the edge guard (admin keys).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.json_body import json_response
-from sluice.errors import InvalidInput, Unsupported
-from sluice.logs import FORMATS, control
+from sluice.core.errors import InvalidInput, Unsupported
+from sluice.core.logs import FORMATS, control
+from sluice.gateway.json_body import json_response
 
 logging_router = APIRouter()
 
@@ -43,7 +43,7 @@ async def update_log_settings(request: Request) -> Response:
 
 
 def parse_log_settings(body: bytes) -> dict[str, Any]:
-    """The changes a POST body asks for, as :meth:`sluice.logs.LogControl.update`'s
+    """The changes a POST body asks for, as :meth:`sluice.core.logs.LogControl.update`'s
     arguments; checked in Triton's order, so the first error is the one Triton reports."""
     try:
         document = orjson.loads(body)

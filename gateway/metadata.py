@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.catalog import CatalogEntry
-from sluice.config import ModelConfig, TensorSpec
+from sluice.core.catalog import CatalogEntry
+from sluice.core.config import ModelConfig, TensorSpec
 
 
 def _tensor(spec: TensorSpec, config: ModelConfig) -> dict[str, Any]:

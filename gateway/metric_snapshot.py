@@ -15,9 +15,9 @@ from typing import Any, cast
 
 from redis.asyncio import Redis
 
-from gateway.catalog_view import CatalogView
-from sluice.clock import CLOCK
-from sluice.keys import WORKER_GROUP, Keys
+from sluice.core.clock import CLOCK
+from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.gateway.catalog_view import CatalogView
 
 ModelVersion = tuple[str, int]
 

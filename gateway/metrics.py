@@ -1,8 +1,8 @@
 """``GET /metrics``: Triton's metric families, then Sluice's, in Prometheus' text format.
 
 Where the numbers come from: every worker adds to its model version's statistics hash in
-Redis after each batch (:mod:`sluice.statistics`, the same counters as Triton's statistics
-extension, plus the histograms of :mod:`sluice.histograms`), and each gateway adds its
+Redis after each batch (:mod:`sluice.core.statistics`, the same counters as Triton's statistics
+extension, plus the histograms of :mod:`sluice.core.histograms`), and each gateway adds its
 refusals and deadline misses, and reports its gauges, every catalog refresh
 (:mod:`gateway.gateway_report`). A scrape reads all of it from Redis
 (:mod:`gateway.metric_snapshot`). So whichever gateway process answers, the numbers are the
@@ -21,14 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from gateway import gpu_metrics, metric_snapshot, sluice_metrics
-from gateway.host_metrics import HOST, escape_label, family
-from gateway.metric_snapshot import Snapshot
-from gateway.state import GatewayState
-from gateway.torchserve_metrics import torchserve_lines
-from sluice.settings import GatewaySettings
-from sluice.shm import segment_bytes
-from sluice.statistics import (
+from sluice.core.settings import GatewaySettings
+from sluice.core.shm import segment_bytes
+from sluice.core.statistics import (
     EXECUTION_COUNT,
     FAILURE_REASONS,
     INFERENCE_COUNT,
@@ -36,6 +31,11 @@ from sluice.statistics import (
     failure_field,
     ns_field,
 )
+from sluice.gateway import gpu_metrics, metric_snapshot, sluice_metrics
+from sluice.gateway.host_metrics import HOST, escape_label, family
+from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.state import GatewayState
+from sluice.gateway.torchserve_metrics import torchserve_lines
 
 log = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ In Triton's default ``--model-control-mode=none`` Sluice serves what its reposit
 and these routes answer as Triton does then (core ``ModelRepositoryManager::LoadUnloadModel``:
 UNAVAILABLE, so 503, whatever the model and the body), with a hint after Triton's text.
 With ``sluice up --model-control-mode explicit`` the gateway hands the command to
-``sluice up`` through Redis (:mod:`sluice.control`) and answers once it is carried out:
+``sluice up`` through Redis (:mod:`sluice.core.control`) and answers once it is carried out:
 200 with an empty body, or 400 with the reason (Triton's "failed to load '<m>', ...").
 Triton's ``/v2/repository/{repository}/...`` form answers 501, as Triton does for any
 repository name. The paths start with ``/v2/repository``, so the edge guard treats them as
@@ -24,10 +24,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.json_body import json_object
-from gateway.state import GatewayState, state_of
-from sluice.control import ControlCommand, encode_command
-from sluice.errors import InvalidInput, Unavailable, Unsupported
+from sluice.core.control import ControlCommand, encode_command
+from sluice.core.errors import InvalidInput, Unavailable, Unsupported
+from sluice.gateway.json_body import json_object
+from sluice.gateway.state import GatewayState, state_of
 
 model_control_router = APIRouter()
 

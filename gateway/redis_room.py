@@ -21,7 +21,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from sluice.errors import Overloaded
+from sluice.core.errors import Overloaded
 
 RETRY_AFTER_S = 5
 """What a refused client is told to wait: Redis drains as workers answer."""

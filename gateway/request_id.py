@@ -1,6 +1,6 @@
 """The id a request is known by in logs, traces, the stream entry and the ``X-Request-ID``
 response header: the client's KServe ``id`` when it sent one, else its ``X-Request-ID``
-header, else one made up here. It lives in :data:`sluice.logs.REQUEST_ID`, a context
+header, else one made up here. It lives in :data:`sluice.core.logs.REQUEST_ID`, a context
 variable, so every log line of the request's task carries it.
 
 An id is used only when it can travel as a header value unchanged: 1 to 256 printable
@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from sluice.logs import REQUEST_ID
+from sluice.core.logs import REQUEST_ID
 
 MAX_LENGTH = 256
 

@@ -1,7 +1,7 @@
 """Rollouts over HTTP (management endpoints, under ``/v2/repository/``):
 
 - ``POST /v2/repository/models/{m}/rollout`` with ``{"version": 4, "steps": [10, 50],
-  "step_s": 10, ...}`` (:class:`sluice.rollout.RolloutPlan`) starts one and answers its state;
+  "step_s": 10, ...}`` (:class:`sluice.core.rollout.RolloutPlan`) starts one and answers its state;
 - ``GET /v2/repository/models/{m}/rollout``: its state, with every decision and its numbers;
 - ``POST .../rollout/promote`` and ``.../rollout/rollback``: decide now.
 
@@ -16,12 +16,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.json_body import json_object
-from gateway.model_control_routes import carry_out
-from gateway.state import state_of
-from sluice.control import ControlCommand
-from sluice.errors import NotFound
-from sluice.rollout import PROMOTE, ROLLBACK, START
+from sluice.core.control import ControlCommand
+from sluice.core.errors import NotFound
+from sluice.core.rollout import PROMOTE, ROLLBACK, START
+from sluice.gateway.json_body import json_object
+from sluice.gateway.model_control_routes import carry_out
+from sluice.gateway.state import state_of
 
 rollout_router = APIRouter()
 

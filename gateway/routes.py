@@ -8,9 +8,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import infer as infer_path
-from gateway.batch_routes import batch_router
-from gateway.inspection import (
+from sluice import __version__
+from sluice.gateway import infer as infer_path
+from sluice.gateway.batch_routes import batch_router
+from sluice.gateway.inspection import (
     config_document,
     metadata_document,
     model_not_ready,
@@ -19,19 +20,18 @@ from gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from gateway.job_routes import job_router
-from gateway.json_body import json_object, json_response
-from gateway.label_routes import label_router
-from gateway.logging_routes import logging_router
-from gateway.metrics import CONTENT_TYPE, metrics_text
-from gateway.model_control_routes import model_control_router
-from gateway.rollout_routes import rollout_router
-from gateway.routing_routes import routing_router
-from gateway.shm_routes import shm_router
-from gateway.state import state_of
-from gateway.trace_settings import trace_router
-from gateway.upload_routes import upload_router
-from sluice import __version__
+from sluice.gateway.job_routes import job_router
+from sluice.gateway.json_body import json_object, json_response
+from sluice.gateway.label_routes import label_router
+from sluice.gateway.logging_routes import logging_router
+from sluice.gateway.metrics import CONTENT_TYPE, metrics_text
+from sluice.gateway.model_control_routes import model_control_router
+from sluice.gateway.rollout_routes import rollout_router
+from sluice.gateway.routing_routes import routing_router
+from sluice.gateway.shm_routes import shm_router
+from sluice.gateway.state import state_of
+from sluice.gateway.trace_settings import trace_router
+from sluice.gateway.upload_routes import upload_router
 
 EXTENSIONS = [
     "classification",

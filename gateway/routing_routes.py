@@ -24,10 +24,8 @@ from redis.exceptions import WatchError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.json_body import json_object
-from gateway.state import GatewayState, state_of
-from sluice.errors import InvalidInput, Unavailable
-from sluice.routing import (
+from sluice.core.errors import InvalidInput, Unavailable
+from sluice.core.routing import (
     MAX_LABELS,
     Routing,
     check_label,
@@ -37,6 +35,8 @@ from sluice.routing import (
     parse_version,
     parse_weights,
 )
+from sluice.gateway.json_body import json_object
+from sluice.gateway.state import GatewayState, state_of
 
 routing_router = APIRouter()
 

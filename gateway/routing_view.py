@@ -11,9 +11,9 @@ from typing import cast
 
 from redis.asyncio import Redis
 
-from sluice.errors import InvalidInput
-from sluice.keys import Keys
-from sluice.routing import Routing, Split, check_label, decode_routing
+from sluice.core.errors import InvalidInput
+from sluice.core.keys import Keys
+from sluice.core.routing import Routing, Split, check_label, decode_routing
 
 
 @dataclass

@@ -11,7 +11,7 @@ the registry no more, so unregistering a region takes effect at once, even while
 requests that resolved it are in flight: they finish normally, new requests can no
 longer name it, and the name can be registered again.
 
-The key is checked when registered (a plain object: no link, see :func:`sluice.shm.opened`)
+The key is checked when registered (a plain object: no link, see :func:`sluice.core.shm.opened`)
 and again by whoever opens it for a request, since its owner may replace it meanwhile.
 """
 
@@ -20,10 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
-from sluice.errors import Forbidden, InvalidInput, NotFound, Unsupported
-from sluice.settings import GatewaySettings
-from sluice.shm import (
+from sluice.core.errors import Forbidden, InvalidInput, NotFound, Unsupported
+from sluice.core.settings import GatewaySettings
+from sluice.core.shm import (
     ObjectTooSmall,
     ShmKeyError,
     UnsafeObject,
@@ -32,7 +31,8 @@ from sluice.shm import (
     reserved_prefix,
     write_object,
 )
-from sluice.wire import ShmRef
+from sluice.core.wire import ShmRef
+from sluice.gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
 
 
 @dataclass(frozen=True, slots=True)

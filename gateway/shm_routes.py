@@ -15,11 +15,11 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.cuda_shm import decode_raw_handle
-from gateway.json_body import json_response
-from gateway.shm_registry import RegionRegistry
-from gateway.state import state_of
-from sluice.errors import InvalidInput
+from sluice.core.errors import InvalidInput
+from sluice.gateway.cuda_shm import decode_raw_handle
+from sluice.gateway.json_body import json_response
+from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.state import state_of
 
 shm_router = APIRouter()
 

@@ -3,7 +3,7 @@
 On one host (``shm_same_host``, and every live worker of the model version advertising
 this gateway's host: the request is *local*) no large tensor crosses Redis: inputs and
 outputs in a client's registered region are read and written by the worker itself, and
-other tensors larger than ``shm_threshold_bytes`` go through a segment (:mod:`sluice.shm`)
+other tensors larger than ``shm_threshold_bytes`` go through a segment (:mod:`sluice.core.shm`)
 that the gateway creates for a request's inputs and a worker creates for a reply's
 outputs. The gateway removes both: its own when the request ends, however it ends;
 a worker's as soon as it has read it. Across hosts every byte goes in the entry, and
@@ -15,14 +15,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from gateway.catalog_view import CatalogView
-from gateway.infer_request import InputTensor, RequestedOutput
-from gateway.infer_response import OutputTensor
-from gateway.shm_registry import RegionRegistry
-from sluice.errors import InferenceFailed, InvalidInput
-from sluice.hosts import host_id
-from sluice.settings import GatewaySettings
-from sluice.shm import (
+from sluice.core.errors import InferenceFailed, InvalidInput
+from sluice.core.hosts import host_id
+from sluice.core.settings import GatewaySettings
+from sluice.core.shm import (
     close_quietly,
     map_segment,
     new_segment_name,
@@ -30,7 +26,11 @@ from sluice.shm import (
     unlink,
     write_segment,
 )
-from sluice.wire import ReplyMessage, ShmRef, TensorHeader
+from sluice.core.wire import ReplyMessage, ShmRef, TensorHeader
+from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.infer_request import InputTensor, RequestedOutput
+from sluice.gateway.infer_response import OutputTensor
+from sluice.gateway.shm_registry import RegionRegistry
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +43,7 @@ class TensorTransfer:
     same_host: bool
     threshold: int
     host: str = ""
-    """This gateway's host id (:mod:`sluice.hosts`)."""
+    """This gateway's host id (:mod:`sluice.core.hosts`)."""
     message_prefix: str = field(init=False)
     """The segment prefix workers get: only on one host may they use segments."""
     segment_min_bytes: int = field(init=False)
@@ -80,7 +80,7 @@ class TensorTransfer:
         self, inputs: list[InputTensor], *, local: bool, inline: bool = False
     ) -> tuple[list[TensorHeader], bytes, str | None]:
         """The entry's tensor headers and payload, and the segment made for the large
-        inputs (None if none): the caller removes it with :func:`sluice.shm.unlink` once
+        inputs (None if none): the caller removes it with :func:`sluice.core.shm.unlink` once
         the request ended, however it ended. Writing the segment costs what joining the
         bytes into the entry would have cost, on the event loop as that would have been.
         ``local``: the workers share this host (:meth:`local`); ``inline``: every byte in

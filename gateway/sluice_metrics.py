@@ -22,10 +22,15 @@ from prometheus_client.core import (
     Metric,
 )
 
-from gateway.gateway_report import BODY_BUDGET_REJECTS, CLIENT_SHM_BYTES, IN_FLIGHT, ROUND_TRIP_US
-from gateway.metric_snapshot import Snapshot, VersionState
-from sluice import histograms as hist
-from sluice import statistics as st
+from sluice.core import histograms as hist
+from sluice.core import statistics as st
+from sluice.gateway.gateway_report import (
+    BODY_BUDGET_REJECTS,
+    CLIENT_SHM_BYTES,
+    IN_FLIGHT,
+    ROUND_TRIP_US,
+)
+from sluice.gateway.metric_snapshot import Snapshot, VersionState
 
 _LABELS = ["model", "version"]
 _HISTOGRAMS = (

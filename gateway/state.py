@@ -8,16 +8,16 @@ from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 from starlette.requests import Request
 
-from gateway.admission import Admission
-from gateway.body_budget import BodyBudget
-from gateway.catalog_view import CatalogView
-from gateway.infer_request import RequestLimits
-from gateway.redis_room import RedisRoom
-from gateway.shm_registry import RegionRegistry
-from gateway.shm_transfer import TensorTransfer
-from sluice.dispatch import Dispatcher
-from sluice.keys import Keys
-from sluice.settings import GatewaySettings
+from sluice.core.dispatch import Dispatcher
+from sluice.core.keys import Keys
+from sluice.core.settings import GatewaySettings
+from sluice.gateway.admission import Admission
+from sluice.gateway.body_budget import BodyBudget
+from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.redis_room import RedisRoom
+from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.shm_transfer import TensorTransfer
 
 
 @dataclass

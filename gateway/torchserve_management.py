@@ -27,17 +27,17 @@ import httpx
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from gateway.json_body import json_response
-from gateway.model_control_routes import carry_out, require_explicit
-from gateway.routing_routes import _update
-from gateway.state import GatewayState, state_of
-from sluice.catalog import CatalogEntry
-from sluice.clock import CLOCK
-from sluice.config import config_to_json, parse_config_text
-from sluice.control import ControlCommand
-from sluice.errors import InvalidInput, NotFound, SluiceError
-from sluice.mar import MarManifest, read_manifest, triton_config
-from sluice.routing import Routing, check_served
+from sluice.core.catalog import CatalogEntry
+from sluice.core.clock import CLOCK
+from sluice.core.config import config_to_json, parse_config_text
+from sluice.core.control import ControlCommand
+from sluice.core.errors import InvalidInput, NotFound, SluiceError
+from sluice.core.mar import MarManifest, read_manifest, triton_config
+from sluice.core.routing import Routing, check_served
+from sluice.gateway.json_body import json_response
+from sluice.gateway.model_control_routes import carry_out, require_explicit
+from sluice.gateway.routing_routes import _update
+from sluice.gateway.state import GatewayState, state_of
 
 router = APIRouter()
 

@@ -3,15 +3,15 @@
 API (``metrics_mode=prometheus``) find ``ts_inference_requests_total``,
 ``ts_inference_latency_microseconds`` and ``ts_queue_latency_microseconds`` with their
 ``model_name``, ``model_version`` and ``hostname`` labels. The numbers are the same
-counters Triton's families read (:mod:`sluice.statistics`)."""
+counters Triton's families read (:mod:`sluice.core.statistics`)."""
 
 from __future__ import annotations
 
 import socket
 
-from gateway.host_metrics import escape_label, family
-from gateway.metric_snapshot import Snapshot
-from sluice.statistics import count_field, ns_field
+from sluice.core.statistics import count_field, ns_field
+from sluice.gateway.host_metrics import escape_label, family
+from sluice.gateway.metric_snapshot import Snapshot
 
 _FAMILIES = (
     ("ts_inference_requests_total", "Total number of inference requests.", None),

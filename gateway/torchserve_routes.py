@@ -16,15 +16,15 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from gateway.body import read_body
-from gateway.infer import OFFLOAD_BYTES, execute, prepare_with
-from gateway.infer_request import InferRequest, parse_infer_document
-from gateway.inspection import server_not_ready
-from gateway.json_body import json_response
-from gateway.state import state_of
-from sluice.config import ModelConfig
-from sluice.errors import InvalidInput, SluiceError
-from sluice.wire import ReplyMessage
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidInput, SluiceError
+from sluice.core.wire import ReplyMessage
+from sluice.gateway.body import read_body
+from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
+from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.inspection import server_not_ready
+from sluice.gateway.json_body import json_response
+from sluice.gateway.state import state_of
 
 router = APIRouter()
 

@@ -1,6 +1,6 @@
 """Triton's trace extension (``GET`` / ``POST /v2[/models/{m}]/trace/setting``, gRPC
 ``TraceSetting``), answered from Sluice's tracing: OpenTelemetry spans of every request,
-exported to ``SLUICE_OTLP_ENDPOINT`` when one is set (see :mod:`sluice.tracing`). The
+exported to ``SLUICE_OTLP_ENDPOINT`` when one is set (see :mod:`sluice.core.tracing`). The
 settings are reported under Triton's names and values; they are fixed by the process's
 configuration, so a request to change one is refused (Triton without its tracing build
 refuses the same way)."""
@@ -13,10 +13,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.json_body import json_object, json_response
-from gateway.state import GatewayState, state_of
-from sluice.errors import Unsupported
-from sluice.tracing import traces_endpoint
+from sluice.core.errors import Unsupported
+from sluice.core.tracing import traces_endpoint
+from sluice.gateway.json_body import json_object, json_response
+from sluice.gateway.state import GatewayState, state_of
 
 trace_router = APIRouter()
 

@@ -1,5 +1,5 @@
 """Uploads: a tenant's data for its batch jobs, sent through the gateway into the batch
-store (see :mod:`sluice.uploads`):
+store (see :mod:`sluice.core.uploads`):
 
 - ``POST /v2/uploads?name=<file name>``: the body is the file, streamed to the store as it
   arrives (never whole in memory), within ``SLUICE_MAX_UPLOAD_BYTES`` (413) and the tenant's
@@ -24,14 +24,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway.body import check_declared_length
-from gateway.guard import tenant_of
-from gateway.json_body import json_response
-from gateway.state import GatewayState, registered_script, state_of
-from sluice import uploads as u
-from sluice.batch_access import LocationPolicy
-from sluice.batch_store import CHUNK_BYTES, NO_STORE, BatchStore, S3Clients, Writer, open_store
-from sluice.errors import (
+from sluice.core import uploads as u
+from sluice.core.batch_access import LocationPolicy
+from sluice.core.batch_store import CHUNK_BYTES, NO_STORE, BatchStore, S3Clients, Writer, open_store
+from sluice.core.errors import (
     Conflict,
     InvalidInput,
     NotFound,
@@ -40,6 +36,10 @@ from sluice.errors import (
     SluiceError,
     Unavailable,
 )
+from sluice.gateway.body import check_declared_length
+from sluice.gateway.guard import tenant_of
+from sluice.gateway.json_body import json_response
+from sluice.gateway.state import GatewayState, registered_script, state_of
 
 log = logging.getLogger("gateway")
 

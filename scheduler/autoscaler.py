@@ -19,16 +19,16 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.autoscaling import ScalePolicy, Scaler, Signals
-from scheduler.fenced_commands import CommandSender
-from scheduler.leadership import Write
-from scheduler.placement import placements, visible_gpus
-from sluice import statistics as st
-from sluice.errors import InvalidConfig
-from sluice.keys import WORKER_GROUP, Keys
-from sluice.repository import RepositoryModel
+from sluice.core import statistics as st
+from sluice.core.errors import InvalidConfig
+from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.repository import RepositoryModel
+from sluice.scheduler.autoscaling import ScalePolicy, Scaler, Signals
+from sluice.scheduler.fenced_commands import CommandSender
+from sluice.scheduler.leadership import Write
+from sluice.scheduler.placement import placements, visible_gpus
 
-log = logging.getLogger("scheduler.controller")
+log = logging.getLogger("sluice.scheduler.controller")
 
 
 def instance_field(model: str, version: int) -> str:

@@ -25,8 +25,8 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
-from sluice.config import ModelConfig
-from sluice.errors import InvalidConfig
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidConfig
 
 MIN_KEY, MAX_KEY, OBJECTIVE_KEY, WINDOW_KEY = (
     "sluice.min_instances",

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from redis import Redis
 
-from sluice.catalog import CatalogEntry, encode_entry
-from sluice.keys import Keys
-from sluice.repository import RepositoryModel
+from sluice.core.catalog import CatalogEntry, encode_entry
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel
 
 
 def to_entry(model: RepositoryModel) -> CatalogEntry:

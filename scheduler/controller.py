@@ -26,23 +26,23 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.autoscaler import Autoscaler
-from scheduler.fenced_commands import CommandSender, served_models
-from scheduler.kubernetes_executor import start_executor
-from scheduler.leadership import Lease
-from scheduler.model_staging import check_model_name
-from scheduler.repository_poller import RepositoryPoller
-from scheduler.rollouts import RolloutManager
-from scheduler.sources import RepositorySource, SourceError, open_source, snapshot_repository
-from sluice.control import ControlCommand, read_commands, send_reply
-from sluice.errors import SluiceError
-from sluice.keys import Keys
-from sluice.logs import configure_logging
-from sluice.redis_connect import connect
-from sluice.rollout import OPS as ROLLOUT_OPS
-from sluice.settings import ControllerSettings
+from sluice.core.control import ControlCommand, read_commands, send_reply
+from sluice.core.errors import SluiceError
+from sluice.core.keys import Keys
+from sluice.core.logs import configure_logging
+from sluice.core.redis_connect import connect
+from sluice.core.rollout import OPS as ROLLOUT_OPS
+from sluice.core.settings import ControllerSettings
+from sluice.scheduler.autoscaler import Autoscaler
+from sluice.scheduler.fenced_commands import CommandSender, served_models
+from sluice.scheduler.kubernetes_executor import start_executor
+from sluice.scheduler.leadership import Lease
+from sluice.scheduler.model_staging import check_model_name
+from sluice.scheduler.repository_poller import RepositoryPoller
+from sluice.scheduler.rollouts import RolloutManager
+from sluice.scheduler.sources import RepositorySource, SourceError, open_source, snapshot_repository
 
-log = logging.getLogger("scheduler.controller")
+log = logging.getLogger("sluice.scheduler.controller")
 
 TICK_S = 1.0
 Hook = Callable[[Lease], object]

@@ -24,14 +24,14 @@ from typing import cast
 import orjson
 from redis import Redis
 
-from scheduler.leadership import Lease, Write
-from sluice.catalog import MalformedEntry, decode_entry
-from sluice.control import ControlCommand, encode_command
-from sluice.keys import Keys
-from sluice.repository import RepositoryModel
-from sluice.rollout import OPS as ROLLOUT_OPS
+from sluice.core.catalog import MalformedEntry, decode_entry
+from sluice.core.control import ControlCommand, encode_command
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel
+from sluice.core.rollout import OPS as ROLLOUT_OPS
+from sluice.scheduler.leadership import Lease, Write
 
-log = logging.getLogger("scheduler.controller")
+log = logging.getLogger("sluice.scheduler.controller")
 
 DECISIONS_KEPT = 10_000
 """The decision log is trimmed to its newest entries."""

@@ -17,10 +17,10 @@ from typing import cast
 
 from redis import Redis
 
-from scheduler.placement import threads_per_instance
-from scheduler.supervisor import Child, ChildSpec, Supervisor
-from sluice.keys import Keys
-from sluice.repository import RepositoryModel
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel
+from sluice.scheduler.placement import threads_per_instance
+from sluice.scheduler.supervisor import Child, ChildSpec, Supervisor
 
 log = logging.getLogger("sluice.up")
 

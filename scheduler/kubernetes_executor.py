@@ -34,14 +34,14 @@ from typing import Any, Protocol, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.catalog_publisher import publish_catalog
-from scheduler.sources import SourceError
-from sluice.errors import InvalidConfig
-from sluice.keys import Keys
-from sluice.repository import scan_repository
-from sluice.settings import ControllerSettings
+from sluice.core.errors import InvalidConfig
+from sluice.core.keys import Keys
+from sluice.core.repository import scan_repository
+from sluice.core.settings import ControllerSettings
+from sluice.scheduler.catalog_publisher import publish_catalog
+from sluice.scheduler.sources import SourceError
 
-log = logging.getLogger("scheduler.kubernetes")
+log = logging.getLogger("sluice.scheduler.kubernetes")
 
 MODEL_ANNOTATION = "sluice.dev/model"
 """The model a worker Deployment serves (annotation: exact name; the label of the same name

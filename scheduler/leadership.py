@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from redis import Redis
 
-from sluice.keys import Keys
+from sluice.core.keys import Keys
 
 _ACQUIRE = """
 local holder = redis.call('GET', KEYS[1])

@@ -36,14 +36,14 @@ from typing import cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.model_staging import check_model_name, stage
-from scheduler.supervisor import Child, ChildSpec, Supervisor
-from sluice.catalog import UNLOADED
-from sluice.clock import CLOCK
-from sluice.control import ControlCommand, read_commands, send_reply
-from sluice.errors import SluiceError
-from sluice.keys import Keys, load_error_field
-from sluice.repository import RepositoryModel, available_versions, read_model
+from sluice.core.catalog import UNLOADED
+from sluice.core.clock import CLOCK
+from sluice.core.control import ControlCommand, read_commands, send_reply
+from sluice.core.errors import SluiceError
+from sluice.core.keys import Keys, load_error_field
+from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.scheduler.model_staging import check_model_name, stage
+from sluice.scheduler.supervisor import Child, ChildSpec, Supervisor
 
 log = logging.getLogger("sluice.up")
 

@@ -15,9 +15,9 @@ from pathlib import Path, PurePosixPath
 
 from google.protobuf import json_format, text_format
 
-from sluice.config import CONFIG_FILENAME
-from sluice.config._schema import model_config_pb2
-from sluice.errors import InvalidInput
+from sluice.core.config import CONFIG_FILENAME
+from sluice.core.config._schema import model_config_pb2
+from sluice.core.errors import InvalidInput
 
 MAX_FILES = 1000
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 
-from sluice.settings import ApiKeySettings
+from sluice.core.settings import ApiKeySettings
 
 log = logging.getLogger("sluice.up")
 

@@ -7,8 +7,8 @@ import os
 import shutil
 import subprocess
 
-from sluice.config import InstanceGroup
-from sluice.runtime import usable_cores
+from sluice.core.config import InstanceGroup
+from sluice.core.runtime import usable_cores
 
 Placement = tuple[str, int | None]
 """(KIND_CPU or KIND_GPU, GPU index or None)."""

@@ -29,7 +29,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.supervisor import Backoff, die_with_parent
+from sluice.scheduler.supervisor import Backoff, die_with_parent
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from scheduler.sources import (
+from sluice.scheduler.sources import (
     VERSION_DIR,
     Entry,
     Listing,

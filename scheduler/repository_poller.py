@@ -2,7 +2,7 @@
 repository is listed again every ``SLUICE_REPOSITORY_POLL_S`` seconds, and each model with a
 version that appeared, changed or disappeared is loaded again (or unloaded when none is
 left) by the executors, so a reload serves throughout and a failed one leaves the serving
-model untouched. A model whose configuration asks for canaries (``sluice.rollout: canary``)
+model untouched. A model whose configuration asks for canaries (``sluice.core.rollout: canary``)
 gets a rollout of a new version instead (:mod:`scheduler.rollouts`).
 
 What the controller acted upon is recorded in Redis (``Keys.polled_repository``, fenced):
@@ -26,9 +26,12 @@ import orjson
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler.fenced_commands import CommandSender
-from scheduler.leadership import Write
-from scheduler.sources import (
+from sluice.core.control import ControlCommand
+from sluice.core.keys import Keys
+from sluice.core.rollout import START
+from sluice.scheduler.fenced_commands import CommandSender
+from sluice.scheduler.leadership import Write
+from sluice.scheduler.sources import (
     Changes,
     Listing,
     Model,
@@ -38,9 +41,6 @@ from scheduler.sources import (
     carry_over,
     diff,
 )
-from sluice.control import ControlCommand
-from sluice.keys import Keys
-from sluice.rollout import START
 
 log = logging.getLogger("sluice.up")
 
@@ -149,7 +149,7 @@ class RepositoryPoller:
 
     def _rollout(self, name: str, changes: Changes) -> dict[str, Any] | None:
         """The rollout request for a new version of a model that asks for canaries
-        (``sluice.rollout: canary`` in its config parameters), when that is all that changed:
+        (``sluice.core.rollout: canary`` in its config parameters), when that is all that changed:
         one version newer than the one it serves appeared."""
         loaded = self.sender.loaded.get(name)
         if loaded is None or loaded[0].config is None or len(loaded[0].versions) != 1:

@@ -23,15 +23,13 @@ from typing import Any, cast
 import orjson
 from redis import Redis
 
-from scheduler.fenced_commands import CommandSender, Served
-from scheduler.leadership import Write
-from sluice import histograms as hist
-from sluice import statistics as st
-from sluice.control import ControlCommand
-from sluice.errors import InvalidInput
-from sluice.keys import Keys
-from sluice.repository import available_versions
-from sluice.rollout import (
+from sluice.core import histograms as hist
+from sluice.core import statistics as st
+from sluice.core.control import ControlCommand
+from sluice.core.errors import InvalidInput
+from sluice.core.keys import Keys
+from sluice.core.repository import available_versions
+from sluice.core.rollout import (
     FINISHED,
     MAX_DECISIONS,
     PROMOTE,
@@ -40,7 +38,9 @@ from sluice.rollout import (
     RolloutPlan,
     RolloutState,
 )
-from sluice.routing import shadow_field, weight_field
+from sluice.core.routing import shadow_field, weight_field
+from sluice.scheduler.fenced_commands import CommandSender, Served
+from sluice.scheduler.leadership import Write
 
 log = logging.getLogger("sluice.up")
 

@@ -26,9 +26,11 @@ from botocore.exceptions import (
     ReadTimeoutError,
 )
 
-from scheduler.remote_listing import MAX_MANIFEST_BYTES, Limits, RemoteObject, assemble
-from scheduler.source_cache import SnapshotCache
-from scheduler.sources import (
+from sluice.core.s3_client import s3_client
+from sluice.core.settings import RepositorySourceSettings
+from sluice.scheduler.remote_listing import MAX_MANIFEST_BYTES, Limits, RemoteObject, assemble
+from sluice.scheduler.source_cache import SnapshotCache
+from sluice.scheduler.sources import (
     Entry,
     Listing,
     Materialised,
@@ -37,8 +39,6 @@ from scheduler.sources import (
     key_problem,
     show,
 )
-from sluice.s3_client import s3_client
-from sluice.settings import RepositorySourceSettings
 
 log = logging.getLogger("sluice.sources")
 

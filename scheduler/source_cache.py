@@ -9,7 +9,7 @@ Layout of one cache folder (one per repository URL)::
 
 A snapshot is written under ``.tmp``, every file and folder fsynced, renamed into
 ``.snapshots``, and then the model's link is replaced in one rename: readers
-(:func:`sluice.repository.scan_repository`, workers) see the model's old content or its
+(:func:`sluice.core.repository.scan_repository`, workers) see the model's old content or its
 new one, never a half. The unit is the model folder, not the version folder, because
 ``config.pbtxt`` and label files live beside the versions. Files whose key, size and change
 token did not change are hard-linked from the previous snapshot instead of downloaded again.
@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from scheduler.sources import (
+from sluice.scheduler.sources import (
     Entry,
     Listing,
     Materialised,

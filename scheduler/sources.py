@@ -3,7 +3,7 @@ store (``s3://bucket/prefix``) whose complete model versions are copied into a l
 
 A source lists what it holds (:class:`Listing`: models, their versions, a change token per
 version) and materialises a listing as a Triton-layout directory that
-:func:`sluice.repository.scan_repository` and the workers read. The caller polls: it lists
+:func:`sluice.core.repository.scan_repository` and the workers read. The caller polls: it lists
 again, and :func:`diff` says which versions appeared, changed or disappeared.
 
 Remote stores (:mod:`scheduler.s3_source`) decide which versions are complete with
@@ -24,15 +24,15 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from sluice.errors import InvalidInput
-from sluice.settings import RepositorySourceSettings
+from sluice.core.errors import InvalidInput
+from sluice.core.settings import RepositorySourceSettings
 
 log = logging.getLogger("sluice.sources")
 
 _MAX_KEY_BYTES = 1024
 _MAX_NAME_BYTES = 255
 _MAX_DEPTH = 16
-# As sluice.repository: Triton ignores version folders such as "0", "01" or "v1".
+# As sluice.core.repository: Triton ignores version folders such as "0", "01" or "v1".
 VERSION_DIR = re.compile(r"[1-9][0-9]*")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -280,7 +280,7 @@ def open_source(location: str, settings: RepositorySourceSettings) -> Repository
     """The source a ``--model-repository`` value names."""
     if location.startswith("s3://"):
         try:
-            from scheduler.s3_source import S3Source  # boto3 only where it is needed
+            from sluice.scheduler.s3_source import S3Source  # boto3 only where it is needed
         except ImportError as exc:
             if exc.name not in ("boto3", "botocore"):
                 raise

@@ -25,39 +25,39 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from scheduler import controller
-from scheduler.catalog_publisher import publish_catalog
-from scheduler.instances import Fleet, InstanceReconciler, InstanceSpec
-from scheduler.model_control import ModelControl
-from scheduler.open_listener import warn_if_open_beyond_loopback
-from scheduler.placement import placements, threads_per_instance, visible_gpus
-from scheduler.redis_server import RedisNotInstalled, RedisServer, new_password
-from scheduler.sources import (
-    LocalSource,
-    SourceError,
-    carry_over,
-    open_source,
-    snapshot_repository,
-)
-from scheduler.supervisor import ChildSpec, Supervisor
-from sluice.catalog import UNLOADED
-from sluice.celery_config import broker_url
-from sluice.errors import InvalidConfig
-from sluice.keys import Keys
-from sluice.redis_connect import connect
-from sluice.repository import RepositoryModel, scan_repository
-from sluice.settings import (
+from sluice.core.catalog import UNLOADED
+from sluice.core.celery_config import broker_url
+from sluice.core.errors import InvalidConfig
+from sluice.core.exits import EXIT_LOAD_FAILED
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
+from sluice.core.repository import RepositoryModel, scan_repository
+from sluice.core.settings import (
     ApiKeySettings,
     ControllerSettings,
     GatewaySettings,
     RepositorySourceSettings,
     UpSettings,
 )
-from sluice.shm import SEGMENT_GRACE_S, sweep_orphans
+from sluice.core.shm import SEGMENT_GRACE_S, sweep_orphans
+from sluice.scheduler import controller
+from sluice.scheduler.catalog_publisher import publish_catalog
+from sluice.scheduler.instances import Fleet, InstanceReconciler, InstanceSpec
+from sluice.scheduler.model_control import ModelControl
+from sluice.scheduler.open_listener import warn_if_open_beyond_loopback
+from sluice.scheduler.placement import placements, threads_per_instance, visible_gpus
+from sluice.scheduler.redis_server import RedisNotInstalled, RedisServer, new_password
+from sluice.scheduler.sources import (
+    LocalSource,
+    SourceError,
+    carry_over,
+    open_source,
+    snapshot_repository,
+)
+from sluice.scheduler.supervisor import ChildSpec, Supervisor
 
 log = logging.getLogger("sluice.up")
 
-EXIT_LOAD_FAILED = 3
 _GATEWAY_START_ATTEMPTS = 3
 
 
@@ -196,7 +196,7 @@ def _worker_specs(
                 argv = [
                     sys.executable,
                     "-m",
-                    "workers",
+                    "sluice.workers",
                     "--model-repository",
                     str(repository),
                     "--model",
@@ -294,7 +294,7 @@ def _batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[Child
         log.warning("no batch workers: %s", exc)
         return []
     return [
-        ChildSpec(f"batch-worker#{index}", [sys.executable, "-m", "batch"], env)
+        ChildSpec(f"batch-worker#{index}", [sys.executable, "-m", "sluice.batch"], env)
         for index in range(settings.batch_workers)
     ]
 
@@ -322,7 +322,7 @@ def _gateway_specs(
     return [
         ChildSpec(
             f"gateway#{index}",
-            [sys.executable, "-m", "gateway"],
+            [sys.executable, "-m", "sluice.gateway"],
             gateway_env,
             pass_fds=tuple(listener.fileno() for listener in listeners),
         )

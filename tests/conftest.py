@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scheduler.redis_server import RedisServer
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack
 

@@ -8,13 +8,14 @@ import logging
 import sys
 from pathlib import Path
 
-from sluice.logs import configure_logging
-from sluice.repository import available_versions, read_model
-from sluice.runtime import tune_garbage_collector
-from sluice.settings import WorkerSettings
-from sluice.tracing import tracing_from_settings
-from workers.backends.base import Placement
-from workers.worker import EXIT_LOAD_FAILED, Worker, install_signal_handlers
+from sluice.core.exits import EXIT_LOAD_FAILED
+from sluice.core.logs import configure_logging
+from sluice.core.repository import available_versions, read_model
+from sluice.core.runtime import tune_garbage_collector
+from sluice.core.settings import WorkerSettings
+from sluice.core.tracing import tracing_from_settings
+from sluice.workers.backends.base import Placement
+from sluice.workers.worker import Worker, install_signal_handlers
 
 log = logging.getLogger("workers")
 

@@ -24,8 +24,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from sluice.config import ModelConfig
-from workers.backends.threads import flag_parameter
+from sluice.core.config import ModelConfig
+from sluice.workers.backends.threads import flag_parameter
 
 ADAPTIVE_PARAMETER = "adaptive_batching"
 """The config.pbtxt ``parameters`` key that turns adaptive batching off ("false"): the

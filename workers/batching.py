@@ -17,13 +17,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sluice.classification import CLASSIFIABLE, classify, unsupported_message
-from sluice.config import ModelConfig, TensorSpec
-from sluice.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
-from sluice.errors import InferenceFailed, InvalidInput, Unavailable
-from sluice.shm import new_segment_name, unlink, write_segment
-from sluice.wire import RequestMessage, ShmRef, TensorHeader
-from workers import shm_io
+from sluice.core.classification import CLASSIFIABLE, classify, unsupported_message
+from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
+from sluice.core.errors import InferenceFailed, InvalidInput, Unavailable
+from sluice.core.shm import new_segment_name, unlink, write_segment
+from sluice.core.wire import RequestMessage, ShmRef, TensorHeader
+from sluice.workers import shm_io
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 

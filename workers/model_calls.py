@@ -1,7 +1,7 @@
 """Requests a worker makes of other models: an ensemble's steps, a Python model's BLS calls.
 
 A request is queued on the called model's stream exactly as the gateway queues a client's
-(a :class:`sluice.wire.RequestMessage` whose payload is the tensors in Triton's binary
+(a :class:`sluice.core.wire.RequestMessage` whose payload is the tensors in Triton's binary
 layout), and its answer comes back on a reply stream of this process's own. The calls run
 on an event loop of their own, on a thread owned by :class:`ModelCalls` with its own Redis
 clients, so that a backend's compute threads (which are not event-loop threads) can wait
@@ -22,16 +22,16 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from sluice.clock import CLOCK
-from sluice.datatypes import from_numpy_dtype, to_buffer, to_numpy
-from sluice.dispatch import RedisDispatcher
-from sluice.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
-from sluice.keys import Keys
-from sluice.redis_connect import connect_async
-from sluice.settings import WorkerSettings
-from sluice.targets import TargetResolver
-from sluice.trace_context import TraceParent
-from sluice.wire import RequestMessage, TensorHeader
+from sluice.core.clock import CLOCK
+from sluice.core.datatypes import from_numpy_dtype, to_buffer, to_numpy
+from sluice.core.dispatch import RedisDispatcher
+from sluice.core.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect_async
+from sluice.core.settings import WorkerSettings
+from sluice.core.targets import TargetResolver
+from sluice.core.trace_context import TraceParent
+from sluice.core.wire import RequestMessage, TensorHeader
 
 _STREAM_MAX_LEN = 100_000
 """Approximate cap on a request stream (the gateway's default ``SLUICE_STREAM_MAX_LEN``),

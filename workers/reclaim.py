@@ -18,14 +18,14 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice import statistics as st
-from sluice.clock import CLOCK
-from sluice.errors import InferenceFailed
-from sluice.keys import WORKER_GROUP, Keys
-from sluice.redis_types import StreamEntry
-from sluice.settings import WorkerSettings
-from workers.batching import PendingRequest
-from workers.replies import Outcome, Publisher, error_outcome
+from sluice.core import statistics as st
+from sluice.core.clock import CLOCK
+from sluice.core.errors import InferenceFailed
+from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.redis_types import StreamEntry
+from sluice.core.settings import WorkerSettings
+from sluice.workers.batching import PendingRequest
+from sluice.workers.replies import Outcome, Publisher, error_outcome
 
 log = logging.getLogger(__name__)
 

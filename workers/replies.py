@@ -14,15 +14,15 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from sluice import histograms as hist
-from sluice import jobs
-from sluice import statistics as st
-from sluice.clock import CLOCK
-from sluice.errors import SluiceError, error_kind
-from sluice.keys import WORKER_GROUP, Keys
-from sluice.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
-from workers.batching import PendingRequest
-from workers.slot_lease import SlotLease, SlotLost
+from sluice.core import histograms as hist
+from sluice.core import jobs
+from sluice.core import statistics as st
+from sluice.core.clock import CLOCK
+from sluice.core.errors import SluiceError, error_kind
+from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
+from sluice.workers.batching import PendingRequest
+from sluice.workers.slot_lease import SlotLease, SlotLost
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ class BatchClose:
     """How a batch was formed (see :mod:`workers.adaptive`), for the metrics."""
 
     reason: str
-    """One of :data:`sluice.statistics.BATCH_CLOSE_REASONS`."""
+    """One of :data:`sluice.core.statistics.BATCH_CLOSE_REASONS`."""
     opened: float
     """When the batch's first request was held (monotonic seconds)."""
     waited_ns: int = 0

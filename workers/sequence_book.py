@@ -29,12 +29,12 @@ import numpy as np
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 
-from sluice.config import ModelConfig, SequenceBatching, SequenceState
-from sluice.datatypes import numpy_dtype, to_buffer, to_numpy
-from sluice.errors import InvalidConfig, InvalidInput, SluiceError
-from sluice.keys import Keys
-from sluice.sequences import SequenceRef, sequence_of, start_missing
-from workers.batching import PendingRequest
+from sluice.core.config import ModelConfig, SequenceBatching, SequenceState
+from sluice.core.datatypes import numpy_dtype, to_buffer, to_numpy
+from sluice.core.errors import InvalidConfig, InvalidInput, SluiceError
+from sluice.core.keys import Keys
+from sluice.core.sequences import SequenceRef, sequence_of, start_missing
+from sluice.workers.batching import PendingRequest
 
 INITIAL_STATE_DIR = "initial_state"
 MAX_CHECKPOINT_BYTES = 64 << 20

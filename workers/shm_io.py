@@ -2,7 +2,7 @@
 
 A client's object (a registered region) is opened anew for every use, with
 ``O_NOFOLLOW``, and its bytes are copied with ``pread``/``pwrite``
-(:mod:`sluice.shm`): the key may have been replaced by a link since the gateway
+(:mod:`sluice.core.shm`): the key may have been replaced by a link since the gateway
 registered it, and the object may shrink at any moment, which through a mapping would
 kill this process (SIGBUS) and with it every request of the batch. So an input in a
 client region costs one copy into a fresh buffer, and a region that is no longer fit
@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.errors import InvalidInput
-from sluice.shm import (
+from sluice.core.errors import InvalidInput
+from sluice.core.shm import (
     SHM_DIR,
     ObjectTooSmall,
     ShmKeyError,
@@ -29,7 +29,7 @@ from sluice.shm import (
     read_object,
     write_object,
 )
-from sluice.wire import ShmRef
+from sluice.core.wire import ShmRef
 
 
 class SharedObjects:
@@ -38,7 +38,7 @@ class SharedObjects:
     def __init__(self, directory: Path = SHM_DIR, host: str = "") -> None:
         self.directory = directory
         self.host = host
-        """This worker's host id (:mod:`sluice.hosts`), set when the worker starts."""
+        """This worker's host id (:mod:`sluice.core.hosts`), set when the worker starts."""
 
     def elsewhere(self, message_host: str) -> bool:
         """Whether a request that may use shared memory came from a gateway on another

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-from sluice.errors import InvalidConfig
+from sluice.core.errors import InvalidConfig
 
 MAX_CONCURRENCY = 1024
 """Upper bound on a backend's declared concurrency (threads, open requests)."""

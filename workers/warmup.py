@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sluice import datatypes
-from sluice.config import ModelConfig, TensorSpec, WarmupInput, WarmupSample
-from sluice.errors import InferenceFailed, InvalidConfig, InvalidInput, SluiceError
-from workers.backends.base import Backend
+from sluice.core import datatypes
+from sluice.core.config import ModelConfig, TensorSpec, WarmupInput, WarmupSample
+from sluice.core.errors import InferenceFailed, InvalidConfig, InvalidInput, SluiceError
+from sluice.workers.backends.base import Backend
 
 WARMUP_FOLDER = "warmup"
 _SEED = 0

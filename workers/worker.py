@@ -30,33 +30,40 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from sluice.classification import read_labels
-from sluice.clock import CLOCK
-from sluice.config import ModelConfig
-from sluice.errors import (
+from sluice.core.classification import read_labels
+from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig
+from sluice.core.errors import (
     DeadlineExceeded,
     InferenceFailed,
     InvalidConfig,
     InvalidInput,
     SluiceError,
 )
-from sluice.hosts import host_id
-from sluice.keys import WORKER_GROUP, Keys, load_error_field
-from sluice.redis_connect import connect_async
-from sluice.redis_types import StreamRead
-from sluice.settings import WorkerSettings
-from sluice.wire import MalformedEntry, ReplyMessage, RequestMessage, TensorHeader, decode_request
-from workers import shm_io
-from workers.adaptive import BatchPolicy, batch_policy
-from workers.backends import load_backend
-from workers.backends.base import (
+from sluice.core.exits import EXIT_LOAD_FAILED, EXIT_SLOT_LOST
+from sluice.core.hosts import host_id
+from sluice.core.keys import WORKER_GROUP, Keys, load_error_field
+from sluice.core.redis_connect import connect_async
+from sluice.core.redis_types import StreamRead
+from sluice.core.settings import WorkerSettings
+from sluice.core.wire import (
+    MalformedEntry,
+    ReplyMessage,
+    RequestMessage,
+    TensorHeader,
+    decode_request,
+)
+from sluice.workers import shm_io
+from sluice.workers.adaptive import BatchPolicy, batch_policy
+from sluice.workers.backends import load_backend
+from sluice.workers.backends.base import (
     Backend,
     ConcurrentBackend,
     Placement,
     RequestContext,
     RequestsFailed,
 )
-from workers.batching import (
+from sluice.workers.batching import (
     PendingRequest,
     combine,
     output_names,
@@ -65,23 +72,17 @@ from workers.batching import (
     split,
     validate,
 )
-from workers.reclaim import Reclaimer
-from workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
-from workers.sequence_book import SequenceBook
-from workers.slot_lease import SlotLease
-from workers.slots import ComputeSlots, backend_concurrency
-from workers.warmup import warm_up
+from sluice.workers.reclaim import Reclaimer
+from sluice.workers.replies import BatchClose, Outcome, Publisher, Timing, error_outcome
+from sluice.workers.sequence_book import SequenceBook
+from sluice.workers.slot_lease import SlotLease
+from sluice.workers.slots import ComputeSlots, backend_concurrency
+from sluice.workers.warmup import warm_up
 
 if TYPE_CHECKING:
-    from sluice.otel import BatchSpan, Tracing
+    from sluice.core.otel import BatchSpan, Tracing
 
 log = logging.getLogger(__name__)
-
-EXIT_LOAD_FAILED = 3
-EXIT_SLOT_LOST = 4
-"""Another worker took this sequence worker's slot (it was cut off from Redis for longer
-than the lease): restarted, it stands by."""
-"""Exit status of a worker whose model cannot load: the supervisor does not respawn it."""
 
 _IDLE_BLOCK_MS = 500
 _NO_DEADLINE_NS = 1 << 62
@@ -104,7 +105,7 @@ class Worker:
         slot: int = 0,
     ) -> None:
         """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs).
-        ``tracing``: record each batch's spans (see :mod:`sluice.otel`); None: no spans.
+        ``tracing``: record each batch's spans (see :mod:`sluice.core.otel`); None: no spans.
         ``slot``: which instance of the model this is (a sequence model's instance reads
         the requests of the sequences routed to its slot)."""
         self.tracing = tracing
@@ -845,7 +846,7 @@ def _context(message: RequestMessage) -> RequestContext:
 
 
 def _log_ids(message: RequestMessage) -> dict[str, Any]:
-    """The ids a request's log lines carry (see :mod:`sluice.logs`)."""
+    """The ids a request's log lines carry (see :mod:`sluice.core.logs`)."""
     trace_id = message.trace.trace_id if message.trace is not None else None
     return {"request_id": message.request_id or message.client_id or None, "trace_id": trace_id}
 

@@ -35,18 +35,18 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from gateway import request_id
-from gateway.body_budget import BodyReservation
-from gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
-from gateway.infer_request import InferRequest, parse_infer_document
-from gateway.queue_turn import QueueTurn
-from gateway.shm_transfer import TensorTransfer
-from gateway.state import GatewayState
-from sluice.config import ModelConfig
-from sluice.errors import InvalidInput, ServerBusy, SluiceError
-from sluice.routing import HEADER
-from sluice.trace_context import TraceParent, parse_traceparent
-from sluice.wire import ReplyMessage
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidInput, ServerBusy, SluiceError
+from sluice.core.routing import HEADER
+from sluice.core.trace_context import TraceParent, parse_traceparent
+from sluice.core.wire import ReplyMessage
+from sluice.gateway import request_id
+from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
+from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.queue_turn import QueueTurn
+from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.state import GatewayState
 
 from .limits import GrpcLimits
 from .protocol import service_pb2

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sluice.settings import GatewaySettings
+from sluice.core.settings import GatewaySettings
 
 GRPC_MAX_MESSAGE = (1 << 31) - 1
 """The largest message length gRPC can be given."""

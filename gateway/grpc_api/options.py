@@ -15,7 +15,7 @@ such pings (grpc's and Triton's defaults, stated here).
 
 from __future__ import annotations
 
-from sluice.settings import GatewaySettings
+from sluice.core.settings import GatewaySettings
 
 from .limits import GrpcLimits
 

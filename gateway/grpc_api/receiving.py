@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from sluice.errors import InvalidInput, ServerBusy, SluiceError
+from sluice.core.errors import InvalidInput, ServerBusy, SluiceError
 
 from .limits import GrpcLimits
 

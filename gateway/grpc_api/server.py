@@ -25,10 +25,10 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from gateway.guard import KeyRing, bearer_token
-from gateway.inspection import server_not_ready
-from gateway.state import GatewayState
-from sluice.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+from sluice.gateway.guard import KeyRing, bearer_token
+from sluice.gateway.inspection import server_not_ready
+from sluice.gateway.state import GatewayState
 
 from .infer import InferCalls
 from .limits import GrpcLimits

@@ -12,8 +12,12 @@ from typing import Any
 
 from google.protobuf import json_format
 
-from gateway.cuda_shm import checked_raw_handle
-from gateway.inspection import (
+from sluice import __version__
+from sluice.core.control import ControlCommand
+from sluice.core.errors import InvalidInput, NotFound, Unsupported
+from sluice.core.logs import control
+from sluice.gateway.cuda_shm import checked_raw_handle
+from sluice.gateway.inspection import (
     config_document,
     metadata_document,
     model_not_ready,
@@ -22,15 +26,11 @@ from gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from gateway.logging_routes import log_changes
-from gateway.model_control_routes import NAMED_REPOSITORY, carry_out, require_explicit
-from gateway.routes import EXTENSIONS
-from gateway.state import GatewayState
-from gateway.trace_settings import refuse_changes, trace_settings
-from sluice import __version__
-from sluice.control import ControlCommand
-from sluice.errors import InvalidInput, NotFound, Unsupported
-from sluice.logs import control
+from sluice.gateway.logging_routes import log_changes
+from sluice.gateway.model_control_routes import NAMED_REPOSITORY, carry_out, require_explicit
+from sluice.gateway.routes import EXTENSIONS
+from sluice.gateway.state import GatewayState
+from sluice.gateway.trace_settings import refuse_changes, trace_settings
 
 from .protocol import model_config_pb2, service_pb2
 from .tensors import parameter_value

@@ -1,5 +1,5 @@
 """gRPC status codes for Sluice's errors (each error class names its own, see
-:mod:`sluice.errors`), and the messages sent with them: the same texts as over HTTP."""
+:mod:`sluice.core.errors`), and the messages sent with them: the same texts as over HTTP."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import logging
 import grpc
 from redis.exceptions import RedisError
 
-from sluice.errors import SluiceError
+from sluice.core.errors import SluiceError
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from http import HTTPStatus
 
-from sluice.errors import SluiceError
+from sluice.core.errors import SluiceError
 
 from .receiving import Context, read_message
 

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from google.protobuf.message import Message
 
-from gateway.infer_response import OutputTensor, checked_nbytes
-from sluice.errors import InvalidInput
+from sluice.core.errors import InvalidInput
+from sluice.gateway.infer_response import OutputTensor, checked_nbytes
 
 from .protocol import service_pb2
 

@@ -8,7 +8,7 @@ numpy arrays, asynchronous jobs and batch jobs, blocking (:class:`Client`) or wi
         outputs = client.infer("iris", {"input": features})
         client.run_batch("mlp", "rows.npy", "out/")  # upload, run, download
 
-Errors raise the server's own exception classes (:mod:`sluice.errors`), with its message.
+Errors raise the server's own exception classes (:mod:`sluice.core.errors`), with its message.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from sluice.client.errors import (
     ServerUnreachable,
 )
 from sluice.client.sync import Client
-from sluice.errors import (
+from sluice.core.errors import (
     Conflict,
     DeadlineExceeded,
     Forbidden,

@@ -39,7 +39,7 @@ from sluice.client.transfers import (
     checked_upload,
     upload_headers,
 )
-from sluice.errors import DeadlineExceeded, SluiceError, Unsupported
+from sluice.core.errors import DeadlineExceeded, SluiceError, Unsupported
 
 T = TypeVar("T")
 

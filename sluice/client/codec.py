@@ -2,7 +2,7 @@
 
 A body is a JSON header, optionally followed by the raw bytes of the tensors that say
 ``parameters.binary_data_size``, in the header's order; ``Inference-Header-Content-Length``
-gives the header's length. The bytes are Triton's binary layout (:mod:`sluice.datatypes`):
+gives the header's length. The bytes are Triton's binary layout (:mod:`sluice.core.datatypes`):
 little-endian, BOOL one byte, BYTES as length-prefixed elements.
 """
 
@@ -17,7 +17,7 @@ import numpy as np
 import numpy.typing as npt
 
 from sluice.client.errors import MalformedResponse
-from sluice.datatypes import (
+from sluice.core.datatypes import (
     BYTES,
     ELEMENT_SIZE,
     element_count,
@@ -26,7 +26,7 @@ from sluice.datatypes import (
     to_buffer,
     to_numpy,
 )
-from sluice.errors import InvalidInput
+from sluice.core.errors import InvalidInput
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 BINARY_SIZE = "binary_data_size"

@@ -1,7 +1,7 @@
 """Turning an HTTP answer into the exception the server raised.
 
 The server sends every error as ``{"error": message}`` with the status of one class of
-:mod:`sluice.errors`; the client raises that class again with the server's message, so code
+:mod:`sluice.core.errors`; the client raises that class again with the server's message, so code
 catches the same exceptions whether it runs next to the server or talks to it over HTTP.
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from http import HTTPStatus
 from typing import Any
 
-from sluice.errors import (
+from sluice.core.errors import (
     Conflict,
     DeadlineExceeded,
     Forbidden,

@@ -28,7 +28,7 @@ class Client:
     ``binary``: tensors travel as raw bytes (Triton's binary tensor extension) rather than
     JSON lists. ``retries``: how many times a call answered 429 or 503, or that lost its
     connection, is sent again. Errors raise the server's exception class
-    (:mod:`sluice.errors`) with its message.
+    (:mod:`sluice.core.errors`) with its message.
     """
 
     def __init__(

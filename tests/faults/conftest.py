@@ -16,7 +16,7 @@ import httpx
 import pytest
 from redis import Redis
 
-from sluice.keys import WORKER_GROUP, Keys
+from sluice.core.keys import WORKER_GROUP, Keys
 from tests.support import procs
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
@@ -100,7 +100,7 @@ def held_entries(redis: Redis, stack: Stack, pid: int, model: str = MODEL) -> li
 
 def request_ids(redis: Redis, stack: Stack, entry_ids: list[bytes], model: str = MODEL) -> set[str]:
     """The client request ids (``id`` of the JSON body) of these stream entries."""
-    from sluice.wire import decode_request
+    from sluice.core.wire import decode_request
 
     stream = Keys(stack.namespace).request_stream(model, 1)
     ids = set()

@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from sluice.keys import Keys
+from sluice.core.keys import Keys
 from tests.faults.conftest import FAST_FAILURE_DETECTION, MODEL, TWO_WORKERS, Report
 from tests.support import procs
 from tests.support.load import Answer, Load, check_response, slow_request

@@ -27,11 +27,11 @@ import orjson
 import pytest
 from redis import Redis
 
-from scheduler.catalog_publisher import publish_catalog
-from scheduler.redis_server import RedisServer
-from sluice.config.parse import parse_config_text
-from sluice.keys import Keys
-from sluice.repository import RepositoryModel
+from sluice.core.config.parse import parse_config_text
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel
+from sluice.scheduler.catalog_publisher import publish_catalog
+from sluice.scheduler.redis_server import RedisServer
 from tests.faults.conftest import Report
 from tests.support import procs
 
@@ -125,7 +125,7 @@ def start_controller(
 
     def start() -> Controller:
         process = subprocess.Popen(
-            [sys.executable, "-m", "scheduler.controller"],
+            [sys.executable, "-m", "sluice.scheduler.controller"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from sluice.keys import Keys
+from sluice.core.keys import Keys
 from tests.faults.conftest import FAST_FAILURE_DETECTION, Report
 from tests.support.stack import Stack
 

@@ -18,8 +18,8 @@ import orjson
 import pytest
 from redis import Redis
 
-from scheduler.redis_server import RedisServer
-from sluice.keys import Keys
+from sluice.core.keys import Keys
+from sluice.scheduler.redis_server import RedisServer
 from tests.faults.conftest import Report
 from tests.support import procs
 from tests.support.load import Answer, check_response, flood, slow_request, tally

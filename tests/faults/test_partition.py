@@ -22,10 +22,10 @@ from typing import cast
 
 import pytest
 
-from sluice.keys import WORKER_GROUP
-from sluice.redis_types import StreamEntry
-from sluice.settings import GatewaySettings
-from sluice.wire import decode_request
+from sluice.core.keys import WORKER_GROUP
+from sluice.core.redis_types import StreamEntry
+from sluice.core.settings import GatewaySettings
+from sluice.core.wire import decode_request
 from tests.faults.conftest import Report
 from tests.support.load import Answer, Load, slow_request
 from tests.support.multihost import Deployment

@@ -18,9 +18,9 @@ import numpy as np
 import pytest
 from redis import Redis
 
-from scheduler.redis_server import RedisServer
-from sluice.keys import Keys
-from sluice.sequences import SequenceRef
+from sluice.core.keys import Keys
+from sluice.core.sequences import SequenceRef
+from sluice.scheduler.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support import procs
 from tests.support.stack import Stack

@@ -27,7 +27,7 @@ import tritonclient.utils.shared_memory as shm
 from redis import Redis
 from tritonclient.utils import InferenceServerException
 
-from sluice.shm import SEGMENT_GRACE_S, SHM_DIR, segment_prefix
+from sluice.core.shm import SEGMENT_GRACE_S, SHM_DIR, segment_prefix
 from tests.faults.conftest import FAST_FAILURE_DETECTION, Report, live_workers
 from tests.support import procs
 from tests.support.onnx_models import write_identity

@@ -20,7 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from scheduler.redis_server import RedisServer
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 
@@ -194,7 +194,7 @@ _PARAMETERS = {"model": "no-such-model", "version": "1", "label": "production"}
 def openapi_routes(http: httpx.Client) -> list[tuple[str, str, bool]]:
     """Every (method, concrete path, management?) of the gateway's OpenAPI schema, path
     parameters filled with names that exist nowhere, so no call changes anything."""
-    from gateway.guard import is_management
+    from sluice.gateway.guard import is_management
 
     schema = call(http, "GET", "/openapi.json", ADMIN_KEY).json()
     routes = []
@@ -257,7 +257,7 @@ def test_every_grpc_method_is_guarded(secured: Stack) -> None:
     import grpc
     from tritonclient.grpc import service_pb2
 
-    from gateway.grpc_api.server import _MANAGEMENT
+    from sluice.gateway.grpc_api.server import _MANAGEMENT
 
     service = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     assert len(service.methods) > 15

@@ -16,12 +16,12 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from scheduler.redis_server import RedisServer
-from sluice.repository import read_model
+from sluice.core.repository import read_model
+from sluice.scheduler.redis_server import RedisServer
+from sluice.workers.backends import load_backend
+from sluice.workers.backends.base import Placement
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.stack import Stack
-from workers.backends import load_backend
-from workers.backends.base import Placement
 
 ROOT = Path(__file__).resolve().parents[2]
 TORCH_MODELS = ("torchscript_mlp", "torch_export_mlp")

@@ -11,7 +11,7 @@ import orjson
 import pytest
 from redis import Redis
 
-from sluice.keys import Keys
+from sluice.core.keys import Keys
 from tests.integration.conftest import BODY_LIMIT
 from tests.support.stack import Stack
 

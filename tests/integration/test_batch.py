@@ -27,8 +27,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from scheduler.redis_server import RedisServer
 from sluice.client import Client
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.procs import children, cmdline, wait_until
 from tests.support.stack import Stack
 
@@ -100,7 +100,7 @@ def batch_worker_pid(stack: Stack) -> int | None:
     assert stack.process is not None
     for pid in children(stack.process.pid):
         argv = cmdline(pid)
-        if argv[1:3] == ["-m", "batch"]:
+        if argv[1:3] == ["-m", "sluice.batch"]:
             return pid
     return None
 

@@ -17,8 +17,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from scheduler.redis_server import RedisServer
 from sluice.client import AsyncClient, BatchFailed, Client
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.stack import Stack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"

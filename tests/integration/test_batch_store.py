@@ -11,12 +11,12 @@ import boto3
 import numpy as np
 import pytest
 
-from batch.runner import Runner
-from scheduler.redis_server import RedisServer
-from sluice.batch_access import LocationPolicy
-from sluice.batch_store import LocalTree, S3Clients, open_tree
-from sluice.errors import Forbidden, InvalidInput, PayloadTooLarge
-from sluice.settings import BatchSettings, BatchStoreSettings
+from sluice.batch.runner import Runner
+from sluice.core.batch_access import LocationPolicy
+from sluice.core.batch_store import LocalTree, S3Clients, open_tree
+from sluice.core.errors import Forbidden, InvalidInput, PayloadTooLarge
+from sluice.core.settings import BatchSettings, BatchStoreSettings
+from sluice.scheduler.redis_server import RedisServer
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "sluice-test",

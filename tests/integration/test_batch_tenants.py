@@ -23,12 +23,12 @@ import onnxruntime as ort
 import pytest
 from redis import Redis
 
-from batch.sweeper import StoreSweeper
-from scheduler.redis_server import RedisServer
-from sluice.batch_store import open_store
-from sluice.keys import Keys
-from sluice.redis_connect import connect
-from sluice.settings import BatchSettings
+from sluice.batch.sweeper import StoreSweeper
+from sluice.core.batch_store import open_store
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
+from sluice.core.settings import BatchSettings
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
 

@@ -19,7 +19,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from scheduler.redis_server import RedisServer, free_port
+from sluice.cli.infer_command import infer as infer_command
 from sluice.client import (
     AsyncClient,
     Client,
@@ -33,7 +33,7 @@ from sluice.client import (
     ServerUnreachable,
     Unavailable,
 )
-from sluice.infer_command import infer as infer_command
+from sluice.scheduler.redis_server import RedisServer, free_port
 from tests.support.load import slow_request
 from tests.support.model_files import python_config, tensor, write_double_and_broken, write_model
 from tests.support.procs import wait_until

@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from gateway.gpu_metrics import GPU_FAMILIES
-from scheduler.redis_server import RedisServer
+from sluice.gateway.gpu_metrics import GPU_FAMILIES
+from sluice.scheduler.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
 

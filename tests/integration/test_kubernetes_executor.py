@@ -17,18 +17,18 @@ import pytest
 import yaml
 from redis import Redis
 
-from scheduler import controller
-from scheduler.kubernetes_executor import (
+from sluice.core.catalog import decode_entry
+from sluice.core.keys import Keys
+from sluice.core.settings import ControllerSettings
+from sluice.scheduler import controller
+from sluice.scheduler.kubernetes_executor import (
     MODEL_ANNOTATION,
     VERSION_ANNOTATION,
     KubernetesExecutor,
     apps_api,
     kubernetes_namespace,
 )
-from scheduler.redis_server import RedisServer
-from sluice.catalog import decode_entry
-from sluice.keys import Keys
-from sluice.settings import ControllerSettings
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.kube_api import Deployment, KubeApi
 from tests.support.procs import wait_until
 from tests.support.slow_model import write_slow
@@ -158,7 +158,7 @@ def test_an_unreachable_api_server_is_logged_and_the_executor_goes_on(
 def test_namespace_defaults_to_the_pods_own(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import scheduler.kubernetes_executor as module
+    import sluice.scheduler.kubernetes_executor as module
 
     config = settings(redis_server, kubernetes_namespace="")
     monkeypatch.setattr(module, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "missing")

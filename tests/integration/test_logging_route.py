@@ -85,12 +85,14 @@ def test_verbose_level_and_format_change_the_gateways_log(stack: Stack, http: ht
     [line] = logged(stack, refused(http))
     document = json.loads(line)
     assert document["level"] == "DEBUG" and document["role"] == "gateway"
-    assert document["logger"] == "gateway.fast_path" and document["request_id"].startswith("log-")
+    assert document["logger"] == "sluice.gateway.fast_path" and document["request_id"].startswith(
+        "log-"
+    )
 
     http.post("/v2/logging", json={"log_format": "ISO8601"})
     [line] = logged(stack, refused(http))
     assert re.match(
-        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z gateway gateway\.fast_path DEBUG ", line
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z gateway sluice\.gateway\.fast_path DEBUG ", line
     )
 
 

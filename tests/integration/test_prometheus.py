@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from scheduler.redis_server import RedisServer, free_port
+from sluice.scheduler.redis_server import RedisServer, free_port
 from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
@@ -280,7 +280,7 @@ def test_every_dashboard_target_gives_series(
                 "gateway.gpu_metrics.GPU_FAMILIES instead"
             )
         try:
-            from gateway.gpu_metrics import GPU_FAMILIES
+            from sluice.gateway.gpu_metrics import GPU_FAMILIES
         except ImportError as error:
             failures.append(f"the GPU row's names cannot be checked: {error}")
         else:

@@ -16,8 +16,8 @@ import pytest
 import tritonclient.grpc as grpcclient
 from redis import Redis
 
-from sluice.keys import Keys
-from sluice.redis_connect import connect
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
 from tests.support.load import answer_matches, slow_request
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.slow_model import write_slow

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from scheduler.redis_server import RedisServer
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
@@ -246,7 +246,7 @@ def test_bad_rollout_requests_say_why(stack: Stack) -> None:
 def test_a_new_version_in_the_repository_is_rolled_out_by_itself(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    """Poll mode and ``sluice.rollout: canary``: a version that appears in the repository is
+    """Poll mode and ``sluice.core.rollout: canary``: a version that appears in the repository is
     canaried and promoted under load, with no failed request; ``sluice rollout status``
     shows it."""
     repository = tmp_path / "repository"

@@ -19,8 +19,8 @@ import orjson
 import pytest
 from redis import Redis
 
-from scheduler.redis_server import RedisServer
-from sluice.keys import Keys
+from sluice.core.keys import Keys
+from sluice.scheduler.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 

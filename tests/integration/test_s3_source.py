@@ -18,11 +18,11 @@ import boto3
 import httpx
 import pytest
 
-from scheduler.redis_server import free_port
-from scheduler.remote_listing import MANIFEST_NAME, build_manifest
-from scheduler.sources import SourceError, open_source, poll, snapshot_repository
-from sluice.repository import scan_repository
-from sluice.settings import RepositorySourceSettings
+from sluice.core.repository import scan_repository
+from sluice.core.settings import RepositorySourceSettings
+from sluice.scheduler.redis_server import free_port
+from sluice.scheduler.remote_listing import MANIFEST_NAME, build_manifest
+from sluice.scheduler.sources import SourceError, open_source, poll, snapshot_repository
 from tests.support.onnx_models import write_identity
 from tests.support.procs import wait_until
 from tests.support.stack import Stack

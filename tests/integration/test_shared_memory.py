@@ -30,9 +30,9 @@ import tritonclient.utils.shared_memory as shm
 from redis import Redis
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
-from scheduler.redis_server import RedisServer
-from sluice.keys import Keys
-from sluice.shm import SHM_DIR, segment_prefix
+from sluice.core.keys import Keys
+from sluice.core.shm import SHM_DIR, segment_prefix
+from sluice.scheduler.redis_server import RedisServer
 from tests.support import procs
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
@@ -522,7 +522,7 @@ def test_a_worker_on_another_host_turns_shared_memory_off(
     )
     argv = ["--model-repository", str(repository), "--model", "ident", "--version", "1"]
     far = subprocess.Popen(
-        [sys.executable, "-m", "workers", *argv, "--kind", "KIND_CPU", "--threads", "1"],
+        [sys.executable, "-m", "sluice.workers", *argv, "--kind", "KIND_CPU", "--threads", "1"],
         env=env,
     )
     data = RNG.standard_normal((2, 1 << 20)).astype(np.float32)  # 8 MiB

@@ -25,8 +25,8 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from scheduler.redis_server import RedisServer
-from sluice.datatypes import serialize_bytes
+from sluice.core.datatypes import serialize_bytes
+from sluice.scheduler.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.load import slow_request
 from tests.support.onnx_models import write_identity

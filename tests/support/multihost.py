@@ -27,7 +27,7 @@ from typing import IO, Any, cast
 import httpx
 from redis import Redis
 
-from sluice.keys import Keys
+from sluice.core.keys import Keys
 from tests.support.netns import Host, HostNetwork, NetnsUnavailable
 
 REDIS_PORT = 6379

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import parse_config_text
+from sluice.core.config import parse_config_text
 
 TINY_CONFIG = parse_config_text(
     """

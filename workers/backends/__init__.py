@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.config import ModelConfig
-from sluice.config.platforms import TREE_BACKEND, is_torch
-from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Backend, Placement
+from sluice.core.config import ModelConfig
+from sluice.core.config.platforms import TREE_BACKEND, is_torch
+from sluice.core.errors import InvalidConfig, Unsupported
+from sluice.workers.backends.base import Backend, Placement
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
 _TENSORRT = {"tensorrt_plan", "tensorrt"}
@@ -25,12 +25,12 @@ _SUPPORTED = (
 
 def load_backend(config: ModelConfig, model_path: Path, placement: Placement) -> Backend:
     if config.platform in _ONNX or config.backend in _ONNX:
-        from workers.backends.onnxruntime_backend import OnnxRuntimeBackend
+        from sluice.workers.backends.onnxruntime_backend import OnnxRuntimeBackend
 
         return OnnxRuntimeBackend(config, model_path, placement)
     if is_torch(config.platform, config.backend):
         try:
-            from workers.backends.torch_backend import TorchBackend
+            from sluice.workers.backends.torch_backend import TorchBackend
         except ImportError as exc:
             raise InvalidConfig(
                 f"model '{config.name}' needs PyTorch, which cannot be imported ({exc}); "
@@ -38,31 +38,31 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
             ) from None
         return TorchBackend(config, model_path, placement)
     if config.platform in _TENSORRT or config.backend in _TENSORRT:
-        from workers.backends.tensorrt_backend import TensorRTBackend
+        from sluice.workers.backends.tensorrt_backend import TensorRTBackend
 
         return TensorRTBackend(config, model_path, placement)
     if config.backend == TREE_BACKEND:
-        from workers.backends.tree_backend import TreeBackend
+        from sluice.workers.backends.tree_backend import TreeBackend
 
         return TreeBackend(config, model_path, placement)
     if config.platform in _TENSORFLOW or config.backend == "tensorflow":
-        from workers.backends.tensorflow_backend import TensorFlowBackend
+        from sluice.workers.backends.tensorflow_backend import TensorFlowBackend
 
         return TensorFlowBackend(config, model_path, placement)
     if config.backend == "torchserve":
-        from workers.backends.torchserve_backend import TorchServeBackend
+        from sluice.workers.backends.torchserve_backend import TorchServeBackend
 
         return TorchServeBackend(config, model_path, placement)
     if config.backend == "openvino":
-        from workers.backends.openvino_backend import OpenVinoBackend
+        from sluice.workers.backends.openvino_backend import OpenVinoBackend
 
         return OpenVinoBackend(config, model_path, placement)
     if config.is_ensemble:
-        from workers.backends.ensemble_backend import load_ensemble_backend
+        from sluice.workers.backends.ensemble_backend import load_ensemble_backend
 
         return load_ensemble_backend(config, model_path, placement)
     if config.backend == "python":
-        from workers.backends.python_backend import load_python_backend
+        from sluice.workers.backends.python_backend import load_python_backend
 
         return load_python_backend(config, model_path, placement)
     raise Unsupported(

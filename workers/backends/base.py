@@ -9,9 +9,9 @@ from typing import Protocol
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.trace_context import TraceParent
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.trace_context import TraceParent
 
 
 @dataclass(frozen=True, slots=True)

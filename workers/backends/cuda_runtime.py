@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import ModuleType
 from typing import Any
 
-from sluice.errors import InferenceFailed
+from sluice.core.errors import InferenceFailed
 
 
 def import_cudart() -> ModuleType | None:

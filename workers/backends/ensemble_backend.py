@@ -2,7 +2,7 @@
 
 A request's inputs are the first ensemble tensors. Each step is queued on its composing
 model's stream, exactly as the gateway queues a client's request (a
-:class:`sluice.wire.RequestMessage` whose payload is the tensors in Triton's binary
+:class:`sluice.core.wire.RequestMessage` whose payload is the tensors in Triton's binary
 layout), as soon as every tensor it reads exists; steps that do not depend on each other
 run at the same time. What a step answers becomes the ensemble tensors its
 ``output_map`` names, read by later steps; the ensemble's requested outputs are the
@@ -32,16 +32,16 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import (
+from sluice.core.config import ModelConfig
+from sluice.core.errors import (
     InferenceFailed,
     InvalidConfig,
     SluiceError,
 )
-from workers.backends.base import Placement, RequestContext, RequestsFailed
-from workers.backends.ensemble_check import composing_configs
-from workers.backends.ensemble_join import join_requests, split_requests
-from workers.model_calls import CallContext, ModelCalls
+from sluice.workers.backends.base import Placement, RequestContext, RequestsFailed
+from sluice.workers.backends.ensemble_check import composing_configs
+from sluice.workers.backends.ensemble_join import join_requests, split_requests
+from sluice.workers.model_calls import CallContext, ModelCalls
 
 log = logging.getLogger(__name__)
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sluice.config import LATEST, ModelConfig
-from sluice.errors import InvalidConfig
-from sluice.repository import read_model
+from sluice.core.config import LATEST, ModelConfig
+from sluice.core.errors import InvalidConfig
+from sluice.core.repository import read_model
 
 _MAX_NESTING = 16
 """Ensembles within ensembles followed when looking for a cycle."""

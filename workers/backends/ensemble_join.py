@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from sluice.errors import InferenceFailed, SluiceError
+from sluice.core.errors import InferenceFailed, SluiceError
 
 
 def split_requests(

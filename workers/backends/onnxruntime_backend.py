@@ -8,10 +8,10 @@ from pathlib import Path
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import InvalidConfig, InvalidInput, Unsupported
-from workers.backends.base import Placement
-from workers.backends.threads import flag_parameter, int_parameter, threads_or_all
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidConfig, InvalidInput, Unsupported
+from sluice.workers.backends.base import Placement
+from sluice.workers.backends.threads import flag_parameter, int_parameter, threads_or_all
 
 _GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}
 

@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Placement, missing_extra
-from workers.backends.threads import threads_or_all
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InvalidConfig, Unsupported
+from sluice.workers.backends.base import Placement, missing_extra
+from sluice.workers.backends.threads import threads_or_all
 
 _SLUICE_KEYS = {"SKIP_OV_DYNAMIC_BATCHSIZE", "RESHAPE_IO_LAYERS"}
 """Triton's OpenVINO backend options that are not OpenVINO properties."""

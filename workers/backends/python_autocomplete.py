@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from workers.backends.python_model import find_model_class, import_model_file
+from sluice.workers.backends.python_model import find_model_class, import_model_file
 
 MAX_CONFIG_BYTES = 1 << 20
 

@@ -26,12 +26,12 @@ from typing import Any
 
 import numpy as np
 
-from sluice.clock import CLOCK
-from sluice.config import ModelConfig, config_to_json
-from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
-from workers.backends.base import Backend, Emit, Placement
-from workers.backends.ensemble_join import split_requests
-from workers.backends.python_model import (
+from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig, config_to_json
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.workers.backends.base import Backend, Emit, Placement
+from sluice.workers.backends.ensemble_join import split_requests
+from sluice.workers.backends.python_model import (
     accepts_arguments,
     call_model,
     describe,
@@ -40,7 +40,7 @@ from workers.backends.python_model import (
     import_model_file,
     module_name_for,
 )
-from workers.model_calls import CallContext, process_calls
+from sluice.workers.model_calls import CallContext, process_calls
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,7 +113,7 @@ def load_python_backend(config: ModelConfig, model_file: Path, placement: Placem
                 f"{model_file.name}: {cls.__name__}() failed: {describe(exc, model_file)}"
             ) from None
         if triton_style:
-            from workers.backends.triton_python import TritonPythonBackend
+            from sluice.workers.backends.triton_python import TritonPythonBackend
 
             return TritonPythonBackend(instance, config, model_file, placement, module_name)
         return SimplePythonBackend(instance, config, model_file, placement, module_name)

@@ -12,8 +12,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
-from workers.backends import triton_python_backend_utils
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.workers.backends import triton_python_backend_utils
 
 PB_UTILS = "triton_python_backend_utils"
 

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidConfig, InvalidInput, Unsupported
-from workers.backends.base import Placement
-from workers.backends.cuda_runtime import CudaRuntime, import_cudart
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, InvalidInput, Unsupported
+from sluice.workers.backends.base import Placement
+from sluice.workers.backends.cuda_runtime import CudaRuntime, import_cudart
 
 
 def _requirement(config: ModelConfig, missing: str) -> InvalidConfig:

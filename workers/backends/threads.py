@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from sluice.errors import InvalidConfig
-from sluice.runtime import usable_cores
+from sluice.core.errors import InvalidConfig
+from sluice.core.runtime import usable_cores
 
 
 def threads_or_all(threads: int) -> int:

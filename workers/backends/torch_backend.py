@@ -19,11 +19,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
-from workers.backends.base import Placement
-from workers.backends.threads import int_parameter, threads_or_all
-from workers.backends.torch_io import Signature, results_by_name, to_numpy, to_torch
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.workers.backends.base import Placement
+from sluice.workers.backends.threads import int_parameter, threads_or_all
+from sluice.workers.backends.torch_io import Signature, results_by_name, to_numpy, to_torch
 
 
 def _device(config: ModelConfig, placement: Placement) -> torch.device:

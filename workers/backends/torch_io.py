@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from sluice.config import ModelConfig, TensorSpec
-from sluice.errors import InferenceFailed, InvalidInput
+from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.errors import InferenceFailed, InvalidInput
 
 _INDEXED = re.compile(r"^.+__(\d+)$")
 

@@ -1,7 +1,7 @@
 """TorchServe model archives (``backend: "torchserve"``, ``<version>/model.mar``): the
 archive's handler runs as TorchServe runs it, on Sluice's batches.
 
-The archive is unpacked into a private folder (:mod:`sluice.mar`), and TorchServe's own
+The archive is unpacked into a private folder (:mod:`sluice.core.mar`), and TorchServe's own
 model loader (the ``ts`` package of ``torchserve``, in the ``torchserve`` extra) imports the
 handler: a handler file of the archive (a ``BaseHandler`` subclass with ``initialize`` /
 ``preprocess`` / ``inference`` / ``postprocess`` / ``handle``, or a module with a ``handle``
@@ -33,10 +33,10 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.mar import unpack
-from workers.backends.base import Placement, RequestsFailed, missing_extra
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.mar import unpack
+from sluice.workers.backends.base import Placement, RequestsFailed, missing_extra
 
 log = logging.getLogger(__name__)
 

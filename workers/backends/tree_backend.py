@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.config.platforms import tree_formats
-from sluice.errors import InvalidConfig, Unsupported
-from workers.backends.base import Placement, missing_extra
-from workers.backends.threads import flag_parameter, threads_or_all
+from sluice.core.config import ModelConfig
+from sluice.core.config.platforms import tree_formats
+from sluice.core.errors import InvalidConfig, Unsupported
+from sluice.workers.backends.base import Placement, missing_extra
+from sluice.workers.backends.threads import flag_parameter, threads_or_all
 
 INPUT = "input__0"
 OUTPUT = "output__0"

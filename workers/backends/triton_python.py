@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
-from sluice.config import ModelConfig
-from sluice.errors import (
+from sluice.core.config import ModelConfig
+from sluice.core.errors import (
     InferenceFailed,
     InvalidConfig,
     InvalidInput,
@@ -28,9 +28,9 @@ from sluice.errors import (
     Unavailable,
     Unsupported,
 )
-from workers.backends import triton_python_backend_utils as pb
-from workers.backends.base import Emit, Placement, RequestsFailed
-from workers.backends.python_model import call_model, forget_module
+from sluice.workers.backends import triton_python_backend_utils as pb
+from sluice.workers.backends.base import Emit, Placement, RequestsFailed
+from sluice.workers.backends.python_model import call_model, forget_module
 
 FINAL_WAIT_S = 300.0
 """How long a decoupled model may take to send every request's final response."""

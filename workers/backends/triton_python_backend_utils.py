@@ -26,11 +26,11 @@ from typing import Any
 
 import numpy as np
 
-from sluice import datatypes
-from sluice.clock import CLOCK
-from sluice.config import model_config_pb2
-from sluice.errors import SluiceError, Unsupported
-from workers.model_calls import CallContext, ModelCalls, process_calls
+from sluice.core import datatypes
+from sluice.core.clock import CLOCK
+from sluice.core.config import model_config_pb2
+from sluice.core.errors import SluiceError, Unsupported
+from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
 _log = logging.getLogger("model.py")
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 from tokenizers import Tokenizer
 
-from sluice.errors import InvalidInput
+from sluice.core.errors import InvalidInput
 
 TOKENIZER_FILE = Path(__file__).resolve().parent / "tokenizer.json"
 DEFAULT_MAX_SEQ_LENGTH = 256

@@ -1,0 +1,5 @@
+"""``python -m sluice.cli``: the ``sluice`` command."""
+
+from sluice.cli import main
+
+main()

@@ -1,0 +1,70 @@
+"""The model catalog: what the controller tells gateways about each model.
+
+The controller reads the repository and writes one entry per model into the
+catalog hash (see :mod:`sluice.core.keys`); gateways read it to answer metadata
+requests and to validate inference requests without touching the repository.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import msgpack
+
+from sluice.core.config import ModelConfig, config_from_json, config_to_json
+from sluice.core.errors import InvalidConfig
+from sluice.core.wire import SCHEMA_VERSION, MalformedEntry
+
+UNLOADED = "unloaded"
+"""The ``error`` of a model of the repository that is not loaded (explicit model control):
+listed in the repository index as Triton does, not counted against readiness."""
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogEntry:
+    name: str
+    versions: tuple[int, ...]
+    """Versions the controller serves (ascending)."""
+    config: ModelConfig | None
+    error: str | None = None
+    """Why the model is unavailable, when it is."""
+
+    @property
+    def available(self) -> bool:
+        return self.config is not None and self.error is None and bool(self.versions)
+
+
+def encode_entry(entry: CatalogEntry) -> bytes:
+    body: dict[str, Any] = {
+        "v": SCHEMA_VERSION,
+        "name": entry.name,
+        "versions": list(entry.versions),
+        "config": None if entry.config is None else config_to_json(entry.config),
+        "error": entry.error,
+    }
+    return msgpack.packb(body)
+
+
+def decode_entry(raw: bytes) -> CatalogEntry:
+    try:
+        body = msgpack.unpackb(raw, raw=False)
+        if not isinstance(body, dict) or body.get("v") != SCHEMA_VERSION:
+            raise MalformedEntry("catalog entry has no supported schema version")
+        name = body["name"]
+        config_json = body["config"]
+        error = body.get("error")
+        config = None
+        if config_json is not None:
+            try:
+                config = config_from_json(config_json, model_name=name)
+            except InvalidConfig as exc:
+                config, error = None, exc.message
+        return CatalogEntry(
+            name=name,
+            versions=tuple(int(v) for v in body["versions"]),
+            config=config,
+            error=error,
+        )
+    except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise MalformedEntry(f"bad catalog entry: {exc}") from None

@@ -1,0 +1,279 @@
+"""The whole Redis layout of a deployment, in one place.
+
+Every key starts with the deployment's namespace. Each name below says what
+the key holds and who writes it.
+
+Keys carry Redis Cluster hash tags (the part in braces decides the slot), so that every
+multi-key command or script touches one slot:
+
+- ``{<namespace>}:…``: the control plane (catalog, routing, rollouts, controller, gateways).
+  Small and rarely written, so one slot is enough.
+- ``<namespace>:<kind>:{<model>}:…``: everything of one model (its request streams of every
+  version and priority, statistics, live workers, sequences, jobs), so a worker's answer,
+  acknowledgement, statistics and checkpoint go in one transaction on one shard.
+- ``<namespace>:reply:{<gateway>}``: one gateway's answers; ``<namespace>:batch:{<id>}…``
+  one offline batch.
+
+A model name containing ``}`` still maps all its keys to one slot: the tag is always what
+lies between the first ``{`` (right after the fixed prefix) and the next ``}``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+WORKER_GROUP = "workers"
+"""Consumer group of every request stream: each entry goes to one worker of the model version."""
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    namespace: str = "sluice"
+
+    def request_stream(self, model: str, version: int, priority: int = 0) -> str:
+        """Requests for one model version and priority level (gateway XADDs, workers
+        XREADGROUP); level 0 is the only stream of models without priority levels.
+        Workers delete entries once answered, so the length is the queue depth."""
+        suffix = f":p{priority}" if priority else ""
+        return f"{self.namespace}:req:{{{model}}}:{version}{suffix}"
+
+    def request_streams(self, model: str, version: int, priority_levels: int) -> list[str]:
+        """Every stream of a model version, highest priority (level 1) first."""
+        if priority_levels <= 0:
+            return [self.request_stream(model, version)]
+        return [self.request_stream(model, version, p) for p in range(1, priority_levels + 1)]
+
+    def sequence_stream(self, model: str, version: int, slot: int) -> str:
+        """Requests of the sequences routed to one instance (slot) of a sequence model:
+        that instance alone reads it, so a sequence's requests are computed in order."""
+        return f"{self.namespace}:req:{{{model}}}:{version}:s{slot}"
+
+    def sequence_owner(self, model: str, version: int, slot: int) -> str:
+        """Which worker reads a slot's stream now: a lease (worker, expiring unless renewed)
+        among the workers of every host started for that slot (:mod:`workers.slot_lease`)."""
+        return f"{self.namespace}:seq-owner:{{{model}}}:{version}:s{slot}"
+
+    def sequence_state(self, model: str, version: int, sequence: str) -> str:
+        """A sequence's checkpoint (its implicit state), written with each answer and
+        expiring when the sequence has been idle for the model's idle time."""
+        return f"{self.namespace}:seq:{{{model}}}:{version}:{sequence}"
+
+    def background_stream(self, model: str, version: int) -> str:
+        """Requests below every online priority level (asynchronous jobs, batch jobs): the
+        workers of the model version take them only when no online request waits."""
+        return f"{self.namespace}:req:{{{model}}}:{version}:bg"
+
+    def job(self, model: str, job_id: str) -> str:
+        """Hash of one asynchronous job (:mod:`sluice.core.jobs`): its status, and its answer once
+        a worker wrote it there. A request whose reply address is such a key is a job. It
+        lives in its model's slot, with the stream and statistics its scripts touch."""
+        return f"{self.namespace}:job:{{{model}}}:{job_id}"
+
+    def job_model(self, job_id: str) -> str:
+        """The model a job id belongs to (what finds :meth:`job` from the id alone); it
+        expires with the job."""
+        return f"{self.namespace}:job-model:{job_id}"
+
+    def is_job(self, reply_to: str) -> bool:
+        return reply_to.startswith(f"{self.namespace}:job:")
+
+    def job_by_key(self, model: str, tenant: str, key: str) -> str:
+        """The job id (and a digest of its request) that a tenant's ``Idempotency-Key`` (or
+        request id) named for a model, while the job lives. Another tenant's equal key is
+        another key."""
+        return f"{self.namespace}:job-key:{{{model}}}:{tenant}:{key}"
+
+    def queued_jobs(self, model: str) -> str:
+        """Sorted set job id -> when its wait ends (unix s) of a model's jobs that no worker
+        has started yet: how the job scripts find the ones that expired while queued, so
+        that :meth:`job_room` does not keep counting them (:mod:`sluice.core.jobs`)."""
+        return f"{self.namespace}:queued-jobs:{{{model}}}"
+
+    def job_room(self, model: str) -> str:
+        """Hash of what each tenant's queued jobs of a model hold: ``n:<tenant>`` (jobs),
+        ``b:<tenant>`` (bytes of their entries) and, per queued job, ``<job id>`` ->
+        ``"<bytes> <tenant>"``. Written by the job scripts only, so it is exact; the bounds
+        SLUICE_TENANT_MAX_QUEUED_JOBS and SLUICE_TENANT_MAX_QUEUED_JOB_BYTES are checked
+        against it. One key per model (not per tenant), so that a worker can name it."""
+        return f"{self.namespace}:job-room:{{{model}}}"
+
+    def batch(self, batch_id: str) -> str:
+        """Hash of one offline batch job (:mod:`sluice.core.batches`)."""
+        return f"{self.namespace}:batch:{{{batch_id}}}"
+
+    def batch_shards(self, batch_id: str) -> str:
+        """Hash shard index -> its state (JSON): attempt, rows, part, error."""
+        return f"{self.namespace}:batch:{{{batch_id}}}:shards"
+
+    def batch_attempts(self, batch_id: str) -> str:
+        """Hash shard index -> its newest attempt (only that one may commit)."""
+        return f"{self.namespace}:batch:{{{batch_id}}}:attempts"
+
+    def batch_progress(self, batch_id: str) -> str:
+        """Hash shard index -> rows answered by its current attempt (all once committed)."""
+        return f"{self.namespace}:batch:{{{batch_id}}}:progress"
+
+    def batch_leases(self, batch_id: str) -> str:
+        """Hash shard index -> when its running attempt's lease ends (unix s): the attempt
+        renews it every second; past it, the shard is given to another worker."""
+        return f"{self.namespace}:batch:{{{batch_id}}}:leases"
+
+    @property
+    def running_batches(self) -> str:
+        """Set of the batch ids running now (what the batch workers' reapers look at)."""
+        return f"{{{self.namespace}}}:batches:running"
+
+    def batches(self, tenant: str) -> str:
+        """Sorted set batch id -> creation time (unix s) of one tenant's batches, for its
+        listing (no tenant sees, or is crowded out by, another's)."""
+        return f"{{{self.namespace}}}:batches:{tenant}"
+
+    def upload(self, tenant: str, upload_id: str) -> str:
+        """Hash of one upload (:mod:`sluice.core.uploads`): its name, size, digest, expiry, and
+        how many batch jobs use it; the file itself is in the batch store."""
+        return f"{{{self.namespace}}}:upload:{tenant}:{upload_id}"
+
+    def uploads(self, tenant: str) -> str:
+        """Sorted set upload id -> creation time (unix s) of one tenant's uploads."""
+        return f"{{{self.namespace}}}:uploads:{tenant}"
+
+    def stored_bytes(self, tenant: str) -> str:
+        """Bytes one tenant keeps in the batch store (uploads and outputs; reserved while an
+        upload arrives), within SLUICE_TENANT_MAX_STORED_BYTES."""
+        return f"{{{self.namespace}}}:stored-bytes:{tenant}"
+
+    @property
+    def store_expiry(self) -> str:
+        """Sorted set ``upload:<tenant>:<id>`` / ``batch:<tenant>:<id>`` -> when it expires
+        (unix s; +inf while in use): what the batch workers' sweeper removes, files and all."""
+        return f"{{{self.namespace}}}:store-expiry"
+
+    def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
+        """Answers to one attempt of one shard (the shard task reads them itself)."""
+        return f"{self.namespace}:reply:{{batch-{batch_id}-{shard}-{attempt}}}"
+
+    @property
+    def celery_prefix(self) -> str:
+        """Prefix of the Celery broker's keys (queues, unacknowledged messages)."""
+        return f"{self.namespace}:celery:"
+
+    def dead_letters(self, model: str, version: int) -> str:
+        """Requests that were delivered too often (each killed its worker), kept for a look."""
+        return f"{self.namespace}:dead:{{{model}}}:{version}"
+
+    def reply_stream(self, gateway_id: str) -> str:
+        """Answers for one gateway process (workers XADD, the gateway's reader XREADs)."""
+        return f"{self.namespace}:reply:{{{gateway_id}}}"
+
+    @property
+    def catalog(self) -> str:
+        """Hash model name -> catalog entry (msgpack), written by the controller."""
+        return f"{{{self.namespace}}}:catalog"
+
+    @property
+    def catalog_revision(self) -> str:
+        """Counter bumped on every catalog change, so readers reload only when needed."""
+        return f"{{{self.namespace}}}:catalog:rev"
+
+    @property
+    def load_errors(self) -> str:
+        """Hash "model:version" -> reason a worker could not load that version."""
+        return f"{{{self.namespace}}}:load-errors"
+
+    def live_workers(self, model: str, version: int) -> str:
+        """Sorted set worker id -> heartbeat expiry (unix seconds)."""
+        return f"{self.namespace}:live:{{{model}}}:{version}"
+
+    def worker_hosts(self, model: str, version: int) -> str:
+        """Hash worker id -> host id (:mod:`sluice.core.hosts`), written with each heartbeat:
+        whether a gateway may hand this version's workers shared memory."""
+        return f"{self.namespace}:hosts:{{{model}}}:{version}"
+
+    @property
+    def control_requests(self) -> str:
+        """Stream of model control commands (load, unload) to the executor (``sluice up``),
+        from gateways and from the controller."""
+        return f"{{{self.namespace}}}:control:requests"
+
+    @property
+    def controller_requests(self) -> str:
+        """Stream of rollout commands (start, promote, rollback) from gateways to the
+        leading controller."""
+        return f"{{{self.namespace}}}:controller:requests"
+
+    def control_reply(self, command_id: str) -> str:
+        """List where the answer to one control command is pushed (the gateway polls it)."""
+        return f"{{{self.namespace}}}:control:reply:{command_id}"
+
+    def rollout(self, model: str) -> str:
+        """A model's rollout state (JSON, :mod:`sluice.core.rollout`), written by the controller."""
+        return f"{{{self.namespace}}}:rollout:{model}"
+
+    @property
+    def control_mode(self) -> str:
+        """Triton's model control mode in force (``none``, ``explicit``), set by ``sluice up``."""
+        return f"{{{self.namespace}}}:control:mode"
+
+    def routing(self, model: str) -> str:
+        """Hash of a model's version labels ("label:<name>" -> version) and split weights
+        ("weight:<version>" -> weight), written by the gateway's routing endpoints."""
+        return f"{{{self.namespace}}}:routing:{model}"
+
+    @property
+    def gateways(self) -> str:
+        """Sorted set gateway id -> expiry (unix seconds) of its last report."""
+        return f"{{{self.namespace}}}:gateways"
+
+    def gateway_report(self, gateway_id: str) -> str:
+        """Hash of one gateway process's gauges (in flight, Redis round trip), expiring."""
+        return f"{{{self.namespace}}}:gateway:{gateway_id}"
+
+    @property
+    def gateway_counters(self) -> str:
+        """Hash of counters every gateway adds to that belong to no model."""
+        return f"{{{self.namespace}}}:gateway-counters"
+
+    def stats(self, model: str, version: int) -> str:
+        """Hash of Triton statistics counters for one model version (workers HINCRBY)."""
+        return f"{self.namespace}:stats:{{{model}}}:{version}"
+
+    def batch_stats(self, model: str, version: int) -> str:
+        """Hash "<batch size>:<counter>" -> value, Triton's batch_stats."""
+        return f"{self.namespace}:batch-stats:{{{model}}}:{version}"
+
+    def instance_stats(self, model: str, version: int) -> str:
+        """Hash worker id -> executions, to show that every instance serves."""
+        return f"{self.namespace}:instance-stats:{{{model}}}:{version}"
+
+    @property
+    def controller_lease(self) -> str:
+        """Id of the controller that leads, expiring unless it renews (SET NX PX)."""
+        return f"{{{self.namespace}}}:controller:lease"
+
+    @property
+    def controller_fencing(self) -> str:
+        """Fencing token of the current leader, bumped (INCR) each time a controller
+        takes the lease; decisions carrying an older token are refused."""
+        return f"{{{self.namespace}}}:controller:fencing"
+
+    @property
+    def controller_decisions(self) -> str:
+        """List of the controller's applied decisions, oldest first, each tagged with the
+        fencing token of the leader that applied it."""
+        return f"{{{self.namespace}}}:controller:decisions"
+
+    @property
+    def desired_instances(self) -> str:
+        """Hash "model:version" -> instances the controller's autoscaler wants; executors
+        start or retire workers to match."""
+        return f"{{{self.namespace}}}:controller:instances"
+
+    @property
+    def polled_repository(self) -> str:
+        """The repository listing (version tokens, JSON) the controller last acted upon in
+        poll mode, so that a new leader sees what changed since."""
+        return f"{{{self.namespace}}}:controller:polled"
+
+
+def load_error_field(model: str, version: int) -> str:
+    return f"{model}:{version}"

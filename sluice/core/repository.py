@@ -1,0 +1,181 @@
+"""Reading a Triton-layout model repository from local disk.
+
+Layout: ``<root>/<model>/config.pbtxt`` (optional for ONNX models) and numeric
+version folders ``<root>/<model>/<version>/<model file>``. Problems with one
+model make only that model unavailable; they are reported in
+:attr:`RepositoryModel.error` rather than raised.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from sluice.core.config import (
+    CONFIG_FILENAME,
+    ONNX_FILENAME,
+    PLATFORM_BY_FILE_SUFFIX,
+    ModelConfig,
+    VersionPolicy,
+    autocomplete_from_onnx,
+    config_from_proto,
+    config_to_proto,
+    is_onnx,
+    parse_config_text,
+)
+from sluice.core.config.platforms import fallback_model_filename
+from sluice.core.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
+from sluice.core.errors import InvalidConfig
+
+# Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
+_VERSION_DIR = re.compile(r"[1-9][0-9]*")
+
+
+@dataclass(frozen=True, slots=True)
+class RepositoryModel:
+    name: str
+    path: Path
+    config: ModelConfig | None
+    versions: tuple[int, ...]
+    error: str | None = None
+
+    @property
+    def usable(self) -> bool:
+        return self.error is None and self.config is not None
+
+    def model_file(self, version: int) -> Path:
+        if self.config is None:
+            raise InvalidConfig(self.error or f"model '{self.name}' is unavailable")
+        return self.path / str(version) / self.config.default_model_filename
+
+
+def scan_repository(root: Path) -> list[RepositoryModel]:
+    """Every model under ``root``, sorted by name (hidden directories skipped)."""
+    if not root.exists():
+        raise InvalidConfig(f"model repository {root} does not exist")
+    if not root.is_dir():
+        raise InvalidConfig(f"model repository {root} is not a directory")
+    model_dirs = sorted(
+        (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
+        key=lambda p: p.name,
+    )
+    return [read_model(p) for p in model_dirs]
+
+
+def read_model(path: Path) -> RepositoryModel:
+    """One model directory; model-level problems end up in ``error``."""
+    try:
+        config, versions = _load(path)
+    except InvalidConfig as exc:
+        return RepositoryModel(path.name, path, None, (), exc.message)
+    return RepositoryModel(path.name, path, config, versions)
+
+
+def available_versions(path: Path) -> tuple[int, ...]:
+    """The version folders of a model directory, ascending."""
+    try:
+        entries = list(path.iterdir())
+    except OSError as exc:
+        raise InvalidConfig(f"cannot list the model directory: {exc.strerror}") from None
+    return tuple(
+        sorted(int(p.name) for p in entries if _VERSION_DIR.fullmatch(p.name) and p.is_dir())
+    )
+
+
+def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
+    name = path.name
+    config = _read_config(path)
+    available = available_versions(path)
+    if not available:
+        raise InvalidConfig("no version directory (expected numeric folders such as 1/)")
+    policy = config.version_policy if config is not None else VersionPolicy()
+    if policy.kind == "specific":
+        missing = sorted(set(policy.versions) - set(available))
+        if missing:
+            listed = ", ".join(str(v) for v in missing)
+            raise InvalidConfig(
+                f"version_policy: specific version {listed} has no version directory"
+            )
+    versions = policy.select(available)
+    if not versions:
+        raise InvalidConfig("the version policy selects no available version")
+    newest = path / str(versions[-1])
+    if config is not None and config.is_ensemble:
+        # An ensemble's version folder holds no model file (Triton's layout: an empty 1/);
+        # its composing models are checked when it loads.
+        return config, versions
+
+    if config is None:
+        if not (newest / ONNX_FILENAME).is_file():
+            raise InvalidConfig(
+                f"{CONFIG_FILENAME} is missing and the model cannot be auto-completed"
+            )
+        config = autocomplete_from_onnx(None, newest / ONNX_FILENAME, model_name=name)
+    elif not config.platform and not config.backend:
+        config = _infer_platform(config, newest)
+    python_file = newest / (config.default_model_filename or "model.py")
+    if wants_python_autocomplete(config, python_file):
+        config = autocomplete_python(config, python_file)
+    if is_onnx(config.platform, config.backend) and not (config.inputs and config.outputs):
+        model_file = newest / config.default_model_filename
+        if not model_file.is_file():
+            raise InvalidConfig(f"model file {_relative(path, model_file)} is missing")
+        config = autocomplete_from_onnx(config, model_file, model_name=name)
+
+    config = _fallback_model_file(config, path, versions)
+    if config.default_model_filename:
+        for version in versions:
+            model_file = path / str(version) / config.default_model_filename
+            if not model_file.exists():
+                raise InvalidConfig(f"model file {_relative(path, model_file)} is missing")
+    return config, versions
+
+
+def _read_config(path: Path) -> ModelConfig | None:
+    config_path = path / CONFIG_FILENAME
+    if not config_path.exists():
+        return None
+    try:
+        text = config_path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InvalidConfig(f"{CONFIG_FILENAME}: cannot read the file: {exc}") from None
+    return parse_config_text(text, model_name=path.name)
+
+
+def _infer_platform(config: ModelConfig, version_dir: Path) -> ModelConfig:
+    """Triton picks the platform from the model file when the config names none."""
+    candidates = (
+        [config.default_model_filename]
+        if config.default_model_filename
+        else [f"model{suffix}" for suffix in PLATFORM_BY_FILE_SUFFIX]
+    )
+    for filename in candidates:
+        known = PLATFORM_BY_FILE_SUFFIX.get(Path(filename).suffix)
+        if known is not None and (version_dir / filename).exists():
+            msg = config_to_proto(config)
+            msg.platform, msg.backend = known
+            if not config.default_model_filename:
+                msg.default_model_filename = filename
+            return config_from_proto(msg, model_name=config.name)
+    raise InvalidConfig(
+        f"{CONFIG_FILENAME}: neither platform nor backend is set, and no known model file "
+        f"({', '.join(candidates)}) was found to infer them from"
+    )
+
+
+def _fallback_model_file(config: ModelConfig, path: Path, versions: tuple[int, ...]) -> ModelConfig:
+    """Use the platform's alternative file (model.pt2 for model.pt) when every version has it."""
+    filename = config.default_model_filename
+    fallback = fallback_model_filename(config.platform, config.backend, filename)
+    if fallback is None or all((path / str(v) / filename).exists() for v in versions):
+        return config
+    if not all((path / str(v) / fallback).is_file() for v in versions):
+        return config
+    msg = config_to_proto(config)
+    msg.default_model_filename = fallback
+    return config_from_proto(msg, model_name=config.name)
+
+
+def _relative(model_dir: Path, file: Path) -> str:
+    return file.relative_to(model_dir.parent).as_posix()

@@ -1,0 +1,608 @@
+"""Typed settings, one class per process role, read from ``SLUICE_*`` variables.
+
+Settings objects are built once at process start (by the CLI) and passed down
+explicitly; nothing else reads the environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1 << 20
+GIB = 1 << 30
+
+
+class CommonSettings(BaseSettings):
+    """What every process of one Sluice deployment must agree on."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis that carries the request streams, reply streams and the model catalog. A Redis
+    Cluster is named ``redis+cluster://host:port`` (or ``rediss+cluster://``): any node,
+    the others are discovered (:mod:`sluice.core.redis_connect`)."""
+
+    namespace: str = Field("sluice", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
+    """Prefix of every Redis key, so that several deployments can share one Redis (letters,
+    digits, ``_.-``: braces would move the keys' Redis Cluster hash tags)."""
+
+    host_id: str = Field("", pattern=r"^[A-Za-z0-9_.:-]{0,64}$")
+    """Which host this process is on, for shared memory (:mod:`sluice.core.hosts`); empty: derived
+    from the kernel's boot id and this process's /dev/shm."""
+
+    batch_broker_url: str = ""
+    """Celery broker of the offline batch jobs; empty: the deployment's Redis. Celery's Redis
+    transport does not speak Redis Cluster, so a deployment on a cluster names a plain Redis
+    here to run batch jobs."""
+
+    allow_metrics: bool = True
+    """As Triton's --allow-metrics: False turns off ``GET /metrics`` and the latency
+    histograms the workers keep for it (the statistics extension's counters stay)."""
+
+    log_format: Literal["text", "iso8601", "json", "auto"] = "text"
+    """``text``: human-readable lines; ``iso8601``: the same with UTC ISO 8601 times;
+    ``json``: one JSON object per line (time, level, logger, message, role, pid, and
+    request_id / trace_id when known); ``auto``: text on a terminal, JSON otherwise."""
+
+    log_file: str = ""
+    """Append log lines to this file instead of standard error (Triton's --log-file)."""
+
+    log_verbose_level: int = Field(0, ge=0)
+    """As Triton's --log-verbose: 0 logs INFO and above, 1 or more adds debug messages."""
+
+    log_info: bool = True
+    """As Triton's --log-info: whether INFO messages are logged."""
+
+    log_warning: bool = True
+    """As Triton's --log-warning: whether WARNING messages are logged."""
+
+    log_error: bool = True
+    """As Triton's --log-error: whether ERROR messages are logged."""
+
+    otlp_endpoint: str = Field(
+        "", validation_alias=AliasChoices("SLUICE_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
+    )
+    """OTLP/HTTP collector (e.g. ``http://collector:4318``): spans go to
+    ``<endpoint>/v1/traces`` (needs the ``tracing`` extra). Empty: no tracing. Falls back
+    to the standard OTEL_EXPORTER_OTLP_ENDPOINT."""
+
+    otel_service_name: str = Field("sluice", validation_alias=AliasChoices("OTEL_SERVICE_NAME"))
+    """The ``service.name`` of the exported spans (the standard OTEL_SERVICE_NAME)."""
+
+
+class ApiKeySettings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    api_keys: str = Field("", repr=False)
+    """Comma-separated ``tenant:key`` entries: bearer tokens accepted on every endpoint but
+    management, each belonging to its tenant (a bare ``key`` is a tenant of its own, see
+    :mod:`sluice.core.tenants`). With no key at all (here or in ``admin_keys``) every endpoint is
+    open to one tenant, ``anonymous``."""
+
+    api_keys_file: str = ""
+    """File with one ``tenant:key`` entry per line (added to ``api_keys``)."""
+
+    admin_keys: str = Field("", repr=False)
+    """Comma-separated ``tenant:key`` entries (a bare ``key``: tenant ``admin``) accepted on
+    every endpoint, management included (repository, model control, shared memory, logging,
+    trace, TorchServe's management API). Whenever any key is set, management needs one."""
+
+    admin_keys_file: str = ""
+    """File with one admin ``tenant:key`` entry per line (added to ``admin_keys``)."""
+
+    def inference_keys(self) -> list[str]:
+        """``api_keys`` and the lines of ``api_keys_file``; OSError if it cannot be read."""
+        return _keys(self.api_keys, self.api_keys_file)
+
+    def admin_key_list(self) -> list[str]:
+        """``admin_keys`` and the lines of ``admin_keys_file``; OSError if it cannot be read."""
+        return _keys(self.admin_keys, self.admin_keys_file)
+
+
+def _keys(inline: str, file: str) -> list[str]:
+    keys = [key.strip() for key in inline.split(",") if key.strip()]
+    if file:
+        keys += [line.strip() for line in Path(file).read_text().splitlines() if line.strip()]
+    return keys
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "sluice" / "repositories")
+
+
+class RepositorySourceSettings(BaseSettings):
+    """Where a model repository comes from when it is not a local directory
+    (``s3://bucket/prefix``), and the limits put on what the store sends."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    repository_cache_dir: str = Field(default_factory=_default_cache_dir)
+    """Local copies of remote repositories, one folder per repository URL (default
+    ``$XDG_CACHE_HOME/sluice/repositories``, else ``~/.cache/sluice/repositories``)."""
+
+    repository_poll_s: float = Field(15.0, gt=0)
+    """How often a repository is listed again for changes (Triton's --repository-poll-secs)."""
+
+    s3_endpoint_url: str = ""
+    """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the
+    standard AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
+
+    s3_region: str = ""
+    """Region of the bucket; empty: the standard AWS chain (AWS_REGION, ~/.aws/config)."""
+
+    s3_max_object_bytes: int = Field(8 * GIB, ge=1)
+    """Largest object taken from the store; a version holding a larger one is refused."""
+
+    s3_max_version_bytes: int = Field(32 * GIB, ge=1)
+    """Largest model version taken (its files and the model's own files together)."""
+
+    s3_max_objects: int = Field(100_000, ge=1)
+    """Most objects under the repository prefix; beyond it the listing is refused."""
+
+    s3_timeout_s: float = Field(60.0, gt=0)
+    """Connect and read timeout of each request to the store."""
+
+    s3_attempts: int = Field(5, ge=1, le=20)
+    """Tries per request (and per object download) before the error is reported."""
+
+
+def _default_batch_store() -> str:
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return str(Path(base) / "sluice" / "batches")
+
+
+class BatchStoreSettings(RepositorySourceSettings):
+    """Where batch data lives and which locations a tenant's batch jobs may name: what the
+    gateway (uploads, downloads, checks at submission) and the batch worker (reads, writes,
+    expiry) must agree on. The repository source settings come along: the S3 client's, and
+    the repository cache, where no batch job may read or write."""
+
+    batch_store: str = ""
+    """Where uploads and batch outputs are kept: a directory or ``s3://bucket/prefix/``,
+    one area per tenant (``<store>/<tenant>/uploads/...``, ``<store>/<tenant>/batches/<id>/``).
+    Empty: no uploads, and every batch job must name an output location it is allowed.
+    ``sluice up`` sets it to ``$XDG_DATA_HOME/sluice/batches`` (else
+    ``~/.local/share/sluice/batches``) unless it is set."""
+
+    batch_root: str = ""
+    """An operator's directory whose local paths every tenant's batch jobs may read and
+    write (after following links); empty: none. Not set by ``sluice up``."""
+
+    batch_allowed_locations: str = ""
+    """Server paths and ``s3://`` locations a tenant's batch jobs may name as input or
+    output: comma-separated ``tenant=regex`` (``*=regex``: every tenant), each regex
+    matched against the whole location. None by default: tenants upload their data and
+    download their outputs through the gateway."""
+
+    @field_validator("batch_allowed_locations")
+    @classmethod
+    def _rules_parse(cls, value: str) -> str:
+        for rule in (r.strip() for r in value.split(",")):
+            if not rule:
+                continue
+            tenant, equals, pattern = rule.partition("=")
+            if not equals or not tenant.strip() or not pattern.strip():
+                raise ValueError(f"{rule[:80]!r} is not 'tenant=regex' (or '*=regex')")
+            try:
+                re.compile(pattern.strip())
+            except re.error as exc:
+                raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return value
+
+    model_repository: str = ""
+    """The model repository (a directory or ``s3://bucket/prefix``): no batch job may read
+    or write inside it. ``sluice up`` passes its own."""
+
+    batch_retention_s: float = Field(7 * 86_400.0, gt=0)
+    """How long a finished batch job (its record, listing entry and outputs in the store)
+    is kept."""
+
+    upload_retention_s: float = Field(86_400.0, gt=0)
+    """How long an upload is kept; one a batch job uses is kept as long as that job."""
+
+    tenant_max_stored_bytes: int = Field(50 * GIB, ge=1)
+    """Bytes one tenant may keep in the store (uploads and batch outputs together); beyond
+    it, uploads and new batch jobs get 429 + Retry-After and running ones fail their next
+    shard."""
+
+    max_batch_input_bytes: int = Field(8 * GIB, ge=1)
+    """Largest ``s3://`` input of one batch job, checked before and while downloading."""
+
+    store_sweep_s: float = Field(60.0, gt=0)
+    """How often a batch worker removes expired uploads and batch jobs (with their files)."""
+
+
+class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
+    http_host: str = "127.0.0.1"
+    """Address the HTTP server binds to."""
+
+    http_port: int = Field(8000, ge=0, le=65535)
+    """Port of the KServe v2 / Triton-compatible HTTP API."""
+
+    gateway_processes: int = Field(1, ge=1, le=64)
+    """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
+
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    """Port of the KServe v2 / Triton gRPC API, on ``http_host`` (Triton's 8001; 0: none)."""
+
+    torchserve_metrics: bool = False
+    """Also write TorchServe's Prometheus names for the inference counters on /metrics
+    (``ts_inference_requests_total`` and the two latency counters)."""
+
+    allowed_model_urls: str = ""
+    """URLs ``POST /models?url=`` may download archives from: regular expressions,
+    comma-separated, each matched against the whole URL (TorchServe's ``allowed_urls``;
+    none by default, where TorchServe allows every URL)."""
+
+    @field_validator("allowed_model_urls")
+    @classmethod
+    def _patterns_compile(cls, value: str) -> str:
+        for pattern in (p.strip() for p in value.split(",")):
+            if pattern:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
+        return value
+
+    model_store: Path | None = None
+    """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``
+    registers (TorchServe's ``--model-store``; unset: registering is refused)."""
+
+    grpc_reuse_port: bool = False
+    """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
+    ``sluice up`` (which sets it, having made sure no other server holds the port)."""
+
+    grpc_max_receive_message_bytes: int | None = Field(None, ge=1024, le=(1 << 31) - 1)
+    """Largest gRPC request message (gRPC's max_receive_message_length); beyond it the call
+    fails with RESOURCE_EXHAUSTED. Unset: ``max_body_bytes``, so that one setting bounds
+    HTTP bodies and gRPC messages alike."""
+
+    grpc_max_send_message_bytes: int = Field((1 << 31) - 1, ge=1024, le=(1 << 31) - 1)
+    """Largest gRPC response message (gRPC's max_send_message_length; Triton's default)."""
+
+    grpc_response_compression: Literal["none", "gzip", "deflate"] = "none"
+    """Compression of gRPC responses (requests are accepted compressed or not, as the
+    client chooses)."""
+
+    grpc_stream_max_in_flight: int = Field(256, ge=1, le=65536)
+    """Requests of one ModelStreamInfer stream under way at once; the stream reads no
+    further until one is answered (flow control reaches the client)."""
+
+    grpc_max_streams_per_connection: int = Field(100, ge=1, le=65536)
+    """Calls one gRPC connection may have open at once (HTTP/2's
+    SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in its own channel."""
+
+    grpc_max_concurrent_receives: int | None = Field(None, ge=1)
+    """ModelInfer request messages one gateway process receives at once (gRPC reads a whole
+    message before it can be looked at); a further call waits for its turn while HTTP/2
+    flow control holds its bytes at the client. Unset: ``max_buffered_body_bytes`` divided
+    by the receive limit (at least 1), so messages being received can never take more than
+    that budget."""
+
+    grpc_max_open_streams: int | None = Field(None, ge=1)
+    """ModelStreamInfer streams one gateway process keeps open at once (each may have one
+    message of up to the receive limit arriving); a further stream is refused with
+    UNAVAILABLE. Unset: as ``grpc_max_concurrent_receives``."""
+
+    grpc_stream_idle_timeout_s: float = Field(300.0, gt=0)
+    """A ModelStreamInfer stream that sends no request for this long, with none of its
+    requests under way, is ended with DEADLINE_EXCEEDED, giving its place back."""
+
+    grpc_keepalive_time_s: float = Field(60.0, gt=0)
+    """How often the gateway pings a gRPC connection with calls open, to find dead peers."""
+
+    grpc_keepalive_timeout_s: float = Field(20.0, gt=0)
+    """A connection whose peer does not answer a ping within this time is closed (its
+    calls end)."""
+
+    grpc_max_connection_idle_s: float = Field(300.0, gt=0)
+    """A gRPC connection without any call for this long is closed (GOAWAY; clients
+    reconnect on their next call)."""
+
+    model_control_timeout_s: float = Field(125.0, gt=0)
+    """How long a load / unload request waits for ``sluice up`` to carry it out."""
+
+    metrics_port: int = Field(0, ge=0, le=65535)
+    """A second port that serves only ``GET /metrics``, as Triton's 8002 (0: none;
+    ``/metrics`` is always served on the HTTP port too)."""
+
+    metrics_fd: int = Field(-1, ge=-1)
+    """An inherited listening socket for the metrics port (set by ``sluice up``)."""
+
+    http_fd: int = Field(-1, ge=-1)
+    """An already listening socket to serve on (set by ``sluice up``); -1 binds host:port."""
+
+    max_body_bytes: int = Field(64 * MIB, ge=1)
+    """Largest accepted request body (after decompression), as Triton's --http-max-input-size."""
+
+    max_tensor_elements: int = Field(1 << 26, ge=1)
+    """Largest element count of one input tensor."""
+
+    default_timeout_s: float = Field(60.0, gt=0)
+    """Deadline of a request whose client and model configuration give none."""
+
+    catalog_refresh_s: float = Field(0.5, gt=0)
+    """How often the gateway re-reads the model catalog and worker liveness from Redis."""
+
+    stream_max_len: int = Field(100_000, ge=100)
+    """Approximate cap on each request stream's length (XADD MAXLEN ~); a safety net only,
+    since workers delete entries once answered and admission control bounds the queue."""
+
+    max_in_flight: int = Field(4096, ge=1)
+    """Requests one gateway process holds at once; beyond it new requests get 503 + Retry-After."""
+
+    default_max_queue_size: int = Field(2048, ge=0)
+    """Queue limit of a model whose configuration sets no max_queue_size (0 = unbounded)."""
+
+    redis_timeout_s: float = Field(2.0, gt=0)
+    """Socket timeout of the gateway's Redis commands, so an unresponsive Redis fails fast."""
+
+    max_header_count: int = Field(100, ge=1)
+    """Most HTTP request headers accepted (431 beyond)."""
+
+    max_header_bytes: int = Field(16384, ge=256)
+    """Largest total size of HTTP request headers (431 beyond)."""
+
+    max_buffered_body_bytes: int = Field(1024 * MIB, ge=1)
+    """Request-body bytes one gateway process holds at once, all requests together (at
+    least ``max_body_bytes``); beyond it new requests get 503 + Retry-After, so a flood of
+    large bodies cannot exhaust the host's memory."""
+
+    max_upload_bytes: int = Field(8 * GIB, ge=1)
+    """Largest file ``POST /v2/uploads`` takes (streamed to the batch store; 413 beyond).
+    The upload route has this limit instead of ``max_control_body_bytes``, and its body
+    timeout counts from the last bytes received instead of from the headers."""
+
+    max_control_body_bytes: int = Field(1 * MIB, ge=1)
+    """Largest accepted request body on every route but inference (shared memory
+    registration, repository): they carry small JSON documents."""
+
+    header_timeout_s: float = Field(10.0, gt=0)
+    """A connection must deliver a request's complete headers within this time of opening
+    (or of its first byte, for the next request on a kept-alive connection); else 408."""
+
+    body_timeout_s: float = Field(60.0, gt=0)
+    """A request's complete body must arrive within this time after its headers."""
+
+    send_timeout_s: float = Field(60.0, gt=0)
+    """A client that reads nothing of a pending response for this long is disconnected."""
+
+    keep_alive_s: float = Field(5.0, gt=0)
+    """An idle kept-alive connection is closed after this time."""
+
+    max_connections: int = Field(4096, ge=1)
+    """Open connections one gateway process accepts; beyond it new ones are closed at once
+    (and requests on connections past uvicorn's concurrency limit get 503)."""
+
+    job_queue_ttl_s: float = Field(86_400.0, gt=0)
+    """How long an asynchronous job may wait for a worker before it expires (its request's
+    ``timeout`` parameter may shorten it)."""
+
+    job_retention_s: float = Field(86_400.0, gt=0)
+    """How long a finished job and its result are kept."""
+
+    max_queued_jobs: int = Field(100_000, ge=1)
+    """Jobs one model version may have waiting; beyond: 503 + Retry-After."""
+
+    tenant_max_queued_jobs: int = Field(10_000, ge=1)
+    """Jobs one tenant may have waiting (submitted, not yet started by a worker) for one
+    model; beyond: 429 + Retry-After for that tenant alone."""
+
+    tenant_max_queued_job_bytes: int = Field(1 << 30, ge=1)
+    """Bytes one tenant's waiting jobs of one model may hold in Redis (their queue entries);
+    beyond: 429 + Retry-After for that tenant alone (413 for one job larger than this)."""
+
+    redis_memory_high_water: float = Field(0.85, ge=0, le=1)
+    """Fraction of Redis's ``maxmemory`` above which new work that would add to Redis
+    (inference requests, jobs, batch jobs) is refused with 503 + Retry-After, so that
+    Redis never fills up with what was already accepted. No check when Redis has no
+    ``maxmemory``, or with 0."""
+
+    max_job_wait_s: float = Field(60.0, ge=0)
+    """The longest ``Prefer: wait=N`` a result request may hold (long-polling)."""
+
+    strict_readiness: bool = True
+    """As Triton's --strict-readiness (its default): /v2/health/ready is true only while
+    every model version in the repository is ready. False: ready once the gateway can
+    reach Redis and knows the catalog, whatever the models' state."""
+
+    ssl_certfile: str = ""
+    """PEM certificate: serve HTTPS when set (with ``ssl_keyfile``)."""
+
+    ssl_keyfile: str = ""
+    """PEM private key of ``ssl_certfile``."""
+
+    shutdown_timeout_s: float = Field(10.0, gt=0)
+    """How long a stopping gateway waits for in-flight requests."""
+
+    shm_same_host: bool = False
+    """The gateway and every worker share this host's /dev/shm: client shared memory
+    regions are read and written by the workers themselves, and large tensors travel
+    through shared memory segments instead of Redis. False (several hosts): every byte
+    goes through Redis, and the gateway reads and writes client regions itself.
+    ``sluice up`` (one machine) turns it on."""
+
+    shm_threshold_bytes: int = Field(1 * MIB, ge=0)
+    """With ``shm_same_host``: inputs and outputs larger than this travel through a shared
+    memory segment instead of the Redis entry; 0 keeps them all in Redis."""
+
+    shm_sweep_interval_s: float = Field(10.0, gt=0)
+    """How often the gateway removes shared memory segments their creators left behind."""
+
+    allow_client_shm: bool | None = None
+    """Whether clients may register shared memory regions (Triton's --allow-client-shm).
+    A region may name any POSIX shm object the gateway's user can open, which the workers
+    then read and write, so by default (None) only a gateway bound to loopback or guarded
+    by admin keys allows it."""
+
+
+class WorkerSettings(CommonSettings):
+    threads: int = Field(0, ge=0)
+    """Compute threads per worker; 0: the cores divided among the instances of its own model
+    (what `sluice up` passes), or every core for a worker started alone."""
+
+    heartbeat_s: float = Field(1.0, gt=0)
+    """How often a worker announces itself; it counts as dead after three missed beats."""
+
+    reply_max_len: int = Field(100_000, ge=100)
+    """Approximate cap on each gateway's reply stream (XADD MAXLEN ~)."""
+
+    visibility_timeout_s: float = Field(60.0, gt=0)
+    """A request held this long by a worker that still beats is delivered again elsewhere."""
+
+    max_deliveries: int = Field(3, ge=1)
+    """Deliveries after which a request goes to the dead-letter stream with an error answer."""
+
+    reclaim_interval_s: float = Field(1.0, gt=0)
+    """How often a worker looks for requests held by dead workers."""
+
+    load_errors_key: str = ""
+    """Where a worker that cannot load its model writes why (default: the catalog's load
+    errors); ``sluice up`` sets it for a load on request, see scheduler/model_control.py."""
+
+
+class ControllerSettings(RepositorySourceSettings, CommonSettings):
+    """Settings of a controller process; several may run, one leads (see
+    :mod:`scheduler.leadership`)."""
+
+    lease_ttl_s: float = Field(3.0, gt=0)
+    """Lifetime of the leader's lease: a standby takes over at most this long after the
+    leader's last renewal (after its death)."""
+
+    lease_renew_s: float = Field(1.0, gt=0)
+    """How often the leader renews its lease, and the longest a standby waits between two
+    attempts to take it; well below ``lease_ttl_s``."""
+
+    controller_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
+    """Who holds the lease, as shown to the others (default: host:pid)."""
+
+    model_repository: str = ""
+    """The repository the executors serve (a local directory or ``s3://bucket/prefix``):
+    the controller reads it for rollouts and, in poll mode, lists it for changes. Empty:
+    no polling, and rollouts only of versions the catalog already knows."""
+
+    executor: Literal["local", "kubernetes"] = "local"
+    """Who carries the wanted instance counts out: ``local``, ``sluice up`` (worker
+    processes); ``kubernetes``, this controller, by scaling the worker Deployments and
+    publishing the catalog (:mod:`scheduler.kubernetes_executor`, the ``kubernetes`` extra)."""
+
+    kubernetes_namespace: str = ""
+    """Namespace of the worker Deployments; empty: the controller pod's own."""
+
+    kubernetes_selector: str = "app.kubernetes.io/component=worker,sluice.dev/scaler=controller"
+    """Label selector of the worker Deployments the controller scales."""
+
+    kubernetes_context: str = ""
+    """Outside a cluster: the kubeconfig context to use (empty: the current one)."""
+
+
+class BatchSettings(BatchStoreSettings, CommonSettings):
+    """Settings of a batch worker (``sluice batch-worker``, or started by ``sluice up``)."""
+
+    batch_concurrency: int = Field(1, ge=1, le=64)
+    """Shard tasks one batch worker runs at once (threads)."""
+
+    batch_shard_lease_s: float = Field(15.0, ge=2)
+    """A running shard renews its lease every second; a shard whose worker died (no
+    renewal for this long) is given to another worker."""
+
+    batch_visibility_timeout_s: float = Field(3600.0, gt=0)
+    """The broker's last resort: a shard task message not acknowledged for this long is
+    delivered again (a redelivery while its shard is leased does nothing)."""
+
+    batch_task_time_limit_s: float = Field(3600.0, gt=0)
+    """A shard task running longer is stopped (and retried)."""
+
+    batch_max_line_bytes: int = Field(64 * MIB, ge=1)
+    """Longest line of a JSON Lines input (one v2 request, as large as one online request
+    may be); a longer line fails its shard, naming the line, and is never held whole."""
+
+    batch_max_expanded_bytes: int = Field(8 * GIB, ge=1)
+    """Most bytes one compressed ``.npz`` array may expand to (it is expanded once into a
+    scratch file, then read a shard at a time), and one Parquet row group's column may
+    decode to; beyond it the job fails, naming the array or column and this setting."""
+
+
+def _default_redis_maxmemory() -> int:
+    """A quarter of the machine's memory, at most 2 GiB (2 GiB where it cannot be read)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 2 * GIB
+    return max(64 * MIB, min(physical // 4, 2 * GIB))
+
+
+class UpSettings(RepositorySourceSettings, CommonSettings):
+    """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
+
+    model_repository: str = "model_repository"
+    """Triton-layout model repository: a local directory, or ``s3://bucket/prefix`` (copied
+    into ``repository_cache_dir`` at start)."""
+
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(8000, ge=0, le=65535)
+
+    gateway_processes: int = Field(1, ge=1, le=64)
+    """Gateway processes sharing the HTTP port (each has its own reply stream)."""
+
+    metrics_port: int = Field(8002, ge=0, le=65535)
+    """The metrics-only port, Triton's 8002 (0: none; ``/metrics`` is on the HTTP port too)."""
+
+    grpc_port: int = Field(8001, ge=0, le=65535)
+    """The gRPC port, Triton's 8001, shared by the gateway processes (0: no gRPC)."""
+
+    gateway: bool = True
+    """False: publish the catalog and run the workers only (gateways run elsewhere)."""
+
+    batch_workers: int = Field(1, ge=0, le=16)
+    """Batch workers (Celery, for ``POST /v2/batches``) to start; 0: none. They need the
+    ``batch`` extra."""
+
+    batch_store: str = Field(default_factory=_default_batch_store)
+    """Passed to the gateways and batch workers (SLUICE_BATCH_STORE): where uploads and
+    batch outputs are kept, a data directory of its own by default, never the directory
+    ``sluice up`` was started in."""
+
+    controller: bool = True
+    """Run the controller (autoscaling, rollouts, poll mode's decisions) in this process as
+    well, contending for the lease; false: an executor only, decided for by a controller
+    elsewhere (``sluice controller``)."""
+
+    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    """Triton's --model-control-mode: ``none`` serves every model of the repository and
+    refuses load / unload; ``explicit`` loads the ``load_model`` ones at start and the rest
+    on request (``POST /v2/repository/models/{m}/load`` and ``/unload``); ``poll`` serves
+    every model and loads again what changes in the repository (every
+    ``repository_poll_s``), refusing load / unload requests."""
+
+    load_model: list[str] = Field(default_factory=list)
+    """With ``explicit``: the models to load at start (Triton's --load-model; ``*``: all)."""
+
+    model_control_timeout_s: float = Field(120.0, gt=0)
+    """How long a load may take (workers started and ready) before it counts as failed."""
+
+    ssl_certfile: str = ""
+    """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""
+
+    start_redis: bool = True
+    """Start a private redis-server when SLUICE_REDIS_URL is not set."""
+
+    redis_maxmemory: int = Field(default_factory=_default_redis_maxmemory, ge=MIB)
+    """``maxmemory`` of the private redis-server, in bytes (``maxmemory-policy noeviction``:
+    once full, Redis refuses writes and requests are answered 503 instead of queued data
+    being dropped). Default: a quarter of the machine's memory, at most 2 GiB."""
+
+    ready_timeout_s: float = Field(120.0, gt=0)
+    """How long ``sluice up`` waits for every model to become ready."""
+
+    shm_same_host: bool = True
+    """Passed to the gateway: everything ``sluice up`` starts shares one host."""

@@ -1,0 +1,225 @@
+"""TorchServe model archives: the manifest, and unpacking that nothing in the archive can
+turn against the host."""
+
+from __future__ import annotations
+
+import json
+import stat
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from sluice.core.errors import InvalidConfig
+from sluice.core.mar import MANIFEST, UnpackLimits, read_manifest, unpack
+
+MANIFEST_DOC = {
+    "createdOn": "25/11/2026 08:00:00",
+    "runtime": "python",
+    "model": {
+        "modelName": "doubler",
+        "handler": "handler.py",
+        "serializedFile": "model.pt",
+        "modelVersion": "2.0",
+        "requirementsFile": "requirements.txt",
+    },
+    "archiverVersion": "0.12.0",
+}
+
+
+def _archive(tmp_path: Path, entries: dict[str, bytes], name: str = "m.mar") -> Path:
+    path = tmp_path / name
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as archive:
+        for entry, data in entries.items():
+            archive.writestr(entry, data)
+    return path
+
+
+def _good(tmp_path: Path) -> Path:
+    return _archive(
+        tmp_path,
+        {
+            MANIFEST: json.dumps(MANIFEST_DOC).encode(),
+            "handler.py": b"def handle(data, context):\n    return data\n",
+            "model.pt": b"weights",
+            "extra/vocab.txt": b"a\nb\n",
+        },
+    )
+
+
+def test_the_manifest_reads_without_unpacking(tmp_path: Path) -> None:
+    manifest = read_manifest(_good(tmp_path))
+    assert (manifest.model_name, manifest.handler, manifest.serialized_file) == (
+        "doubler",
+        "handler.py",
+        "model.pt",
+    )
+    assert manifest.version == "2.0" and manifest.requirements_file == "requirements.txt"
+
+
+def test_unpacking_writes_the_files(tmp_path: Path) -> None:
+    target = tmp_path / "out"
+    unpack(_good(tmp_path), target, max_bytes=1 << 20)
+    assert (target / "extra" / "vocab.txt").read_bytes() == b"a\nb\n"
+    assert (target / "MAR-INF" / "MANIFEST.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("entry", "reason"),
+    [
+        ("../escape.py", "points outside the archive"),
+        ("/etc/passwd", "points outside the archive"),
+        ("a\\..\\b", "points outside the archive"),
+    ],
+)
+def test_names_that_leave_the_folder_are_refused(tmp_path: Path, entry: str, reason: str) -> None:
+    path = _archive(tmp_path, {MANIFEST: json.dumps(MANIFEST_DOC).encode(), entry: b"x"})
+    with pytest.raises(InvalidConfig, match=reason):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists() and not (tmp_path / "escape.py").exists()
+
+
+def test_links_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "link.mar"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(MANIFEST, json.dumps(MANIFEST_DOC))
+        link = zipfile.ZipInfo("model.pt")
+        link.external_attr = (stat.S_IFLNK | 0o777) << 16
+        archive.writestr(link, "/etc/shadow")
+    with pytest.raises(InvalidConfig, match="is not a plain file or folder"):
+        read_manifest(path)
+
+
+def test_a_compressed_bomb_stops_at_the_limit(tmp_path: Path) -> None:
+    path = _archive(
+        tmp_path, {MANIFEST: json.dumps(MANIFEST_DOC).encode(), "model.pt": b"\0" * (8 << 20)}
+    )
+    assert path.stat().st_size < 100_000
+    with pytest.raises(InvalidConfig, match="unpacks to more than 1048576 bytes"):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("entries", "reason"),
+    [
+        ({"handler.py": b""}, "MANIFEST.json is missing"),
+        ({MANIFEST: b"{not json"}, "is not JSON"),
+        ({MANIFEST: b"[]"}, "has no 'model' object"),
+        ({MANIFEST: json.dumps({"model": {"handler": "h.py"}}).encode()}, "'model.modelName'"),
+        (
+            {MANIFEST: json.dumps({"model": {"modelName": "m", "handler": 3}}).encode()},
+            "'model.handler' must be a non-empty string",
+        ),
+    ],
+)
+def test_a_bad_manifest_says_what_is_wrong(
+    tmp_path: Path, entries: dict[str, bytes], reason: str
+) -> None:
+    with pytest.raises(InvalidConfig, match=reason):
+        read_manifest(_archive(tmp_path, entries))
+
+
+def test_a_file_that_is_not_a_zip_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "x.mar"
+    path.write_bytes(b"not a zip")
+    with pytest.raises(InvalidConfig, match="not a readable zip archive"):
+        read_manifest(path)
+
+
+def _manifest_and(entries: dict[str, bytes]) -> dict[str, bytes]:
+    return {MANIFEST: json.dumps(MANIFEST_DOC).encode(), **entries}
+
+
+def _patch_directory(path: Path, entry: str, offset: int, value: bytes) -> None:
+    """Rewrite a field of ``entry``'s record in the central directory (what readers trust)."""
+    data = bytearray(path.read_bytes())
+    at = data.find(b"PK\x01\x02")
+    while at >= 0:
+        name_length = int.from_bytes(data[at + 28 : at + 30], "little")
+        if data[at + 46 : at + 46 + name_length] == entry.encode():
+            data[at + offset : at + offset + len(value)] = value
+            path.write_bytes(bytes(data))
+            return
+        at = data.find(b"PK\x01\x02", at + 4)
+    raise AssertionError(f"{entry} not in the central directory")
+
+
+def _lie_about_size(path: Path, entry: str, claimed: int) -> None:
+    _patch_directory(path, entry, 24, claimed.to_bytes(4, "little"))
+
+
+@pytest.mark.parametrize("entry", [".", "./", "./model.pt", "extra/./vocab.txt", "a//b", "/"])
+def test_names_that_are_not_one_plain_path_are_refused_before_unpacking(
+    tmp_path: Path, entry: str
+) -> None:
+    """An entry named ``.`` used to reach the writing step (a FileExistsError there, which
+    the worker reported as a failing handler): now every such name is the same clear
+    refusal as the other bad entries, from the manifest check already."""
+    path = tmp_path / "dot.mar"
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr(MANIFEST, json.dumps(MANIFEST_DOC))
+        archive.writestr(zipfile.ZipInfo(entry), b"x")
+    with pytest.raises(InvalidConfig, match=r"model archive dot\.mar: entry .*(inside|outside)"):
+        read_manifest(path)
+    with pytest.raises(InvalidConfig, match=r"model archive dot\.mar: entry"):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_file_that_is_also_a_folder_is_refused(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({"extra": b"file", "extra/vocab.txt": b"a"}))
+    with pytest.raises(InvalidConfig, match="'extra' is both a file and a folder"):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_entry_count_is_bounded(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({f"f{i}.txt": b"x" for i in range(10)}))
+    with pytest.raises(InvalidConfig, match="more than 5 entries"):
+        unpack(path, tmp_path / "out", limits=UnpackLimits(total_bytes=1 << 20, entries=5))
+    unpack(path, tmp_path / "out", limits=UnpackLimits(total_bytes=1 << 20, entries=11))
+    assert len(list((tmp_path / "out").iterdir())) == 11
+
+
+def test_each_entry_is_bounded(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({"model.pt": b"w" * 5000}))
+    limits = UnpackLimits(total_bytes=1 << 20, entry_bytes=4096)
+    with pytest.raises(InvalidConfig, match=r"entry 'model\.pt' unpacks to more than 4096 bytes"):
+        unpack(path, tmp_path / "out", limits=limits)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_claiming_too_much_is_refused_before_writing(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({"model.pt": b"weights"}))
+    _lie_about_size(path, "model.pt", 0xFFFF_FF00)  # claims ~4 GiB
+    with pytest.raises(
+        InvalidConfig, match=r"unpacks to more than 1048576 bytes \(by its directory"
+    ):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_directory_claiming_too_little_stops_while_writing(tmp_path: Path) -> None:
+    """The directory says 10 bytes, the entry inflates to 8 MiB: the check before writing
+    passes, and the copy stops at what was claimed (never past the limit), and fails."""
+    path = _archive(tmp_path, _manifest_and({"model.pt": b"\0" * (8 << 20)}))
+    _lie_about_size(path, "model.pt", 10)
+    with pytest.raises(InvalidConfig, match=r"entry 'model\.pt' (is damaged|holds more than)"):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_default_bound_is_four_gib(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({"model.pt": b"weights"}))
+    _lie_about_size(path, "model.pt", 0xFFFF_FFFF)  # with the manifest: just over 4 GiB
+    with pytest.raises(InvalidConfig, match="unpacks to more than 4294967296 bytes"):
+        unpack(path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_encrypted_entries_are_refused(tmp_path: Path) -> None:
+    path = _archive(tmp_path, _manifest_and({"model.pt": b"secret"}))
+    _patch_directory(path, "model.pt", 8, (1).to_bytes(2, "little"))  # flag: encrypted
+    with pytest.raises(InvalidConfig, match=r"entry 'model\.pt' is encrypted"):
+        read_manifest(path)

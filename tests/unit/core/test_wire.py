@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import msgpack
+import pytest
+
+from sluice.core.wire import (
+    DATA_FIELD,
+    HEADER_FIELD,
+    MalformedEntry,
+    ReplyMessage,
+    RequestMessage,
+    TensorHeader,
+    decode_reply,
+    decode_request,
+    encode_reply,
+    encode_request,
+)
+
+
+def test_request_round_trip() -> None:
+    message = RequestMessage(
+        request_key="7",
+        reply_to="ns:reply:abc",
+        inputs=[TensorHeader("x", "FP32", (2, 2), 16), TensorHeader("s", "BYTES", (1,), 7)],
+        outputs=["y"],
+        client_id="client-1",
+        deadline_ns=123,
+        enqueued_ns=100,
+        priority=2,
+        parameters={"k": "v"},
+    )
+    decoded, payload = decode_request(encode_request(message, b"\x00" * 23))
+    assert decoded == message
+    assert len(payload) == 23
+
+
+def test_reply_round_trip_with_error() -> None:
+    reply = ReplyMessage("9", 3, error_kind="InvalidInput", error="bad")
+    decoded, payload = decode_reply(encode_reply(reply))
+    assert decoded == reply and len(payload) == 0
+
+
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {},
+        {HEADER_FIELD: b"\xc1not msgpack"},
+        {HEADER_FIELD: msgpack.packb({"v": 99})},
+        {
+            HEADER_FIELD: msgpack.packb(
+                {"v": 1, "k": "1", "r": "x", "i": [["x", "FP32", [1], 4]], "o": []}
+            )
+        },
+        {
+            HEADER_FIELD: msgpack.packb(
+                {"v": 1, "k": "1", "r": "x", "i": [["x", "NOPE", [1], 4]], "o": []}
+            ),
+            DATA_FIELD: b"1234",
+        },
+        {
+            HEADER_FIELD: msgpack.packb({"v": 1, "k": 1, "r": "x", "i": [], "o": []}),
+        },
+        {
+            HEADER_FIELD: msgpack.packb(
+                {"v": 1, "k": "1", "r": "x", "i": [["x", "FP32", [-1], 4]], "o": []}
+            ),
+            DATA_FIELD: b"1234",
+        },
+        {HEADER_FIELD: msgpack.packb({"v": 2, "k": "1", "r": "x", "i": [], "o": [], "cl": [1]})},
+        {
+            HEADER_FIELD: msgpack.packb(
+                {"v": 2, "k": "1", "r": "x", "i": [], "o": ["y"], "cl": {"y": 0}}
+            )
+        },
+    ],
+)
+def test_malformed_entries_are_rejected(fields: dict[bytes, bytes]) -> None:
+    with pytest.raises(MalformedEntry):
+        decode_request(fields)

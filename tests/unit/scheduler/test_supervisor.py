@@ -1,0 +1,96 @@
+"""Restart policy of ``sluice up``'s children and of its private redis-server, and what
+it publishes again when Redis lost everything."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+import uuid
+from pathlib import Path
+
+from redis import Redis
+
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel
+from sluice.scheduler.catalog_publisher import publish_catalog
+from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.supervisor import Backoff, ChildSpec, Supervisor
+from sluice.scheduler.up import CatalogKeeper
+from tests.support import procs
+
+
+def test_backoff_grows_while_crashing_and_starts_over_after_a_healthy_run() -> None:
+    backoff = Backoff(healthy_after_s=10)
+    assert [backoff.delay_after(0.1) for _ in range(9)] == [0, 0.5, 1, 2, 4, 8, 16, 30, 30]
+    assert backoff.delay_after(10.0) == 0  # it ran fine for a while: restart at once
+    assert backoff.delay_after(0.1) == 0.5
+
+
+def _exits(supervisor: Supervisor) -> int:
+    child = supervisor.children[0]
+    assert procs.wait_until(lambda: child.process is not None and not child.running, 10, 0.01)
+    supervisor.tick()
+    return len(child.exit_codes)
+
+
+def test_a_child_that_ran_healthily_is_restarted_at_once_a_crash_loop_backs_off() -> None:
+    healthy = Supervisor(
+        [ChildSpec("healthy", ["sh", "-c", "sleep 0.3; exit 1"], dict(os.environ))],
+        healthy_after_s=0.2,
+    )
+    crashing = Supervisor(
+        [ChildSpec("crashing", ["sh", "-c", "exit 1"], dict(os.environ))], healthy_after_s=0.2
+    )
+    try:
+        healthy.start()
+        crashing.start()
+        for count in (1, 2):
+            assert _exits(healthy) == count
+            assert healthy.children[0].running, "not restarted at once after a healthy run"
+        assert _exits(crashing) == 1
+        assert crashing.children[0].process is not None  # the first restart is immediate
+        assert _exits(crashing) == 2
+        child = crashing.children[0]
+        assert child.process is None and child.restart_at - time.monotonic() > 0.3
+    finally:
+        healthy.stop()
+        crashing.stop()
+
+
+def test_private_redis_server_restarts_on_its_port() -> None:
+    server = RedisServer()
+    server.start()
+    client = Redis.from_url(server.url, socket_timeout=1)
+    try:
+        assert server.process is not None
+        first, port = server.process, server.port
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait()
+        server.tick()
+        assert server.process is not first and server.port == port
+        assert client.ping()
+    finally:
+        client.close()
+        server.stop()
+
+
+def test_catalog_and_load_errors_are_published_again_after_redis_lost_them(
+    redis_server: RedisServer,
+) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    model = RepositoryModel("m", Path("m"), None, (1,), "broken config")
+    client = Redis.from_url(redis_server.url)
+    try:
+        publish_catalog(client, keys, [model])
+        client.hset(keys.load_errors, "other:1", "cannot load")  # a worker said so, then exited
+        keeper = CatalogKeeper(client, keys, lambda: [model], "explicit")
+        keeper.tick()
+        client.delete(keys.catalog, keys.catalog_revision, keys.load_errors)  # Redis restarted
+        keeper.tick()
+        assert client.exists(keys.catalog_revision)
+        assert client.hkeys(keys.catalog) == [b"m"]
+        assert client.hgetall(keys.load_errors) == {b"other:1": b"cannot load"}
+        assert client.get(keys.control_mode) == b"explicit"  # the gateways' load / unload
+    finally:
+        client.close()

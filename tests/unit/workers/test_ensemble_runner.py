@@ -1,0 +1,94 @@
+"""The ensemble's graph runner without Redis: steps start as soon as their inputs exist
+(independent branches together), outputs feed later steps, a failing step names itself
+with the step's error class, and a batch is cut into requests and joined again."""
+
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from sluice.core.config import ModelConfig, parse_config_text
+from sluice.core.errors import InvalidInput, SluiceError
+from sluice.workers.backends.base import RequestContext
+from sluice.workers.backends.ensemble_backend import STEP_IN_FLIGHT, EnsembleBackend
+from sluice.workers.backends.ensemble_join import join_requests, split_requests
+
+_CONFIG = """
+name: "diamond"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 2 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 2 ] } ]
+ensemble_scheduling { step [
+  { model_name: "add" model_version: -1 input_map { key: "A" value: "l" }
+    input_map { key: "B" value: "r" } output_map { key: "S" value: "OUT" } },
+  { model_name: "left" model_version: -1 input_map { key: "X" value: "IN" }
+    output_map { key: "Y" value: "l" } },
+  { model_name: "right" model_version: -1 input_map { key: "X" value: "IN" }
+    output_map { key: "Y" value: "r" } }
+] }
+"""
+
+
+class _Recorded(EnsembleBackend):
+    """The runner with each step computed in-process, recording when steps start."""
+
+    def __init__(self, config: ModelConfig, fail: str = "") -> None:  # no Redis, no loop
+        self.config = config
+        self.steps = config.ensemble_steps
+        self.fail = fail
+        self.events: list[str] = []
+        self._limits = [asyncio.Semaphore(STEP_IN_FLIGHT) for _ in self.steps]
+
+    async def _submit(
+        self, index: int, reads: dict[str, np.ndarray], context: RequestContext
+    ) -> dict[str, np.ndarray]:
+        model = self.steps[index].model_name
+        self.events.append(f"start {model}")
+        await asyncio.sleep(0.01)
+        self.events.append(f"end {model}")
+        if model == self.fail:
+            raise InvalidInput("bad shape")
+        if model == "add":
+            return {"S": reads["A"] + reads["B"]}
+        return {"Y": reads["X"] * (2 if model == "left" else 3)}
+
+
+def _config() -> ModelConfig:
+    return parse_config_text(_CONFIG, model_name="diamond")
+
+
+def test_branches_run_together_and_feed_the_join() -> None:
+    runner = _Recorded(_config())
+    x = np.array([[1.0, 2.0]], dtype=np.float32)
+    answer = asyncio.run(runner.run({"IN": x}, ["OUT"], RequestContext("r", 0, None)))
+    np.testing.assert_array_equal(answer["OUT"], 5 * x)
+    assert set(runner.events[:2]) == {"start left", "start right"}
+    assert runner.events[-2:] == ["start add", "end add"]
+
+
+def test_a_failing_step_names_itself_and_keeps_its_class() -> None:
+    runner = _Recorded(_config(), fail="right")
+    x = np.ones((1, 2), dtype=np.float32)
+    with pytest.raises(SluiceError) as caught:
+        asyncio.run(runner.run({"IN": x}, ["OUT"], RequestContext("r", 0, None)))
+    assert isinstance(caught.value, InvalidInput)
+    assert caught.value.message == "in ensemble 'diamond', step 2 (model 'right'): bad shape"
+    assert "start add" not in runner.events
+
+
+def test_a_batch_is_cut_into_requests_and_joined_with_filler_for_failures() -> None:
+    batch = {"IN": np.arange(10, dtype=np.float32).reshape(5, 2)}
+    parts = split_requests(batch, [2, 3], batching=True)
+    assert [p["IN"].shape for p in parts] == [(2, 2), (3, 2)]
+    assert split_requests(batch, [1], batching=False)[0]["IN"] is batch["IN"]
+    answers = [{"OUT": parts[0]["IN"]}, {}]
+    joined = join_requests(answers, [2, 3], ["OUT"], {1: InvalidInput("no")})
+    assert joined is not None and joined["OUT"].shape == (5, 2)
+    np.testing.assert_array_equal(joined["OUT"][2:], 0)
+    assert (
+        join_requests([{}, {}], [2, 3], ["OUT"], {0: InvalidInput("a"), 1: InvalidInput("b")})
+        is None
+    )
