@@ -1,4 +1,4 @@
-"""``python -m batch``: one batch worker (settings from SLUICE_* variables)."""
+"""``python -m sluice.batch``: one batch worker (settings from SLUICE_* variables)."""
 
 from __future__ import annotations
 

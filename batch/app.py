@@ -1,14 +1,14 @@
 """The batch worker: a Celery worker on the deployment's Redis running the plan and shard
-tasks (:mod:`batch.runner`).
+tasks (:mod:`sluice.batch.runner`).
 
 Tasks are acknowledged late and rejected when their worker is lost (killed); one prefetched
 message at a time. A running shard holds a lease it renews every second: when its worker
 dies, every batch worker's reaper sees the lease run out and queues the shard again, to run
-as a new attempt (:mod:`batch.runner`); the broker's own redelivery, after
+as a new attempt (:mod:`sluice.batch.runner`); the broker's own redelivery, after
 ``SLUICE_BATCH_VISIBILITY_TIMEOUT_S``, is the last resort. A transient failure (Redis, storage) is
 retried by Celery with a back-off; after ``max_retries`` the shard counts as failed. Every
 batch worker also removes expired uploads and batch jobs from the batch store
-(:mod:`batch.sweeper`).
+(:mod:`sluice.batch.sweeper`).
 
 S3 credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, a role), read by this process alone: give the
@@ -49,14 +49,15 @@ def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
 
     runner = Runner(settings, send_shard)
 
-    @app.task(name=b.PLAN_TASK, bind=True, max_retries=5)
+    # Celery's decorators are untyped; the tasks keep their own annotations.
+    @app.task(name=b.PLAN_TASK, bind=True, max_retries=5)  # type: ignore[untyped-decorator]
     def plan(self: Any, batch_id: str, resume: bool = False) -> None:
         try:
             runner.plan(batch_id, resume)
         except (OSError, ConnectionError) as exc:
             raise self.retry(exc=exc, countdown=_RETRY_BACKOFF_S) from None
 
-    @app.task(name=b.SHARD_TASK, bind=True, max_retries=3)
+    @app.task(name=b.SHARD_TASK, bind=True, max_retries=3)  # type: ignore[untyped-decorator]
     def shard(self: Any, batch_id: str, index: int) -> None:
         tries_left = self.request.retries < self.max_retries
         try:

@@ -2,7 +2,7 @@
 
 Inputs: ``.npy`` (one array: the rows of one model input), ``.npz`` (one array per model
 input, by name), Parquet (one column per model input: scalars, or lists holding one row's
-tensor), JSON Lines (one KServe v2 request per line, :mod:`batch.jsonl`). Every input is
+tensor), JSON Lines (one KServe v2 request per line, :mod:`sluice.batch.jsonl`). Every input is
 checked against the model's configuration (names, per-row shapes, datatypes) before a
 request is sent; numeric data of another numeric type is converted as numpy would
 (``float64`` to ``FP32`` ...).
@@ -271,7 +271,7 @@ class _NpzMember:
         signature, name_length, extra_length = _LOCAL_HEADER.unpack(raw)
         if signature != b"PK\x03\x04":
             raise InvalidInput(f"{self.where}: the archive's member header is damaged")
-        start = self.info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+        start: int = self.info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
         if start + self.info.file_size > archive_size:
             raise InvalidInput(f"{self.where}: the archive is truncated")
         return start
@@ -455,7 +455,7 @@ def _column(column: Any, spec: TensorSpec, where: str) -> np.ndarray:
             if rows
             else np.zeros((0, *[max(d, 0) for d in dims]))
         )
-    values = combined.to_numpy(zero_copy_only=False)
+    values: np.ndarray = combined.to_numpy(zero_copy_only=False)
     if _is_bytes(spec):
         values = np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=object)
     dims = tuple(spec.dims)
@@ -470,7 +470,7 @@ def _is_bytes(spec: TensorSpec) -> bool:
 
 
 class JsonLinesReader(InputReader):
-    """One KServe v2 request per line (:mod:`batch.jsonl`). The rows are the non-blank
+    """One KServe v2 request per line (:mod:`sluice.batch.jsonl`). The rows are the non-blank
     lines; the file is indexed by the offset of every ``INDEX_EVERY``-th row, so the index
     stays small however many lines there are, and a shard reads its own lines, one at a
     time, each within ``max_line_bytes``."""

@@ -33,7 +33,7 @@ from sluice.core import batches as b
 from sluice.core import statistics as st
 from sluice.core import uploads as u
 from sluice.core.batch_store import Tree
-from sluice.core.catalog import MalformedEntry, decode_entry
+from sluice.core.catalog import decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
@@ -41,6 +41,7 @@ from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
 from sluice.core.settings import BatchSettings
 from sluice.core.tenants import ANONYMOUS
+from sluice.core.wire import MalformedEntry
 
 log = logging.getLogger("batch")
 

@@ -49,9 +49,9 @@ def command_line(pid: int) -> str:
 def classify(command: str) -> str:
     """gateway / worker / redis / other, from a command line.
 
-    ``python -m gateway`` and ``python -m workers ...`` (or the ``sluice gateway`` and
-    ``sluice worker`` commands) are recognised by module or sub-command, never by a
-    keyword anywhere in the line (a repository path could contain one).
+    ``python -m sluice.gateway`` and ``python -m sluice.workers ...`` (or the ``sluice
+    gateway`` and ``sluice worker`` commands) are recognised by module or sub-command, never
+    by a keyword anywhere in the line (a repository path could contain one).
     """
     tokens = command.split()
     if not tokens:
@@ -60,7 +60,8 @@ def classify(command: str) -> str:
         return "redis"
     # "python -m <module> [<command>]" or "<script> <command>"
     start = tokens.index("-m") + 1 if "-m" in tokens[:-1] else 0
-    words = {os.path.basename(tokens[start]).split(".")[0], *tokens[start + 1 : start + 2]}
+    module = os.path.basename(tokens[start]).removeprefix("sluice.")
+    words = {module.split(".")[0], *tokens[start + 1 : start + 2]}
     if words & {"gateway", "uvicorn"}:
         return "gateway"
     if words & {"workers", "worker"}:

@@ -1,13 +1,14 @@
 """``python -m bench.multihost``: one gateway host and one worker host against two of each.
 
-The README's "Several hosts" layout on test hosts (network namespaces joined by veth links,
-:mod:`tests.support.netns`; root needed): Redis alone on one host, gateways on hosts with a
-front link (the load generator's network) and a back link (Redis's), worker hosts running
-``sluice up --no-gateway --no-controller`` on the whole example repository with every
-setting at its default. Layouts are measured one after the other, in alternating order
-over ``--rounds`` so that drift of the machine falls on each alike: for each concurrency,
-a closed loop of batch-1 binary requests to ``--model`` (2 s warm-up, ``--duration``
-measured), the connections split evenly over the gateways, every answer's status checked.
+The "Several hosts" layout (docs/operations/several-hosts.md) on test hosts (network
+namespaces joined by veth links, :mod:`tests.support.netns`; root needed): Redis alone on
+one host, gateways on hosts with a front link (the load generator's network) and a back link
+(Redis's), worker hosts running ``sluice up --no-gateway --no-controller`` on the whole
+example repository with every setting at its default. Layouts are measured one after the
+other, in alternating order over ``--rounds`` so that drift of the machine falls on each
+alike: for each concurrency, a closed loop of batch-1 binary requests to ``--model`` (2 s
+warm-up, ``--duration`` measured), the connections split evenly over the gateways, every
+answer's status checked.
 
 All hosts share this machine's cores, so more hosts add processes, not cores: the report
 gives the CPU each request cost, by role (gateway, worker, Redis, load generator) beside

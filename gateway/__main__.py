@@ -1,4 +1,4 @@
-"""``python -m gateway``: one gateway process under uvicorn (uvloop, httptools)."""
+"""``python -m sluice.gateway``: one gateway process under uvicorn (uvloop, httptools)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,8 @@ import uvloop
 
 from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import GatewaySettings
-from sluice.gateway.app import create_fastapi_app, guarded
-from sluice.gateway.fast_path import InferFastPath
+from sluice.gateway.app import create_app
 from sluice.gateway.http_protocol import bounded_protocol
-from sluice.gateway.metrics_port import MetricsOnly
 
 
 def _raise_open_file_limit(wanted: int) -> None:
@@ -37,7 +35,7 @@ def serve(settings: GatewaySettings) -> None:
         send_timeout_s=settings.send_timeout_s,
         max_connections=settings.max_connections,
     )
-    app = create_fastapi_app(settings)
+    app = create_app(settings)
     options = {
         "host": settings.http_host,
         "loop": "uvloop",
@@ -53,7 +51,7 @@ def serve(settings: GatewaySettings) -> None:
     }
     server = uvicorn.Server(
         uvicorn.Config(
-            guarded(settings, InferFastPath(app)),
+            app.http,
             port=settings.http_port,
             lifespan="on",
             **options,  # type: ignore[arg-type]
@@ -66,7 +64,7 @@ def serve(settings: GatewaySettings) -> None:
         return
     metrics_server = _Follower(
         uvicorn.Config(
-            guarded(settings, MetricsOnly(app)),
+            app.metrics,
             port=settings.metrics_port,
             lifespan="off",
             **options,  # type: ignore[arg-type]

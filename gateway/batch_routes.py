@@ -38,7 +38,7 @@ from sluice.core.celery_config import broker_url, celery_app, queue_name
 from sluice.core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unsupported
 from sluice.gateway.guard import tenant_of
 from sluice.gateway.json_body import json_object, json_response
-from sluice.gateway.state import GatewayState, registered_script, state_of
+from sluice.gateway.state import GatewayState, state_of
 from sluice.gateway.upload_routes import batch_data, quota_message, upload_record
 
 batch_router = APIRouter()
@@ -111,7 +111,7 @@ async def submit(request: Request) -> Response:
     now = time.time()
     if upload_name:
         upload_id = b.upload_of(body.input)
-        use = registered_script(state, u.USE)
+        use = state.control.script(u.USE)
         member = u.expiry_member(u.UPLOAD, tenant, upload_id)
         if not int(
             await use(keys=[keys.upload(tenant, upload_id), keys.store_expiry], args=[member])

@@ -70,11 +70,6 @@ def _decompress(body: bytes, wbits: int, limit: int, encoding: str) -> bytes:
     return out
 
 
-def header_length(request: Request) -> int | None:
-    """The ``Inference-Header-Content-Length`` header as an int (None when absent)."""
-    return parse_header_length(request.headers.get("inference-header-content-length"))
-
-
 def parse_header_length(raw: str | None) -> int | None:
     if raw is None:
         return None

@@ -66,7 +66,8 @@ def _runtime() -> ModuleType:
             from cuda import cudart  # older cuda-python
         except ImportError:
             raise Unsupported(UNAVAILABLE) from None
-    return cudart
+    runtime: ModuleType = cudart  # (untyped in some cuda-python releases)
+    return runtime
 
 
 def _call(cudart: ModuleType, result: Any, what: str) -> Any:

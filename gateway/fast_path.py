@@ -3,12 +3,16 @@
 Profiles showed the framework's routing, dependency and middleware layers
 costing more CPU per request than the request's own work, so
 ``POST /v2/models/{m}[/versions/{v} | /labels/{l}]/infer`` is served here directly; every
-other route goes to the FastAPI application, which also owns the lifespan.
+other route goes to the FastAPI application, which also owns the lifespan. It is the only
+HTTP handler of inference: the FastAPI schema describes these routes without handling them
+(:mod:`sluice.gateway.infer_schema`); validation, queueing and encoding are the data plane's
+(:mod:`sluice.gateway.infer`), shared with gRPC, jobs, generate and TorchServe's routes.
 
-Every answer carries the request's id as ``X-Request-ID`` (see :mod:`gateway.request_id`).
+Every answer carries the request's id as ``X-Request-ID`` (see :mod:`sluice.gateway.request_id`).
 A valid W3C ``traceparent`` travels on to the worker in the stream entry; with tracing on
-(an OTLP endpoint configured, see :mod:`sluice.core.tracing`) the request gets a ``receive``
-span, whose context goes to the worker instead and back to the client as ``traceparent``.
+(an OTLP endpoint configured, see :mod:`sluice.core.tracing`; set up by the lifespan) the
+request gets a ``receive`` span, whose context goes to the worker instead and back to the
+client as ``traceparent``.
 """
 
 from __future__ import annotations
@@ -16,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from typing import TYPE_CHECKING
 
 import orjson
 from fastapi import FastAPI
@@ -26,7 +29,6 @@ from sluice.core.errors import Overloaded, SluiceError
 from sluice.core.logs import TRACE_ID
 from sluice.core.routing import requested_label
 from sluice.core.trace_context import TraceParent, parse_traceparent
-from sluice.core.tracing import tracing_from_settings
 from sluice.gateway import request_id
 from sluice.gateway.body import check_declared_length, decode_body, parse_header_length, too_large
 from sluice.gateway.body_budget import BodyReservation
@@ -36,14 +38,12 @@ from sluice.gateway.infer_response import encode_error
 from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
 from sluice.gateway.state import GatewayState
 
-if TYPE_CHECKING:
-    from sluice.core.otel import Tracing
-
 log = logging.getLogger(__name__)
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+)|/labels/([^/]+))?/infer$")
 _JSON = (b"content-type", b"application/json")
 _BINARY = (b"content-type", b"application/octet-stream")
+_ALLOW_POST = (b"allow", b"POST")
 _WANTED = frozenset(
     (
         b"content-length",
@@ -63,18 +63,17 @@ _WANTED = frozenset(
 class InferFastPath:
     def __init__(self, app: FastAPI) -> None:
         self.app = app
-        self.tracing: Tracing | None = None
-        """Set once the application has started, when tracing is configured."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] != "POST":
-            if scope["type"] == "lifespan":
-                send = self._watch_lifespan(send)
+        if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         match = _INFER_PATH.match(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
+            return
+        if scope["method"] != "POST":
+            await _respond(send, 405, encode_error("Method Not Allowed"), [_JSON, _ALLOW_POST])
             return
         state: GatewayState = self.app.state.sluice
         reservation = state.bodies.reservation()
@@ -82,20 +81,6 @@ class InferFastPath:
             await self._infer(state, match, scope, receive, send, reservation)
         finally:
             reservation.release()
-
-    def _watch_lifespan(self, send: Send) -> Send:
-        """Tracing starts once the application has (its settings are known then), and
-        exports what is left once it has stopped."""
-
-        async def watched(message: Message) -> None:
-            if message["type"] == "lifespan.startup.complete":
-                self.tracing = tracing_from_settings(self.app.state.sluice.settings, "gateway")
-            elif message["type"] == "lifespan.shutdown.complete" and self.tracing is not None:
-                tracing, self.tracing = self.tracing, None
-                await asyncio.to_thread(tracing.shutdown)
-            await send(message)
-
-        return watched
 
     async def _infer(
         self,
@@ -109,7 +94,8 @@ class InferFastPath:
         headers = _headers(scope)
         request_id.from_header(headers.get(b"x-request-id"))
         trace = _incoming_trace(headers)
-        span = self.tracing.receive(match.group(1), trace) if self.tracing is not None else None
+        tracing = state.tracing
+        span = tracing.receive(match.group(1), trace) if tracing is not None else None
         if span is not None:
             trace = span.context
         if trace is not None:

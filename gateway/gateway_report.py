@@ -34,31 +34,24 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
     body_rejects, state.bodies.refused = state.bodies.refused, 0
     now = CLOCK.now()
     try:
-        async with state.redis.pipeline(transaction=False) as pipe:
-            report_key = keys.gateway_report(gateway_id)
-            pipe.hset(
-                report_key,
-                mapping={
-                    IN_FLIGHT: state.admission.in_flight,
-                    ROUND_TRIP_US: int(round_trip_s * 1e6),
-                    CLIENT_SHM_BYTES: state.regions.system_bytes(),
-                },
-            )
-            pipe.expire(report_key, REPORT_TTL_S)
-            pipe.zadd(keys.gateways, {gateway_id: now + REPORT_TTL_S})
-            pipe.zremrangebyscore(keys.gateways, "-inf", now)
-            for (model, version, reason), count in rejected.items():
-                stats = keys.stats(model, version)
-                pipe.hincrby(stats, st.failure_field("REJECTED"), count)
-                pipe.hincrby(stats, st.reject_field(reason), count)
-            streams = _stream_owners(state) if expired else {}
-            for stream, count in expired.items():
-                owner = streams.get(stream)
-                if owner is not None:
-                    pipe.hincrby(keys.stats(*owner), st.deadline_miss_field("gateway"), count)
-            if body_rejects:
-                pipe.hincrby(keys.gateway_counters, BODY_BUDGET_REJECTS, body_rejects)
-            await pipe.execute()
+        gauges = {
+            IN_FLIGHT: state.admission.in_flight,
+            ROUND_TRIP_US: int(round_trip_s * 1e6),
+            CLIENT_SHM_BYTES: state.regions.system_bytes(),
+        }
+        counts: list[tuple[str, str, int]] = []
+        for (model, version, reason), count in rejected.items():
+            stats = keys.stats(model, version)
+            counts.append((stats, st.failure_field("REJECTED"), count))
+            counts.append((stats, st.reject_field(reason), count))
+        streams = _stream_owners(state) if expired else {}
+        for stream, count in expired.items():
+            owner = streams.get(stream)
+            if owner is not None:
+                counts.append((keys.stats(*owner), st.deadline_miss_field("gateway"), count))
+        if body_rejects:
+            counts.append((keys.gateway_counters, BODY_BUDGET_REJECTS, body_rejects))
+        await state.control.publish_report(gateway_id, gauges, REPORT_TTL_S, now, counts)
     except BaseException:
         state.admission.rejected.update(rejected)
         dispatcher.expired.update(expired)

@@ -35,8 +35,9 @@ from sluice.gateway.infer import (
     execute_stream,
     prepare_with,
 )
-from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.json_body import json_object
+from sluice.gateway.request_parsing import parse_infer_document
 from sluice.gateway.state import state_of
 
 router = APIRouter()

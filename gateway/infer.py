@@ -1,6 +1,9 @@
-"""``POST /v2/models/{model}[/versions/{version} | /labels/{label}]/infer``: the online
-request path. A label may also come in the ``Sluice-Version-Label`` header or the
-``version_label`` request parameter (see :mod:`gateway.routing`)."""
+"""The data plane's inference path, whatever the transport: route, parse and check a
+request against the model (:func:`prepare`, :func:`prepare_with`), queue it and await its
+answer (:func:`execute`, :func:`execute_stream`). REST (:mod:`sluice.gateway.fast_path`), gRPC,
+jobs, generate and TorchServe's routes all go through here. A label may come in the URL,
+the ``Sluice-Version-Label`` header or the ``version_label`` request parameter (see
+:mod:`sluice.core.routing`)."""
 
 from __future__ import annotations
 
@@ -10,23 +13,20 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from starlette.requests import Request
-from starlette.responses import Response
-
 from sluice.core.clock import CLOCK
 from sluice.core.config import DynamicBatching, ModelConfig
 from sluice.core.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
 from sluice.core.keys import Keys
-from sluice.core.routing import HEADER, PARAMETER, parameter_label, requested_label
+from sluice.core.routing import PARAMETER, parameter_label
 from sluice.core.sequences import batch_size_problem, sequence_of
 from sluice.core.shm import unlink
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
-from sluice.gateway.body import header_length, read_body
-from sluice.gateway.infer_request import InferRequest, RequestedOutput, parse_infer_request
+from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
+from sluice.gateway.request_parsing import parse_infer_request
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 
@@ -78,33 +78,6 @@ def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
     return priority
 
 
-async def infer(
-    request: Request,
-    state: GatewayState,
-    model: str,
-    version: str | None,
-    label: str | None = None,
-) -> Response:
-    """The Starlette route, kept for the OpenAPI schema; requests take gateway.fast_path."""
-    body = await read_body(request, state.settings.max_body_bytes)
-    label = requested_label(version, label, request.headers.get(HEADER))
-    content, json_length = await run_infer(
-        state, model, version, body, header_length(request), label=label
-    )
-    return inference_response(content, json_length)
-
-
-def inference_response(content: bytes, json_length: int | None) -> Response:
-    """An inference answer: JSON, or JSON and binary tensors (``json_length`` given)."""
-    if json_length is None:
-        return Response(content, media_type="application/json")
-    return Response(
-        content,
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(json_length)},
-    )
-
-
 @dataclass(slots=True)
 class Prepared:
     """A request that passed validation: what either path (online or job) queues."""
@@ -144,7 +117,7 @@ async def prepare(
     """Route, parse and check one inference request against the model's configuration.
 
     ``label``: the version label named by the URL or the header (see
-    :func:`gateway.routing.requested_label`). ``default_timeout_us``: the deadline when the
+    :func:`sluice.core.routing.requested_label`). ``default_timeout_us``: the deadline when the
     request sets none, instead of the model's queue policy or ``SLUICE_DEFAULT_TIMEOUT_S``
     (a job's time to live in the queue)."""
     big = len(body) > OFFLOAD_BYTES
@@ -289,7 +262,7 @@ async def execute(
     answer is large), whatever the wire form: REST and gRPC share this path. ``big``: the
     request's bytes are many (packed on a thread). ``endpoint`` names the route in
     Triton's refusal of decoupled models (which answer on streaming routes only); ``turn``:
-    the request's place among its gRPC stream's (see :mod:`gateway.queue_turn`)."""
+    the request's place among its gRPC stream's (see :mod:`sluice.gateway.queue_turn`)."""
     if request.decoupled:
         raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
     parsed, model, number, level = request.parsed, request.model, request.number, request.level

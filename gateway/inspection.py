@@ -1,5 +1,5 @@
 """What the health, metadata, repository and statistics endpoints answer, whatever the wire:
-the REST routes (:mod:`gateway.routes`) and the gRPC service (:mod:`gateway.grpc_api`)
+the REST routes (:mod:`sluice.gateway.routes`) and the gRPC service (:mod:`sluice.gateway.grpc_api`)
 render the same documents, in Triton's JSON form (which is also its protobuf's)."""
 
 from __future__ import annotations
@@ -105,14 +105,9 @@ def stats_targets(state: GatewayState, model: str, version: str | None) -> list[
 
 
 async def stats_document(state: GatewayState, models: list[tuple[str, int]]) -> dict[str, Any]:
-    async with state.redis.pipeline(transaction=False) as pipe:
-        for name, version in models:
-            pipe.hgetall(state.keys.stats(name, version))
-            pipe.hgetall(state.keys.batch_stats(name, version))
-            pipe.hgetall(state.keys.instance_stats(name, version))
-        results = await pipe.execute()
+    hashes = await state.control.model_statistics(models)
     stats = [
-        render_model_stats(name, version, *results[3 * i : 3 * i + 3])
-        for i, (name, version) in enumerate(models)
+        render_model_stats(name, version, *found)
+        for (name, version), found in zip(models, hashes, strict=True)
     ]
     return {"model_stats": stats}

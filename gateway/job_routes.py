@@ -1,4 +1,4 @@
-"""The job routes (see :mod:`gateway.jobs`):
+"""The job routes (see :mod:`sluice.gateway.jobs`):
 
 - ``GET /v2/jobs/{id}``: status and timestamps (and the error of a failed job);
 - ``GET /v2/jobs/{id}/result``: the answer, exactly as the synchronous request would have
@@ -19,7 +19,6 @@ from starlette.responses import Response
 
 from sluice.core import jobs
 from sluice.gateway.guard import tenant_of
-from sluice.gateway.infer import inference_response
 from sluice.gateway.jobs import (
     cancel_job,
     encode_result,
@@ -70,4 +69,15 @@ async def delete_job(job_id: str, request: Request) -> Response:
         status_body(job_id, record),
         200 if status in jobs.FINISHED else 202,
         media_type="application/json",
+    )
+
+
+def inference_response(content: bytes, json_length: int | None) -> Response:
+    """An inference answer: JSON, or JSON and binary tensors (``json_length`` given)."""
+    if json_length is None:
+        return Response(content, media_type="application/json")
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(json_length)},
     )

@@ -1,7 +1,7 @@
 """Asynchronous jobs in the gateway (see :mod:`sluice.core.jobs`): submission with
 ``Prefer: respond-async`` on the inference route, status, result and cancellation.
 
-A job goes through exactly the validation of a synchronous request (:func:`gateway.infer.
+A job goes through exactly the validation of a synchronous request (:func:`sluice.gateway.infer.
 prepare`), then its entry and its record are written by one script, which refuses it when
 the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting (503), or when the tenant's
 waiting jobs of the model are ``SLUICE_TENANT_MAX_QUEUED_JOBS`` or would hold more than
@@ -10,7 +10,7 @@ waiting jobs of the model are ``SLUICE_TENANT_MAX_QUEUED_JOBS`` or would hold mo
 request is the same (a digest of it is kept with the key), and 409 when it is another.
 Jobs queue on the model version's background stream, below every online request, unless the
 request sets its ``priority``. Nothing is accepted while Redis is nearly full
-(:mod:`gateway.redis_room`).
+(:mod:`sluice.gateway.redis_room`).
 
 A job belongs to the tenant whose API key submitted it (:mod:`sluice.core.tenants`; its name is
 kept in the record): for another tenant, it is not found. Job ids are 128-bit random, never
@@ -46,7 +46,7 @@ from sluice.core.trace_context import TraceParent
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
 from sluice.gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
 from sluice.gateway.infer_request import RequestedOutput
-from sluice.gateway.state import GatewayState, registered_script
+from sluice.gateway.state import GatewayState
 
 RESPOND_ASYNC = "respond-async"
 _WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,9})(?:$|[;,\s])", re.IGNORECASE)
@@ -189,7 +189,7 @@ async def submit_job(
     # the job (an hour beyond its longest life); a failed submission leaves only it behind.
     await state.redis.set(keys.job_model(job_id), model, ex=args[2] + args[3] + 3600)
     outcome, found = cast(
-        list[Any], await registered_script(state, jobs.SUBMIT)(keys=script_keys, args=args)
+        list[Any], await state.control.script(jobs.SUBMIT)(keys=script_keys, args=args)
     )
     found_id = found.decode() if isinstance(found, bytes) else str(found)
     if outcome < 0:

@@ -1,6 +1,6 @@
 """Routes addressing a model version by label, as TensorFlow Serving's
-``/models/{m}/labels/{label}``: metadata, readiness and (for the OpenAPI schema; requests
-take :mod:`gateway.fast_path`) inference. Inference endpoints for the edge guard."""
+``/models/{m}/labels/{label}``: metadata and readiness (inference by label is served by
+:mod:`sluice.gateway.fast_path`). Inference endpoints for the edge guard."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import Unavailable
-from sluice.gateway import infer as infer_path
 from sluice.gateway.json_body import json_response
 from sluice.gateway.metadata import model_metadata
 from sluice.gateway.state import state_of
@@ -35,8 +34,3 @@ async def label_ready(request: Request, model: str, label: str) -> Response:
         detail = f"model '{model}' version {number} has no live worker yet"
         return json_response({"error": f"Model version not ready; {detail}"}, 400)
     return json_response({"name": entry.name, "ready": True})
-
-
-@label_router.post("/v2/models/{model}/labels/{label}/infer")
-async def label_infer(request: Request, model: str, label: str) -> Response:
-    return await infer_path.infer(request, state_of(request), model, None, label)

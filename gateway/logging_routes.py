@@ -19,16 +19,12 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.errors import InvalidInput, Unsupported
-from sluice.core.logs import FORMATS, control
+from sluice.core.errors import InvalidInput
+from sluice.core.logs import control
 from sluice.gateway.json_body import json_response
+from sluice.gateway.log_settings import log_changes
 
 logging_router = APIRouter()
-
-_BOOLEAN = "attempt to access JSON non-boolean as boolean"
-_UNSIGNED = "attempt to access JSON non-unsigned-integer as unsigned-integer"
-_STRING = "attempt to access JSON non-string as string"
-_MAX_UINT64 = (1 << 64) - 1
 
 
 @logging_router.get("/v2/logging")
@@ -52,29 +48,3 @@ def parse_log_settings(body: bytes) -> dict[str, Any]:
     if not isinstance(document, dict):
         raise InvalidInput("failed to parse the request JSON buffer: not a JSON object")
     return log_changes(document)
-
-
-def log_changes(document: dict[str, Any]) -> dict[str, Any]:
-    """The changes a settings document asks for (POST's body, or gRPC's settings)."""
-    changes: dict[str, Any] = {}
-    if document.get("log_file") is not None:
-        raise Unsupported("log file location can not be updated through network protocol")
-    for argument in ("info", "warning", "error"):
-        value = document.get(f"log_{argument}")
-        if value is not None:
-            if not isinstance(value, bool):
-                raise InvalidInput(_BOOLEAN)
-            changes[argument] = value
-    level = document.get("log_verbose_level")
-    if level is not None:
-        if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= _MAX_UINT64:
-            raise InvalidInput(_UNSIGNED)
-        changes["verbose_level"] = level
-    log_format = document.get("log_format")
-    if log_format is not None:
-        if not isinstance(log_format, str):
-            raise InvalidInput(_STRING)
-        if log_format not in FORMATS:
-            raise InvalidInput(f"invalid argument for --log_format, got: {log_format}")
-        changes["format"] = log_format
-    return changes

@@ -11,7 +11,7 @@ gateway counters that belong to no model.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -117,7 +117,7 @@ def _text(value: bytes | str) -> str:
 
 
 def _list(value: Any) -> list[Any]:
-    return cast(list[Any], value) if isinstance(value, list) else []
+    return value if isinstance(value, list) else []
 
 
 def _counters(value: Any) -> dict[str, int]:

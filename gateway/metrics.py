@@ -4,8 +4,8 @@ Where the numbers come from: every worker adds to its model version's statistics
 Redis after each batch (:mod:`sluice.core.statistics`, the same counters as Triton's statistics
 extension, plus the histograms of :mod:`sluice.core.histograms`), and each gateway adds its
 refusals and deadline misses, and reports its gauges, every catalog refresh
-(:mod:`gateway.gateway_report`). A scrape reads all of it from Redis
-(:mod:`gateway.metric_snapshot`). So whichever gateway process answers, the numbers are the
+(:mod:`sluice.gateway.gateway_report`). A scrape reads all of it from Redis
+(:mod:`sluice.gateway.metric_snapshot`). So whichever gateway process answers, the numbers are the
 same, cover workers on every host, and do not go back when a worker restarts (they live in
 Redis, not in the process that died), with no prometheus-client multiprocess directory to
 keep clean. CPU, memory and GPUs are this host's.
@@ -13,7 +13,7 @@ keep clean. CPU, memory and GPUs are this host's.
 Triton's families are written here rather than by prometheus-client, whose exposition
 renames a counter ``X`` to ``X_total``: Triton's counters have no suffix, and dashboards
 and alerts written for Triton must find them under the same names. Sluice's own families
-(:mod:`gateway.sluice_metrics`) follow Prometheus' conventions and use prometheus-client.
+(:mod:`sluice.gateway.sluice_metrics`) follow Prometheus' conventions and use prometheus-client.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from sluice.core.statistics import (
     failure_field,
     ns_field,
 )
-from sluice.gateway import gpu_metrics, metric_snapshot, sluice_metrics
+from sluice.gateway import gpu_metrics, sluice_metrics
 from sluice.gateway.host_metrics import HOST, escape_label, family
 from sluice.gateway.metric_snapshot import Snapshot
 from sluice.gateway.state import GatewayState
@@ -105,7 +105,7 @@ _PENDING = (
 
 async def metrics_text(state: GatewayState) -> bytes:
     """The whole ``/metrics`` text (callers check ``allow_metrics``)."""
-    snapshot = await metric_snapshot.take(state.redis, state.keys, state.view)
+    snapshot = await state.control.metric_snapshot(state.view)
     # Rendering takes milliseconds per hundred series: not on the event loop.
     return await asyncio.to_thread(_text, snapshot, state.settings)
 

@@ -13,37 +13,22 @@ management endpoints.
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import binascii
-import time
 from typing import Any
 
-import orjson
 from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.control import ControlCommand, encode_command
-from sluice.core.errors import InvalidInput, Unavailable, Unsupported
+from sluice.core.control import ControlCommand
+from sluice.core.errors import InvalidInput, Unsupported
 from sluice.gateway.json_body import json_object
+from sluice.gateway.model_control import NAMED_REPOSITORY, carry_out, require_explicit
 from sluice.gateway.state import GatewayState, state_of
 
 model_control_router = APIRouter()
 
-NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
-"""Triton's answer to load / unload when model control is not explicit (modes NONE, POLL)."""
-
-_HINT = (
-    "Sluice serves every model of its repository as it starts (Triton's "
-    "--model-control-mode=none); change the repository and restart `sluice up` to load or "
-    "unload a model"
-)
-
-
-NAMED_REPOSITORY = "'repository_name' specification is not supported"
-
-_POLL_S = 0.05
 _FILE_PREFIX = "file:"
 
 
@@ -84,55 +69,11 @@ async def _explicit(request: Request) -> GatewayState:
     return state
 
 
-async def require_explicit(state: GatewayState) -> None:
-    """Load and unload are refused unless ``sluice up`` runs in explicit mode."""
-    mode = await state.redis.get(state.keys.control_mode)
-    if mode != b"explicit":
-        raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")
-
-
 def _parameters(body: bytes) -> dict[str, Any]:
     parameters = json_object(body, empty_ok=True).get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be a JSON object")
     return parameters
-
-
-async def carry_out(state: GatewayState, command: ControlCommand, stream: str = "") -> None:
-    """Hand the command to the executor (``sluice up``; ``stream``: another reader, such
-    as the controller) and wait for it to be carried out (polling: the Redis client's
-    socket timeout is shorter than a load may take, and loads are rare); raises
-    InvalidInput with the reason when it failed."""
-    keys = state.keys
-    # A command carrying files (a registered archive: up to hundreds of MiB) is packed on
-    # a thread, not on the event loop.
-    fields = (
-        await asyncio.to_thread(encode_command, command)
-        if command.files
-        else (encode_command(command))
-    )
-    await state.redis.xadd(
-        stream or keys.control_requests,
-        fields,  # type: ignore[arg-type]
-        maxlen=1000,
-        approximate=True,
-    )
-    reply_key = keys.control_reply(command.command_id)
-    deadline = time.monotonic() + state.settings.model_control_timeout_s
-    while time.monotonic() < deadline:
-        raw = await state.redis.lpop(reply_key)
-        if isinstance(raw, bytes):
-            error = orjson.loads(raw).get("error")
-            if error:
-                raise InvalidInput(str(error))
-            # This gateway sees the change at once; the others within a catalog refresh.
-            await state.view.refresh(state.redis)
-            return
-        await asyncio.sleep(_POLL_S)
-    raise Unavailable(
-        f"the {command.op} of '{command.model}' did not finish within "
-        f"{state.settings.model_control_timeout_s:.0f} s"
-    )
 
 
 @model_control_router.post("/v2/repository/{repository}/models/{model}/load")

@@ -5,8 +5,8 @@
 - ``GET /v2/repository/models/{m}/rollout``: its state, with every decision and its numbers;
 - ``POST .../rollout/promote`` and ``.../rollout/rollback``: decide now.
 
-The leading controller carries them out (:mod:`scheduler.rollouts`); the state lives in
-Redis, so any gateway answers it.
+The leading controller carries them out (:mod:`sluice.scheduler.controller.rollouts`); the
+state lives in Redis, so any gateway answers it.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from sluice.core.control import ControlCommand
 from sluice.core.errors import NotFound
 from sluice.core.rollout import PROMOTE, ROLLBACK, START
 from sluice.gateway.json_body import json_object
-from sluice.gateway.model_control_routes import carry_out
+from sluice.gateway.model_control import carry_out
 from sluice.gateway.state import state_of
 
 rollout_router = APIRouter()
@@ -38,7 +38,7 @@ async def start(model: str, request: Request) -> Response:
 @rollout_router.get("/v2/repository/models/{model}/rollout")
 async def status(model: str, request: Request) -> Response:
     state = state_of(request)
-    raw = await state.redis.get(state.keys.rollout(model))
+    raw = await state.control.rollout(model)
     if raw is None:
         raise NotFound(f"no rollout of model '{model}'")
     return Response(raw, media_type="application/json")

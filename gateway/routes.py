@@ -1,4 +1,6 @@
-"""The HTTP routes: health, metadata, configuration, repository index, statistics, inference."""
+"""The HTTP routes: health, metadata, configuration, repository index, statistics (inference
+is served by :mod:`sluice.gateway.fast_path` and described by
+:mod:`sluice.gateway.infer_schema`)."""
 
 from __future__ import annotations
 
@@ -9,7 +11,6 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice import __version__
-from sluice.gateway import infer as infer_path
 from sluice.gateway.batch_routes import batch_router
 from sluice.gateway.inspection import (
     config_document,
@@ -28,22 +29,11 @@ from sluice.gateway.metrics import CONTENT_TYPE, metrics_text
 from sluice.gateway.model_control_routes import model_control_router
 from sluice.gateway.rollout_routes import rollout_router
 from sluice.gateway.routing_routes import routing_router
+from sluice.gateway.server_extensions import EXTENSIONS
 from sluice.gateway.shm_routes import shm_router
 from sluice.gateway.state import state_of
-from sluice.gateway.trace_settings import trace_router
+from sluice.gateway.trace_routes import trace_router
 from sluice.gateway.upload_routes import upload_router
-
-EXTENSIONS = [
-    "classification",
-    "binary_tensor_data",
-    "model_configuration",
-    "statistics",
-    "schedule_policy",
-    "system_shared_memory",
-    "cuda_shared_memory",
-    "logging",
-    "trace",
-]
 
 router = APIRouter()
 router.include_router(shm_router)
@@ -136,8 +126,3 @@ async def model_config(request: Request, model: str, version: str | None = None)
 async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
     state = state_of(request)
     return json_response(await stats_document(state, stats_targets(state, model, version)))
-
-
-@_route("POST", "/infer")
-async def model_infer(request: Request, model: str, version: str | None = None) -> Response:
-    return await infer_path.infer(request, state_of(request), model, version)

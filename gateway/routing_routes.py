@@ -1,4 +1,4 @@
-"""Management of version labels and traffic splits (see :mod:`gateway.routing`):
+"""Management of version labels and traffic splits (see :mod:`sluice.core.routing`):
 
 - ``GET /v2/repository/models/{m}/routing``: the model's labels and weights.
 - ``PUT /v2/repository/models/{m}/routing``: ``{"labels": {...}, "weights": {...}}``; each
@@ -16,21 +16,17 @@ the result at once, the others at their next refresh. The paths start with
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
 
 import orjson
 from fastapi import APIRouter
-from redis.exceptions import WatchError
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.errors import InvalidInput, Unavailable
+from sluice.core.errors import InvalidInput
 from sluice.core.routing import (
     MAX_LABELS,
     Routing,
     check_label,
-    decode_routing,
-    encode_routing,
     parse_labels,
     parse_version,
     parse_weights,
@@ -42,7 +38,6 @@ routing_router = APIRouter()
 
 _PATH = "/v2/repository/models/{model}/routing"
 _PARTS = ("labels", "weights")
-_ATTEMPTS = 8
 
 
 def _answer(model: str, routing: Routing) -> Response:
@@ -53,8 +48,7 @@ def _answer(model: str, routing: Routing) -> Response:
 async def get_routing(request: Request, model: str) -> Response:
     state = state_of(request)
     state.view.entry(model)  # 404 for an unknown model
-    raw = await state.redis.hgetall(state.keys.routing(model))
-    return _answer(model, decode_routing(cast(dict[bytes, bytes], raw)))
+    return _answer(model, await state.control.routing(model))
 
 
 @routing_router.put(_PATH)
@@ -118,22 +112,7 @@ async def delete_label(request: Request, model: str, label: str) -> Response:
 
 
 async def _update(state: GatewayState, model: str, change: Callable[[Routing], Routing]) -> Routing:
-    """Read, change and write the model's routing hash in one optimistic transaction."""
-    key = state.keys.routing(model)
-    async with state.redis.pipeline(transaction=True) as pipe:
-        for _ in range(_ATTEMPTS):
-            try:
-                await pipe.watch(key)
-                raw = cast(dict[bytes, bytes], await pipe.hgetall(key))
-                routing = change(decode_routing(raw))
-                pipe.multi()
-                pipe.delete(key)
-                fields = encode_routing(routing)
-                if fields:
-                    pipe.hset(key, mapping=fields)  # type: ignore[arg-type]
-                await pipe.execute()
-            except WatchError:
-                continue
-            state.view.routing.apply(model, routing)
-            return routing
-    raise Unavailable(f"the routing of model '{model}' kept changing; retry")
+    """Change the model's routing in the control plane; this gateway applies it at once."""
+    routing = await state.control.update_routing(model, change)
+    state.view.routing.apply(model, routing)
+    return routing

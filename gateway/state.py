@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
 from starlette.requests import Request
 
 from sluice.core.dispatch import Dispatcher
@@ -14,10 +14,14 @@ from sluice.core.settings import GatewaySettings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
 from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.control_plane import ControlPlane
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_transfer import TensorTransfer
+
+if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
+    from sluice.core.otel import Tracing
 
 
 @dataclass
@@ -25,6 +29,8 @@ class GatewayState:
     settings: GatewaySettings
     keys: Keys
     redis: Redis
+    """The Redis client of the request records (jobs, uploads, batches); the control plane
+    goes through ``control``, the data plane through ``dispatcher``."""
     view: CatalogView
     dispatcher: Dispatcher
     limits: RequestLimits
@@ -35,27 +41,19 @@ class GatewayState:
     """How tensor bytes travel to the workers and back (entry or shared memory)."""
     bodies: BodyBudget
     """Request-body bytes held by this process, within SLUICE_MAX_BUFFERED_BODY_BYTES."""
+    control: ControlPlane
+    """Catalog, model control, rollouts, routing, statistics, metrics, Lua scripts."""
     redis_room: RedisRoom = field(default_factory=lambda: RedisRoom(0.0))
     """Room left in Redis (its memory, read in the periodic refresh): ``redis_room.check()``
     refuses new work that would add to a Redis above SLUICE_REDIS_MEMORY_HIGH_WATER."""
     redis_ok: bool = field(default=False)
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""
+    tracing: Tracing | None = None
+    """Set by the lifespan when tracing is configured (an OTLP endpoint)."""
 
 
 def state_of(request: Request) -> GatewayState:
     """The gateway's state, for a route handler."""
     state: GatewayState = request.app.state.sluice
     return state
-
-
-_SCRIPTS: dict[tuple[int, str], AsyncScript] = {}
-
-
-def registered_script(state: GatewayState, source: str) -> AsyncScript:
-    """The Lua script registered once per Redis client: EVALSHA from then on."""
-    key = (id(state.redis), source)
-    script = _SCRIPTS.get(key)
-    if script is None:
-        script = _SCRIPTS[key] = state.redis.register_script(source)
-    return script

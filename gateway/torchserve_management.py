@@ -8,7 +8,8 @@
   (``SLUICE_MODEL_STORE``, TorchServe's ``--model-store``) or from a URL the operator
   allows (``SLUICE_ALLOWED_MODEL_URLS``, TorchServe's ``allowed_urls``), and load it;
 - ``PUT /models/{m}[/{v}]?min_worker=&max_worker=``: scale; the controller's autoscaling
-  keeps the instances between the two (:mod:`scheduler.autoscaling`), for every version;
+  keeps the instances between the two (:mod:`sluice.scheduler.controller.autoscaling`), for
+  every version;
 - ``DELETE /models/{m}[/{v}]``: unregister (unload);
 - ``PUT /models/{m}/{v}/set-default``: requests naming no version go to ``v``.
 
@@ -35,7 +36,7 @@ from sluice.core.errors import InvalidInput, NotFound, SluiceError
 from sluice.core.mar import MarManifest, read_manifest, triton_config
 from sluice.core.routing import Routing, check_served
 from sluice.gateway.json_body import json_response
-from sluice.gateway.model_control_routes import carry_out, require_explicit
+from sluice.gateway.model_control import carry_out, require_explicit
 from sluice.gateway.routing_routes import _update
 from sluice.gateway.state import GatewayState, state_of
 
@@ -77,9 +78,7 @@ async def _workers(state: GatewayState, model: str, versions: tuple[int, ...]) -
     workers = []
     now = CLOCK.now()
     for version in versions:
-        members = await state.redis.zrangebyscore(
-            state.keys.live_workers(model, version), now, "+inf"
-        )
+        members = await state.control.live_workers(model, version, now)
         for member in members:
             name = member.decode() if isinstance(member, bytes) else str(member)
             pid = name.rsplit("-", 2)[-2] if name.count("-") >= 2 else ""

@@ -2,7 +2,7 @@
 [/{version}]`` and ``GET /ping``.
 
 A prediction carries the request's body and content type as the model's ``body`` and
-``content_type`` BYTES inputs (:mod:`workers.backends.torchserve_backend`): through the
+``content_type`` BYTES inputs (:mod:`sluice.workers.backends.torchserve_backend`): through the
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
 ``batch_size`` / ``max_batch_delay`` become Sluice's batching. The answer is the handler's
 ``response`` with its ``response_type``; errors use TorchServe's body,
@@ -21,9 +21,10 @@ from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body import read_body
 from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
-from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.inspection import server_not_ready
 from sluice.gateway.json_body import json_response
+from sluice.gateway.request_parsing import parse_infer_document
 from sluice.gateway.state import state_of
 
 router = APIRouter()

@@ -39,7 +39,7 @@ from sluice.core.errors import (
 from sluice.gateway.body import check_declared_length
 from sluice.gateway.guard import tenant_of
 from sluice.gateway.json_body import json_response
-from sluice.gateway.state import GatewayState, registered_script, state_of
+from sluice.gateway.state import GatewayState, state_of
 
 log = logging.getLogger("gateway")
 
@@ -112,7 +112,7 @@ async def upload(request: Request) -> Response:
     tenant = tenant_of(request.scope)
     keys = state.keys
     quota = settings.tenant_max_stored_bytes
-    reserve = registered_script(state, u.RESERVE)
+    reserve = state.control.script(u.RESERVE)
     stored_key = keys.stored_bytes(tenant)
     if declared is not None:
         stored = int(cast(bytes | None, await state.redis.get(stored_key)) or 0)
@@ -233,7 +233,7 @@ async def delete_upload(upload_id: str, request: Request) -> Response:
     await upload_record(state, tenant, upload_id)
     keys = state.keys
     member = u.expiry_member(u.UPLOAD, tenant, upload_id)
-    remove = registered_script(state, u.REMOVE)
+    remove = state.control.script(u.REMOVE)
     size = int(
         await remove(
             keys=[keys.upload(tenant, upload_id), keys.uploads(tenant), keys.store_expiry],

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# The whole test suite: lint, import contracts, then unit, integration and fault tests
-# against real redis-server, uvicorn and worker processes. Fails loudly when no test ran.
+# The whole test suite: the static checks (scripts/lint.sh: ruff, formatting, import
+# contracts, mypy --strict), then unit, integration and fault tests against real
+# redis-server, uvicorn and worker processes. Fails loudly when no test ran.
+# Arguments go to pytest, e.g. `scripts/test.sh -m "not compose and not cluster"`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
-.venv/bin/ruff check . || exit 1
-.venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
+scripts/lint.sh || exit 1
 .venv/bin/python -m pytest -ra "$@"
 status=$?
 if [ "$status" -eq 5 ]; then

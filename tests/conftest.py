@@ -7,9 +7,24 @@ from pathlib import Path
 
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack
+
+_FOLDER_MARKS = {"integration": pytest.mark.integration, "faults": pytest.mark.faults}
+"""A marker for every test of these folders of tests/, so that ``-m`` can select a layer."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    tests = Path(__file__).resolve().parent
+    for item in items:
+        try:
+            folder = item.path.resolve().relative_to(tests).parts[0]
+        except ValueError:
+            continue
+        mark = _FOLDER_MARKS.get(folder)
+        if mark is not None:
+            item.add_marker(mark)
 
 
 @pytest.fixture(scope="session")

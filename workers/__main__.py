@@ -1,4 +1,4 @@
-"""``python -m workers``: run one instance of one model version (see ``sluice worker``)."""
+"""``python -m sluice.workers``: run one instance of one model version (see ``sluice worker``)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,15 @@ import logging
 import sys
 from pathlib import Path
 
+from sluice.core.errors import InvalidConfig
 from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.logs import configure_logging
-from sluice.core.repository import available_versions, read_model
 from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import WorkerSettings
 from sluice.core.tracing import tracing_from_settings
 from sluice.workers.backends.base import Placement
-from sluice.workers.worker import Worker, install_signal_handlers
+from sluice.workers.inprocess import worker_for
+from sluice.workers.lifecycle import install_signal_handlers
 
 log = logging.getLogger("workers")
 
@@ -28,27 +29,16 @@ def run_worker(
     placement: Placement,
     slot: int = 0,
 ) -> int:
-    entry = read_model(repository / model)
-    if entry.config is None or entry.error:
-        log.error("model '%s' is unavailable: %s", model, entry.error)
-        return EXIT_LOAD_FAILED
-    if version is None:
-        version = entry.versions[-1]
-    elif version not in available_versions(entry.path):
-        # Any version in the repository: what is served is the controller's decision (a
-        # rollout serves a version the version policy would not pick yet).
-        log.error("model '%s' has no version %d in the repository", model, version)
-        return EXIT_LOAD_FAILED
     tracing = tracing_from_settings(settings, "worker")
-    worker = Worker(
-        settings,
-        entry.config,
-        version,
-        entry.model_file(version),
-        placement,
-        tracing=tracing,
-        slot=slot,
-    )
+    try:
+        worker = worker_for(
+            settings, repository, model, version, placement, slot=slot, tracing=tracing
+        )
+    except InvalidConfig as exc:
+        log.error("%s", exc.message)
+        if tracing is not None:
+            tracing.shutdown()
+        return EXIT_LOAD_FAILED
     tune_garbage_collector()
 
     async def main() -> int:
@@ -63,7 +53,7 @@ def run_worker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m workers")
+    parser = argparse.ArgumentParser(prog="python -m sluice.workers")
     parser.add_argument("--model-repository", type=Path, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", type=int)

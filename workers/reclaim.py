@@ -24,8 +24,8 @@ from sluice.core.errors import InferenceFailed
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.redis_types import StreamEntry
 from sluice.core.settings import WorkerSettings
-from sluice.workers.batching import PendingRequest
 from sluice.workers.replies import Outcome, Publisher, error_outcome
+from sluice.workers.tensors import PendingRequest
 
 log = logging.getLogger(__name__)
 

@@ -9,6 +9,7 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -18,11 +19,11 @@ from sluice.core import histograms as hist
 from sluice.core import jobs
 from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
-from sluice.core.errors import SluiceError, error_kind
+from sluice.core.errors import DeadlineExceeded, SluiceError, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys
-from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
-from sluice.workers.batching import PendingRequest
+from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, RequestMessage, encode_reply
 from sluice.workers.slot_lease import SlotLease, SlotLost
+from sluice.workers.tensors import PendingRequest
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +47,7 @@ class Timing:
 
 @dataclass(slots=True)
 class BatchClose:
-    """How a batch was formed (see :mod:`workers.adaptive`), for the metrics."""
+    """How a batch was formed (see :mod:`sluice.workers.adaptive`), for the metrics."""
 
     reason: str
     """One of :data:`sluice.core.statistics.BATCH_CLOSE_REASONS`."""
@@ -63,6 +64,30 @@ def error_outcome(request: PendingRequest, version: int, error: SluiceError) -> 
         request.message.request_key, version, error_kind=error_kind(error), error=error.message
     )
     return Outcome(request, reply)
+
+
+def log_failures(outcomes: list[Outcome]) -> None:
+    """One line per failed request, with its ids and the error's text (never its data);
+    a deadline that passed in the queue is routine under load, so only INFO."""
+    for outcome in outcomes:
+        reply = outcome.reply
+        if reply.error_kind:
+            level = (
+                logging.INFO if reply.error_kind == DeadlineExceeded.__name__ else logging.WARNING
+            )
+            log.log(
+                level,
+                "request failed: %s: %s",
+                reply.error_kind,
+                reply.error,
+                extra=_log_ids(outcome.request.message),
+            )
+
+
+def _log_ids(message: RequestMessage) -> dict[str, Any]:
+    """The ids a request's log lines carry (see :mod:`sluice.core.logs`)."""
+    trace_id = message.trace.trace_id if message.trace is not None else None
+    return {"request_id": message.request_id or message.client_id or None, "trace_id": trace_id}
 
 
 @dataclass

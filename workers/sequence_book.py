@@ -34,7 +34,7 @@ from sluice.core.datatypes import numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InvalidConfig, InvalidInput, SluiceError
 from sluice.core.keys import Keys
 from sluice.core.sequences import SequenceRef, sequence_of, start_missing
-from sluice.workers.batching import PendingRequest
+from sluice.workers.tensors import PendingRequest
 
 INITIAL_STATE_DIR = "initial_state"
 MAX_CHECKPOINT_BYTES = 64 << 20

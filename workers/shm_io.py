@@ -96,7 +96,7 @@ def _refused(what: str, ref: ShmRef, exc: OSError | ValueError) -> InvalidInput:
 
 
 MAPPINGS = SharedObjects()
-"""The worker process's access to shared memory (the name :mod:`workers.batching` uses)."""
+"""The worker process's access to shared memory (the name :mod:`sluice.workers.tensors` uses)."""
 
 
 def input_view(ref: ShmRef, segment_prefix: str, what: str) -> memoryview:

@@ -127,7 +127,7 @@ class SlotLease:
         if current is None or _text(current) != self.holder:
             self.lost = True
             raise SlotLost(f"slot {self.key} is no longer this worker's")
-        pipe.multi()
+        pipe.multi()  # type: ignore[no-untyped-call]
 
     def _ttl_ms(self) -> int:
         return max(1, int(self.ttl_s * 1000))

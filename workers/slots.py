@@ -5,7 +5,7 @@ next batch on an :class:`asyncio.Event` (``idle``), set while the thread is free
 that mostly waits on something else (an ensemble waits on its composing models) declares
 ``concurrency = N``; its worker then keeps up to N batches in flight, gated by
 :class:`ComputeSlots`, which offers the same four calls as the event with a count behind
-them, and computes them on N threads (see :meth:`workers.worker.Worker.run`).
+them, and computes them on N threads (see :mod:`sluice.workers.worker`).
 
 Threads rather than coroutines on the worker's loop: every backend keeps one synchronous
 interface, and the work around ``infer`` (combining and splitting a batch's tensors,
@@ -45,6 +45,10 @@ class ComputeSlots:
             self._released.clear()
             await self._released.wait()
         return True
+
+
+ComputeGate = asyncio.Event | ComputeSlots
+"""Whether the next batch may go: an event for one compute thread, slots for several."""
 
 
 def backend_concurrency(backend: object) -> int:

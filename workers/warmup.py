@@ -42,7 +42,8 @@ def warm_up(backend: Backend, config: ModelConfig, model_dir: Path) -> None:
 def sample_inputs(
     sample: WarmupSample, config: ModelConfig, model_dir: Path
 ) -> dict[str, np.ndarray]:
-    """The batch a warm-up sample sends, shaped as :func:`workers.batching.combine` shapes it."""
+    """The batch a warm-up sample sends, shaped as :func:`sluice.workers.tensors.combine`
+    shapes it."""
     rng = np.random.default_rng(_SEED)
     batch = sample.batch_size if config.max_batch_size > 0 else None
     arrays: dict[str, np.ndarray] = {}

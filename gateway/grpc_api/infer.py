@@ -1,11 +1,12 @@
 """``ModelInfer`` and ``ModelStreamInfer``: gRPC requests on the REST path's data plane.
 
-Both take the request message as bytes and decode it here, on a thread when it is large,
-and answer bytes encoded the same way, so that no work proportional to a tensor's size runs
-on the event loop (gRPC's own deserializer would run there). From the decoded message on,
-a request takes :func:`gateway.infer.prepare_with` and :func:`gateway.infer.execute`, as a
-REST one does: the same validation, admission control, deadlines, priorities, version
-labels, shared memory and shadow traffic. A gRPC deadline caps the request's timeout.
+Both take the request message as bytes and decode it here, on a thread when it is large, and
+answer bytes encoded the same way, so that no work proportional to a tensor's size runs on
+the event loop (gRPC's own deserializer would run there). From the decoded message on, a
+request takes :func:`sluice.gateway.infer.prepare_with` and
+:func:`sluice.gateway.infer.execute`, as a REST one does: the same validation, admission
+control, deadlines, priorities, version labels, shared memory and shadow traffic. A gRPC
+deadline caps the request's timeout.
 
 On a stream, requests are handled concurrently, each answered when its answer arrives
 (matched by its ``id``, as Triton's clients do), and at most
@@ -19,9 +20,9 @@ Memory: each message's bytes are charged to the body budget HTTP bodies share
 (``SLUICE_MAX_BUFFERED_BODY_BYTES``) as soon as the message has arrived, before it is
 decoded, and given back once it is answered; a message that does not fit is refused
 (UNAVAILABLE, or a stream response with its ``id``). What may be arriving at once is
-bounded apart (:mod:`gateway.grpc_api.limits`): ModelInfer messages are read in turn
-(:mod:`gateway.grpc_api.receiving`), streams are limited in number and ended when idle
-(:mod:`gateway.grpc_api.stream_idle`).
+bounded apart (:mod:`sluice.gateway.grpc_api.limits`): ModelInfer messages are read in turn
+(:mod:`sluice.gateway.grpc_api.receiving`), streams are limited in number and ended when idle
+(:mod:`sluice.gateway.grpc_api.stream_idle`).
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ from sluice.core.wire import ReplyMessage
 from sluice.gateway import request_id
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
-from sluice.gateway.infer_request import InferRequest, parse_infer_document
+from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.queue_turn import QueueTurn
+from sluice.gateway.request_parsing import parse_infer_document
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 

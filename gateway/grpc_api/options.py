@@ -3,7 +3,7 @@ connection, flow control and keepalive.
 
 Flow control: a stream's window is grpc's 64 KiB look-ahead, not grown by bandwidth-delay
 probing, so a call whose message is not being read yet (it waits for its turn, see
-:mod:`gateway.grpc_api.limits`) holds at most that much in the gateway. A message being
+:mod:`sluice.gateway.grpc_api.limits`) holds at most that much in the gateway. A message being
 read gets a window of its whole announced size from grpcio itself, so large messages still
 arrive at full speed.
 

@@ -5,11 +5,11 @@ Keys as for REST: metadata ``authorization: Bearer <key>``; the repository, shar
 trace and log calls are management calls (admin keys), the others inference calls; health
 and reflection are open. TLS with the HTTP API's certificate when one is set. Health answers
 SERVING for the whole server ("") and for the inference service while the server is ready
-(:func:`gateway.inspection.server_not_ready`), re-checked at every catalog refresh.
+(:func:`sluice.gateway.inspection.server_not_ready`), re-checked at every catalog refresh.
 
 Memory and streams are bounded before grpcio buffers anything a handler could refuse:
-see :mod:`gateway.grpc_api.limits` (what may arrive at once) and
-:mod:`gateway.grpc_api.options` (streams per connection, flow control, keepalive).
+see :mod:`sluice.gateway.grpc_api.limits` (what may arrive at once) and
+:mod:`sluice.gateway.grpc_api.options` (streams per connection, flow control, keepalive).
 """
 
 from __future__ import annotations

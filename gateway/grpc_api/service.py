@@ -1,9 +1,9 @@
 """The gRPC service's calls other than inference: health, metadata, configuration,
 statistics, repository, shared memory, trace and log settings.
 
-Each renders what its REST route renders (:mod:`gateway.inspection` and the route modules'
+Each renders what its REST route renders (:mod:`sluice.gateway.inspection` and the route modules'
 shared functions) into the protobuf message Triton answers; errors are raised as Sluice's
-errors and turned into gRPC statuses by the server (:mod:`gateway.grpc_api.status`).
+errors and turned into gRPC statuses by the server (:mod:`sluice.gateway.grpc_api.status`).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ from sluice.gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from sluice.gateway.logging_routes import log_changes
-from sluice.gateway.model_control_routes import NAMED_REPOSITORY, carry_out, require_explicit
-from sluice.gateway.routes import EXTENSIONS
+from sluice.gateway.log_settings import log_changes
+from sluice.gateway.model_control import NAMED_REPOSITORY, carry_out, require_explicit
+from sluice.gateway.server_extensions import EXTENSIONS
 from sluice.gateway.state import GatewayState
 from sluice.gateway.trace_settings import refuse_changes, trace_settings
 

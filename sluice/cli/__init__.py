@@ -13,11 +13,28 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from typer.core import TyperGroup
 
 from sluice.cli.batch_command import batch_app
 from sluice.cli.infer_command import infer as infer_command
+from sluice.core.errors import StartupFailed
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Sluice inference server.")
+
+class _Commands(TyperGroup):
+    """The one place a fatal start-up error (:class:`StartupFailed`, raised by any service
+    that cannot start) is handled: one line on stderr, and its exit status."""
+
+    def invoke(self, ctx: Any) -> Any:  # typer's click Context (vendored by typer)
+        try:
+            return super().invoke(ctx)
+        except StartupFailed as exc:
+            print(f"error: {exc.message}", file=sys.stderr)
+            ctx.exit(exc.exit_status)
+
+
+app = typer.Typer(
+    cls=_Commands, add_completion=False, no_args_is_help=True, help="Sluice inference server."
+)
 
 Verbose = Annotated[bool, typer.Option(help="Log debug messages too.")]
 
@@ -117,7 +134,7 @@ def up(
 ) -> None:
     """Start Redis (unless given), the gateway and one worker per model instance."""
     from sluice.core.settings import ApiKeySettings, UpSettings
-    from sluice.scheduler.up import up as run_up
+    from sluice.scheduler.executor.up import up as run_up
 
     _logging(verbose)
     given = redis_url is not None or "SLUICE_REDIS_URL" in os.environ
@@ -196,8 +213,8 @@ def controller(
     import threading
 
     from sluice.core.settings import ControllerSettings
-    from sluice.scheduler.controller import run as run_controller
-    from sluice.scheduler.sources import SourceError
+    from sluice.scheduler.controller.service import run as run_controller
+    from sluice.scheduler.executor.kubernetes import start_executor
 
     _logging(verbose)
     settings = ControllerSettings(
@@ -207,11 +224,7 @@ def controller(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     print(f"Controller {settings.controller_id} started", flush=True)
-    try:
-        run_controller(settings, stop)
-    except SourceError as exc:
-        print(f"error: {exc.message}", file=sys.stderr)
-        raise typer.Exit(2) from None
+    run_controller(settings, stop, start_executor=start_executor)
     print("Controller stopped.", flush=True)
 
 

@@ -43,7 +43,8 @@ def encode_entry(entry: CatalogEntry) -> bytes:
         "config": None if entry.config is None else config_to_json(entry.config),
         "error": entry.error,
     }
-    return msgpack.packb(body)
+    packed: bytes = msgpack.packb(body)
+    return packed
 
 
 def decode_entry(raw: bytes) -> CatalogEntry:

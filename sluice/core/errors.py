@@ -5,7 +5,7 @@ never imports a web framework), one gRPC status code (by its name in ``grpc.Stat
 so the core never imports grpc; as Triton maps its error codes) and one message that is
 sent to clients as ``{"error": message}`` or as the gRPC status details. Per-request
 errors are kept apart from fatal ones: everything here concerns a single request or model,
-never the process.
+never the process, but for :class:`StartupFailed`, which is no :class:`SluiceError`.
 """
 
 from __future__ import annotations
@@ -156,3 +156,14 @@ def error_kind(error: SluiceError) -> str:
 def error_from_kind(kind: str, message: str) -> SluiceError:
     """Rebuild an error received from another process; unknown kinds become the root."""
     return _BY_NAME.get(kind, SluiceError)(message)
+
+
+class StartupFailed(Exception):
+    """A process cannot start (an unreadable repository, a port in use, no redis-server): the
+    one fatal error, kept apart from :class:`SluiceError` because no client ever sees it. The
+    command line prints ``error: <message>`` on stderr and exits with ``exit_status``."""
+
+    def __init__(self, message: str, exit_status: int = 2) -> None:
+        super().__init__(message)
+        self.message = message
+        self.exit_status = exit_status

@@ -108,4 +108,4 @@ BATCH_SIZE = Histogram("batch", _BATCH_BOUNDS, 1)
 BATCH_WAIT = Histogram("batch_wait", _WAIT_BOUNDS_S, 1e9)
 """From a batch's first request held to the batch going to compute."""
 COST_MODEL_ERROR = Histogram("cost_error", _RATIO_BOUNDS, RATIO_UNIT)
-"""|predicted - measured| / measured cost of a batch (see :mod:`workers.adaptive`)."""
+"""|predicted - measured| / measured cost of a batch (see :mod:`sluice.workers.adaptive`)."""

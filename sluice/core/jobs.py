@@ -226,7 +226,8 @@ class JobOutput:
 
 
 def encode_outputs(outputs: list[JobOutput]) -> bytes:
-    return msgpack.packb([[o.name, o.binary, o.classes] for o in outputs])
+    packed: bytes = msgpack.packb([[o.name, o.binary, o.classes] for o in outputs])
+    return packed
 
 
 def decode_outputs(raw: bytes) -> list[JobOutput]:

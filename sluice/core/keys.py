@@ -28,6 +28,8 @@ WORKER_GROUP = "workers"
 
 @dataclass(frozen=True, slots=True)
 class Keys:
+    """Every key of one deployment, named from its namespace (SLUICE_NAMESPACE)."""
+
     namespace: str = "sluice"
 
     def request_stream(self, model: str, version: int, priority: int = 0) -> str:
@@ -50,7 +52,7 @@ class Keys:
 
     def sequence_owner(self, model: str, version: int, slot: int) -> str:
         """Which worker reads a slot's stream now: a lease (worker, expiring unless renewed)
-        among the workers of every host started for that slot (:mod:`workers.slot_lease`)."""
+        among the workers of every host started for that slot (:mod:`sluice.workers.slot_lease`)."""
         return f"{self.namespace}:seq-owner:{{{model}}}:{version}:s{slot}"
 
     def sequence_state(self, model: str, version: int, sequence: str) -> str:
@@ -75,6 +77,8 @@ class Keys:
         return f"{self.namespace}:job-model:{job_id}"
 
     def is_job(self, reply_to: str) -> bool:
+        """Whether a request's reply address is a job's hash (:meth:`job`) rather than a
+        gateway's reply stream."""
         return reply_to.startswith(f"{self.namespace}:job:")
 
     def job_by_key(self, model: str, tenant: str, key: str) -> str:
@@ -276,4 +280,5 @@ class Keys:
 
 
 def load_error_field(model: str, version: int) -> str:
+    """The field of :attr:`Keys.load_errors` that holds why a model version failed to load."""
     return f"{model}:{version}"

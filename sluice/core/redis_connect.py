@@ -74,10 +74,10 @@ def _translated_async(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaita
 class _Cluster(RedisCluster):
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         with _cluster_errors():
-            return super().execute_command(*args, **kwargs)
+            return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
 
     def pipeline(self, transaction: Any = None, shard_hint: Any = None) -> Any:
-        pipe = super().pipeline(transaction, shard_hint)
+        pipe = super().pipeline(transaction, shard_hint)  # type: ignore[no-untyped-call]
         setattr(pipe, "execute", _translated(pipe.execute))  # noqa: B010 (on this instance)
         return pipe
 

@@ -78,6 +78,9 @@ class CommonSettings(BaseSettings):
 
 
 class ApiKeySettings(BaseSettings):
+    """The API keys a gateway accepts, each belonging to a tenant
+    (:mod:`sluice.core.tenants`)."""
+
     model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
 
     api_keys: str = Field("", repr=False)
@@ -221,6 +224,9 @@ class BatchStoreSettings(RepositorySourceSettings):
 
 
 class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
+    """Settings of a gateway process: its listeners (HTTP, gRPC, metrics), the limits it puts
+    on clients, and asynchronous jobs."""
+
     http_host: str = "127.0.0.1"
     """Address the HTTP server binds to."""
 
@@ -446,6 +452,8 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
 
 
 class WorkerSettings(CommonSettings):
+    """Settings of a worker process, one instance of one model version."""
+
     threads: int = Field(0, ge=0)
     """Compute threads per worker; 0: the cores divided among the instances of its own model
     (what `sluice up` passes), or every core for a worker started alone."""
@@ -467,12 +475,13 @@ class WorkerSettings(CommonSettings):
 
     load_errors_key: str = ""
     """Where a worker that cannot load its model writes why (default: the catalog's load
-    errors); ``sluice up`` sets it for a load on request, see scheduler/model_control.py."""
+    errors); ``sluice up`` sets it for a load on request, see
+    scheduler/executor/model_control.py."""
 
 
 class ControllerSettings(RepositorySourceSettings, CommonSettings):
     """Settings of a controller process; several may run, one leads (see
-    :mod:`scheduler.leadership`)."""
+    :mod:`sluice.scheduler.controller.leadership`)."""
 
     lease_ttl_s: float = Field(3.0, gt=0)
     """Lifetime of the leader's lease: a standby takes over at most this long after the
@@ -493,7 +502,8 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     executor: Literal["local", "kubernetes"] = "local"
     """Who carries the wanted instance counts out: ``local``, ``sluice up`` (worker
     processes); ``kubernetes``, this controller, by scaling the worker Deployments and
-    publishing the catalog (:mod:`scheduler.kubernetes_executor`, the ``kubernetes`` extra)."""
+    publishing the catalog (:mod:`sluice.scheduler.executor.kubernetes`, the ``kubernetes``
+    extra)."""
 
     kubernetes_namespace: str = ""
     """Namespace of the worker Deployments; empty: the controller pod's own."""
@@ -549,7 +559,10 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
     into ``repository_cache_dir`` at start)."""
 
     http_host: str = "127.0.0.1"
+    """Address the gateways' HTTP server binds to (passed to them as SLUICE_HTTP_HOST)."""
+
     http_port: int = Field(8000, ge=0, le=65535)
+    """Port of the gateways' HTTP API (passed to them as SLUICE_HTTP_PORT)."""
 
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the HTTP port (each has its own reply stream)."""

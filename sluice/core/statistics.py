@@ -122,7 +122,7 @@ def deadline_miss_field(stage: str) -> str:
 BATCH_CLOSE_REASONS = ("full", "preferred", "window", "adaptive", "stopping")
 """Why a worker closed a batch (``sluice_batch_closes_total``): it reached
 ``max_batch_size`` or a preferred size, the queue delay ran out, waiting no longer paid
-(adaptive batching, :mod:`workers.adaptive`), or the worker was stopping."""
+(adaptive batching, :mod:`sluice.workers.adaptive`), or the worker was stopping."""
 
 
 def batch_close_field(reason: str) -> str:

@@ -2,7 +2,7 @@
 gateway: an ensemble's worker calling its composing models, a Python model calling another
 (BLS).
 
-The same rules as the gateway's :class:`gateway.catalog_view.CatalogView` for a request
+The same rules as the gateway's :class:`sluice.gateway.catalog_view.CatalogView` for a request
 that names a version or none (Triton's): the catalog entry says which versions are
 served, a version is ready while a worker of it beats (:meth:`sluice.core.keys.Keys.live_workers`),
 no version named (``-1``) means the highest ready one, and the stream is the version's

@@ -27,6 +27,8 @@ from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
+pytestmark = pytest.mark.cluster
+
 TIMEOUT_US = 5_000_000
 CLIENT_TIMEOUT_S = TIMEOUT_US / 1e6 + 5.0
 RECOVERY_S = 20.0

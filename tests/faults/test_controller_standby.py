@@ -30,8 +30,8 @@ from redis import Redis
 from sluice.core.config.parse import parse_config_text
 from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel
-from sluice.scheduler.catalog_publisher import publish_catalog
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.catalog_publisher import publish_catalog
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.faults.conftest import Report
 from tests.support import procs
 
@@ -42,7 +42,7 @@ TAKEOVER_S = 5.0
 
 @dataclass
 class Controller:
-    """A ``python -m scheduler.controller`` process; its stdout lines with the monotonic
+    """A ``sluice controller`` process; its stdout lines with the monotonic
     time they arrived, and its log lines."""
 
     process: subprocess.Popen[str]
@@ -125,7 +125,7 @@ def start_controller(
 
     def start() -> Controller:
         process = subprocess.Popen(
-            [sys.executable, "-m", "sluice.scheduler.controller"],
+            [sys.executable, "-m", "sluice.cli", "controller"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -177,7 +177,7 @@ def redis(redis_server: RedisServer) -> Iterator[Redis]:
 def leader_and_standby(start: Callable[[], Controller]) -> tuple[Controller, Controller]:
     """Start one controller, let it lead, then start a second one that stands by."""
     leader = start()
-    assert procs.wait_until(lambda: bool(leader.stdout), 15, 0.01), leader.stderr
+    assert procs.wait_until(lambda: bool(leader.tokens()), 15, 0.01), leader.stderr
     standby = start()
     assert procs.wait_until(lambda: standby.logged(f"standby: {leader.holder} leads"), 15), (
         standby.stderr
@@ -204,7 +204,7 @@ def test_the_standby_takes_over_within_5_s_of_a_sigkill(
     time.sleep(1.5)  # a few renewals and decisions
     killed_at = time.monotonic()
     leader.process.send_signal(signal.SIGKILL)
-    assert procs.wait_until(lambda: standby.stdout, TAKEOVER_S + 2, 0.01), standby.stderr
+    assert procs.wait_until(lambda: standby.tokens(), TAKEOVER_S + 2, 0.01), standby.stderr
     took_over_at = standby.first_lead_after(0.0)
     assert took_over_at is not None
     takeover_s = took_over_at - killed_at
@@ -227,7 +227,7 @@ def test_a_frozen_leader_is_replaced_and_applies_nothing_when_it_wakes(
     )
     stopped_at = time.monotonic()
     old.process.send_signal(signal.SIGSTOP)
-    assert procs.wait_until(lambda: new.stdout, TAKEOVER_S + 2, 0.01), new.stderr
+    assert procs.wait_until(lambda: new.tokens(), TAKEOVER_S + 2, 0.01), new.stderr
     took_over_at = new.first_lead_after(0.0)
     assert took_over_at is not None
     new_token = new.tokens()[0]

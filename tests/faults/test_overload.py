@@ -19,7 +19,7 @@ import pytest
 from redis import Redis
 
 from sluice.core.keys import Keys
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.faults.conftest import Report
 from tests.support import procs
 from tests.support.load import Answer, check_response, flood, slow_request, tally

@@ -1,10 +1,11 @@
 """Hosts cut off by the network, on test hosts joined by veth links (issue 17).
 
 Redis alone on one host, the gateway on another (a front link for clients, a back link to
-Redis), and two worker hosts, each running ``sluice up --no-gateway --no-controller`` on
-the back network: the README's "Several hosts" layout, every setting at its default. A
-cut link drops what crosses it without a word to either side (:mod:`tests.support.netns`),
-so each side learns of it from its own timeouts, as across a failed switch.
+Redis), and two worker hosts, each running ``sluice up --no-gateway --no-controller`` on the
+back network: the "Several hosts" layout (docs/operations/several-hosts.md), every setting
+at its default. A cut link drops what crosses it without a word to either side
+(:mod:`tests.support.netns`), so each side learns of it from its own timeouts, as across a
+failed switch.
 
 - A worker host cut off mid-load: the requests it held are answered by the other host's
   worker once its heartbeat stops, none is lost, none answered twice or wrongly, no client

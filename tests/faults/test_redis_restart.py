@@ -19,7 +19,7 @@ import httpx
 import orjson
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer, free_port
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.faults.conftest import FAST_FAILURE_DETECTION, MODEL, Report
 from tests.support import procs
 from tests.support.load import Answer, Load, check_response, slow_request

@@ -20,7 +20,7 @@ from redis import Redis
 
 from sluice.core.keys import Keys
 from sluice.core.sequences import SequenceRef
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support import procs
 from tests.support.stack import Stack

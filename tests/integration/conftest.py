@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import ALL_DATATYPES, write_identity
 from tests.support.stack import Stack
 

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.test_metrics import scrape
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.stack import Stack

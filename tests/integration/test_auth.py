@@ -20,7 +20,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 

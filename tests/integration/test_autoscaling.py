@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.procs import wait_until, worker_pids
 from tests.support.slow_model import write_slow

@@ -28,7 +28,7 @@ import onnxruntime as ort
 import pytest
 
 from sluice.client import Client
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import children, cmdline, wait_until
 from tests.support.stack import Stack
 

@@ -18,7 +18,7 @@ import onnxruntime as ort
 import pytest
 
 from sluice.client import AsyncClient, BatchFailed, Client
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"

@@ -16,7 +16,7 @@ from sluice.core.batch_access import LocationPolicy
 from sluice.core.batch_store import LocalTree, S3Clients, open_tree
 from sluice.core.errors import Forbidden, InvalidInput, PayloadTooLarge
 from sluice.core.settings import BatchSettings, BatchStoreSettings
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 
 CREDENTIALS = {
     "AWS_ACCESS_KEY_ID": "sluice-test",

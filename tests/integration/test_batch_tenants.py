@@ -28,7 +28,7 @@ from sluice.core.batch_store import open_store
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
 from sluice.core.settings import BatchSettings
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
 

@@ -15,7 +15,7 @@ import httpx
 import numpy as np
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]

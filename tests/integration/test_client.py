@@ -33,7 +33,7 @@ from sluice.client import (
     ServerUnreachable,
     Unavailable,
 )
-from sluice.scheduler.redis_server import RedisServer, free_port
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.load import slow_request
 from tests.support.model_files import python_config, tensor, write_double_and_broken, write_model
 from tests.support.procs import wait_until

@@ -46,6 +46,8 @@ import tritonclient.grpc as grpcclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
+pytestmark = pytest.mark.compose
+
 ROOT = Path(__file__).resolve().parents[2]
 SETUP_SCRIPT = ROOT / "scripts" / "containers.sh"
 ENV_SCRIPT = ROOT / "scripts" / "compose-env.sh"

@@ -16,7 +16,7 @@ import pytest
 import tritonclient.http as httpclient
 from onnx import TensorProto, helper, numpy_helper
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import save
 from tests.support.stack import Stack
 

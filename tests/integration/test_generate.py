@@ -9,7 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.stack import Stack
 

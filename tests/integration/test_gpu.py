@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from sluice.gateway.gpu_metrics import GPU_FAMILIES
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
 

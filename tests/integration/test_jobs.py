@@ -21,7 +21,7 @@ import pytest
 import tritonclient.http as httpclient
 from redis import Redis
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_double_and_broken
 from tests.support.procs import gateway_pid, wait_until

@@ -20,15 +20,16 @@ from redis import Redis
 from sluice.core.catalog import decode_entry
 from sluice.core.keys import Keys
 from sluice.core.settings import ControllerSettings
-from sluice.scheduler import controller
-from sluice.scheduler.kubernetes_executor import (
+from sluice.scheduler.controller.service import run as run_controller
+from sluice.scheduler.executor.kubernetes import (
     MODEL_ANNOTATION,
     VERSION_ANNOTATION,
     KubernetesExecutor,
     apps_api,
     kubernetes_namespace,
+    start_executor,
 )
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.kube_api import Deployment, KubeApi
 from tests.support.procs import wait_until
 from tests.support.slow_model import write_slow
@@ -158,7 +159,7 @@ def test_an_unreachable_api_server_is_logged_and_the_executor_goes_on(
 def test_namespace_defaults_to_the_pods_own(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import sluice.scheduler.kubernetes_executor as module
+    import sluice.scheduler.executor.kubernetes as module
 
     config = settings(redis_server, kubernetes_namespace="")
     monkeypatch.setattr(module, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "missing")
@@ -181,7 +182,9 @@ def test_the_controller_publishes_the_catalog_and_its_autoscaler_scales_the_depl
     keys = Keys(config.namespace)
     stop = threading.Event()
     thread = threading.Thread(
-        target=controller.run, args=(config, stop), kwargs={"announce": False}
+        target=run_controller,
+        args=(config, stop),
+        kwargs={"announce": False, "start_executor": start_executor},
     )
     thread.start()
     try:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from sluice.scheduler.redis_server import RedisServer, free_port
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.onnx_models import write_identity
 from tests.support.procs import wait_until, worker_pids
 from tests.support.stack import Stack

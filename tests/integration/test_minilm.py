@@ -15,7 +15,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from examples.minilm_reference import ServedPipeline
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
 

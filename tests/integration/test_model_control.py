@@ -17,7 +17,7 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity

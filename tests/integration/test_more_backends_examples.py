@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tritonclient.http as httpclient
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -15,7 +15,7 @@ import openvino as ov  # the openvino extra, part of the dev install: missing fa
 import pytest
 import tritonclient.http as httpclient
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 import yaml
 
-from sluice.scheduler.redis_server import RedisServer, free_port
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack

@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from tests.support.stack import Stack
-from tests.unit.test_python_autocomplete import COMPLETING
+from tests.unit.core.test_python_autocomplete import COMPLETING
 
 
 def test_a_self_completing_python_model_is_served(

@@ -23,6 +23,8 @@ from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
+pytestmark = pytest.mark.cluster
+
 EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"
 
 

@@ -20,7 +20,7 @@ import pytest
 from redis import Redis
 
 from sluice.core.keys import Keys
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 

@@ -20,9 +20,10 @@ import pytest
 
 from sluice.core.repository import scan_repository
 from sluice.core.settings import RepositorySourceSettings
-from sluice.scheduler.redis_server import free_port
-from sluice.scheduler.remote_listing import MANIFEST_NAME, build_manifest
-from sluice.scheduler.sources import SourceError, open_source, poll, snapshot_repository
+from sluice.scheduler.executor.redis_server import free_port
+from sluice.scheduler.repository.listing import MANIFEST_NAME, build_manifest
+from sluice.scheduler.repository.locations import open_source, snapshot_repository
+from sluice.scheduler.repository.sources import SourceError, poll
 from tests.support.onnx_models import write_identity
 from tests.support.procs import wait_until
 from tests.support.stack import Stack

@@ -17,7 +17,7 @@ import httpx
 import orjson
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.onnx_models import write_identity
 from tests.support.procs import gateway_pid, worker_pids

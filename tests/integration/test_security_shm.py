@@ -28,7 +28,7 @@ import numpy as np
 import pytest
 
 from sluice.core.shm import SHM_DIR, new_segment_name, segment_prefix
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack

@@ -32,7 +32,7 @@ from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from sluice.core.keys import Keys
 from sluice.core.shm import SHM_DIR, segment_prefix
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack

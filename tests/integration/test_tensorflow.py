@@ -15,7 +15,7 @@ from tensorflow.python.framework.convert_to_constants import (
     convert_variables_to_constants_v2,
 )
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 
 W = np.arange(8, dtype=np.float32).reshape(4, 2) / 10

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import save_torchscript
 from tests.support.stack import Stack
 

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.otlp_receiver import OtlpReceiver, ReceivedSpan
@@ -149,7 +149,7 @@ def test_a_failing_request_is_logged_with_its_id_by_gateway_and_worker(
         assert line["level"] == "WARNING" and "negative input" in line["message"]
         assert line["trace_id"] == trace_id
         assert set(line) >= LOG_FIELDS
-    assert worker[0]["logger"] == "sluice.workers.worker"
+    assert worker[0]["logger"] == "sluice.workers.replies"
     assert str(marker) not in "".join(traced.stderr_lines)
     assert spans["receive"].status_code == 2  # a 500 marks the gateway's span as failed
     assert spans["batch_compute"].status_code == 2

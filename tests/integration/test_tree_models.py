@@ -19,7 +19,7 @@ import tritonclient.http as httpclient
 import xgboost
 from sklearn import datasets, ensemble
 
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 
 

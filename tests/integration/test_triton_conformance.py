@@ -26,7 +26,7 @@ import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
 from sluice.core.datatypes import serialize_bytes
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.load import slow_request
 from tests.support.onnx_models import write_identity

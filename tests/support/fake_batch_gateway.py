@@ -19,7 +19,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from sluice.scheduler.redis_server import free_port
+from sluice.scheduler.executor.redis_server import free_port
 
 
 @dataclass

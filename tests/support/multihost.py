@@ -1,10 +1,10 @@
 """A Sluice deployment spread over test hosts (:mod:`tests.support.netns`).
 
-The layout of the README's "Several hosts": Redis alone on one host, gateways on hosts
-with a front link (clients) and a back link (Redis, workers), and worker hosts on the
-back network, each running ``sluice up --no-gateway --no-controller`` against the shared
-Redis with its own host id. The test process joins both networks: it is the clients on
-the front, and reads Redis on the back the way an operator would.
+The layout of "Several hosts" (docs/operations/several-hosts.md): Redis alone on one host,
+gateways on hosts with a front link (clients) and a back link (Redis, workers), and worker
+hosts on the back network, each running ``sluice up --no-gateway --no-controller`` against
+the shared Redis with its own host id. The test process joins both networks: it is the
+clients on the front, and reads Redis on the back the way an operator would.
 
 Every process writes its output to a log file; :meth:`Deployment.logs` gives their tails
 for a failing test's message.

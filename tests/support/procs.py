@@ -51,7 +51,8 @@ def environment(pid: int) -> dict[str, str]:
 
 def _is_module(pid: int, module: str) -> bool:
     argv = cmdline(pid)
-    return any(a == "-m" and b == module for a, b in itertools.pairwise(argv))
+    names = (module, f"sluice.{module}")  # (services run as ``-m sluice.<service>``)
+    return any(a == "-m" and b in names for a, b in itertools.pairwise(argv))
 
 
 def gateway_pid(parent: int) -> int:

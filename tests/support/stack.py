@@ -13,7 +13,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.scheduler.redis_server import free_port
+from sluice.scheduler.executor.redis_server import free_port
 from tests.support import procs
 
 READY_PREFIX = "Sluice ready at "

@@ -11,18 +11,8 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.placement import Placement as Placement  # re-exported for the backends
 from sluice.core.trace_context import TraceParent
-
-
-@dataclass(frozen=True, slots=True)
-class Placement:
-    """Where one model instance runs."""
-
-    kind: str = "KIND_CPU"
-    """"KIND_CPU" or "KIND_GPU"."""
-    gpu: int | None = None
-    threads: int = 1
-    """Compute threads this instance may use."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,7 +35,7 @@ an error ends the request's responses."""
 
 class Backend(Protocol):
     """``concurrency`` (optional attribute, default 1): how many batches the worker may
-    compute at once (see :mod:`workers.slots`). A backend that declares more than 1 is
+    compute at once (see :mod:`sluice.workers.slots`). A backend that declares more than 1 is
     also called with ``contexts=``, one :class:`RequestContext` per request of the batch."""
 
     def infer(

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
 from sluice.core.errors import InferenceFailed
 
@@ -13,13 +13,13 @@ def import_cudart() -> ModuleType | None:
     try:
         from cuda.bindings import runtime
 
-        return runtime
+        return cast(ModuleType, runtime)
     except ImportError:
         pass
     try:
         from cuda import cudart
 
-        return cudart
+        return cast(ModuleType, cudart)
     except ImportError:
         return None
 

@@ -11,9 +11,9 @@ gateway. Each step inherits the request's deadline, request id and trace context
 the composing models count, trace and expire it as one of their own requests.
 
 An instance spends its time waiting for its composing models, so it declares
-``concurrency`` (:mod:`workers.slots`): the worker computes up to that many batches at
+``concurrency`` (:mod:`sluice.workers.slots`): the worker computes up to that many batches at
 once, each on a thread of its own, which hands the request to this backend's event loop
-(:class:`workers.model_calls.ModelCalls`: a thread with its own Redis clients and reply
+(:class:`sluice.workers.model_calls.ModelCalls`: a thread with its own Redis clients and reply
 stream) and waits.
 Each step additionally has at most :data:`STEP_IN_FLIGHT` requests in flight, so that one
 slow composing model cannot collect an unbounded queue from one ensemble instance.

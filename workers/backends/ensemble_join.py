@@ -31,7 +31,7 @@ def join_requests(
     failures: Mapping[int, SluiceError],
 ) -> dict[str, np.ndarray] | None:
     """Whole-batch outputs from each request's answer (rows of failed requests hold
-    zeros, as :class:`workers.backends.base.RequestsFailed` expects); None when every
+    zeros, as :class:`sluice.workers.backends.base.RequestsFailed` expects); None when every
     request failed. Raises :class:`InferenceFailed` when the answers' item shapes differ."""
     good = [i for i in range(len(answers)) if i not in failures]
     if not good:

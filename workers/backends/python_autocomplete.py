@@ -1,4 +1,4 @@
-"""``python -m workers.backends.python_autocomplete MODEL_PY``: Triton's
+"""``python -m sluice.workers.backends.python_autocomplete MODEL_PY``: Triton's
 ``TritonPythonModel.auto_complete_config``, run in a process of its own.
 
 The model configuration arrives as Triton JSON on stdin; the completed one leaves on stdout.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from sluice.workers.backends.python_model import find_model_class, import_model_file
 
@@ -27,7 +27,7 @@ class ModelConfigAutoComplete:
         self._config = config
 
     def as_dict(self) -> dict[str, Any]:
-        return json.loads(json.dumps(self._config))
+        return cast(dict[str, Any], json.loads(json.dumps(self._config)))
 
     def _add(self, kind: str, tensor: Any) -> None:
         if not isinstance(tensor, dict) or not isinstance(tensor.get("name"), str):

@@ -13,7 +13,7 @@ Sluice's own API, whole batches at a time::
 Triton's BLS in this API's style.
 
 Models written for Triton's Python backend (``class TritonPythonModel``) run
-through :mod:`workers.backends.triton_python`.
+through :mod:`sluice.workers.backends.triton_python`.
 """
 
 from __future__ import annotations

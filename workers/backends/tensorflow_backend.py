@@ -15,7 +15,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -71,7 +71,7 @@ def _saved_model(tf: Any, config: ModelConfig, path: Path) -> tuple[Run, Any]:
     _check_names(config, "output", [t.name for t in config.outputs], outputs)
 
     def run(feed: dict[str, Any]) -> Mapping[str, Any]:
-        return signature(**feed)
+        return cast(Mapping[str, Any], signature(**feed))
 
     return run, loaded
 

@@ -14,7 +14,7 @@ import warnings
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -77,9 +77,9 @@ def _load(path: Path, device: torch.device) -> Callable[..., Any]:
     with warnings.catch_warnings():
         # TorchScript is deprecated upstream, yet it is what users bring.
         warnings.filterwarnings("ignore", r"`torch\.jit", DeprecationWarning)
-        module = torch.jit.load(str(path), map_location=device)
+        module = torch.jit.load(str(path), map_location=device)  # type: ignore[no-untyped-call]
     module.eval()
-    return module
+    return cast(Callable[..., Any], module)
 
 
 def _forward_names(model: Callable[..., Any]) -> list[str] | None:

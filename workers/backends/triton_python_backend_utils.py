@@ -5,7 +5,7 @@ imports a ``model.py``, so ``import triton_python_backend_utils as pb_utils`` wo
 BLS (business logic scripting): ``InferenceRequest(model_name=..., inputs=...,
 requested_output_names=...).exec()`` (and ``await ....async_exec()``) calls another model
 served by the same deployment, through its stream, as an ensemble step does
-(:mod:`workers.model_calls`); the answer is an ``InferenceResponse`` whose ``has_error()``
+(:mod:`sluice.workers.model_calls`); the answer is an ``InferenceResponse`` whose ``has_error()``
 says whether the called model failed. ``timeout`` (microseconds) bounds the call.
 
 Decoupled models (``model_transaction_policy { decoupled: true }``) answer through
@@ -22,7 +22,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -188,7 +188,7 @@ class InferenceRequest:
                 "get_response_sender is for decoupled models (model_transaction_policy "
                 "{ decoupled: true })"
             )
-        return sender
+        return cast(InferenceResponseSender, sender)
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Call ``model_name`` with this request (BLS); its answer, or its error."""

@@ -1,7 +1,7 @@
 """Triton's ``auto_complete_config`` for Python models: a ``TritonPythonModel`` may fill in
 its own inputs, outputs, batch size, batching and transaction policy.
 
-The model's code runs in a child process (``python -m workers.backends.python_autocomplete``)
+The model's code runs in a child process (``python -m sluice.workers.backends.python_autocomplete``)
 with a time limit, never in the process reading the repository; only models whose
 ``model.py`` mentions ``auto_complete_config`` pay for it.
 """

@@ -25,7 +25,7 @@ _INT64_TYPES = frozenset(
 
 def render_config(msg: Any) -> dict[str, Any]:
     """The JSON-ready dict Triton returns from ``/v2/models/<name>/config``."""
-    data = json_format.MessageToDict(
+    data: dict[str, Any] = json_format.MessageToDict(
         msg,
         preserving_proto_field_name=True,
         always_print_fields_with_no_presence=True,

@@ -183,6 +183,7 @@ def test_parquet_reads_a_shard_across_row_groups(tmp_path: Path) -> None:
         assert reader.read(start, end)["input"].tolist() == _rows(1000)[start:end].tolist()
 
 
+@pytest.mark.slow
 def test_a_shard_of_a_huge_row_group_costs_a_page_not_the_group(tmp_path: Path) -> None:
     """One row group of 32 MiB of values; ten rows read from its middle stay far below it
     (measured in a fresh process: the allocator's peak is process-wide)."""

@@ -90,6 +90,7 @@ def test_answers_are_checked() -> None:
     assert "not a KServe v2 answer" in str(bench.check_answer(b"{}", "EMBEDDING", None))
 
 
+@pytest.mark.slow
 def test_in_process_rows_and_table(tmp_path: Path) -> None:
     spec = importlib.util.spec_from_file_location("embedding_build", BUILD)
     assert spec is not None and spec.loader is not None

@@ -178,6 +178,7 @@ def test_no_download_leaves_the_results_on_the_server(
         ({"extra_names": [".hidden"]}, "not a plain file name"),
     ],
 )
+@pytest.mark.slow
 def test_a_bad_download_leaves_no_file_under_its_name(
     rows: Path, tmp_path: Path, fault: dict[str, object], message: str
 ) -> None:

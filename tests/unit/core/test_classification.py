@@ -12,7 +12,7 @@ from sluice.core.config import parse_config_text
 from sluice.core.datatypes import deserialize_bytes, to_buffer
 from sluice.core.errors import InvalidInput
 from sluice.core.wire import RequestMessage, TensorHeader, decode_request, encode_request
-from sluice.workers.batching import PendingRequest, shape_key, split, validate
+from sluice.workers.tensors import PendingRequest, shape_key, split, validate
 
 CONFIG = parse_config_text(
     """

@@ -23,9 +23,9 @@ from sluice.core.redis_connect import (
 from sluice.core.settings import CommonSettings
 from sluice.core.wire import RequestMessage, ShmRef, TensorHeader, decode_request, encode_request
 from sluice.gateway.catalog_view import CatalogView
-from sluice.scheduler.redis_server import free_port
+from sluice.scheduler.executor.redis_server import free_port
 from sluice.workers import shm_io
-from sluice.workers.batching import validate
+from sluice.workers.tensors import validate
 from tests.support.samples import TINY_CONFIG
 
 CONFIG = TINY_CONFIG

@@ -15,7 +15,7 @@ from redis import Redis
 
 from sluice.core import jobs
 from sluice.core.keys import Keys
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 
 MODEL = "m"
 TTL_S = 100

@@ -58,6 +58,7 @@ def _cosine_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.asarray(1.0 - np.sum(a * b, axis=1))
 
 
+@pytest.mark.slow
 def test_onnx_embeddings_equal_the_torch_reference(pipeline: ServedPipeline) -> None:
     from examples.minilm_reference import torch_embeddings
 
@@ -146,6 +147,7 @@ def test_transformer_has_dynamic_batch_and_sequence(repository: Path) -> None:
     ]
 
 
+@pytest.mark.slow
 def test_the_transformer_build_is_deterministic(tmp_path: Path, repository: Path) -> None:
     path = build.build_minilm_transformer(tmp_path)
     assert (
@@ -180,7 +182,7 @@ def test_ensemble_config_chains_the_steps(repository: Path) -> None:
 def test_build_skips_the_embedding_models_without_the_package(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setattr(build, "minilm_source", lambda: None)
+    monkeypatch.setattr("examples.model_builders.repository.minilm_source", lambda: None)
     built = build.build_all(tmp_path, models=["mlp", *STEPS, "minilm_embedding"])
     assert built == [tmp_path / "mlp" / "1" / "model.onnx"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["mlp"]

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from sluice.core.repository import read_model
 
 COMPLETING = """
@@ -49,6 +51,7 @@ def test_the_model_completes_its_configuration(tmp_path: Path) -> None:
     assert config.max_batch_size == 8 and config.dynamic_batching is not None
 
 
+@pytest.mark.slow
 def test_what_the_configuration_says_wins_where_they_agree_and_conflicts_fail(
     tmp_path: Path,
 ) -> None:
@@ -64,6 +67,7 @@ def test_what_the_configuration_says_wins_where_they_agree_and_conflicts_fail(
     assert "set_max_batch_size(8): the configuration says 4" in entry.error
 
 
+@pytest.mark.slow
 def test_a_failing_or_broken_model_file_is_the_models_error(tmp_path: Path) -> None:
     raising = COMPLETING.replace(
         "auto_complete_model_config.set_max_batch_size(8)", "raise RuntimeError('no shapes')"

@@ -28,7 +28,7 @@ from sluice.core.routing import (
 )
 from sluice.gateway.catalog_view import CatalogView
 from sluice.gateway.routing_view import RoutingView
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import identity_config
 
 MODEL = "m"

@@ -20,7 +20,7 @@ import pytest
 
 from sluice.core.datatypes import to_buffer
 from sluice.core.errors import Forbidden, InferenceFailed, InvalidInput, NotFound, Unsupported
-from sluice.core.settings import GatewaySettings, WorkerSettings
+from sluice.core.settings import GatewaySettings
 from sluice.core.shm import (
     SHM_DIR,
     ShmKeyError,
@@ -48,11 +48,10 @@ from sluice.core.wire import (
 from sluice.gateway.infer_request import InputTensor, RequestedOutput
 from sluice.gateway.shm_registry import RegionRegistry, client_shm_allowed, client_shm_refusal
 from sluice.gateway.shm_transfer import TensorTransfer
-from sluice.workers.backends.base import Placement
-from sluice.workers.batching import PendingRequest, combine, shape_key, split, validate
+from sluice.workers.execution import Execution
 from sluice.workers.replies import Timing
 from sluice.workers.shm_io import SharedObjects
-from sluice.workers.worker import Worker
+from sluice.workers.tensors import PendingRequest, combine, shape_key, split, validate
 from tests.support.samples import TINY_CONFIG
 
 # -------------------------------------------------------------------- sluice.core.shm
@@ -647,8 +646,8 @@ def test_a_region_that_changed_since_validation_fails_only_its_request(
     try:
         other.symlink_to(tmp_path / "anything")  # b's key is a link by the time it is read
         requests[1].message.inputs[0].shm = ShmRef(other.name, 0, 16)
-        worker = Worker(WorkerSettings(), CONFIG, 1, tmp_path, Placement())
-        results = worker._compute(requests, _Identity(), Timing())  # type: ignore[arg-type]
+        execution = Execution(CONFIG, 1)
+        results = execution.compute(requests, _Identity(), Timing())  # type: ignore[arg-type]
     finally:
         other.unlink()
     assert isinstance(results[1], InvalidInput) and "symbolic link" in results[1].message

@@ -275,6 +275,7 @@ def test_an_exporting_tracer_names_its_service_and_role(monkeypatch: pytest.Monk
         tracing.shutdown()  # nothing recorded: nothing sent
 
 
+@pytest.mark.slow
 def test_nothing_of_the_tracing_sdk_is_imported_while_tracing_is_off() -> None:
     """(redis-py imports the SDK's metrics part by itself when it is installed.)"""
     code = (

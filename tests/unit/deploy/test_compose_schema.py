@@ -49,7 +49,7 @@ def test_the_schema_catches_a_mistake() -> None:
 
 
 def test_stack_shape() -> None:
-    """What the README promises: services, loopback-only ports, health-gated start-up."""
+    """What docs/operations/compose.md promises: services, loopback ports, health-gated start-up."""
     services = _load(COMPOSE)["services"]
     assert {
         "redis",

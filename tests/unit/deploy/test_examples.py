@@ -44,7 +44,12 @@ def _config_dims(config: ModelConfig) -> dict[str, list[int]]:
 
 
 @pytest.mark.parametrize(
-    ("model", "builder"), [("iris", "build_iris"), ("mlp", "build_mlp"), ("cnn", "build_cnn")]
+    ("model", "builder"),
+    [
+        pytest.param("iris", "build_iris", marks=pytest.mark.slow),
+        ("mlp", "build_mlp"),
+        ("cnn", "build_cnn"),
+    ],
 )
 def test_model_matches_config(tmp_path: Path, model: str, builder: str) -> None:
     path = getattr(build, builder)(tmp_path)
@@ -67,6 +72,7 @@ def test_model_matches_config(tmp_path: Path, model: str, builder: str) -> None:
         assert np.all(np.isfinite(value)), name
 
 
+@pytest.mark.slow
 def test_iris_classifier_is_accurate(tmp_path: Path) -> None:
     from sklearn.datasets import load_iris
 
@@ -84,6 +90,7 @@ def test_iris_classifier_is_accurate(tmp_path: Path) -> None:
     assert labels == ["setosa", "versicolor", "virginica"]
 
 
+@pytest.mark.slow
 def test_build_all_is_idempotent(tmp_path: Path) -> None:
     pytest.importorskip("skl2onnx")
     built = build.build_all(tmp_path)

@@ -24,7 +24,7 @@ import jsonschema
 import pytest
 import yaml
 
-from sluice.scheduler.kubernetes_executor import served_field
+from sluice.scheduler.executor.kubernetes import served_field
 from tests.support.kube_api import matches
 
 try:

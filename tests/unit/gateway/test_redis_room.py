@@ -1,4 +1,4 @@
-"""The gateway's view of the room left in Redis (:mod:`gateway.redis_room`): on a real
+"""The gateway's view of the room left in Redis (:mod:`sluice.gateway.redis_room`): on a real
 redis-server with a small ``maxmemory``, new work is refused above the high-water mark and
 accepted again once Redis has drained."""
 
@@ -12,7 +12,7 @@ from redis.asyncio import Redis
 
 from sluice.core.errors import Overloaded
 from sluice.gateway.redis_room import RETRY_AFTER_S, RedisRoom
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer
 
 MAXMEMORY = 16 << 20
 

@@ -7,7 +7,7 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.errors import InvalidConfig
-from sluice.scheduler.autoscaling import ScalePolicy, Scaler, Signals
+from sluice.scheduler.controller.autoscaling import ScalePolicy, Scaler, Signals
 
 POLICY = ScalePolicy(min_instances=0, max_instances=8, objective_s=1.0)
 IDLE = Signals(backlog=0, busy=0, oldest_age_s=0.0, answered_per_s=0.0)

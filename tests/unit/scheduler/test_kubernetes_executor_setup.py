@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core.settings import ControllerSettings
-from sluice.scheduler.kubernetes_executor import ExecutorUnavailable, apps_api, start_executor
+from sluice.scheduler.executor.kubernetes import ExecutorUnavailable, apps_api, start_executor
 
 ROOT = Path(__file__).resolve().parents[3]
 

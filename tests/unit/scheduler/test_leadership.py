@@ -13,9 +13,9 @@ from redis import Redis
 
 from sluice.core.keys import Keys
 from sluice.core.settings import ControllerSettings
-from sluice.scheduler.controller import run_controller
-from sluice.scheduler.leadership import Lease, Write, apply_fenced
-from sluice.scheduler.redis_server import RedisServer
+from sluice.scheduler.controller.leadership import Lease, Write, apply_fenced
+from sluice.scheduler.controller.leading import run_controller
+from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
 
 

@@ -15,10 +15,10 @@ from redis import Redis
 from sluice.core.control import ControlCommand, decode_command, encode_command
 from sluice.core.errors import InvalidInput
 from sluice.core.keys import Keys
-from sluice.scheduler.model_control import ModelControl
-from sluice.scheduler.model_staging import check_model_name, stage
-from sluice.scheduler.redis_server import RedisServer
-from sluice.scheduler.supervisor import ChildSpec, Supervisor
+from sluice.scheduler.executor.model_control import ModelControl
+from sluice.scheduler.executor.redis_server import RedisServer
+from sluice.scheduler.executor.supervisor import ChildSpec, Supervisor
+from sluice.scheduler.repository.staging import check_model_name, stage
 
 CONFIG = json.dumps({"backend": "onnxruntime", "max_batch_size": 2})
 

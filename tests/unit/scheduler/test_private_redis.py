@@ -16,8 +16,8 @@ from redis import Redis
 from redis.exceptions import AuthenticationError, OutOfMemoryError
 
 from sluice.core.settings import ApiKeySettings, UpSettings
-from sluice.scheduler.open_listener import is_loopback, warn_if_open_beyond_loopback
-from sluice.scheduler.redis_server import RedisServer, new_password
+from sluice.scheduler.executor.open_listener import is_loopback, warn_if_open_beyond_loopback
+from sluice.scheduler.executor.redis_server import RedisServer, new_password
 from tests.support import procs
 
 MAXMEMORY = 8 << 20

@@ -16,10 +16,10 @@ from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel
 from sluice.core.rollout import RolloutPlan, RolloutState
 from sluice.core.routing import weight_field
-from sluice.scheduler.fenced_commands import CommandSender
-from sluice.scheduler.leadership import Lease, Write
-from sluice.scheduler.redis_server import RedisServer
-from sluice.scheduler.rollouts import RolloutManager, _Numbers
+from sluice.scheduler.controller.fenced_commands import CommandSender
+from sluice.scheduler.controller.leadership import Lease, Write
+from sluice.scheduler.controller.rollouts import RolloutManager, _Numbers
+from sluice.scheduler.executor.redis_server import RedisServer
 
 
 def test_plans_are_checked_field_by_field() -> None:

@@ -17,7 +17,8 @@ from botocore.exceptions import ReadTimeoutError
 
 from sluice.core.repository import scan_repository
 from sluice.core.settings import RepositorySourceSettings
-from sluice.scheduler.remote_listing import (
+from sluice.scheduler.repository.cache import Sink, SnapshotCache
+from sluice.scheduler.repository.listing import (
     MANIFEST_NAME,
     Limits,
     RemoteObject,
@@ -25,19 +26,17 @@ from sluice.scheduler.remote_listing import (
     build_manifest,
     parse_manifest,
 )
-from sluice.scheduler.s3_source import S3Source, parse_s3_url
-from sluice.scheduler.source_cache import Sink, SnapshotCache
-from sluice.scheduler.sources import (
+from sluice.scheduler.repository.local import LocalSource
+from sluice.scheduler.repository.locations import open_source, snapshot_repository
+from sluice.scheduler.repository.s3 import S3Source, parse_s3_url
+from sluice.scheduler.repository.sources import (
     Entry,
     Listing,
-    LocalSource,
     SourceError,
     carry_over,
     diff,
     key_problem,
-    open_source,
     poll,
-    snapshot_repository,
 )
 from tests.support.onnx_models import write_identity
 
@@ -500,7 +499,7 @@ def test_unknown_schemes_and_missing_boto3_are_clear_errors(
     settings = RepositorySourceSettings()
     with pytest.raises(SourceError, match="unsupported scheme 'gs://'"):
         open_source("gs://bucket/models", settings)
-    monkeypatch.delitem(sys.modules, "sluice.scheduler.s3_source")
+    monkeypatch.delitem(sys.modules, "sluice.scheduler.repository.s3")
     monkeypatch.setitem(sys.modules, "boto3", None)
     with pytest.raises(SourceError, match=r"pip install 'sluice\[s3\]'"):
         open_source("s3://bucket/models", settings)

@@ -13,10 +13,10 @@ from redis import Redis
 
 from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel
-from sluice.scheduler.catalog_publisher import publish_catalog
-from sluice.scheduler.redis_server import RedisServer
-from sluice.scheduler.supervisor import Backoff, ChildSpec, Supervisor
-from sluice.scheduler.up import CatalogKeeper
+from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
+from sluice.scheduler.executor.catalog_publisher import publish_catalog
+from sluice.scheduler.executor.redis_server import RedisServer
+from sluice.scheduler.executor.supervisor import Backoff, ChildSpec, Supervisor
 from tests.support import procs
 
 

@@ -9,10 +9,10 @@ the deployment's clock (Redis's, :mod:`sluice.core.clock`), it does not.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +21,10 @@ from redis.asyncio import Redis
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.settings import WorkerSettings
-from sluice.scheduler.redis_server import RedisServer
-from sluice.workers.backends.base import Placement
+from sluice.scheduler.executor.redis_server import RedisServer
+from sluice.workers.liveness import Liveness
 from sluice.workers.reclaim import Reclaimer
-from sluice.workers.worker import Worker
-from tests.support.samples import TINY_CONFIG
 
-CONFIG = TINY_CONFIG
 SKEW_S = 90.0
 
 
@@ -55,7 +52,7 @@ class _Publisher:
 
 
 async def test_a_host_whose_clock_runs_ahead_sees_the_others_alive(
-    redis_server: RedisServer, tmp_path: Path, host_clock: Callable[[float], None]
+    redis_server: RedisServer, host_clock: Callable[[float], None]
 ) -> None:
     settings = WorkerSettings(namespace=f"clk{time.monotonic_ns()}")
     keys = Keys(settings.namespace)
@@ -65,9 +62,8 @@ async def test_a_host_whose_clock_runs_ahead_sees_the_others_alive(
         await redis.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
         # Host A, its clock 90 s behind: a worker beats and takes a request.
         host_clock(-SKEW_S)
-        worker = Worker(settings, CONFIG, 1, tmp_path, Placement())
-        worker._redis = redis
-        await worker._beat()
+        worker = Liveness(redis, keys, settings, "m", 1, "worker-on-a", "a", asyncio.Event())
+        await worker.beat()
         await redis.xadd(stream, {b"x": b"1"})
         await redis.xreadgroup(WORKER_GROUP, worker.worker_id, {stream: ">"}, count=1)
 

@@ -1,0 +1,105 @@
+"""The ``inputs`` of a request: structure, names, datatypes, duplicates and missing
+inputs, in Triton's order; no tensor data is read here."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice.core.datatypes import DATATYPES
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
+from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.pending_input import PendingInput, ShmParameters
+from sluice.gateway.request_errors import input_count_message, log_request
+from sluice.gateway.request_fields import natural_parameter, parse_shape, tensor_entry
+from sluice.gateway.shm_references import SHM_REGION, parse_shm_parameters
+
+if TYPE_CHECKING:
+    from sluice.core.config import ModelConfig
+
+
+BINARY_SIZE = "binary_data_size"
+
+
+_DATATYPE_LIST = ", ".join(sorted(DATATYPES))
+
+
+def parse_input_headers(
+    value: Any, config: ModelConfig, limits: RequestLimits, request_id: str
+) -> list[PendingInput]:
+    """Structure, names, duplicates and missing inputs (no data is read)."""
+    if value is None:
+        raise InvalidInput("request 'inputs' is required")
+    if not isinstance(value, list):
+        raise InvalidInput(f"request 'inputs' must be a list, got {json_type(value)}")
+    if not value:
+        raise InvalidInput("request 'inputs' must not be empty")
+    if len(value) > limits.max_inputs:
+        raise InvalidInput(
+            f"request 'inputs' has {len(value)} entries, more than the limit of {limits.max_inputs}"
+        )
+
+    pending: list[PendingInput] = []
+    seen: set[str] = set()
+    for index, entry in enumerate(value):
+        item, name = tensor_entry("inputs", index, entry, limits)
+        if name in seen:
+            raise InvalidInput(f"{log_request(request_id)}input '{name}' already exists in request")
+        seen.add(name)
+        label = f"input '{name}'"
+        shape = parse_shape(label, item.get("shape"))
+        datatype = item.get("datatype")
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
+            shown = datatype if isinstance(datatype, str) else json_type(datatype)
+            if datatype is None:
+                raise InvalidInput(f"{label}: 'datatype' is required")
+            raise InvalidInput(
+                f"{label}: unknown datatype {shown!r}; expected one of {_DATATYPE_LIST}"
+            )
+        binary_size, shm = parse_input_parameters(label, item.get("parameters"))
+        data = item.get("data")
+        if shm is not None:
+            if data is not None or binary_size is not None:
+                raise InvalidInput(
+                    f"{label}: an input in shared memory (parameters.{SHM_REGION}) must not "
+                    "also carry 'data' or 'parameters.binary_data_size'"
+                )
+        elif (data is None) == (binary_size is None):
+            which = "both" if data is not None else "neither"
+            raise InvalidInput(
+                f"{label}: exactly one of 'data' or 'parameters.binary_data_size' "
+                f"must be given, got {which}"
+            )
+        pending.append(PendingInput(label, name, datatype, shape, data, binary_size, shm))
+
+    # Triton checks the input count first, then each name (core InferenceRequest::Normalize).
+    missing = [s.name for s in config.inputs if not s.optional and s.name not in seen]
+    if missing or len(pending) > len(config.inputs):
+        required = len(config.inputs) - sum(s.optional for s in config.inputs)
+        if not required <= len(pending) <= len(config.inputs):
+            raise InvalidInput(input_count_message(config, pending, missing, request_id))
+    for entry in pending:
+        spec = config.input(entry.name)
+        if spec is None:
+            expected = ", ".join(f"'{s.name}'" for s in config.inputs)
+            raise InvalidInput(
+                f"unexpected inference input '{entry.name}' for model '{config.name}'; "
+                f"the model's inputs are {expected}"
+            )
+        entry.spec = spec
+    if missing:  # the count fits but optional inputs stand in for required ones
+        raise InvalidInput(input_count_message(config, pending, missing, request_id))
+    return pending
+
+
+def parse_input_parameters(label: str, value: Any) -> tuple[int | None, ShmParameters | None]:
+    """The input's binary_data_size and shared memory reference (None when absent)."""
+    if value is None:
+        return None, None
+    if not isinstance(value, dict):
+        raise InvalidInput(f"{label}: 'parameters' must be an object, got {json_type(value)}")
+    shm = parse_shm_parameters(label, value)
+    size = value.get(BINARY_SIZE)
+    if size is None:
+        return None, shm
+    return natural_parameter(label, BINARY_SIZE, size), shm

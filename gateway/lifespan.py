@@ -1,0 +1,119 @@
+"""The gateway process's one lifespan: Redis clients, the dispatcher and its reply
+reader, the catalog refresh, the shared memory sweeper, the gRPC server and tracing, set
+up in that order before the first request and taken down in reverse after the last."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+
+from fastapi import FastAPI
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from sluice.core.dispatch import RedisDispatcher
+from sluice.core.errors import SluiceError
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect_async
+from sluice.core.settings import GatewaySettings
+from sluice.core.tracing import tracing_from_settings
+from sluice.gateway.admission import Admission
+from sluice.gateway.body_budget import BodyBudget
+from sluice.gateway.catalog_refresh import refresh, refresh_loop
+from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.control_plane import RedisControlPlane
+from sluice.gateway.grpc_api.server import GrpcServer
+from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.redis_room import RedisRoom
+from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.shm_sweep import sweep_loop, sweep_now
+from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.state import GatewayState
+
+_READER_EXTRA_TIMEOUT_S = 5
+"""The reader blocks up to 1 s in XREAD, so its socket timeout must be longer."""
+
+
+def _connect(settings: GatewaySettings, socket_timeout_s: float) -> Redis:
+    return connect_async(
+        settings.redis_url,
+        socket_connect_timeout=settings.redis_timeout_s,
+        socket_timeout=socket_timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    )
+
+
+def _state(
+    settings: GatewaySettings, redis: Redis, reader: Redis
+) -> tuple[GatewayState, RedisDispatcher]:
+    """The process state, and its dispatcher (as the Redis one the lifespan drives)."""
+    keys = Keys(settings.namespace)
+    regions = RegionRegistry.from_settings(settings)
+    transfer = TensorTransfer.from_settings(settings, regions)
+    dispatcher = RedisDispatcher(
+        redis,
+        reader,
+        keys,
+        stream_max_len=settings.stream_max_len,
+        on_unclaimed=transfer.discard_reply,
+    )
+    state = GatewayState(
+        settings=settings,
+        keys=keys,
+        redis=redis,
+        view=CatalogView(keys),
+        dispatcher=dispatcher,
+        limits=RequestLimits(max_elements=settings.max_tensor_elements),
+        admission=Admission(settings.max_in_flight),
+        regions=regions,
+        transfer=transfer,
+        bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),
+        control=RedisControlPlane(redis, keys),
+        redis_room=RedisRoom(settings.redis_memory_high_water),
+    )
+    return state, dispatcher
+
+
+def gateway_lifespan(
+    settings: GatewaySettings,
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """The lifespan, for :class:`FastAPI`; the state goes to ``app.state.sluice``."""
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        redis = _connect(settings, settings.redis_timeout_s)
+        reader = _connect(settings, settings.redis_timeout_s + _READER_EXTRA_TIMEOUT_S)
+        state, dispatcher = _state(settings, redis, reader)
+        app.state.sluice = state
+        await dispatcher.start()
+        # Know the catalog before the first request: a gateway restarted under load
+        # otherwise answers what waited in the listen backlog with 503s.
+        await refresh(state, dispatcher, touch=True)
+        refresher = asyncio.create_task(refresh_loop(state, dispatcher), name="catalog-refresh")
+        sweeper = asyncio.create_task(sweep_loop(state), name="shm-sweeper")
+        grpc_server = GrpcServer(state) if settings.grpc_port else None
+        try:
+            if grpc_server is not None:
+                await grpc_server.start()
+            state.tracing = tracing_from_settings(settings, "gateway")
+            yield
+        finally:
+            if grpc_server is not None:
+                await grpc_server.stop(settings.shutdown_timeout_s)
+            refresher.cancel()
+            sweeper.cancel()
+            await asyncio.gather(refresher, sweeper, return_exceptions=True)
+            await dispatcher.stop()
+            with contextlib.suppress(SluiceError):
+                state.regions.unregister_cuda(None)
+            sweep_now(state, final=True)
+            await redis.aclose()
+            await reader.aclose()
+            tracing, state.tracing = state.tracing, None
+            if tracing is not None:  # what is left is exported once all else has stopped
+                await asyncio.to_thread(tracing.shutdown)
+
+    return lifespan

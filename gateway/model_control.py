@@ -1,0 +1,70 @@
+"""Model control carried out through ``sluice up`` (or the rollout controller): the part
+of the model repository extension that REST, gRPC and TorchServe's management API share.
+
+In Triton's default ``--model-control-mode=none`` load and unload are refused as Triton
+refuses them (UNAVAILABLE); with ``sluice up --model-control-mode explicit`` a command goes
+through Redis (:mod:`sluice.core.control`) and the caller waits until it is carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import orjson
+
+from sluice.core.control import ControlCommand, encode_command
+from sluice.core.errors import InvalidInput, Unavailable
+from sluice.gateway.state import GatewayState
+
+NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's answer to load / unload when model control is not explicit (modes NONE, POLL)."""
+
+_HINT = (
+    "Sluice serves every model of its repository as it starts (Triton's "
+    "--model-control-mode=none); change the repository and restart `sluice up` to load or "
+    "unload a model"
+)
+
+
+NAMED_REPOSITORY = "'repository_name' specification is not supported"
+
+_POLL_S = 0.05
+
+
+async def require_explicit(state: GatewayState) -> None:
+    """Load and unload are refused unless ``sluice up`` runs in explicit mode."""
+    if not await state.control.explicit_model_control():
+        raise Unavailable(f"{NOT_ALLOWED}; {_HINT}")
+
+
+async def carry_out(state: GatewayState, command: ControlCommand, stream: str = "") -> None:
+    """Hand the command to the executor (``sluice up``; ``stream``: another reader, such
+    as the controller) and wait for it to be carried out (polling: the Redis client's
+    socket timeout is shorter than a load may take, and loads are rare); raises
+    InvalidInput with the reason when it failed."""
+    keys = state.keys
+    # A command carrying files (a registered archive: up to hundreds of MiB) is packed on
+    # a thread, not on the event loop.
+    fields = (
+        await asyncio.to_thread(encode_command, command)
+        if command.files
+        else (encode_command(command))
+    )
+    await state.control.send_command(stream or keys.control_requests, fields)
+    reply_key = keys.control_reply(command.command_id)
+    deadline = time.monotonic() + state.settings.model_control_timeout_s
+    while time.monotonic() < deadline:
+        raw = await state.control.take_reply(reply_key)
+        if raw is not None:
+            error = orjson.loads(raw).get("error")
+            if error:
+                raise InvalidInput(str(error))
+            # This gateway sees the change at once; the others within a catalog refresh.
+            await state.control.refresh_catalog(state.view)
+            return
+        await asyncio.sleep(_POLL_S)
+    raise Unavailable(
+        f"the {command.op} of '{command.model}' did not finish within "
+        f"{state.settings.model_control_timeout_s:.0f} s"
+    )

@@ -1,0 +1,105 @@
+"""The request's own JSON fields (``id``, ``parameters``) and the field rules its tensors
+share (shapes, non-negative integer parameters)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
+from sluice.gateway.infer_request import RequestLimits
+
+_RESERVED_PREFIX = "triton_"
+
+
+_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Reserved names Triton's frontends read themselves (gRPC streams of decoupled models)."""
+
+
+_MAX_DIM = (1 << 63) - 1
+
+
+def parse_id(value: Any, limits: RequestLimits) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise InvalidInput(f"request 'id' must be a string, got {json_type(value)}")
+    if len(value) > limits.max_string_length:
+        raise InvalidInput(f"request 'id' is longer than {limits.max_string_length} characters")
+    return value
+
+
+def tensor_entry(
+    field: str, index: int, item: Any, limits: RequestLimits
+) -> tuple[dict[str, Any], str]:
+    """Entry ``index`` of the request's ``inputs`` or ``outputs`` (``field``): an object,
+    and its ``name``, a string no longer than the limit."""
+    if not isinstance(item, dict):
+        raise InvalidInput(f"{field}[{index}] must be an object, got {json_type(item)}")
+    name = item.get("name")
+    if not isinstance(name, str):
+        if name is None:
+            raise InvalidInput(f"{field}[{index}]: 'name' is required")
+        raise InvalidInput(f"{field}[{index}]: 'name' must be a string, got {json_type(name)}")
+    if len(name) > limits.max_string_length:
+        raise InvalidInput(
+            f"{field}[{index}]: 'name' is longer than {limits.max_string_length} characters"
+        )
+    return item, name
+
+
+def parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
+    if value is None:
+        return {}, False
+    if not isinstance(value, dict):
+        raise InvalidInput(f"request 'parameters' must be an object, got {json_type(value)}")
+    parameters: dict[str, Any] = {}
+    binary_default = False
+    for key, item in value.items():
+        if key in _TRITON_PARAMETERS:
+            if not isinstance(item, bool):
+                raise InvalidInput(f"request parameter '{key}' must be a boolean")
+        elif key.startswith(_RESERVED_PREFIX):
+            raise InvalidInput(
+                f"request parameter '{key}' is reserved "
+                f"(names starting with '{_RESERVED_PREFIX}' are reserved)"
+            )
+        if not isinstance(item, str | int | float):  # bool is an int
+            raise InvalidInput(
+                f"request parameter '{key}' must be a string, number or boolean, "
+                f"got {json_type(item)}"
+            )
+        if key == "binary_data_output":
+            if not isinstance(item, bool):
+                raise InvalidInput(
+                    f"request parameter 'binary_data_output' must be a boolean, "
+                    f"got {json_type(item)}"
+                )
+            binary_default = item
+        else:
+            parameters[key] = item
+    return parameters, binary_default
+
+
+def parse_shape(label: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        raise InvalidInput(f"{label}: 'shape' is required")
+    if not isinstance(value, list):
+        raise InvalidInput(f"{label}: 'shape' must be a list, got {json_type(value)}")
+    for index, dim in enumerate(value):
+        if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= _MAX_DIM:
+            shown = dim if isinstance(dim, int) and not isinstance(dim, bool) else json_type(dim)
+            raise InvalidInput(
+                f"{label}: 'shape' dim {index} must be a non-negative integer, got {shown}"
+            )
+    return tuple(value)
+
+
+def natural_parameter(label: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
+        raise InvalidInput(
+            f"{label}: parameters.{name} must be a non-negative integer, "
+            f"got {shown if shown is not None else json_type(value)}"
+        )
+    return value

@@ -1,0 +1,105 @@
+"""The ``outputs`` a request asks for: names, binary or JSON, shared memory, and the
+classification extension's class counts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from sluice.core.classification import CLASSIFIABLE, unsupported_message
+from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
+from sluice.gateway.infer_request import RequestedOutput, RequestLimits
+from sluice.gateway.pending_input import ShmParameters
+from sluice.gateway.request_errors import log_request
+from sluice.gateway.request_fields import tensor_entry
+from sluice.gateway.shm_references import SHM_REGION, RegionLookup, parse_shm_parameters
+
+if TYPE_CHECKING:
+    from sluice.core.config import ModelConfig, TensorSpec
+
+
+_MAX_CLASSES = (1 << 32) - 1  # Triton keeps the count in a uint32
+
+
+def parse_outputs(
+    value: Any,
+    config: ModelConfig,
+    binary_default: bool,
+    limits: RequestLimits,
+    regions: RegionLookup,
+    request_id: str,
+) -> tuple[list[RequestedOutput], dict[str, int] | None]:
+    """The requested outputs, and the class count of each output asked to classify."""
+    if value is None or (isinstance(value, list) and not value):
+        return [RequestedOutput(spec.name, binary_default) for spec in config.outputs], None
+    if not isinstance(value, list):
+        raise InvalidInput(f"request 'outputs' must be a list, got {json_type(value)}")
+    outputs: list[RequestedOutput] = []
+    classes: dict[str, int] | None = None
+    seen: set[str] = set()
+    for index, entry in enumerate(value):
+        item, name = tensor_entry("outputs", index, entry, limits)
+        label = f"output '{name}'"
+        if name in seen:
+            raise InvalidInput(
+                f"{log_request(request_id)}output '{name}' already exists in request"
+            )
+        seen.add(name)
+        spec = config.output(name)
+        if spec is None:
+            expected = ", ".join(f"'{s.name}'" for s in config.outputs)
+            raise InvalidInput(
+                f"unexpected inference output '{name}' for model '{config.name}'; "
+                f"the model's outputs are {expected}"
+            )
+        binary = binary_default
+        shm: ShmParameters | None = None
+        count = 0
+        parameters = item.get("parameters")
+        if parameters is not None:
+            if not isinstance(parameters, dict):
+                raise InvalidInput(
+                    f"{label}: 'parameters' must be an object, got {json_type(parameters)}"
+                )
+            shm = parse_shm_parameters(label, parameters)
+            if "classification" in parameters:
+                count = _classification(label, spec, parameters["classification"], shm)
+            flag = parameters.get("binary_data")
+            if flag is not None:
+                if not isinstance(flag, bool):
+                    raise InvalidInput(
+                        f"{label}: parameters.binary_data must be a boolean, got {json_type(flag)}"
+                    )
+                binary = flag
+                if flag and shm is not None:
+                    raise InvalidInput(
+                        "Output can't set both 'shared_memory_region' and 'binary_data'; "
+                        f"{label}: an output in shared memory (parameters.{SHM_REGION}) "
+                        "cannot also ask for parameters.binary_data"
+                    )
+        if shm is None:
+            outputs.append(RequestedOutput(name, binary, None, "", count))
+            if count:
+                classes = classes or {}
+                classes[name] = count
+        else:
+            ref = regions.resolve(label, shm.region, shm.offset, shm.byte_size, output=True)
+            outputs.append(RequestedOutput(name, False, ref, shm.region))
+    return outputs, classes
+
+
+def _classification(label: str, spec: TensorSpec, value: Any, shm: ShmParameters | None) -> int:
+    """The requested class count (0: no classification), checked as Triton checks it."""
+    if shm is not None:
+        raise InvalidInput(
+            f"Output can't set both 'shared_memory_region' and 'classification'; {label}"
+        )
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_CLASSES:
+        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
+        raise InvalidInput(
+            f"Unable to set 'classification': {label}: parameters.classification must be an "
+            f"unsigned 32-bit integer, got {shown if shown is not None else json_type(value)}"
+        )
+    if value and spec.datatype not in CLASSIFIABLE:
+        raise InvalidInput(f"{unsupported_message(spec.datatype)}; {label}")
+    return value

@@ -1,0 +1,29 @@
+"""``GET`` / ``POST /v2[/models/{m}]/trace/setting``: Triton's trace extension over REST
+(the settings themselves: :mod:`sluice.gateway.trace_settings`)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from starlette.requests import Request
+from starlette.responses import Response
+
+from sluice.gateway.json_body import json_object, json_response
+from sluice.gateway.state import state_of
+from sluice.gateway.trace_settings import refuse_changes, trace_settings
+
+trace_router = APIRouter()
+
+
+@trace_router.get("/v2/trace/setting")
+@trace_router.get("/v2/models/{model}/trace/setting")
+async def get_trace_settings(request: Request, model: str = "") -> Response:
+    return json_response(trace_settings(state_of(request), model))
+
+
+@trace_router.post("/v2/trace/setting")
+@trace_router.post("/v2/models/{model}/trace/setting")
+async def update_trace_settings(request: Request, model: str = "") -> Response:
+    state = state_of(request)
+    current = trace_settings(state, model)
+    refuse_changes(json_object(await request.body(), empty_ok=True))
+    return json_response(current)

@@ -1,0 +1,247 @@
+"""The executor on Kubernetes: the controller's wanted counts become Deployment replicas.
+
+On one machine ``sluice up`` carries out the controller's decisions by starting and retiring
+worker processes (:mod:`.instances`). On Kubernetes every worker pod is one instance
+of one model version, so the same decision is a replica count: with
+``SLUICE_EXECUTOR=kubernetes`` the controller (``sluice controller``) runs this executor beside
+itself. It
+
+- publishes the repository's models to the Redis catalog (what ``sluice up`` does on one
+  machine; gateways read it), and again whenever Redis lost it;
+- every second reads ``Keys.desired_instances`` and, for each worker Deployment selected by
+  ``kubernetes_selector`` whose annotations name a model version with a wanted count, patches
+  the Deployment's ``scale`` subresource when its replicas differ. A Deployment whose model
+  version has no count keeps the replicas it has (as a local version keeps its configured
+  workers).
+
+Deployments scaled by KEDA instead carry another ``sluice.dev/scaler`` label and are not
+selected. Every controller replica runs an executor, leader or not: a patch to the count the
+leader decided is idempotent, and a standby keeps the catalog up while the leader changes.
+
+The ``kubernetes`` package is imported only here, and only when this executor is chosen
+(``pip install 'sluice[kubernetes]'``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, cast
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.errors import InvalidConfig, StartupFailed
+from sluice.core.keys import Keys
+from sluice.core.repository import scan_repository
+from sluice.core.settings import ControllerSettings
+from sluice.scheduler.executor.catalog_publisher import publish_catalog
+
+log = logging.getLogger("sluice.scheduler.kubernetes")
+
+MODEL_ANNOTATION = "sluice.dev/model"
+"""The model a worker Deployment serves (annotation: exact name; the label of the same name
+holds a label-safe form for selectors)."""
+VERSION_ANNOTATION = "sluice.dev/version"
+"""The version a worker Deployment serves."""
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+REQUEST_TIMEOUT_S = 10.0
+"""Connect and read timeout of each API call: a hung API server must not stop the executor."""
+
+
+class ExecutorUnavailable(StartupFailed):
+    """The Kubernetes executor cannot start: the package or the cluster configuration is
+    missing. ``sluice controller`` reports it as it reports an unreadable repository: one
+    line, exit status 2."""
+
+
+class AppsApi(Protocol):
+    """What the executor uses of ``kubernetes.client.AppsV1Api``."""
+
+    def list_namespaced_deployment(self, namespace: str, **kwargs: Any) -> Any: ...
+
+    def patch_namespaced_deployment_scale(
+        self, name: str, namespace: str, body: Any, **kwargs: Any
+    ) -> Any: ...
+
+
+def apps_api(settings: ControllerSettings) -> AppsApi:
+    """An ``AppsV1Api`` configured from inside the cluster (the pod's service account) or,
+    outside one, from the kubeconfig (``KUBECONFIG`` or ``~/.kube/config``)."""
+    try:
+        from kubernetes import client, config
+    except ImportError as exc:
+        raise ExecutorUnavailable(
+            "SLUICE_EXECUTOR=kubernetes needs the Kubernetes client: "
+            "pip install 'sluice[kubernetes]'"
+        ) from exc
+    # A configuration of its own rather than the client's process-wide default.
+    configuration = client.Configuration()
+    try:
+        config.load_incluster_config(  # type: ignore[no-untyped-call]  # (no annotations)
+            client_configuration=configuration
+        )
+    except config.ConfigException as in_cluster:
+        try:
+            # KUBECONFIG read now: the client reads it once, when it is first imported.
+            config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=os.environ.get("KUBECONFIG") or None,
+                context=settings.kubernetes_context or None,
+                client_configuration=configuration,
+            )
+        except (config.ConfigException, OSError) as exc:
+            raise ExecutorUnavailable(
+                "SLUICE_EXECUTOR=kubernetes found no cluster configuration: not in a pod "
+                f"({in_cluster}) and no usable kubeconfig "
+                f"({os.environ.get('KUBECONFIG') or '~/.kube/config'}: {exc})"
+            ) from exc
+    return cast(AppsApi, client.AppsV1Api(client.ApiClient(configuration)))
+
+
+def kubernetes_namespace(settings: ControllerSettings) -> str:
+    """The namespace of the worker Deployments: the setting, else the pod's own, else
+    ``default``."""
+    if settings.kubernetes_namespace:
+        return settings.kubernetes_namespace
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
+
+
+def served_field(deployment: Any) -> str | None:
+    """The ``Keys.desired_instances`` field ("model:version") a worker Deployment serves, from
+    its annotations; None when they are missing or the version is not a number."""
+    annotations = deployment.metadata.annotations or {}
+    model = annotations.get(MODEL_ANNOTATION)
+    version = str(annotations.get(VERSION_ANNOTATION, ""))
+    if not model or not version.isdigit():
+        return None
+    return f"{model}:{int(version)}"
+
+
+@dataclass
+class KubernetesExecutor:
+    """Publishes the catalog and keeps the worker Deployments' replicas at the wanted
+    counts; :meth:`tick` does one round."""
+
+    client: Redis
+    keys: Keys
+    apps: AppsApi
+    namespace: str
+    selector: str
+    repository: Path | None = None
+    interval_s: float = 1.0
+    _published: bool = False
+    _unlabelled: set[str] = field(default_factory=set)
+
+    def tick(self) -> dict[str, int]:
+        """One round; returns the replica counts patched (Deployment name -> replicas). Redis
+        errors propagate; an API error is logged and the round goes on."""
+        self.keep_catalog()
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.desired_instances))
+        wanted = {k.decode(): int(v) for k, v in raw.items() if v.isdigit()}
+        if not wanted:
+            return {}
+        try:
+            listing = self.apps.list_namespaced_deployment(
+                self.namespace, label_selector=self.selector, _request_timeout=REQUEST_TIMEOUT_S
+            )
+        except Exception as exc:  # the client's ApiException, or a connection error
+            log.warning("cannot list the worker Deployments in '%s': %s", self.namespace, exc)
+            return {}
+        patched: dict[str, int] = {}
+        for deployment in listing.items:
+            name = deployment.metadata.name
+            served = served_field(deployment)
+            if served is None:
+                if name not in self._unlabelled:
+                    self._unlabelled.add(name)
+                    log.warning(
+                        "Deployment '%s' has no %s / %s annotations: not scaled",
+                        name,
+                        MODEL_ANNOTATION,
+                        VERSION_ANNOTATION,
+                    )
+                continue
+            count = wanted.get(served)
+            current = deployment.spec.replicas
+            if count is None or current == count:
+                continue
+            try:
+                self.apps.patch_namespaced_deployment_scale(
+                    name,
+                    self.namespace,
+                    {"spec": {"replicas": count}},
+                    _request_timeout=REQUEST_TIMEOUT_S,
+                )
+            except Exception as exc:
+                log.warning("cannot scale Deployment '%s' to %d: %s", name, count, exc)
+                continue
+            patched[name] = count
+            log.info("'%s': Deployment %s scaled %s -> %d", served, name, current, count)
+        return patched
+
+    def keep_catalog(self) -> None:
+        """Publish the repository's models (model control mode ``none``) at start, and again
+        when Redis lost them."""
+        if self.repository is None:
+            return
+        if self._published and self.client.exists(self.keys.catalog_revision):
+            return
+        if self._published:
+            log.warning("the model catalog is gone from Redis (restarted?); publishing it again")
+        models = scan_repository(self.repository)
+        self.client.set(self.keys.control_mode, "none")
+        publish_catalog(self.client, self.keys, models)
+        self._published = True
+        log.info("published %d model(s) of %s to the catalog", len(models), self.repository)
+
+    def run(self, stop_event: threading.Event) -> None:
+        """Tick every ``interval_s`` until ``stop_event`` is set."""
+        while not stop_event.is_set():
+            try:
+                self.tick()
+            except RedisError as exc:
+                log.warning("Redis: %s", exc)
+            except InvalidConfig as exc:
+                log.error("cannot publish the catalog: %s", exc.message)
+            except Exception:
+                log.exception("the Kubernetes executor failed; going on")
+            stop_event.wait(self.interval_s)
+
+
+def start_executor(
+    settings: ControllerSettings, repository: Path | None, stop_event: threading.Event
+) -> threading.Thread | None:
+    """The executor chosen by ``SLUICE_EXECUTOR``, started as a thread that ends with
+    ``stop_event``; None for ``local`` (``sluice up`` executes). Raises
+    :class:`ExecutorUnavailable` when Kubernetes cannot be reached from here."""
+    if settings.executor != "kubernetes":
+        return None
+    executor = KubernetesExecutor(
+        Redis.from_url(settings.redis_url, socket_timeout=5, socket_connect_timeout=5),
+        Keys(settings.namespace),
+        apps_api(settings),
+        kubernetes_namespace(settings),
+        settings.kubernetes_selector,
+        repository,
+    )
+    log.info(
+        "Kubernetes executor: scaling Deployments in '%s' selected by '%s'",
+        executor.namespace,
+        executor.selector,
+    )
+
+    def run() -> None:
+        try:
+            executor.run(stop_event)
+        finally:
+            executor.client.close()
+
+    thread = threading.Thread(target=run, name="kubernetes-executor", daemon=True)
+    thread.start()
+    return thread

@@ -1,0 +1,361 @@
+"""Model control in the executor (``sluice up``): load and unload while serving.
+
+Gateways put each ``POST /v2/repository/models/{m}/load`` or ``/unload`` on a Redis stream,
+and so does the leading controller for what it decides (poll mode, rollouts); each sender
+waits for the answer on a list of the command's own. ``sluice up`` carries commands out one
+at a time, from its main loop, without blocking it:
+
+- a command from a controller carries its fencing token; one older than a token already seen
+  was sent by a controller that has been replaced since, and is refused;
+- for a remote repository (S3), a load first brings the local copy up to date (on a thread),
+  so that whichever controller decided the load, the executor loads what it decided on;
+
+- **load**: start the model's workers (from its directory, or a staged copy with the
+  request's overrides), wait until each has announced itself, then publish the model in
+  the catalog and retire the workers of what it replaces. A load that fails (the
+  configuration, the model file, a failing warm-up, a timeout) stops the new workers and
+  leaves what was serving as it was; the answer says why. The new workers report a load
+  failure to a hash of the command's own, so the serving version is never marked
+  unavailable by its failed successor.
+- **unload**: take the model out of the catalog (gateways stop admitting its requests
+  within a refresh), wait until its streams are empty (every request admitted is answered),
+  then stop its workers (each answers what it holds first).
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import cast
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.catalog import UNLOADED
+from sluice.core.clock import CLOCK
+from sluice.core.control import ControlCommand, read_commands, send_reply
+from sluice.core.errors import SluiceError
+from sluice.core.keys import Keys, load_error_field
+from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
+from sluice.scheduler.repository.staging import check_model_name, stage
+
+log = logging.getLogger("sluice.up")
+
+_DRAIN_SETTLE_S = 1.5
+"""Wait at least this long after unpublishing a model before judging its streams empty:
+gateways read the catalog every 0.5 s, and may admit requests until they have."""
+_DRAIN_TIMEOUT_S = 60.0
+
+WorkerSpecs = Callable[[RepositoryModel, Path, dict[str, str]], list[ChildSpec]]
+
+
+@dataclass
+class _InProgress:
+    command: ControlCommand
+    deadline: float
+    children: list[Child]
+    model: RepositoryModel | None = None
+    phase: str = "starting"
+    """``fetching`` (a remote repository), ``starting``, ``draining``, ``stopping``."""
+    settle_until: float = 0.0
+    errors_key: str = ""
+    kept: list[Child] = field(default_factory=list)
+    """Workers of the model already serving that go on serving it (versions unchanged)."""
+    fetch: threading.Thread | None = None
+    fetch_error: str | None = None
+
+
+@dataclass
+class ModelControl:
+    client: Redis
+    keys: Keys
+    repository: Path
+    staging_root: Path
+    supervisor: Supervisor
+    worker_specs: WorkerSpecs
+    env: dict[str, str]
+    timeout_s: float
+    loaded: dict[str, tuple[RepositoryModel, list[Child]]]
+    on_change: Callable[[], None]
+    """Called after the set of loaded models changed (publishes the catalog)."""
+    refresh: Callable[[], None] | None = None
+    """Brings the local copy of a remote repository up to date (raises SourceError)."""
+    _last_id: str = "0-0"
+    _newest_token: int = 0
+    """The newest fencing token seen on a controller's command."""
+    _queue: list[ControlCommand] = field(default_factory=list)
+    _current: _InProgress | None = None
+    _draining: list[tuple[RepositoryModel, list[Child], float]] = field(default_factory=list)
+    """Versions no longer served, with their workers, until their streams are empty."""
+
+    def start(self) -> None:
+        """Forget commands sent to an earlier run: their senders have given up."""
+        self.client.delete(self.keys.control_requests)
+
+    def catalog(self) -> list[RepositoryModel]:
+        """The loaded models, and every other model of the repository as unloaded."""
+        models = {name: model for name, (model, _) in self.loaded.items()}
+        if self.repository.is_dir():
+            for path in self.repository.iterdir():
+                if path.is_dir() and not path.name.startswith(".") and path.name not in models:
+                    models[path.name] = RepositoryModel(path.name, path, None, (), UNLOADED)
+        return [models[name] for name in sorted(models)]
+
+    def tick(self) -> None:
+        try:
+            self._retire_drained()
+            self._read()
+            if self._current is None and self._queue:
+                self._begin(self._queue.pop(0))
+            if self._current is not None:
+                self._progress(self._current)
+        except RedisError as exc:
+            log.warning("model control: Redis: %s", exc)
+
+    # -- commands ------------------------------------------------------------------------
+
+    def _read(self) -> None:
+        self._last_id, commands = read_commands(
+            self.client, self.keys.control_requests, self._last_id
+        )
+        self._queue += commands
+
+    def _reply(self, command: ControlCommand, error: str | None) -> None:
+        if error is None:
+            log.info("model control: %s of '%s' done", command.op, command.model)
+        else:
+            log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
+        send_reply(self.client, self.keys, command.command_id, error)
+
+    def _begin(self, command: ControlCommand) -> None:
+        deadline = time.monotonic() + self.timeout_s
+        if command.token:
+            if command.token < self._newest_token:
+                self._reply(
+                    command,
+                    f"refused: sent by a controller that no longer leads (token "
+                    f"{command.token}, newest {self._newest_token})",
+                )
+                return
+            self._newest_token = command.token
+        try:
+            check_model_name(command.model)
+            if command.op == "unload":
+                self._begin_unload(command, deadline)
+            elif command.op != "load":
+                self._reply(command, f"'{command.op}' is the controller's to carry out")
+            elif self.refresh is not None:
+                self._begin_fetch(command, deadline)
+            else:
+                self._begin_load(command, deadline)
+        except SluiceError as exc:
+            self._reply(command, exc.message)
+
+    def _begin_fetch(self, command: ControlCommand, deadline: float) -> None:
+        work = _InProgress(command, deadline, [], phase="fetching")
+        refresh = self.refresh
+        assert refresh is not None
+
+        def fetch() -> None:
+            try:
+                refresh()
+            except Exception as exc:  # reported as the load's failure
+                work.fetch_error = str(getattr(exc, "message", exc))
+
+        work.fetch = threading.Thread(target=fetch, name="repository-fetch", daemon=True)
+        work.fetch.start()
+        self._current = work
+
+    def _begin_load(self, command: ControlCommand, deadline: float) -> None:
+        name = command.model
+        source = self.repository / name
+        current = self.loaded.get(name)
+        if not source.is_dir() and current is not None and current[0].path.is_dir():
+            # Loaded from a request's files, not from the repository: a new configuration
+            # applies to the files it was loaded from.
+            source = current[0].path
+        if not command.files and not source.is_dir():
+            self._reply(command, f"failed to load '{name}', failed to poll from model repository")
+            return
+        model_dir = stage(
+            source, self.staging_root / command.command_id, command.config, command.files
+        )
+        model = read_model(model_dir)
+        if model.error is not None or model.config is None:
+            self._reply(command, f"failed to load '{name}', {model.error}")
+            return
+        if command.versions:
+            missing = sorted(set(command.versions) - set(available_versions(model_dir)))
+            if missing:
+                listed = ", ".join(map(str, missing))
+                self._reply(
+                    command, f"failed to load '{name}', no version {listed} in the repository"
+                )
+                return
+            model = replace(model, versions=command.versions)
+        if not model.versions:
+            self._reply(command, f"failed to load '{name}', no version is available")
+            return
+        errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
+        env = dict(self.env, SLUICE_LOAD_ERRORS_KEY=errors_key)
+        specs = self.worker_specs(model, model_dir.parent, env)
+        kept: list[Child] = []
+        if command.versions and current is not None and _same_model(current[0], model):
+            # A load naming its versions (a rollout) changes only which versions run: the
+            # versions already running keep their workers. A plain load reloads them all.
+            kept = [c for c in current[1] if c.spec.version in model.versions]
+            running = {c.spec.version for c in kept}
+            specs = [spec for spec in specs if spec.version not in running]
+        children = self.supervisor.add(specs)
+        log.info("model control: loading '%s' (%d worker(s))", name, len(children))
+        self._current = _InProgress(
+            command, deadline, children, model, errors_key=errors_key, kept=kept
+        )
+
+    def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
+        loaded = self.loaded.pop(command.model, None)
+        if loaded is None:
+            self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
+            return
+        self.on_change()
+        model, children = loaded
+        self._current = _InProgress(
+            command,
+            deadline,
+            children,
+            model,
+            phase="draining",
+            settle_until=time.monotonic() + _DRAIN_SETTLE_S,
+        )
+
+    # -- progress ------------------------------------------------------------------------
+
+    def _progress(self, work: _InProgress) -> None:
+        if work.phase == "fetching":
+            if work.fetch is not None and work.fetch.is_alive():
+                return
+            self._current = None
+            if work.fetch_error is not None:
+                name = work.command.model
+                self._reply(work.command, f"failed to load '{name}', {work.fetch_error}")
+                return
+            try:
+                self._begin_load(work.command, work.deadline)
+            except SluiceError as exc:
+                self._reply(work.command, exc.message)
+        elif work.phase == "starting":
+            self._progress_load(work)
+        elif work.phase == "draining":
+            now = time.monotonic()
+            drained = now >= work.settle_until and self._streams_empty(work.model)
+            if drained or now > work.settle_until + _DRAIN_TIMEOUT_S:
+                if not drained:
+                    log.warning("model control: '%s' still had queued requests", work.command.model)
+                self.supervisor.retire(work.children)
+                work.phase = "stopping"
+        elif work.phase == "stopping" and not any(c.running for c in work.children):
+            self._finish(work, None)
+
+    def _progress_load(self, work: _InProgress) -> None:
+        name = work.command.model
+        failed = [c for c in work.children if c.failed or c.exit_codes]
+        if failed:
+            self._abandon(work, self._load_error(work) or "its worker exited while loading")
+        elif self._announced(work.children):
+            replaced = self.loaded.get(name)
+            assert work.model is not None
+            self.loaded[name] = (work.model, [*work.kept, *work.children])
+            self.on_change()
+            if replaced is not None:
+                old = [c for c in replaced[1] if c not in work.kept]
+                gone = tuple(v for v in replaced[0].versions if v not in work.model.versions)
+                same_versions = [c for c in old if c.spec.version not in gone]
+                # Workers of a version still served hand over to the new ones at once (they
+                # share its stream); those of a version no longer served first answer what
+                # waits in its stream.
+                self.supervisor.retire(same_versions)
+                leaving = [c for c in old if c not in same_versions]
+                if leaving:
+                    self._draining.append(
+                        (replace(replaced[0], versions=gone), leaving, time.monotonic())
+                    )
+            self._finish(work, None)
+        elif time.monotonic() > work.deadline:
+            self._abandon(work, f"not ready within {self.timeout_s:.0f} s")
+
+    def _abandon(self, work: _InProgress, reason: str) -> None:
+        self.supervisor.retire(work.children)
+        self._finish(work, f"failed to load '{work.command.model}', {reason}")
+
+    def _finish(self, work: _InProgress, error: str | None) -> None:
+        if work.errors_key:
+            self.client.delete(work.errors_key)
+        self._current = None
+        self._reply(work.command, error)
+
+    def _load_error(self, work: _InProgress) -> str | None:
+        assert work.model is not None
+        for version in work.model.versions:
+            reason = self.client.hget(work.errors_key, load_error_field(work.model.name, version))
+            if reason:
+                return cast(bytes, reason).decode()
+        return None
+
+    def _announced(self, children: list[Child]) -> bool:
+        """Whether every worker started for the load has sent its first heartbeat."""
+        model = self._current.model if self._current is not None else None
+        if model is None:
+            return False
+        CLOCK.sync_blocking(self.client)  # (heartbeats are on the deployment's clock)
+        now = CLOCK.now()
+        live: set[str] = set()
+        for version in model.versions:
+            members = self.client.zrangebyscore(
+                self.keys.live_workers(model.name, version), now, "+inf"
+            )
+            live |= {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+        host = socket.gethostname()
+        for child in children:
+            if child.process is None:
+                return False
+            prefix = f"{host}-{child.process.pid}-"
+            if not any(member.startswith(prefix) for member in live):
+                return False
+        return True
+
+    def _retire_drained(self) -> None:
+        """Stop the workers of versions no longer served once their streams are empty."""
+        now = time.monotonic()
+        waiting = []
+        for model, children, since in self._draining:
+            settled = now >= since + _DRAIN_SETTLE_S
+            if settled and (self._streams_empty(model) or now > since + _DRAIN_TIMEOUT_S):
+                self.supervisor.retire(children)
+            else:
+                waiting.append((model, children, since))
+        self._draining = waiting
+
+    def _streams_empty(self, model: RepositoryModel | None) -> bool:
+        if model is None or model.config is None:
+            return True
+        levels = (
+            model.config.dynamic_batching.priority_levels if model.config.dynamic_batching else 0
+        )
+        with self.client.pipeline(transaction=False) as pipe:
+            for version in model.versions:
+                for stream in self.keys.request_streams(model.name, version, levels):
+                    pipe.xlen(stream)
+                pipe.xlen(self.keys.background_stream(model.name, version))
+            lengths = pipe.execute()
+        return not any(lengths)
+
+
+def _same_model(old: RepositoryModel, new: RepositoryModel) -> bool:
+    """Whether ``new`` differs from ``old`` in its versions only (same files, same config)."""
+    return old.path == new.path and old.config == new.config

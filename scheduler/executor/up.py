@@ -1,0 +1,236 @@
+"""``sluice up``: Redis, the catalog, a gateway and every worker on one machine.
+
+:func:`up` composes the pieces on one :class:`contextlib.ExitStack`: each is started, then
+its teardown is pushed, so that whatever fails at start leaves nothing behind, and a stop
+tears down in the reverse order (the controller, the children, the ports, their shared
+memory, the staging folder, the private Redis). Then one guarded tick loop keeps it all
+running (:mod:`.ticks`). A start that cannot go on raises :class:`StartupFailed`."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.errors import InvalidConfig, StartupFailed
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
+from sluice.core.repository import RepositoryModel, scan_repository
+from sluice.core.settings import ApiKeySettings, UpSettings
+from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
+from sluice.scheduler.executor.children import (
+    batch_data_env,
+    batch_worker_specs,
+    gateway_specs,
+    instance_spec,
+    worker_specs,
+)
+from sluice.scheduler.executor.controller_thread import start_controller
+from sluice.scheduler.executor.instances import Fleet, InstanceReconciler
+from sluice.scheduler.executor.listeners import ListenError, open_listeners, reserve_grpc_port
+from sluice.scheduler.executor.model_control import ModelControl
+from sluice.scheduler.executor.open_listener import warn_if_open_beyond_loopback
+from sluice.scheduler.executor.readiness import probe_key, wait_ready, with_probe_key
+from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServer, new_password
+from sluice.scheduler.executor.segment_sweeper import SegmentSweeper
+from sluice.scheduler.executor.supervisor import Supervisor
+from sluice.scheduler.executor.ticks import Tick, run_ticks
+from sluice.scheduler.repository.local import LocalSource
+from sluice.scheduler.repository.locations import open_source, snapshot_repository
+from sluice.scheduler.repository.sources import SourceError, carry_over
+
+log = logging.getLogger("sluice.up")
+
+
+def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | None = None) -> int:
+    """Run everything until SIGINT/SIGTERM; the exit status. ``keys``: the gateway's API
+    keys, so that the readiness probe may read the repository index."""
+    repository, models = _read_repository(settings)
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda *_: stop.set())
+    with ExitStack() as stack:
+        stack.callback(_say_if_stopped, stop, "Sluice stopped.")
+        try:
+            redis_server = _private_redis(settings, redis_url_given, stack)
+            redis_url = redis_server.url if redis_server is not None else settings.redis_url
+            if settings.gateway:
+                warn_if_open_beyond_loopback(settings.http_host, keys)
+            sweeper = SegmentSweeper(settings.namespace, models)
+            stack.callback(sweeper.tick, final=True)  # after the children: nobody reads more
+            staging = Path(tempfile.mkdtemp(prefix="sluice-staged-"))
+            stack.callback(shutil.rmtree, staging, ignore_errors=True)
+            client = connect(redis_url, socket_timeout=2, socket_connect_timeout=2)
+            stack.callback(client.close)
+            namespace = Keys(settings.namespace)
+            env = dict(
+                os.environ,
+                SLUICE_REDIS_URL=redis_url,
+                SLUICE_NAMESPACE=settings.namespace,
+                **batch_data_env(settings, repository),
+            )
+            explicit = settings.model_control_mode == "explicit"
+            loaded = _initially_loaded(settings, models) if explicit else models
+            control: ModelControl | None = None
+            catalog = CatalogKeeper(
+                client,
+                namespace,
+                lambda: control.catalog() if control is not None else list(loaded),
+                settings.model_control_mode,
+            )
+            _first_publish(client, namespace, catalog, redis_url)
+
+            probe = probe_key(keys)
+            supervisor = _supervisor(settings, with_probe_key(env, probe), stack)
+            supervisor.add(batch_worker_specs(settings, env))
+            children = {m.name: supervisor.add(worker_specs([m], repository, env)) for m in loaded}
+            fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
+            instances = InstanceReconciler(client, namespace, supervisor, fleet, instance_spec(env))
+            # Model control runs in every mode: load / unload requests only in explicit mode
+            # (the gateways check), the controller's loads (poll mode, rollouts) in all.
+            control = ModelControl(
+                client,
+                namespace,
+                repository,
+                staging,
+                supervisor,
+                lambda model, root, env: worker_specs([model], root, env),
+                env,
+                settings.model_control_timeout_s,
+                fleet,
+                catalog.publish,
+            )
+            control.refresh = _refresher(settings)
+            control.start()
+            catalog.publish()
+            if settings.controller:
+                stack.callback(start_controller(settings, redis_url))
+            if not settings.gateway:
+                count = sum(len(c) for c in children.values())
+                print(
+                    f"Sluice workers started for {count} model instance(s), without a "
+                    f"gateway; gateways reach them through {_redacted(redis_url)}",
+                    flush=True,
+                )
+            else:
+                wait_ready(settings, probe, loaded, supervisor, redis_server, stop)
+            ticks: list[Tick] = [supervisor.tick]
+            if redis_server is not None:
+                ticks.append(redis_server.tick)
+            ticks += [catalog.tick, sweeper.tick, control.tick, instances.tick]
+            run_ticks(ticks, stop)
+            return 0
+        finally:
+            _say_if_stopped(stop, "Stopping Sluice ...")
+
+
+def _read_repository(settings: UpSettings) -> tuple[Path, list[RepositoryModel]]:
+    """The local directory to serve (an s3:// repository is copied into the local cache
+    first) and its models; warns when there are none."""
+    try:
+        repository = snapshot_repository(settings.model_repository, settings)
+        models = scan_repository(repository)
+    except (InvalidConfig, SourceError) as exc:
+        raise StartupFailed(exc.message) from None
+    if not models:
+        print(
+            f"warning: the model repository {repository} has no models; serving none "
+            "(a model is a directory <model>/ with config.pbtxt and <version>/<model file>)",
+            file=sys.stderr,
+            flush=True,
+        )
+    return repository, models
+
+
+def _private_redis(
+    settings: UpSettings, redis_url_given: bool, stack: ExitStack
+) -> RedisServer | None:
+    """A redis-server of our own, unless a Redis URL was given; stopped last."""
+    if redis_url_given:
+        return None
+    server = RedisServer(password=new_password(), maxmemory_bytes=settings.redis_maxmemory)
+    try:
+        server.start()
+    except RedisNotInstalled as exc:
+        raise StartupFailed(str(exc)) from None
+    stack.callback(server.stop)
+    log.info(
+        "started a private redis-server at %s (password made for this start, "
+        "maxmemory %d MiB, SLUICE_REDIS_MAXMEMORY)",
+        server.address,
+        settings.redis_maxmemory >> 20,
+    )
+    return server
+
+
+def _first_publish(client: Redis, namespace: Keys, catalog: CatalogKeeper, redis_url: str) -> None:
+    """The catalog, published before any child starts: load errors of a previous run go."""
+    try:
+        client.delete(namespace.load_errors)
+        catalog.publish()
+    except RedisError as exc:
+        raise StartupFailed(f"cannot reach Redis at {_redacted(redis_url)}: {exc}") from None
+
+
+def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitStack) -> Supervisor:
+    """The supervisor, started with the gateways (none with ``--no-gateway``) on the ports
+    held here for as long as we run: a restarted gateway serves on them again, and
+    connections arriving meanwhile wait in their backlog. Stopped before the ports close."""
+    if not settings.gateway:
+        supervisor = Supervisor([])
+    else:
+        try:
+            listeners = open_listeners(settings)
+            for listener in listeners:
+                stack.callback(listener.close)
+            grpc_reservation = reserve_grpc_port(settings)
+            if grpc_reservation is not None:
+                stack.callback(grpc_reservation.close)
+        except ListenError as exc:
+            raise StartupFailed(str(exc)) from None
+        supervisor = Supervisor(gateway_specs(settings, gateway_env, listeners))
+    stack.callback(supervisor.stop)
+    supervisor.start()
+    return supervisor
+
+
+def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> list[RepositoryModel]:
+    """Explicit model control: the models named by --load-model (``*``: all)."""
+    wanted = set(settings.load_model)
+    return [m for m in models if "*" in wanted or m.name in wanted]
+
+
+def _refresher(settings: UpSettings) -> Callable[[], None] | None:
+    """For a remote repository: bring the local copy up to date before a load."""
+    source = open_source(settings.model_repository, settings)
+    if isinstance(source, LocalSource):
+        return None
+
+    def refresh() -> None:
+        result = source.materialise(carry_over(source.served(), source.list()))
+        for name, reason in result.problems.items():
+            log.warning("model '%s' not taken from %s: %s", name, source.location, reason)
+
+    return refresh
+
+
+def _redacted(url: str) -> str:
+    """A Redis URL without its password, for printing."""
+    scheme, sep, rest = url.partition("://")
+    _credentials, at, host = rest.rpartition("@")
+    return f"{scheme}{sep}{'***@' if at else ''}{host}" if sep else url
+
+
+def _say_if_stopped(stop: threading.Event, line: str) -> None:
+    if stop.is_set():
+        print(line, flush=True)

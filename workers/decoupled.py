@@ -1,0 +1,86 @@
+"""Decoupled streaming: a model that sends any number of responses per request.
+
+Each response but a request's final one is published as it comes, from the compute thread
+(in order: the thread waits for each); the final ones are returned, and published and
+acknowledged as any answer. Only Python models can be decoupled (``infer_stream``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+from sluice.core.config import ModelConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.wire import ReplyMessage, TensorHeader
+from sluice.workers.backends.base import Backend
+from sluice.workers.replies import Publisher
+from sluice.workers.tensors import PendingRequest, output_names, split
+
+Answer = tuple[list[TensorHeader], bytes] | SluiceError
+"""One request's (output headers, payload), or its own error."""
+
+SendPartial = Callable[[PendingRequest, ReplyMessage, bytes], None]
+"""Publishes one non-final response and returns once it is sent (called off the loop)."""
+
+
+def check_streams(config: ModelConfig, backend: Backend) -> None:
+    """A decoupled model's backend must be able to stream (checked as the model loads)."""
+    if config.decoupled and not hasattr(backend, "infer_stream"):
+        raise InvalidConfig(
+            f"model '{config.name}' is decoupled (model_transaction_policy), which "
+            "only Python models can be"
+        )
+
+
+def partial_sender(publisher: Publisher, loop: asyncio.AbstractEventLoop) -> SendPartial:
+    """Sends partial responses on the worker's event loop, from the compute thread."""
+
+    def send(request: PendingRequest, reply: ReplyMessage, payload: bytes) -> None:
+        partial = publisher.partial(request, reply, payload)
+        asyncio.run_coroutine_threadsafe(partial, loop).result()
+
+    return send
+
+
+def compute_streaming(
+    batch: list[PendingRequest],
+    inputs: dict[str, Any],
+    backend: Backend,
+    config: ModelConfig,
+    version: int,
+    labels: dict[str, list[bytes]],
+    send_partial: SendPartial,
+) -> list[Answer]:
+    """A decoupled model's batch: each request's final answer (its partial ones are sent
+    as they come). A request whose final response carries no outputs is answered with none
+    (clients see the stream end)."""
+    finals: dict[int, Answer] = {}
+
+    def emit(index: int, outputs: Any, final: bool) -> None:
+        request = batch[index]
+        result: Answer
+        if outputs is None:
+            result = ([], b"")
+        elif isinstance(outputs, SluiceError):
+            result, final = outputs, True
+        else:
+            try:
+                result = split([request], outputs, config, labels)[0]
+            except SluiceError as exc:
+                result, final = exc, True
+        if index in finals:
+            return  # the request was answered already
+        if final:
+            finals[index] = result
+            return
+        assert not isinstance(result, SluiceError)
+        headers, payload = result
+        reply = ReplyMessage(request.message.request_key, version, headers, final=False)
+        send_partial(request, reply, payload)
+
+    stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)
+    stream(inputs, output_names(batch), [r.items for r in batch], emit)
+    missing = InferenceFailed("the model sent no final response")
+    return [finals.get(index, missing) for index in range(len(batch))]

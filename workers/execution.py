@@ -1,0 +1,273 @@
+"""Execution: running one batch on the backend and answering its requests.
+
+A batch's requests whose deadline passed (or, with adaptive batching, would pass before
+the batch computes) are answered without computing; the rest are combined along the batch
+dimension, computed on a compute thread, split again and answered. Answers are published,
+and entries acknowledged, in one pipelined round trip per batch (:mod:`sluice.workers.replies`)
+while the next batch computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, cast
+
+from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig
+from sluice.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, SluiceError
+from sluice.core.wire import ReplyMessage, RequestMessage
+from sluice.workers.adaptive import BatchPolicy
+from sluice.workers.backends.base import (
+    Backend,
+    ConcurrentBackend,
+    RequestContext,
+    RequestsFailed,
+)
+from sluice.workers.decoupled import Answer, SendPartial, compute_streaming
+from sluice.workers.replies import (
+    BatchClose,
+    Outcome,
+    Publisher,
+    Timing,
+    error_outcome,
+    log_failures,
+)
+from sluice.workers.sequence_book import SequenceBook
+from sluice.workers.slots import ComputeGate
+from sluice.workers.tensors import PendingRequest, combine, output_names, split
+
+if TYPE_CHECKING:
+    from sluice.core.otel import BatchSpan, Tracing
+
+log = logging.getLogger(__name__)
+
+
+class Execution:
+    """Computes batches of one model version on ``backend`` and publishes their answers."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version: int,
+        *,
+        backend: Backend | None = None,
+        publisher: Publisher | None = None,
+        executor: ThreadPoolExecutor | None = None,
+        policy: BatchPolicy | None = None,
+        labels: dict[str, list[bytes]] | None = None,
+        book: SequenceBook | None = None,
+        concurrency: int = 1,
+        tracing: Tracing | None = None,
+        send_partial: SendPartial | None = None,
+    ) -> None:
+        """``labels``: each output's classification labels. ``book``: a sequence model's
+        sequences. ``concurrency``: batches the backend computes at once. ``tracing``: record
+        each batch's spans. ``send_partial``: a decoupled model's partial responses.
+        (:meth:`compute` alone needs only the config and version.)"""
+        self.config = config
+        self.version = version
+        self._backend = backend
+        self._publisher = publisher
+        self._executor = executor
+        self.policy = policy or BatchPolicy(0.0, False)
+        self.labels = labels or {}
+        self.book = book
+        self.concurrency = concurrency
+        self.tracing = tracing
+        self.send_partial = send_partial
+        self._publish_turn = asyncio.Lock()
+        """Held while a batch's answers are published (one batch's at a time)."""
+
+    @property
+    def backend(self) -> Backend:
+        assert self._backend is not None
+        return self._backend
+
+    @property
+    def publisher(self) -> Publisher:
+        assert self._publisher is not None
+        return self._publisher
+
+    async def execute(
+        self, batch: list[PendingRequest], close: BatchClose, gate: ComputeGate
+    ) -> None:
+        """Compute ``batch``, then publish its answers while the next batch computes: the
+        instance is free (``gate``) again once this batch's answers are the next to go, so
+        at most one batch's answers are in flight and a Redis round trip is not on the
+        path from one batch to the next. (With a concurrent backend, ``gate`` counts free
+        slots: this batch gives its slot back at the same point.)"""
+        started = time.monotonic()
+        policy = self.policy
+        turn = False
+        try:
+            outcomes, timing, items = await self._compute_batch(batch)
+            await self._publish_turn.acquire()
+            turn = True
+        finally:
+            busy_s = time.monotonic() - started
+            gate.set()
+        try:
+            if items:
+                # What the batch cost: the instance was busy for this long.
+                predicted = policy.cost.predict(items) if policy.cost.warm else None
+                if predicted is not None and busy_s > 0:
+                    close.cost_error = abs(predicted - busy_s) / busy_s
+                policy.cost.observe(items, busy_s)
+            log_failures(outcomes)
+            await self.publisher.publish(outcomes, timing, items, close)
+        finally:
+            if turn:
+                self._publish_turn.release()
+
+    async def _compute_batch(
+        self, batch: list[PendingRequest]
+    ) -> tuple[list[Outcome], Timing, int]:
+        """Each request's outcome, the batch's timing and the items computed. Requests
+        whose deadline passed, or (adaptive batching) cannot be met by the batch's
+        expected cost, are answered without computing."""
+        now_ns = CLOCK.now_ns()
+        policy = self.policy
+        cost = policy.cost
+        predicted_s = cost.predict(sum(r.items for r in batch)) if cost.warm else 0.0
+        doomed_ns = now_ns + int(predicted_s * 1e9) if policy.adaptive else now_ns
+        if log.isEnabledFor(logging.DEBUG):
+            ids = [r.message.request_id for r in batch]
+            log.debug("batch of %d request(s)", len(batch), extra={"request_ids": ids})
+        span = self._trace_batch(batch, now_ns) if self.tracing is not None else None
+        failure = ""
+        outcomes: list[Outcome] = []
+        live: list[PendingRequest] = []
+        for request in batch:
+            deadline = request.message.deadline_ns
+            if deadline and deadline < now_ns:
+                expired = DeadlineExceeded("the request's deadline passed while it was queued")
+                outcomes.append(error_outcome(request, self.version, expired))
+            elif deadline and deadline < doomed_ns:
+                doomed = DeadlineExceeded(
+                    "the request's deadline would pass before its batch computes "
+                    f"(about {predicted_s * 1e3:.3g} ms)"
+                )
+                outcomes.append(error_outcome(request, self.version, doomed))
+            else:
+                live.append(request)
+        if self.book is not None and live:
+            live, refused = await self.book.admit(live)
+            outcomes += [error_outcome(r, self.version, exc) for r, exc in refused]
+        timing = Timing(started_ns=now_ns)
+        if live:
+            await self.publisher.started(live)
+            loop = asyncio.get_running_loop()
+            try:
+                results = await loop.run_in_executor(
+                    self._executor, self.compute, live, self.backend, timing
+                )
+                for request, result in zip(live, results, strict=True):
+                    if isinstance(result, SluiceError):
+                        outcomes.append(error_outcome(request, self.version, result))
+                        continue
+                    headers, payload = result
+                    reply = ReplyMessage(request.message.request_key, self.version, headers)
+                    outcomes.append(Outcome(request, reply, payload))
+            except Exception as exc:
+                error: SluiceError = (
+                    exc
+                    if isinstance(exc, SluiceError)
+                    else InferenceFailed(f"{type(exc).__name__}: {exc}")
+                )
+                failure = error.message
+                outcomes.extend(error_outcome(r, self.version, error) for r in live)
+        if span is not None:
+            span.end(failure)
+        return outcomes, timing, sum(r.items for r in live)
+
+    def _trace_batch(self, batch: list[PendingRequest], started_ns: int) -> BatchSpan:
+        """Each request's ``queue_wait`` span, and the batch's ``batch_compute`` span."""
+        assert self.tracing is not None
+        requests = [(r.message.trace, r.message.request_id, r.message.enqueued_ns) for r in batch]
+        return self.tracing.batch(self.config.name, self.version, requests, started_ns)
+
+    # -- on a compute thread ---------------------------------------------------------------
+
+    def compute(
+        self, batch: list[PendingRequest], backend: Backend, timing: Timing
+    ) -> list[Answer]:
+        """Each request's (output headers, payload), or its own error."""
+        t0 = time.perf_counter_ns()
+        try:
+            inputs = combine(batch, self.config)
+        except InvalidInput:
+            if len(batch) == 1:
+                raise
+            return self._each_alone(batch, backend, timing)
+        if self.config.decoupled:
+            assert self.send_partial is not None
+            answers = compute_streaming(
+                batch, inputs, backend, self.config, self.version, self.labels, self.send_partial
+            )
+            timing.infer_ns = time.perf_counter_ns() - t0
+            return answers
+        book = self.book
+        wanted = output_names(batch)
+        if book is not None:
+            try:
+                inputs.update(book.inputs(batch))
+            except InvalidInput:
+                if len(batch) == 1:
+                    raise
+                return self._each_alone(batch, backend, timing)
+            wanted = [*wanted, *book.state_outputs]
+        t1 = time.perf_counter_ns()
+        failures: dict[int, SluiceError] = {}
+        try:
+            if self.concurrency == 1:
+                outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
+            else:
+                # A concurrent backend (an ensemble) passes each request's deadline and ids
+                # on to the requests it makes itself.
+                outputs = cast(ConcurrentBackend, backend).infer(
+                    inputs,
+                    wanted,
+                    request_sizes=[r.items for r in batch],
+                    contexts=[_context(r.message) for r in batch],
+                )
+        except RequestsFailed as exc:
+            if exc.outputs is None or book is not None:
+                return [exc.failures.get(i, exc) for i in range(len(batch))]
+            outputs, failures = exc.outputs, dict(exc.failures)
+        if book is not None:
+            book.update(batch, outputs)
+        t2 = time.perf_counter_ns()
+        try:
+            results = split(batch, outputs, self.config, self.labels)
+        except InvalidInput:
+            if len(batch) == 1:
+                raise
+            return self._each_alone(batch, backend, timing)
+        t3 = time.perf_counter_ns()
+        timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
+        return [failures.get(i, result) for i, result in enumerate(results)]
+
+    def _each_alone(
+        self, batch: list[PendingRequest], backend: Backend, timing: Timing
+    ) -> list[Answer]:
+        """One request's bad input (a client region gone, shrunk or replaced by a link
+        since :func:`validate`) fails that request only: the batch runs request by request."""
+        results: list[Answer] = []
+        for request in batch:
+            try:
+                results.extend(self.compute([request], backend, timing))
+            except SluiceError as exc:
+                results.append(exc)
+        return results
+
+
+def _context(message: RequestMessage) -> RequestContext:
+    return RequestContext(
+        request_id=message.request_id or message.client_id,
+        deadline_ns=message.deadline_ns,
+        trace=message.trace,
+        priority=message.priority,
+    )

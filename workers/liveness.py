@@ -1,0 +1,111 @@
+"""Liveness: a worker's heartbeat, and a sequence worker's hold on its slot.
+
+Each beat renews the worker's place among the model version's live workers (a score three
+beats ahead, on the deployment clock) and its advertised host, drops the advertised hosts
+of workers that died without leaving, and renews the slot lease. Other workers take over
+the entries of a worker whose beats stopped (:mod:`sluice.workers.reclaim`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.clock import CLOCK
+from sluice.core.keys import Keys
+from sluice.core.settings import WorkerSettings
+from sluice.workers.slot_lease import SlotLease
+
+log = logging.getLogger(__name__)
+
+
+class Liveness:
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        settings: WorkerSettings,
+        model: str,
+        version: int,
+        worker_id: str,
+        host: str,
+        stopping: asyncio.Event,
+    ) -> None:
+        """``stopping`` is set once another worker serves this worker's slot."""
+        self.redis = redis
+        self.keys = keys
+        self.settings = settings
+        self.model = model
+        self.version = version
+        self.worker_id = worker_id
+        self.host = host
+        self.stopping = stopping
+        self.lease: SlotLease | None = None
+        """A sequence worker's hold on its slot (:mod:`sluice.workers.slot_lease`), once taken."""
+
+    async def beat(self) -> None:
+        await CLOCK.sync(self.redis)  # (deadlines written by gateways on other hosts)
+        key = self.keys.live_workers(self.model, self.version)
+        hosts = self.keys.worker_hosts(self.model, self.version)
+        now = CLOCK.now()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
+            pipe.zremrangebyscore(key, "-inf", now)
+            pipe.hset(hosts, self.worker_id, self.host)
+            pipe.zrange(key, 0, -1)
+            pipe.hkeys(hosts)
+            *_, live, advertised = await pipe.execute()
+        gone = set(advertised) - set(live)  # workers that died without leaving
+        if gone:
+            await self.redis.hdel(hosts, *gone)
+        if self.lease is not None and not await self.lease.renew():
+            self.stopping.set()  # another worker serves the slot now
+
+    async def beat_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                await self.beat()
+            except RedisError as exc:
+                log.warning("heartbeat failed: %s", exc)
+
+    async def take_slot(self, slot: int) -> SlotLease | None:
+        """Hold this sequence worker's slot, standing by while another worker (another
+        host's) serves it; None if asked to stop meanwhile."""
+        lease = SlotLease.for_worker(
+            self.redis,
+            self.keys.sequence_owner(self.model, self.version, slot),
+            self.host,
+            self.worker_id,
+            3 * self.settings.heartbeat_s,
+        )
+        announced = False
+        while not self.stopping.is_set():
+            try:
+                if await lease.acquire():
+                    self.lease = lease
+                    return lease
+            except RedisError as exc:
+                log.warning("cannot take slot %d: %s", slot, exc)
+            if not announced:
+                log.info("slot %d is served by another worker; standing by", slot)
+                announced = True
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), self.settings.heartbeat_s)
+        return None
+
+    async def leave(self) -> None:
+        """No longer among the live workers; the slot (if held) is free for another."""
+        with contextlib.suppress(RedisError):
+            await self.redis.zrem(self.keys.live_workers(self.model, self.version), self.worker_id)
+            await self.redis.hdel(self.keys.worker_hosts(self.model, self.version), self.worker_id)
+            if self.lease is not None:
+                await self.lease.release()
+
+    @property
+    def slot_lost(self) -> bool:
+        return self.lease is not None and self.lease.lost

@@ -1,0 +1,203 @@
+"""Combining requests into one batch and splitting the outputs back.
+
+Requests are combined along the batch dimension (dim 0) only when every input
+has the same per-item shape; :func:`shape_key` says which requests can share
+a batch. Everything here is pure computation, run off the event loop.
+
+Tensors passed by shared memory reference are read where they are (a client's region
+or a gateway's segment, see :mod:`sluice.workers.shm_io`); outputs the client wants in its
+region are written there, and large outputs go into a segment of their own when the
+request allows it, so neither crosses Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from sluice.core.classification import CLASSIFIABLE, classify, unsupported_message
+from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
+from sluice.core.errors import InferenceFailed, InvalidInput, Unavailable
+from sluice.core.shm import new_segment_name, unlink, write_segment
+from sluice.core.wire import RequestMessage, ShmRef, TensorHeader
+from sluice.workers import shm_io
+
+ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
+
+
+@dataclass(slots=True)
+class PendingRequest:
+    entry_id: bytes
+    message: RequestMessage
+    payload: memoryview
+    items: int
+    """Batch items this request carries (its dim 0; 1 for non-batching models)."""
+    key: ShapeKey
+    stream: str = ""
+    """The stream the entry came from (one per priority level)."""
+    level: int = 0
+    """Index of that stream in priority order (0 = served first)."""
+    deliveries: int = 1
+
+
+def request_items(message: RequestMessage, config: ModelConfig) -> int:
+    if config.max_batch_size == 0 or not message.inputs:
+        return 1
+    return message.inputs[0].shape[0] if message.inputs[0].shape else 1
+
+
+def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
+    """Requests with equal keys can be concatenated; non-batching models never share."""
+    if config.max_batch_size == 0:
+        return ((message.request_key, ()),)
+    return tuple(sorted((t.name, t.shape[1:]) for t in message.inputs))
+
+
+def validate(message: RequestMessage, config: ModelConfig) -> None:
+    """Re-check what the gateway checked: a stream entry is outside input too."""
+    for tensor in message.inputs:
+        spec = config.input(tensor.name)
+        if spec is None:
+            raise InvalidInput(f"unknown input '{tensor.name}'")
+        if spec.datatype != tensor.datatype:
+            raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}")
+    for name in message.outputs:
+        if config.output(name) is None:
+            raise InvalidInput(f"unknown output '{name}'")
+    if shm_io.MAPPINGS.elsewhere(message.host):
+        if message.output_regions or any(t.shm is not None for t in message.inputs):
+            raise Unavailable(
+                f"the request's tensors are in shared memory on host '{message.host}' and "
+                f"it reached a worker on host '{shm_io.MAPPINGS.host}'; retry"
+            )
+        message.segment_prefix, message.segment_min_bytes = "", 0  # outputs come inline
+    for tensor in message.inputs:
+        if tensor.shm is not None:
+            shm_io.MAPPINGS.check(tensor.shm, f"input '{tensor.name}'")
+    for name, ref in message.output_regions.items():
+        if name not in message.outputs:
+            raise InvalidInput(f"output '{name}' has a shared memory region but is not requested")
+        shm_io.MAPPINGS.check(ref, f"output '{name}'")
+    for name in message.classes:
+        spec = config.output(name)
+        if spec is None or name not in message.outputs or name in message.output_regions:
+            raise InvalidInput(f"output '{name}': classification of an output not requested")
+        if spec.datatype not in CLASSIFIABLE:
+            raise InvalidInput(unsupported_message(spec.datatype))
+
+
+def _model_shape(
+    spec: TensorSpec, leading: tuple[int, ...], shape: tuple[int, ...]
+) -> tuple[int, ...]:
+    if spec.reshape is None:
+        return shape
+    return leading + spec.reshape
+
+
+def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str, np.ndarray]:
+    """Named arrays for the whole batch, reshaped as the model expects."""
+    per_input: dict[str, list[np.ndarray]] = {}
+    for request in requests:
+        offset = 0
+        for tensor in request.message.inputs:
+            if tensor.shm is None:
+                data = request.payload[offset : offset + tensor.nbytes]
+                offset += tensor.nbytes
+            else:
+                what = f"input '{tensor.name}'"
+                data = shm_io.input_view(tensor.shm, request.message.segment_prefix, what)
+            per_input.setdefault(tensor.name, []).append(
+                to_numpy(tensor.datatype, tensor.shape, data)
+            )
+    batched = config.max_batch_size > 0
+    total = sum(r.items for r in requests)
+    arrays: dict[str, np.ndarray] = {}
+    for name, parts in per_input.items():
+        array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        spec = config.input(name)
+        assert spec is not None
+        leading = (total,) if batched else ()
+        arrays[name] = array.reshape(_model_shape(spec, leading, array.shape))
+    return arrays
+
+
+def output_names(requests: Sequence[PendingRequest]) -> list[str]:
+    names: dict[str, None] = {}
+    for request in requests:
+        names.update(dict.fromkeys(request.message.outputs))
+    return list(names)
+
+
+def split(
+    requests: Sequence[PendingRequest],
+    outputs: dict[str, np.ndarray],
+    config: ModelConfig,
+    labels: Mapping[str, Sequence[bytes]] | None = None,
+) -> list[tuple[list[TensorHeader], bytes]]:
+    """Each request's requested outputs as (headers, payload), in its requested order.
+
+    An output the request asks to classify becomes its top classes (BYTES), named by
+    ``labels`` (per output, from its ``label_filename``)."""
+    batched = config.max_batch_size > 0
+    total = sum(r.items for r in requests)
+    if batched:
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise InferenceFailed(
+                    f"output '{name}' has batch dimension {array.shape[:1]} for {total} batch items"
+                )
+    results: list[tuple[list[TensorHeader], bytes]] = []
+    segments: list[str] = []
+    start = 0
+    try:
+        for request in requests:
+            headers: list[TensorHeader] = []
+            buffers: list[bytes | memoryview] = []
+            classes = request.message.classes
+            for name in request.message.outputs:
+                spec = config.output(name)
+                assert spec is not None
+                array = outputs[name][start : start + request.items] if batched else outputs[name]
+                if spec.reshape is not None and all(d >= 0 for d in spec.dims):
+                    array = array.reshape(((request.items,) if batched else ()) + spec.dims)
+                buffer: bytes | memoryview
+                if classes and name in classes:
+                    typed = np.asarray(array, dtype=numpy_dtype(spec.datatype))
+                    names = (labels or {}).get(name, ())
+                    shape, buffer = classify(typed, classes[name], batched, names)
+                    header = TensorHeader(name, BYTES, shape, len(buffer))
+                else:
+                    buffer = to_buffer(spec.datatype, array)
+                    header = TensorHeader(name, spec.datatype, tuple(array.shape), len(buffer))
+                header.shm = _place(request.message, header, buffer, segments)
+                if header.shm is None:
+                    buffers.append(buffer)
+                headers.append(header)
+            results.append((headers, b"".join(buffers)))
+            start += request.items
+    except BaseException:
+        for segment in segments:
+            unlink(segment)
+        raise
+    return results
+
+
+def _place(
+    message: RequestMessage, header: TensorHeader, buffer: bytes | memoryview, segments: list[str]
+) -> ShmRef | None:
+    """Where an output's bytes go when not inline: the client's region (if they fit;
+    otherwise nothing is written and the gateway reports it), or a new segment."""
+    region = message.output_regions.get(header.name)
+    if region is not None:
+        if header.nbytes <= region.byte_size:
+            shm_io.write(region, buffer, f"output '{header.name}'")
+        return region
+    if message.segment_min_bytes and header.nbytes >= message.segment_min_bytes:
+        name = new_segment_name(message.segment_prefix, "out")
+        write_segment(name, [buffer])
+        segments.append(name)
+        return ShmRef(name, 0, header.nbytes)
+    return None
