@@ -5,12 +5,18 @@ Examples::
     python -m bench --model mlp --concurrency 1,4,16,64,128 --duration 5 --mode binary
     python -m bench --model cnn --rate 100,200,300 --mode binary,json
     python -m bench --model mlp --url http://127.0.0.1:8000 --stack-pid 12345
+    python -m bench --model mlp --loadgen wrk --concurrency 64 --mode binary,json
+    python -m bench --model mlp --loadgen h2load --rate 100,1000 --mode binary
 
 Without ``--url`` the bench starts ``sluice up`` itself on a free port, over the whole
 repository (idle models included, as a user's; ``--only-model`` serves the benchmarked one
 alone) with its defaults, and stops it at the end. The in-process baseline is the engine at
 its best on this machine: the best of 1 .. every core's intra-op threads (``--threads N``
-fixes both sides to N instead). Outputs go to ``--out`` (results.json, results.md, throughput.png,
+fixes both sides to N instead).
+``--loadgen wrk`` (closed loop, ``--concurrency`` connections) and ``--loadgen h2load``
+(``--rate`` requests/s, evenly spaced) load the server with C load generators instead of
+the bench's Python clients. Every run reports the stack's idle CPU, measured after the
+load for ``--idle-seconds``. Outputs go to ``--out`` (results.json, results.md, throughput.png,
 latency.png); the Markdown table is also printed to stdout.
 """
 
@@ -23,13 +29,14 @@ import os
 import platform
 import shlex
 import sys
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 
 import onnxruntime
 
-from bench import library_clients, loadgen
+from bench import c_loadgen, h2load, library_clients, loadgen
 from bench.baseline import (
     Baseline,
     config_max_batch_size,
@@ -53,7 +60,8 @@ from bench.stack import Stack, start_stack, stop_stack
 from bench.torch_baseline import run_torch_baseline, torchscript_file, wants_gpu
 
 DEFAULT_CONCURRENCY = "1,4,16,64,128"
-IDLE_SECONDS = 1.0  # stack CPU is sampled this long with no load
+IDLE_SECONDS = 10.0  # stack CPU is sampled this long with no load, after the load
+IDLE_SETTLE_SECONDS = 2.0  # let the last requests' work end before the idle sample
 
 
 def _ints(text: str) -> list[int]:
@@ -121,6 +129,29 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "keep-alive sockets, the cheapest client), aiohttp (a general-purpose asyncio client "
         "sending the same bytes) or tritonclient (tritonclient.http.aio); default raw",
     )
+    parser.add_argument(
+        "--loadgen",
+        choices=c_loadgen.LOADGENS,
+        default="python",
+        help="python (the bench's own clients, see --client), wrk (C, closed loop over "
+        "--concurrency connections: saturation) or h2load (C, --rate requests/s with evenly "
+        "spaced arrivals); default python",
+    )
+    parser.add_argument("--wrk-threads", type=int, default=1, help="wrk's threads (default 1)")
+    parser.add_argument(
+        "--h2load-clients",
+        type=int,
+        default=0,
+        help="h2load: at least this many connections (default 0: one per "
+        f"{h2load.CLIENT_INTERVAL_S * 1000:g} ms of the rate's interval)",
+    )
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=IDLE_SECONDS,
+        help=f"seconds of idle stack CPU sampled after the load (default {IDLE_SECONDS:g}; "
+        "0 skips it)",
+    )
     parser.add_argument("--url", help="use a running stack (loopback only) instead of starting one")
     parser.add_argument(
         "--stack-pid", type=int, help="with --url: root pid of the stack, for CPU accounting"
@@ -162,6 +193,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.client != "raw" and args.rate:
         parser.error("--rate needs --client raw (the open loop sends pre-encoded requests)")
+    if args.loadgen != "python" and args.client != "raw":
+        parser.error(f"--client {args.client} only goes with --loadgen python")
+    if args.loadgen == "wrk" and args.rate:
+        parser.error("--loadgen wrk runs closed loops (--concurrency); use h2load for --rate")
+    if args.loadgen == "h2load" and (args.concurrency or not args.rate):
+        parser.error("--loadgen h2load runs fixed rates: give --rate, not --concurrency")
     if args.concurrency is None:
         args.concurrency = [] if args.rate else _ints(DEFAULT_CONCURRENCY)
     if args.url is not None:
@@ -258,6 +295,54 @@ def check_request(target: Target, request: InferRequest) -> None:
 # ----------------------------------------------------------------------------- load
 
 
+def run_c_point(
+    args: argparse.Namespace,
+    target: Target,
+    request: InferRequest,
+    load: float,
+    meter: CpuMeter,
+    baseline: Baseline | None,
+) -> Point:
+    """One point driven by wrk (closed loop, ``load`` connections) or h2load (``load``/s)."""
+    meter.last = None
+    if args.loadgen == "wrk":
+        point = c_loadgen.wrk_point(
+            target,
+            request,
+            int(load),
+            args.duration,
+            args.warmup,
+            args.wrk_threads,
+            meter,
+            baseline,
+        )
+    else:
+        point = c_loadgen.h2load_point(
+            target,
+            request,
+            load,
+            args.duration,
+            args.warmup,
+            args.h2load_clients,
+            meter,
+            baseline,
+            log,
+        )
+    _log_point(point)
+    return point
+
+
+def _log_point(point: Point) -> None:
+    cpu = point.cpu_ms_per_request or {}
+    log(
+        f"{point.loadgen:6s} {point.loop:6s} {point.mode:6s} {point.load:>9s}: "
+        f"{point.requests_per_s:9,.0f} req/s, p50 {point.p50_ms or 0:7.2f} ms, "
+        f"p99 {point.p99_ms or 0:7.2f} ms, errors {point.errors}"
+        + (f", dropped {point.dropped}" if point.dropped else "")
+        + (f", stack CPU {cpu['stack'] * 1000:,.0f} us/req" if "stack" in cpu else "")
+    )
+
+
 def run_point(
     args: argparse.Namespace,
     target: Target,
@@ -299,11 +384,7 @@ def run_point(
         )
     result = loadgen.run(coroutine)
     point = summarize(loop, request.mode, load, result, request.items, meter.last, baseline)
-    log(
-        f"{loop:6s} {request.mode:6s} {point.load:>9s}: {point.requests_per_s:9,.0f} req/s, "
-        f"p50 {point.p50_ms or 0:7.2f} ms, p99 {point.p99_ms or 0:7.2f} ms, "
-        f"errors {point.errors}" + (f", dropped {point.dropped}" if point.dropped else "")
-    )
+    _log_point(point)
     return point
 
 
@@ -327,6 +408,11 @@ def run_load(
     baseline: Baseline | None,
 ) -> list[Point]:
     points: list[Point] = []
+    if args.loadgen != "python":
+        for request in requests:
+            for load in [*args.concurrency, *args.rate]:
+                points.append(run_c_point(args, target, request, load, meter, baseline))
+        return points
     for request in requests:
         for concurrency in args.concurrency:
             points.append(run_point(args, target, request, "closed", concurrency, meter, baseline))
@@ -340,6 +426,7 @@ def metadata_of(args: argparse.Namespace, target: Target, stack: Stack | None) -
         "model": args.model,
         "modes": args.mode,
         "client": args.client,
+        "loadgen": args.loadgen,
         "url": target.url,
         "started_stack": stack is not None,
         "stack_command": shlex.join(stack.process.args) if stack is not None else None,  # type: ignore[arg-type]
@@ -372,6 +459,12 @@ def single_model_repository(repository: Path, model: str, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.loadgen != "python":
+        try:
+            c_loadgen.find_tool(args.loadgen)
+        except c_loadgen.ToolMissing as exc:
+            log(f"error: {exc}")
+            return 2
     args.out.mkdir(parents=True, exist_ok=True)
     if args.url is None or not args.no_baseline:
         ensure_model_files(args.model_repository)
@@ -403,11 +496,13 @@ def main(argv: list[str] | None = None) -> int:
         meta["max_batch_size"] = max_batch
         meta["request_body_bytes"] = {request.mode: request.body_bytes for request in requests}
         meta["processes"] = meter.group_counts()
-        if meter.stack_pid is not None:
-            meta["idle_cpu_percent"] = meter.idle_percent(IDLE_SECONDS)
-            log(f"idle stack CPU (% of a core): {meta['idle_cpu_percent']}")
         baseline = baseline_for(args, max_batch)
         points = run_load(args, target, requests, meter, baseline)
+        if meter.stack_pid is not None and args.idle_seconds > 0:
+            time.sleep(IDLE_SETTLE_SECONDS)
+            meta["idle_seconds"] = args.idle_seconds
+            meta["idle_cpu_percent"] = meter.idle_percent(args.idle_seconds)
+            log(f"idle stack CPU (% of a core): {meta['idle_cpu_percent']}")
     finally:
         if stack is not None:
             log(f"stopping the stack (exit status {stop_stack(stack)})")

