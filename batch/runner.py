@@ -187,19 +187,21 @@ class Runner:
             return
         shard_rows = max(options.shard_rows, math.ceil(reader.rows / b.MAX_SHARDS) or 1)
         shards = math.ceil(reader.rows / shard_rows)
-        self.redis.hset(
-            self.keys.batch(batch_id),
-            mapping={
-                b.F_STATUS: b.RUNNING,
-                b.F_VERSION: version,
-                b.F_ROWS_TOTAL: reader.rows,
-                b.F_SHARDS: shards,
-                b.F_SHARDS_DONE: 0,
-                b.F_SHARDS_FAILED: 0,
-                b.F_STARTED: f"{time.time():.6f}",
-                b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": shard_rows}),
-            },
-        )
+        planned: dict[str, str | int | bytes] = {
+            b.F_STATUS: b.RUNNING,
+            b.F_VERSION: version,
+            b.F_ROWS_TOTAL: reader.rows,
+            b.F_SHARDS: shards,
+            b.F_SHARDS_DONE: 0,
+            b.F_SHARDS_FAILED: 0,
+            b.F_STARTED: f"{time.time():.6f}",
+            b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": shard_rows}),
+        }
+        fields = [item for pair in planned.items() for item in pair]
+        if not self.redis.eval(b.START, 1, self.keys.batch(batch_id), *fields):
+            log.info("batch %s: cancelled while it was planned", batch_id)
+            return
+        # A cancel between the two leaves a stale member, which the reaper removes.
         self.redis.sadd(self.keys.running_batches, batch_id)
         log.info(
             "batch %s: %d rows in %d shard(s) of %d", batch_id, reader.rows, shards, shard_rows

@@ -232,6 +232,15 @@ parts, the joined outputs), what ``GET /v2/batches/{id}/outputs`` lists and serv
 F_STORED = "stored_bytes"
 """Bytes this batch keeps in the batch store (counted against its tenant)."""
 
+START = """
+-- KEYS: batch hash; ARGV: field, value, ... (the fields of the batch once planned)
+if redis.call('HGET', KEYS[1], 'status') ~= 'planning' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+"""-> 1: the batch runs now; 0: it is no longer planning (cancelled while it was planned):
+nothing is written, so a cancel that came first is never undone."""
+
 COMMIT = """
 -- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)
 local status = redis.call('HGET', KEYS[1], 'status')
