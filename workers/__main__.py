@@ -11,10 +11,10 @@ from pathlib import Path
 from sluice.core.errors import InvalidConfig
 from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.logs import configure_logging
+from sluice.core.placement import Placement
 from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import WorkerSettings
 from sluice.core.tracing import tracing_from_settings
-from sluice.workers.backends.base import Placement
 from sluice.workers.inprocess import worker_for
 from sluice.workers.lifecycle import install_signal_handlers
 

@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sluice.core.errors import InvalidConfig
+from sluice.core.placement import Placement
 from sluice.core.repository import available_versions, read_model
 from sluice.core.settings import WorkerSettings
-from sluice.workers.backends.base import Placement
 from sluice.workers.worker import Worker
 
 if TYPE_CHECKING:

@@ -11,9 +11,10 @@ from pathlib import Path
 from sluice.core.classification import read_labels
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidConfig
+from sluice.core.placement import Placement
 from sluice.workers.adaptive import BatchPolicy, batch_policy
 from sluice.workers.backends import load_backend
-from sluice.workers.backends.base import Backend, Placement
+from sluice.workers.backends.base import Backend
 from sluice.workers.decoupled import check_streams
 from sluice.workers.slots import backend_concurrency
 from sluice.workers.warmup import warm_up

@@ -30,10 +30,10 @@ from sluice.core.errors import SluiceError
 from sluice.core.exits import EXIT_LOAD_FAILED, EXIT_SLOT_LOST
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys, load_error_field
+from sluice.core.placement import Placement
 from sluice.core.redis_connect import connect_async
 from sluice.core.settings import WorkerSettings
 from sluice.workers import shm_io
-from sluice.workers.backends.base import Placement
 from sluice.workers.batcher import Batcher, DynamicBatcher, SequenceBatcher
 from sluice.workers.decoupled import partial_sender
 from sluice.workers.execution import Execution

@@ -251,9 +251,9 @@ def worker(
     verbose: Verbose = False,
 ) -> None:
     """Run one instance of one model version, pulling from its Redis stream."""
+    from sluice.core.placement import Placement
     from sluice.core.settings import WorkerSettings
     from sluice.workers.__main__ import run_worker
-    from sluice.workers.backends.base import Placement
 
     _logging(verbose)
     settings = WorkerSettings()

@@ -16,10 +16,10 @@ import pytest
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from sluice.core.placement import Placement
 from sluice.core.repository import read_model
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.workers.backends import load_backend
-from sluice.workers.backends.base import Placement
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.stack import Stack
 

@@ -11,7 +11,8 @@ from pathlib import Path
 from sluice.core.config import ModelConfig
 from sluice.core.config.platforms import TREE_BACKEND, is_torch
 from sluice.core.errors import InvalidConfig, Unsupported
-from sluice.workers.backends.base import Backend, Placement
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import Backend
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
 _TENSORRT = {"tensorrt_plan", "tensorrt"}

@@ -11,7 +11,7 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.core.placement import Placement as Placement  # re-exported for the backends
+from sluice.core.placement import Placement
 from sluice.core.trace_context import TraceParent
 
 

@@ -38,7 +38,8 @@ from sluice.core.errors import (
     InvalidConfig,
     SluiceError,
 )
-from sluice.workers.backends.base import Placement, RequestContext, RequestsFailed
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import RequestContext, RequestsFailed
 from sluice.workers.backends.ensemble_check import composing_configs
 from sluice.workers.backends.ensemble_join import join_requests, split_requests
 from sluice.workers.model_calls import CallContext, ModelCalls

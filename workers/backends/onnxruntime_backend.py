@@ -10,7 +10,7 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidConfig, InvalidInput, Unsupported
-from sluice.workers.backends.base import Placement
+from sluice.core.placement import Placement
 from sluice.workers.backends.threads import flag_parameter, int_parameter, threads_or_all
 
 _GPU_ACCELERATORS = {"tensorrt": "TensorrtExecutionProvider", "cuda": "CUDAExecutionProvider"}

@@ -24,7 +24,8 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidConfig, Unsupported
-from sluice.workers.backends.base import Placement, missing_extra
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import missing_extra
 from sluice.workers.backends.threads import threads_or_all
 
 _SLUICE_KEYS = {"SKIP_OV_DYNAMIC_BATCHSIZE", "RESHAPE_IO_LAYERS"}

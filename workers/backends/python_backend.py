@@ -29,7 +29,8 @@ import numpy as np
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig, config_to_json
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.workers.backends.base import Backend, Emit, Placement
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import Backend, Emit
 from sluice.workers.backends.ensemble_join import split_requests
 from sluice.workers.backends.python_model import (
     accepts_arguments,

@@ -20,7 +20,7 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, InvalidInput, Unsupported
-from sluice.workers.backends.base import Placement
+from sluice.core.placement import Placement
 from sluice.workers.backends.cuda_runtime import CudaRuntime, import_cudart
 
 

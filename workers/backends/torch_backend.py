@@ -21,7 +21,7 @@ import torch
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.workers.backends.base import Placement
+from sluice.core.placement import Placement
 from sluice.workers.backends.threads import int_parameter, threads_or_all
 from sluice.workers.backends.torch_io import Signature, results_by_name, to_numpy, to_torch
 

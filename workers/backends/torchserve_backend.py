@@ -36,7 +36,8 @@ import numpy as np
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.mar import unpack
-from sluice.workers.backends.base import Placement, RequestsFailed, missing_extra
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import RequestsFailed, missing_extra
 
 log = logging.getLogger(__name__)
 

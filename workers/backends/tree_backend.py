@@ -25,7 +25,8 @@ import numpy as np
 from sluice.core.config import ModelConfig
 from sluice.core.config.platforms import tree_formats
 from sluice.core.errors import InvalidConfig, Unsupported
-from sluice.workers.backends.base import Placement, missing_extra
+from sluice.core.placement import Placement
+from sluice.workers.backends.base import missing_extra
 from sluice.workers.backends.threads import flag_parameter, threads_or_all
 
 INPUT = "input__0"

@@ -28,8 +28,9 @@ from sluice.core.errors import (
     Unavailable,
     Unsupported,
 )
+from sluice.core.placement import Placement
 from sluice.workers.backends import triton_python_backend_utils as pb
-from sluice.workers.backends.base import Emit, Placement, RequestsFailed
+from sluice.workers.backends.base import Emit, RequestsFailed
 from sluice.workers.backends.python_model import call_model, forget_module
 
 FINAL_WAIT_S = 300.0

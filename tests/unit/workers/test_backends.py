@@ -20,9 +20,10 @@ from sluice.core.errors import (
     SluiceError,
     Unsupported,
 )
+from sluice.core.placement import Placement
 from sluice.core.repository import RepositoryModel, read_model
 from sluice.workers.backends import load_backend
-from sluice.workers.backends.base import Backend, Placement, RequestsFailed
+from sluice.workers.backends.base import Backend, RequestsFailed
 from sluice.workers.backends.python_backend import ModelContext
 from sluice.workers.warmup import warm_up
 from tests.support import fake_tensorrt

@@ -8,10 +8,9 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.placement import threads_per_instance
+from sluice.core.placement import Placement, threads_per_instance
 from sluice.core.repository import read_model
 from sluice.core.runtime import usable_cores
-from sluice.workers.backends.base import Placement
 from sluice.workers.backends.onnxruntime_backend import SPINNING, session_options
 from tests.support.onnx_models import write_identity
 

@@ -7,7 +7,7 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.errors import InvalidConfig, Unsupported
-from sluice.workers.backends.base import Placement
+from sluice.core.placement import Placement
 from sluice.workers.backends.openvino_backend import compile_properties
 from sluice.workers.backends.tree_backend import TreeBackend, model_type
 
