@@ -58,6 +58,9 @@ SETUP_TIMEOUT_S = 900.0
 BUILD_TIMEOUT_S = 900.0
 UP_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 240.0
+BATCH_TIMEOUT_S = 300
+"""A batch of 3,000 rows in three shards from a laptop, uploaded, run and downloaded (about
+10 s on an idle machine)."""
 
 IRIS_REQUEST = {
     "inputs": [
@@ -687,28 +690,37 @@ def check_batch_from_a_laptop(stack: Stack) -> None:
             "SLUICE_URL": stack.url("SLUICE_HTTP_PORT", ""),
             "SLUICE_API_KEY": stack.key,
         }
-        submitted = subprocess.run(
-            [
-                str(ROOT / ".venv" / "bin" / "sluice"),
-                "batch",
-                "submit",
-                "--model",
-                "mlp",
-                "--input",
-                "rows.npy",
-                "--output",
-                "out",
-                "--shard-rows",
-                "1000",
-            ],
-            cwd=laptop,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
+        command = [
+            str(ROOT / ".venv" / "bin" / "sluice"),
+            "batch",
+            "submit",
+            "--model",
+            "mlp",
+            "--input",
+            "rows.npy",
+            "--output",
+            "out",
+            "--shard-rows",
+            "1000",
+        ]
+        try:
+            submitted = subprocess.run(
+                command,
+                cwd=laptop,
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=BATCH_TIMEOUT_S,
+                check=False,
+            )
+        except subprocess.TimeoutExpired as exc:
+            raise AssertionError(
+                f"`sluice batch submit` did not end within {BATCH_TIMEOUT_S} s\n"
+                f"{_batch_diagnosis(stack, exc.stdout, exc.stderr)}"
+            ) from None
+        assert submitted.returncode == 0, _batch_diagnosis(
+            stack, submitted.stdout, submitted.stderr
         )
-        assert submitted.returncode == 0, submitted.stdout + submitted.stderr
         session = ort.InferenceSession(str(ROOT / "model_repository" / "mlp" / "1" / "model.onnx"))
         (expected,) = session.run(None, {session.get_inputs()[0].name: rows})
         output = np.load(laptop / "out" / "output.npy")
@@ -716,6 +728,29 @@ def check_batch_from_a_laptop(stack: Stack) -> None:
     finally:
         shutil.rmtree(laptop, ignore_errors=True)
     progress("a batch job from a laptop: uploaded, run and downloaded, equal to onnxruntime")
+
+
+def _batch_diagnosis(stack: Stack, stdout: str | bytes | None, stderr: str | bytes | None) -> str:
+    """What a failed batch from a laptop leaves to read, put in the failure message itself
+    (a CI log keeps the message whole, but may cut the captured output): the CLI's output,
+    the tenant's batches as the API reports them, the containers, the batch worker's log."""
+
+    def text(value: str | bytes | None) -> str:
+        return value.decode(errors="replace") if isinstance(value, bytes) else value or ""
+
+    try:
+        status, body = http(stack.url("SLUICE_HTTP_PORT", "/v2/batches"), key=stack.key)
+        batches = f"HTTP {status} {body.decode(errors='replace')[:2000]}"
+    except OSError as exc:
+        batches = f"unreachable: {exc}"
+    worker_log = stack.compose(
+        "logs", "--no-color", "--tail", "80", "batch-worker", timeout=120, check=False
+    )
+    return (
+        f"stdout: {text(stdout)[-2000:]}\nstderr: {text(stderr)[-2000:]}\n"
+        f"GET /v2/batches: {batches}\ncontainers: {stack.states()}\n"
+        f"batch-worker log (last 80 lines):\n{worker_log[-8000:]}"
+    )
 
 
 def check_hardening(stack: Stack) -> None:
