@@ -38,6 +38,11 @@ from sluice.workers.tensors import PendingRequest
 NO_DEADLINE_NS = 1 << 62
 """A request without a deadline sorts after every request with one."""
 
+SHORT_WAIT_S = 0.001
+"""A batch whose window has less than this left, and that found nothing more in its last
+read, goes at once (the window is an upper bound): the event loop cannot sleep so briefly,
+and reading until the window's end would only read nothing again."""
+
 Execute = Callable[[list[PendingRequest], BatchClose, ComputeGate], Coroutine[Any, Any, None]]
 """Runs one batch; gives its compute slot back (``gate.set()``) once the next batch may go."""
 
@@ -164,9 +169,14 @@ class Batcher:
                 await gate.wait()
                 more = await intake.read(limit - items, None, background=self.drain)
             else:
-                more = await intake.read_within(
-                    limit - items, policy.window_s - waited, background=self.drain
-                )
+                remaining = policy.window_s - waited
+                more = await intake.read_within(limit - items, remaining, background=self.drain)
+                if not more and remaining < SHORT_WAIT_S and gate.is_set():
+                    # Under a millisecond left and nothing came: the batch goes now rather
+                    # than reading again and again until the window's end.
+                    more = intake.take_reclaimed()
+                    if not more:
+                        return batch, rest, BatchClose("window", first)
             more += intake.take_reclaimed()
             pending = batch + rest + more
             if not more and self.drain and gate.is_set():

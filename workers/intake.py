@@ -63,6 +63,12 @@ _BLOCK_MIN_S = 0.1
 """Redis ends a BLOCK shorter than its cron period (100 ms at the default hz 10) only at
 its next tick: shorter waits sleep on the event loop instead and read without blocking."""
 
+_SLICE_MIN_S = 0.001
+"""The shortest sleep of a short wait: the event loop's timers have millisecond resolution."""
+
+_LEASE_BLOCK_MAX_MS = 500
+"""A sequence worker's blocking read holds its slot's lease for as long: it blocks no longer."""
+
 
 class StreamIntake:
     """A worker's requests from its streams, in priority order: online levels first, the
@@ -131,10 +137,21 @@ class StreamIntake:
     ) -> list[PendingRequest]:
         if wait_s >= _BLOCK_MIN_S:
             return await self.read(count, math.ceil(wait_s * 1000))
-        # Sleep in slices of 1 ms so a batch that fills early goes early. The event loop's
-        # timers have millisecond resolution, so a shorter wait only yields.
-        await asyncio.sleep(0.001 if wait_s >= 0.001 else 0)
+        # A short wait sleeps on the event loop, then reads without blocking (the batcher
+        # calls again while the batch stays open). Reading more often than requests arrive
+        # finds nothing: it sleeps one expected gap between arrivals (at least 1 ms), so a
+        # batch that fills early still goes early, and without arrivals the whole wait at
+        # once, instead of reading every millisecond for nothing.
+        await asyncio.sleep(self.slice_s(wait_s))
         return await self.read(count, None, background=background)
+
+    def slice_s(self, wait_s: float) -> float:
+        """How long a short wait sleeps before it reads."""
+        if wait_s < _SLICE_MIN_S:
+            return 0.0  # only yields
+        rate = self.arrivals.per_second(time.monotonic())
+        gap_s = 1.0 / rate if rate > 0 else wait_s
+        return min(wait_s, max(_SLICE_MIN_S, gap_s))
 
     def take_reclaimed(self) -> list[PendingRequest]:
         taken, self._reclaimed = self._reclaimed, []
@@ -144,6 +161,8 @@ class StreamIntake:
         self, streams: list[str], count: int, block_ms: int | None
     ) -> list[PendingRequest]:
         if self.lease is not None:
+            if block_ms is not None:
+                block_ms = min(block_ms, _LEASE_BLOCK_MAX_MS)
             try:
                 held = await self.lease.hold_for((block_ms or 0) / 1000 + 0.1)
             except RedisError as exc:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -46,19 +47,28 @@ class Liveness:
         self.stopping = stopping
         self.lease: SlotLease | None = None
         """A sequence worker's hold on its slot (:mod:`sluice.workers.slot_lease`), once taken."""
+        self._measured = False
 
     async def beat(self) -> None:
-        await CLOCK.sync(self.redis)  # (deadlines written by gateways on other hosts)
+        if not self._measured:  # the first beat's score is on a measured clock already
+            await CLOCK.sync(self.redis)
+            self._measured = True
         key = self.keys.live_workers(self.model, self.version)
         hosts = self.keys.worker_hosts(self.model, self.version)
         now = CLOCK.now()
+        # One round trip: the clock is measured (deadlines written by gateways on other
+        # hosts) with the beat itself, its TIME first in the pipeline.
+        sent = time.time_ns()
         async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.time()
             pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
             pipe.zremrangebyscore(key, "-inf", now)
             pipe.hset(hosts, self.worker_id, self.host)
             pipe.zrange(key, 0, -1)
             pipe.hkeys(hosts)
-            *_, live, advertised = await pipe.execute()
+            (seconds, micros), *_, live, advertised = await pipe.execute()
+        received = time.time_ns()
+        CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
             await self.redis.hdel(hosts, *gone)

@@ -55,11 +55,17 @@ class Reclaimer:
         """Claim what dead workers held; returns the requests to process here."""
         now = CLOCK.now()
         live_key = self.keys.live_workers(self.model, self.version)
-        live = {_text(m) for m in await self.redis.zrangebyscore(live_key, now, "+inf")}
+        # One round trip for the look (what an idle worker does every interval).
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrangebyscore(live_key, now, "+inf")
+            for stream in self.streams:
+                pipe.xinfo_consumers(stream, WORKER_GROUP)
+            members, *consumers_of = await pipe.execute()
+        live = {_text(m) for m in members}
         dead_idle_ms = int(3 * self.settings.heartbeat_s * 1000)
         claimed: list[PendingRequest] = []
-        for level, stream in enumerate(self.streams):
-            for consumer in await self.redis.xinfo_consumers(stream, WORKER_GROUP):
+        for (level, stream), consumers in zip(enumerate(self.streams), consumers_of, strict=True):
+            for consumer in consumers:
                 name = _text(consumer["name"])
                 if name == self.worker_id:
                     continue

@@ -98,6 +98,11 @@ class ModelControl:
         """Forget commands sent to an earlier run: their senders have given up."""
         self.client.delete(self.keys.control_requests)
 
+    @property
+    def busy(self) -> bool:
+        """A command is queued or under way, or a version drains: tick often until done."""
+        return bool(self._current is not None or self._queue or self._draining)
+
     def catalog(self) -> list[RepositoryModel]:
         """The loaded models, and every other model of the repository as unloaded."""
         models = {name: model for name, (model, _) in self.loaded.items()}

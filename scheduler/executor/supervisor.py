@@ -84,6 +84,13 @@ class Supervisor:
         self.children = [Child(spec, backoff=Backoff(healthy_after_s)) for spec in specs]
         self._stopping = False
 
+    @property
+    def busy(self) -> bool:
+        """A child waits to be restarted (after its back-off): tick often until it is."""
+        return not self._stopping and any(
+            c.process is None and not (c.failed or c.retiring) for c in self.children
+        )
+
     def _spawn(self, child: Child) -> None:
         child.process = subprocess.Popen(
             list(child.spec.argv),

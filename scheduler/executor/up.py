@@ -4,7 +4,8 @@
 its teardown is pushed, so that whatever fails at start leaves nothing behind, and a stop
 tears down in the reverse order (the controller, the children, the ports, their shared
 memory, the staging folder, the private Redis). Then one guarded tick loop keeps it all
-running (:mod:`.ticks`). A start that cannot go on raises :class:`StartupFailed`."""
+running (:mod:`.ticks`), woken at once by what needs it (a child's exit, a command) rather
+than polling for it. A start that cannot go on raises :class:`StartupFailed`."""
 
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from sluice.scheduler.executor.readiness import probe_key, wait_ready, with_prob
 from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServer, new_password
 from sluice.scheduler.executor.segment_sweeper import SegmentSweeper
 from sluice.scheduler.executor.supervisor import Supervisor
-from sluice.scheduler.executor.ticks import Tick, run_ticks
+from sluice.scheduler.executor.ticks import CommandWatch, Tick, Wakeup, run_ticks
 from sluice.scheduler.repository.local import LocalSource
 from sluice.scheduler.repository.locations import open_source, snapshot_repository
 from sluice.scheduler.repository.sources import SourceError, carry_over
@@ -57,9 +58,19 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
     keys, so that the readiness probe may read the repository index."""
     repository, models = _read_repository(settings)
     stop = threading.Event()
+    # Ends the tick loop's wait: a stop, a child's exit, a command. (Its pipe lives as long
+    # as the process: the command watcher's thread may still set it while this returns.)
+    wake = Wakeup()
+
+    def stopping(*_: object) -> None:
+        stop.set()
+        wake.set()
+
     for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda *_: stop.set())
+        signal.signal(signum, stopping)
     with ExitStack() as stack:
+        previous = signal.signal(signal.SIGCHLD, lambda *_: wake.set())
+        stack.callback(signal.signal, signal.SIGCHLD, previous)
         stack.callback(_say_if_stopped, stop, "Sluice stopped.")
         try:
             redis_server = _private_redis(settings, redis_url_given, stack)
@@ -112,6 +123,12 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             control.refresh = _refresher(settings)
             control.start()
+            CommandWatch(
+                lambda timeout_s: connect(redis_url, socket_timeout=timeout_s),
+                namespace.control_requests,
+                wake,
+                stop,
+            ).start()
             catalog.publish()
             if settings.controller:
                 stack.callback(start_controller(settings, redis_url))
@@ -128,7 +145,12 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             if redis_server is not None:
                 ticks.append(redis_server.tick)
             ticks += [catalog.tick, sweeper.tick, control.tick, instances.tick]
-            run_ticks(ticks, stop)
+
+            def busy() -> bool:
+                restarting = redis_server is not None and redis_server.restart_at is not None
+                return control.busy or supervisor.busy or restarting
+
+            run_ticks(ticks, stop, wake=wake, busy=busy)
             return 0
         finally:
             _say_if_stopped(stop, "Stopping Sluice ...")

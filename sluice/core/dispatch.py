@@ -44,6 +44,10 @@ STREAM_BACKLOG = 4096
 _TRIM_EVERY = 512
 """Answers read between two trims of the reply stream."""
 
+_READ_BLOCK_MS = 4000
+"""One read of the reply stream waits this long for answers: it returns as soon as one
+arrives, so a longer wait costs no latency; it only wakes an idle reader less often."""
+
 _REPLY_STREAM_TTL_S = 300
 """A reply stream outlives its gateway by this much, then Redis drops it."""
 
@@ -206,7 +210,7 @@ class RedisDispatcher:
                 batches = cast(
                     StreamRead,
                     await self._reader_redis.xread(
-                        {self.reply_stream: last_id}, count=1024, block=1000
+                        {self.reply_stream: last_id}, count=1024, block=_READ_BLOCK_MS
                     ),
                 )
             except asyncio.CancelledError:

@@ -284,6 +284,17 @@ async def test_a_batch_closes_when_the_queue_delay_is_over() -> None:
     assert close.opened == opened and clock.now == pytest.approx(opened + 0.01)
 
 
+async def test_a_batch_with_under_a_millisecond_left_reads_once_more_then_goes() -> None:
+    clock = Clock()
+    intake = MemoryIntake(clock)
+    intake.arrive(request())
+    opened = clock.now
+    batch, _, close = await dynamic(intake, window_s=0.0005).gather([], free_gate())
+    assert (len(batch), close.reason) == (1, "window")
+    assert intake.waits == [pytest.approx(0.0005)]  # one look, not one per event-loop turn
+    assert clock.now == pytest.approx(opened + 0.0005)
+
+
 async def test_adaptive_batching_sends_a_lone_request_at_once_under_light_traffic() -> None:
     intake = MemoryIntake(Clock())
     intake.arrive(request())
