@@ -7,7 +7,8 @@ metadata) goes through both wires, closed loop, 2 s warm-up then 10 s measured:
 
 - ``rest``: Triton's binary tensor extension over keep-alive HTTP/1.1, the bench's own load
   generator (:func:`bench.loadgen.closed_loop`, one connection per worker);
-- ``grpc``: ``tritonclient.grpc.aio.InferenceServerClient`` (one channel) with
+- ``grpc``: ``tritonclient.grpc.aio.InferenceServerClient`` (one channel, or
+  ``--grpc-channels`` clients on connections of their own, taken in turn) with
   ``InferInput.set_data_from_numpy`` (``raw_input_contents``), N coroutines looping ``infer``.
 
 Every answer is checked against the model run in-process by onnxruntime on the same input
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import itertools
 import json
 import os
 import platform
@@ -204,18 +206,35 @@ async def grpc_load(
         tensor.set_data_from_numpy(array)
         inputs.append(tensor)
     outputs = [grpcclient.InferRequestedOutput(spec.name) for spec in model.outputs]
-    client = grpcclient.InferenceServerClient(address)
+    # One client is one HTTP/2 connection (so one gateway process serves it all); with
+    # --grpc-channels above 1, each client gets a connection of its own.
+    channel_args = None if args.grpc_channels == 1 else _OWN_CONNECTION
+    clients = [
+        grpcclient.InferenceServerClient(address, channel_args=channel_args)
+        for _ in range(args.grpc_channels)
+    ]
+    turns = itertools.cycle(clients)
     try:
 
         async def call() -> str | None:
-            result = await client.infer(model.name, inputs, outputs=outputs)
+            result = await next(turns).infer(model.name, inputs, outputs=outputs)
             return checker.grpc(result.get_response())
 
         return await loadgen.closed_loop_calls(
             call, concurrency, args.duration, args.warmup, meter.on_window
         )
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
+
+
+_OWN_CONNECTION = [
+    ("grpc.max_send_message_length", -1),
+    ("grpc.max_receive_message_length", -1),
+    ("grpc.use_local_subchannel_pool", 1),
+]
+"""tritonclient's own channel arguments, and a subchannel (connection) not shared with the
+other clients of the process."""
 
 
 @dataclass
@@ -341,7 +360,8 @@ def markdown(meta: dict[str, Any], measured: list[Measured]) -> str:
     lines = [
         f"### gRPC against REST binary ({env['cpu_count']} cores, {env['cpu_model']}; "
         f"{meta['duration_s']:g} s per point after {meta['warmup_s']:g} s warm-up, "
-        f"{meta['rounds']} round(s) pooled)",
+        f"{meta['rounds']} round(s) pooled; "
+        f"gRPC over {meta.get('grpc_channels', 1)} connection(s))",
         "",
         f"Python {env['python']}, grpcio {env['grpcio']}, tritonclient {env['tritonclient']}, "
         f"onnxruntime {env['onnxruntime']}, protobuf {env['protobuf']}, uvloop {env['uvloop']}."
@@ -413,6 +433,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=2, help="measurements per point, wires alternating order"
     )
+    parser.add_argument(
+        "--grpc-channels",
+        type=int,
+        default=1,
+        help="gRPC clients (HTTP/2 connections) the calls take turns on (default 1)",
+    )
+    parser.add_argument(
+        "--gateway-processes", help="sluice up's --gateway-processes (default: its own)"
+    )
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
     parser.add_argument(
         "--out", type=Path, default=Path("bench/results/grpc-vs-rest.json"), help="JSON report"
@@ -420,6 +449,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if not args.wires or set(args.wires) - set(WIRES):
         parser.error(f"--wires takes {', '.join(WIRES)}")
+    if args.grpc_channels < 1:
+        parser.error("--grpc-channels must be at least 1")
     if args.rounds < 1 or args.duration <= 0 or args.warmup < 0:
         parser.error("--rounds and --duration must be positive")
     return args
@@ -429,6 +460,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     grpc_port = free_port()
     stack_args = ["--grpc-port", str(grpc_port)]
+    if args.gateway_processes:
+        stack_args += ["--gateway-processes", args.gateway_processes]
     log(f"starting sluice up --model-repository {args.model_repository} (every model)")
     stack = start_stack(args.model_repository, free_port(), extra_args=stack_args)
     try:
@@ -448,6 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             "duration_s": args.duration,
             "warmup_s": args.warmup,
             "rounds": args.rounds,
+            "grpc_channels": args.grpc_channels,
             "batch": 1,
             "input_shapes": {m.name: [list(a.shape) for _, a in m.inputs] for m in models},
             "environment": environment(),

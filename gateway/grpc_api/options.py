@@ -7,6 +7,15 @@ probing, so a call whose message is not being read yet (it waits for its turn, s
 read gets a window of its whole announced size from grpcio itself, so large messages still
 arrive at full speed.
 
+Streams: a call's stream counts against ``SLUICE_GRPC_MAX_STREAMS_PER_CONNECTION`` until
+grpcio has let go of the finished call, which it does on the event loop after the answer
+has left. A busy loop lags behind, and a client that starts its next call as soon as an
+answer arrives (any closed-loop client) has calls refused (RST_STREAM, REFUSED_STREAM:
+UNAVAILABLE at the client) while it keeps fewer open than the limit. grpc's allowance for
+such finished calls (``grpc.http2.max_deallocating_streams``, a few by default) is raised to
+the limit itself: a connection holds at most twice the limit of streams, the finished ones
+without a flow-control window.
+
 Keepalive: the gateway pings connections that have calls open and closes those whose peer
 does not answer; connections without calls are closed after an idle time; clients that
 ping more often than every five minutes without sending anything are sent away after two
@@ -34,6 +43,7 @@ def server_options(settings: GatewaySettings, limits: GrpcLimits) -> list[tuple[
         ("grpc.max_receive_message_length", limits.receive_bytes),
         ("grpc.max_send_message_length", settings.grpc_max_send_message_bytes),
         ("grpc.max_concurrent_streams", settings.grpc_max_streams_per_connection),
+        ("grpc.http2.max_deallocating_streams", settings.grpc_max_streams_per_connection),
         ("grpc.http2.bdp_probe", 0),
         ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
         ("grpc.keepalive_time_ms", _ms(settings.grpc_keepalive_time_s)),

@@ -56,6 +56,8 @@ def parameter_value(name: str, parameter: Message) -> Any:
 
 
 def parameters_dict(parameters: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
+    if not parameters:  # (most tensors and requests carry none: no items view to make)
+        return {}
     return {
         name: parameter_value(name, value) for name, value in parameters.items() if name not in skip
     }

@@ -59,6 +59,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "SLUICE_MAX_BUFFERED_BODY_BYTES": str(BUDGET),
             "SLUICE_GRPC_MAX_STREAMS_PER_CONNECTION": str(PER_CONNECTION),
         },
+        args=["--gateway-processes", "1"],  # (the limits and the memory are one process's)
     )
     stack.start()
     yield stack
@@ -218,7 +219,9 @@ def test_a_flood_of_large_messages_is_refused_not_buffered(stack: Stack) -> None
         print(f"\nflood: {outcomes}, peak growth {growth:.0f} MiB in {took:.1f} s")
 
         assert growth < BOUND_MIB, f"the gateway grew by {growth:.0f} MiB: {outcomes}"
-        assert outcomes["ok"] > 0 and outcomes["stream_ok"] > 0
+        # Some of the work is served (which of the two kinds depends on which took the
+        # budget first, so on how busy the machine is), and the rest refused.
+        assert outcomes["ok"] + outcomes["stream_ok"] > 0, outcomes
         assert outcomes["refused"] + outcomes["stream_refused"] > 0
         for text in outcomes["details"]:  # each refusal names the limit that was reached
             assert any(limit in text for limit in LIMITS_NAMED), text

@@ -49,6 +49,8 @@ def test_server_options_bound_streams_windows_and_connections() -> None:
     options = dict(server_options(chosen, GrpcLimits.from_settings(chosen)))
     assert options["grpc.max_receive_message_length"] == 4 * MIB
     assert options["grpc.max_concurrent_streams"] == 7
+    # Finished calls the loop has not let go of yet do not get new ones refused.
+    assert options["grpc.http2.max_deallocating_streams"] == 7
     assert options["grpc.http2.bdp_probe"] == 0
     assert options["grpc.http2.lookahead_bytes"] == 64 * 1024
     assert options["grpc.keepalive_time_ms"] == 60_000
