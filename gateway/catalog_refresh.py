@@ -1,5 +1,6 @@
 """The periodic refresh: catalog, readiness and queue depths from Redis, the Redis clock
-and memory, this gateway's report; it notices Redis going away or restarting."""
+and memory, this gateway's report, the host's client shared memory regions and the log
+settings changed through any gateway; it notices Redis going away or restarting."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from redis.exceptions import RedisError
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import Unavailable
 from sluice.gateway.gateway_report import report
+from sluice.gateway.log_settings import follow_log_settings
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,8 @@ async def refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool)
         await report(state, dispatcher.gateway_id, round_trip_s)
         if touch:
             await dispatcher.touch()
+        await state.regions.catch_up()  # (and renews the host's client regions)
+        await follow_log_settings(state)
         if state.redis_run_id and run_id != state.redis_run_id:
             log.warning("Redis restarted: failing the requests it lost")
             dispatcher.fail_all(Unavailable("the request queue (Redis) restarted; retry"))

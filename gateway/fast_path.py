@@ -32,6 +32,7 @@ from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.gateway import request_id
 from sluice.gateway.body import check_declared_length, decode_body, parse_header_length, too_large
 from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import tenant_of
 from sluice.gateway.infer import run_infer
 from sluice.gateway.infer_response import encode_error
@@ -68,6 +69,9 @@ class InferFastPath:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        state: GatewayState = self.app.state.sluice
+        if state.host_changes.value() != state.host_seen:
+            await follow_changes(state)  # a load or unload through another gateway process
         match = _INFER_PATH.match(scope["path"])
         if match is None:
             await self.app(scope, receive, send)
@@ -75,7 +79,6 @@ class InferFastPath:
         if scope["method"] != "POST":
             await _respond(send, 405, encode_error("Method Not Allowed"), [_JSON, _ALLOW_POST])
             return
-        state: GatewayState = self.app.state.sluice
         reservation = state.bodies.reservation()
         try:
             await self._infer(state, match, scope, receive, send, reservation)

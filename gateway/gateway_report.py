@@ -1,7 +1,7 @@
 """What each gateway process tells the others through Redis, every catalog refresh.
 
-Gauges that belong to a process (requests in flight, its Redis round-trip time, client
-shared memory it holds) go to a hash of its own that expires a few seconds after its last
+Gauges that belong to a process (requests in flight, its Redis round-trip time, the client
+shared memory of its host) go to a hash of its own that expires a few seconds after its last
 report, so a scrape of any gateway sums the live ones and a dead process leaves no stale
 series. Counters (admission refusals, deadline misses at the gateway) are added to the
 shared statistics hashes, where they survive the process.
@@ -22,6 +22,9 @@ BODY_BUDGET_REJECTS = "body_budget.rejects"
 """Field of the gateway counters: requests refused by SLUICE_MAX_BUFFERED_BODY_BYTES."""
 
 IN_FLIGHT, ROUND_TRIP_US, CLIENT_SHM_BYTES = "in_flight", "redis_rtt_us", "client_shm_bytes"
+CLIENT_SHM_HOST = "client_shm_host"
+"""The host the client regions of a report are of (every gateway process of a host
+reports the same ones: see :meth:`RegionRegistry.host_tag`)."""
 
 
 async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> None:
@@ -38,6 +41,7 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
             IN_FLIGHT: state.admission.in_flight,
             ROUND_TRIP_US: int(round_trip_s * 1e6),
             CLIENT_SHM_BYTES: state.regions.system_bytes(),
+            CLIENT_SHM_HOST: state.regions.host_tag(),
         }
         counts: list[tuple[str, str, int]] = []
         for (model, version, reason), count in rejected.items():

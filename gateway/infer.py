@@ -23,10 +23,12 @@ from sluice.core.shm import unlink
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
+from sluice.gateway.catalog_follow import asked_fresh, follow_changes
 from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
 from sluice.gateway.request_parsing import parse_infer_request
+from sluice.gateway.shm_registry import RegionMiss
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 
@@ -149,10 +151,17 @@ async def prepare_with(
     itself waits (a gRPC deadline), which caps the request's timeout."""
     if not state.redis_ok:
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
-    entry, number = state.view.route(model, version, label)
+    if state.host_changes.value() != state.host_seen:
+        await follow_changes(state)  # a load or unload through another gateway process
+    entry, number = await asked_fresh(state, lambda: state.view.route(model, version, label))
     config = entry.config
     assert config is not None
-    parsed = await _off_loop(heavy, lambda: parse(config))
+    try:
+        parsed = await _off_loop(heavy, lambda: parse(config))
+    except RegionMiss as miss:  # a region changed through another gateway process?
+        if not await state.regions.recover(miss):
+            raise
+        parsed = await _off_loop(heavy, lambda: parse(config))
     named = parsed.parameters.get(PARAMETER)
     if named is not None:
         late_label = parameter_label(named, version, label)

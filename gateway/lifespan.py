@@ -15,7 +15,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice.core.dispatch import RedisDispatcher
-from sluice.core.errors import SluiceError
+from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect_async
 from sluice.core.settings import GatewaySettings
@@ -29,12 +29,14 @@ from sluice.gateway.grpc_api.server import GrpcServer
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
 from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStore
 from sluice.gateway.shm_sweep import sweep_loop, sweep_now
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 
 _READER_EXTRA_TIMEOUT_S = 5
-"""The reader blocks up to 1 s in XREAD, so its socket timeout must be longer."""
+"""The reader blocks up to 4 s in XREAD (``sluice.core.dispatch``), so its socket timeout
+must be longer."""
 
 
 def _connect(settings: GatewaySettings, socket_timeout_s: float) -> Redis:
@@ -51,7 +53,13 @@ def _state(
 ) -> tuple[GatewayState, RedisDispatcher]:
     """The process state, and its dispatcher (as the Redis one the lifespan drives)."""
     keys = Keys(settings.namespace)
-    regions = RegionRegistry.from_settings(settings)
+    host = host_id(settings.host_id)
+    regions = RegionRegistry.from_settings(
+        settings,
+        RedisRegionStore(redis, keys, host, max(REGIONS_TTL_S, 20 * settings.catalog_refresh_s)),
+        HostCounter(settings.namespace, host),
+        host,
+    )
     transfer = TensorTransfer.from_settings(settings, regions)
     dispatcher = RedisDispatcher(
         redis,
@@ -73,7 +81,9 @@ def _state(
         bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),
         control=RedisControlPlane(redis, keys),
         redis_room=RedisRoom(settings.redis_memory_high_water),
+        host_changes=HostCounter(settings.namespace, host, topic="changes"),
     )
+    state.host_seen = state.host_changes.value()
     return state, dispatcher
 
 
@@ -107,8 +117,9 @@ def gateway_lifespan(
             sweeper.cancel()
             await asyncio.gather(refresher, sweeper, return_exceptions=True)
             await dispatcher.stop()
-            with contextlib.suppress(SluiceError):
-                state.regions.unregister_cuda(None)
+            state.regions.close_local()  # (the host's records stay, for its other gateways)
+            state.regions.counter.close()
+            state.host_changes.close()
             sweep_now(state, final=True)
             await redis.aclose()
             await reader.aclose()

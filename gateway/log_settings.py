@@ -1,13 +1,22 @@
 """Triton's logging extension, transport-neutral: the changes a settings document asks
 for, checked in Triton's order with Triton's error texts (REST's ``POST /v2/logging`` body
-and gRPC's ``LogSettings`` both end here)."""
+and gRPC's ``LogSettings`` both end here), and their application to every gateway process.
+
+A change is written to Redis (:attr:`sluice.core.keys.Keys.log_settings`, with a revision)
+and applied at once in the process that answers it; the other gateway processes apply it at
+their next catalog refresh (``SLUICE_CATALOG_REFRESH_S``), and a gateway process that starts
+later applies it before it serves. The changes expire a minute after the last gateway
+stopped renewing them, so a deployment started anew begins from its own settings.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sluice.core.errors import InvalidInput, Unsupported
-from sluice.core.logs import FORMATS
+from sluice.core.logs import FORMATS, LogOptions, control
+from sluice.gateway.state import GatewayState
 
 _BOOLEAN = "attempt to access JSON non-boolean as boolean"
 _UNSIGNED = "attempt to access JSON non-unsigned-integer as unsigned-integer"
@@ -39,3 +48,76 @@ def log_changes(document: dict[str, Any]) -> dict[str, Any]:
             raise InvalidInput(f"invalid argument for --log_format, got: {log_format}")
         changes["format"] = log_format
     return changes
+
+
+SETTINGS_TTL_S = 60.0
+"""The least time the changes outlive the last renewal by a gateway."""
+
+_REVISION = b"rev"
+_FLAGS = ("info", "warning", "error")
+
+
+@dataclass
+class _Followed:
+    revision: int = 0
+    """The revision of the changes this process applied last (0: none)."""
+
+
+_followed = _Followed()
+
+
+def _ttl_ms(state: GatewayState) -> int:
+    return int(max(SETTINGS_TTL_S, 20 * state.settings.catalog_refresh_s) * 1000)
+
+
+def _apply(stored: dict[bytes, bytes]) -> LogOptions:
+    """Apply the changes stored in Redis to this process's log settings."""
+    revision = int(stored.get(_REVISION, b"0"))
+    changes: dict[str, Any] = {}
+    for name in _FLAGS:
+        value = stored.get(name.encode())
+        if value is not None:
+            changes[name] = value == b"1"
+    level = stored.get(b"verbose_level")
+    if level is not None:
+        changes["verbose_level"] = int(level)
+    log_format = stored.get(b"format")
+    if log_format is not None and log_format.decode() in FORMATS:
+        changes["format"] = log_format.decode()
+    _followed.revision = revision
+    return control().update(**changes)
+
+
+def _stored_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+async def change_log_settings(state: GatewayState, changes: dict[str, Any]) -> LogOptions:
+    """Apply ``changes`` (:func:`log_changes`) to every gateway process: here now, in the
+    others of this host before their next request, on other hosts at their next refresh.
+    No changes: the settings as they are, caught up first."""
+    if not changes:
+        await follow_log_settings(state)
+        return control().options
+    key = state.keys.log_settings
+    async with state.redis.pipeline(transaction=True) as pipe:
+        pipe.hset(key, mapping={name: _stored_value(v) for name, v in changes.items()})
+        pipe.hincrby(key, _REVISION.decode(), 1)
+        pipe.pexpire(key, _ttl_ms(state))
+        pipe.hgetall(key)
+        *_, stored = await pipe.execute()
+    state.host_changes.bump()  # the other gateway processes of this host follow at once
+    return _apply(stored)
+
+
+async def follow_log_settings(state: GatewayState) -> None:
+    """Apply the changes another gateway process stored, if any are new; renews them."""
+    key = state.keys.log_settings
+    async with state.redis.pipeline(transaction=False) as pipe:
+        pipe.hgetall(key)
+        pipe.pexpire(key, _ttl_ms(state))
+        stored, _ = await pipe.execute()
+    if stored and int(stored.get(_REVISION, b"0")) != _followed.revision:
+        _apply(stored)

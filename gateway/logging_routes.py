@@ -6,8 +6,10 @@ GET answers the settings under Triton's names (``log_file``, ``log_info``, ``log
 Triton's error texts. Unlike Triton, a POST applies nothing unless every value is valid,
 and wrong types and malformed bodies are 400s (Triton answers 500); an unknown format is
 a 400 too (Triton: 503). ``log_format`` takes Triton's ``default`` and ``ISO8601``, and
-Sluice's ``json``. The settings are those of the gateway process that answers (see
-:mod:`sluice.core.logs`); the path is a management one for the edge guard (admin keys).
+Sluice's ``json``. A change applies to every gateway process of the deployment (the one
+that answers at once, the others at their next catalog refresh: see
+:mod:`sluice.gateway.log_settings`), not to the workers or ``sluice up``; the path is a
+management one for the edge guard (admin keys).
 """
 
 from __future__ import annotations
@@ -20,22 +22,22 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import InvalidInput
-from sluice.core.logs import control
 from sluice.gateway.json_body import json_response
-from sluice.gateway.log_settings import log_changes
+from sluice.gateway.log_settings import change_log_settings, log_changes
+from sluice.gateway.state import state_of
 
 logging_router = APIRouter()
 
 
 @logging_router.get("/v2/logging")
-async def log_settings() -> Response:
-    return json_response(control().options.as_triton())
+async def log_settings(request: Request) -> Response:
+    return json_response((await change_log_settings(state_of(request), {})).as_triton())
 
 
 @logging_router.post("/v2/logging")
 async def update_log_settings(request: Request) -> Response:
     changes = parse_log_settings(await request.body())
-    return json_response(control().update(**changes).as_triton())
+    return json_response((await change_log_settings(state_of(request), changes)).as_triton())
 
 
 def parse_log_settings(body: bytes) -> dict[str, Any]:

@@ -60,8 +60,11 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
             error = orjson.loads(raw).get("error")
             if error:
                 raise InvalidInput(str(error))
-            # This gateway sees the change at once; the others within a catalog refresh.
+            # This gateway sees the change at once, the other gateway processes of this
+            # host before their next request (the counter), other hosts' within a refresh.
             await state.control.refresh_catalog(state.view)
+            await state.control.refresh_routing(state.view)
+            state.host_changes.bump()
             return
         await asyncio.sleep(_POLL_S)
     raise Unavailable(

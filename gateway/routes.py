@@ -12,6 +12,7 @@ from starlette.responses import Response
 
 from sluice import __version__
 from sluice.gateway.batch_routes import batch_router
+from sluice.gateway.catalog_follow import asked_fresh, is_problem
 from sluice.gateway.inspection import (
     config_document,
     metadata_document,
@@ -57,7 +58,8 @@ async def live() -> Response:
 
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
-    problem = server_not_ready(state_of(request))
+    state = state_of(request)
+    problem = await asked_fresh(state, lambda: server_not_ready(state), is_problem)
     if problem is not None:
         return json_response({"error": problem}, 400)
     return json_response({"ready": True})
@@ -104,14 +106,15 @@ def _route(method: str, suffix: str) -> Callable[[Handler], Handler]:
 
 @_route("GET", "")
 async def metadata(request: Request, model: str, version: str | None = None) -> Response:
-    return json_response(metadata_document(state_of(request), model, version))
+    state = state_of(request)
+    return json_response(await asked_fresh(state, lambda: metadata_document(state, model, version)))
 
 
 @_route("GET", "/ready")
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
     """Triton answers 400 "Model version not ready" for a known model that cannot serve."""
     state = state_of(request)
-    problem = model_not_ready(state, model, version)
+    problem = await asked_fresh(state, lambda: model_not_ready(state, model, version), is_problem)
     if problem is not None:
         return json_response({"error": problem}, 400)
     return json_response({"name": state.view.entry(model).name, "ready": True})
@@ -119,7 +122,8 @@ async def model_ready(request: Request, model: str, version: str | None = None) 
 
 @_route("GET", "/config")
 async def model_config(request: Request, model: str, version: str | None = None) -> Response:
-    return json_response(config_document(state_of(request), model, version))
+    state = state_of(request)
+    return json_response(await asked_fresh(state, lambda: config_document(state, model, version)))
 
 
 @_route("GET", "/stats")

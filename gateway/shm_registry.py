@@ -1,15 +1,19 @@
-"""Shared memory regions registered with this gateway (Triton's system and CUDA extensions).
+"""Shared memory regions clients registered (Triton's system and CUDA extensions).
 
-Regions live per gateway process, as they do per Triton server. A system region is
-(key, offset, byte_size) of a POSIX shm object on this host; tensors reference it by
-region name with an offset and a size relative to the region. System and CUDA regions
+A region belongs to its host, not to the gateway process that registered it: the records
+live in Redis for every gateway process of the host (:mod:`sluice.gateway.shm_store`), and
+each process keeps a copy it reloads when the host's change counter moved. A system region
+is (key, offset, byte_size) of a POSIX shm object on this host; tensors reference it by
+region name with an offset and a size relative to the region. A CUDA region is an IPC
+handle, opened in a process the first time that process needs it (the one that registers
+it opens it to check it) and closed there when the region goes. System and CUDA regions
 share one name space, as in Triton. Error messages start with Triton's own text where
 Triton has one; Sluice's detail follows it.
 
 A request resolves its references to (key, offset, size) when it is parsed and needs
-the registry no more, so unregistering a region takes effect at once, even while
-requests that resolved it are in flight: they finish normally, new requests can no
-longer name it, and the name can be registered again.
+the registry no more, so unregistering a region takes effect at once, in every process of
+the host, even while requests that resolved it are in flight: they finish normally, new
+requests can no longer name it, and the name can be registered again.
 
 The key is checked when registered (a plain object: no link, see :func:`sluice.core.shm.opened`)
 and again by whoever opens it for a request, since its owner may replace it meanwhile.
@@ -17,10 +21,16 @@ and again by whoever opens it for a request, since its owner may replace it mean
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import hashlib
+import logging
 from dataclasses import dataclass
 from typing import Any
 
-from sluice.core.errors import Forbidden, InvalidInput, NotFound, Unsupported
+import orjson
+
+from sluice.core.errors import Forbidden, InvalidInput, NotFound, SluiceError
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import (
     ObjectTooSmall,
@@ -33,6 +43,15 @@ from sluice.core.shm import (
 )
 from sluice.core.wire import ShmRef
 from sluice.gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
+from sluice.gateway.shm_store import (
+    ChangeCounter,
+    LocalCounter,
+    MemoryRegionStore,
+    Records,
+    RegionStore,
+)
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,52 +93,137 @@ def client_shm_allowed(settings: GatewaySettings) -> bool:
     return not client_shm_refusal(settings)
 
 
+class RegionMiss(InvalidInput):
+    """A request named a region this process's copy does not hold, or the host's records
+    changed since the copy was made: :meth:`RegionRegistry.catch_up`, then parse again
+    (:func:`sluice.gateway.infer.prepare_with` does). Uncaught, it is the request's 400."""
+
+
+class RegionsChanged(RegionMiss):
+    def __init__(self) -> None:
+        super().__init__("the shared memory regions of this host changed meanwhile; retry")
+
+
+@dataclass(frozen=True, slots=True)
+class CudaRecord:
+    """A CUDA region as recorded for the host; each process opens the handle itself."""
+
+    name: str
+    raw_handle: bytes
+    device_id: int
+    byte_size: int
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "device_id": self.device_id, "byte_size": self.byte_size}
+
+
 class RegionRegistry:
     def __init__(
         self,
         allowed: bool = True,
-        gateway_processes: int = 1,
         *,
         refusal: str = "",
         max_input_bytes: int | None = None,
+        max_regions: int = 1024,
+        store: RegionStore | None = None,
+        counter: ChangeCounter | None = None,
+        host: str = "",
     ) -> None:
         """``allowed``: whether clients may register regions at all (``refusal`` says why
-        not). Regions live in one gateway process, so with several processes sharing the
-        port a request could reach one that never saw the registration: registering is
-        refused there, clearly. ``max_input_bytes``: the largest input a request may take
-        from a region (the gateway's body limit); outputs are limited by their region."""
+        not). ``max_input_bytes``: the largest input a request may take from a region (the
+        gateway's body limit); outputs are limited by their region. ``max_regions``: the
+        most regions of the host at once. ``store`` and ``counter``: where the host's
+        records are and what tells of their changes (default: this process alone);
+        ``host``: the host id they belong to."""
         self.allowed = allowed and not refusal
         self.refusal = refusal or "client shared memory is disabled on this gateway"
-        self.gateway_processes = gateway_processes
         self.max_input_bytes = max_input_bytes
+        self.max_regions = max_regions
+        self.store: RegionStore = store if store is not None else MemoryRegionStore()
+        self.counter: ChangeCounter = counter if counter is not None else LocalCounter()
+        self.host = host
         self.system: dict[str, SystemRegion] = {}
-        self.cuda: dict[str, CudaRegion] = {}
+        self.cuda: dict[str, CudaRecord] = {}
+        self.opened: dict[str, tuple[CudaRecord, CudaRegion]] = {}
+        """CUDA handles opened in this process, with the record each was opened from."""
+        self.revision: int | None = None
+        """The revision of the records the copy holds (None: none loaded yet)."""
+        self.seen = self.counter.value()
+        """The host's change counter when the copy was loaded."""
+        self._loading = asyncio.Lock()
 
     @classmethod
-    def from_settings(cls, settings: GatewaySettings) -> RegionRegistry:
+    def from_settings(
+        cls,
+        settings: GatewaySettings,
+        store: RegionStore | None = None,
+        counter: ChangeCounter | None = None,
+        host: str = "",
+    ) -> RegionRegistry:
         return cls(
-            gateway_processes=settings.gateway_processes,
             refusal=client_shm_refusal(settings),
             max_input_bytes=settings.max_body_bytes,
+            max_regions=settings.max_shm_regions,
+            store=store,
+            counter=counter,
+            host=host,
         )
+
+    # -- the copy of the host's records ----------------------------------------------------
+
+    async def catch_up(self) -> bool:
+        """Load the host's records when they changed (one Redis round trip when they did
+        not, which also renews them); whether the copy changed."""
+        async with self._loading:
+            seen = self.counter.value()
+            records = await self.store.load(self.revision)
+            self.seen = seen
+            if records is None:
+                return False
+            self._take(records)
+            return True
+
+    async def recover(self, miss: RegionMiss) -> bool:
+        """After a request's :class:`RegionMiss`: catch up; whether parsing it again may
+        find what it missed (the copy changed, or was behind the counter)."""
+        changed = await self.catch_up()
+        return changed or isinstance(miss, RegionsChanged)
+
+    def _take(self, records: Records) -> None:
+        self.system = {
+            name: _system_region(name, record) for name, record in records.system.items()
+        }
+        self.cuda = {name: _cuda_record(name, record) for name, record in records.cuda.items()}
+        self.revision = records.revision
+        for name, (record, region) in list(self.opened.items()):
+            if self.cuda.get(name) != record:  # unregistered, or registered anew
+                del self.opened[name]
+                _close_quietly(region)
+
+    async def _changed(self) -> None:
+        """After a change of the records: tell the host's other processes, reload."""
+        self.counter.bump()
+        await self.catch_up()
+
+    def close_local(self) -> None:
+        """Close the CUDA handles this process opened (it stops; the records stay)."""
+        opened, self.opened = self.opened, {}
+        for _, region in opened.values():
+            _close_quietly(region)
 
     # -- registration ----------------------------------------------------------------------
 
-    def _check_single_process(self) -> None:
-        if self.gateway_processes > 1:
-            raise Unsupported(
-                f"shared memory regions cannot be registered while {self.gateway_processes} "
-                "gateway processes share the port (regions live in one process); "
-                "run with --gateway-processes 1"
-            )
-
     def system_bytes(self) -> int:
-        """Bytes of the system shared memory regions registered here."""
+        """Bytes of the system shared memory regions registered on this host."""
         return sum(region.byte_size for region in self.system.values())
 
-    def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
+    def host_tag(self) -> int:
+        """A number for the host (its id's digest): the processes of one host report the
+        same regions, which a sum over the gateways must count once per host."""
+        return int.from_bytes(hashlib.sha256(self.host.encode()).digest()[:6], "big")
+
+    async def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
-        self._check_single_process()
         prefix = reserved_prefix(key)
         if prefix:
             owner = "Sluice's own segments" if prefix.startswith("sluice") else "Triton's"
@@ -127,6 +231,7 @@ class RegionRegistry:
                 f"cannot register shared memory region '{name}' with key '{key}' as the key "
                 f"contains the reserved prefix '{prefix}' ({owner})"
             )
+        await self.catch_up()
         self._check_free(name)
         unable = f"Unable to open shared memory region: '{key}'"
         try:
@@ -148,13 +253,41 @@ class RegionRegistry:
                 f"{offset} + byte_size {byte_size} exceeds the {size} bytes of shared memory "
                 f"key '{key}'"
             )
-        self.system[name] = SystemRegion(name, key, offset, byte_size)
+        record = {"key": key, "offset": offset, "byte_size": byte_size}
+        await self.store.add("system", name, orjson.dumps(record), self.max_regions)
+        await self._changed()
 
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+    async def register_cuda(
+        self, name: str, raw_handle: bytes, device_id: int, byte_size: int
+    ) -> None:
+        """Opens the handle here first: that proves it (Triton's errors otherwise)."""
         self._check_allowed()
-        self._check_single_process()
+        await self.catch_up()
         self._check_free(name)
-        self.cuda[name] = open_cuda_region(name, raw_handle, device_id, byte_size)
+        region = open_cuda_region(name, raw_handle, device_id, byte_size)
+        record = CudaRecord(name, raw_handle, device_id, byte_size)
+        try:
+            await self.store.add("cuda", name, _cuda_json(record), self.max_regions)
+        except BaseException:
+            _close_quietly(region)
+            raise
+        previous = self.opened.pop(name, None)
+        if previous is not None:
+            _close_quietly(previous[1])
+        self.opened[name] = (record, region)
+        await self._changed()
+
+    def mapped_cuda(self, name: str) -> CudaRegion:
+        """Region ``name``'s handle opened in this process (opened now, the first time)."""
+        record = self.cuda.get(name)
+        if record is None:
+            raise InvalidInput(f"Unable to find cuda shared memory region: '{name}'")
+        held = self.opened.get(name)
+        if held is not None and held[0] == record:
+            return held[1]
+        region = open_cuda_region(name, record.raw_handle, record.device_id, record.byte_size)
+        self.opened[name] = (record, region)
+        return region
 
     def _check_allowed(self) -> None:
         if not self.allowed:
@@ -164,26 +297,23 @@ class RegionRegistry:
         if name in self.system or name in self.cuda:
             raise InvalidInput(f"shared memory region '{name}' already in manager")
 
-    def unregister_system(self, name: str | None) -> None:
-        """At once (as Triton, requests in flight keep what they resolved); an unknown
-        name is no error."""
-        for region in self._take(self.system, name):
-            del self.system[region.name]
+    async def unregister_system(self, name: str | None) -> None:
+        """At once, in every process of the host (as Triton, requests in flight keep what
+        they resolved); an unknown name is no error."""
+        await self.store.remove("system", name)
+        await self._changed()
 
-    def unregister_cuda(self, name: str | None) -> None:
-        for region in self._take(self.cuda, name):
-            del self.cuda[region.name]
-            close_cuda_region(region)
+    async def unregister_cuda(self, name: str | None) -> None:
+        """As :meth:`unregister_system`; each process closes the handles it opened."""
+        await self.store.remove("cuda", name)
+        await self._changed()
 
-    @staticmethod
-    def _take(regions: dict[str, Any], name: str | None) -> list[Any]:
-        names = list(regions) if name is None else [name] if name in regions else []
-        return [regions[n] for n in names]
-
-    def system_status(self, name: str | None) -> list[dict[str, Any]]:
+    async def system_status(self, name: str | None) -> list[dict[str, Any]]:
+        await self.catch_up()
         return [r.status() for r in self._select(self.system, self.cuda, name, "system", "CUDA")]
 
-    def cuda_status(self, name: str | None) -> list[dict[str, Any]]:
+    async def cuda_status(self, name: str | None) -> list[dict[str, Any]]:
+        await self.catch_up()
         return [r.status() for r in self._select(self.cuda, self.system, name, "cuda", "system")]
 
     @staticmethod
@@ -208,7 +338,11 @@ class RegionRegistry:
         self, label: str, name: str, offset: int, byte_size: int, *, output: bool = False
     ) -> ShmRef:
         """Where ``byte_size`` bytes at ``offset`` of region ``name`` are; 400 if they are
-        not. An input (not ``output``) may not be larger than ``max_input_bytes``."""
+        not. An input (not ``output``) may not be larger than ``max_input_bytes``.
+        :class:`RegionMiss` when the copy may be behind: the host's records changed, or
+        the name is not in it."""
+        if self.counter.value() != self.seen:
+            raise RegionsChanged()
         region = self.system.get(name)
         if region is None:
             if name in self.cuda:
@@ -216,7 +350,7 @@ class RegionRegistry:
                     f"{label}: CUDA shared memory region '{name}' cannot carry tensors yet; "
                     "use a system shared memory region"
                 )
-            raise InvalidInput(f"{label}: unknown shared memory region '{name}'")
+            raise RegionMiss(f"{label}: unknown shared memory region '{name}'")
         if offset + byte_size > region.byte_size:
             raise InvalidInput(
                 f"{label}: shared memory offset {offset} + byte size {byte_size} is beyond "
@@ -258,3 +392,28 @@ def _refused(label: str, region: str, ref: ShmRef, exc: OSError | ValueError) ->
         return InvalidInput(f"{label}: {where} is refused: {exc}")
     detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
     return InvalidInput(f"{label}: cannot use {where}: {detail}")
+
+
+def _system_region(name: str, record: bytes) -> SystemRegion:
+    fields = orjson.loads(record)
+    return SystemRegion(name, fields["key"], fields["offset"], fields["byte_size"])
+
+
+def _cuda_json(record: CudaRecord) -> bytes:
+    handle = base64.b64encode(record.raw_handle).decode()
+    return orjson.dumps(
+        {"raw_handle": handle, "device_id": record.device_id, "byte_size": record.byte_size}
+    )
+
+
+def _cuda_record(name: str, record: bytes) -> CudaRecord:
+    fields = orjson.loads(record)
+    handle = base64.b64decode(fields["raw_handle"])
+    return CudaRecord(name, handle, fields["device_id"], fields["byte_size"])
+
+
+def _close_quietly(region: CudaRegion) -> None:
+    try:
+        close_cuda_region(region)
+    except SluiceError as exc:
+        log.warning("closing CUDA shared memory region '%s' failed: %s", region.name, exc.message)

@@ -60,12 +60,12 @@ def _natural(document: dict[str, Any], field: str, name: str, default: int | Non
 
 @shm_router.get(f"{_SYSTEM}/status")
 async def system_status_all(request: Request) -> Response:
-    return json_response(_registry(request).system_status(None))
+    return json_response(await _registry(request).system_status(None))
 
 
 @shm_router.get(_SYSTEM + "/region/{name}/status")
 async def system_status(request: Request, name: str) -> Response:
-    return json_response(_registry(request).system_status(name))
+    return json_response(await _registry(request).system_status(name))
 
 
 @shm_router.post(_SYSTEM + "/region/{name}/register")
@@ -78,30 +78,30 @@ async def system_register(request: Request, name: str) -> Response:
         raise InvalidInput(f"register region '{name}': 'key' must be a non-empty string")
     offset = _natural(document, "offset", name, 0)
     byte_size = _natural(document, "byte_size", name)
-    _registry(request).register_system(name, key, offset, byte_size)
+    await _registry(request).register_system(name, key, offset, byte_size)
     return _ok()
 
 
 @shm_router.post(f"{_SYSTEM}/unregister")
 async def system_unregister_all(request: Request) -> Response:
-    _registry(request).unregister_system(None)
+    await _registry(request).unregister_system(None)
     return _ok()
 
 
 @shm_router.post(_SYSTEM + "/region/{name}/unregister")
 async def system_unregister(request: Request, name: str) -> Response:
-    _registry(request).unregister_system(name)
+    await _registry(request).unregister_system(name)
     return _ok()
 
 
 @shm_router.get(f"{_CUDA}/status")
 async def cuda_status_all(request: Request) -> Response:
-    return json_response(_registry(request).cuda_status(None))
+    return json_response(await _registry(request).cuda_status(None))
 
 
 @shm_router.get(_CUDA + "/region/{name}/status")
 async def cuda_status(request: Request, name: str) -> Response:
-    return json_response(_registry(request).cuda_status(name))
+    return json_response(await _registry(request).cuda_status(name))
 
 
 @shm_router.post(_CUDA + "/region/{name}/register")
@@ -110,17 +110,17 @@ async def cuda_register(request: Request, name: str) -> Response:
     raw_handle = decode_raw_handle(document.get("raw_handle"))
     device_id = _natural(document, "device_id", name)
     byte_size = _natural(document, "byte_size", name)
-    _registry(request).register_cuda(name, raw_handle, device_id, byte_size)
+    await _registry(request).register_cuda(name, raw_handle, device_id, byte_size)
     return _ok()
 
 
 @shm_router.post(f"{_CUDA}/unregister")
 async def cuda_unregister_all(request: Request) -> Response:
-    _registry(request).unregister_cuda(None)
+    await _registry(request).unregister_cuda(None)
     return _ok()
 
 
 @shm_router.post(_CUDA + "/region/{name}/unregister")
 async def cuda_unregister(request: Request, name: str) -> Response:
-    _registry(request).unregister_cuda(name)
+    await _registry(request).unregister_cuda(name)
     return _ok()

@@ -27,6 +27,7 @@ from sluice.core import statistics as st
 from sluice.gateway.gateway_report import (
     BODY_BUDGET_REJECTS,
     CLIENT_SHM_BYTES,
+    CLIENT_SHM_HOST,
     IN_FLIGHT,
     ROUND_TRIP_US,
 )
@@ -278,7 +279,11 @@ class _Families:
             labels=["kind"],
         )
         shm.add_metric(["segments"], self.shm_segment_bytes or 0)
-        shm.add_metric(["client_regions"], sum(g.get(CLIENT_SHM_BYTES, 0) for g in gateways))
+        per_host: dict[int, int] = {}  # (each process of a host reports the host's regions)
+        for g in gateways:
+            host = g.get(CLIENT_SHM_HOST, 0)
+            per_host[host] = max(per_host.get(host, 0), g.get(CLIENT_SHM_BYTES, 0))
+        shm.add_metric(["client_regions"], sum(per_host.values()))
         return in_flight, processes, round_trip, body, shm
 
 

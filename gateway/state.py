@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,6 +19,7 @@ from sluice.gateway.control_plane import ControlPlane
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
 from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.shm_store import ChangeCounter, LocalCounter
 from sluice.gateway.shm_transfer import TensorTransfer
 
 if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
@@ -51,6 +53,15 @@ class GatewayState:
     """The Redis server's run id: another one means Redis restarted and lost its streams."""
     tracing: Tracing | None = None
     """Set by the lifespan when tracing is configured (an OTLP endpoint)."""
+    host_changes: ChangeCounter = field(default_factory=LocalCounter)
+    """Moved by the gateway process that carried out a model-control change (a load, an
+    unload) or a log-settings change, so that the other gateway processes of its host catch
+    up before their next request (:func:`sluice.gateway.catalog_follow.follow_changes`)."""
+    host_seen: int = 0
+    """``host_changes`` when this process last caught up."""
+    host_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    miss_refreshed_at: float = float("-inf")
+    """When a request that missed last made this process refresh its catalog."""
 
 
 def state_of(request: Request) -> GatewayState:

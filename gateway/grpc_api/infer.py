@@ -75,10 +75,17 @@ def metadata_of(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
     return found
 
 
+Denial = Callable[[dict[str, str]], "tuple[grpc.StatusCode, str] | None"]
+"""Why a call with this metadata may not infer (its key), or None."""
+
+
 class InferCalls:
-    def __init__(self, state: GatewayState, limits: GrpcLimits) -> None:
+    def __init__(
+        self, state: GatewayState, limits: GrpcLimits, denied: Denial = lambda _: None
+    ) -> None:
         self.state = state
         self.limits = limits
+        self.denied = denied
         self.receiving = Receiving(limits)
         self.open_streams = 0
 
@@ -87,6 +94,11 @@ class InferCalls:
     ) -> bytes:
         """One ModelInfer call (served as client-streaming: see :mod:`.receiving`)."""
         metadata = metadata_of(context)
+        denied = self.denied(metadata)
+        if denied is not None:  # (before the message is read)
+            context.set_code(denied[0])
+            context.set_details(denied[1])
+            return b""
         remaining = context.time_remaining()
         reservation = self.state.bodies.reservation()
         try:

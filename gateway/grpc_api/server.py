@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import KeyRing, bearer_token
 from sluice.gateway.inspection import server_not_ready
 from sluice.gateway.state import GatewayState
@@ -138,17 +139,16 @@ class GrpcServer:
 
     def _inference_handler(self) -> grpc.GenericRpcHandler:
         control = ControlCalls(self.state)
-        infer = InferCalls(self.state, self.limits)
+        infer = InferCalls(self.state, self.limits, self._infer_denied)
         handlers: dict[str, grpc.RpcMethodHandler] = {}
         methods = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods
         for method in methods:
             name = method.name
             if name == "ModelInfer":  # bytes in, bytes out: decoded and encoded off the loop
                 # Client-streaming on the server's side (the same bytes on the wire): the
-                # handler runs before the message is read, and reads it in turn.
-                handlers[name] = grpc.stream_unary_rpc_method_handler(
-                    self._guarded_unary(name, infer.model_infer)
-                )
+                # handler runs before the message is read, and reads it in turn. Its key is
+                # checked by the handler itself, from the metadata it reads anyway.
+                handlers[name] = grpc.stream_unary_rpc_method_handler(infer.model_infer)
             elif name == "ModelStreamInfer":
                 handlers[name] = grpc.stream_stream_rpc_method_handler(
                     self._guarded_stream(name, infer.model_stream_infer)
@@ -162,6 +162,18 @@ class GrpcServer:
                     self._guarded_unary(name, call), response_serializer=_serialize
                 )
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
+
+    def _infer_denied(self, metadata: dict[str, str]) -> tuple[grpc.StatusCode, str] | None:
+        """Why an inference call with ``metadata`` is refused (None: it is not)."""
+        keys = self.keys
+        if not keys.configured:
+            return None
+        value = metadata.get("authorization")
+        token = None if value is None else bearer_token(value.encode("latin-1"))
+        denied = keys.check_call(False, token)
+        if denied is None:
+            return None
+        return _DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1]
 
     async def _check_key(self, method: str, context: Context) -> None:
         if method in _HEALTH:
@@ -179,8 +191,12 @@ class GrpcServer:
     def _guarded_unary(
         self, method: str, call: Callable[[Any, Context], Awaitable[Any]]
     ) -> Callable[[Any, Context], Awaitable[Any]]:
+        state = self.state
+
         async def guarded(request: Any, context: Context) -> Any:
             await self._check_key(method, context)
+            if state.host_changes.value() != state.host_seen:
+                await follow_changes(state)
             return await call(request, context)
 
         return guarded

@@ -15,7 +15,7 @@ from google.protobuf import json_format
 from sluice import __version__
 from sluice.core.control import ControlCommand
 from sluice.core.errors import InvalidInput, NotFound, Unsupported
-from sluice.core.logs import control
+from sluice.gateway.catalog_follow import asked_fresh, is_problem
 from sluice.gateway.cuda_shm import checked_raw_handle
 from sluice.gateway.inspection import (
     config_document,
@@ -26,7 +26,7 @@ from sluice.gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from sluice.gateway.log_settings import log_changes
+from sluice.gateway.log_settings import change_log_settings, log_changes
 from sluice.gateway.model_control import NAMED_REPOSITORY, carry_out, require_explicit
 from sluice.gateway.server_extensions import EXTENSIONS
 from sluice.gateway.state import GatewayState
@@ -61,12 +61,17 @@ class ControlCalls:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(self, request: Any) -> Any:
-        return pb.ServerReadyResponse(ready=server_not_ready(self.state) is None)
+        state = self.state
+        problem = await asked_fresh(state, lambda: server_not_ready(state), is_problem)
+        return pb.ServerReadyResponse(ready=problem is None)
 
     async def ModelReady(self, request: Any) -> Any:
         """Unknown or unready models are not ready (no error), as Triton answers."""
+        state, version = self.state, _version(request.version)
         try:
-            problem = model_not_ready(self.state, request.name, _version(request.version))
+            problem = await asked_fresh(
+                state, lambda: model_not_ready(state, request.name, version), is_problem
+            )
         except NotFound:
             return pb.ModelReadyResponse(ready=False)
         return pb.ModelReadyResponse(ready=problem is None)
@@ -75,11 +80,13 @@ class ControlCalls:
         return pb.ServerMetadataResponse(name="sluice", version=__version__, extensions=EXTENSIONS)
 
     async def ModelMetadata(self, request: Any) -> Any:
-        document = metadata_document(self.state, request.name, _version(request.version))
+        state, version = self.state, _version(request.version)
+        document = await asked_fresh(state, lambda: metadata_document(state, request.name, version))
         return _parsed(document, pb.ModelMetadataResponse())
 
     async def ModelConfig(self, request: Any) -> Any:
-        document = config_document(self.state, request.name, _version(request.version))
+        state, version = self.state, _version(request.version)
+        document = await asked_fresh(state, lambda: config_document(state, request.name, version))
         config = _parsed(document, model_config_pb2.ModelConfig())
         return pb.ModelConfigResponse(config=config)
 
@@ -125,7 +132,7 @@ class ControlCalls:
         return pb.RepositoryModelUnloadResponse()
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:
-        regions = self.state.regions.system_status(request.name or None)
+        regions = await self.state.regions.system_status(request.name or None)
         return _regions(regions, pb.SystemSharedMemoryStatusResponse())
 
     async def SystemSharedMemoryRegister(self, request: Any) -> Any:
@@ -133,26 +140,28 @@ class ControlCalls:
             raise InvalidInput(
                 f"register region '{request.name}': 'key' must be a non-empty string"
             )
-        self.state.regions.register_system(
+        await self.state.regions.register_system(
             request.name, request.key, request.offset, request.byte_size
         )
         return pb.SystemSharedMemoryRegisterResponse()
 
     async def SystemSharedMemoryUnregister(self, request: Any) -> Any:
-        self.state.regions.unregister_system(request.name or None)
+        await self.state.regions.unregister_system(request.name or None)
         return pb.SystemSharedMemoryUnregisterResponse()
 
     async def CudaSharedMemoryStatus(self, request: Any) -> Any:
-        regions = self.state.regions.cuda_status(request.name or None)
+        regions = await self.state.regions.cuda_status(request.name or None)
         return _regions(regions, pb.CudaSharedMemoryStatusResponse())
 
     async def CudaSharedMemoryRegister(self, request: Any) -> Any:
         handle = checked_raw_handle(request.raw_handle)
-        self.state.regions.register_cuda(request.name, handle, request.device_id, request.byte_size)
+        await self.state.regions.register_cuda(
+            request.name, handle, request.device_id, request.byte_size
+        )
         return pb.CudaSharedMemoryRegisterResponse()
 
     async def CudaSharedMemoryUnregister(self, request: Any) -> Any:
-        self.state.regions.unregister_cuda(request.name or None)
+        await self.state.regions.unregister_cuda(request.name or None)
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any) -> Any:
@@ -169,7 +178,7 @@ class ControlCalls:
             which = setting.WhichOneof("parameter_choice")
             document[key] = getattr(setting, which) if which is not None else None
         changes = log_changes(document)
-        settings = (control().update(**changes) if changes else control().options).as_triton()
+        settings = (await change_log_settings(self.state, changes)).as_triton()
         response = pb.LogSettingsResponse()
         for key, value in settings.items():
             entry = response.settings[key]

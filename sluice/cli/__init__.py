@@ -69,6 +69,18 @@ def _logging(verbose: bool) -> None:
     configure_logging(caller, CommonSettings(), verbose=verbose, stream=sys.stderr)
 
 
+def _gateway_processes(value: str | None) -> str | None:
+    """``--gateway-processes``: ``auto`` or a number from 1 to 64, else refused here."""
+    if value is None:
+        return None
+    text = value.strip().lower()
+    if text == "auto" or (text.isdigit() and 1 <= int(text) <= 64):
+        return text
+    raise typer.BadParameter(
+        f"{value!r}: 'auto' or a number from 1 to 64", param_hint="'--gateway-processes'"
+    )
+
+
 def _overrides(**values: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
@@ -90,7 +102,13 @@ def up(
         str | None, typer.Option(help="Use this Redis instead of starting a private one.")
     ] = None,
     gateway_processes: Annotated[
-        int | None, typer.Option(help="Gateway processes sharing the port (default 1).")
+        str | None,
+        typer.Option(
+            help="Gateway processes sharing the HTTP and gRPC ports: auto (the default: one "
+            "per CPU this process may run on, at most 16) or a number from 1 to 64.",
+            callback=_gateway_processes,
+            metavar="auto|N",
+        ),
     ] = None,
     metrics_port: Annotated[
         int | None,

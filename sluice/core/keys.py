@@ -237,6 +237,24 @@ class Keys:
         """Hash of counters every gateway adds to that belong to no model."""
         return f"{{{self.namespace}}}:gateway-counters"
 
+    def client_regions(self, host: str, kind: str) -> str:
+        """Hash region name -> record (JSON) of the client shared memory regions of one
+        host (``kind``: ``system`` or ``cuda``), registered through any gateway process of
+        that host; every one of them reads it. Expires unless a live gateway of the host
+        renews it (:mod:`sluice.gateway.shm_store`)."""
+        return f"{{{self.namespace}}}:shm-regions:{host}:{kind}"
+
+    def client_regions_revision(self, host: str) -> str:
+        """Counter of the changes to one host's client regions (:meth:`client_regions`):
+        a gateway process reloads the records when it moved."""
+        return f"{{{self.namespace}}}:shm-regions:{host}:rev"
+
+    @property
+    def log_settings(self) -> str:
+        """Hash of the log settings changed through Triton's logging extension (``rev``:
+        their revision); every gateway process applies them at its catalog refresh."""
+        return f"{{{self.namespace}}}:log-settings"
+
     def stats(self, model: str, version: int) -> str:
         """Hash of Triton statistics counters for one model version (workers HINCRBY)."""
         return f"{self.namespace}:stats:{{{model}}}:{version}"

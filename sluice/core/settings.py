@@ -19,6 +19,39 @@ MIB = 1 << 20
 GIB = 1 << 30
 
 
+AUTO_GATEWAY_PROCESSES_CAP = 16
+"""``auto`` starts at most this many gateway processes: about a dozen busy ones carry what
+one Redis core can (some 14 µs of Redis per request against 200 µs of gateway, see
+bench/RESULTS.md), so more add memory (each has its own Redis clients, reply stream and
+catalog copy) and refresh traffic, not requests per second."""
+
+
+def auto_gateway_processes() -> int:
+    """``--gateway-processes auto``: the CPUs this process may run on, at least 1, at most
+    :data:`AUTO_GATEWAY_PROCESSES_CAP`."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    return max(1, min(cpus, AUTO_GATEWAY_PROCESSES_CAP))
+
+
+def gateway_processes_value(value: object) -> object:
+    """A number of gateway processes, or ``auto`` made one (a number is checked by the
+    field's bounds); anything else is refused, naming the setting."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return auto_gateway_processes()
+        if not text.isdigit():
+            raise ValueError(
+                f"gateway_processes (--gateway-processes, SLUICE_GATEWAY_PROCESSES) must be "
+                f"'auto' or a number from 1 to 64, got {value!r}"
+            )
+        return int(text)
+    return value
+
+
 class CommonSettings(BaseSettings):
     """What every process of one Sluice deployment must agree on."""
 
@@ -234,7 +267,12 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     """Port of the KServe v2 / Triton-compatible HTTP API."""
 
     gateway_processes: int = Field(1, ge=1, le=64)
-    """Gateway processes sharing the port (set by ``sluice up``, see UpSettings)."""
+    """Gateway processes sharing the port (set by ``sluice up``, see UpSettings; ``auto``:
+    one per CPU this process may run on)."""
+
+    _gateway_processes_auto = field_validator("gateway_processes", mode="before")(
+        gateway_processes_value
+    )
 
     grpc_port: int = Field(8001, ge=0, le=65535)
     """Port of the KServe v2 / Triton gRPC API, on ``http_host`` (Triton's 8001; 0: none)."""
@@ -450,6 +488,10 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     then read and write, so by default (None) only a gateway bound to loopback or guarded
     by admin keys allows it."""
 
+    max_shm_regions: int = Field(1024, ge=0, le=1_000_000)
+    """Client shared memory regions (system and CUDA together) registered at once on one
+    host, through any of its gateway processes; one more is refused with 429."""
+
 
 class WorkerSettings(CommonSettings):
     """Settings of a worker process, one instance of one model version."""
@@ -564,8 +606,14 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
     http_port: int = Field(8000, ge=0, le=65535)
     """Port of the gateways' HTTP API (passed to them as SLUICE_HTTP_PORT)."""
 
-    gateway_processes: int = Field(1, ge=1, le=64)
-    """Gateway processes sharing the HTTP port (each has its own reply stream)."""
+    gateway_processes: int = Field(default_factory=auto_gateway_processes, ge=1, le=64)
+    """Gateway processes sharing the HTTP and gRPC ports (each has its own reply stream):
+    ``auto`` (the default) starts one per CPU this process may run on (its affinity), at
+    most 16; or a number from 1 to 64."""
+
+    _gateway_processes_auto = field_validator("gateway_processes", mode="before")(
+        gateway_processes_value
+    )
 
     metrics_port: int = Field(8002, ge=0, le=65535)
     """The metrics-only port, Triton's 8002 (0: none; ``/metrics`` is on the HTTP port too)."""

@@ -48,7 +48,12 @@ def overload_stack(
     write_slow(
         repository, "unlimited", extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
     )
-    stack = Stack(repository, redis_server.url, env={"SLUICE_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)})
+    stack = Stack(
+        repository,
+        redis_server.url,
+        env={"SLUICE_MAX_IN_FLIGHT": str(MAX_IN_FLIGHT)},
+        args=["--gateway-processes", "1"],  # (the limit and the memory are one process's)
+    )
     stack.start()
     yield stack
     stack.stop()

@@ -110,7 +110,9 @@ def test_sluice_up_sigterm_answers_the_request_in_flight(
     assert stack.process is not None
     redis = redis_of(stack)
     children = procs.children(stack.process.pid)
-    assert len(children) == 2  # gateway and one worker
+    gateways, workers = procs.gateway_pids(stack.process.pid), procs.worker_pids(stack.process.pid)
+    assert gateways and len(workers) == 1, children  # the gateways and one worker
+    assert set(children) == {*gateways, *workers}, children
     (worker,) = procs.worker_pids(stack.process.pid)
     iters = _calibrate(stack.url, 2.5)
 

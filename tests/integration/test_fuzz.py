@@ -369,9 +369,10 @@ def http(stack: Stack) -> Iterator[httpx.Client]:
 
 
 @pytest.fixture(scope="module")
-def gateway(stack: Stack) -> int:
+def gateway(stack: Stack) -> list[int]:
+    """The gateway processes (as many as ``--gateway-processes auto`` started)."""
     assert stack.process is not None
-    return procs.gateway_pid(stack.process.pid)
+    return procs.gateway_pids(stack.process.pid)
 
 
 Checker = Callable[..., None]
@@ -380,7 +381,7 @@ Checker = Callable[..., None]
 @pytest.fixture
 def check(
     http: httpx.Client,
-    gateway: int,
+    gateway: list[int],
     record_property: Callable[[str, Any], None],
     request: pytest.FixtureRequest,
 ) -> Iterator[Checker]:
@@ -440,7 +441,7 @@ def check(
     print(f"\n[{request.node.name}] {json.dumps(figures)}")
     for name, value in figures.items():
         record_property(name, value)
-    assert procs.alive(gateway), "the gateway process died"
+    assert all(procs.alive(pid) for pid in gateway), "a gateway process died"
     good = {
         "inputs": [{"name": "input", "shape": [1, 4], "datatype": "FP32", "data": [1, 2, 3, 4]}]
     }

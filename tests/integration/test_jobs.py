@@ -24,7 +24,7 @@ from redis import Redis
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_double_and_broken
-from tests.support.procs import gateway_pid, wait_until
+from tests.support.procs import gateway_pids, wait_until
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
@@ -172,7 +172,7 @@ def test_a_job_survives_a_restart_of_its_gateway(stack: Stack, http: httpx.Clien
     blocker = submit(http, "slow", slow_request(10, 100_000))
     job = submit(http, "slow", slow_request(11, 10))
     assert job.status_code == 202
-    os.kill(gateway_pid(stack.process.pid), signal.SIGKILL)
+    os.kill(gateway_pids(stack.process.pid)[0], signal.SIGKILL)
     time.sleep(0.5)
     assert wait_until(lambda: _ok(http, "/v2/health/live"), 30)
     result = http.get(f"{job.headers['location']}/result", headers={"Prefer": "wait=60"})

@@ -30,8 +30,11 @@ DEFAULTS = {
 
 @pytest.fixture
 def http(stack: Stack) -> Iterator[httpx.Client]:
-    """The shared stack's gateway, its log settings put back afterwards."""
+    """The shared stack's gateway, its log settings put back afterwards. Several gateway
+    processes share the port: a GET brings the one this connection reached up to date with
+    the last change (the others follow at their next catalog refresh)."""
     with httpx.Client(base_url=stack.url, timeout=30) as client:
+        assert client.get("/v2/logging").status_code == 200
         yield client
         restored = {key: value for key, value in DEFAULTS.items() if key != "log_file"}
         assert client.post("/v2/logging", json=restored).json() == DEFAULTS

@@ -20,7 +20,7 @@ import pytest
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.onnx_models import write_identity
-from tests.support.procs import gateway_pid, worker_pids
+from tests.support.procs import gateway_pids, worker_pids
 from tests.support.stack import Stack
 from tests.support.stall import probe_while, stall_limit
 
@@ -52,14 +52,15 @@ def edge_stack(
             "SLUICE_MAX_CONTROL_BODY_BYTES": str(CONTROL_LIMIT),
             "SLUICE_MAX_BUFFERED_BODY_BYTES": str(BUFFERED_LIMIT),
         },
+        args=["--gateway-processes", "1"],  # (the connection and body limits are per process)
     )
     stack.start()
     assert stack.process is not None
-    pids = {gateway_pid(stack.process.pid), *worker_pids(stack.process.pid)}
+    pids = {*gateway_pids(stack.process.pid), *worker_pids(stack.process.pid)}
     yield stack
     # No test may have killed a Sluice process.
     assert stack.process.poll() is None
-    assert {gateway_pid(stack.process.pid), *worker_pids(stack.process.pid)} == pids
+    assert {*gateway_pids(stack.process.pid), *worker_pids(stack.process.pid)} == pids
     stack.stop()
 
 

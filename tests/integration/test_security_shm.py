@@ -119,7 +119,7 @@ class Client:
         assert stack.process is not None
         self.stack = stack
         self.http = httpx.Client(base_url=stack.url, timeout=60)
-        self.gateway = procs.gateway_pid(stack.process.pid)
+        self.gateways = procs.gateway_pids(stack.process.pid)
         self.workers = procs.worker_pids(stack.process.pid)
 
     def register(self, name: str, path: Path | str, byte_size: int, offset: int = 0) -> Any:
@@ -138,8 +138,8 @@ class Client:
     def assert_unharmed(self) -> None:
         """Same gateway and workers as at the start, all alive, and serving."""
         assert self.stack.process is not None and self.stack.process.poll() is None
-        assert procs.alive(self.gateway)
-        assert procs.gateway_pid(self.stack.process.pid) == self.gateway
+        assert all(procs.alive(pid) for pid in self.gateways)
+        assert procs.gateway_pids(self.stack.process.pid) == self.gateways
         assert procs.worker_pids(self.stack.process.pid) == self.workers
         assert all(procs.alive(pid) for pid in self.workers)
         data = [1.5, -2.0, 3.25]

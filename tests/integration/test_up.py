@@ -62,7 +62,9 @@ def test_triton_repository_without_config_is_served_and_stops_cleanly(
     stack = start_stack(tmp_path)
     assert stack.process is not None
     children = procs.children(stack.process.pid)
-    assert len(children) == 3  # gateway + two workers
+    gateways, workers = procs.gateway_pids(stack.process.pid), procs.worker_pids(stack.process.pid)
+    assert gateways and len(workers) == 2, children  # the gateways and one worker per model
+    assert set(children) == {*gateways, *workers}, children
 
     with httpclient.InferenceServerClient(stack.address) as client:
         config = client.get_model_config("plain_onnx")

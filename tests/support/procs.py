@@ -55,8 +55,14 @@ def _is_module(pid: int, module: str) -> bool:
     return any(a == "-m" and b in names for a, b in itertools.pairwise(argv))
 
 
+def gateway_pids(parent: int) -> list[int]:
+    """The gateway processes under ``parent`` (``--gateway-processes``), in pid order."""
+    return sorted(pid for pid in children(parent) if _is_module(pid, "gateway"))
+
+
 def gateway_pid(parent: int) -> int:
-    found = [pid for pid in children(parent) if _is_module(pid, "gateway")]
+    """The one gateway under ``parent`` (a stack started with ``--gateway-processes 1``)."""
+    found = gateway_pids(parent)
     assert len(found) == 1, f"expected one gateway under {parent}, found {found}"
     return found[0]
 

@@ -219,27 +219,27 @@ def segments_of(namespace: str) -> list[str]:
 # ------------------------------------------------------------------ the registry
 
 
-def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> None:
+async def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> None:
     key, _ = shm_object
     registry = RegionRegistry()
-    registry.register_system("r", key, 1024, 2048)
-    assert registry.system_status(None) == [
+    await registry.register_system("r", key, 1024, 2048)
+    assert await registry.system_status(None) == [
         {"name": "r", "key": key, "offset": 1024, "byte_size": 2048}
     ]
     # Triton's texts first, Sluice's detail after them.
     with pytest.raises(InvalidInput, match=r"^shared memory region 'r' already in manager$"):
-        registry.register_system("r", key, 0, 8)
+        await registry.register_system("r", key, 0, 8)
     with pytest.raises(
         InvalidInput,
         match=r"^Unable to open shared memory region: '/shmtest-missing': no such object",
     ):
-        registry.register_system("s", "/shmtest-missing", 0, 8)
+        await registry.register_system("s", "/shmtest-missing", 0, 8)
     with pytest.raises(
         InvalidInput,
         match=r"^failed to register shared memory region 's': invalid args: offset 4000 \+ "
         r"byte_size 100 exceeds the 4096 bytes",
     ):
-        registry.register_system("s", key, 4000, 100)
+        await registry.register_system("s", key, 4000, 100)
     for reserved, prefix in (
         ("/sluice-ns-1-in-x", "sluice-"),
         ("triton_python_backend_shm_region_7", "triton_python_backend_shm_region_"),
@@ -250,20 +250,20 @@ def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> None:
             match=f"^cannot register shared memory region 's' with key '{reserved}' as the key "
             f"contains the reserved prefix '{prefix}'",
         ):
-            registry.register_system("s", reserved, 0, 8)
+            await registry.register_system("s", reserved, 0, 8)
     with pytest.raises(
         InvalidInput, match=r"^Unable to open shared memory region: '/a/b': .*valid"
     ):
-        registry.register_system("s", "/a/b", 0, 8)
+        await registry.register_system("s", "/a/b", 0, 8)
     with pytest.raises(NotFound, match=r"^Unable to find system shared memory region: 's'$"):
-        registry.system_status("s")
+        await registry.system_status("s")
     with pytest.raises(
         NotFound,
         match=r"^The region named 'r' is registered as system shared memory, not CUDA shared ",
     ):
-        registry.cuda_status("r")
+        await registry.cuda_status("r")
     with pytest.raises(NotFound, match=r"^Unable to find cuda shared memory region: 'q'$"):
-        registry.cuda_status("q")
+        await registry.cuda_status("q")
 
 
 @pytest.mark.parametrize(
@@ -276,7 +276,7 @@ def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> None:
         ({"allow_client_shm": False}, False),
     ],
 )
-def test_client_shared_memory_is_off_where_anyone_could_register(
+async def test_client_shared_memory_is_off_where_anyone_could_register(
     settings: dict[str, object], allowed: bool, shm_object: tuple[str, Path]
 ) -> None:
     explicit = {"http_host": "127.0.0.1", "admin_keys": "", "admin_keys_file": ""}
@@ -286,13 +286,13 @@ def test_client_shared_memory_is_off_where_anyone_could_register(
     assert registry.allowed is allowed
     if not allowed:
         with pytest.raises(Forbidden, match="SLUICE_ALLOW_CLIENT_SHM") as info:
-            registry.register_system("r", shm_object[0], 0, 8)
+            await registry.register_system("r", shm_object[0], 0, 8)
         # The reason given is the true one: disabled explicitly, or the default beyond loopback.
         explicitly = settings.get("allow_client_shm") is False
         assert ("disabled" in info.value.message) is explicitly, info.value.message
         assert ("beyond loopback" in info.value.message) is not explicitly, info.value.message
     else:
-        registry.register_system("r", shm_object[0], 0, 8)
+        await registry.register_system("r", shm_object[0], 0, 8)
 
 
 def test_the_refusal_says_why() -> None:
@@ -308,10 +308,10 @@ def test_the_refusal_says_why() -> None:
     assert refusal(allow_client_shm=None) == ""
 
 
-def test_references_resolve_within_the_region(shm_object: tuple[str, Path]) -> None:
+async def test_references_resolve_within_the_region(shm_object: tuple[str, Path]) -> None:
     key, _ = shm_object
     registry = RegionRegistry()
-    registry.register_system("r", key, 1024, 2048)
+    await registry.register_system("r", key, 1024, 2048)
     assert registry.resolve("input 'x'", "r", 16, 64) == ShmRef(key, 1040, 64)
     with pytest.raises(InvalidInput, match=r"input 'x': unknown shared memory region 'q'"):
         registry.resolve("input 'x'", "q", 0, 4)
@@ -322,10 +322,12 @@ def test_references_resolve_within_the_region(shm_object: tuple[str, Path]) -> N
             registry.resolve("input 'x'", "r", offset, size)
 
 
-def test_shared_memory_inputs_are_limited_outputs_are_not(shm_object: tuple[str, Path]) -> None:
+async def test_shared_memory_inputs_are_limited_outputs_are_not(
+    shm_object: tuple[str, Path],
+) -> None:
     key, _ = shm_object
     registry = RegionRegistry(max_input_bytes=1000)
-    registry.register_system("r", key, 0, 4096)
+    await registry.register_system("r", key, 0, 4096)
     assert registry.resolve("input 'x'", "r", 0, 1000) == ShmRef(key, 0, 1000)
     with pytest.raises(
         InvalidInput,
@@ -336,22 +338,22 @@ def test_shared_memory_inputs_are_limited_outputs_are_not(shm_object: tuple[str,
     assert registry.resolve("output 'y'", "r", 0, 4096, output=True) == ShmRef(key, 0, 4096)
 
 
-def test_regions_in_use_are_unregistered_at_once(shm_object: tuple[str, Path]) -> None:
+async def test_regions_in_use_are_unregistered_at_once(shm_object: tuple[str, Path]) -> None:
     key, path = shm_object
     path.write_bytes(b"\x05" * 4096)
     registry = RegionRegistry()
-    registry.register_system("r", key, 0, 64)
-    registry.register_system("s", key, 0, 64)
+    await registry.register_system("r", key, 0, 64)
+    await registry.register_system("s", key, 0, 64)
     ref = registry.resolve("input 'x'", "r", 8, 4)  # a request holds this reference
-    registry.unregister_system("r")
-    assert [row["name"] for row in registry.system_status(None)] == ["s"]
+    await registry.unregister_system("r")
+    assert [row["name"] for row in await registry.system_status(None)] == ["s"]
     with pytest.raises(InvalidInput, match="unknown shared memory region 'r'"):
         registry.resolve("input 'x'", "r", 8, 4)
     assert registry.read("input 'x'", "r", ref) == b"\x05" * 4  # what was resolved stays
-    registry.register_system("r", key, 64, 64)  # the name is free again
-    registry.unregister_system(None)
-    registry.unregister_system("unknown")  # as Triton: nothing to do
-    assert registry.system_status(None) == []
+    await registry.register_system("r", key, 64, 64)  # the name is free again
+    await registry.unregister_system(None)
+    await registry.unregister_system("unknown")  # as Triton: nothing to do
+    assert await registry.system_status(None) == []
 
 
 # ------------------------------------------------------------------ the transfer
@@ -410,13 +412,13 @@ def test_no_room_for_a_segment_means_inline(
     assert payload == bytes(tensor("a", 5000).data) + bytes(tensor("b", 7).data)
 
 
-def test_across_hosts_the_gateway_reads_client_regions(
+async def test_across_hosts_the_gateway_reads_client_regions(
     namespace: str, shm_object: tuple[str, Path]
 ) -> None:
     key, path = shm_object
     path.write_bytes(b"\x07" * 4096)
     moving = transfer(namespace, same_host=False)
-    moving.regions.register_system("r", key, 0, 4096)
+    await moving.regions.register_system("r", key, 0, 4096)
     ref = moving.regions.resolve("input 'a'", "r", 100, 8)
     source = InputTensor("a", "UINT8", (8,), b"", ref, "r")
     headers, payload, segment = moving.pack([source], local=moving.same_host)
@@ -424,12 +426,12 @@ def test_across_hosts_the_gateway_reads_client_regions(
     assert moving.output_regions([RequestedOutput("y", False, ref, "r")], local=False) == {}
 
 
-def test_reply_outputs_from_segments_regions_and_inline(
+async def test_reply_outputs_from_segments_regions_and_inline(
     namespace: str, shm_object: tuple[str, Path]
 ) -> None:
     key, path = shm_object
     moving = transfer(namespace)
-    moving.regions.register_system("r", key, 0, 4096)
+    await moving.regions.register_system("r", key, 0, 4096)
     region = moving.regions.resolve("output 'b'", "r", 0, 64)
     segment = new_segment_name(moving.prefix, "out")
     write_segment(segment, [b"x" * 40])
@@ -528,14 +530,14 @@ _NOT_PLAIN = ("symlink", "symlink_to_object", "hard_link", "fifo", "directory")
 
 
 @pytest.mark.parametrize("kind", _NOT_PLAIN)
-def test_a_region_must_be_a_plain_object(kind: str, not_plain: dict[str, Path]) -> None:
+async def test_a_region_must_be_a_plain_object(kind: str, not_plain: dict[str, Path]) -> None:
     key = "/" + not_plain[kind].name
     why = {"symlink": "symbolic link", "symlink_to_object": "symbolic link"}.get(kind, "")
     why = why or ("hard link" if kind == "hard_link" else "(not a regular file|Is a directory)")
     with pytest.raises(
         InvalidInput, match=f"^Unable to open shared memory region: '{key}': .*{why}"
     ):
-        RegionRegistry().register_system("r", key, 0, 0)  # a FIFO must not hang it either
+        await RegionRegistry().register_system("r", key, 0, 0)  # a FIFO must not hang it either
     ref = ShmRef(key, 0, 8)
     objects = SharedObjects()
     for call in (
@@ -657,7 +659,9 @@ def test_a_region_that_changed_since_validation_fails_only_its_request(
         assert np.frombuffer(payload, np.float32).tolist() == [3.0] * 4
 
 
-def test_cuda_registration_errors_start_with_tritons_text(monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_cuda_registration_errors_start_with_tritons_text(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     registry = RegionRegistry()
     handle = b"\x01" * 64
     if importlib.util.find_spec("cuda") is None:  # the machine that runs the tests, usually
@@ -666,7 +670,7 @@ def test_cuda_registration_errors_start_with_tritons_text(monkeypatch: pytest.Mo
             match=r"^failed to register CUDA shared memory region: 'gpu', GPUs not supported: "
             r"CUDA shared memory needs an NVIDIA GPU",
         ):
-            registry.register_cuda("gpu", handle, 0, 1024)
+            await registry.register_cuda("gpu", handle, 0, 1024)
     success = SimpleNamespace(cudaSuccess=0)
     one_gpu = SimpleNamespace(cudaError_t=success, cudaGetDeviceCount=lambda: (0, 1))
     monkeypatch.setattr("sluice.gateway.cuda_shm._runtime", lambda: one_gpu)
@@ -675,11 +679,5 @@ def test_cuda_registration_errors_start_with_tritons_text(monkeypatch: pytest.Mo
         match=r"^failed to register shared memory region: invalid args: device_id 3 does not "
         r"exist: this host has 1 GPUs$",
     ):
-        registry.register_cuda("gpu", handle, 3, 1024)
-    assert registry.cuda_status(None) == []
-
-
-def test_registering_with_several_gateway_processes_is_refused_clearly() -> None:
-    registry = RegionRegistry(allowed=True, gateway_processes=2)
-    with pytest.raises(Unsupported, match="gateway-processes 1"):
-        registry.register_system("r", "/some-key", 0, 16)
+        await registry.register_cuda("gpu", handle, 3, 1024)
+    assert await registry.cuda_status(None) == []

@@ -1,0 +1,286 @@
+"""Client shared memory regions shared by the gateway processes of a host
+(:mod:`sluice.gateway.shm_store`): two registries over one store and one host counter stand
+for two processes; the Redis store on a real redis-server; ``--gateway-processes auto``."""
+
+from __future__ import annotations
+
+import os
+import stat
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from pydantic import ValidationError
+from redis.asyncio import Redis
+from typer.testing import CliRunner
+
+from sluice.cli import app
+from sluice.core.errors import InvalidInput, NotFound, QuotaExceeded
+from sluice.core.keys import Keys
+from sluice.core.settings import GatewaySettings, UpSettings, auto_gateway_processes
+from sluice.core.shm import SHM_DIR
+from sluice.core.wire import ShmRef
+from sluice.gateway.cuda_shm import CudaRegion
+from sluice.gateway.shm_registry import RegionMiss, RegionRegistry, RegionsChanged
+from sluice.gateway.shm_store import (
+    HostCounter,
+    MemoryRegionStore,
+    RedisRegionStore,
+    RegionStore,
+)
+from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.onnx_models import identity_config
+from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
+
+
+@pytest.fixture
+def shm_key() -> Iterator[str]:
+    """A 4 KiB POSIX shm object of this test's own."""
+    name = f"shmtest-shared-{uuid.uuid4().hex[:12]}"
+    path = SHM_DIR / name
+    path.write_bytes(b"\0" * 4096)
+    yield "/" + name
+    path.unlink(missing_ok=True)
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    server = RedisServer()
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+def pair(store: RegionStore, directory: Path, max_regions: int = 1024) -> list[RegionRegistry]:
+    """Two gateway processes of one host: one store, one counter file."""
+    return [
+        RegionRegistry(
+            store=store, counter=HostCounter("t", "host", directory), max_regions=max_regions
+        )
+        for _ in range(2)
+    ]
+
+
+async def _shared_life(store: RegionStore, directory: Path, key: str) -> None:
+    one, two = pair(store, directory)
+    await one.catch_up()
+    await two.catch_up()
+    await one.register_system("r", key, 1024, 2048)
+    # The other process notices at its next use (the counter moved) and catches up.
+    with pytest.raises(RegionsChanged):
+        two.resolve("input 'x'", "r", 0, 4)
+    assert await two.catch_up()
+    assert two.resolve("input 'x'", "r", 16, 4) == ShmRef(key, 1040, 4)
+    assert await two.system_status("r") == [
+        {"name": "r", "key": key, "offset": 1024, "byte_size": 2048}
+    ]
+    assert not await two.catch_up()  # nothing changed since
+    # A name taken through one process is taken for the other.
+    with pytest.raises(InvalidInput, match=r"^shared memory region 'r' already in manager$"):
+        await two.register_system("r", key, 0, 8)
+    # Unregistered through the other: refused everywhere from now on.
+    await two.unregister_system("r")
+    with pytest.raises(RegionsChanged):
+        one.resolve("input 'x'", "r", 0, 4)
+    await one.catch_up()
+    with pytest.raises(RegionMiss, match="unknown shared memory region 'r'"):
+        one.resolve("input 'x'", "r", 0, 4)
+    with pytest.raises(NotFound):
+        await one.system_status("r")
+    # Registered anew with other bounds: the new ones hold in both.
+    await two.register_system("r", key, 0, 64)
+    await one.catch_up()
+    assert one.resolve("input 'x'", "r", 0, 64) == ShmRef(key, 0, 64)
+    await one.unregister_system(None)
+    assert await two.system_status(None) == []
+
+
+async def test_a_region_registered_in_one_process_is_served_by_another(
+    tmp_path: Path, shm_key: str
+) -> None:
+    await _shared_life(MemoryRegionStore(), tmp_path, shm_key)
+
+
+async def test_the_records_live_in_redis_per_host(
+    tmp_path: Path, shm_key: str, redis: Redis
+) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:6]}")
+    await _shared_life(RedisRegionStore(redis, keys, "host-a", ttl_s=30), tmp_path, shm_key)
+    store = RedisRegionStore(redis, keys, "host-a", ttl_s=30)
+    await store.add("system", "kept", b'{"key": "/k", "offset": 0, "byte_size": 8}', 10)
+    assert await redis.pttl(keys.client_regions("host-a", "system")) > 0  # expires unless renewed
+    loaded = await store.load(None)
+    assert loaded is not None and set(loaded.system) == {"kept"}
+    assert await store.load(loaded.revision) is None  # one cheap answer while nothing changed
+    elsewhere = await RedisRegionStore(redis, keys, "host-b").load(None)
+    assert elsewhere is not None and elsewhere.system == {}  # another host's are its own
+
+
+async def test_a_changed_region_reaches_a_process_without_the_counter(
+    tmp_path: Path, shm_key: str
+) -> None:
+    """No /dev/shm counter (it could not be made): a miss asks the store; the refresh does."""
+    store = MemoryRegionStore()
+    one = RegionRegistry(store=store)
+    two = RegionRegistry(store=store, counter=HostCounter("t", "h", tmp_path / "missing"))
+    await one.register_system("r", shm_key, 0, 64)
+    with pytest.raises(RegionMiss):
+        two.resolve("input 'x'", "r", 0, 4)
+    assert await two.catch_up()
+    assert two.resolve("input 'x'", "r", 0, 4) == ShmRef(shm_key, 0, 4)
+
+
+async def test_a_miss_seen_after_the_refresh_caught_up_is_parsed_again(
+    tmp_path: Path, shm_key: str
+) -> None:
+    one, two = pair(MemoryRegionStore(), tmp_path)
+    await one.register_system("r", shm_key, 0, 64)
+    with pytest.raises(RegionsChanged) as miss:
+        two.resolve("input 'x'", "r", 0, 4)
+    await two.catch_up()  # the catalog refresh got there first
+    assert await two.recover(miss.value)
+    assert two.resolve("input 'x'", "r", 0, 4) == ShmRef(shm_key, 0, 4)
+    with pytest.raises(RegionMiss) as unknown:
+        two.resolve("input 'x'", "q", 0, 4)
+    assert not await two.recover(unknown.value)  # nothing to find: the 400 stands
+
+
+async def test_an_inference_request_names_a_region_registered_elsewhere(
+    tmp_path: Path, shm_key: str
+) -> None:
+    """Through the REST route: the gateway process catches up before it parses again."""
+    fast = in_process_gateway(
+        "echo", identity_config("echo", ["FP32"], [-1], 8), EchoDispatcher(["OUT_FP32"])
+    )
+    store = MemoryRegionStore()
+    elsewhere, here = pair(store, tmp_path)
+    fast.app.state.sluice.regions = here
+    fast.app.state.sluice.transfer.regions = here
+    values = np.arange(4, dtype=np.float32)
+    (SHM_DIR / shm_key[1:]).write_bytes(values.tobytes())
+    await elsewhere.register_system("r", shm_key, 0, 16)
+    body = {
+        "inputs": [
+            {
+                "name": "IN_FP32",
+                "datatype": "FP32",
+                "shape": [1, 4],
+                "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 16},
+            }
+        ]
+    }
+    transport = httpx.ASGITransport(app=fast)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        answer = await client.post("/v2/models/echo/infer", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["data"] == values.tolist()
+        await elsewhere.unregister_system("r")
+        refused = await client.post("/v2/models/echo/infer", json=body)
+        assert refused.status_code == 400
+        assert "unknown shared memory region 'r'" in refused.json()["error"]
+
+
+async def test_the_number_of_regions_is_bounded_per_host(tmp_path: Path, shm_key: str) -> None:
+    one, two = pair(MemoryRegionStore(), tmp_path, max_regions=2)
+    await one.register_system("a", shm_key, 0, 8)
+    await two.register_system("b", shm_key, 0, 8)
+    with pytest.raises(QuotaExceeded, match="SLUICE_MAX_SHM_REGIONS") as info:
+        await one.register_system("c", shm_key, 0, 8)
+    assert info.value.status == 429
+    assert "failed to register shared memory region 'c'" in info.value.message
+    await two.unregister_system("a")
+    await one.register_system("c", shm_key, 0, 8)
+
+
+async def test_cuda_handles_are_opened_where_used_and_closed_everywhere(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A stand-in for cuda-python: who opened which handle, and who closed it."""
+    events: list[tuple[str, int, str]] = []
+    pointers = iter(range(1000, 2000))
+
+    def open_region(name: str, raw_handle: bytes, device_id: int, byte_size: int) -> CudaRegion:
+        region = CudaRegion(name, device_id, byte_size, next(pointers))
+        events.append(("open", region.pointer, name))
+        return region
+
+    def close_region(region: CudaRegion) -> None:
+        events.append(("close", region.pointer, region.name))
+
+    monkeypatch.setattr("sluice.gateway.shm_registry.open_cuda_region", open_region)
+    monkeypatch.setattr("sluice.gateway.shm_registry.close_cuda_region", close_region)
+    one, two = pair(MemoryRegionStore(), tmp_path)
+    await one.register_cuda("gpu", b"\x01" * 64, 0, 1024)
+    assert events == [("open", 1000, "gpu")]  # the registering process proves the handle
+    assert await two.cuda_status(None) == [{"name": "gpu", "device_id": 0, "byte_size": 1024}]
+    assert two.mapped_cuda("gpu").pointer == 1001  # opened where first needed, once
+    assert two.mapped_cuda("gpu").pointer == 1001
+    assert one.mapped_cuda("gpu").pointer == 1000
+    with pytest.raises(InvalidInput, match="already in manager"):
+        await two.register_system("gpu", "/any", 0, 8)
+    with pytest.raises(InvalidInput, match="cannot carry tensors yet"):
+        two.resolve("input 'x'", "gpu", 0, 4)
+    await one.unregister_cuda("gpu")
+    assert ("close", 1000, "gpu") in events
+    await two.catch_up()
+    assert ("close", 1001, "gpu") in events
+    assert await two.cuda_status(None) == []
+    # A process that stops closes what it opened and leaves the records to the others.
+    await two.register_cuda("gpu", b"\x02" * 64, 0, 512)
+    two.close_local()
+    assert events[-1] == ("close", 1002, "gpu")
+    assert await one.cuda_status("gpu") == [{"name": "gpu", "device_id": 0, "byte_size": 512}]
+
+
+def test_the_host_counter_is_shared_and_private(tmp_path: Path) -> None:
+    one, two = HostCounter("ns", "h", tmp_path), HostCounter("ns", "h", tmp_path)
+    other_namespace = HostCounter("other", "h", tmp_path)
+    assert one.value() == two.value() == 0
+    one.bump()
+    two.bump()
+    assert one.value() == two.value() == 2
+    assert other_namespace.value() == 0
+    assert stat.S_IMODE(os.stat(one.path).st_mode) == 0o600
+    assert not os.path.basename(one.path).startswith("sluice-ns-")  # no segment of the sweeper's
+    for counter in (one, two, other_namespace):
+        counter.close()
+
+
+def test_gateway_processes_auto_follows_the_cpus_this_process_may_use(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cpus = len(os.sched_getaffinity(0))
+    assert auto_gateway_processes() == min(cpus, 16)
+    monkeypatch.delenv("SLUICE_GATEWAY_PROCESSES", raising=False)
+    assert UpSettings().gateway_processes == min(cpus, 16)  # the default
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(40)))
+    assert UpSettings(gateway_processes="auto").gateway_processes == 16  # type: ignore[arg-type]
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {3})
+    monkeypatch.setenv("SLUICE_GATEWAY_PROCESSES", "auto")
+    assert UpSettings().gateway_processes == 1
+    assert GatewaySettings().gateway_processes == 1
+    monkeypatch.setenv("SLUICE_GATEWAY_PROCESSES", "3")
+    assert UpSettings().gateway_processes == 3
+
+
+@pytest.mark.parametrize("bad", ["0", "65", "-1", "2.5", "many", ""])
+def test_bad_gateway_processes_are_refused_naming_the_setting(
+    bad: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SLUICE_GATEWAY_PROCESSES", bad)
+    with pytest.raises(ValidationError, match="gateway_processes"):
+        UpSettings()
+    monkeypatch.delenv("SLUICE_GATEWAY_PROCESSES")
+    result = CliRunner().invoke(app, ["up", "--gateway-processes", bad])
+    assert result.exit_code == 2
+    assert "--gateway-processes" in result.output
