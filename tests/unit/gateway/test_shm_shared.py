@@ -47,16 +47,10 @@ def shm_key() -> Iterator[str]:
 
 
 @pytest.fixture
-def redis_server() -> Iterator[RedisServer]:
-    server = RedisServer()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
 async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A client of the tests' redis-server, emptied first (each test starts with no regions)."""
     client = Redis.from_url(redis_server.url)
+    await client.flushall()
     yield client
     await client.aclose()
 
@@ -264,7 +258,7 @@ def test_gateway_processes_auto_follows_the_cpus_this_process_may_use(
     monkeypatch.delenv("SLUICE_GATEWAY_PROCESSES", raising=False)
     assert UpSettings().gateway_processes == min(cpus, 16)  # the default
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(40)))
-    assert UpSettings(gateway_processes="auto").gateway_processes == 16  # type: ignore[arg-type]
+    assert UpSettings(gateway_processes="auto").gateway_processes == 16
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: {3})
     monkeypatch.setenv("SLUICE_GATEWAY_PROCESSES", "auto")
     assert UpSettings().gateway_processes == 1
