@@ -27,12 +27,16 @@ class Admission:
     rejected: Counter[tuple[str, int, str]] = field(default_factory=Counter)
     """Requests refused per model version and reason (``ADMISSION_REJECT_REASONS``)
     since the last hand-over to the metrics."""
+    arrived: int = 0
+    """Requests that asked to be admitted, ever (the catalog refresh slows down while it
+    does not move)."""
 
     @contextmanager
     def admit(
         self, model: str, version: int, max_queue_size: int, request_id: str = ""
     ) -> Iterator[None]:
         key = (model, version)
+        self.arrived += 1
         if self.in_flight >= self.max_in_flight:
             self.rejected[(model, version, "in_flight")] += 1
             raise ServerBusy(

@@ -59,9 +59,16 @@ async def refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool)
 
 
 async def refresh_loop(state: GatewayState, dispatcher: RedisDispatcher) -> None:
-    """Refresh every ``catalog_refresh_s`` (the lifespan made the first refresh)."""
-    ticks = 1
+    """Refresh every ``catalog_refresh_s`` (the lifespan made the first refresh), and every
+    ``catalog_idle_refresh_s`` while no request arrives."""
+    settings = state.settings
+    admission = state.admission
+    ticks, arrived, refreshed_at = 1, admission.arrived, time.monotonic()
     while True:
-        await asyncio.sleep(state.settings.catalog_refresh_s)
+        await asyncio.sleep(settings.catalog_refresh_s)
+        idle = admission.arrived == arrived and not admission.in_flight
+        if idle and time.monotonic() - refreshed_at < settings.catalog_idle_refresh_s:
+            continue
+        arrived, refreshed_at = admission.arrived, time.monotonic()
         await refresh(state, dispatcher, touch=ticks % _TOUCH_EVERY == 0)
         ticks += 1

@@ -377,6 +377,13 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     catalog_refresh_s: float = Field(0.5, gt=0)
     """How often the gateway re-reads the model catalog and worker liveness from Redis."""
 
+    catalog_idle_refresh_s: float = Field(2.0, gt=0, le=4.0)
+    """How often it does so while no request arrives: an idle gateway costs a quarter as
+    much. The first refresh after requests start again comes within ``catalog_refresh_s``;
+    loads and unloads through another gateway process of the host, and requests for a
+    model it does not know or knows as not ready, catch up at once. At most 4 s, so that
+    its report (which lives 5 s) never lapses."""
+
     stream_max_len: int = Field(100_000, ge=100)
     """Approximate cap on each request stream's length (XADD MAXLEN ~); a safety net only,
     since workers delete entries once answered and admission control bounds the queue."""
