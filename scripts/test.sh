@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/lint.sh || exit 1
-.venv/bin/python -m pytest -ra "$@"
+.venv/bin/python -m pytest -ra --durations=15 "$@"  # (the slowest, to keep the suite short)
 status=$?
 if [ "$status" -eq 5 ]; then
     echo "pytest collected no tests: failing on purpose" >&2
