@@ -11,7 +11,9 @@ from typing import TypeVar
 
 from redis.exceptions import RedisError
 
+from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import NotFound, Unavailable
+from sluice.gateway.catalog_refresh import refresh
 from sluice.gateway.log_settings import follow_log_settings
 from sluice.gateway.state import GatewayState
 
@@ -90,3 +92,23 @@ async def asked_fresh(
     if missed(answer) and await catch_up_on_miss(state):
         return ask()
     return answer
+
+
+async def redis_back(state: GatewayState) -> bool:
+    """While this process holds Redis for unreachable: whether it is back, by a refresh
+    made now rather than at the next periodic one, so that the gateway processes of a host
+    recover together. One request checks at a time, and at most one every
+    :data:`MISS_REFRESH_S`; the others are refused at once, as before, rather than wait
+    for a connection that may time out."""
+    if state.redis_ok:
+        return True
+    now = time.monotonic()
+    if state.host_lock.locked() or now - state.redis_checked_at < MISS_REFRESH_S:
+        return False
+    dispatcher = state.dispatcher
+    if not isinstance(dispatcher, RedisDispatcher):
+        return False
+    async with state.host_lock:
+        state.redis_checked_at = now
+        await refresh(state, dispatcher, touch=False)
+    return state.redis_ok

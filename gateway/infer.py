@@ -23,7 +23,7 @@ from sluice.core.shm import unlink
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
-from sluice.gateway.catalog_follow import asked_fresh, follow_changes
+from sluice.gateway.catalog_follow import asked_fresh, follow_changes, redis_back
 from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
@@ -149,7 +149,7 @@ async def prepare_with(
     """:func:`prepare` for any wire form: ``parse`` checks the request against the model's
     configuration (on a thread when ``heavy``). ``deadline_us``: the most time the client
     itself waits (a gRPC deadline), which caps the request's timeout."""
-    if not state.redis_ok:
+    if not state.redis_ok and not await redis_back(state):
         raise Unavailable("the request queue (Redis) is unreachable; retry later")
     if state.host_changes.value() != state.host_seen:
         await follow_changes(state)  # a load or unload through another gateway process

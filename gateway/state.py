@@ -62,6 +62,8 @@ class GatewayState:
     host_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     miss_refreshed_at: float = float("-inf")
     """When a request that missed last made this process refresh its catalog."""
+    redis_checked_at: float = float("-inf")
+    """When a request last made this process look whether Redis is back."""
 
 
 def state_of(request: Request) -> GatewayState:

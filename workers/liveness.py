@@ -14,6 +14,7 @@ import logging
 import time
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisError
 
 from sluice.core.clock import CLOCK
@@ -50,7 +51,10 @@ class Liveness:
         self._measured = False
 
     async def beat(self) -> None:
-        if not self._measured:  # the first beat's score is on a measured clock already
+        # A cluster pipeline refuses TIME (it names no key): there the clock is measured
+        # apart, at each beat.
+        timed = not isinstance(self.redis, AsyncRedisCluster)
+        if not self._measured or not timed:  # (the first beat's score is on a measured clock)
             await CLOCK.sync(self.redis)
             self._measured = True
         key = self.keys.live_workers(self.model, self.version)
@@ -60,15 +64,19 @@ class Liveness:
         # hosts) with the beat itself, its TIME first in the pipeline.
         sent = time.time_ns()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.time()
+            if timed:
+                pipe.time()
             pipe.zadd(key, {self.worker_id: now + 3 * self.settings.heartbeat_s})
             pipe.zremrangebyscore(key, "-inf", now)
             pipe.hset(hosts, self.worker_id, self.host)
             pipe.zrange(key, 0, -1)
             pipe.hkeys(hosts)
-            (seconds, micros), *_, live, advertised = await pipe.execute()
+            results = await pipe.execute()
         received = time.time_ns()
-        CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+        if timed:
+            (seconds, micros), *results = results
+            CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+        *_, live, advertised = results
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
             await self.redis.hdel(hosts, *gone)
