@@ -112,7 +112,9 @@ async def delete_label(request: Request, model: str, label: str) -> Response:
 
 
 async def _update(state: GatewayState, model: str, change: Callable[[Routing], Routing]) -> Routing:
-    """Change the model's routing in the control plane; this gateway applies it at once."""
+    """Change the model's routing in the control plane; this gateway applies it at once,
+    the other gateway processes of its host before their next request."""
     routing = await state.control.update_routing(model, change)
     state.view.routing.apply(model, routing)
+    state.host_changes.bump()
     return routing
