@@ -4,6 +4,8 @@ process does not know or knows as not ready (:func:`catch_up_on_miss`)."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable
@@ -94,21 +96,27 @@ async def asked_fresh(
     return answer
 
 
+REDIS_CHECK_WAIT_S = 0.25
+"""How long the request that starts a look at Redis waits for it: a reachable Redis answers
+well within it, and a cut link never holds a request longer."""
+
+
 async def redis_back(state: GatewayState) -> bool:
-    """While this process holds Redis for unreachable: whether it is back, by a refresh
-    made now rather than at the next periodic one, so that the gateway processes of a host
-    recover together. One request checks at a time, and at most one every
-    :data:`MISS_REFRESH_S`; the others are refused at once, as before, rather than wait
-    for a connection that may time out."""
+    """While this process holds Redis for unreachable: whether it is back, by a refresh made
+    now rather than at the next periodic one, so that the gateway processes of a host
+    recover together. One look at a time, at most one every :data:`MISS_REFRESH_S`; the
+    request that starts it waits at most :data:`REDIS_CHECK_WAIT_S` for it, the others are
+    refused at once, as before, without touching Redis."""
     if state.redis_ok:
         return True
-    now = time.monotonic()
-    if state.host_lock.locked() or now - state.redis_checked_at < MISS_REFRESH_S:
+    now, dispatcher = time.monotonic(), state.dispatcher
+    if state.redis_check is not None and not state.redis_check.done():
+        return False  # another request's look is under way
+    if now - state.redis_checked_at < MISS_REFRESH_S or not isinstance(dispatcher, RedisDispatcher):
         return False
-    dispatcher = state.dispatcher
-    if not isinstance(dispatcher, RedisDispatcher):
-        return False
-    async with state.host_lock:
-        state.redis_checked_at = now
-        await refresh(state, dispatcher, touch=False)
+    state.redis_checked_at = now
+    check = asyncio.get_running_loop().create_task(refresh(state, dispatcher, touch=False))
+    state.redis_check = check
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(check), REDIS_CHECK_WAIT_S)
     return state.redis_ok

@@ -64,6 +64,8 @@ class GatewayState:
     """When a request that missed last made this process refresh its catalog."""
     redis_checked_at: float = float("-inf")
     """When a request last made this process look whether Redis is back."""
+    redis_check: asyncio.Task[None] | None = None
+    """That look, while it runs."""
 
 
 def state_of(request: Request) -> GatewayState:
