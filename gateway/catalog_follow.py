@@ -17,6 +17,7 @@ from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import NotFound, Unavailable
 from sluice.gateway.catalog_refresh import refresh
 from sluice.gateway.log_settings import follow_log_settings
+from sluice.gateway.routing_view import UnknownLabel
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ async def catch_up_on_miss(state: GatewayState) -> bool:
     served at once rather than after the periodic refresh. Misses share one refresh, and
     come to at most one every :data:`MISS_REFRESH_S`."""
     view = state.view
-    before = (view.revision, view.ready, view.load_errors)
+    before = (view.revision, view.ready, view.load_errors, dict(view.routing.models))
     async with state.host_lock:
         now = time.monotonic()
         if now - state.miss_refreshed_at >= MISS_REFRESH_S:
@@ -68,7 +69,7 @@ async def catch_up_on_miss(state: GatewayState) -> bool:
             except RedisError as exc:
                 log.warning("catching up with the catalog failed: %s", exc)
                 return False
-    return (view.revision, view.ready, view.load_errors) != before
+    return (view.revision, view.ready, view.load_errors, view.routing.models) != before
 
 
 def _never(_: object) -> bool:
@@ -83,11 +84,12 @@ def is_problem(problem: str | None) -> bool:
 async def asked_fresh(
     state: GatewayState, ask: Callable[[], T], missed: Callable[[T], bool] = _never
 ) -> T:
-    """``ask()``, asked again after :func:`catch_up_on_miss` when it raised "unknown" or
-    "unavailable", or when its answer ``missed`` (not ready), and the catalog changed."""
+    """``ask()``, asked again after :func:`catch_up_on_miss` when it raised "unknown" (a
+    model, a version, a label) or "unavailable", or when its answer ``missed`` (not
+    ready), and the catalog changed."""
     try:
         answer = ask()
-    except (NotFound, Unavailable):
+    except (NotFound, Unavailable, UnknownLabel):
         if not await catch_up_on_miss(state):
             raise
         return ask()

@@ -16,6 +16,11 @@ from sluice.core.keys import Keys
 from sluice.core.routing import Routing, Split, check_label, decode_routing
 
 
+class UnknownLabel(InvalidInput):
+    """A label the model does not have (as far as this process knows: see
+    :func:`sluice.gateway.catalog_follow.asked_fresh`)."""
+
+
 @dataclass
 class RoutingView:
     models: dict[str, Routing] = field(default_factory=dict)
@@ -51,7 +56,7 @@ class RoutingView:
             return version
         check_label(label)
         known = ", ".join(sorted(routing.labels)) if routing is not None else ""
-        raise InvalidInput(
+        raise UnknownLabel(
             f"Unrecognized servable version label: '{label}' is not a label of model "
             f"'{model}' (labels: {known or 'none'})"
         )
