@@ -22,6 +22,7 @@ import logging
 from typing import Any
 
 from celery import Celery
+from redis.exceptions import RedisError
 
 from sluice.batch.periodic import Periodic
 from sluice.batch.runner import Reaper, Runner
@@ -33,6 +34,9 @@ from sluice.core.settings import BatchSettings
 log = logging.getLogger("batch")
 
 _RETRY_BACKOFF_S = 2.0
+_PLAN_RETRIES = 10
+_PLAN_BACKOFF_MAX_S = 30.0
+"""A plan is tried again after 2, 4, 8, 16 s, then every 30 s: about 4 minutes in all."""
 
 
 def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
@@ -50,12 +54,18 @@ def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
     runner = Runner(settings, send_shard)
 
     # Celery's decorators are untyped; the tasks keep their own annotations.
-    @app.task(name=b.PLAN_TASK, bind=True, max_retries=5)  # type: ignore[untyped-decorator]
+    @app.task(name=b.PLAN_TASK, bind=True, max_retries=_PLAN_RETRIES)  # type: ignore[untyped-decorator]
     def plan(self: Any, batch_id: str, resume: bool = False) -> None:
         try:
             runner.plan(batch_id, resume)
-        except (OSError, ConnectionError) as exc:
-            raise self.retry(exc=exc, countdown=_RETRY_BACKOFF_S) from None
+        except (OSError, RedisError) as exc:
+            # Redis or the store out of reach for a moment (a name that did not resolve,
+            # a failover): planned again later, for minutes, so the job is not left planning.
+            if self.request.retries >= self.max_retries:
+                raise
+            log.warning("batch %s: planning failed (%s); retrying", batch_id, exc)
+            countdown = min(_RETRY_BACKOFF_S * 2**self.request.retries, _PLAN_BACKOFF_MAX_S)
+            raise self.retry(exc=exc, countdown=countdown) from None
 
     @app.task(name=b.SHARD_TASK, bind=True, max_retries=3)  # type: ignore[untyped-decorator]
     def shard(self: Any, batch_id: str, index: int) -> None:
