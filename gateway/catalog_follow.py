@@ -31,10 +31,11 @@ unknown model names costs Redis nothing more than that."""
 
 async def follow_changes(state: GatewayState) -> None:
     """Catch up with a change another gateway process of this host carried out (it answered
-    a load, an unload or a log-settings change, then moved the host's change counter), so
+    a load, an unload, a label or split, or log settings, then moved the host's counter), so
     that a client that loads a model through one connection finds it loaded through the
     next. One read of mapped memory when nothing changed. Changes made elsewhere (the
-    repository poller, another host) are seen at the next refresh."""
+    repository poller, another host) are seen at the next refresh, or by a request that
+    misses them (:func:`catch_up_on_miss`)."""
     moved = state.host_changes.value()
     if moved == state.host_seen:
         return
