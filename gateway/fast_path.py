@@ -70,10 +70,11 @@ class InferFastPath:
             await self.app(scope, receive, send)
             return
         state: GatewayState = self.app.state.sluice
-        if state.host_changes.value() != state.host_seen:
-            await follow_changes(state)  # a load or unload through another gateway process
         match = _INFER_PATH.match(scope["path"])
         if match is None:
+            # (an inference catches up in the data plane, whatever its transport)
+            if state.host_changes.value() != state.host_seen:
+                await follow_changes(state)  # a change through another gateway process
             await self.app(scope, receive, send)
             return
         if scope["method"] != "POST":
