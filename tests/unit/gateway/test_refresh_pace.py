@@ -7,6 +7,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from sluice.core.settings import GatewaySettings
 from sluice.gateway import catalog_refresh
@@ -56,3 +57,12 @@ async def test_requests_bring_back_the_half_second_pace_at_once(
     # Idle for 1.5 s, then a request in each of four ticks, then idle again.
     done = await refreshes(monkeypatch, [0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0])
     assert done == [2.0, 2.5, 3.0, 3.5, 5.5]
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "5", "soon"])
+def test_a_bad_idle_refresh_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SLUICE_CATALOG_IDLE_REFRESH_S", value)
+    with pytest.raises(ValidationError, match="catalog_idle_refresh_s"):
+        GatewaySettings()

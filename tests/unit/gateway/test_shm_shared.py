@@ -278,3 +278,12 @@ def test_bad_gateway_processes_are_refused_naming_the_setting(
     result = CliRunner().invoke(app, ["up", "--gateway-processes", bad])
     assert result.exit_code == 2
     assert "--gateway-processes" in result.output
+
+
+@pytest.mark.parametrize("value", ["-1", "2000000", "lots"])
+def test_a_bad_region_limit_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    monkeypatch.setenv("SLUICE_MAX_SHM_REGIONS", value)
+    with pytest.raises(ValidationError, match="max_shm_regions"):
+        GatewaySettings()
