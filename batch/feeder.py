@@ -21,6 +21,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.datatypes import deserialize_bytes, from_numpy_dtype, numpy_dtype, serialize_bytes
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.keys import Keys
+from sluice.core.queue_streams import register_sync
 from sluice.core.wire import RequestMessage, TensorHeader, decode_reply, encode_request
 
 _READ_BLOCK_MS = 500
@@ -49,11 +50,14 @@ class Feeder:
     """Prefix of each request's id (batch, shard, attempt), for logs and traces."""
     progress: Callable[[int], None] = lambda rows: None
     cancelled: Callable[[], bool] = lambda: False
+    tenant: str = ""
+    """The batch job's owner: its requests go to that tenant's background stream ("": the
+    base one), so that the workers share the background level between tenants."""
     _next_check: float = field(default=0.0, init=False)
 
     @property
     def stream(self) -> str:
-        return self.keys.background_stream(self.config.name, self.version)
+        return self.keys.background_stream(self.config.name, self.version, self.tenant)
 
     def run(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The model's outputs for every row of ``inputs``, in row order."""
@@ -92,6 +96,8 @@ class Feeder:
         sent: dict[str, tuple[int, int, float]],
     ) -> None:
         CLOCK.sync_blocking(self.redis)  # (the workers may run on other hosts)
+        if first == 0:
+            register_sync(self.redis, self.keys, self.config.name, self.version, self.stream)
         now_ns = CLOCK.now_ns()
         with self.redis.pipeline(transaction=False) as pipe:
             for index in range(first, first + count):
@@ -117,6 +123,7 @@ class Feeder:
                     deadline_ns=now_ns + int(self.timeout_s * 1e9),
                     enqueued_ns=now_ns,
                     request_id=f"{self.request_prefix}-{index}",
+                    tenant=self.tenant,
                 )
                 pipe.xadd(self.stream, encode_request(message, b"".join(parts)))  # type: ignore[arg-type]
                 sent[key] = (start, end, time.monotonic())

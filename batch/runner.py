@@ -95,6 +95,12 @@ class Runner:
     def _tenant(record: dict[str, str]) -> str:
         return record.get(b.F_OWNER) or ANONYMOUS
 
+    @classmethod
+    def _queue_tenant(cls, record: dict[str, str]) -> str:
+        """Whose stream the requests go to ("": the anonymous tenant's, the base stream)."""
+        tenant = cls._tenant(record)
+        return "" if tenant == ANONYMOUS else tenant
+
     def _outputs(self, batch_id: str, record: dict[str, str]) -> Tree:
         return self.storage.output_tree(self._tenant(record), batch_id, record[b.F_OUTPUT])
 
@@ -375,6 +381,7 @@ class Runner:
             f"batch-{batch_id[:8]}-{index}-{attempt}",
             progress,
             cancelled,
+            tenant=self._queue_tenant(record),
         )
         scratch = f"{batch_id}-{index:06d}-a{attempt}"
         if isinstance(reader, JsonLinesReader):

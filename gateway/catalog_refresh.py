@@ -1,6 +1,7 @@
 """The periodic refresh: catalog, readiness and queue depths from Redis, the Redis clock
-and memory, this gateway's report, the host's client shared memory regions and the log
-settings changed through any gateway; it notices Redis going away or restarting."""
+and memory, this gateway's report, the host's client shared memory regions, the log
+settings changed through any gateway and the tenant limits (their file's changes, the other
+gateways' counts); it notices Redis going away or restarting."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from sluice.core.errors import Unavailable
 from sluice.gateway.gateway_report import report
 from sluice.gateway.log_settings import follow_log_settings
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_sync import follow_tenant_limits
 
 log = logging.getLogger(__name__)
 
@@ -40,9 +42,11 @@ async def refresh(state: GatewayState, dispatcher: RedisDispatcher, touch: bool)
             await dispatcher.touch()
         await state.regions.catch_up()  # (and renews the host's client regions)
         await follow_log_settings(state)
+        await follow_tenant_limits(state, dispatcher.gateway_id)
         if state.redis_run_id and run_id != state.redis_run_id:
             log.warning("Redis restarted: failing the requests it lost")
             dispatcher.fail_all(Unavailable("the request queue (Redis) restarted; retry"))
+            state.limits_source.weights_written = False  # (written again at the next refresh)
         state.redis_run_id = run_id
         if not state.redis_ok:
             log.info("connected to Redis")

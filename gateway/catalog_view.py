@@ -17,6 +17,7 @@ from sluice.core.catalog import UNLOADED, CatalogEntry, decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.keys import Keys, load_error_field
+from sluice.core.queue_streams import tenant_members, with_tenants
 from sluice.core.wire import MalformedEntry
 from sluice.gateway.routing_view import RoutingView
 
@@ -30,7 +31,9 @@ class CatalogView:
     ready: dict[str, frozenset[int]] = field(default_factory=dict)
     load_errors: dict[str, str] = field(default_factory=dict)
     depths: dict[tuple[str, int], int] = field(default_factory=dict)
-    """Entries in each model version's streams: its queue depth."""
+    """Entries in each model version's streams (its tenants' too): its queue depth."""
+    tenant_members: dict[tuple[str, int], list[str]] = field(default_factory=dict)
+    """Each model version's tenant streams (:mod:`sluice.core.queue_streams`)."""
     hosts: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict)
     """The hosts of each model version's live workers (:mod:`sluice.core.hosts`); a worker that
     has not said counts as an unknown host."""
@@ -61,6 +64,9 @@ class CatalogView:
                 models[entry.name] = entry
             self.models, self.revision, self.loaded = models, revision, True
         now = CLOCK.now()
+        self.tenant_members = await tenant_members(
+            redis, self.keys, [(e.name, v) for e in self.models.values() for v in e.versions]
+        )
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.load_errors)
             order: list[tuple[str, int, int]] = []
@@ -69,7 +75,9 @@ class CatalogView:
                 for version in entry.versions:
                     pipe.zrangebyscore(self.keys.live_workers(entry.name, version), now, "+inf")
                     pipe.hgetall(self.keys.worker_hosts(entry.name, version))
-                    names = streams(version)
+                    names = with_tenants(
+                        streams(version), self.tenant_members.get((entry.name, version), ())
+                    )
                     for stream in names:
                         pipe.xlen(stream)
                     order.append((entry.name, version, len(names)))
@@ -100,8 +108,13 @@ class CatalogView:
         return lambda version: self.keys.request_streams(entry.name, version, levels)
 
     def streams(self, entry: CatalogEntry, version: int) -> list[str]:
-        """A model version's request streams, highest priority first."""
+        """A model version's request streams (the levels' base streams), highest priority
+        first."""
         return self._streams(entry)(version)
+
+    def tenant_streams(self, model: str, version: int, base: str) -> list[str]:
+        """The tenants' streams of the level whose base stream is ``base``, as last read."""
+        return with_tenants([base], self.tenant_members.get((model, version), ()))[1:]
 
     def entry(self, model: str) -> CatalogEntry:
         entry = self.models.get(model)

@@ -34,6 +34,7 @@ from sluice.gateway.body import check_declared_length, decode_body, parse_header
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import tenant_of
+from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED
 from sluice.gateway.infer import run_infer
 from sluice.gateway.infer_response import encode_error
 from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
@@ -129,9 +130,13 @@ class InferFastPath:
                     tenant_of(scope),
                 )
             else:
-                content, response_json_length = await run_infer(
-                    state, match.group(1), version, body, json_length, trace, span, label
-                )
+                scope[CANCEL_ON_DISCONNECT] = asyncio.current_task()
+                try:
+                    content, response_json_length = await run_infer(
+                        state, match.group(1), version, body, json_length, trace, span, label
+                    )
+                finally:
+                    scope.pop(CANCEL_ON_DISCONNECT, None)
                 status = 200
                 if response_json_length is None:
                     response_headers = [_JSON]
@@ -141,6 +146,15 @@ class InferFastPath:
         except ClientDisconnected:
             if span is not None:
                 span.end(0, request_id.current(), "the client went away")
+            return
+        except asyncio.CancelledError:
+            if not scope.get(DISCONNECTED):
+                raise
+            # The client went away while its request waited: the request was taken back
+            # from the queue (sluice.core.cancellation); there is nobody to answer.
+            if span is not None:
+                span.end(0, request_id.current(), "the client went away")
+            log.debug("the client of request %s went away; cancelled", request_id.current())
             return
         except SluiceError as exc:
             status, error = int(exc.status), exc.message

@@ -3,8 +3,10 @@
 Gauges that belong to a process (requests in flight, its Redis round-trip time, the client
 shared memory of its host) go to a hash of its own that expires a few seconds after its last
 report, so a scrape of any gateway sums the live ones and a dead process leaves no stale
-series. Counters (admission refusals, deadline misses at the gateway) are added to the
-shared statistics hashes, where they survive the process.
+series (the limited tenants' requests and bytes held, which the other processes add to
+theirs, are among them). Counters (admission refusals, deadline misses at the gateway, the
+tenants' requests and refusals) are added to the shared statistics hashes, where they
+survive the process.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from collections import Counter
 
 from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
+from sluice.core.keys import base_stream
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_metrics import give_back_tenant_counts, take_tenant_counts
+from sluice.gateway.tenant_sync import in_flight_field, queued_bytes_field
 
 REPORT_TTL_S = 5
 """A gateway's report outlives its last refresh by this much."""
@@ -32,8 +37,10 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
     be written are kept for the next report."""
     keys = state.keys
     rejected = state.admission.take_rejected()
+    tenant_counts = take_tenant_counts(state)
     dispatcher = state.dispatcher
     expired, dispatcher.expired = dispatcher.expired, Counter()
+    cancelled, dispatcher.cancelled = dispatcher.cancelled, Counter()
     body_rejects, state.bodies.refused = state.bodies.refused, 0
     now = CLOCK.now()
     try:
@@ -43,24 +50,40 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
             CLIENT_SHM_BYTES: state.regions.system_bytes(),
             CLIENT_SHM_HOST: state.regions.host_tag(),
         }
+        for tenant, (in_flight, queued_bytes) in state.quota.own_usage().items():
+            gauges[in_flight_field(tenant)] = in_flight
+            gauges[queued_bytes_field(tenant)] = queued_bytes
         counts: list[tuple[str, str, int]] = []
         for (model, version, reason), count in rejected.items():
             stats = keys.stats(model, version)
             counts.append((stats, st.failure_field("REJECTED"), count))
             counts.append((stats, st.reject_field(reason), count))
-        streams = _stream_owners(state) if expired else {}
+        streams = _stream_owners(state) if expired or cancelled else {}
         for stream, count in expired.items():
-            owner = streams.get(stream)
+            owner = _owner(streams, stream)
             if owner is not None:
                 counts.append((keys.stats(*owner), st.deadline_miss_field("gateway"), count))
+        for stream, count in cancelled.items():
+            owner = _owner(streams, stream)
+            if owner is not None:  # Triton's failure reason for a cancelled request
+                counts.append((keys.stats(*owner), st.failure_field("CANCELED"), count))
         if body_rejects:
             counts.append((keys.gateway_counters, BODY_BUDGET_REJECTS, body_rejects))
+        counts += [(keys.gateway_counters, name, count) for name, count in tenant_counts.items()]
         await state.control.publish_report(gateway_id, gauges, REPORT_TTL_S, now, counts)
     except BaseException:
         state.admission.rejected.update(rejected)
         dispatcher.expired.update(expired)
+        dispatcher.cancelled.update(cancelled)
         state.bodies.refused += body_rejects
+        give_back_tenant_counts(state, tenant_counts)
         raise
+
+
+def _owner(owners: dict[str, tuple[str, int]], stream: str) -> tuple[str, int] | None:
+    """The model version of a request stream, a tenant's own streams included
+    (``<level stream>:t:<tenant>``)."""
+    return owners.get(stream) or owners.get(base_stream(stream))
 
 
 def _stream_owners(state: GatewayState) -> dict[str, tuple[str, int]]:

@@ -24,7 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.core.errors import InvalidConfig, PayloadTooLarge, SluiceError
 from sluice.core.settings import ApiKeySettings
-from sluice.core.tenants import ADMIN, ANONYMOUS, KeyEntry, parse_key_entry
+from sluice.core.tenants import ADMIN, ANONYMOUS, CURRENT_TENANT, KeyEntry, parse_key_entry
 from sluice.gateway.body import check_declared_length
 from sluice.gateway.infer_response import encode_error
 
@@ -211,6 +211,7 @@ class EdgeGuard:
             await _reject(send, access.status, access.message, extra)
             return
         scope.setdefault("state", {})[TENANT_STATE] = access.tenant
+        CURRENT_TENANT.set(access.tenant)
         if (
             (
                 path.startswith("/v2/models/")

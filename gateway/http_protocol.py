@@ -14,7 +14,10 @@ connection here has at most one timer running, for the phase it is in:
   ``send_timeout_s``, then close.
 
 While the application computes the answer no timer runs: the request's own deadline
-bounds that. Connections beyond ``max_connections`` are closed as soon as they open.
+bounds that. A client that goes away meanwhile cancels the task a route left in the scope
+under :data:`CANCEL_ON_DISCONNECT` (an inference waiting for its answer), so its request
+is taken back from the queue instead of computed for nobody. Connections beyond
+``max_connections`` are closed as soon as they open.
 
 uvicorn writes a response's head and its body in two calls, so two packets and two
 wake-ups of the client for every small answer; here they go out in one write
@@ -25,7 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
+from typing import Any, cast
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -44,6 +47,12 @@ def _closing_response(status: str, message: str) -> bytes:
     )
     return head.encode() + body
 
+
+CANCEL_ON_DISCONNECT = "sluice.cancel_on_disconnect"
+"""Scope key of the task to cancel when the client goes away before its response starts."""
+
+DISCONNECTED = "sluice.disconnected"
+"""Scope key set (True) when that task was cancelled because the client went away."""
 
 _COMBINE_MAX_BYTES = 64 * 1024
 """A body up to this size is copied behind its head; a larger one goes in its own write."""
@@ -145,6 +154,13 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        cycle = self.cycle
+        if cycle is not None and not cycle.response_started:
+            scope = cast(dict[str, Any], cycle.scope)
+            task = scope.get(CANCEL_ON_DISCONNECT)
+            if isinstance(task, asyncio.Task) and not task.done():
+                scope[DISCONNECTED] = True
+                task.cancel()
         super().connection_lost(exc)
 
     def pause_writing(self) -> None:

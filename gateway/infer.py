@@ -20,6 +20,7 @@ from sluice.core.keys import Keys
 from sluice.core.routing import PARAMETER, parameter_label
 from sluice.core.sequences import batch_size_problem, sequence_of
 from sluice.core.shm import unlink
+from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
@@ -31,6 +32,7 @@ from sluice.gateway.request_parsing import parse_infer_request
 from sluice.gateway.shm_registry import RegionMiss
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_streams import make_known
 
 if TYPE_CHECKING:
     from sluice.core.otel import RequestSpan
@@ -99,11 +101,14 @@ class Prepared:
     """A sequence model's request: the instance (slot) that holds its sequence."""
     decoupled: bool = False
     """The model answers any number of times (only streaming routes can carry that)."""
+    tenant: str = ANONYMOUS
+    """Whose request it is (from the caller's key)."""
 
     def stream(self, keys: Keys) -> str:
         if self.slot is not None:
             return keys.sequence_stream(self.model, self.number, self.slot)
-        return keys.request_stream(self.model, self.number, self.level)
+        tenant = "" if self.tenant == ANONYMOUS else self.tenant
+        return keys.request_stream(self.model, self.number, self.level, tenant)
 
 
 async def prepare(
@@ -184,6 +189,7 @@ async def prepare_with(
         version is None and label is None and named is None and slot is None,
         slot,
         config.decoupled,
+        CURRENT_TENANT.get(),
     )
 
 
@@ -227,6 +233,7 @@ def request_message(
         host="" if inline else transfer.host,
         request_id=request.request_id,
         trace=trace,
+        tenant="" if request.tenant == ANONYMOUS else request.tenant,
     )
 
 
@@ -280,7 +287,12 @@ async def execute(
     stream = request.stream(state.keys)
     local = transfer.local(state.view, model, number)
     state.redis_room.check()
-    with state.admission.admit(model, number, request.max_queue, parsed.id):
+    await make_known(state, model, number, stream)
+    tenant = request.tenant
+    with (
+        state.quota.hold(tenant, parsed.inputs),
+        state.admission.admit(model, number, request.max_queue, parsed.id, tenant),
+    ):
         # Across hosts, inputs in client regions are read into the entry by the gateway.
         heavy_pack = big or (in_regions and not local)
         headers, payload, segment = await _off_loop(
@@ -321,7 +333,13 @@ async def execute_stream(
     decoupled gives one."""
     transfer = state.transfer
     state.redis_room.check()
-    with state.admission.admit(request.model, request.number, request.max_queue, request.parsed.id):
+    await make_known(state, request.model, request.number, request.stream(state.keys))
+    with (
+        state.quota.hold(request.tenant, request.parsed.inputs),
+        state.admission.admit(
+            request.model, request.number, request.max_queue, request.parsed.id, request.tenant
+        ),
+    ):
         local = transfer.local(state.view, request.model, request.number)
         headers, payload, segment = await _off_loop(
             big or (not local and any(t.shm is not None for t in request.parsed.inputs)),

@@ -20,6 +20,7 @@ derived from input.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
 import hashlib
 import re
@@ -31,6 +32,7 @@ import orjson
 from redis.exceptions import RedisError
 
 from sluice.core import jobs
+from sluice.core.cancellation import NOTICES_MAX_LEN, notice_fields
 from sluice.core.errors import (
     Conflict,
     InvalidInput,
@@ -42,11 +44,14 @@ from sluice.core.errors import (
     Unsupported,
     error_from_kind,
 )
+from sluice.core.keys import base_stream
+from sluice.core.tenants import ANONYMOUS
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
 from sluice.gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
 from sluice.gateway.infer_request import RequestedOutput
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_streams import make_known
 
 RESPOND_ASYNC = "respond-async"
 _WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,9})(?:$|[;,\s])", re.IGNORECASE)
@@ -128,6 +133,7 @@ async def submit_job(
             f"the idempotency key must be 1 to {jobs.MAX_IDEMPOTENCY_KEY} printable ASCII "
             "characters without spaces"
         )
+    state.quota.check_rate(request.tenant)
     big = len(body) > OFFLOAD_BYTES
     digest = (
         await _off_loop(big, lambda: request_digest(model, version, label, json_length, body))
@@ -143,11 +149,13 @@ async def submit_job(
     job_key = keys.job(model, job_id)
     message.request_key, message.reply_to = job_id, job_key
     explicit_priority = "priority" in parsed.parameters
+    tenant = "" if owner in ("", ANONYMOUS) else owner  # (its own stream of the level)
     stream = (
-        keys.request_stream(model, request.number, request.level)
+        keys.request_stream(model, request.number, request.level, tenant)
         if explicit_priority
-        else keys.background_stream(model, request.number)
+        else keys.background_stream(model, request.number, tenant)
     )
+    await make_known(state, model, request.number, stream)
     outputs = [jobs.JobOutput(o.name, o.binary, o.classes) for o in parsed.outputs]
     fields = encode_request(message, payload)
     entry_bytes = sum(len(name) + len(value) for name, value in fields.items())
@@ -184,6 +192,8 @@ async def submit_job(
         keys.stats(model, request.number),
         keys.queued_jobs(model),
         keys.job_room(model),
+        keys.tenant_streams(model, request.number),
+        base_stream(stream),
     ]
     # The id -> model record first: a job must never be in the queue without it. It outlives
     # the job (an hour beyond its longest life); a failed submission leaves only it behind.
@@ -360,7 +370,18 @@ async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
         raise SluiceError(f"cannot cancel job '{job_id}': {exc}") from None
     if status is None:
         raise NotFound(f"no job '{job_id}'")
-    return status.decode() if isinstance(status, bytes) else str(status)
+    text = status.decode() if isinstance(status, bytes) else str(status)
+    if text == jobs.CANCELLING:
+        # A worker holds it: if it has not computed it yet, it drops it (and settles the
+        # job as cancelled); else its answer settles it.
+        with contextlib.suppress(RedisError):
+            await state.redis.xadd(
+                state.keys.cancellations(model),
+                notice_fields(job_key, job_id),  # type: ignore[arg-type]
+                maxlen=NOTICES_MAX_LEN,
+                approximate=True,
+            )
+    return text
 
 
 def status_body(job_id: str, record: dict[str, bytes]) -> bytes:

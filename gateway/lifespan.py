@@ -33,6 +33,8 @@ from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStor
 from sluice.gateway.shm_sweep import sweep_loop, sweep_now
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_limits_source import LimitsSource, load_at_start
+from sluice.gateway.tenant_quota import TenantQuota
 
 _READER_EXTRA_TIMEOUT_S = 5
 """The reader blocks up to 4 s in XREAD (``sluice.core.dispatch``), so its socket timeout
@@ -49,7 +51,7 @@ def _connect(settings: GatewaySettings, socket_timeout_s: float) -> Redis:
 
 
 def _state(
-    settings: GatewaySettings, redis: Redis, reader: Redis
+    settings: GatewaySettings, redis: Redis, reader: Redis, limits: LimitsSource
 ) -> tuple[GatewayState, RedisDispatcher]:
     """The process state, and its dispatcher (as the Redis one the lifespan drives)."""
     keys = Keys(settings.namespace)
@@ -75,13 +77,15 @@ def _state(
         view=CatalogView(keys),
         dispatcher=dispatcher,
         limits=RequestLimits(max_elements=settings.max_tensor_elements),
-        admission=Admission(settings.max_in_flight),
+        admission=Admission(settings.max_in_flight, weight=limits.loaded.weight),
         regions=regions,
         transfer=transfer,
         bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),
         control=RedisControlPlane(redis, keys),
         redis_room=RedisRoom(settings.redis_memory_high_water),
         host_changes=HostCounter(settings.namespace, host, topic="changes"),
+        quota=TenantQuota(limits.tenants, limits=limits.loaded),
+        limits_source=limits,
     )
     state.host_seen = state.host_changes.value()
     return state, dispatcher
@@ -90,13 +94,15 @@ def _state(
 def gateway_lifespan(
     settings: GatewaySettings,
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
-    """The lifespan, for :class:`FastAPI`; the state goes to ``app.state.sluice``."""
+    """The lifespan, for :class:`FastAPI`; the state goes to ``app.state.sluice``. The
+    tenant limits are read now: InvalidConfig when they cannot be used."""
+    limits = load_at_start(settings)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         redis = _connect(settings, settings.redis_timeout_s)
         reader = _connect(settings, settings.redis_timeout_s + _READER_EXTRA_TIMEOUT_S)
-        state, dispatcher = _state(settings, redis, reader)
+        state, dispatcher = _state(settings, redis, reader, limits)
         app.state.sluice = state
         await dispatcher.start()
         # Know the catalog before the first request: a gateway restarted under load

@@ -31,6 +31,8 @@ class StreamState:
     """Entries a worker holds (XPENDING): taken, not yet answered."""
     oldest_ms: int | None = None
     """Unix milliseconds of the oldest entry's id, None when the stream is empty."""
+    parts: int = 1
+    """Streams of the level (its base stream and its tenants' streams), summed here."""
 
     @property
     def waiting(self) -> int:
@@ -76,11 +78,16 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                 # Heartbeats hold their expiry (unix seconds): count those in the future.
                 pipe.zcount(keys.live_workers(name, version), now, "+inf")
                 streams = view.streams(entry, version)
-                for level, stream in enumerate(streams, start=1):
-                    state.streams.append(StreamState(level if len(streams) > 1 else 0))
-                    pipe.xlen(stream)
-                    pipe.xpending(stream, WORKER_GROUP)
-                    pipe.xrange(stream, "-", "+", count=1)
+                for level, base in enumerate(streams, start=1):
+                    # A level's tenant streams count in it (:mod:`sluice.core.queue_streams`).
+                    level_streams = [base, *view.tenant_streams(name, version, base)]
+                    state.streams.append(
+                        StreamState(level if len(streams) > 1 else 0, parts=len(level_streams))
+                    )
+                    for stream in level_streams:
+                        pipe.xlen(stream)
+                        pipe.xpending(stream, WORKER_GROUP)
+                        pipe.xrange(stream, "-", "+", count=1)
                 versions.append(state)
         results: list[Any] = await pipe.execute(raise_on_error=False)
     # Redis's clock (entry ids are its milliseconds), as last read; a cluster pipeline
@@ -94,14 +101,17 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
         position += 2
         state.live_workers = live_workers if isinstance(live_workers, int) else 0
         for stream_state in state.streams:
-            length, pending, first = results[position : position + 3]
-            position += 3
-            stream_state.length = length if isinstance(length, int) else 0
-            stream_state.delivered = (
-                int(pending.get("pending", 0)) if isinstance(pending, dict) else 0
-            )
-            if isinstance(first, list) and first:
-                stream_state.oldest_ms = int(_text(first[0][0]).split("-", 1)[0])
+            for _ in range(stream_state.parts):
+                length, pending, first = results[position : position + 3]
+                position += 3
+                stream_state.length += length if isinstance(length, int) else 0
+                stream_state.delivered += (
+                    int(pending.get("pending", 0)) if isinstance(pending, dict) else 0
+                )
+                if isinstance(first, list) and first:
+                    oldest = int(_text(first[0][0]).split("-", 1)[0])
+                    if stream_state.oldest_ms is None or oldest < stream_state.oldest_ms:
+                        stream_state.oldest_ms = oldest
     gateways: list[dict[str, int]] = []
     if live:
         async with redis.pipeline(transaction=False) as pipe:

@@ -31,7 +31,8 @@ from sluice.core.statistics import (
     failure_field,
     ns_field,
 )
-from sluice.gateway import gpu_metrics, sluice_metrics
+from sluice.core.tenant_limits import TenantLimits
+from sluice.gateway import gpu_metrics, sluice_metrics, tenant_metrics
 from sluice.gateway.host_metrics import HOST, escape_label, family
 from sluice.gateway.metric_snapshot import Snapshot
 from sluice.gateway.state import GatewayState
@@ -107,10 +108,10 @@ async def metrics_text(state: GatewayState) -> bytes:
     """The whole ``/metrics`` text (callers check ``allow_metrics``)."""
     snapshot = await state.control.metric_snapshot(state.view)
     # Rendering takes milliseconds per hundred series: not on the event loop.
-    return await asyncio.to_thread(_text, snapshot, state.settings)
+    return await asyncio.to_thread(_text, snapshot, state.settings, state.quota.limits)
 
 
-def _text(snapshot: Snapshot, settings: GatewaySettings) -> bytes:
+def _text(snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
     lines = triton_lines(snapshot)
     if settings.torchserve_metrics:
@@ -118,7 +119,9 @@ def _text(snapshot: Snapshot, settings: GatewaySettings) -> bytes:
     lines += HOST.lines()
     lines += gpu_metrics.GPUS.lines()
     text = ("\n".join(lines) + "\n").encode()
-    return text + sluice_metrics.render(snapshot, segments)
+    return (
+        text + sluice_metrics.render(snapshot, segments) + tenant_metrics.render(snapshot, limits)
+    )
 
 
 def triton_lines(snapshot: Snapshot) -> list[str]:

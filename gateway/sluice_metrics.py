@@ -251,6 +251,17 @@ class _Families:
                 buckets, total = histogram.read(state.counters)
                 family.add_metric([state.model, str(state.version)], buckets, total)
             yield family
+        tenants = HistogramMetricFamily(
+            "sluice_tenant_queue_duration_seconds",
+            "Time from the gateway's enqueue to the start of the batch's computation, per "
+            "tenant (requests of named tenants)",
+            labels=[*_LABELS, "tenant"],
+        )
+        for state in versions:
+            for tenant in hist.tenant_queue_tenants(state.counters):
+                buckets, total = hist.tenant_queue(tenant).read(state.counters)
+                tenants.add_metric([state.model, str(state.version), tenant], buckets, total)
+        yield tenants
 
     def _gateways(self) -> Iterable[Metric]:
         gateways = self.snapshot.gateways

@@ -21,6 +21,9 @@ from sluice.gateway.redis_room import RedisRoom
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_store import ChangeCounter, LocalCounter
 from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.tenant_limits_source import LimitsSource
+from sluice.gateway.tenant_quota import TenantQuota
+from sluice.gateway.tenant_streams import TenantStreams
 
 if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
     from sluice.core.otel import Tracing
@@ -48,6 +51,10 @@ class GatewayState:
     redis_room: RedisRoom = field(default_factory=lambda: RedisRoom(0.0))
     """Room left in Redis (its memory, read in the periodic refresh): ``redis_room.check()``
     refuses new work that would add to a Redis above SLUICE_REDIS_MEMORY_HIGH_WATER."""
+    quota: TenantQuota = field(default_factory=TenantQuota)
+    """Each tenant's limits in force here, and what its requests hold."""
+    limits_source: LimitsSource = field(default_factory=LimitsSource)
+    """Where the tenant limits come from (the file followed for changes)."""
     redis_ok: bool = field(default=False)
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""
@@ -66,6 +73,8 @@ class GatewayState:
     """When a request last made this process look whether Redis is back."""
     redis_check: asyncio.Task[None] | None = None
     """That look, while it runs."""
+    tenant_streams: TenantStreams = field(default_factory=TenantStreams)
+    """The tenant streams this process made known (:mod:`sluice.gateway.tenant_streams`)."""
 
 
 def state_of(request: Request) -> GatewayState:

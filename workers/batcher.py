@@ -8,9 +8,10 @@ computes, the loop already gathers the next.
 Two batchers share that loop and differ in how they choose a batch from what is held, as
 the two kinds of model differ:
 
-- :class:`DynamicBatcher`: highest priority level first; within a level arrival order, or
-  earliest deadline first under adaptive batching (unless the config asks for
-  ``preserve_ordering``).
+- :class:`DynamicBatcher`: highest priority level first; within a level the tenants take
+  turns by weight (:mod:`sluice.workers.fair_share`), and each tenant's requests go in
+  arrival order, or earliest deadline first under adaptive batching (unless the config asks
+  for ``preserve_ordering``).
 - :class:`SequenceBatcher`: arrival order always, and at most one request of a sequence
   per batch (the next one needs the state this one leaves).
 
@@ -30,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.workers.adaptive import BatchPolicy
+from sluice.workers.fair_share import FairShare
 from sluice.workers.intake import Intake
 from sluice.workers.replies import BatchClose
 from sluice.workers.slots import ComputeGate
@@ -75,11 +77,13 @@ class Batcher:
         preferred_sizes: Collection[int] = (),
         idle_block_ms: int = 500,
         clock: Callable[[], float] = time.monotonic,
+        fair_share: FairShare | None = None,
     ) -> None:
         """``background_level``: the level of the background stream (the lowest).
         ``drain``: :meth:`serve` returns once the intake is empty (tests, batch runs).
         ``idle_block_ms``: how long one read of an idle worker blocks.
-        ``clock``: monotonic seconds (a test's own clock)."""
+        ``clock``: monotonic seconds (a test's own clock).
+        ``fair_share``: share each level between tenants by weight (None: arrival order)."""
         self.intake = intake
         self.policy = policy
         self.limit = max(1, max_batch_size)
@@ -89,6 +93,7 @@ class Batcher:
         self.preferred_sizes = frozenset(preferred_sizes)
         self.idle_block_ms = idle_block_ms
         self.clock = clock
+        self.fair_share = fair_share
 
     # -- choosing a batch ------------------------------------------------------------------
 
@@ -98,6 +103,8 @@ class Batcher:
             pending.sort(key=lambda r: (r.level, r.message.deadline_ns or NO_DEADLINE_NS))
         else:
             pending.sort(key=lambda r: r.level)
+        if self.fair_share is not None:
+            self.fair_share.interleave(pending)
 
     def admission(self) -> Callable[[PendingRequest], bool]:
         """For one selection: whether a request may join the batch at all (else it waits)."""
@@ -145,6 +152,11 @@ class Batcher:
             first = self.clock()
         elif any(r.level == self.background_level for r in pending) and not self.stopping.is_set():
             pending += await intake.read_online(limit)  # they go first (sorted by level)
+        elif self.fair_share is not None and not self.stopping.is_set():
+            # Tenants take turns: a tenant whose requests arrived must not wait until what
+            # this worker holds of the others is gone, so read again the streams it holds
+            # less than a batch of (nothing to read without tenant streams).
+            pending += await self.top_up(pending)
         while True:
             chosen = self.select(pending)
             batch, rest = chosen.batch, chosen.rest
@@ -182,6 +194,17 @@ class Batcher:
             if not more and self.drain and gate.is_set():
                 return batch, rest, BatchClose("window", first)
 
+    async def top_up(self, held: list[PendingRequest]) -> list[PendingRequest]:
+        """Requests that wait in the streams of which this worker holds less than a batch
+        (about a batch from each): what it holds stays within about two batches per stream,
+        so the model's other instances get the rest."""
+        per_stream: dict[str, int] = {}
+        items = 1
+        for request in held:
+            per_stream[request.stream] = per_stream.get(request.stream, 0) + 1
+            items = max(items, request.items)
+        return await self.intake.top_up(max(1, self.limit // items), per_stream)
+
     def look_again(
         self, batch: list[PendingRequest], carry: list[PendingRequest], computing: bool
     ) -> bool:
@@ -212,7 +235,16 @@ class Batcher:
                     if arrived:
                         carry = arrived + batch + carry
                         continue
+                elif computing and self.fair_share is not None:
+                    # Formed while the last batch computed: a tenant whose requests arrived
+                    # meanwhile takes its turn in this batch, not after it.
+                    arrived = await self.top_up([*batch, *carry])
+                    if arrived:
+                        carry = arrived + batch + carry
+                        continue
                 gate.clear()
+                if self.fair_share is not None:
+                    self.fair_share.charge(batch)
                 close.waited_ns = int((self.clock() - close.opened) * 1e9)
                 task = asyncio.create_task(execute(batch, close, gate))
                 running.add(task)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, cast
 
@@ -22,6 +23,7 @@ from sluice.core.wire import ReplyMessage, RequestMessage
 from sluice.workers.adaptive import BatchPolicy
 from sluice.workers.backends.base import (
     Backend,
+    CancelSignal,
     ConcurrentBackend,
     RequestContext,
     RequestsFailed,
@@ -41,6 +43,7 @@ from sluice.workers.tensors import PendingRequest, combine, output_names, split
 
 if TYPE_CHECKING:
     from sluice.core.otel import BatchSpan, Tracing
+    from sluice.workers.cancellations import CancelWatch
 
 log = logging.getLogger(__name__)
 
@@ -62,10 +65,12 @@ class Execution:
         concurrency: int = 1,
         tracing: Tracing | None = None,
         send_partial: SendPartial | None = None,
+        cancels: CancelWatch | None = None,
     ) -> None:
         """``labels``: each output's classification labels. ``book``: a sequence model's
         sequences. ``concurrency``: batches the backend computes at once. ``tracing``: record
         each batch's spans. ``send_partial``: a decoupled model's partial responses.
+        ``cancels``: requests whose callers went away, dropped before they compute.
         (:meth:`compute` alone needs only the config and version.)"""
         self.config = config
         self.version = version
@@ -78,6 +83,7 @@ class Execution:
         self.concurrency = concurrency
         self.tracing = tracing
         self.send_partial = send_partial
+        self.cancels = cancels
         self._publish_turn = asyncio.Lock()
         """Held while a batch's answers are published (one batch's at a time)."""
 
@@ -140,9 +146,13 @@ class Execution:
         failure = ""
         outcomes: list[Outcome] = []
         live: list[PendingRequest] = []
+        dropped: list[PendingRequest] = []
+        cancels = self.cancels
         for request in batch:
             deadline = request.message.deadline_ns
-            if deadline and deadline < now_ns:
+            if cancels is not None and cancels.cancelled(request.message):
+                dropped.append(request)
+            elif deadline and deadline < now_ns:
                 expired = DeadlineExceeded("the request's deadline passed while it was queued")
                 outcomes.append(error_outcome(request, self.version, expired))
             elif deadline and deadline < doomed_ns:
@@ -153,6 +163,8 @@ class Execution:
                 outcomes.append(error_outcome(request, self.version, doomed))
             else:
                 live.append(request)
+        if dropped:
+            await self.publisher.drop(dropped)
         if self.book is not None and live:
             live, refused = await self.book.admit(live)
             outcomes += [error_outcome(r, self.version, exc) for r, exc in refused]
@@ -160,9 +172,10 @@ class Execution:
         if live:
             await self.publisher.started(live)
             loop = asyncio.get_running_loop()
+            signals, forget = self._watch(live)
             try:
                 results = await loop.run_in_executor(
-                    self._executor, self.compute, live, self.backend, timing
+                    self._executor, self.compute, live, self.backend, timing, signals
                 )
                 for request, result in zip(live, results, strict=True):
                     if isinstance(result, SluiceError):
@@ -179,9 +192,27 @@ class Execution:
                 )
                 failure = error.message
                 outcomes.extend(error_outcome(r, self.version, error) for r in live)
+            finally:
+                for undo in forget:
+                    undo()
         if span is not None:
             span.end(failure)
         return outcomes, timing, sum(r.items for r in live)
+
+    def _watch(
+        self, live: list[PendingRequest]
+    ) -> tuple[list[CancelSignal] | None, list[Callable[[], None]]]:
+        """For a backend that makes requests on its requests' behalf (an ensemble): a
+        signal per request, set if its caller goes away while it computes, and what
+        forgets them afterwards."""
+        if self.concurrency == 1 or self.cancels is None:
+            return None, []
+        signals = [CancelSignal() for _ in live]
+        forget = [
+            self.cancels.on_cancel(request.message, signal.set)
+            for request, signal in zip(live, signals, strict=True)
+        ]
+        return signals, forget
 
     def _trace_batch(self, batch: list[PendingRequest], started_ns: int) -> BatchSpan:
         """Each request's ``queue_wait`` span, and the batch's ``batch_compute`` span."""
@@ -192,9 +223,14 @@ class Execution:
     # -- on a compute thread ---------------------------------------------------------------
 
     def compute(
-        self, batch: list[PendingRequest], backend: Backend, timing: Timing
+        self,
+        batch: list[PendingRequest],
+        backend: Backend,
+        timing: Timing,
+        signals: list[CancelSignal] | None = None,
     ) -> list[Answer]:
-        """Each request's (output headers, payload), or its own error."""
+        """Each request's (output headers, payload), or its own error. ``signals``: each
+        request's cancellation, for a concurrent backend."""
         t0 = time.perf_counter_ns()
         try:
             inputs = combine(batch, self.config)
@@ -231,7 +267,10 @@ class Execution:
                     inputs,
                     wanted,
                     request_sizes=[r.items for r in batch],
-                    contexts=[_context(r.message) for r in batch],
+                    contexts=[
+                        _context(r.message, signals[i] if signals is not None else None)
+                        for i, r in enumerate(batch)
+                    ],
                 )
         except RequestsFailed as exc:
             if exc.outputs is None or book is not None:
@@ -264,10 +303,11 @@ class Execution:
         return results
 
 
-def _context(message: RequestMessage) -> RequestContext:
+def _context(message: RequestMessage, cancelled: CancelSignal | None) -> RequestContext:
     return RequestContext(
         request_id=message.request_id or message.client_id,
         deadline_ns=message.deadline_ns,
         trace=message.trace,
         priority=message.priority,
+        cancelled=cancelled,
     )

@@ -21,11 +21,13 @@ from redis.exceptions import RedisError, ResponseError
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import SluiceError
-from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.keys import WORKER_GROUP, Keys, base_stream
+from sluice.core.queue_streams import WAKE_FIELD, levels_of, with_tenants
 from sluice.core.redis_types import StreamRead
 from sluice.core.settings import WorkerSettings
 from sluice.core.wire import MalformedEntry, decode_request
 from sluice.workers.adaptive import ArrivalRate
+from sluice.workers.fair_share import FairShare, parse_weights
 from sluice.workers.reclaim import Reclaimer
 from sluice.workers.replies import Outcome, Publisher, error_outcome, log_failures
 from sluice.workers.slot_lease import SlotLease
@@ -58,6 +60,12 @@ class Intake(Protocol):
         """Requests taken over from dead workers since the last call."""
         ...
 
+    async def top_up(self, count: int, held: dict[str, int]) -> list[PendingRequest]:
+        """Online requests that wait (no waiting), up to ``count`` entries from each stream
+        of which fewer than ``count`` are held (``held``: stream -> entries held), when the
+        version has tenant streams (:mod:`sluice.workers.fair_share`); else none."""
+        ...
+
 
 _BLOCK_MIN_S = 0.1
 """Redis ends a BLOCK shorter than its cron period (100 ms at the default hz 10) only at
@@ -69,10 +77,17 @@ _SLICE_MIN_S = 0.001
 _LEASE_BLOCK_MAX_MS = 500
 """A sequence worker's blocking read holds its slot's lease for as long: it blocks no longer."""
 
+TENANTS_REFRESH_S = 5.0
+"""How often a reading worker looks at its version's tenant streams and the tenants' weights
+again (a new tenant's first entry wakes it at once: :data:`sluice.core.queue_streams.REGISTER`).
+Only on the way to a read: an idle worker's blocking read is what paces it."""
+
 
 class StreamIntake:
     """A worker's requests from its streams, in priority order: online levels first, the
-    background stream (jobs, batch jobs) last."""
+    background stream (jobs, batch jobs) last. ``streams`` are the levels' base streams (a
+    stream's index is its level); each level's tenant streams are read with its base stream
+    (:mod:`sluice.core.queue_streams`)."""
 
     def __init__(
         self,
@@ -99,11 +114,52 @@ class StreamIntake:
         self.stopping = stopping
         self.lease: SlotLease | None = None
         """A sequence worker's slot lease: it reads only while it holds its slot."""
+        self.fair_share: FairShare | None = None
+        """Where the tenants' weights go when they are read (the batcher's)."""
         self._reclaimed: list[PendingRequest] = []
+        self._background = len(streams) - 1
+        self.all_streams = list(streams)
+        """Base and tenant streams, each level's together, as last read from Redis."""
+        self.level_of = {stream: level for level, stream in enumerate(streams)}
+        self._online = streams[:-1]
+        self._tenants_read_at = -math.inf
+
+    def _use_streams(self, members: list[bytes | str]) -> None:
+        self.all_streams = with_tenants(self.streams, members)
+        self.level_of = levels_of(self.streams, self.all_streams)
+        self._online = [s for s in self.all_streams if self.level_of[s] < self._background]
+
+    async def refresh_tenants(self) -> None:
+        """Read the version's tenant streams and the tenants' weights again (best effort:
+        on a Redis error the streams known so far are kept)."""
+        self._tenants_read_at = time.monotonic()
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.smembers(self.keys.tenant_streams(self.config.name, self.version))
+                pipe.hgetall(self.keys.tenant_weights)
+                members, weights = await pipe.execute()
+        except RedisError as exc:
+            log.warning("reading the tenant streams failed: %s", exc)
+            return
+        known = set(self.all_streams)
+        self._use_streams(list(members))
+        if self.fair_share is not None:
+            self.fair_share.weights = parse_weights(weights)
+        new = [s for s in self.all_streams if s not in known]
+        if new:
+            await self._create_groups(new)
 
     async def ensure_groups(self) -> None:
         """Create the consumer groups (again, after Redis lost them in a restart)."""
-        for stream in self.streams:
+        await self._create_groups(self.streams)
+        known = set(self.all_streams)
+        await self.refresh_tenants()  # (creates the groups of the streams new to it)
+        await self._create_groups(
+            [s for s in known if s in self.level_of and s not in self.streams]
+        )
+
+    async def _create_groups(self, streams: list[str]) -> None:
+        for stream in streams:
             try:
                 await self.redis.xgroup_create(stream, WORKER_GROUP, id="0", mkstream=True)
             except ResponseError as exc:
@@ -120,17 +176,30 @@ class StreamIntake:
         again (:class:`~sluice.workers.batcher.Batcher`), so an online request never waits
         behind more than the batch being computed. Waiting (``block_ms``) is one call on
         every stream, as an idle worker's read is on the path of every request."""
+        await self._refresh_due()
         if not background:
-            return await self._read_from(self.streams[:-1], count, block_ms)
+            return await self._read_from(self._online, count, block_ms)
         if block_ms is not None:
-            return await self._read_from(self.streams, max(1, count // 8), block_ms)
-        online = await self._read_from(self.streams[:-1], count, None)
+            return await self._read_from(self.all_streams, max(1, count // 8), block_ms)
+        online = await self._read_from(self._online, count, None)
         if online or self.stopping.is_set():
             return online
-        return await self._read_from(self.streams, max(1, count // 8), None)
+        return await self._read_from(self.all_streams, max(1, count // 8), None)
 
     async def read_online(self, count: int) -> list[PendingRequest]:
-        return await self._read_from(self.streams[:-1], count, None)
+        await self._refresh_due()
+        return await self._read_from(self._online, count, None)
+
+    async def _refresh_due(self) -> None:
+        if time.monotonic() - self._tenants_read_at > TENANTS_REFRESH_S:
+            await self.refresh_tenants()
+
+    async def top_up(self, count: int, held: dict[str, int]) -> list[PendingRequest]:
+        await self._refresh_due()
+        if len(self.all_streams) == len(self.streams):
+            return []  # no tenant streams: the batcher's reads are all there is to read
+        streams = [s for s in self._online if held.get(s, 0) < count]
+        return await self._read_from(streams, count, None) if streams else []
 
     async def read_within(
         self, count: int, wait_s: float, *, background: bool
@@ -196,11 +265,19 @@ class StreamIntake:
         pending: list[PendingRequest] = []
         rejected: list[Outcome] = []
         arrived = 0
+        wake_ups: list[tuple[str, bytes]] = []
         for stream, entries in response or ():
             name = stream.decode() if isinstance(stream, bytes) else stream
-            level = self.streams.index(name)
+            level = self.level_of.get(name)
+            if level is None:  # (the streams changed while it read)
+                level = self.level_of.get(base_stream(name), self._background)
             arrived += len(entries)
             for entry_id, fields in entries:
+                if WAKE_FIELD in fields:
+                    # A gateway made a new tenant stream known: read it from now on.
+                    wake_ups.append((name, entry_id))
+                    arrived -= 1
+                    continue
                 parsed = self.parse(entry_id, fields, name, level)
                 if isinstance(parsed, Outcome):
                     rejected.append(parsed)
@@ -210,6 +287,10 @@ class StreamIntake:
         if rejected:
             log_failures(rejected)
             await self.publisher.publish(rejected)
+        if wake_ups:
+            for name, entry_id in wake_ups:
+                await self._discard(name, entry_id)
+            await self.refresh_tenants()
         return pending
 
     def parse(
@@ -249,9 +330,10 @@ class StreamIntake:
             self.config.name,
             self.version,
             self.worker_id,
-            self.streams,
+            self.all_streams,
             self.parse,
             self.publisher,
+            self.level_of,
         )
 
     async def take_over_slot(self) -> None:
@@ -266,6 +348,7 @@ class StreamIntake:
             await asyncio.sleep(self.settings.reclaim_interval_s)
             if self.stopping.is_set():
                 continue
+            reclaimer.streams, reclaimer.levels = self.all_streams, self.level_of
             try:
                 self._reclaimed += await reclaimer.reclaim()
             except ResponseError as exc:

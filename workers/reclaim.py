@@ -50,6 +50,8 @@ class Reclaimer:
     streams: list[str]
     parse: Parse
     publisher: Publisher
+    levels: dict[str, int] | None = None
+    """Stream -> its level, where ``streams`` holds tenant streams (else: its index)."""
 
     async def reclaim(self) -> list[PendingRequest]:
         """Claim what dead workers held; returns the requests to process here."""
@@ -64,7 +66,9 @@ class Reclaimer:
         live = {_text(m) for m in members}
         dead_idle_ms = int(3 * self.settings.heartbeat_s * 1000)
         claimed: list[PendingRequest] = []
-        for (level, stream), consumers in zip(enumerate(self.streams), consumers_of, strict=True):
+        streams = self.streams
+        for (index, stream), consumers in zip(enumerate(streams), consumers_of, strict=True):
+            level = self.levels.get(stream, index) if self.levels is not None else index
             for consumer in consumers:
                 name = _text(consumer["name"])
                 if name == self.worker_id:

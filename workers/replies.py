@@ -19,7 +19,7 @@ from sluice.core import histograms as hist
 from sluice.core import jobs
 from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
-from sluice.core.errors import DeadlineExceeded, SluiceError, error_kind
+from sluice.core.errors import Cancelled, DeadlineExceeded, SluiceError, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, RequestMessage, encode_reply
 from sluice.workers.slot_lease import SlotLease, SlotLost
@@ -156,6 +156,32 @@ class Publisher:
                 await asyncio.sleep(0.2 * 2**attempt)
         log.error("gave up publishing %d answers; they stay pending for redelivery", len(outcomes))
         return False
+
+    async def drop(self, requests: list[PendingRequest]) -> None:
+        """Requests whose callers went away (:mod:`sluice.core.cancellation`), not computed:
+        a job's record is settled as cancelled; any other entry is only acknowledged and
+        deleted, as its caller's gateway counted the cancellation already."""
+        job_requests: list[PendingRequest] = []
+        others: list[PendingRequest] = []
+        for request in requests:
+            reply_to = request.message.reply_to
+            (job_requests if reply_to and self.keys.is_job(reply_to) else others).append(request)
+        if job_requests:
+            cancelled = Cancelled("the job was cancelled before it was computed")
+            await self.publish([error_outcome(r, self.version, cancelled) for r in job_requests])
+        if not others:
+            return
+        by_stream: dict[str, list[bytes]] = defaultdict(list)
+        for request in others:
+            by_stream[request.stream].append(request.entry_id)
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for stream, ids in by_stream.items():
+                    pipe.xack(stream, WORKER_GROUP, *ids)
+                    pipe.xdel(stream, *ids)
+                await pipe.execute()
+        except RedisError as exc:  # delivered again later, and dropped again then
+            log.warning("acknowledging %d cancelled requests failed: %s", len(others), exc)
 
     def _send(self, pipe: Pipeline, outcomes: list[Outcome]) -> None:
         """Queue the answers to the gateways waiting for them."""
@@ -294,6 +320,11 @@ class Publisher:
             if self.histograms:
                 hist.REQUEST.observe_all(counters, request_ns)
                 hist.QUEUE.observe_all(counters, queue_ns)
+                for outcome, waited_ns in zip(ok, queue_ns, strict=True):
+                    if outcome.request.message.tenant:  # (named tenants: fair share's view)
+                        hist.tenant_queue(outcome.request.message.tenant).observe(
+                            counters, waited_ns
+                        )
                 compute_ns = timing.input_ns + timing.infer_ns + timing.output_ns
                 hist.COMPUTE.observe(counters, compute_ns, n)
                 hist.BATCH_SIZE.observe(counters, items)

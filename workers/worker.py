@@ -37,8 +37,10 @@ from sluice.core.redis_connect import connect_async
 from sluice.core.settings import WorkerSettings
 from sluice.workers import shm_io
 from sluice.workers.batcher import Batcher, DynamicBatcher, SequenceBatcher
+from sluice.workers.cancellations import CancelWatch
 from sluice.workers.decoupled import partial_sender
 from sluice.workers.execution import Execution
+from sluice.workers.fair_share import FairShare
 from sluice.workers.intake import StreamIntake
 from sluice.workers.lifecycle import install_signal_handlers, patiently
 from sluice.workers.liveness import Liveness
@@ -193,6 +195,8 @@ class Worker:
             model.policy.arrivals,
             self._stopping,
         )
+        if book is None:
+            intake.fair_share = FairShare()
         liveness = Liveness(
             self.redis,
             self.keys,
@@ -214,6 +218,8 @@ class Worker:
                 intake.lease = publisher.lease = lease
                 await intake.take_over_slot()
             background.append(asyncio.create_task(intake.reclaim_forever(), name="reclaim"))
+            cancels = CancelWatch(self.redis, self.keys, self.config.name)
+            background.append(asyncio.create_task(cancels.follow(), name="cancellations"))
             execution = Execution(
                 self.config,
                 self.version,
@@ -226,6 +232,7 @@ class Worker:
                 concurrency=model.concurrency,
                 tracing=self.tracing,
                 send_partial=partial_sender(publisher, asyncio.get_running_loop()),
+                cancels=cancels,
             )
             gate: ComputeGate
             if model.concurrency == 1:
@@ -265,4 +272,5 @@ class Worker:
             drain=self.drain,
             preferred_sizes=dynamic.preferred_batch_sizes if dynamic else (),
             idle_block_ms=IDLE_BLOCK_MS,
+            fair_share=intake.fair_share,
         )

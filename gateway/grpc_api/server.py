@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+from sluice.core.tenants import CURRENT_TENANT
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import KeyRing, bearer_token
 from sluice.gateway.inspection import server_not_ready
@@ -170,8 +171,10 @@ class GrpcServer:
             return None
         value = metadata.get("authorization")
         token = None if value is None else bearer_token(value.encode("latin-1"))
-        denied = keys.check_call(False, token)
+        access = keys.access_call(False, token)
+        denied = access.denied
         if denied is None:
+            CURRENT_TENANT.set(access.tenant)
             return None
         return _DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1]
 
@@ -184,9 +187,11 @@ class GrpcServer:
                 raw = value.encode("latin-1") if isinstance(value, str) else value
                 token = bearer_token(raw)
                 break
-        denied = self.keys.check_call(method in _MANAGEMENT, token)
+        access = self.keys.access_call(method in _MANAGEMENT, token)
+        denied = access.denied
         if denied is not None:
             await context.abort(_DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1])
+        CURRENT_TENANT.set(access.tenant)
 
     def _guarded_unary(
         self, method: str, call: Callable[[Any, Context], Awaitable[Any]]

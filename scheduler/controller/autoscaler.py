@@ -23,6 +23,7 @@ from sluice.core import statistics as st
 from sluice.core.errors import InvalidConfig
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.placement import placements, visible_gpus
+from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.controller.autoscaling import ScalePolicy, Scaler, Signals
 from sluice.scheduler.controller.fenced_commands import CommandSender
@@ -144,12 +145,11 @@ class Autoscaler:
     def _signals(self, model: RepositoryModel, version: int, now: float) -> Signals:
         assert model.config is not None
         dynamic = model.config.dynamic_batching
-        streams = [
-            *self.keys.request_streams(
-                model.name, version, dynamic.priority_levels if dynamic else 0
-            ),
-            self.keys.background_stream(model.name, version),
-        ]
+        bases = base_streams(
+            self.keys, model.name, version, dynamic.priority_levels if dynamic else 0
+        )
+        members = tenant_members_sync(self.client, self.keys, [(model.name, version)])
+        streams = with_tenants(bases, members[(model.name, version)])
         # Redis's clock (entry ids are its milliseconds), asked apart: a cluster's pipelines
         # cannot carry TIME.
         seconds, microseconds = self.client.time()

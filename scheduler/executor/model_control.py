@@ -41,6 +41,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.control import ControlCommand, read_commands, send_reply
 from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys, load_error_field
+from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel, available_versions, read_model
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
 from sluice.scheduler.repository.staging import check_model_name, stage
@@ -352,11 +353,13 @@ class ModelControl:
         levels = (
             model.config.dynamic_batching.priority_levels if model.config.dynamic_batching else 0
         )
+        versions = [(model.name, version) for version in model.versions]
+        members = tenant_members_sync(self.client, self.keys, versions)
         with self.client.pipeline(transaction=False) as pipe:
             for version in model.versions:
-                for stream in self.keys.request_streams(model.name, version, levels):
+                bases = base_streams(self.keys, model.name, version, levels)
+                for stream in with_tenants(bases, members[(model.name, version)]):
                     pipe.xlen(stream)
-                pipe.xlen(self.keys.background_stream(model.name, version))
             lengths = pipe.execute()
         return not any(lengths)
 

@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 log = logging.getLogger(__name__)
 
-_Append = tuple[str, dict[bytes, bytes], asyncio.Future[None]]
+_Append = tuple[str, dict[bytes, bytes], asyncio.Future[bytes]]
 
 
 class AppendCoalescer:
@@ -22,14 +22,14 @@ class AppendCoalescer:
         self._queue: list[_Append] = []
         self._flushing = False
 
-    async def append(self, stream: str, fields: dict[bytes, bytes]) -> None:
-        """Returns once the entry is in Redis; raises RedisError otherwise."""
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+    async def append(self, stream: str, fields: dict[bytes, bytes]) -> bytes:
+        """The entry's id, once the entry is in Redis; raises RedisError otherwise."""
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._queue.append((stream, fields, future))
         if not self._flushing:
             self._flushing = True
             asyncio.get_running_loop().create_task(self._flush())
-        await future
+        return await future
 
     async def _flush(self) -> None:
         try:
@@ -39,7 +39,7 @@ class AppendCoalescer:
                     async with self._redis.pipeline(transaction=False) as pipe:
                         for stream, fields, _ in batch:
                             pipe.xadd(stream, fields, maxlen=self._max_len, approximate=True)  # type: ignore[arg-type]
-                        await pipe.execute()
+                        ids = await pipe.execute()
                 except (RedisError, asyncio.CancelledError) as exc:
                     failure = exc if isinstance(exc, RedisError) else RedisError("cancelled")
                     for _, _, future in batch:
@@ -48,8 +48,8 @@ class AppendCoalescer:
                     if isinstance(exc, asyncio.CancelledError):
                         raise
                     continue
-                for _, _, future in batch:
+                for (_, _, future), entry_id in zip(batch, ids, strict=True):
                     if not future.done():
-                        future.set_result(None)
+                        future.set_result(entry_id)
         finally:
             self._flushing = False

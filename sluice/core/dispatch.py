@@ -22,6 +22,7 @@ from typing import Protocol, cast
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from sluice.core.cancellation import Withdrawals
 from sluice.core.coalescer import AppendCoalescer
 from sluice.core.errors import DeadlineExceeded, Overloaded, SluiceError, Unavailable
 from sluice.core.keys import Keys
@@ -55,6 +56,8 @@ _REPLY_STREAM_TTL_S = 300
 class Dispatcher(Protocol):
     expired: Counter[str]
     """Requests per stream that got no answer within their deadline (for the metrics)."""
+    cancelled: Counter[str]
+    """Requests per stream whose caller went away before their answer (for the metrics)."""
 
     async def submit(
         self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
@@ -99,7 +102,12 @@ class RedisDispatcher:
         self.expired: Counter[str] = Counter()
         """Requests that got no answer within their deadline, per stream, since the
         metrics last took them."""
+        self.cancelled: Counter[str] = Counter()
+        """Requests whose caller went away (the awaiting task was cancelled: a client that
+        disconnected, a cancelled gRPC call) before their answer, per stream, since the
+        metrics last took them."""
         self._mirrors: set[asyncio.Task[None]] = set()
+        self._withdrawals = Withdrawals(redis)
 
     async def start(self) -> None:
         self._reader = asyncio.create_task(self._read_replies(), name="reply-reader")
@@ -133,9 +141,11 @@ class RedisDispatcher:
         queue: asyncio.Queue[Reply | SluiceError] = asyncio.Queue()
         self._streams[key] = queue
         deadline = loop.time() + timeout_s
+        entry_id: bytes | None = None
+        done = False
         try:
             try:
-                await self._appender.append(stream, encode_request(message, payload))
+                entry_id = await self._appender.append(stream, encode_request(message, payload))
             except RedisError as exc:
                 raise Unavailable(f"the request queue is unreachable: {exc}") from None
             while True:
@@ -148,9 +158,14 @@ class RedisDispatcher:
                     ) from None
                 if isinstance(item, SluiceError):
                     raise item
+                done = item[0].final or bool(item[0].error_kind)
                 yield item
-                if item[0].final or item[0].error_kind:
+                if done:
                     return
+        except (asyncio.CancelledError, GeneratorExit):
+            if not done:  # (a caller that stops reading after the last answer cancels nothing)
+                self._withdraw(model, stream, entry_id, key)
+            raise
         finally:
             self._streams.pop(key, None)
 
@@ -164,14 +179,18 @@ class RedisDispatcher:
         future: asyncio.Future[Reply] = loop.create_future()
         self._pending[key] = future
         expiry = loop.call_later(timeout_s, _expire, future, model, timeout_s)
+        entry_id: bytes | None = None
         try:
             try:
-                await self._appender.append(stream, encode_request(message, payload))
+                entry_id = await self._appender.append(stream, encode_request(message, payload))
             except RedisError as exc:
                 raise Unavailable(f"the request queue is unreachable: {exc}") from None
             return await future
         except DeadlineExceeded:
             self.expired[stream] += 1
+            raise
+        except asyncio.CancelledError:
+            self._withdraw(model, stream, entry_id, key)
             raise
         finally:
             expiry.cancel()
@@ -180,6 +199,13 @@ class RedisDispatcher:
                 # Failed (Redis went away) while its entry was still being appended: the
                 # caller got the append's error instead; mark this one as seen.
                 future.exception()
+
+    def _withdraw(self, model: str, stream: str, entry_id: bytes | None, key: str) -> None:
+        """The caller went away: take the request back from its stream and tell the
+        model's workers (:mod:`sluice.core.cancellation`), without waiting for either."""
+        self.cancelled[stream] += 1
+        notices = self._keys.cancellations(model)
+        self._withdrawals.add(notices, stream, entry_id, self.reply_stream, key)
 
     def mirror(self, stream: str, message: RequestMessage, payload: bytes) -> None:
         """Also queue a copy of ``message`` on ``stream`` (shadow traffic): a worker computes

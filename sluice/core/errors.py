@@ -120,6 +120,14 @@ class Unsupported(SluiceError):
     grpc_code = "UNIMPLEMENTED"
 
 
+class Cancelled(SluiceError):
+    """The request's caller went away (a disconnected client, a cancelled gRPC call, a
+    cancelled job) before it was computed. Its status is Triton's ``CANCELLED``; no HTTP
+    client sees it, as none is left to answer."""
+
+    grpc_code = "CANCELLED"
+
+
 class InferenceFailed(SluiceError):
     """The backend raised while computing a batch."""
 
@@ -138,6 +146,7 @@ _BY_NAME: dict[str, type[SluiceError]] = {
         Overloaded,
         ServerBusy,
         QuotaExceeded,
+        Cancelled,
         Conflict,
         Unauthorized,
         Forbidden,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 _LATENCY_BOUNDS_S = (
     0.0005,
@@ -109,3 +109,23 @@ BATCH_WAIT = Histogram("batch_wait", _WAIT_BOUNDS_S, 1e9)
 """From a batch's first request held to the batch going to compute."""
 COST_MODEL_ERROR = Histogram("cost_error", _RATIO_BOUNDS, RATIO_UNIT)
 """|predicted - measured| / measured cost of a batch (see :mod:`sluice.workers.adaptive`)."""
+
+TENANT_QUEUE_PREFIX = "tq."
+"""Key prefix of the per-tenant queue time histograms (:func:`tenant_queue`)."""
+
+
+@lru_cache(maxsize=1024)
+def tenant_queue(tenant: str) -> Histogram:
+    """One tenant's :data:`QUEUE` histogram (requests of named tenants only): whether a
+    tenant's requests wait behind another's (:mod:`sluice.workers.fair_share`)."""
+    return Histogram(TENANT_QUEUE_PREFIX + tenant, _LATENCY_BOUNDS_S, 1e9)
+
+
+def tenant_queue_tenants(counters: Mapping[str, int]) -> list[str]:
+    """The tenants whose queue time histograms ``counters`` (a statistics hash) holds."""
+    prefix, suffix = f"h.{TENANT_QUEUE_PREFIX}", ".sum"
+    return sorted(
+        field[len(prefix) : -len(suffix)]
+        for field in counters
+        if field.startswith(prefix) and field.endswith(suffix)
+    )

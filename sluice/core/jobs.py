@@ -87,7 +87,8 @@ SUBMIT = (
     _RELEASE
     + """
 -- KEYS: job hash, stream, idempotency key (or the job hash again when none), the model
--- version's statistics hash, the model's queued jobs, the model's job room
+-- version's statistics hash, the model's queued jobs, the model's job room, the version's
+-- set of tenant streams, the level's base stream (the stream itself without a tenant)
 -- ARGV: job id, created (unix s), retention s, queue ttl s, max queued, model, version,
 --       outputs, request id, idempotency key, owner (tenant), client's id, request digest,
 --       tenant's max queued jobs, tenant's max queued bytes, the entry's bytes, then the
@@ -102,8 +103,14 @@ if KEYS[3] ~= KEYS[1] then
     return {0, id}
   end
 end
-if tonumber(ARGV[5]) > 0 and redis.call('XLEN', KEYS[2]) >= tonumber(ARGV[5]) then
-  return {-1, ''}
+if tonumber(ARGV[5]) > 0 then
+  -- The level's depth: its base stream and its tenants' streams (all in this slot).
+  local depth = redis.call('XLEN', KEYS[8])
+  local prefix = KEYS[8] .. ':t:'
+  for _, stream in ipairs(redis.call('SMEMBERS', KEYS[7])) do
+    if string.sub(stream, 1, #prefix) == prefix then depth = depth + redis.call('XLEN', stream) end
+  end
+  if depth >= tonumber(ARGV[5]) then return {-1, ''} end
 end
 local expired = redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', ARGV[2], 'LIMIT', 0, """
     + str(_SWEEP_AT_ONCE)

@@ -32,12 +32,16 @@ class Keys:
 
     namespace: str = "sluice"
 
-    def request_stream(self, model: str, version: int, priority: int = 0) -> str:
+    def request_stream(self, model: str, version: int, priority: int = 0, tenant: str = "") -> str:
         """Requests for one model version and priority level (gateway XADDs, workers
         XREADGROUP); level 0 is the only stream of models without priority levels.
-        Workers delete entries once answered, so the length is the queue depth."""
+        Workers delete entries once answered, so the length is the queue depth.
+        A named ``tenant`` has a stream of its own in each level (listed in
+        :meth:`tenant_streams`), so the workers can share the level between tenants;
+        the anonymous tenant ("") and requests from inside the deployment use the level's
+        base stream."""
         suffix = f":p{priority}" if priority else ""
-        return f"{self.namespace}:req:{{{model}}}:{version}{suffix}"
+        return tenant_stream(f"{self.namespace}:req:{{{model}}}:{version}{suffix}", tenant)
 
     def request_streams(self, model: str, version: int, priority_levels: int) -> list[str]:
         """Every stream of a model version, highest priority (level 1) first."""
@@ -60,10 +64,22 @@ class Keys:
         expiring when the sequence has been idle for the model's idle time."""
         return f"{self.namespace}:seq:{{{model}}}:{version}:{sequence}"
 
-    def background_stream(self, model: str, version: int) -> str:
+    def background_stream(self, model: str, version: int, tenant: str = "") -> str:
         """Requests below every online priority level (asynchronous jobs, batch jobs): the
-        workers of the model version take them only when no online request waits."""
-        return f"{self.namespace}:req:{{{model}}}:{version}:bg"
+        workers of the model version take them only when no online request waits. A named
+        ``tenant`` has its own, as in :meth:`request_stream`."""
+        return tenant_stream(f"{self.namespace}:req:{{{model}}}:{version}:bg", tenant)
+
+    def tenant_streams(self, model: str, version: int) -> str:
+        """Set of the tenant request streams of a model version (``request_stream`` with a
+        tenant): a gateway adds one before its first entry, its workers read them all."""
+        return f"{self.namespace}:req-tenants:{{{model}}}:{version}"
+
+    def cancellations(self, model: str) -> str:
+        """Stream of the model's requests whose callers went away (client disconnected, call
+        cancelled, job cancelled), by request key: workers drop them before computing, and
+        an ensemble or BLS call stops its children (:mod:`sluice.core.cancellation`)."""
+        return f"{self.namespace}:cancel:{{{model}}}"
 
     def job(self, model: str, job_id: str) -> str:
         """Hash of one asynchronous job (:mod:`sluice.core.jobs`): its status, and its answer once
@@ -250,6 +266,13 @@ class Keys:
         return f"{{{self.namespace}}}:shm-regions:{host}:rev"
 
     @property
+    def tenant_weights(self) -> str:
+        """Hash tenant -> weight (``*``: every tenant not named) of the tenant limits in
+        force, written by the gateways that read the limits, read by the workers that share
+        each priority level between tenants by these weights."""
+        return f"{{{self.namespace}}}:tenant-weights"
+
+    @property
     def log_settings(self) -> str:
         """Hash of the log settings changed through Triton's logging extension (``rev``:
         their revision); every gateway process applies them at its catalog refresh."""
@@ -295,6 +318,26 @@ class Keys:
         """The repository listing (version tokens, JSON) the controller last acted upon in
         poll mode, so that a new leader sees what changed since."""
         return f"{{{self.namespace}}}:controller:polled"
+
+
+TENANT_MARK = ":t:"
+"""What separates a level's base stream from the tenant in a tenant's stream name."""
+
+
+def tenant_stream(base: str, tenant: str) -> str:
+    """The stream of ``tenant`` in the level whose base stream is ``base`` (the base
+    stream itself for the anonymous tenant, "")."""
+    return f"{base}{TENANT_MARK}{tenant}" if tenant else base
+
+
+def base_stream(stream: str) -> str:
+    """The level's base stream of a tenant's stream (a base stream: itself). Tenant names
+    cannot hold ``:`` or ``}`` (:data:`sluice.core.tenants.TENANT_NAME`), so only the last
+    mark can be one, and only if what follows is such a name."""
+    base, mark, tenant = stream.rpartition(TENANT_MARK)
+    if not mark or not tenant or ":" in tenant or "}" in tenant:
+        return stream
+    return base
 
 
 def load_error_field(model: str, version: int) -> str:

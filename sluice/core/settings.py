@@ -452,6 +452,16 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     """Bytes one tenant's waiting jobs of one model may hold in Redis (their queue entries);
     beyond: 429 + Retry-After for that tenant alone (413 for one job larger than this)."""
 
+    tenant_limits_file: str = ""
+    """TOML file of each tenant's share and limits (weight, rate and burst, max_in_flight,
+    max_queued_bytes; see "Limits and shares per tenant" in the tenants documentation),
+    re-read within a few seconds of a change, without a restart: a file that cannot be
+    used is logged and counted, and the limits in force stay. When set,
+    ``tenant_limits`` is ignored."""
+
+    tenant_limits: str = ""
+    """The same TOML inline, for small deployments (read at start only)."""
+
     redis_memory_high_water: float = Field(0.85, ge=0, le=1)
     """Fraction of Redis's ``maxmemory`` above which new work that would add to Redis
     (inference requests, jobs, batch jobs) is refused with 503 + Retry-After, so that

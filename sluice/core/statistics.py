@@ -59,6 +59,7 @@ _REASON_BY_ERROR = {
     "Overloaded": "REJECTED",  # the queue is full
     "ServerBusy": "REJECTED",
     "InferenceFailed": "BACKEND",
+    "Cancelled": "CANCELED",
 }
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 ANONYMOUS = "anonymous"
@@ -21,6 +22,11 @@ ANONYMOUS = "anonymous"
 
 ADMIN = "admin"
 """The tenant of an admin key given without a tenant name."""
+
+CURRENT_TENANT: ContextVar[str] = ContextVar("sluice_tenant", default=ANONYMOUS)
+"""The tenant of the request being served in this task: set where its key is checked (the
+HTTP guard, the gRPC key check), read where the request is queued, so the tenant travels
+with the request without every route passing it along."""
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 

@@ -18,6 +18,7 @@ import msgpack
 
 from sluice.core.datatypes import DATATYPES
 from sluice.core.shm import ShmKeyError, is_segment_prefix, object_name
+from sluice.core.tenants import is_tenant_name
 from sluice.core.trace_context import TraceParent, parse_traceparent
 
 SCHEMA_VERSION = 2
@@ -85,6 +86,9 @@ class RequestMessage:
     trace: TraceParent | None = None
     """The W3C trace context the worker's spans and log lines belong to (the gateway's
     span, or the client's ``traceparent`` when the gateway does not trace)."""
+    tenant: str = ""
+    """Whose request it is (:mod:`sluice.core.tenants`); empty: the anonymous tenant, or a
+    request from inside the deployment (an ensemble's step, a BLS call)."""
 
 
 @dataclass(slots=True)
@@ -192,6 +196,8 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
         header["h"] = message.host
     if message.request_id:
         header["ri"] = message.request_id
+    if message.tenant:
+        header["tn"] = message.tenant
     if message.trace is not None:
         header["tp"] = message.trace.header
         if message.trace.state:
@@ -222,6 +228,7 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
             message.classes = _classes(header["cl"])
         message.host = _str(header.get("h", ""))
         message.request_id = _str(header.get("ri", ""))
+        message.tenant = _str(header.get("tn", ""))
         if "tp" in header:  # a malformed one is no trace context, as from a client
             message.trace = parse_traceparent(_str(header["tp"]), _str(header.get("ts", "")))
     except (KeyError, TypeError) as exc:
@@ -233,6 +240,8 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
         raise MalformedEntry(f"bad segment prefix {message.segment_prefix!r}")
     if message.segment_min_bytes < 0:
         raise MalformedEntry("bad segment size threshold")
+    if message.tenant and not is_tenant_name(message.tenant):
+        raise MalformedEntry(f"bad tenant name {message.tenant[:80]!r}")
     return message, payload
 
 

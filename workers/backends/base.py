@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,16 +16,49 @@ from sluice.core.placement import Placement
 from sluice.core.trace_context import TraceParent
 
 
+class CancelSignal:
+    """Set once a request's caller went away (:mod:`sluice.workers.cancellations`); what
+    works on the request's behalf on other threads registers a callback that stops it."""
+
+    __slots__ = ("_callbacks", "_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._set = False
+        self._callbacks: list[Callable[[], object]] = []
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def add(self, callback: Callable[[], object]) -> None:
+        """Call ``callback`` when the signal is set (at once if it is)."""
+        with self._lock:
+            if not self._set:
+                self._callbacks.append(callback)
+                return
+        callback()
+
+    def set(self) -> None:
+        with self._lock:
+            self._set = True
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What a request carries beyond its tensors, for backends that make requests of their
-    own on its behalf (an ensemble's steps): they inherit its deadline and ids."""
+    own on its behalf (an ensemble's steps): they inherit its deadline and ids, and stop
+    when it is cancelled."""
 
     request_id: str
     deadline_ns: int
     """Unix ns; 0: none."""
     trace: TraceParent | None
     priority: int = 0
+    cancelled: CancelSignal | None = None
+    """Set when the request's caller goes away while it computes."""
 
 
 Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]

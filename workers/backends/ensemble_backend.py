@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping, Sequence
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import (
+    Cancelled,
     InferenceFailed,
     InvalidConfig,
     SluiceError,
@@ -90,6 +92,9 @@ class EnsembleBackend:
             asyncio.run_coroutine_threadsafe(self.run(part, outputs, context), self._calls.loop)
             for part, context in zip(parts, contexts, strict=True)
         ]
+        for future, context in zip(futures, contexts, strict=True):
+            if context.cancelled is not None:  # its steps' requests are withdrawn in turn
+                context.cancelled.add(future.cancel)
         answers: list[dict[str, np.ndarray]] = []
         failures: dict[int, SluiceError] = {}
         for index, future in enumerate(futures):
@@ -97,6 +102,9 @@ class EnsembleBackend:
                 answers.append(future.result())
             except SluiceError as exc:
                 failures[index] = exc
+                answers.append({})
+            except CancelledError:
+                failures[index] = Cancelled("the request was cancelled while its steps ran")
                 answers.append({})
             except Exception as exc:
                 failures[index] = InferenceFailed(f"{type(exc).__name__}: {exc}")

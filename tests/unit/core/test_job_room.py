@@ -68,6 +68,8 @@ class Jobs:
             self.keys.stats(MODEL, 1),
             self.keys.queued_jobs(MODEL),
             self.keys.job_room(MODEL),
+            self.keys.tenant_streams(MODEL, 1),
+            self.stream,
         ]
         answer = cast(list[Any], self.redis.eval(jobs.SUBMIT, len(keys), *keys, *args))
         return int(answer[0]), answer[1].decode()

@@ -1,0 +1,258 @@
+"""Requests whose callers went away are not computed.
+
+A slow model computes one long request; a thousand HTTP clients queue requests behind it
+and disconnect; none of them is computed (the model's execution count), the queue is
+empty again, Triton's ``CANCELED`` failure counts them, and the model's next request is
+answered as if they never came. A cancelled gRPC call is withdrawn the same way.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import orjson
+import pytest
+import redis
+import tritonclient.grpc as grpcclient
+
+from tests.support.load import marker, slow_request
+from tests.support.slow_model import write_slow
+from tests.support.stack import Stack
+
+ONE_INSTANCE = "instance_group [ { count: 1 kind: KIND_CPU } ]"
+CLIENTS = 1000
+
+
+def _stats(stack: Stack) -> dict[str, Any]:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        response = http.get("/v2/models/slow/stats")
+    assert response.status_code == 200, response.text
+    stats: dict[str, Any] = response.json()["model_stats"][0]
+    return stats
+
+
+def _canceled_failures(stack: Stack) -> float:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        text = http.get("/metrics").text
+    for line in text.splitlines():
+        failure = line.startswith("nv_inference_request_failure{")
+        if failure and 'reason="CANCELED"' in line and 'model="slow"' in line:
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def _queued(client: redis.Redis, stream_prefix: str) -> int:
+    return sum(
+        int(client.xlen(key))  # type: ignore[arg-type]
+        for key in client.scan_iter(match=f"{stream_prefix}*", _type="stream")
+    )
+
+
+def _computing(client: redis.Redis, stack: Stack) -> bool:
+    """Whether the worker took a request (the blocker) from the queue."""
+    stream = f"{stack.namespace}:req:{{slow}}:1"
+    if not client.exists(stream):
+        return False
+    pending: dict[str, Any] = client.xpending(stream, "workers")  # type: ignore[assignment]
+    return int(pending["pending"]) >= 1
+
+
+def _calibrate(stack: Stack) -> float:
+    """Seconds one ITERS round of the slow model takes here."""
+    with httpx.Client(base_url=stack.url, timeout=120) as http:
+        started = time.monotonic()
+        response = http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(0, 20_000)))
+        assert response.status_code == 200, response.text
+    return max(time.monotonic() - started, 0.001) / 20_000
+
+
+def _request_bytes(stack: Stack, index: int) -> bytes:
+    body = orjson.dumps(slow_request(index, 1))
+    host = stack.url.split("//", 1)[1]
+    head = (
+        f"POST /v2/models/slow/infer HTTP/1.1\r\nhost: {host}\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def test_disconnected_clients_are_not_computed(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
+    stack = start_stack(tmp_path)
+    assert stack.redis_url is not None
+    client = redis.Redis.from_url(stack.redis_url)
+    per_iter = _calibrate(stack)
+    before = _stats(stack)["execution_count"]
+
+    # One long request occupies the only instance while the others queue behind it.
+    blocker_iters = int(30.0 / per_iter)
+    blocker: dict[str, Any] = {}
+
+    def block() -> None:
+        with httpx.Client(base_url=stack.url, timeout=300) as http:
+            response = http.post(
+                "/v2/models/slow/infer", content=orjson.dumps(slow_request(1, blocker_iters))
+            )
+        blocker["status"] = response.status_code
+        blocker["text"] = response.text
+
+    thread = threading.Thread(target=block)
+    thread.start()
+    host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
+    sockets: list[socket.socket] = []
+    try:
+        deadline = time.monotonic() + 60
+        while not _computing(client, stack):  # the blocker goes first
+            assert time.monotonic() < deadline, "the blocker never started"
+            time.sleep(0.05)
+        for index in range(CLIENTS):
+            connection = socket.create_connection((host, int(port)), timeout=30)
+            connection.sendall(_request_bytes(stack, 1000 + index))
+            sockets.append(connection)
+        # Every request is queued (or held by the worker for its next batch)...
+        while _queued(client, f"{stack.namespace}:req:{{slow}}") < CLIENTS:
+            assert time.monotonic() < deadline, "the requests never reached the queue"
+            time.sleep(0.05)
+    finally:
+        # ... when its client goes away.
+        for connection in sockets:
+            connection.close()
+    deadline = time.monotonic() + 60
+    while _queued(client, f"{stack.namespace}:req:{{slow}}") > 1:
+        assert time.monotonic() < deadline, "the cancelled requests stayed queued"
+        time.sleep(0.05)
+    thread.join(300)
+    assert blocker.get("status") == 200, blocker
+
+    # The next request is answered at once, and with its own data.
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        response = http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(7, 1)))
+    assert response.status_code == 200, response.text
+    output = response.json()["outputs"][0]["data"]
+    assert np.allclose(output, marker(7))
+
+    stats = _stats(stack)
+    assert stats["execution_count"] == before + 2  # the blocker and the last request only
+    deadline = time.monotonic() + 30
+    while _canceled_failures(stack) < CLIENTS:
+        assert time.monotonic() < deadline, f"CANCELED failures: {_canceled_failures(stack)}"
+        time.sleep(0.2)
+    assert _canceled_failures(stack) == CLIENTS
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        metrics = http.get("/metrics").text
+    assert f'sluice_tenant_cancelled_total{{tenant="anonymous"}} {CLIENTS}.0' in metrics
+
+
+def test_a_cancelled_grpc_call_is_withdrawn(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
+    stack = start_stack(tmp_path)
+    per_iter = _calibrate(stack)
+    before = _stats(stack)["execution_count"]
+    blocker_iters = int(20.0 / per_iter)
+    grpc = grpcclient.InferenceServerClient(stack.grpc_address)
+
+    def inputs(index: int, iters: int) -> list[grpcclient.InferInput]:
+        data = grpcclient.InferInput("IN", [1, 4], "FP32")
+        data.set_data_from_numpy(np.array([marker(index)], dtype=np.float32))
+        rounds = grpcclient.InferInput("ITERS", [1, 1], "INT64")
+        rounds.set_data_from_numpy(np.array([[iters]], dtype=np.int64))
+        return [data, rounds]
+
+    assert stack.redis_url is not None
+    client = redis.Redis.from_url(stack.redis_url)
+    results: list[Any] = []
+    blocked = threading.Event()
+    blocker = grpc.async_infer(
+        "slow", inputs(1, blocker_iters), callback=lambda result, error: blocked.set()
+    )
+    deadline = time.monotonic() + 60
+    while not _computing(client, stack):
+        assert time.monotonic() < deadline, "the blocker never started"
+        time.sleep(0.05)
+    calls = [
+        grpc.async_infer(
+            "slow", inputs(10 + i, 1), callback=lambda result, error: results.append(error)
+        )
+        for i in range(20)
+    ]
+    time.sleep(1.0)
+    for call in calls:
+        call.cancel()
+    # A call whose deadline passes while it waits is withdrawn too.
+    with pytest.raises(Exception, match="Deadline"):
+        grpc.infer("slow", inputs(99, 1), client_timeout=0.5)
+    assert blocked.wait(300)
+    del blocker
+    answer = grpc.infer("slow", inputs(7, 1))
+    assert np.allclose(answer.as_numpy("OUT"), [marker(7)])
+    assert _stats(stack)["execution_count"] == before + 2
+    grpc.close()
+
+
+ENSEMBLE = """name: "wrapped"
+platform: "ensemble"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling { step [ { model_name: "slow" model_version: -1
+  input_map { key: "IN" value: "IN" } input_map { key: "ITERS" value: "ITERS" }
+  output_map { key: "OUT" value: "OUT" } } ] }
+"""
+
+
+def test_an_ensembles_steps_are_withdrawn_with_it(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    """The client of an ensemble request goes away while its step waits behind another
+    request: the step is withdrawn from the composing model's queue, never computed."""
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
+    (tmp_path / "wrapped" / "1").mkdir(parents=True)
+    (tmp_path / "wrapped" / "config.pbtxt").write_text(ENSEMBLE)
+    stack = start_stack(tmp_path)
+    assert stack.redis_url is not None
+    client = redis.Redis.from_url(stack.redis_url)
+    per_iter = _calibrate(stack)
+    before = _stats(stack)["execution_count"]
+    blocker_iters = int(15.0 / per_iter)
+    done = threading.Event()
+
+    def block() -> None:
+        with httpx.Client(base_url=stack.url, timeout=300) as http:
+            http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(1, blocker_iters)))
+        done.set()
+
+    threading.Thread(target=block).start()
+    deadline = time.monotonic() + 60
+    while not _computing(client, stack):
+        assert time.monotonic() < deadline, "the blocker never started"
+        time.sleep(0.05)
+    host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=30)
+    body = orjson.dumps(slow_request(5, 1))
+    connection.sendall(
+        b"POST /v2/models/wrapped/infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        + f"content-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    stream = f"{stack.namespace}:req:{{slow}}:1"
+    while int(client.xlen(stream)) < 2:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "the ensemble's step never reached its model"
+        time.sleep(0.05)
+    connection.close()
+    while int(client.xlen(stream)) > 1:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "the step stayed queued"
+        time.sleep(0.05)
+    assert done.wait(300)
+    assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
