@@ -17,7 +17,7 @@ from sluice.core.catalog import UNLOADED, CatalogEntry, decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.keys import Keys, load_error_field
-from sluice.core.queue_streams import tenant_members, with_tenants
+from sluice.core.queue_streams import with_tenants
 from sluice.core.wire import MalformedEntry
 from sluice.gateway.routing_view import RoutingView
 
@@ -64,9 +64,6 @@ class CatalogView:
                 models[entry.name] = entry
             self.models, self.revision, self.loaded = models, revision, True
         now = CLOCK.now()
-        self.tenant_members = await tenant_members(
-            redis, self.keys, [(e.name, v) for e in self.models.values() for v in e.versions]
-        )
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.load_errors)
             order: list[tuple[str, int, int]] = []
@@ -75,6 +72,9 @@ class CatalogView:
                 for version in entry.versions:
                     pipe.zrangebyscore(self.keys.live_workers(entry.name, version), now, "+inf")
                     pipe.hgetall(self.keys.worker_hosts(entry.name, version))
+                    # The tenant streams for the next refresh; those of the last one counted
+                    # now (in the same round trip: a new tenant's stream counts one late).
+                    pipe.smembers(self.keys.tenant_streams(entry.name, version))
                     names = with_tenants(
                         streams(version), self.tenant_members.get((entry.name, version), ())
                     )
@@ -86,20 +86,23 @@ class CatalogView:
         ready: dict[str, set[int]] = {}
         depths: dict[tuple[str, int], int] = {}
         hosts: dict[tuple[str, int], frozenset[str]] = {}
+        members: dict[tuple[str, int], list[str]] = {}
         position = 1
         for name, version, stream_count in order:
-            live, advertised = results[position], results[position + 1]
+            live, advertised, tenants = results[position : position + 3]
+            members[(name, version)] = sorted(_text(member) for member in tenants)
             if live:
                 ready.setdefault(name, set()).add(version)
             hosts[(name, version)] = frozenset(
                 advertised.get(worker, b"?").decode(errors="replace") for worker in live
             )
-            first = position + 2
+            first = position + 3
             depths[(name, version)] = sum(results[first : first + stream_count])
             position = first + stream_count
         self.ready = {name: frozenset(versions) for name, versions in ready.items()}
         self.depths = depths
         self.hosts = hosts
+        self.tenant_members = members
 
     def _streams(self, entry: CatalogEntry) -> Callable[[int], list[str]]:
         levels = 0
@@ -227,3 +230,7 @@ def parse_version(version: str) -> int:
 
 def _not_ready(version: int) -> str:
     return f"version {version} is not at ready state"
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

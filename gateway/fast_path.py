@@ -34,7 +34,7 @@ from sluice.gateway.body import check_declared_length, decode_body, parse_header
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import tenant_of
-from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED
+from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED, cancel_on_disconnect
 from sluice.gateway.infer import run_infer
 from sluice.gateway.infer_response import encode_error
 from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
@@ -76,7 +76,12 @@ class InferFastPath:
             # (an inference catches up in the data plane, whatever its transport)
             if state.host_changes.value() != state.host_seen:
                 await follow_changes(state)  # a change through another gateway process
-            await self.app(scope, receive, send)
+            try:
+                await self.app(scope, receive, send)
+            except asyncio.CancelledError:
+                if not scope.get(DISCONNECTED):
+                    raise
+                # A route's client went away while it waited (cancel_on_disconnect).
             return
         if scope["method"] != "POST":
             await _respond(send, 405, encode_error("Method Not Allowed"), [_JSON, _ALLOW_POST])
@@ -130,7 +135,7 @@ class InferFastPath:
                     tenant_of(scope),
                 )
             else:
-                scope[CANCEL_ON_DISCONNECT] = asyncio.current_task()
+                cancel_on_disconnect(scope)
                 try:
                     content, response_json_length = await run_infer(
                         state, match.group(1), version, body, json_length, trace, span, label

@@ -27,6 +27,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidInput, SluiceError
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body import read_body
+from sluice.gateway.http_protocol import cancel_on_disconnect
 from sluice.gateway.infer import (
     OFFLOAD_BYTES,
     Prepared,
@@ -149,6 +150,7 @@ async def _prepare(
 @router.post("/v2/models/{model}/versions/{version}/generate")
 async def generate(request: Request, model: str, version: str | None = None) -> Response:
     prepared, big, encode = await _prepare(request, model, version)
+    cancel_on_disconnect(request.scope)
     answer = await execute(state_of(request), prepared, big, encode)
     return Response(answer, media_type="application/json")
 
@@ -161,6 +163,7 @@ async def generate_stream(request: Request, model: str, version: str | None = No
     prepared, big, encode = await _prepare(request, model, version)
     state = state_of(request)
     if not prepared.decoupled:
+        cancel_on_disconnect(request.scope)
         answer = await execute(state, prepared, big, encode)
         return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
     responses = execute_stream(state, prepared, big, encode)

@@ -54,6 +54,13 @@ CANCEL_ON_DISCONNECT = "sluice.cancel_on_disconnect"
 DISCONNECTED = "sluice.disconnected"
 """Scope key set (True) when that task was cancelled because the client went away."""
 
+
+def cancel_on_disconnect(scope: Any) -> None:
+    """Let a client that goes away before its response starts cancel the current task (a
+    route awaiting an inference): the outermost application swallows that cancellation."""
+    scope[CANCEL_ON_DISCONNECT] = asyncio.current_task()
+
+
 _COMBINE_MAX_BYTES = 64 * 1024
 """A body up to this size is copied behind its head; a larger one goes in its own write."""
 

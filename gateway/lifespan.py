@@ -84,7 +84,9 @@ def _state(
         control=RedisControlPlane(redis, keys),
         redis_room=RedisRoom(settings.redis_memory_high_water),
         host_changes=HostCounter(settings.namespace, host, topic="changes"),
-        quota=TenantQuota(limits.tenants, limits=limits.loaded),
+        quota=TenantQuota(
+            limits.tenants, limits=limits.loaded, processes=settings.gateway_processes
+        ),
         limits_source=limits,
     )
     state.host_seen = state.host_changes.value()

@@ -108,10 +108,15 @@ async def metrics_text(state: GatewayState) -> bytes:
     """The whole ``/metrics`` text (callers check ``allow_metrics``)."""
     snapshot = await state.control.metric_snapshot(state.view)
     # Rendering takes milliseconds per hundred series: not on the event loop.
-    return await asyncio.to_thread(_text, snapshot, state.settings, state.quota.limits)
+    quota = state.quota
+    return await asyncio.to_thread(
+        _text, snapshot, state.settings, quota.limits, tuple(quota.tenants)
+    )
 
 
-def _text(snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits) -> bytes:
+def _text(
+    snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits, tenants: tuple[str, ...]
+) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
     lines = triton_lines(snapshot)
     if settings.torchserve_metrics:
@@ -120,7 +125,9 @@ def _text(snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits) -
     lines += gpu_metrics.GPUS.lines()
     text = ("\n".join(lines) + "\n").encode()
     return (
-        text + sluice_metrics.render(snapshot, segments) + tenant_metrics.render(snapshot, limits)
+        text
+        + sluice_metrics.render(snapshot, segments)
+        + tenant_metrics.render(snapshot, limits, tenants)
     )
 
 

@@ -70,9 +70,14 @@ def give_back_tenant_counts(state: GatewayState, fields: dict[str, int]) -> None
                 state.quota.rejected[(tenant, limit)] += count
 
 
+REFUSING_LIMITS = ("rate", "in_flight", "queued_bytes", QUEUE_FULL)
+
+
 class _Families:
-    def __init__(self, counters: dict[str, int], limits: TenantLimits) -> None:
-        self.counters, self.limits = counters, limits
+    def __init__(
+        self, counters: dict[str, int], limits: TenantLimits, tenants: tuple[str, ...]
+    ) -> None:
+        self.counters, self.limits, self.tenants = counters, limits, tenants
 
     def collect(self) -> Iterator[Metric]:
         requests = CounterMetricFamily(
@@ -92,7 +97,13 @@ class _Families:
             "(a disconnected client, a cancelled gRPC call): withdrawn from the queue",
             labels=["tenant"],
         )
-        for name, count in sorted(self.counters.items()):
+        # Every tenant of the deployment's keys has each series from the start (at 0), so
+        # rates and alerts see a first refusal or cancellation as an increase.
+        counters = dict.fromkeys((CANCELLED + tenant for tenant in self.tenants), 0)
+        for tenant in self.tenants:
+            counters.update(dict.fromkeys((f"{REJECTED}{x}:{tenant}" for x in REFUSING_LIMITS), 0))
+        counters.update(self.counters)
+        for name, count in sorted(counters.items()):
             if name.startswith(REQUESTS):
                 requests.add_metric([name[len(REQUESTS) :]], count)
             elif name.startswith(CANCELLED):
@@ -123,7 +134,9 @@ class _Families:
         yield errors
 
 
-def render(snapshot: Snapshot, limits: TenantLimits) -> bytes:
+def render(snapshot: Snapshot, limits: TenantLimits, tenants: tuple[str, ...] = ()) -> bytes:
+    """The families; ``tenants`` (those of the deployment's keys) have every refusal and
+    cancellation series, at 0 until they count."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(snapshot.gateway_counters, limits))
+    registry.register(_Families(snapshot.gateway_counters, limits, tenants))
     return generate_latest(registry)

@@ -67,7 +67,8 @@ async def _read_peers(state: GatewayState, gateway_id: str) -> None:
         list[bytes | str], await state.redis.zrangebyscore(keys.gateways, CLOCK.now(), "+inf")
     )
     live = [_text(member) for member in members]
-    quota.set_processes(len(live))
+    # (this host's own processes at least, before each of them has reported)
+    quota.set_processes(max(len(live), state.settings.gateway_processes))
     others = [member for member in live if member != gateway_id]
     if not others or not quota.limits.any_shared_count:
         quota.observe_peers({})

@@ -20,6 +20,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body import read_body
+from sluice.gateway.http_protocol import cancel_on_disconnect
 from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
 from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.inspection import server_not_ready
@@ -112,6 +113,7 @@ async def predictions(request: Request, model: str, version: str | None = None) 
             media = _first_element(kind.data).decode("latin-1") if kind else _DEFAULT_TYPE
             return Response(_first_element(answer.data) if answer else b"", media_type=media)
 
+        cancel_on_disconnect(request.scope)
         return await execute(state, prepared, big, encode)
     except SluiceError as exc:
         return _error(exc)

@@ -25,6 +25,7 @@ from sluice.workers.backends.base import (
     Backend,
     CancelSignal,
     ConcurrentBackend,
+    FollowsCancellation,
     RequestContext,
     RequestsFailed,
 )
@@ -202,10 +203,12 @@ class Execution:
     def _watch(
         self, live: list[PendingRequest]
     ) -> tuple[list[CancelSignal] | None, list[Callable[[], None]]]:
-        """For a backend that makes requests on its requests' behalf (an ensemble): a
-        signal per request, set if its caller goes away while it computes, and what
-        forgets them afterwards."""
-        if self.concurrency == 1 or self.cancels is None:
+        """For a backend that makes requests on its requests' behalf (an ensemble, a Python
+        model's BLS calls) or asks whether they are cancelled: a signal per request, set if
+        its caller goes away while it computes, and what forgets them afterwards."""
+        if self.cancels is None or not (
+            self.concurrency > 1 or getattr(self._backend, "follows_cancellation", False)
+        ):
             return None, []
         signals = [CancelSignal() for _ in live]
         forget = [
@@ -258,8 +261,12 @@ class Execution:
         t1 = time.perf_counter_ns()
         failures: dict[int, SluiceError] = {}
         try:
-            if self.concurrency == 1:
+            if self.concurrency == 1 and signals is None:
                 outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
+            elif self.concurrency == 1:
+                outputs = cast(FollowsCancellation, backend).infer(
+                    inputs, wanted, request_sizes=[r.items for r in batch], cancellations=signals
+                )
             else:
                 # A concurrent backend (an ensemble) passes each request's deadline and ids
                 # on to the requests it makes itself.

@@ -23,7 +23,7 @@ from sluice.core import statistics as st
 from sluice.core.errors import InvalidConfig
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.placement import placements, visible_gpus
-from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
+from sluice.core.queue_streams import base_streams, with_tenants
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.controller.autoscaling import ScalePolicy, Scaler, Signals
 from sluice.scheduler.controller.fenced_commands import CommandSender
@@ -54,6 +54,7 @@ class Autoscaler:
     _policies: dict[tuple[str, Any], ScalePolicy | None] = field(default_factory=dict)
     _answered: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=dict)
     _cold_since: dict[tuple[str, int], float] = field(default_factory=dict)
+    _tenant_streams: dict[tuple[str, int], list[str]] = field(default_factory=dict)
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -148,8 +149,8 @@ class Autoscaler:
         bases = base_streams(
             self.keys, model.name, version, dynamic.priority_levels if dynamic else 0
         )
-        members = tenant_members_sync(self.client, self.keys, [(model.name, version)])
-        streams = with_tenants(bases, members[(model.name, version)])
+        # The tenant streams read with the last look (a new one counts from the next).
+        streams = with_tenants(bases, self._tenant_streams.get((model.name, version), ()))
         # Redis's clock (entry ids are its milliseconds), asked apart: a cluster's pipelines
         # cannot carry TIME.
         seconds, microseconds = self.client.time()
@@ -162,7 +163,12 @@ class Autoscaler:
                 pipe.xlen(stream)
                 pipe.xpending(stream, WORKER_GROUP)
                 pipe.xrange(stream, "-", "+", count=1)
+            pipe.smembers(self.keys.tenant_streams(model.name, version))
             results = pipe.execute(raise_on_error=False)
+        if isinstance(results[-1], set):
+            self._tenant_streams[(model.name, version)] = sorted(
+                m.decode() if isinstance(m, bytes) else str(m) for m in results[-1]
+            )
         now_ms = int(seconds) * 1000 + int(microseconds) // 1000
         answered = sum(int(v) for v in results[0] if v is not None)
         backlog = busy = 0

@@ -5,8 +5,8 @@ A model version's queue is one base stream per priority level and the background
 plus, for each tenant that sent it a request, that tenant's stream of the level
 (:meth:`~sluice.core.keys.Keys.request_stream` with a tenant), listed in the version's set
 :meth:`~sluice.core.keys.Keys.tenant_streams`. What reads the queue (workers, queue depth,
-draining) takes the set's members with the base streams: the helpers below, for the
-asynchronous and the synchronous Redis clients alike.
+draining) takes the set's members with the base streams (:func:`with_tenants`), reading
+the set in the round trip it already makes where it can (one refresh late for a new tenant).
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from collections.abc import Iterable
 from typing import Any
 
 from redis import Redis as SyncRedis
-from redis.asyncio import Redis
 
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 
@@ -89,24 +88,10 @@ def levels_of(bases: list[str], streams: Iterable[str]) -> dict[str, int]:
     return {stream: index[base_stream(stream)] for stream in streams}
 
 
-async def tenant_members(
-    redis: Redis, keys: Keys, versions: Iterable[Version]
-) -> dict[Version, list[str]]:
-    """The tenant streams of each of ``versions`` (one round trip)."""
-    wanted = list(versions)
-    if not wanted:
-        return {}
-    async with redis.pipeline(transaction=False) as pipe:
-        for model, version in wanted:
-            pipe.smembers(keys.tenant_streams(model, version))
-        found = await pipe.execute()
-    return {v: sorted(_text(m) for m in members) for v, members in zip(wanted, found, strict=True)}
-
-
 def tenant_members_sync(
     client: SyncRedis, keys: Keys, versions: Iterable[Version]
 ) -> dict[Version, list[str]]:
-    """:func:`tenant_members` for a synchronous client."""
+    """The tenant streams of each of ``versions`` (one round trip)."""
     wanted = list(versions)
     if not wanted:
         return {}

@@ -28,6 +28,8 @@ from tests.support.stack import Stack
 
 ONE_INSTANCE = "instance_group [ { count: 1 kind: KIND_CPU } ]"
 CLIENTS = 1000
+GENERATE_CLIENTS = 10
+"""Of them, clients of the generate route (a FastAPI route, not the inference fast path)."""
 
 
 def _stats(stack: Stack) -> dict[str, Any]:
@@ -74,10 +76,15 @@ def _calibrate(stack: Stack) -> float:
 
 
 def _request_bytes(stack: Stack, index: int) -> bytes:
-    body = orjson.dumps(slow_request(index, 1))
+    if index % (CLIENTS // GENERATE_CLIENTS) == 0:
+        path = "/v2/models/slow/generate"
+        body = orjson.dumps({"IN": marker(index), "ITERS": [1]})
+    else:
+        path = "/v2/models/slow/infer"
+        body = orjson.dumps(slow_request(index, 1))
     host = stack.url.split("//", 1)[1]
     head = (
-        f"POST /v2/models/slow/infer HTTP/1.1\r\nhost: {host}\r\n"
+        f"POST {path} HTTP/1.1\r\nhost: {host}\r\n"
         f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
@@ -116,7 +123,7 @@ def test_disconnected_clients_are_not_computed(
             time.sleep(0.05)
         for index in range(CLIENTS):
             connection = socket.create_connection((host, int(port)), timeout=30)
-            connection.sendall(_request_bytes(stack, 1000 + index))
+            connection.sendall(_request_bytes(stack, index))
             sockets.append(connection)
         # Every request is queued (or held by the worker for its next batch)...
         while _queued(client, f"{stack.namespace}:req:{{slow}}") < CLIENTS:
@@ -254,5 +261,126 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
     while int(client.xlen(stream)) > 1:  # type: ignore[arg-type]
         assert time.monotonic() < deadline, "the step stayed queued"
         time.sleep(0.05)
+    assert done.wait(300)
+    assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
+
+
+WAITER = """
+import os
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+MARKS = os.environ["SLUICE_TEST_MARKS"]
+
+
+def mark(what):
+    with open(os.path.join(MARKS, what), "w") as file:
+        file.write(what)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+            if float(x.reshape(-1)[0]) < 0:  # one BLS call to the slow model
+                mark("calling")
+                call = pb_utils.InferenceRequest(
+                    model_name="slow",
+                    requested_output_names=["OUT"],
+                    inputs=[
+                        pb_utils.Tensor("IN", x.astype(np.float32)),
+                        pb_utils.Tensor("ITERS", np.ones((x.shape[0], 1), dtype=np.int64)),
+                    ],
+                )
+                answer = call.exec()
+                mark("withdrawn" if answer.has_error() else "answered")
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+                continue
+            mark("waiting")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not request.is_cancelled():
+                time.sleep(0.01)
+            mark("cancelled" if request.is_cancelled() else "not-cancelled")
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+        return responses
+"""
+
+WAITER_CONFIG = """name: "waiter"
+backend: "python"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+instance_group [ { count: 1 kind: KIND_CPU } ]
+"""
+
+
+def _send_and_keep(stack: Stack, model: str, value: float) -> socket.socket:
+    host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
+    connection = socket.create_connection((host, int(port)), timeout=30)
+    body = orjson.dumps(
+        {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [value] * 4}]}
+    )
+    connection.sendall(
+        f"POST /v2/models/{model}/infer HTTP/1.1\r\nhost: x\r\n"
+        f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    return connection
+
+
+def _wait_for(path: Path, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not path.exists():
+        assert time.monotonic() < deadline, f"no '{path.name}' mark: {what}"
+        time.sleep(0.05)
+
+
+def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    repository, marks = tmp_path / "repository", tmp_path / "marks"
+    marks.mkdir()
+    write_slow(repository, "slow", max_batch_size=1, extra=ONE_INSTANCE)
+    (repository / "waiter" / "1").mkdir(parents=True)
+    (repository / "waiter" / "1" / "model.py").write_text(WAITER)
+    (repository / "waiter" / "config.pbtxt").write_text(WAITER_CONFIG)
+    stack = start_stack(repository, env={"SLUICE_TEST_MARKS": str(marks)})
+    assert stack.redis_url is not None
+    client = redis.Redis.from_url(stack.redis_url)
+
+    # request.is_cancelled() turns True once the client goes away.
+    connection = _send_and_keep(stack, "waiter", 1.0)
+    _wait_for(marks / "waiting", "the request never reached execute")
+    connection.close()
+    _wait_for(marks / "cancelled", "is_cancelled() never turned True")
+
+    # A BLS call waiting behind another request is withdrawn with its caller.
+    per_iter = _calibrate(stack)
+    before = _stats(stack)["execution_count"]
+    done = threading.Event()
+
+    def block() -> None:
+        with httpx.Client(base_url=stack.url, timeout=300) as http:
+            body = orjson.dumps(slow_request(1, int(15.0 / per_iter)))
+            http.post("/v2/models/slow/infer", content=body)
+        done.set()
+
+    threading.Thread(target=block).start()
+    deadline = time.monotonic() + 60
+    while not _computing(client, stack):
+        assert time.monotonic() < deadline, "the blocker never started"
+        time.sleep(0.05)
+    connection = _send_and_keep(stack, "waiter", -1.0)
+    _wait_for(marks / "calling", "the BLS call was never made")
+    stream = f"{stack.namespace}:req:{{slow}}:1"
+    while int(client.xlen(stream)) < 2:  # type: ignore[arg-type]
+        assert time.monotonic() < deadline, "the BLS call never reached its model"
+        time.sleep(0.05)
+    connection.close()
+    _wait_for(marks / "withdrawn", "the BLS call was not withdrawn")
+    assert int(client.xlen(stream)) == 1  # type: ignore[arg-type]
     assert done.wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone

@@ -31,6 +31,8 @@ from tests.support.stack import Stack
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS_DIR = ROOT / "deploy" / "prometheus"
 DASHBOARD = ROOT / "deploy" / "grafana" / "dashboards" / "sluice.json"
+KEY = "prometheus-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 METRIC_NAME = re.compile(r"\b(?:sluice_\w+|nv_\w+)")
 RATE_INTERVAL = "15s"
 GPU_ROW = "GPU"  # the dashboard row whose panels read nv_gpu_* and nv_energy_consumption
@@ -120,7 +122,8 @@ def prometheus_stack(
         root, "ident", ["FP32"], extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
     )
     write_fragile(root)
-    stack = Stack(root, redis_server.url)
+    # One tenant's key, so the per-tenant panels (queue time of named tenants) have series.
+    stack = Stack(root, redis_server.url, env={"SLUICE_API_KEYS": f"team:{KEY}"})
     stack.start()
     yield stack
     stack.stop()
@@ -143,9 +146,9 @@ def prometheus(
     (job,) = config["scrape_configs"]
     job["scrape_interval"] = "1s"
     job["static_configs"] = [{"targets": [prometheus_stack.address]}]
-    # The stack has no API keys (any key is accepted), but the scrape still sends one.
+    # The scrape sends a key, from a file, as the deploy config does.
     key_file = tmp / "metrics-key"
-    key_file.write_text("no-keys-on-this-stack\n")
+    key_file.write_text(f"{KEY}\n")
     job["authorization"]["credentials_file"] = str(key_file)
     config_file = tmp / "prometheus.yml"
     config_file.write_text(yaml.safe_dump(config))
@@ -197,19 +200,19 @@ def scraped(prometheus_stack: Stack, prometheus: Prometheus) -> Prometheus:
                 {"name": "IN_FP32", "shape": [rows, 2], "datatype": "FP32", "data": [i] * 2 * rows}
             ]
         }
-        with httpx.Client(base_url=prometheus_stack.url, timeout=30) as client:
+        with httpx.Client(base_url=prometheus_stack.url, timeout=30, headers=AUTH) as client:
             return client.post("/v2/models/ident/infer", json=body).status_code
 
     def fragile(i: int) -> int:
         sign = -1 if i % 6 == 0 else 1
         body = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [sign, 1]}]}
-        with httpx.Client(base_url=prometheus_stack.url, timeout=30) as client:
+        with httpx.Client(base_url=prometheus_stack.url, timeout=30, headers=AUTH) as client:
             return client.post("/v2/models/fragile/infer", json=body).status_code
 
     with ThreadPoolExecutor(8) as pool:
         ident_codes = list(pool.map(ident, range(IDENT_REQUESTS)))
         fragile_codes = list(pool.map(fragile, range(FRAGILE_REQUESTS)))
-    with httpx.Client(base_url=prometheus_stack.url, timeout=30) as client:
+    with httpx.Client(base_url=prometheus_stack.url, timeout=30, headers=AUTH) as client:
         bad = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
         assert client.post("/v2/models/fragile/infer", json=bad).status_code == 400
     assert ident_codes == [200] * IDENT_REQUESTS

@@ -106,6 +106,21 @@ class ConcurrentBackend(Protocol):
     def close(self) -> None: ...
 
 
+class FollowsCancellation(Protocol):
+    """A backend that declares ``follows_cancellation = True`` (a Python model), as the
+    worker calls it: with each request's :class:`CancelSignal`."""
+
+    follows_cancellation: bool
+
+    def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
+        cancellations: Sequence[CancelSignal] | None = None,
+    ) -> dict[str, np.ndarray]: ...
+
+
 class BackendFactory(Protocol):
     def __call__(self, config: ModelConfig, model_path: Path, placement: Placement) -> Backend: ...
 

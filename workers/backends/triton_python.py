@@ -30,7 +30,7 @@ from sluice.core.errors import (
 )
 from sluice.core.placement import Placement
 from sluice.workers.backends import triton_python_backend_utils as pb
-from sluice.workers.backends.base import Emit, RequestsFailed
+from sluice.workers.backends.base import CancelSignal, Emit, RequestsFailed
 from sluice.workers.backends.python_model import call_model, forget_module
 
 FINAL_WAIT_S = 300.0
@@ -89,15 +89,28 @@ class TritonPythonBackend:
             except SluiceError as exc:
                 raise InvalidConfig(f"{model_file.name}: {exc.message}") from None
 
+    follows_cancellation = True
+    """``infer`` takes each request's cancellation (``request.is_cancelled()``, BLS calls)."""
+
     def infer(
         self,
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
+        cancellations: Sequence[CancelSignal] | None = None,
     ) -> dict[str, np.ndarray]:
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes)
-        responses = call_model(self._file, "execute", self._model.execute, requests)
+        if cancellations is not None and len(cancellations) == len(requests):
+            for request, signal in zip(requests, cancellations, strict=True):
+                request._cancelled = signal  # type: ignore[attr-defined]
+        else:
+            cancellations = None
+        pb.executing(cancellations)
+        try:
+            responses = call_model(self._file, "execute", self._model.execute, requests)
+        finally:
+            pb.executing(None)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
             got = len(responses) if isinstance(responses, list | tuple) else type(responses)
             raise InferenceFailed(

@@ -22,6 +22,7 @@ import json
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
 from typing import Any, cast
 
 import numpy as np
@@ -29,7 +30,8 @@ import numpy as np
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
-from sluice.core.errors import SluiceError, Unsupported
+from sluice.core.errors import Cancelled, SluiceError, Unsupported
+from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
 _log = logging.getLogger("model.py")
@@ -179,7 +181,10 @@ class InferenceRequest:
         return self._flags
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request's caller went away (as Triton's): a long ``execute`` may stop
+        early and answer with an error, which nobody receives."""
+        signal: CancelSignal | None = getattr(self, "_cancelled", None)
+        return signal is not None and signal.is_set()
 
     def get_response_sender(self) -> InferenceResponseSender:
         sender = getattr(self, "_sender", None)
@@ -191,14 +196,18 @@ class InferenceRequest:
         return cast(InferenceResponseSender, sender)
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Call ``model_name`` with this request (BLS); its answer, or its error."""
+        """Call ``model_name`` with this request (BLS); its answer, or its error. Withdrawn
+        when every request of the batch being executed is cancelled."""
         calls, call = self._bls_call(decoupled)
-        return _response(lambda: calls.call_soon(call))
+        future = asyncio.run_coroutine_threadsafe(call, calls.loop)
+        stop_with_batch(future)
+        return _response(future.result)
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         """:meth:`exec` for ``async def execute``: awaits the answer without blocking."""
         calls, call = self._bls_call(decoupled)
         future = asyncio.run_coroutine_threadsafe(call, calls.loop)
+        stop_with_batch(future)
         return await _async_response(asyncio.wrap_future(future))
 
     def _bls_call(self, decoupled: bool) -> tuple[ModelCalls, Coroutine[Any, Any, Any]]:
@@ -247,6 +256,8 @@ def _response(call: Callable[[], Mapping[str, np.ndarray]]) -> InferenceResponse
         return _answer(call())
     except SluiceError as exc:
         return _failure(exc)
+    except (CancelledError, asyncio.CancelledError):
+        return _failure(_BLS_CANCELLED)
 
 
 async def _async_response(call: Awaitable[Mapping[str, np.ndarray]]) -> InferenceResponse:
@@ -254,6 +265,38 @@ async def _async_response(call: Awaitable[Mapping[str, np.ndarray]]) -> Inferenc
         return _answer(await call)
     except SluiceError as exc:
         return _failure(exc)
+    except (CancelledError, asyncio.CancelledError):
+        return _failure(_BLS_CANCELLED)
+
+
+_BLS_CANCELLED = Cancelled("the BLS call was withdrawn: every request it served was cancelled")
+
+_BATCH = threading.local()
+"""The cancellation signals of the batch this compute thread executes (``signals``)."""
+
+
+def executing(signals: Sequence[CancelSignal] | None) -> None:
+    """Say which batch this thread executes now (None: none)."""
+    _BATCH.signals = signals
+
+
+def stop_with_batch(future: Future[Any]) -> None:
+    """Cancel ``future`` (a BLS call) once every request of the executing batch is."""
+    signals: Sequence[CancelSignal] | None = getattr(_BATCH, "signals", None)
+    if not signals:
+        return
+    remaining = [len(signals)]
+    lock = threading.Lock()
+
+    def one_more() -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if last:
+            future.cancel()
+
+    for signal in signals:
+        signal.add(one_more)
 
 
 def get_input_tensor_by_name(request: InferenceRequest, name: str) -> Tensor | None:

@@ -62,6 +62,10 @@ DASHBOARD_FAMILIES = {
     "nv_gpu_memory_used_bytes",
     "nv_gpu_power_usage",
     "nv_energy_consumption",
+    "sluice_tenant_requests_total",
+    "sluice_tenant_rejected_total",
+    "sluice_tenant_cancelled_total",
+    "sluice_tenant_queue_duration_seconds_bucket",
 }
 
 
