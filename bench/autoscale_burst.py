@@ -13,18 +13,14 @@ Prints one Markdown table; requests refused (503, a full queue) are counted, not
 from __future__ import annotations
 
 import argparse
-import asyncio
 import math
 import re
 import shutil
 import tempfile
-from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
 
 from bench import loadgen
 from bench.client import Target, get_json, model_path, wait_until_ready
-from bench.loadgen import HttpConnection
 from bench.payload import build_request
 from bench.stack import start_stack, stop_stack
 
@@ -36,47 +32,14 @@ parameters {{ key: "sluice.scale_down_window_s" value {{ string_value: "10" }} }
 """
 
 
-@dataclass
-class Trace:
-    sent: list[tuple[float, float, int]] = field(default_factory=list)
-    """(scheduled time from the start, latency, HTTP status)"""
-
-
-async def _phases(target: Target, raw: bytes, phases: list[tuple[float, float]]) -> Trace:
-    """Open loop through ``phases`` of (seconds, requests per second)."""
-    trace = Trace()
-    idle: list[HttpConnection] = []
-    start = perf_counter()
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(scheduled: float) -> None:
-        connection, status, _ = await loadgen._send(target, idle.pop() if idle else None, raw)
-        trace.sent.append((scheduled - start, perf_counter() - scheduled, status))
-        if connection is not None:
-            idle.append(connection)
-
-    offset = 0.0
-    for seconds, rate in phases:
-        count = int(seconds * rate)
-        for index in range(count):
-            scheduled = start + offset + index / rate
-            delay = scheduled - perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            tasks.append(asyncio.create_task(one(scheduled)))
-        offset += seconds
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=300)
-    for connection in idle:
-        connection.close()
-    return trace
-
-
 def _p99(values: list[float]) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, math.ceil(0.99 * len(ordered)) - 1)]
 
 
-def _recovery_s(trace: Trace, burst_start: float, objective_s: float, end: float) -> float | None:
+def _recovery_s(
+    trace: loadgen.Trace, burst_start: float, objective_s: float, end: float
+) -> float | None:
     """Seconds from the burst's start to the end of the first second after which every
     second's p99 stays under the objective; None if it never does."""
     seconds: dict[int, list[float]] = {}
@@ -139,7 +102,7 @@ def main() -> None:
                     print(f"one instance answers {capacity:.0f} requests/s", flush=True)
                 low, high = 0.1 * capacity, 3.0 * capacity
                 phases = [(args.low_s, low), (args.burst_s, high), (args.after_s, low)]
-                trace = loadgen.run(_phases(target, request.raw, phases))
+                trace = loadgen.run(loadgen.open_loop_phases(target, request.raw, phases, 300))
             finally:
                 stop_stack(stack)
             end = args.low_s + args.burst_s + args.after_s

@@ -32,31 +32,18 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from pathlib import Path
 from time import perf_counter
 from typing import Any
 
 from bench import loadgen
 from bench.client import Target, model_path
-from bench.loadgen import HttpConnection
+from bench.loadgen import Trace
 from bench.payload import build_request
 from bench.stack import start_stack, stop_stack
 
 KEYS = {"a": "bench-key-of-a", "b": "bench-key-of-b"}
 ITEMS_PER_REQUEST = 8
-
-
-@dataclass
-class Trace:
-    sent: list[tuple[float, float, int]] = field(default_factory=list)
-    """(scheduled time from the start, latency, HTTP status)"""
-
-    def answered(self) -> list[float]:
-        return [latency for _, latency, status in self.sent if status == 200]
-
-    def refused(self) -> int:
-        return sum(1 for _, _, status in self.sent if status != 200)
 
 
 def with_key(raw: bytes, tenant: str) -> bytes:
@@ -66,29 +53,8 @@ def with_key(raw: bytes, tenant: str) -> bytes:
 
 
 async def open_loop(target: Target, raw: bytes, rate: float, seconds: float) -> Trace:
-    """``rate`` requests per second for ``seconds``, each sent at its time whatever the
-    answers to the others (a connection each while they are in flight)."""
-    trace = Trace()
-    idle: list[HttpConnection] = []
-    start = perf_counter()
-    tasks: list[asyncio.Task[None]] = []
-
-    async def one(scheduled: float) -> None:
-        connection, status, _ = await loadgen._send(target, idle.pop() if idle else None, raw)
-        trace.sent.append((scheduled - start, perf_counter() - scheduled, status))
-        if connection is not None:
-            idle.append(connection)
-
-    for index in range(int(seconds * rate)):
-        scheduled = start + index / rate
-        delay = scheduled - perf_counter()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(scheduled)))
-    await asyncio.wait_for(asyncio.gather(*tasks), timeout=600)
-    for connection in idle:
-        connection.close()
-    return trace
+    """``rate`` requests per second for ``seconds`` (see :func:`loadgen.open_loop_phases`)."""
+    return await loadgen.open_loop_phases(target, raw, [(seconds, rate)])
 
 
 async def together(*loads: Coroutine[Any, Any, object]) -> list[object]:

@@ -253,6 +253,52 @@ async def open_loop(
     )
 
 
+@dataclass
+class Trace:
+    """Every request of an open loop: when it was due, how long it took, its status."""
+
+    sent: list[tuple[float, float, int]] = field(default_factory=list)
+    """(scheduled time from the start, latency, HTTP status)"""
+
+    def answered(self) -> list[float]:
+        return [latency for _, latency, status in self.sent if status == 200]
+
+    def refused(self) -> int:
+        return sum(1 for _, _, status in self.sent if status != 200)
+
+
+async def open_loop_phases(
+    target: Target, raw: bytes, phases: list[tuple[float, float]], timeout_s: float = 600
+) -> Trace:
+    """An open loop through ``phases`` of (seconds, requests per second): each request
+    goes at its time whatever the answers to the others (a connection each while they are
+    in flight), and the trace keeps every one."""
+    trace = Trace()
+    idle: list[HttpConnection] = []
+    start = perf_counter()
+    tasks: list[asyncio.Task[None]] = []
+
+    async def one(scheduled: float) -> None:
+        connection, status, _ = await _send(target, idle.pop() if idle else None, raw)
+        trace.sent.append((scheduled - start, perf_counter() - scheduled, status))
+        if connection is not None:
+            idle.append(connection)
+
+    offset = 0.0
+    for seconds, rate in phases:
+        for index in range(int(seconds * rate)):
+            scheduled = start + offset + index / rate
+            delay = scheduled - perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(scheduled)))
+        offset += seconds
+    await asyncio.wait_for(asyncio.gather(*tasks), timeout=timeout_s)
+    for connection in idle:
+        connection.close()
+    return trace
+
+
 def run(coroutine: Coroutine[Any, Any, T]) -> T:
     """Run a coroutine to completion on a fresh uvloop event loop."""
     return uvloop.run(coroutine)

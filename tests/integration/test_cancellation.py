@@ -12,6 +12,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -52,8 +53,7 @@ def _canceled_failures(stack: Stack) -> float:
 
 def _queued(client: redis.Redis, stream_prefix: str) -> int:
     return sum(
-        int(client.xlen(key))  # type: ignore[arg-type]
-        for key in client.scan_iter(match=f"{stream_prefix}*", _type="stream")
+        int(client.xlen(key)) for key in client.scan_iter(match=f"{stream_prefix}*", _type="stream")
     )
 
 
@@ -62,7 +62,7 @@ def _computing(client: redis.Redis, stack: Stack) -> bool:
     stream = f"{stack.namespace}:req:{{slow}}:1"
     if not client.exists(stream):
         return False
-    pending: dict[str, Any] = client.xpending(stream, "workers")  # type: ignore[assignment]
+    pending: dict[str, Any] = client.xpending(stream, "workers")
     return int(pending["pending"]) >= 1
 
 
@@ -73,6 +73,58 @@ def _calibrate(stack: Stack) -> float:
         response = http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(0, 20_000)))
         assert response.status_code == 200, response.text
     return max(time.monotonic() - started, 0.001) / 20_000
+
+
+@dataclass
+class SlowStack:
+    """A stack serving the slow model on one instance, and what the tests read of it."""
+
+    stack: Stack
+    client: redis.Redis
+    per_iter: float
+    """Seconds one ITERS round takes here."""
+    executions: int
+    """The slow model's execution count once calibrated."""
+
+
+def _slow_stack(
+    repository: Path, start_stack: Callable[..., Stack], env: dict[str, str] | None = None
+) -> SlowStack:
+    write_slow(repository, "slow", max_batch_size=1, extra=ONE_INSTANCE)
+    stack = start_stack(repository, env=env)
+    assert stack.redis_url is not None
+    per_iter = _calibrate(stack)
+    return SlowStack(
+        stack, redis.Redis.from_url(stack.redis_url), per_iter, _stats(stack)["execution_count"]
+    )
+
+
+def _block(slow: SlowStack, seconds: float) -> dict[str, Any]:
+    """Occupy the only instance for about ``seconds`` with one request over HTTP; returns
+    once the worker took it. The dict gets the answer's ``status`` and ``text``, then
+    ``done`` (an Event) is set."""
+    stack = slow.stack
+    blocker: dict[str, Any] = {"done": threading.Event()}
+    iters = int(seconds / slow.per_iter)
+
+    def block() -> None:
+        with httpx.Client(base_url=stack.url, timeout=300) as http:
+            response = http.post(
+                "/v2/models/slow/infer", content=orjson.dumps(slow_request(1, iters))
+            )
+        blocker["status"], blocker["text"] = response.status_code, response.text
+        blocker["done"].set()
+
+    threading.Thread(target=block, daemon=True).start()
+    _wait_until_computing(slow)
+    return blocker
+
+
+def _wait_until_computing(slow: SlowStack) -> None:
+    deadline = time.monotonic() + 60
+    while not _computing(slow.client, slow.stack):
+        assert time.monotonic() < deadline, "the blocker never started"
+        time.sleep(0.05)
 
 
 def _request_bytes(stack: Stack, index: int) -> bytes:
@@ -93,34 +145,14 @@ def _request_bytes(stack: Stack, index: int) -> bytes:
 def test_disconnected_clients_are_not_computed(
     tmp_path: Path, start_stack: Callable[..., Stack]
 ) -> None:
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
-    stack = start_stack(tmp_path)
-    assert stack.redis_url is not None
-    client = redis.Redis.from_url(stack.redis_url)
-    per_iter = _calibrate(stack)
-    before = _stats(stack)["execution_count"]
-
+    slow = _slow_stack(tmp_path, start_stack)
+    stack, client, before = slow.stack, slow.client, slow.executions
     # One long request occupies the only instance while the others queue behind it.
-    blocker_iters = int(30.0 / per_iter)
-    blocker: dict[str, Any] = {}
-
-    def block() -> None:
-        with httpx.Client(base_url=stack.url, timeout=300) as http:
-            response = http.post(
-                "/v2/models/slow/infer", content=orjson.dumps(slow_request(1, blocker_iters))
-            )
-        blocker["status"] = response.status_code
-        blocker["text"] = response.text
-
-    thread = threading.Thread(target=block)
-    thread.start()
+    blocker = _block(slow, 30.0)
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     sockets: list[socket.socket] = []
+    deadline = time.monotonic() + 60
     try:
-        deadline = time.monotonic() + 60
-        while not _computing(client, stack):  # the blocker goes first
-            assert time.monotonic() < deadline, "the blocker never started"
-            time.sleep(0.05)
         for index in range(CLIENTS):
             connection = socket.create_connection((host, int(port)), timeout=30)
             connection.sendall(_request_bytes(stack, index))
@@ -133,11 +165,10 @@ def test_disconnected_clients_are_not_computed(
         # ... when its client goes away.
         for connection in sockets:
             connection.close()
-    deadline = time.monotonic() + 60
     while _queued(client, f"{stack.namespace}:req:{{slow}}") > 1:
         assert time.monotonic() < deadline, "the cancelled requests stayed queued"
         time.sleep(0.05)
-    thread.join(300)
+    assert blocker["done"].wait(300)
     assert blocker.get("status") == 200, blocker
 
     # The next request is answered at once, and with its own data.
@@ -162,11 +193,9 @@ def test_disconnected_clients_are_not_computed(
 def test_a_cancelled_grpc_call_is_withdrawn(
     tmp_path: Path, start_stack: Callable[..., Stack]
 ) -> None:
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
-    stack = start_stack(tmp_path)
-    per_iter = _calibrate(stack)
-    before = _stats(stack)["execution_count"]
-    blocker_iters = int(20.0 / per_iter)
+    slow = _slow_stack(tmp_path, start_stack)
+    stack, before = slow.stack, slow.executions
+    blocker_iters = int(20.0 / slow.per_iter)
     grpc = grpcclient.InferenceServerClient(stack.grpc_address)
 
     def inputs(index: int, iters: int) -> list[grpcclient.InferInput]:
@@ -176,17 +205,12 @@ def test_a_cancelled_grpc_call_is_withdrawn(
         rounds.set_data_from_numpy(np.array([[iters]], dtype=np.int64))
         return [data, rounds]
 
-    assert stack.redis_url is not None
-    client = redis.Redis.from_url(stack.redis_url)
     results: list[Any] = []
     blocked = threading.Event()
     blocker = grpc.async_infer(
         "slow", inputs(1, blocker_iters), callback=lambda result, error: blocked.set()
     )
-    deadline = time.monotonic() + 60
-    while not _computing(client, stack):
-        assert time.monotonic() < deadline, "the blocker never started"
-        time.sleep(0.05)
+    _wait_until_computing(slow)
     calls = [
         grpc.async_infer(
             "slow", inputs(10 + i, 1), callback=lambda result, error: results.append(error)
@@ -224,27 +248,12 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
 ) -> None:
     """The client of an ensemble request goes away while its step waits behind another
     request: the step is withdrawn from the composing model's queue, never computed."""
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=ONE_INSTANCE)
     (tmp_path / "wrapped" / "1").mkdir(parents=True)
     (tmp_path / "wrapped" / "config.pbtxt").write_text(ENSEMBLE)
-    stack = start_stack(tmp_path)
-    assert stack.redis_url is not None
-    client = redis.Redis.from_url(stack.redis_url)
-    per_iter = _calibrate(stack)
-    before = _stats(stack)["execution_count"]
-    blocker_iters = int(15.0 / per_iter)
-    done = threading.Event()
-
-    def block() -> None:
-        with httpx.Client(base_url=stack.url, timeout=300) as http:
-            http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(1, blocker_iters)))
-        done.set()
-
-    threading.Thread(target=block).start()
+    slow = _slow_stack(tmp_path, start_stack)
+    stack, client, before = slow.stack, slow.client, slow.executions
+    blocker = _block(slow, 15.0)
     deadline = time.monotonic() + 60
-    while not _computing(client, stack):
-        assert time.monotonic() < deadline, "the blocker never started"
-        time.sleep(0.05)
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=30)
     body = orjson.dumps(slow_request(5, 1))
@@ -254,14 +263,14 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
         + body
     )
     stream = f"{stack.namespace}:req:{{slow}}:1"
-    while int(client.xlen(stream)) < 2:  # type: ignore[arg-type]
+    while int(client.xlen(stream)) < 2:
         assert time.monotonic() < deadline, "the ensemble's step never reached its model"
         time.sleep(0.05)
     connection.close()
-    while int(client.xlen(stream)) > 1:  # type: ignore[arg-type]
+    while int(client.xlen(stream)) > 1:
         assert time.monotonic() < deadline, "the step stayed queued"
         time.sleep(0.05)
-    assert done.wait(300)
+    assert blocker["done"].wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
 
 
@@ -343,13 +352,11 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
 ) -> None:
     repository, marks = tmp_path / "repository", tmp_path / "marks"
     marks.mkdir()
-    write_slow(repository, "slow", max_batch_size=1, extra=ONE_INSTANCE)
     (repository / "waiter" / "1").mkdir(parents=True)
     (repository / "waiter" / "1" / "model.py").write_text(WAITER)
     (repository / "waiter" / "config.pbtxt").write_text(WAITER_CONFIG)
-    stack = start_stack(repository, env={"SLUICE_TEST_MARKS": str(marks)})
-    assert stack.redis_url is not None
-    client = redis.Redis.from_url(stack.redis_url)
+    slow = _slow_stack(repository, start_stack, env={"SLUICE_TEST_MARKS": str(marks)})
+    stack, client, before = slow.stack, slow.client, slow.executions
 
     # request.is_cancelled() turns True once the client goes away.
     connection = _send_and_keep(stack, "waiter", 1.0)
@@ -358,29 +365,16 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
     _wait_for(marks / "cancelled", "is_cancelled() never turned True")
 
     # A BLS call waiting behind another request is withdrawn with its caller.
-    per_iter = _calibrate(stack)
-    before = _stats(stack)["execution_count"]
-    done = threading.Event()
-
-    def block() -> None:
-        with httpx.Client(base_url=stack.url, timeout=300) as http:
-            body = orjson.dumps(slow_request(1, int(15.0 / per_iter)))
-            http.post("/v2/models/slow/infer", content=body)
-        done.set()
-
-    threading.Thread(target=block).start()
+    blocker = _block(slow, 15.0)
     deadline = time.monotonic() + 60
-    while not _computing(client, stack):
-        assert time.monotonic() < deadline, "the blocker never started"
-        time.sleep(0.05)
     connection = _send_and_keep(stack, "waiter", -1.0)
     _wait_for(marks / "calling", "the BLS call was never made")
     stream = f"{stack.namespace}:req:{{slow}}:1"
-    while int(client.xlen(stream)) < 2:  # type: ignore[arg-type]
+    while int(client.xlen(stream)) < 2:
         assert time.monotonic() < deadline, "the BLS call never reached its model"
         time.sleep(0.05)
     connection.close()
     _wait_for(marks / "withdrawn", "the BLS call was not withdrawn")
-    assert int(client.xlen(stream)) == 1  # type: ignore[arg-type]
-    assert done.wait(300)
+    assert int(client.xlen(stream)) == 1
+    assert blocker["done"].wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone

@@ -58,24 +58,31 @@ def limits_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+def _tenants_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, env: dict[str, str]
+) -> Iterator[Stack]:
+    """A stack of the identity model with team-a's and team-b's keys, and ``env``."""
+    root = tmp_path_factory.mktemp("tenants")
+    write_identity(root / "repository", MODEL, ["FP32"])
+    keys = {"SLUICE_API_KEYS": f"team-a:{KEY_A},team-b:{KEY_B}"}
+    stack = Stack(root / "repository", redis_server.url, env=keys | env)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
 @pytest.fixture(scope="module")
 def stack(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer, limits_file: Path
 ) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("tenants")
-    write_identity(root / "repository", MODEL, ["FP32"])
-    stack = Stack(
-        root / "repository",
-        redis_server.url,
-        env={
-            "SLUICE_API_KEYS": f"team-a:{KEY_A},team-b:{KEY_B}",
+    yield from _tenants_stack(
+        tmp_path_factory,
+        redis_server,
+        {
             "SLUICE_TENANT_LIMITS_FILE": str(limits_file),
             "SLUICE_GATEWAY_PROCESSES": "1",  # (the whole rate is this process's)
         },
     )
-    stack.start()
-    yield stack
-    stack.stop()
 
 
 @pytest.fixture(scope="module")
@@ -200,21 +207,15 @@ def test_a_changed_file_applies_without_a_restart(http: httpx.Client, limits_fil
 def two_gateways(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
 ) -> Iterator[Stack]:
-    root = tmp_path_factory.mktemp("tenants-two")
-    write_identity(root / "repository", MODEL, ["FP32"])
-    stack = Stack(
-        root / "repository",
-        redis_server.url,
-        env={
-            "SLUICE_API_KEYS": f"team-a:{KEY_A},team-b:{KEY_B}",
+    yield from _tenants_stack(
+        tmp_path_factory,
+        redis_server,
+        {
             "SLUICE_TENANT_LIMITS": "[tenants.team-a]\nrate = 0.001\nburst = 4\n",
             "SLUICE_GATEWAY_PROCESSES": "2",
             "SLUICE_CATALOG_IDLE_REFRESH_S": "0.5",  # (idle, each refreshes every 0.5 s)
         },
     )
-    stack.start()
-    yield stack
-    stack.stop()
 
 
 def test_gateway_processes_share_the_rate(two_gateways: Stack) -> None:
