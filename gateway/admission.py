@@ -67,6 +67,37 @@ class Admission:
     ) -> Iterator[None]:
         key = (model, version)
         self.arrived += 1
+        held = self.check_room(model, version, max_queue_size, request_id, tenant)
+        self.in_flight += 1
+        self.per_model[key] = self.per_model.get(key, 0) + 1
+        held[tenant] = held.get(tenant, 0) + 1
+        self.tenant_admitted[tenant] += 1
+        try:
+            yield
+        except asyncio.CancelledError:  # its caller went away (sluice.core.cancellation)
+            self.tenant_cancelled[tenant] += 1
+            raise
+        finally:
+            self.in_flight -= 1
+            self.per_model[key] -= 1
+            left = held[tenant] - 1
+            if left:
+                held[tenant] = left
+            else:
+                del held[tenant]
+
+    def check_room(
+        self,
+        model: str,
+        version: int,
+        max_queue_size: int,
+        request_id: str = "",
+        tenant: str = ANONYMOUS,
+    ) -> dict[str, int]:
+        """Refuse a request this process or the model's queue has no room for (counted);
+        else the model version's requests held here per tenant. Also called before a large
+        body is read, so that a refusal does not read it first."""
+        key = (model, version)
         if self.in_flight >= self.max_in_flight:
             self.rejected[(model, version, "in_flight")] += 1
             raise ServerBusy(
@@ -88,23 +119,7 @@ class Admission:
                     f"its max_queue_size is {max_queue_size}; retry later",
                     1,
                 )
-        self.in_flight += 1
-        self.per_model[key] = self.per_model.get(key, 0) + 1
-        held[tenant] = held.get(tenant, 0) + 1
-        self.tenant_admitted[tenant] += 1
-        try:
-            yield
-        except asyncio.CancelledError:  # its caller went away (sluice.core.cancellation)
-            self.tenant_cancelled[tenant] += 1
-            raise
-        finally:
-            self.in_flight -= 1
-            self.per_model[key] -= 1
-            left = held[tenant] - 1
-            if left:
-                held[tenant] = left
-            else:
-                del held[tenant]
+        return held
 
     def _under_share(
         self, held: dict[str, int], tenant: str, depth: int, max_queue_size: int

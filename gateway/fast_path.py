@@ -35,12 +35,16 @@ from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import tenant_of
 from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED, cancel_on_disconnect
-from sluice.gateway.infer import run_infer
+from sluice.gateway.infer import refuse_early, run_infer
 from sluice.gateway.infer_response import encode_error
 from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
+
+EARLY_REFUSAL_BYTES = 64 * 1024
+"""A request with a body at least this large is checked against its tenant's limits and
+its model's queue before the body is read (:func:`~sluice.gateway.infer.refuse_early`)."""
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+)|/labels/([^/]+))?/infer$")
 _JSON = (b"content-type", b"application/json")
@@ -111,16 +115,21 @@ class InferFastPath:
         if trace is not None:
             TRACE_ID.set(trace.trace_id)
         error = ""
+        unread = True
         try:
             limit = state.settings.max_body_bytes
-            reservation.ensure(check_declared_length(headers.get(b"content-length"), limit) or 0)
+            declared = check_declared_length(headers.get(b"content-length"), limit) or 0
+            version, label = match.group(2), match.group(3)
+            if declared >= EARLY_REFUSAL_BYTES:
+                refuse_early(state, match.group(1), version, label)
+            reservation.ensure(declared)
             body = await _read(receive, limit, reservation)
+            unread = False
             encoding = headers.get(b"content-encoding")
             if encoding is not None:  # decompressing may take long: not on the event loop
                 body = await asyncio.to_thread(decode_body, body, encoding, limit)
                 reservation.ensure(len(body))
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
-            version, label = match.group(2), match.group(3)
             label = requested_label(version, label, headers.get(b"sluice-version-label"))
             if prefers_async(headers.get(b"prefer")):
                 status, content, response_headers = await _submit_job(
@@ -166,6 +175,8 @@ class InferFastPath:
             content, response_headers = encode_error(error), [_JSON]
             if isinstance(exc, Overloaded):
                 response_headers.append((b"retry-after", str(exc.retry_after_s).encode()))
+            if unread:  # (refused before its body was read: the connection cannot go on)
+                response_headers.append((b"connection", b"close"))
             # A model's failure is worth a warning; refusals are the client's (or load's).
             level = logging.WARNING if status == 500 else logging.DEBUG
             request_id.current()  # (made up now if need be, so the line carries it)

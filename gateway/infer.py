@@ -15,7 +15,13 @@ from typing import TYPE_CHECKING, TypeVar
 
 from sluice.core.clock import CLOCK
 from sluice.core.config import DynamicBatching, ModelConfig
-from sluice.core.errors import InvalidInput, Unavailable, Unsupported, error_from_kind
+from sluice.core.errors import (
+    InvalidInput,
+    SluiceError,
+    Unavailable,
+    Unsupported,
+    error_from_kind,
+)
 from sluice.core.keys import Keys
 from sluice.core.routing import PARAMETER, parameter_label
 from sluice.core.sequences import batch_size_problem, sequence_of
@@ -184,13 +190,37 @@ async def prepare_with(
         number,
         _priority(parsed, dynamic),
         timeout_us,
-        (dynamic.max_queue_size if dynamic else 0) or state.settings.default_max_queue_size,
+        max_queue_of(config, state.settings.default_max_queue_size),
         request_id.settle(parsed.id),
         version is None and label is None and named is None and slot is None,
         slot,
         config.decoupled,
         CURRENT_TENANT.get(),
     )
+
+
+def max_queue_of(config: ModelConfig, default: int) -> int:
+    """A model's queue limit: its ``max_queue_size``, else the deployment's default."""
+    dynamic = config.dynamic_batching
+    return (dynamic.max_queue_size if dynamic else 0) or default
+
+
+def refuse_early(state: GatewayState, model: str, version: str | None, label: str | None) -> None:
+    """Refuse, before its body is read, a request that admission would refuse anyway: the
+    caller's tenant is over its rate or its requests in flight, or the model's queue (as
+    far as this process knows) has no room for it. A flood of large requests then costs
+    the refusals, not the reading and parsing of bodies that go nowhere. Silent when the
+    model or version is unknown here: the full path says why."""
+    try:
+        entry, number = state.view.resolve(model, version, label)
+    except SluiceError:
+        return
+    if entry.config is None:
+        return
+    tenant = CURRENT_TENANT.get()
+    state.quota.check_early(tenant)
+    max_queue = max_queue_of(entry.config, state.settings.default_max_queue_size)
+    state.admission.check_room(model, number, max_queue, "", tenant)
 
 
 def _sequence_slot(parsed: InferRequest, config: ModelConfig) -> int:

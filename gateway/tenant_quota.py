@@ -54,6 +54,11 @@ class TokenBucket:
         self.tokens = tokens
         return (1.0 - tokens) / self.rate
 
+    def wait(self, now: float) -> float:
+        """The seconds until a token is there (0: now), taking none."""
+        tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        return 0.0 if tokens >= 1.0 else (1.0 - tokens) / self.rate
+
     def resize(self, rate: float, burst: float, now: float) -> None:
         """New rate and size; the tokens held so far stay (up to the new size)."""
         self.tokens = min(burst, self.tokens + (now - self.stamp) * self.rate)
@@ -179,6 +184,26 @@ class TenantQuota:
         usage.in_flight += 1
         usage.queued_bytes += nbytes
         return _Held(usage, nbytes)
+
+    def check_early(self, tenant: str) -> None:
+        """Refuse a request of ``tenant`` that :meth:`hold` would refuse for its requests in
+        flight or its rate, before its body is read (taking no token: :meth:`hold` does)."""
+        usage = self.usage.get(tenant)
+        if usage is None:
+            return
+        limit = usage.limit
+        held = usage.in_flight + usage.peer_in_flight
+        if limit.max_in_flight is not None and held >= limit.max_in_flight:
+            self._refuse(usage, "in_flight", f"max_in_flight={limit.max_in_flight}", 1)
+        bucket = usage.bucket
+        wait = bucket.wait(self.clock()) if bucket is not None else 0.0
+        if wait:
+            self._refuse(
+                usage,
+                "rate",
+                f"rate={_number(limit.rate or 0)}/s, burst={_number(limit.burst or 1)}",
+                max(1, math.ceil(wait)),
+            )
 
     def check_rate(self, tenant: str) -> None:
         """Take a token of ``tenant`` for a request that is not held here (a job), or

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
+from sluice.core.errors import Unavailable
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 from sluice.core.queue_streams import REGISTER, register_keys
 
@@ -73,8 +74,17 @@ class TenantStreams:
 
 
 async def make_known(state: GatewayState, model: str, version: int, stream: str) -> None:
-    """:meth:`TenantStreams.ensure` with the gateway's script and Redis server."""
+    """:meth:`TenantStreams.ensure` with the gateway's script and Redis server; Redis out
+    of reach is the client's 503, as for the append."""
     if base_stream(stream) != stream:
-        await state.tenant_streams.ensure(
-            state.control.script(REGISTER), state.keys, model, version, stream, state.redis_run_id
-        )
+        try:
+            await state.tenant_streams.ensure(
+                state.control.script(REGISTER),
+                state.keys,
+                model,
+                version,
+                stream,
+                state.redis_run_id,
+            )
+        except RedisError as exc:
+            raise Unavailable(f"the request queue is unreachable: {exc}") from None

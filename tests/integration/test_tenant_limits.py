@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -146,6 +147,28 @@ def test_a_tenant_over_its_rate_is_refused_and_the_other_is_not(http: httpx.Clie
     assert metric(http, "sluice_tenant_requests_total", tenant="team-b") >= 10
     assert metric(http, "sluice_tenant_limit", tenant="team-a", limit="burst") == 2
     assert metric(http, "sluice_tenant_limit", tenant="team-a", limit="weight") == 2
+
+
+def test_a_large_request_over_the_rate_is_refused_before_its_body_is_read(
+    stack: Stack, http: httpx.Client
+) -> None:
+    """team-a is over its rate (the test above): a request announcing a megabyte is refused
+    at once, although its body never comes, and the connection is closed after it."""
+    assert infer(http, KEY_A).status_code == 429
+    host, port = stack.address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=10) as connection:
+        connection.sendall(
+            f"POST /v2/models/{MODEL}/infer HTTP/1.1\r\nhost: x\r\n"
+            f"authorization: Bearer {KEY_A}\r\ncontent-type: application/json\r\n"
+            f"content-length: {1 << 20}\r\n\r\n".encode()
+        )
+        answer = b""
+        while chunk := connection.recv(65536):  # (the server closes the connection)
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 429"), answer
+    assert b"connection: close" in head.lower() and b"retry-after" in head.lower()
+    assert b"over its rate limit" in body
 
 
 def test_the_weights_are_written_for_the_workers(stack: Stack, redis_server: RedisServer) -> None:
