@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from sluice.core.tenant_limits import WILDCARD, TenantLimit, TenantLimits
+from sluice.core.tenant_limits import LIMIT_NAMES, WILDCARD, TenantLimit, TenantLimits
 from sluice.gateway.metric_snapshot import Snapshot
 from sluice.gateway.state import GatewayState
 
@@ -70,7 +70,7 @@ def give_back_tenant_counts(state: GatewayState, fields: dict[str, int]) -> None
                 state.quota.rejected[(tenant, limit)] += count
 
 
-REFUSING_LIMITS = ("rate", "in_flight", "queued_bytes", QUEUE_FULL)
+REFUSING_LIMITS = (*LIMIT_NAMES, QUEUE_FULL)
 
 
 class _Families:

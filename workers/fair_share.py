@@ -23,10 +23,8 @@ import heapq
 from collections.abc import Mapping
 from typing import Any
 
+from sluice.core.tenant_limits import WILDCARD
 from sluice.workers.tensors import PendingRequest
-
-DEFAULT_TENANT_WEIGHT = "*"
-"""The field of :attr:`sluice.core.keys.Keys.tenant_weights` that weighs every tenant not named."""
 
 
 def parse_weights(raw: Mapping[Any, Any]) -> dict[str, float]:
@@ -59,7 +57,7 @@ class FairShare:
     def weight(self, tenant: str) -> float:
         weight = self.weights.get(tenant)
         if weight is None:
-            weight = self.weights.get(DEFAULT_TENANT_WEIGHT, 1.0)
+            weight = self.weights.get(WILDCARD, 1.0)
         return weight
 
     def virtual_time(self, level: int, tenant: str) -> float:

@@ -195,7 +195,7 @@ def test_a_cancelled_grpc_call_is_withdrawn(
 ) -> None:
     slow = _slow_stack(tmp_path, start_stack)
     stack, before = slow.stack, slow.executions
-    blocker_iters = int(20.0 / slow.per_iter)
+    blocker_iters = int(12.0 / slow.per_iter)
     grpc = grpcclient.InferenceServerClient(stack.grpc_address)
 
     def inputs(index: int, iters: int) -> list[grpcclient.InferInput]:
@@ -252,7 +252,7 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
     (tmp_path / "wrapped" / "config.pbtxt").write_text(ENSEMBLE)
     slow = _slow_stack(tmp_path, start_stack)
     stack, client, before = slow.stack, slow.client, slow.executions
-    blocker = _block(slow, 15.0)
+    blocker = _block(slow, 8.0)
     deadline = time.monotonic() + 60
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=30)
@@ -365,7 +365,7 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
     _wait_for(marks / "cancelled", "is_cancelled() never turned True")
 
     # A BLS call waiting behind another request is withdrawn with its caller.
-    blocker = _block(slow, 15.0)
+    blocker = _block(slow, 8.0)
     deadline = time.monotonic() + 60
     connection = _send_and_keep(stack, "waiter", -1.0)
     _wait_for(marks / "calling", "the BLS call was never made")

@@ -4,6 +4,7 @@ built as `make bootstrap` builds them, all served by one stack and each answerin
 from __future__ import annotations
 
 import importlib.util
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -47,8 +48,18 @@ def _infer(stack: Stack, model: str, name: str, rows: np.ndarray, output: str) -
 
 
 def test_every_example_is_ready_and_answers(stack: Stack) -> None:
-    index = httpx.post(f"{stack.url}/v2/repository/index", json={}).json()
-    assert {row["name"]: row["state"] for row in index} == dict.fromkeys(_builder().MODELS, "READY")
+    # `sluice up` is ready once a gateway is; each model becomes ready once it has loaded,
+    # which a busy machine (TensorFlow's import) can take a while for.
+    wanted = dict.fromkeys(_builder().MODELS, "READY")
+    deadline = time.monotonic() + 180
+    while True:
+        index = httpx.post(f"{stack.url}/v2/repository/index", json={}).json()
+        states = {row["name"]: row["state"] for row in index}
+        if states == wanted or "UNAVAILABLE" in states.values():
+            break
+        assert time.monotonic() < deadline, states
+        time.sleep(0.5)
+    assert states == wanted
     flower = np.array([[5.1, 3.5, 1.4, 0.2], [6.7, 3.0, 5.2, 2.3]], dtype=np.float32)
     for model in ("iris_xgboost", "iris_lightgbm", "iris_forest"):
         probabilities = _infer(stack, model, "input__0", flower, "output__0")
