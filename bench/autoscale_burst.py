@@ -14,15 +14,13 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
-import shutil
 import tempfile
 from pathlib import Path
 
 from bench import loadgen
 from bench.client import Target, get_json, model_path, wait_until_ready
 from bench.payload import build_request
-from bench.stack import start_stack, stop_stack
+from bench.stack import cnn_repository, start_stack, stop_stack
 
 AUTOSCALE = """
 parameters {{ key: "sluice.min_instances" value {{ string_value: "1" }} }}
@@ -58,15 +56,6 @@ def _recovery_s(
     return None if recovered is None else recovered - burst_start
 
 
-def _repository(source: Path, root: Path, extra: str, count: int) -> Path:
-    model = root / "cnn"
-    shutil.copytree(source / "cnn", model)
-    config = model / "config.pbtxt"
-    text = re.sub(r"instance_group \[.*?\]", "", config.read_text(), flags=re.DOTALL)
-    config.write_text(f"{text}\ninstance_group [ {{ count: {count} kind: KIND_CPU }} ]\n{extra}")
-    return root
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-repository", type=Path, default=Path("model_repository"))
@@ -89,7 +78,7 @@ def main() -> None:
     capacity = 0.0
     with tempfile.TemporaryDirectory(prefix="sluice-burst-") as scratch:
         for index, (label, (extra, count)) in enumerate(configurations.items()):
-            root = _repository(args.model_repository, Path(scratch) / str(index), extra, count)
+            root = cnn_repository(args.model_repository, Path(scratch) / str(index), count, extra)
             stack = start_stack(root)
             try:
                 target = Target("127.0.0.1", stack.port)

@@ -26,7 +26,6 @@ import asyncio
 import json
 import math
 import re
-import shutil
 import tempfile
 import time
 import urllib.error
@@ -40,7 +39,7 @@ from bench import loadgen
 from bench.client import Target, model_path
 from bench.loadgen import Trace
 from bench.payload import build_request
-from bench.stack import start_stack, stop_stack
+from bench.stack import cnn_repository, start_stack, stop_stack
 
 KEYS = {"a": "bench-key-of-a", "b": "bench-key-of-b"}
 ITEMS_PER_REQUEST = 8
@@ -97,15 +96,6 @@ def queue_p99_bound_s(before: dict[float, float], after: dict[float, float]) -> 
     return math.nan
 
 
-def repository(source: Path, root: Path) -> Path:
-    model = root / "cnn"
-    shutil.copytree(source / "cnn", model)
-    config = model / "config.pbtxt"
-    text = re.sub(r"instance_group \[.*?\]", "", config.read_text(), flags=re.DOTALL)
-    config.write_text(f"{text}\ninstance_group [ {{ count: 1 kind: KIND_CPU }} ]\n")
-    return root
-
-
 def environment(limits: Path | None) -> dict[str, str]:
     env = {"SLUICE_API_KEYS": ",".join(f"{t}:{k}" for t, k in KEYS.items())}
     if limits is not None:
@@ -148,7 +138,7 @@ def main() -> None:
     args = parser.parse_args()
     rows: list[str] = []
     with tempfile.TemporaryDirectory(prefix="sluice-fairness-") as scratch:
-        root = repository(args.model_repository, Path(scratch) / "repository")
+        root = cnn_repository(args.model_repository, Path(scratch) / "repository")
         stack = start_stack(root, env=environment(None))
         try:
             target = Target("127.0.0.1", stack.port)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -149,3 +150,15 @@ def _kill_strays(stack: Stack) -> None:
             print(f"killing stray stack process {pid}: {cpu.command_line(pid)}", file=sys.stderr)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
+
+
+def cnn_repository(source: Path, root: Path, instances: int = 1, extra: str = "") -> Path:
+    """A repository at ``root`` holding only ``source``'s ``cnn`` model, on ``instances``
+    CPU instances, its config followed by ``extra``."""
+    model = root / "cnn"
+    shutil.copytree(source / "cnn", model)
+    config = model / "config.pbtxt"
+    text = re.sub(r"instance_group \[.*?\]", "", config.read_text(), flags=re.DOTALL)
+    group = f"instance_group [ {{ count: {instances} kind: KIND_CPU }} ]"
+    config.write_text(f"{text}\n{group}\n{extra}")
+    return root
