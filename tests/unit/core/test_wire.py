@@ -77,3 +77,13 @@ def test_reply_round_trip_with_error() -> None:
 def test_malformed_entries_are_rejected(fields: dict[bytes, bytes]) -> None:
     with pytest.raises(MalformedEntry):
         decode_request(fields)
+
+
+def test_a_requests_tenant_travels_and_a_bad_one_is_refused() -> None:
+    message = RequestMessage(request_key="1", reply_to="r", inputs=[], outputs=[], tenant="team-a")
+    decoded, _ = decode_request(encode_request(message, b""))
+    assert decoded.tenant == "team-a"
+    assert decode_request(encode_request(RequestMessage("1", "r", [], []), b""))[0].tenant == ""
+    for bad in ("a}b", "x" * 65, "-lead", "a:b"):
+        with pytest.raises(MalformedEntry, match="tenant"):
+            decode_request(encode_request(RequestMessage("1", "r", [], [], tenant=bad), b""))
