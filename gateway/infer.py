@@ -110,11 +110,15 @@ class Prepared:
     tenant: str = ANONYMOUS
     """Whose request it is (from the caller's key)."""
 
+    @property
+    def named_tenant(self) -> str:
+        """The tenant as streams and entries name it ("": the anonymous tenant)."""
+        return "" if self.tenant == ANONYMOUS else self.tenant
+
     def stream(self, keys: Keys) -> str:
         if self.slot is not None:
             return keys.sequence_stream(self.model, self.number, self.slot)
-        tenant = "" if self.tenant == ANONYMOUS else self.tenant
-        return keys.request_stream(self.model, self.number, self.level, tenant)
+        return keys.request_stream(self.model, self.number, self.level, self.named_tenant)
 
 
 async def prepare(
@@ -263,7 +267,7 @@ def request_message(
         host="" if inline else transfer.host,
         request_id=request.request_id,
         trace=trace,
-        tenant="" if request.tenant == ANONYMOUS else request.tenant,
+        tenant=request.named_tenant,
     )
 
 
