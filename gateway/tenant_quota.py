@@ -164,9 +164,7 @@ class TenantQuota:
         if usage is None:
             return _NOTHING
         limit = usage.limit
-        held = usage.in_flight + usage.peer_in_flight
-        if limit.max_in_flight is not None and held >= limit.max_in_flight:
-            self._refuse(usage, "in_flight", f"max_in_flight={limit.max_in_flight}", 1)
+        self._check_in_flight(usage)
         nbytes = 0
         if limit.max_queued_bytes is not None:
             nbytes = sum(len(tensor.data) for tensor in inputs)
@@ -191,19 +189,10 @@ class TenantQuota:
         usage = self.usage.get(tenant)
         if usage is None:
             return
-        limit = usage.limit
-        held = usage.in_flight + usage.peer_in_flight
-        if limit.max_in_flight is not None and held >= limit.max_in_flight:
-            self._refuse(usage, "in_flight", f"max_in_flight={limit.max_in_flight}", 1)
+        self._check_in_flight(usage)
         bucket = usage.bucket
-        wait = bucket.wait(self.clock()) if bucket is not None else 0.0
-        if wait:
-            self._refuse(
-                usage,
-                "rate",
-                f"rate={_number(limit.rate or 0)}/s, burst={_number(limit.burst or 1)}",
-                max(1, math.ceil(wait)),
-            )
+        if bucket is not None:
+            self._refuse_rate(usage, bucket.wait(self.clock()))
 
     def check_rate(self, tenant: str) -> None:
         """Take a token of ``tenant`` for a request that is not held here (a job), or
@@ -217,7 +206,15 @@ class TenantQuota:
         bucket = usage.bucket
         if bucket is None:
             return
-        wait = bucket.take(self.clock())
+        self._refuse_rate(usage, bucket.take(self.clock()))
+
+    def _check_in_flight(self, usage: TenantUsage) -> None:
+        limit = usage.limit.max_in_flight
+        if limit is not None and usage.in_flight + usage.peer_in_flight >= limit:
+            self._refuse(usage, "in_flight", f"max_in_flight={limit}", 1)
+
+    def _refuse_rate(self, usage: TenantUsage, wait: float) -> None:
+        """Refuse when a token is ``wait`` seconds away (0: there is one)."""
         if wait:
             limit = usage.limit
             self._refuse(
