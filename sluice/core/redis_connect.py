@@ -71,7 +71,39 @@ def _translated_async(call: Callable[..., Awaitable[T]]) -> Callable[..., Awaita
     return run
 
 
+def stream_read_keys(args: tuple[Any, ...]) -> list[Any] | None:
+    """The stream keys of an XREAD or XREADGROUP's arguments (its name left out): the first
+    half of what follows ``STREAMS``; None when there is no ``STREAMS``.
+
+    redis-py finds these keys by asking a node (``COMMAND GETKEYS``, since the two commands'
+    keys move): one more round trip on every read, to a node chosen once at start, so while
+    that node fails over the read fails with an error from inside redis-py (not a Redis
+    error). Reading them here costs neither."""
+    for index, arg in enumerate(args):
+        token = arg.decode() if isinstance(arg, bytes) else arg
+        if isinstance(token, str) and token.upper() == "STREAMS":
+            rest = args[index + 1 :]
+            return list(rest[: len(rest) // 2]) or None
+    return None
+
+
+_STREAM_READS = frozenset({"XREAD", "XREADGROUP"})
+
+
+def _same_slot(cluster: RedisCluster | AsyncRedisCluster, keys: list[Any]) -> int | None:
+    """The slot of ``keys`` when they share one; None leaves the choice to redis-py."""
+    slots = {cluster.keyslot(key) for key in keys}
+    return slots.pop() if len(slots) == 1 else None
+
+
 class _Cluster(RedisCluster):
+    def determine_slot(self, *args: Any) -> int | None:
+        keys = stream_read_keys(args[1:]) if str(args[0]).upper() in _STREAM_READS else None
+        slot = _same_slot(self, keys) if keys else None
+        if slot is not None:
+            return slot
+        return super().determine_slot(*args)
+
     def execute_command(self, *args: Any, **kwargs: Any) -> Any:
         with _cluster_errors():
             return super().execute_command(*args, **kwargs)  # type: ignore[no-untyped-call]
@@ -83,6 +115,13 @@ class _Cluster(RedisCluster):
 
 
 class _AsyncCluster(AsyncRedisCluster):
+    async def _determine_slot(self, command: str, *args: Any) -> int:
+        keys = stream_read_keys(args) if command.upper() in _STREAM_READS else None
+        slot = _same_slot(self, keys) if keys else None
+        if slot is not None:
+            return slot
+        return await super()._determine_slot(command, *args)
+
     async def initialize(self, *args: Any, **kwargs: Any) -> AsyncRedisCluster:
         """(reads the cluster's layout: at the first command, and again after a failover)"""
         with _cluster_errors():

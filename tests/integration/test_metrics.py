@@ -53,6 +53,11 @@ TRITON_HELP = {
     ),
 }
 MODELS = {"ident", "fragile", "queued", "slow"}
+SLOW_ITERS = 600_000
+"""Rounds of the slow model that compute for seconds: several times what the test does
+meanwhile."""
+REFRESH_S = 0.5
+"""How often each gateway process reads the queues' depths (its catalog refresh)."""
 Samples = dict[tuple[str, str, str, str], float]
 
 
@@ -65,7 +70,8 @@ def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
         root, "queued", extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
     )
     write_slow(root, "slow", max_batch_size=1)
-    stack = Stack(root, redis_server.url)
+    # An idle gateway process refreshes its view of the queues every 2 s by default.
+    stack = Stack(root, redis_server.url, env={"SLUICE_CATALOG_IDLE_REFRESH_S": str(REFRESH_S)})
     stack.start()
     yield stack
     stack.stop()
@@ -99,9 +105,13 @@ def everything(http: httpx.Client) -> AllSamples:
     """Every sample with all its labels (names as written, ``_total`` kept)."""
     response = http.get("/metrics")
     assert response.status_code == 200
+    return parsed(response.text)
+
+
+def parsed(text: str) -> AllSamples:
     return [
         (s.name, s.labels, s.value)
-        for family in text_string_to_metric_families(response.text)
+        for family in text_string_to_metric_families(text)
         for s in family.samples
     ]
 
@@ -187,33 +197,50 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     waits is dropped by the worker (REJECTED too)."""
     before = scrape(http)
     before_everything = everything(http)
-    oldest_ages: list[float] = []
-    queue_lengths: list[float] = []
     answers: dict[str, int] = {}
+    seen: list[str] = []
+    busy_over = threading.Event()
 
     def send(name: str, model: str, body: dict[str, object]) -> None:
         with httpx.Client(base_url=metered.url, timeout=60) as client:
             answers[name] = client.post(f"/v2/models/{model}/infer", json=body).status_code
 
+    def watch() -> None:
+        # Scrapes all along: what the gauges show while the slow request computes does
+        # not depend on when one scrape happens to land.
+        with httpx.Client(base_url=metered.url, timeout=60) as client:
+            while not busy_over.is_set():
+                seen.append(client.get("/metrics").text)  # (read afterwards)
+                time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
     busy = [
-        threading.Thread(target=send, args=("queued", "queued", slow_request(1, 150_000))),
-        threading.Thread(target=send, args=("slow", "slow", slow_request(2, 150_000))),
+        threading.Thread(target=send, args=("queued", "queued", slow_request(1, SLOW_ITERS))),
+        threading.Thread(target=send, args=("slow", "slow", slow_request(2, SLOW_ITERS))),
     ]
     for thread in busy:
         thread.start()
-    time.sleep(0.3)
+
+    def computing(model: str) -> bool:
+        return sample(everything(http), "sluice_pending_entries", model) >= 1
+
+    assert wait_for(lambda: computing("queued") and computing("slow"))
+    time.sleep(2 * REFRESH_S)  # every gateway process has seen the queue's depth
     waiting = threading.Thread(target=send, args=("waiting", "slow", slow_request(3)))
     waiting.start()
     refused = http.post("/v2/models/queued/infer", json=slow_request(4))
+    # Waits in the stream, behind the slow request, past its deadline.
     expired = http.post("/v2/models/slow/infer", json=slow_request(5, timeout_us=200_000))
-    assert wait_for(lambda: value(scrape(http), "nv_inference_pending_request_count", "slow") >= 1)
-    for _ in range(3):
-        now = everything(http)
-        oldest_ages.append(sample(now, "sluice_oldest_request_age_seconds", "slow"))
-        queue_lengths.append(sample(now, "sluice_stream_length", "slow", priority="0"))
-        time.sleep(0.05)
     for thread in [*busy, waiting]:
         thread.join(60)
+    busy_over.set()
+    watcher.join(60)
+    scrapes = [parsed(text) for text in seen]
+    pending = [sample(now, "nv_inference_pending_request_count", "slow") for now in scrapes]
+    oldest_ages = [sample(now, "sluice_oldest_request_age_seconds", "slow") for now in scrapes]
+    queue_lengths = [sample(now, "sluice_stream_length", "slow", priority="0") for now in scrapes]
+    assert max(pending) >= 1, pending
     assert refused.status_code == 503
     assert expired.status_code == 504
     assert answers == {"queued": 200, "slow": 200, "waiting": 200}
@@ -241,8 +268,8 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     assert moved("sluice_admission_rejects_total", "queued", reason="in_flight") == 0
     assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="queue") == 1)
     assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="gateway") == 1)
-    assert max(oldest_ages) > 0.1  # the waiting request aged while the slow one computed
-    assert max(queue_lengths) >= 1
+    assert max(oldest_ages) > 0.1, oldest_ages  # requests aged while the slow one computed
+    assert max(queue_lengths) >= 1, queue_lengths
     assert sample(everything(http), "sluice_oldest_request_age_seconds", "slow") == 0
 
 

@@ -5,6 +5,7 @@ and metrics; batch jobs without a plain broker are refused with the setting to u
 
 from __future__ import annotations
 
+import asyncio
 import shutil
 import time
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ import tritonclient.grpc as grpcclient
 from redis import Redis
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_connect import connect, connect_async
 from tests.support.load import answer_matches, slow_request
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.slow_model import write_slow
@@ -142,4 +143,39 @@ def test_a_models_keys_share_one_slot(
             assert all(plain.exists(key) for key in model_keys)  # no MOVED: one node has all
             plain.close()
     finally:
+        client.close()
+
+
+def test_stream_reads_route_without_asking_a_node(redis_cluster: LocalRedisCluster) -> None:
+    """XREAD and XREADGROUP name their streams after ``STREAMS``: the client reads their
+    slot from there rather than asking a node (``COMMAND GETKEYS``), a round trip per
+    read that failed from inside redis-py while that node failed over."""
+    streams = ["{fair}:req:a", "{fair}:req:a:t:team"]
+
+    def no_asking(*_args: object) -> None:
+        raise AssertionError("asked a node for the keys of a stream read")
+
+    client = connect(redis_cluster.url)
+    try:
+        for stream in streams:
+            client.xadd(stream, {"n": "1"})
+            client.xgroup_create(stream, "workers", id="0")
+        client.commands_parser.get_keys = no_asking  # type: ignore[attr-defined]
+        read = client.xreadgroup("workers", "w1", dict.fromkeys(streams, ">"), count=4)
+        assert sorted(name.decode() for name, _ in read) == sorted(streams)  # type: ignore[union-attr]
+        assert len(client.xread(dict.fromkeys(streams, "0"))) == 2  # type: ignore[arg-type]
+
+        async def read_async() -> int:
+            aclient = connect_async(redis_cluster.url)
+            try:
+                await aclient.xadd(streams[0], {"n": "2"})
+                aclient.commands_parser.get_keys = no_asking  # type: ignore[attr-defined]
+                found = await aclient.xreadgroup("workers", "w2", dict.fromkeys(streams, ">"))
+                return len(found)
+            finally:
+                await aclient.aclose()
+
+        assert asyncio.run(read_async()) == 1
+    finally:
+        client.delete(*streams)
         client.close()

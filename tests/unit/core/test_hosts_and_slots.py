@@ -19,6 +19,7 @@ from sluice.core.redis_connect import (
     connect_async,
     is_cluster_url,
     split_url,
+    stream_read_keys,
 )
 from sluice.core.settings import CommonSettings
 from sluice.core.wire import RequestMessage, ShmRef, TensorHeader, decode_request, encode_request
@@ -189,3 +190,11 @@ def test_a_worker_on_another_host_refuses_references_and_answers_inline(
     )
     validate(same, CONFIG)
     assert same.segment_prefix == "sluice-t-"
+
+
+def test_the_keys_of_a_stream_read() -> None:
+    group_read = ("GROUP", "g", "c", "COUNT", 8, "BLOCK", 5, "STREAMS", "s1", b"s2", ">", ">")
+    assert stream_read_keys(group_read) == ["s1", b"s2"]
+    assert stream_read_keys((b"COUNT", 1, b"streams", "s", "0")) == ["s"]
+    assert stream_read_keys(("COUNT", 1)) is None
+    assert stream_read_keys(("STREAMS",)) is None
