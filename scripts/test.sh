@@ -3,14 +3,44 @@
 # contracts, mypy --strict), then unit, integration and fault tests against real
 # redis-server, uvicorn and worker processes. Fails loudly when no test ran.
 # Arguments go to pytest, e.g. `scripts/test.sh -m "not compose and not cluster"`.
+#
+# Without arguments, the compose test (minutes of podman image builds, mostly waiting) runs
+# in a pytest of its own beside the rest, and its report follows theirs; either failing
+# fails the suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/lint.sh || exit 1
-.venv/bin/python -m pytest -ra --durations=15 "$@"  # (the slowest, to keep the suite short)
+
+pytest_status() {  # pytest's exit status, with "no test ran" made a failure
+    if [ "$1" -eq 5 ]; then
+        echo "pytest collected no tests: failing on purpose" >&2
+        return 1
+    fi
+    return "$1"
+}
+
+if [ "$#" -gt 0 ]; then
+    .venv/bin/python -m pytest -ra --durations=15 "$@"
+    pytest_status $?
+    exit $?
+fi
+
+compose_dir=$(mktemp -d)
+trap 'rm -rf "$compose_dir"' EXIT
+.venv/bin/python -m pytest -ra -m compose -p no:cacheprovider --basetemp="$compose_dir/tmp" \
+    >"$compose_dir/report" 2>&1 &
+compose_pid=$!
+.venv/bin/python -m pytest -ra --durations=15 -m "not compose"  # (the slowest, to keep it short)
+pytest_status $?
 status=$?
-if [ "$status" -eq 5 ]; then
-    echo "pytest collected no tests: failing on purpose" >&2
-    exit 1
+wait "$compose_pid"
+pytest_status $?
+compose_status=$?
+echo
+echo "================ the compose test, run beside the others ================"
+cat "$compose_dir/report"
+if [ "$status" -eq 0 ]; then
+    status=$compose_status
 fi
 exit "$status"
