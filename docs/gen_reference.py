@@ -37,7 +37,7 @@ import typer.main  # noqa: E402
 from pydantic.fields import FieldInfo  # noqa: E402
 from pydantic_settings import BaseSettings  # noqa: E402
 
-from sluice.cli import app  # noqa: E402
+from sluice.cli import app, triton_flags  # noqa: E402
 from sluice.core import errors, keys, settings  # noqa: E402
 
 REFERENCE_DIR = ROOT / "docs" / "reference"
@@ -430,7 +430,54 @@ def cli_page() -> str:
         "`controller`, `batch-worker`) read the rest of their settings from `SLUICE_*` "
         "variables (see [Settings](settings.md))."
     )
-    return page("Command line", intro, *(command_section(p, c) for p, c in walk_commands()))
+    return page(
+        "Command line",
+        intro,
+        *(command_section(p, c) for p, c in walk_commands()),
+        triton_flags_section(),
+    )
+
+
+_FLAG_KINDS = {
+    "option": "option",
+    "mapped": "mapped",
+    "ignored": "ignored (warning)",
+    "refused": "refused (error)",
+}
+
+
+def triton_flags_section() -> str:
+    """Every flag of ``tritonserver`` and what ``sluice up`` does with it (the table of
+    :mod:`sluice.cli.triton_flags`)."""
+    intro = (
+        "`sluice up` also takes the flags of `tritonserver`, spelled as Triton spells them "
+        "(`--flag=value` or `--flag value`; booleans `true`, `on`, `1` or `false`, `off`, "
+        "`0`, in any case), so that command lines, Helm values and systemd units written "
+        "for Triton move over unchanged. Each flag is one of these:\n\n"
+        "- **option**: an option of `sluice up` above;\n"
+        "- **mapped**: it sets a setting of `sluice up` or a `SLUICE_*` variable (see "
+        "[Settings](settings.md)) of every process `sluice up` starts; a command-line flag "
+        "wins over the variable set in the environment;\n"
+        "- **ignored**: tuning of Triton's own internals, which means nothing here: it is "
+        "taken, with one warning line naming it;\n"
+        "- **refused**: ignoring it would quietly change what the server does; `sluice up` "
+        "stops at once, saying what to do instead.\n\n"
+        "A value for which Sluice already does what the flag asks (`--rate-limit=off`, "
+        "`--grpc-use-ssl=false`, `--allow-http=true`, ...) is taken without a word, whatever "
+        "the kind. An option neither Sluice nor Triton has is refused, naming it."
+    )
+    rows = [
+        [
+            code(flag.option),
+            flag.value if flag.value != "none" else "no value",
+            _FLAG_KINDS[flag.kind],
+            markdown(flag.does, in_table=True),
+        ]
+        for flag in triton_flags.FLAGS_LIST
+    ]
+    return "\n\n".join(
+        ["## Triton's flags", intro, table(["Flag", "Value", "Kind", "What Sluice does"], rows)]
+    )
 
 
 def cli_options() -> set[str]:

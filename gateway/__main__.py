@@ -7,14 +7,16 @@ import contextlib
 import resource
 import socket
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import uvicorn
 import uvloop
+from starlette.types import ASGIApp
 
 from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import GatewaySettings
-from sluice.gateway.app import create_app
+from sluice.core.torchserve_ports import API_NAMES, parse_ports
+from sluice.gateway.app import GatewayApp, create_app
 from sluice.gateway.http_protocol import bounded_protocol
 
 
@@ -58,19 +60,42 @@ def serve(settings: GatewaySettings) -> None:
         )
     )
     sockets = [socket.socket(fileno=settings.http_fd)] if settings.http_fd >= 0 else None
-    metrics_socket = _metrics_socket(settings)
-    if metrics_socket is None:
+    followers = [
+        (
+            _Follower(uvicorn.Config(follower_app, port=port, lifespan="off", **options)),  # type: ignore[arg-type]
+            listener,
+        )
+        for follower_app, port, listener in _followers(settings, app)
+    ]
+    if not followers:
         server.run(sockets=sockets)
         return
-    metrics_server = _Follower(
-        uvicorn.Config(
-            app.metrics,
-            port=settings.metrics_port,
-            lifespan="off",
-            **options,  # type: ignore[arg-type]
-        )
+    uvloop.run(_serve_all(server, sockets, followers))
+
+
+def _followers(
+    settings: GatewaySettings, app: GatewayApp
+) -> list[tuple[ASGIApp, int, socket.socket]]:
+    """The ports served beside the HTTP port: the metrics port and TorchServe's, each with
+    its application and listening socket."""
+    found: list[tuple[ASGIApp, int, socket.socket]] = []
+    metrics = _socket(
+        settings.metrics_fd, settings.http_host, settings.metrics_port, "metrics port"
     )
-    uvloop.run(_serve_both(server, sockets, metrics_server, metrics_socket))
+    if metrics is not None:
+        found.append((app.metrics, settings.metrics_port, metrics))
+    torchserve_apps = (app.torchserve_inference, app.torchserve_management, app.torchserve_metrics)
+    fds = [int(fd) for fd in settings.torchserve_fds.split(",") if fd.strip()]
+    entries = parse_ports(settings.torchserve_ports)
+    for index, (name, entry) in enumerate(zip(API_NAMES, entries, strict=True)):
+        if entry is None:
+            continue
+        fd = fds[index] if index < len(fds) else -1
+        what = f"TorchServe's {name} port"
+        listener = _socket(fd, entry.host or settings.http_host, entry.port, what)
+        if listener is not None:
+            found.append((torchserve_apps[index], entry.port, listener))
+    return found
 
 
 class _Server(uvicorn.Server):
@@ -115,35 +140,36 @@ class _Follower(_Server):
         yield
 
 
-async def _serve_both(
+async def _serve_all(
     main: uvicorn.Server,
     sockets: list[socket.socket] | None,
-    metrics: uvicorn.Server,
-    metrics_socket: socket.socket,
+    followers: Sequence[tuple[uvicorn.Server, socket.socket]],
 ) -> None:
-    follower = asyncio.create_task(metrics.serve(sockets=[metrics_socket]))
+    running = [
+        asyncio.create_task(server.serve(sockets=[listener])) for server, listener in followers
+    ]
     try:
         await main.serve(sockets=sockets)
     finally:
-        metrics.should_exit = True
-        await follower
+        for server, _ in followers:
+            server.should_exit = True
+        await asyncio.gather(*running)
 
 
-def _metrics_socket(settings: GatewaySettings) -> socket.socket | None:
-    """The metrics port's listening socket: inherited from ``sluice up``, or bound here."""
-    if settings.metrics_fd >= 0:
-        return socket.socket(fileno=settings.metrics_fd)
-    if not settings.metrics_port:
+def _socket(fd: int, host: str, port: int, what: str) -> socket.socket | None:
+    """A follower port's listening socket: inherited from ``sluice up``, or bound here."""
+    if fd >= 0:
+        return socket.socket(fileno=fd)
+    if not port:
         return None
-    family = socket.AF_INET6 if ":" in settings.http_host else socket.AF_INET
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
-        listener.bind((settings.http_host, settings.metrics_port))
+        listener.bind((host, port))
     except OSError as exc:
         listener.close()
-        where = f"{settings.http_host}:{settings.metrics_port}"
-        sys.exit(f"error: cannot listen on {where} (metrics port): {exc.strerror}")
+        sys.exit(f"error: cannot listen on {host}:{port} ({what}): {exc.strerror}")
     listener.listen(2048)
     return listener
 

@@ -1,4 +1,5 @@
-"""The gateway application: one composition of the HTTP port and the metrics port.
+"""The gateway application: one composition of the HTTP port, the metrics port and
+TorchServe's ports.
 
 A request passes the edge checks (:mod:`sluice.gateway.guard`), then inference goes to the plain
 ASGI handler (:mod:`sluice.gateway.fast_path`) and every other route to the FastAPI application,
@@ -24,6 +25,12 @@ from sluice.gateway.lifespan import gateway_lifespan
 from sluice.gateway.metrics_port import MetricsOnly
 from sluice.gateway.routes import router
 from sluice.gateway.torchserve_management import router as torchserve_management
+from sluice.gateway.torchserve_ports import (
+    TorchServeMetrics,
+    TorchServePort,
+    inference_path,
+    management_path,
+)
 from sluice.gateway.torchserve_routes import router as torchserve_router
 
 
@@ -33,6 +40,11 @@ class GatewayApp:
     """The HTTP port's application; it runs the lifespan."""
     metrics: ASGIApp
     """The metrics port's (no lifespan of its own: it reads the HTTP port's state)."""
+    torchserve_inference: ASGIApp
+    """TorchServe's inference port (its 8080), management port (8081) and metrics port
+    (8082), when served (:mod:`sluice.gateway.torchserve_ports`); none has a lifespan."""
+    torchserve_management: ASGIApp
+    torchserve_metrics: ASGIApp
 
 
 class _RoutesApp(FastAPI):
@@ -44,9 +56,13 @@ class _RoutesApp(FastAPI):
 
 def create_app(settings: GatewaySettings) -> GatewayApp:
     routes = _routes_app(settings)
+    http = _guarded(settings, InferFastPath(routes))
     return GatewayApp(
-        http=_guarded(settings, InferFastPath(routes)),
+        http=http,
         metrics=_guarded(settings, MetricsOnly(routes)),
+        torchserve_inference=TorchServePort(http, routes, inference_path),
+        torchserve_management=TorchServePort(http, routes, management_path),
+        torchserve_metrics=_guarded(settings, TorchServeMetrics(routes)),
     )
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 
 from starlette.requests import Request
@@ -45,29 +46,79 @@ async def read_body(request: Request, limit: int) -> bytes:
         chunks += chunk
         if len(chunks) > limit:
             raise too_large(limit)
-    return decode_body(bytes(chunks), request.headers.get("content-encoding"), limit)
+    return await decoded_body(bytes(chunks), request.headers.get("content-encoding"), limit)
+
+
+INLINE_DECODED_BYTES = 256 * 1024
+"""A compressed body is inflated on the event loop up to this many bytes (well under a
+millisecond); the rest of a larger one is inflated in a worker thread."""
+
+
+async def decoded_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """:func:`decode_body` without blocking the event loop on a large body (however
+    small its compressed form): the first :data:`INLINE_DECODED_BYTES` are inflated here,
+    the rest in a worker thread."""
+    encoding = _encoding(content_encoding)
+    if encoding is None:
+        return body
+    inflater = _Inflater(encoding, limit)
+    head = inflater.inflate(body, min(INLINE_DECODED_BYTES, limit + 1))
+    if len(head) < min(INLINE_DECODED_BYTES, limit + 1):  # all there is: nothing held back
+        return inflater.checked(head)
+    return await asyncio.to_thread(inflater.finish, head)
 
 
 def decode_body(body: bytes, content_encoding: str | None, limit: int) -> bytes:
+    """The body decompressed as ``Content-Encoding`` says (gzip, deflate or identity);
+    413 past ``limit`` decompressed bytes, 400 for an unknown encoding or bad data."""
+    encoding = _encoding(content_encoding)
+    if encoding is None:
+        return body
+    inflater = _Inflater(encoding, limit)
+    return inflater.checked(inflater.inflate(body, limit + 1))
+
+
+def _encoding(content_encoding: str | None) -> str | None:
+    """The compression named (None for identity); 400 for one Sluice does not read."""
     encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
-        return body
+        return None
     if encoding not in _WBITS:
         raise InvalidInput(f"header 'Content-Encoding': unsupported encoding '{encoding}'")
-    return _decompress(body, _WBITS[encoding], limit, encoding)
+    return encoding
 
 
-def _decompress(body: bytes, wbits: int, limit: int, encoding: str) -> bytes:
-    decompressor = zlib.decompressobj(wbits)
-    try:
-        out = decompressor.decompress(body, limit + 1)
-    except zlib.error as exc:
-        raise InvalidInput(f"request body is not valid {encoding}: {exc}") from None
-    if len(out) > limit or decompressor.unconsumed_tail:
-        raise PayloadTooLarge(f"decompressed request body exceeds the limit of {limit} bytes")
-    if not decompressor.eof:
-        raise InvalidInput(f"request body is truncated {encoding} data")
-    return out
+class _Inflater:
+    """One body's decompression, in steps that each produce at most a given number of
+    bytes, so that it can start on the event loop and end in a thread."""
+
+    def __init__(self, encoding: str, limit: int) -> None:
+        self.encoding = encoding
+        self.limit = limit
+        self.decompressor = zlib.decompressobj(_WBITS[encoding])
+
+    def inflate(self, data: bytes, max_length: int) -> bytes:
+        try:
+            return self.decompressor.decompress(data, max_length)
+        except zlib.error as exc:
+            raise InvalidInput(f"request body is not valid {self.encoding}: {exc}") from None
+
+    def finish(self, head: bytes) -> bytes:
+        """``head`` (what came out so far) and the rest, checked."""
+        room = self.limit + 1 - len(head)
+        if room <= 0:  # (and max_length 0 would mean no limit at all)
+            return self.checked(head)
+        return self.checked(head + self.inflate(self.decompressor.unconsumed_tail, room))
+
+    def checked(self, out: bytes) -> bytes:
+        """``out``, all the body gave: 413 past the limit, 400 when the data stopped short."""
+        if len(out) > self.limit or self.decompressor.unconsumed_tail:
+            raise PayloadTooLarge(
+                f"decompressed request body exceeds the limit of {self.limit} bytes"
+            )
+        if not self.decompressor.eof:
+            raise InvalidInput(f"request body is truncated {self.encoding} data")
+        return out
 
 
 def parse_header_length(raw: str | None) -> int | None:

@@ -30,7 +30,12 @@ from sluice.core.logs import TRACE_ID
 from sluice.core.routing import requested_label
 from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.gateway import request_id
-from sluice.gateway.body import check_declared_length, decode_body, parse_header_length, too_large
+from sluice.gateway.body import (
+    check_declared_length,
+    decoded_body,
+    parse_header_length,
+    too_large,
+)
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import tenant_of
@@ -126,8 +131,8 @@ class InferFastPath:
             body = await _read(receive, limit, reservation)
             unread = False
             encoding = headers.get(b"content-encoding")
-            if encoding is not None:  # decompressing may take long: not on the event loop
-                body = await asyncio.to_thread(decode_body, body, encoding, limit)
+            if encoding is not None:  # (a large one is inflated in a worker thread)
+                body = await decoded_body(body, encoding, limit)
                 reservation.ensure(len(body))
             json_length = parse_header_length(headers.get(b"inference-header-content-length"))
             label = requested_label(version, label, headers.get(b"sluice-version-label"))

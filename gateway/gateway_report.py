@@ -26,6 +26,10 @@ REPORT_TTL_S = 5
 BODY_BUDGET_REJECTS = "body_budget.rejects"
 """Field of the gateway counters: requests refused by SLUICE_MAX_BUFFERED_BODY_BYTES."""
 
+TORCHSERVE_RESPONSES = "torchserve.requests_"
+"""Fields of the gateway counters: the answers of TorchServe's ports by class,
+``torchserve.requests_2XX`` and so on (:mod:`sluice.gateway.torchserve_ports`)."""
+
 IN_FLIGHT, ROUND_TRIP_US, CLIENT_SHM_BYTES = "in_flight", "redis_rtt_us", "client_shm_bytes"
 CLIENT_SHM_HOST = "client_shm_host"
 """The host the client regions of a report are of (every gateway process of a host
@@ -42,6 +46,7 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
     expired, dispatcher.expired = dispatcher.expired, Counter()
     cancelled, dispatcher.cancelled = dispatcher.cancelled, Counter()
     body_rejects, state.bodies.refused = state.bodies.refused, 0
+    responses, state.torchserve_responses = state.torchserve_responses, Counter()
     now = CLOCK.now()
     try:
         gauges = {
@@ -70,12 +75,17 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
         if body_rejects:
             counts.append((keys.gateway_counters, BODY_BUDGET_REJECTS, body_rejects))
         counts += [(keys.gateway_counters, name, count) for name, count in tenant_counts.items()]
+        counts += [
+            (keys.gateway_counters, TORCHSERVE_RESPONSES + kind, count)
+            for kind, count in responses.items()
+        ]
         await state.control.publish_report(gateway_id, gauges, REPORT_TTL_S, now, counts)
     except BaseException:
         state.admission.rejected.update(rejected)
         dispatcher.expired.update(expired)
         dispatcher.cancelled.update(cancelled)
         state.bodies.refused += body_rejects
+        state.torchserve_responses.update(responses)
         give_back_tenant_counts(state, tenant_counts)
         raise
 

@@ -22,11 +22,17 @@ is taken back from the queue instead of computed for nobody. Connections beyond
 uvicorn writes a response's head and its body in two calls, so two packets and two
 wake-ups of the client for every small answer; here they go out in one write
 (:class:`OneWriteTransport`).
+
+A request with both ``Transfer-Encoding: chunked`` and ``Content-Length`` (what
+``requests`` sends for a body the caller chunked itself; Triton reads it) is read by its
+chunks, the length ignored, as RFC 9112 section 6.3 allows; and, as it requires, the
+connection closes after the answer, so no byte after that body is read as a request.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any, cast
 
@@ -115,6 +121,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # Chunked with a Content-Length too: by the chunks (on_headers_complete closes after).
+        with contextlib.suppress(AttributeError):  # httptools < 0.6.2: refused (400), as before
+            self.parser.set_dangerous_leniencies(lenient_chunked_length=True)
         self._timer: asyncio.TimerHandle | None = None
         self._phase = ""
         self._idle_body = False
@@ -190,6 +199,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         if self.cycle is not None:
             self.cycle.transport = OneWriteTransport(self.transport, self.loop)  # type: ignore[assignment]
+            if _chunked_with_length(self.headers):
+                self.cycle.keep_alive = False  # answered with "connection: close", then closed
         scope = self.scope
         self._idle_body = scope.get("method") == "POST" and scope.get("path", "").startswith(
             "/v2/uploads"
@@ -205,6 +216,11 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().on_message_complete()
         if self._phase in ("headers", "body"):
             self._disarm()
+
+
+def _chunked_with_length(headers: list[tuple[bytes, bytes]]) -> bool:
+    names = {name for name, _ in headers}
+    return b"transfer-encoding" in names and b"content-length" in names
 
 
 def bounded_protocol(

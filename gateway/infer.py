@@ -35,6 +35,7 @@ from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
 from sluice.gateway.request_parsing import parse_infer_request
+from sluice.gateway.shm_leases import holding_regions, holding_regions_stream
 from sluice.gateway.shm_registry import RegionMiss
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
@@ -297,6 +298,7 @@ async def run_infer(
     )
 
 
+@holding_regions  # (its client regions stay registered until it ends)
 async def execute(
     state: GatewayState,
     request: Prepared,
@@ -355,6 +357,7 @@ async def execute(
                 reply_span.end(reply.error_kind)
 
 
+@holding_regions_stream
 async def execute_stream(
     state: GatewayState,
     request: Prepared,
@@ -431,11 +434,14 @@ def encode_reply(
 ) -> tuple[bytes, int | None]:
     """The response to a worker's answer: the outputs in the form the client asked for."""
     outputs = transfer.unpack(reply.outputs, data, requested)
-    binary_by_name = {o.name: o.binary for o in requested}
+    by_name = {o.name: o for o in requested}
+    asked = [by_name.get(o.name) for o in outputs]
     return encode_infer_response(
         model_name=model,
         model_version=str(reply.model_version),
         request_id=request_id,
         outputs=outputs,
-        binary=[binary_by_name.get(o.name, False) for o in outputs],
+        binary=[a is not None and a.binary for a in asked],
+        json_asked=[a is not None and a.json_asked for a in asked],
+        parameters=reply.parameters,
     )

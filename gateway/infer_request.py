@@ -28,6 +28,9 @@ class RequestedOutput:
     shm: ShmRef | None = None  # where the client wants the bytes written
     region: str = ""
     classes: int = 0  # > 0: answer the top-N classes (classification extension)
+    # JSON asked for in so many words (binary_data / binary_data_output false): BYTES that
+    # are not UTF-8 are then refused as Triton's clients refuse them, instead of going binary.
+    json_asked: bool = False
 
 
 @dataclass(slots=True)

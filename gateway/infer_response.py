@@ -10,7 +10,7 @@ the body is pure JSON and no ``Inference-Header-Content-Length`` is sent, as Tri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,18 +40,27 @@ def encode_infer_response(
     request_id: str,
     outputs: Sequence[OutputTensor],
     binary: Sequence[bool],
+    json_asked: Sequence[bool] | None = None,
+    parameters: Mapping[str, bool | int | str] | None = None,
 ) -> tuple[bytes, int | None]:
     """The response body and the JSON header length (None when the body is pure JSON).
+    ``parameters``: the response's own (an ensemble's sequence flags), if any.
 
     ``binary[i]`` asks for ``outputs[i]`` as binary data. An output asked for as
     JSON still goes binary when JSON cannot carry it exactly (BYTES elements that
-    are not UTF-8, non-finite floats); tritonclient reads either form.
+    are not UTF-8, non-finite floats); tritonclient reads either form. But BYTES that are
+    not UTF-8 in an output whose JSON form was asked for in so many words (``json_asked[i]``:
+    ``binary_data`` false) are a 400 with the text Triton's clients give then (Triton sends
+    the bytes as they are in a JSON string, which its clients cannot decode).
     """
     if len(binary) != len(outputs):
         raise ValueError(f"{len(outputs)} outputs but {len(binary)} binary flags")
+    json_flags = json_asked if json_asked is not None else [False] * len(outputs)
+    if len(json_flags) != len(outputs):
+        raise ValueError(f"{len(outputs)} outputs but {len(json_flags)} JSON flags")
     entries: list[dict[str, Any]] = []
     buffers: list[bytes | memoryview] = []
-    for output, want_binary in zip(outputs, binary, strict=True):
+    for output, want_binary, json_only in zip(outputs, binary, json_flags, strict=True):
         nbytes = checked_nbytes(output)
         entry: dict[str, Any] = {
             "name": output.name,
@@ -65,7 +74,7 @@ def encode_infer_response(
             }
             entries.append(entry)
             continue
-        data = None if want_binary else _json_data(output)
+        data = None if want_binary else _json_data(output, json_only)
         if data is None:
             entry["parameters"] = {"binary_data_size": nbytes}
             if nbytes:
@@ -77,6 +86,8 @@ def encode_infer_response(
     document: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
     if request_id:
         document["id"] = request_id
+    if parameters:
+        document["parameters"] = dict(parameters)
     document["outputs"] = entries
     header = orjson.dumps(document, option=_DUMPS_OPTIONS)
     if not buffers:
@@ -105,8 +116,15 @@ def checked_nbytes(output: OutputTensor) -> int:
     return nbytes
 
 
-def _json_data(output: OutputTensor) -> Any:
-    """Flat JSON-ready data (list or numpy array), or None if JSON can't carry it."""
+NOT_UTF8 = (
+    "Failed to encode using UTF-8. Please use binary_data=True, if you want to pass a byte array."
+)
+"""tritonclient's text for a JSON answer whose BYTES are not UTF-8."""
+
+
+def _json_data(output: OutputTensor, json_only: bool = False) -> Any:
+    """Flat JSON-ready data (list or numpy array), or None if JSON can't carry it (a 400
+    for BYTES that are not UTF-8 when ``json_only``)."""
     if output.datatype == BYTES:
         try:
             elements = deserialize_bytes(output.data)
@@ -120,6 +138,8 @@ def _json_data(output: OutputTensor) -> Any:
         try:
             return [element.decode() for element in elements]
         except UnicodeDecodeError:
+            if json_only:
+                raise _not_utf8(output.name, elements) from None
             return None
     array = to_numpy(output.datatype, (-1,), output.data)
     if array.dtype.kind == "f" and not np.isfinite(array).all():
@@ -127,3 +147,16 @@ def _json_data(output: OutputTensor) -> Any:
     if not array.dtype.isnative:  # orjson serializes native-endian arrays only
         return array.tolist()
     return array
+
+
+def _not_utf8(name: str, elements: Sequence[bytes]) -> InvalidInput:
+    """tritonclient's text, then which element of the output is not UTF-8 and why."""
+    for index, element in enumerate(elements):
+        try:
+            element.decode()
+        except UnicodeDecodeError as exc:
+            return InvalidInput(
+                f"{NOT_UTF8} UnicodeError: output '{name}' element {index}: {exc}; ask for it "
+                "with parameters.binary_data true"
+            )
+    raise AssertionError("every element is UTF-8")  # pragma: no cover

@@ -11,7 +11,12 @@ from sluice.core.fields import json_type
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.pending_input import PendingInput, ShmParameters
 from sluice.gateway.request_errors import input_count_message, log_request
-from sluice.gateway.request_fields import natural_parameter, parse_shape, tensor_entry
+from sluice.gateway.request_fields import (
+    check_size_fits,
+    natural_parameter,
+    parse_shape,
+    tensor_entry,
+)
 from sluice.gateway.shm_references import SHM_REGION, parse_shm_parameters
 
 if TYPE_CHECKING:
@@ -56,6 +61,7 @@ def parse_input_headers(
             raise InvalidInput(
                 f"{label}: unknown datatype {shown!r}; expected one of {_DATATYPE_LIST}"
             )
+        check_size_fits(name, shape, datatype)
         binary_size, shm = parse_input_parameters(label, item.get("parameters"))
         data = item.get("data")
         if shm is not None:

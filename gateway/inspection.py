@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.core.errors import InvalidInput, Unavailable
+from sluice.core.fields import json_type
 from sluice.core.statistics import render_model_stats
 from sluice.gateway.metadata import model_metadata
 from sluice.gateway.state import GatewayState
@@ -62,7 +63,9 @@ def config_document(state: GatewayState, model: str, version: str | None) -> dic
 def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]]:
     """The repository index: one row per model version (per model when unavailable)."""
     if not isinstance(ready_only, bool):
-        raise InvalidInput("'ready' must be a boolean")
+        raise InvalidInput(
+            f"Invalid value for 'ready': expected a boolean; got {json_type(ready_only)}"
+        )
     rows: list[dict[str, str]] = []
     for name in sorted(state.view.models):
         entry = state.view.models[name]

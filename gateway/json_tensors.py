@@ -62,7 +62,7 @@ def json_to_buffer(
         array = None  # ragged nesting
     if array is not None and array.dtype.kind != "O":
         if array.ndim > max_depth:
-            raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
+            raise too_deep(label, max_depth)
     else:
         flat = _flatten(label, data, max_depth)
         for item in flat:
@@ -152,20 +152,31 @@ def _json_bytes(label: str, shape: tuple[int, ...], count: int, data: Any, max_d
 def _flatten(label: str, data: list[Any], max_depth: int) -> list[Any]:
     """Row-major leaves of a (possibly ragged) nested list; ``data`` is depth 1."""
     if max_depth < 1:
-        raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
+        raise too_deep(label, max_depth)
     out: list[Any] = []
     stack = [iter(data)]
     while stack:
         for item in stack[-1]:
             if isinstance(item, list):
                 if len(stack) >= max_depth:
-                    raise InvalidInput(f"{label}: 'data' is nested deeper than {max_depth} levels")
+                    raise too_deep(label, max_depth)
                 stack.append(iter(item))
                 break
             out.append(item)
         else:
             stack.pop()
     return out
+
+
+def nesting_message(max_depth: int) -> str:
+    """Triton's text (server ``ReadDataFromJson``) for JSON nested deeper than its limit."""
+    return f"Unable to parse 'data': JSON nesting depth exceeds maximum allowed limit ({max_depth})"
+
+
+def too_deep(label: str, max_depth: int) -> InvalidInput:
+    return InvalidInput(
+        f"{nesting_message(max_depth)}; {label}: 'data' is nested deeper than {max_depth} levels"
+    )
 
 
 def fmt_shape(shape: Sequence[int]) -> str:

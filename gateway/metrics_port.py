@@ -22,23 +22,23 @@ class MetricsOnly:
         if scope["type"] != "http":
             return
         if scope["path"] != "/metrics":
-            await _answer(send, 404, encode_error("Not Found"), b"application/json")
+            await answer(send, 404, encode_error("Not Found"), b"application/json")
             return
         if scope["method"] != "GET":
-            await _answer(send, 405, encode_error("Method Not Allowed"), b"application/json")
+            await answer(send, 405, encode_error("Method Not Allowed"), b"application/json")
             return
         state = getattr(self.app.state, "sluice", None)
         if state is None:
-            await _answer(send, 503, encode_error("the gateway is starting"), b"application/json")
+            await answer(send, 503, encode_error("the gateway is starting"), b"application/json")
             return
         if not state.settings.allow_metrics:
-            await _answer(send, 404, encode_error("metrics are turned off"), b"application/json")
+            await answer(send, 404, encode_error("metrics are turned off"), b"application/json")
             return
         body = await metrics_text(state)
-        await _answer(send, 200, body, CONTENT_TYPE.encode())
+        await answer(send, 200, body, CONTENT_TYPE.encode())
 
 
-async def _answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
+async def answer(send: Send, status: int, body: bytes, content_type: bytes) -> None:
     headers = [(b"content-type", content_type), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})

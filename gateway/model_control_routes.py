@@ -32,6 +32,10 @@ model_control_router = APIRouter()
 _FILE_PREFIX = "file:"
 
 
+_INT_MAX = (1 << 31) - 1
+"""The longest base64 value Triton decodes (its decoder counts in ``int``)."""
+
+
 @model_control_router.post("/v2/repository/models/{model}/load")
 async def load(model: str, request: Request) -> Response:
     state = await _explicit(request)
@@ -39,15 +43,11 @@ async def load(model: str, request: Request) -> Response:
     config = parameters.get("config")
     if config is not None and not isinstance(config, str):
         raise InvalidInput("'config' must be the model configuration as a JSON string")
-    files: dict[str, bytes] = {}
-    for name, value in parameters.items():
-        if name.startswith(_FILE_PREFIX):
-            if not isinstance(value, str):
-                raise InvalidInput(f"'{name}' must be base64-encoded file content")
-            try:
-                files[name[len(_FILE_PREFIX) :]] = base64.b64decode(value, validate=True)
-            except (binascii.Error, ValueError):
-                raise InvalidInput(f"'{name}' is not valid base64") from None
+    files = {
+        name[len(_FILE_PREFIX) :]: file_content(name, value)
+        for name, value in parameters.items()
+        if name.startswith(_FILE_PREFIX)
+    }
     await carry_out(state, ControlCommand("load", model, config, files))
     return Response(status_code=200)
 
@@ -61,6 +61,23 @@ async def unload(model: str, request: Request) -> Response:
     # Ensembles' composing models are loaded and unloaded on their own: nothing more to do.
     await carry_out(state, ControlCommand("unload", model))
     return Response(status_code=200)
+
+
+def file_content(name: str, value: Any, max_encoded: int = _INT_MAX) -> bytes:
+    """The bytes of a ``file:<path>`` load parameter (base64). Triton refuses an encoded
+    value longer than INT_MAX with the text below; a body that large is refused before
+    (``SLUICE_MAX_CONTROL_BODY_BYTES``) unless that limit was raised past 2 GiB."""
+    if not isinstance(value, str):
+        raise InvalidInput(f"'{name}' must be base64-encoded file content")
+    if len(value) > max_encoded:
+        raise InvalidInput(
+            f"'{name}' exceeds the maximum allowed data size limit INT_MAX; its base64 text "
+            f"is {len(value)} characters long"
+        )
+    try:
+        return base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidInput(f"'{name}' is not valid base64") from None
 
 
 async def _explicit(request: Request) -> GatewayState:

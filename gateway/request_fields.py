@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.core.datatypes import ELEMENT_SIZE
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
 from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.json_tensors import fmt_shape
 
 _RESERVED_PREFIX = "triton_"
 
@@ -17,6 +19,7 @@ _TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 
 
 _MAX_DIM = (1 << 63) - 1
+"""Triton holds dims, element counts and byte sizes in signed 64-bit integers."""
 
 
 def parse_id(value: Any, limits: RequestLimits) -> str:
@@ -48,13 +51,14 @@ def tensor_entry(
     return item, name
 
 
-def parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool]:
+def parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool | None]:
+    """The request's parameters but ``binary_data_output``, and that (None when absent)."""
     if value is None:
-        return {}, False
+        return {}, None
     if not isinstance(value, dict):
         raise InvalidInput(f"request 'parameters' must be an object, got {json_type(value)}")
     parameters: dict[str, Any] = {}
-    binary_default = False
+    binary_default: bool | None = None
     for key, item in value.items():
         if key in _TRITON_PARAMETERS:
             if not isinstance(item, bool):
@@ -93,6 +97,29 @@ def parse_shape(label: str, value: Any) -> tuple[int, ...]:
                 f"{label}: 'shape' dim {index} must be a non-negative integer, got {shown}"
             )
     return tuple(value)
+
+
+def check_size_fits(name: str, shape: tuple[int, ...], datatype: str) -> None:
+    """Triton's overflow checks, with its texts: an input's element count, then its byte
+    size, must fit in a signed 64-bit integer. Made as the input is read, before anything
+    is checked against the model (as Triton's HTTP frontend does), in one pass over the
+    dims that stops at the first overflow."""
+    if 0 in shape:
+        return
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > _MAX_DIM:
+            raise InvalidInput(
+                f"input '{name}': the shape {fmt_shape(shape)} causes total element count to "
+                f"exceed maximum size of {_MAX_DIM}"
+            )
+    element_size = ELEMENT_SIZE.get(datatype)
+    if element_size is not None and count * element_size > _MAX_DIM:
+        raise InvalidInput(
+            f"byte size overflow for input '{name}': shape {fmt_shape(shape)} of {datatype} "
+            f"is {count * element_size} bytes, more than {_MAX_DIM}"
+        )
 
 
 def natural_parameter(label: str, name: str, value: Any) -> int:

@@ -26,7 +26,7 @@ from sluice.core.fields import json_type
 from sluice.gateway.binary_tensors import parse_raw, slice_binary
 from sluice.gateway.infer_request import DEFAULT_LIMITS, InferRequest, InputTensor, RequestLimits
 from sluice.gateway.input_headers import parse_input_headers
-from sluice.gateway.json_tensors import BytesCountMismatch, json_to_buffer
+from sluice.gateway.json_tensors import BytesCountMismatch, json_to_buffer, nesting_message
 from sluice.gateway.metadata_checks import check_input_specs
 from sluice.gateway.pending_input import PendingInput
 from sluice.gateway.request_errors import string_count_message
@@ -71,10 +71,21 @@ def parse_infer_request(
     try:
         doc = orjson.loads(header)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"malformed request body: {exc}") from None
+        raise InvalidInput(malformed_body_message(exc, limits)) from None
     if not isinstance(doc, dict):
         raise InvalidInput(f"malformed request body: expected a JSON object, got {json_type(doc)}")
     return parse_infer_document(doc, binary, config, limits, lookup, header_length is None)
+
+
+_ORJSON_TOO_DEEP = "depth limit exceeded"
+
+
+def malformed_body_message(exc: orjson.JSONDecodeError, limits: RequestLimits) -> str:
+    """orjson refuses JSON nested deeper than 1024 levels itself (without recursion), far
+    beyond the depth ``data`` may have: that refusal carries Triton's nesting text too."""
+    if str(exc).startswith(_ORJSON_TOO_DEEP):
+        return f"{nesting_message(limits.max_json_depth)}; malformed request body: {exc}"
+    return f"malformed request body: {exc}"
 
 
 def parse_infer_document(
@@ -91,10 +102,10 @@ def parse_infer_document(
     ``no_header``: the body came without Inference-Header-Content-Length (for the hint)."""
     lookup: RegionLookup = regions if regions is not None else NoRegions()
     request_id = parse_id(doc.get("id"), limits)
-    parameters, binary_default = parse_request_parameters(doc.get("parameters"))
+    parameters, binary_output = parse_request_parameters(doc.get("parameters"))
     pending = parse_input_headers(doc.get("inputs"), config, limits, request_id)
     outputs, classes = parse_outputs(
-        doc.get("outputs"), config, binary_default, limits, lookup, request_id
+        doc.get("outputs"), config, binary_output, limits, lookup, request_id
     )
     batch_size = check_input_specs(pending, config, limits, request_id)
     inputs = read_input_data(pending, binary, no_header, limits, lookup, config, request_id)

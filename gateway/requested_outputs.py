@@ -24,14 +24,20 @@ _MAX_CLASSES = (1 << 32) - 1  # Triton keeps the count in a uint32
 def parse_outputs(
     value: Any,
     config: ModelConfig,
-    binary_default: bool,
+    binary_output: bool | None,
     limits: RequestLimits,
     regions: RegionLookup,
     request_id: str,
 ) -> tuple[list[RequestedOutput], dict[str, int] | None]:
-    """The requested outputs, and the class count of each output asked to classify."""
+    """The requested outputs, and the class count of each output asked to classify.
+    ``binary_output``: the request's ``binary_data_output`` (None: not given, JSON)."""
+    binary_default = bool(binary_output)
+    json_default = binary_output is False
     if value is None or (isinstance(value, list) and not value):
-        return [RequestedOutput(spec.name, binary_default) for spec in config.outputs], None
+        return [
+            RequestedOutput(spec.name, binary_default, json_asked=json_default)
+            for spec in config.outputs
+        ], None
     if not isinstance(value, list):
         raise InvalidInput(f"request 'outputs' must be a list, got {json_type(value)}")
     outputs: list[RequestedOutput] = []
@@ -52,7 +58,7 @@ def parse_outputs(
                 f"unexpected inference output '{name}' for model '{config.name}'; "
                 f"the model's outputs are {expected}"
             )
-        binary = binary_default
+        binary, json_asked = binary_default, json_default
         shm: ShmParameters | None = None
         count = 0
         parameters = item.get("parameters")
@@ -70,7 +76,7 @@ def parse_outputs(
                     raise InvalidInput(
                         f"{label}: parameters.binary_data must be a boolean, got {json_type(flag)}"
                     )
-                binary = flag
+                binary, json_asked = flag, not flag
                 if flag and shm is not None:
                     raise InvalidInput(
                         "Output can't set both 'shared_memory_region' and 'binary_data'; "
@@ -78,7 +84,7 @@ def parse_outputs(
                         "cannot also ask for parameters.binary_data"
                     )
         if shm is None:
-            outputs.append(RequestedOutput(name, binary, None, "", count))
+            outputs.append(RequestedOutput(name, binary, None, "", count, json_asked))
             if count:
                 classes = classes or {}
                 classes[name] = count

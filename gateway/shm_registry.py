@@ -10,10 +10,12 @@ it opens it to check it) and closed there when the region goes. System and CUDA 
 share one name space, as in Triton. Error messages start with Triton's own text where
 Triton has one; Sluice's detail follows it.
 
-A request resolves its references to (key, offset, size) when it is parsed and needs
-the registry no more, so unregistering a region takes effect at once, in every process of
-the host, even while requests that resolved it are in flight: they finish normally, new
-requests can no longer name it, and the name can be registered again.
+A request resolves its references to (key, offset, size) when it is parsed, and holds a
+lease on the regions it names while it runs (:meth:`RegionRegistry.hold`, see
+:mod:`sluice.gateway.shm_leases`). As in Triton, unregistering a region that requests in
+flight use answers at once but takes effect when the last of them ends, in every process of
+the host: meanwhile the region stays listed, new requests may still name it, and its name
+cannot be registered again. The request's deadline bounds the wait.
 
 The key is checked when registered (a plain object: no link, see :func:`sluice.core.shm.opened`)
 and again by whoever opens it for a request, since its owner may replace it meanwhile.
@@ -24,7 +26,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import itertools
 import logging
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +40,7 @@ from sluice.core.shm import (
     ObjectTooSmall,
     ShmKeyError,
     UnsafeObject,
+    object_name,
     opened,
     read_object,
     reserved_prefix,
@@ -49,6 +54,7 @@ from sluice.gateway.shm_store import (
     MemoryRegionStore,
     Records,
     RegionStore,
+    already_registered,
 )
 
 log = logging.getLogger(__name__)
@@ -73,11 +79,17 @@ class SystemRegion:
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
 
 
+CLIENT_SHM_DISABLED = (
+    "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to enable"
+)
+"""Triton's text when its --allow-client-shm is false; Sluice's switch follows it."""
+
+
 def client_shm_refusal(settings: GatewaySettings) -> str:
     """Why this gateway refuses client shared memory ("" when it accepts it):
     SLUICE_ALLOW_CLIENT_SHM, or by default: accepted on loopback, or behind admin keys."""
     if settings.allow_client_shm is False:
-        return "client shared memory is disabled on this gateway (SLUICE_ALLOW_CLIENT_SHM=false)"
+        return f"{CLIENT_SHM_DISABLED}; this gateway was started with SLUICE_ALLOW_CLIENT_SHM=false"
     if settings.allow_client_shm or settings.http_host in _LOOPBACK:
         return ""
     if settings.admin_keys.strip() or settings.admin_keys_file:
@@ -102,6 +114,24 @@ class RegionMiss(InvalidInput):
 class RegionsChanged(RegionMiss):
     def __init__(self) -> None:
         super().__init__("the shared memory regions of this host changed meanwhile; retry")
+
+
+@dataclass(frozen=True, slots=True)
+class RegionUse:
+    """One reference of a request to a region, as resolved when the request was parsed."""
+
+    label: str
+    """Whose reference (``input 'x'``, ``output 'y'``), for the errors."""
+    region: str
+    ref: ShmRef
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What a request in flight holds on the regions it uses (:meth:`RegionRegistry.hold`)."""
+
+    id: str
+    names: list[str]
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +174,8 @@ class RegionRegistry:
         self.host = host
         self.system: dict[str, SystemRegion] = {}
         self.cuda: dict[str, CudaRecord] = {}
+        self.records = Records(-1)
+        """The host's records as loaded (the copy's source; :meth:`hold` compares them)."""
         self.opened: dict[str, tuple[CudaRecord, CudaRegion]] = {}
         """CUDA handles opened in this process, with the record each was opened from."""
         self.revision: int | None = None
@@ -151,6 +183,8 @@ class RegionRegistry:
         self.seen = self.counter.value()
         """The host's change counter when the copy was loaded."""
         self._loading = asyncio.Lock()
+        self._lease_ids = (f"{uuid.uuid4().hex[:12]}:{n}" for n in itertools.count())
+        """Lease ids unique to this process (a lease is one request's)."""
 
     @classmethod
     def from_settings(
@@ -194,6 +228,7 @@ class RegionRegistry:
             name: _system_region(name, record) for name, record in records.system.items()
         }
         self.cuda = {name: _cuda_record(name, record) for name, record in records.cuda.items()}
+        self.records = records
         self.revision = records.revision
         for name, (record, region) in list(self.opened.items()):
             if self.cuda.get(name) != record:  # unregistered, or registered anew
@@ -224,6 +259,10 @@ class RegionRegistry:
 
     async def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
+        try:
+            object_name(key)
+        except ShmKeyError as exc:
+            raise _invalid_key(name, key, exc) from None
         prefix = reserved_prefix(key)
         if prefix:
             owner = "Sluice's own segments" if prefix.startswith("sluice") else "Triton's"
@@ -244,7 +283,7 @@ class RegionRegistry:
                 f"{unable}: {exc}; a region must be a plain shared memory object"
             ) from None
         except ShmKeyError as exc:
-            raise InvalidInput(f"{unable}: {exc}") from None
+            raise _invalid_key(name, key, exc) from None
         except OSError as exc:
             raise InvalidInput(f"{unable}: {exc.strerror or exc}") from None
         if offset + byte_size > size:
@@ -295,11 +334,12 @@ class RegionRegistry:
 
     def _check_free(self, name: str) -> None:
         if name in self.system or name in self.cuda:
-            raise InvalidInput(f"shared memory region '{name}' already in manager")
+            raise already_registered(name, draining=name in self.records.draining)
 
     async def unregister_system(self, name: str | None) -> None:
-        """At once, in every process of the host (as Triton, requests in flight keep what
-        they resolved); an unknown name is no error."""
+        """In every process of the host; an unknown name is no error. As Triton, a region
+        that requests in flight use stays (listed, usable, its name taken) until the last
+        of them ends, and the call answers at once all the same."""
         await self.store.remove("system", name)
         await self._changed()
 
@@ -307,6 +347,47 @@ class RegionRegistry:
         """As :meth:`unregister_system`; each process closes the handles it opened."""
         await self.store.remove("cuda", name)
         await self._changed()
+
+    # -- requests in flight ----------------------------------------------------------------
+
+    async def hold(self, uses: list[RegionUse], timeout_s: float) -> Lease | None:
+        """Lease the regions a parsed request uses, for its time left ``timeout_s`` at most:
+        unregistered meanwhile, they stay until :meth:`release` (None: it uses none). A
+        region that went (or was registered anew) since the request was parsed is the
+        request's 400, as it would have been a moment later."""
+        if not uses:
+            return None
+        if self.counter.value() != self.seen:
+            await self.catch_up()
+        records: dict[str, bytes] = {}
+        for use in uses:
+            record = self._record_holding(use)
+            if record is None:
+                raise _gone(use)
+            records[use.region] = record
+        lease = Lease(next(self._lease_ids), list(records))
+        missing = await self.store.hold(records, lease.id, max(1, int(timeout_s * 1000)))
+        if missing is not None:
+            await self.catch_up()
+            raise _gone(next(use for use in uses if use.region == missing))
+        return lease
+
+    def _record_holding(self, use: RegionUse) -> bytes | None:
+        """The record of region ``use.region`` in the copy, if it still holds the bytes the
+        request resolved."""
+        region = self.system.get(use.region)
+        if region is None or region.key != use.ref.key:
+            return None
+        start = use.ref.offset - region.offset
+        if start < 0 or start + use.ref.byte_size > region.byte_size:
+            return None
+        return self.records.system.get(use.region)
+
+    async def release(self, lease: Lease) -> None:
+        """The request ended: a draining region whose last user it was goes now, in every
+        process of the host."""
+        if await self.store.release(lease.names, lease.id):
+            await self._changed()
 
     async def system_status(self, name: str | None) -> list[dict[str, Any]]:
         await self.catch_up()
@@ -351,10 +432,17 @@ class RegionRegistry:
                     "use a system shared memory region"
                 )
             raise RegionMiss(f"{label}: unknown shared memory region '{name}'")
-        if offset + byte_size > region.byte_size:
+        size = region.byte_size
+        if offset > size or (offset == size and byte_size):
             raise InvalidInput(
-                f"{label}: shared memory offset {offset} + byte size {byte_size} is beyond "
-                f"the {region.byte_size} bytes of region '{name}'"
+                f"Invalid offset for shared memory region: '{name}'; {label}: shared memory "
+                f"offset {offset} is beyond the {size} bytes of the region"
+            )
+        if offset + byte_size > size:
+            raise InvalidInput(
+                f"Invalid offset + byte size for shared memory region: '{name}'; {label}: "
+                f"shared memory offset {offset} + byte size {byte_size} is beyond the {size} "
+                f"bytes of region '{name}'"
             )
         limit = self.max_input_bytes
         if not output and limit is not None and byte_size > limit:
@@ -382,6 +470,19 @@ class RegionRegistry:
             write_object(ref.key, ref.offset, data)
         except (OSError, ValueError) as exc:
             raise _refused(label, region, ref, exc) from None
+
+
+def _gone(use: RegionUse) -> InvalidInput:
+    return InvalidInput(
+        f"{use.label}: unknown shared memory region '{use.region}' (it was unregistered, or "
+        "registered anew, while the request was read)"
+    )
+
+
+def _invalid_key(name: str, key: str, exc: ShmKeyError) -> InvalidInput:
+    return InvalidInput(
+        f"cannot register shared memory region '{name}' - invalid shm key '{key}'; {exc}"
+    )
 
 
 def _refused(label: str, region: str, ref: ShmRef, exc: OSError | ValueError) -> InvalidInput:

@@ -4,6 +4,8 @@ Bodies and answers as Triton's, so ``tritonclient`` works unchanged:
 register ``{"key", "offset", "byte_size"}`` (CUDA: ``{"raw_handle": {"b64"}, "device_id",
 "byte_size"}``), unregister with an empty body (no region name: all regions), status as a
 list of regions. The edge guard asks for an admin key here when admin keys are set.
+Unregistering a region that requests in flight use answers at once, as Triton's does; the
+region goes when the last of them ends (:mod:`sluice.gateway.shm_leases`).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import InvalidInput
+from sluice.core.fields import json_type
 from sluice.gateway.cuda_shm import decode_raw_handle
 from sluice.gateway.json_body import json_response
 from sluice.gateway.shm_registry import RegionRegistry
@@ -74,8 +77,10 @@ async def system_register(request: Request, name: str) -> Response:
     key = document.get("key")
     if key is None:
         raise InvalidInput("Shared memory register request has no 'key' field")
-    if not isinstance(key, str) or not key:
-        raise InvalidInput(f"register region '{name}': 'key' must be a non-empty string")
+    if not isinstance(key, str):
+        raise InvalidInput(
+            f"register region '{name}': 'key' must be a string, got {json_type(key)}"
+        )
     offset = _natural(document, "offset", name, 0)
     byte_size = _natural(document, "byte_size", name)
     await _registry(request).register_system(name, key, offset, byte_size)

@@ -8,6 +8,17 @@ handle, device and size) lives in Redis, in a hash per host and kind
 moves. The records expire unless a live gateway of the host renews them at its catalog
 refresh, so a host whose gateways are all gone leaves nothing behind for long.
 
+The requests in flight that use a region hold a lease on it, next to the records
+(:meth:`sluice.core.keys.Keys.client_region_users`), whatever gateway process of the host runs
+them: unregistering a region that has live leases only marks it *draining* (as Triton, it
+stays listed and usable, and its name stays taken) and the release of its last lease removes
+it. A lease expires at its request's deadline, so a request that never ends, or a gateway
+process that died with requests in flight, holds a region no longer than that: the next
+load of the records (every catalog refresh) removes a draining region whose leases all
+expired. The leases live with the records rather than in each process because a region
+unregistered through one process must wait for the requests of all of them, and only a
+shared record outlives a process that died.
+
 Each gateway process keeps a copy (:class:`sluice.gateway.shm_registry.RegionRegistry`) and
 must notice changes without a Redis round trip per request: the processes of one host share
 a change counter in a small file of its /dev/shm (:class:`HostCounter`), which the process
@@ -29,12 +40,13 @@ import logging
 import mmap
 import os
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
 from redis.asyncio import Redis
 
+from sluice.core.clock import CLOCK
 from sluice.core.errors import InvalidInput, QuotaExceeded
 from sluice.core.keys import Keys
 from sluice.core.shm import SHM_DIR
@@ -47,6 +59,13 @@ KINDS: tuple[Kind, Kind] = ("system", "cuda")
 REGIONS_TTL_S = 60.0
 """The least time a host's records outlive the last renewal by one of its gateways."""
 
+Clock = Callable[[], int]
+"""The deployment's time in ms (leases expire by it)."""
+
+
+def deployment_ms() -> int:
+    return CLOCK.now_ns() // 1_000_000
+
 
 @dataclass(frozen=True, slots=True)
 class Records:
@@ -55,24 +74,42 @@ class Records:
     revision: int
     system: dict[str, bytes] = field(default_factory=dict)
     cuda: dict[str, bytes] = field(default_factory=dict)
+    draining: frozenset[str] = frozenset()
+    """Regions unregistered while requests used them: listed until those requests end."""
 
 
 class RegionStore(Protocol):
-    """The records of one host's regions, shared by its gateway processes."""
+    """The records of one host's regions, shared by its gateway processes, and the leases
+    of the requests in flight that use them."""
 
     async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
-        """Record a region; the name must be free in both kinds, and fewer than ``limit``
-        regions recorded (InvalidInput, QuotaExceeded)."""
+        """Record a region; the name must be free in both kinds (a draining region still
+        holds it), and fewer than ``limit`` regions recorded (InvalidInput, QuotaExceeded)."""
 
     async def remove(self, kind: Kind, name: str | None) -> None:
-        """Forget one region of ``kind`` (an unknown name is no error), or all (None)."""
+        """Forget one region of ``kind`` (an unknown name is no error), or all (None); one
+        with live leases is marked draining instead, and goes with its last lease."""
 
     async def load(self, known: int | None) -> Records | None:
-        """The records, or None when their revision is still ``known``; renews them."""
+        """The records, or None when their revision is still ``known``; renews them, and
+        first removes the draining regions whose leases all ended or expired."""
+
+    async def hold(self, records: dict[str, bytes], lease: str, ttl_ms: int) -> str | None:
+        """Lease each region named in ``records`` for ``ttl_ms`` (a request's time left),
+        provided each is still recorded as given (registered or draining); else lease none
+        and answer the name of one that is not."""
+
+    async def release(self, names: list[str], lease: str) -> bool:
+        """End the lease on these regions; whether a draining one went with it."""
 
 
-def already_registered(name: str) -> InvalidInput:
-    return InvalidInput(f"shared memory region '{name}' already in manager")
+def already_registered(name: str, *, draining: bool = False) -> InvalidInput:
+    detail = (
+        "; it was unregistered while requests in flight used it, and goes once they end"
+        if draining
+        else ""
+    )
+    return InvalidInput(f"shared memory region '{name}' already in manager{detail}")
 
 
 def too_many(name: str, limit: int) -> QuotaExceeded:
@@ -87,73 +124,217 @@ class MemoryRegionStore:
     """The records in this process (one gateway process, no Redis)."""
 
     records: Records = field(default_factory=lambda: Records(0))
+    users: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Region name -> lease -> when it expires (ms)."""
+    clock: Clock = deployment_ms
 
     async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
+        if name in self.records.draining and not self._live(name):
+            self._drop([name])
         now = self.records
         if name in now.system or name in now.cuda:
-            raise already_registered(name)
+            raise already_registered(name, draining=name in now.draining)
         if len(now.system) + len(now.cuda) >= limit:
             raise too_many(name, limit)
         self._set(kind, {**_of(now, kind), name: record})
 
     async def remove(self, kind: Kind, name: str | None) -> None:
         regions = _of(self.records, kind)
-        if name is None and regions:
-            self._set(kind, {})
-        elif name is not None and name in regions:
-            self._set(kind, {n: r for n, r in regions.items() if n != name})
+        names = list(regions) if name is None else [name] if name in regions else []
+        held = {n for n in names if self._live(n)}
+        if held - self.records.draining:
+            now = self.records
+            self.records = Records(
+                now.revision + 1, now.system, now.cuda, now.draining | frozenset(held)
+            )
+        self._drop([n for n in names if n not in held])
 
     async def load(self, known: int | None) -> Records | None:
+        self._drop([n for n in self.records.draining if not self._live(n)])
         return None if known == self.records.revision else self.records
+
+    async def hold(self, records: dict[str, bytes], lease: str, ttl_ms: int) -> str | None:
+        now = self.records
+        for name, record in records.items():
+            if record not in (now.system.get(name), now.cuda.get(name)):
+                return name
+        expires = self.clock() + ttl_ms
+        for name in records:
+            self._live(name)
+            self.users.setdefault(name, {})[lease] = expires
+        return None
+
+    async def release(self, names: list[str], lease: str) -> bool:
+        for name in names:
+            leases = self.users.get(name, {})
+            leases.pop(lease, None)
+            if not leases:
+                self.users.pop(name, None)
+        return self._drop([n for n in names if n in self.records.draining and not self._live(n)])
+
+    def _live(self, name: str) -> int:
+        """Leases on ``name`` that have not expired (forgetting those that have)."""
+        now = self.clock()
+        leases = {lease: at for lease, at in self.users.pop(name, {}).items() if at > now}
+        if leases:
+            self.users[name] = leases
+        return len(leases)
+
+    def _drop(self, names: list[str]) -> bool:
+        """Forget these regions, whatever their kind; whether there were any."""
+        if not names:
+            return False
+        now = self.records
+        self.records = Records(
+            now.revision + 1,
+            {n: r for n, r in now.system.items() if n not in names},
+            {n: r for n, r in now.cuda.items() if n not in names},
+            now.draining - frozenset(names),
+        )
+        for name in names:
+            self.users.pop(name, None)
+        return True
 
     def _set(self, kind: Kind, regions: dict[str, bytes]) -> None:
         now = self.records
         system, cuda = (regions, now.cuda) if kind == "system" else (now.system, regions)
-        self.records = Records(now.revision + 1, system, cuda)
+        self.records = Records(now.revision + 1, system, cuda, now.draining)
 
 
 def _of(records: Records, kind: Kind) -> dict[str, bytes]:
     return records.system if kind == "system" else records.cuda
 
 
-# KEYS: this kind's hash, the other kind's hash, the revision. ARGV: name, record, limit, ttl ms.
-_ADD = """
-if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 1 or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+# Every script: KEYS: the system hash, the cuda hash, the revision, the draining hash;
+# ARGV[1]: the prefix of the regions' lease sets, ARGV[2]: the time now (ms).
+_COMMON = """
+local users, now = ARGV[1], ARGV[2]
+local function live(name)
+  local key = users .. name
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  return redis.call('ZCARD', key)
+end
+local function drop(name)
+  redis.call('HDEL', KEYS[1], name)
+  redis.call('HDEL', KEYS[2], name)
+  redis.call('HDEL', KEYS[4], name)
+  redis.call('DEL', users .. name)
+end
+"""
+
+# ARGV[3..]: the kind's index in KEYS (1 or 2), name, record, limit, ttl ms.
+_ADD = (
+    _COMMON
+    + """
+local kind, name = tonumber(ARGV[3]), ARGV[4]
+if redis.call('HEXISTS', KEYS[4], name) == 1 and live(name) == 0 then
+  drop(name)
+  redis.call('INCR', KEYS[3])
+end
+if redis.call('HEXISTS', KEYS[1], name) == 1 or redis.call('HEXISTS', KEYS[2], name) == 1 then
+  if redis.call('HEXISTS', KEYS[4], name) == 1 then return 'draining' end
   return 'exists'
 end
-if redis.call('HLEN', KEYS[1]) + redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[3]) then
+if redis.call('HLEN', KEYS[1]) + redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[6]) then
   return 'full'
 end
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('HSET', KEYS[kind], name, ARGV[5])
 redis.call('INCR', KEYS[3])
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[7]) end
 return 'ok'
 """
+)
 
-# KEYS: the kind's hash, the revision. ARGV: 'one' or 'all', name, ttl ms.
-_REMOVE = """
-local removed
-if ARGV[1] == 'all' then
-  removed = redis.call('DEL', KEYS[1])
-else
-  removed = redis.call('HDEL', KEYS[1], ARGV[2])
+# ARGV[3..]: the kind's index in KEYS (1 or 2), 'one' or 'all', name, ttl ms.
+_REMOVE = (
+    _COMMON
+    + """
+local kind = tonumber(ARGV[3])
+local names = {}
+if ARGV[4] == 'all' then
+  names = redis.call('HKEYS', KEYS[kind])
+elseif redis.call('HEXISTS', KEYS[kind], ARGV[5]) == 1 then
+  names = {ARGV[5]}
 end
-if removed > 0 then
-  redis.call('INCR', KEYS[2])
-  redis.call('PEXPIRE', KEYS[2], ARGV[3])
+local changed = 0
+for _, name in ipairs(names) do
+  if live(name) > 0 then
+    changed = changed + redis.call('HSET', KEYS[4], name, kind)
+  else
+    drop(name)
+    changed = changed + 1
+  end
 end
-return removed
+if changed > 0 then
+  redis.call('INCR', KEYS[3])
+  for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[6]) end
+end
+return changed
 """
+)
 
-# KEYS: system hash, cuda hash, revision. ARGV: the revision known ('' for none), ttl ms.
-_LOAD = """
+# ARGV[3..]: the revision known ('' for none), ttl ms.
+_LOAD = (
+    _COMMON
+    + """
+local gone = 0
+for _, name in ipairs(redis.call('HKEYS', KEYS[4])) do
+  if live(name) == 0 then
+    drop(name)
+    gone = gone + 1
+  end
+end
+if gone > 0 then redis.call('INCR', KEYS[3]) end
 local revision = redis.call('GET', KEYS[3]) or '0'
-for i = 1, 3 do redis.call('PEXPIRE', KEYS[i], ARGV[2]) end
-if revision == ARGV[1] then
+for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
+if revision == ARGV[3] then
   return {revision}
 end
-return {revision, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2])}
+return {revision, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
+        redis.call('HKEYS', KEYS[4])}
 """
+)
+
+# ARGV[3..]: the lease, when it expires (ms), how long its sets must last (ms), then name
+# and record of each region.
+_HOLD = (
+    _COMMON
+    + """
+for i = 6, #ARGV, 2 do
+  local name, record = ARGV[i], ARGV[i + 1]
+  local system, cuda = redis.call('HGET', KEYS[1], name), redis.call('HGET', KEYS[2], name)
+  if system ~= record and cuda ~= record then return name end
+end
+for i = 6, #ARGV, 2 do
+  local key = users .. ARGV[i]
+  redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+  redis.call('ZADD', key, ARGV[4], ARGV[3])
+  if redis.call('PTTL', key) < tonumber(ARGV[5]) then redis.call('PEXPIRE', key, ARGV[5]) end
+end
+return ''
+"""
+)
+
+# ARGV[3..]: the lease, then the names of its regions.
+_RELEASE = (
+    _COMMON
+    + """
+local gone = 0
+for i = 4, #ARGV do
+  local name = ARGV[i]
+  redis.call('ZREM', users .. name, ARGV[3])
+  if redis.call('HEXISTS', KEYS[4], name) == 1 and live(name) == 0 then
+    drop(name)
+    gone = gone + 1
+  end
+end
+if gone > 0 then redis.call('INCR', KEYS[3]) end
+return gone
+"""
+)
+
+_LEASE_MARGIN_MS = 1000
+"""A region's lease set outlives its last lease by this much."""
 
 
 def _pairs(flat: list[bytes]) -> dict[str, bytes]:
@@ -163,38 +344,70 @@ def _pairs(flat: list[bytes]) -> dict[str, bytes]:
 class RedisRegionStore:
     """The records of one host in Redis, for every gateway process of that host."""
 
-    def __init__(self, redis: Redis, keys: Keys, host: str, ttl_s: float = REGIONS_TTL_S) -> None:
-        self.keys = {kind: keys.client_regions(host, kind) for kind in KINDS}
-        self.revision_key = keys.client_regions_revision(host)
+    def __init__(
+        self,
+        redis: Redis,
+        keys: Keys,
+        host: str,
+        ttl_s: float = REGIONS_TTL_S,
+        clock: Clock = deployment_ms,
+    ) -> None:
+        self.keys = [
+            keys.client_regions(host, "system"),
+            keys.client_regions(host, "cuda"),
+            keys.client_regions_revision(host),
+            keys.client_regions_draining(host),
+        ]
+        self.users = keys.client_region_users(host, "")
         self.ttl_ms = int(ttl_s * 1000)
+        self.clock = clock
         self._add = redis.register_script(_ADD)
         self._remove = redis.register_script(_REMOVE)
         self._load = redis.register_script(_LOAD)
+        self._hold = redis.register_script(_HOLD)
+        self._release = redis.register_script(_RELEASE)
+
+    def _args(self, *more: str | bytes | int) -> list[str | bytes | int]:
+        return [self.users, self.clock(), *more]
 
     async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
-        other: Kind = "cuda" if kind == "system" else "system"
         outcome = await self._add(
-            keys=[self.keys[kind], self.keys[other], self.revision_key],
-            args=[name, record, limit, self.ttl_ms],
+            keys=self.keys, args=self._args(_index(kind), name, record, limit, self.ttl_ms)
         )
-        if outcome == b"exists":
-            raise already_registered(name)
+        if outcome in (b"exists", b"draining"):
+            raise already_registered(name, draining=outcome == b"draining")
         if outcome == b"full":
             raise too_many(name, limit)
 
     async def remove(self, kind: Kind, name: str | None) -> None:
         which = ["all", ""] if name is None else ["one", name]
-        await self._remove(keys=[self.keys[kind], self.revision_key], args=[*which, self.ttl_ms])
+        await self._remove(keys=self.keys, args=self._args(_index(kind), *which, self.ttl_ms))
 
     async def load(self, known: int | None) -> Records | None:
         answer = await self._load(
-            keys=[self.keys["system"], self.keys["cuda"], self.revision_key],
-            args=["" if known is None else str(known), self.ttl_ms],
+            keys=self.keys, args=self._args("" if known is None else str(known), self.ttl_ms)
         )
         revision = int(answer[0])
         if len(answer) == 1:
             return None
-        return Records(revision, _pairs(answer[1]), _pairs(answer[2]))
+        draining = frozenset(name.decode() for name in answer[3])
+        return Records(revision, _pairs(answer[1]), _pairs(answer[2]), draining)
+
+    async def hold(self, records: dict[str, bytes], lease: str, ttl_ms: int) -> str | None:
+        now = self.clock()
+        pairs = [part for name, record in records.items() for part in (name, record)]
+        args = [self.users, now, lease, now + ttl_ms, ttl_ms + _LEASE_MARGIN_MS, *pairs]
+        missing = await self._hold(keys=self.keys, args=args)
+        return missing.decode() if missing else None
+
+    async def release(self, names: list[str], lease: str) -> bool:
+        gone = await self._release(keys=self.keys, args=self._args(lease, *names))
+        return bool(gone)
+
+
+def _index(kind: Kind) -> int:
+    """The kind's place in the scripts' KEYS."""
+    return 1 if kind == "system" else 2
 
 
 class ChangeCounter(Protocol):

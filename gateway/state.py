@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -73,6 +74,9 @@ class GatewayState:
     """When a request last made this process look whether Redis is back."""
     redis_check: asyncio.Task[None] | None = None
     """That look, while it runs."""
+    torchserve_responses: Counter[str] = field(default_factory=Counter)
+    """Answers of this process's TorchServe ports by class (``2XX``, ``4XX``, ``5XX``)
+    since its last report (:mod:`sluice.gateway.torchserve_ports`)."""
     tenant_streams: TenantStreams = field(default_factory=TenantStreams)
     """The tenant streams this process made known (:mod:`sluice.gateway.tenant_streams`)."""
 

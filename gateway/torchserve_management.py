@@ -1,51 +1,80 @@
 """TorchServe's management API on Sluice's model control (``sluice up
---model-control-mode explicit``), on the same port as everything else, with admin keys:
+--model-control-mode explicit``), on the same port as everything else, with admin keys, and
+with TorchServe's answers (its frontend's status codes and messages):
 
-- ``GET /models``: every model, as TorchServe lists them;
-- ``GET /models/{m}[/{v}]``: a model's description, with its workers;
-- ``POST /models?url=<archive>.mar[&model_name=&batch_size=&max_batch_delay=
-  &initial_workers=&response_timeout=]``: register an archive of the model store
-  (``SLUICE_MODEL_STORE``, TorchServe's ``--model-store``) or from a URL the operator
-  allows (``SLUICE_ALLOWED_MODEL_URLS``, TorchServe's ``allowed_urls``), and load it;
-- ``PUT /models/{m}[/{v}]?min_worker=&max_worker=``: scale; the controller's autoscaling
-  keeps the instances between the two (:mod:`sluice.scheduler.controller.autoscaling`), for
-  every version;
-- ``DELETE /models/{m}[/{v}]``: unregister (unload);
+- ``GET /models[?limit=&next_page_token=]``: the registered models (default versions);
+- ``GET /models/{m}[/{v}|/all]``: a model's description (its default version, the one
+  named, or all), with its workers;
+- ``POST /models?url=...``: register an archive (:mod:`sluice.gateway.torchserve_archives`)
+  and load it; ``model_name``, ``handler`` (instead of the manifest's), ``runtime``
+  (python, python3), ``batch_size``, ``max_batch_delay``, ``initial_workers``,
+  ``response_timeout``, ``startup_timeout`` and ``synchronous`` (default true), in the
+  query or as a JSON body. An archive of a name already served adds a version
+  (the manifest's ``modelVersion``); the same version again is a 409;
+- ``PUT /models/{m}[/{v}]?min_worker=&max_worker=&synchronous=``: scale; 202 at once, or
+  200 once scaled when synchronous;
+- ``DELETE /models/{m}[/{v}]``: unregister a version (the default one, unless named: the
+  default of several cannot go, 403), the model with its last version;
 - ``PUT /models/{m}/{v}/set-default``: requests naming no version go to ``v``.
 
-Versions are Sluice's (Triton's numbered folders); a registered archive is version 1.
+As TorchServe reads them, a query number that is not one (``batch_size=dd``) takes its
+default, and so does ``synchronous`` that is not ``true`` or ``false``. Where TorchServe
+answers plainly wrong (500 for a negative ``min_worker``) Sluice answers 400. Sluice's
+batching and workers are per model, shared by its versions; a model always has a worker
+when it is registered (``initial_workers`` 0: it stops when idle, and starts again on
+demand), so a handler that cannot load fails the registration. TorchServe versions are
+Sluice's numbered ones: :mod:`sluice.core.mar_versions`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import re
-import tempfile
-from pathlib import Path
+import logging
+from dataclasses import dataclass
 from typing import Any
 
-import httpx
 import orjson
 from fastapi import APIRouter, Request, Response
 
-from sluice.core.catalog import CatalogEntry
+from sluice.core.catalog import UNLOADED, CatalogEntry
 from sluice.core.clock import CLOCK
 from sluice.core.config import config_to_json, parse_config_text
-from sluice.core.control import ControlCommand
-from sluice.core.errors import InvalidInput, NotFound, SluiceError
-from sluice.core.mar import MarManifest, read_manifest, triton_config
-from sluice.core.routing import Routing, check_served
+from sluice.core.control import ControlCommand, encode_command
+from sluice.core.errors import (
+    Conflict,
+    Forbidden,
+    InferenceFailed,
+    InvalidInput,
+    NotFound,
+    SluiceError,
+)
+from sluice.core.mar_config import MAX_WORKERS, check_model_name, triton_config
+from sluice.core.mar_settings import ArchiveSettings
+from sluice.core.mar_versions import VersionRecord, decimal_of, find, number_for, record_of
+from sluice.core.routing import Routing
+from sluice.gateway.body import read_body
+from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.json_body import json_response
 from sluice.gateway.model_control import carry_out, require_explicit
 from sluice.gateway.routing_routes import _update
 from sluice.gateway.state import GatewayState, state_of
+from sluice.gateway.torchserve_archives import Archive, find_archive
+from sluice.gateway.torchserve_config import (
+    with_batching,
+    with_versions,
+    with_workers,
+    workers_of,
+)
+
+log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-MAX_REGISTER_BYTES = 256 << 20
-"""A registered archive travels to ``sluice up`` in a control command; a larger one is laid
-out with ``sluice import-mar`` instead."""
-_MIN, _MAX = "sluice.min_instances", "sluice.max_instances"
+RUNTIMES = ("python", "python3")
+_MAX_REGISTER_JSON = 64 << 10
+
+
+class WorkersFailed(InferenceFailed):
+    """TorchServe's 500 when a model's workers do not start (named in its body's ``type``)."""
 
 
 def _error(error: SluiceError) -> Response:
@@ -53,207 +82,375 @@ def _error(error: SluiceError) -> Response:
     return json_response(body, int(error.status))
 
 
-def _version(text: str, served: tuple[int, ...], model: str) -> int:
-    """A version from the path: Sluice's number, or TorchServe's ``N.0`` for it."""
-    digits = text[:-2] if text.endswith(".0") else text
-    if not digits.isascii() or not digits.isdigit() or len(digits) > 18 or int(digits) < 1:
-        raise InvalidInput(f"'{text}' is not a version of model '{model}' (a number such as 1)")
-    return check_served(int(digits), served, model)
-
-
-def _whole(request: Request, name: str, default: int, least: int = 0) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
+def _whole(params: dict[str, str], name: str) -> int | None:
+    """A number of the query as TorchServe reads one: None when absent or not a number."""
+    raw = params.get(name)
     try:
-        value = int(raw)
+        return None if raw is None else int(raw.strip())
     except ValueError:
-        value = least - 1
-    if value < least or value > 1_000_000:
-        raise InvalidInput(f"'{name}' must be a whole number of at least {least}, got {raw!r}")
+        return None
+
+
+def _at_least(params: dict[str, str], name: str, least: int) -> int | None:
+    """A setting given as a number, refused below ``least``."""
+    value = _whole(params, name)
+    if value is not None and not least <= value <= 1_000_000:
+        raise InvalidInput(f"'{name}' must be a whole number of at least {least}, got {value}")
     return value
 
 
-async def _workers(state: GatewayState, model: str, versions: tuple[int, ...]) -> list[Any]:
+def _flag(params: dict[str, str], name: str, default: bool) -> bool:
+    """Java's Boolean.parseBoolean, as TorchServe reads its flags."""
+    raw = params.get(name)
+    return default if raw is None else raw.strip().lower() == "true"
+
+
+async def _current(request: Request) -> GatewayState:
+    """The gateway's state, caught up with what another gateway process of this host has
+    changed (a registration through one connection is seen through the next)."""
+    state = state_of(request)
+    await follow_changes(state)
+    return state
+
+
+def _registered(state: GatewayState, model: str) -> CatalogEntry:
+    entry = state.view.models.get(model)
+    if entry is None or entry.error == UNLOADED:
+        raise NotFound(f"Model not found: {model}")
+    return entry
+
+
+def _served(entry: CatalogEntry) -> dict[int, str]:
+    """Number -> TorchServe's version, of each version served."""
+    parameters = entry.config.parameters if entry.config is not None else {}
+    return {number: record_of(parameters, number).version for number in entry.versions}
+
+
+def _number(entry: CatalogEntry, text: str) -> int:
+    number = find(text, _served(entry))
+    if number is None:
+        raise NotFound(f"Model version: {text} does not exist for model: {entry.name}")
+    return number
+
+
+def _default(state: GatewayState, entry: CatalogEntry) -> int:
+    """The version requests naming none go to: the heaviest of the model's split, else
+    the newest."""
+    weights = state.view.routing.get(entry.name).weights
+    chosen = [v for v in sorted(weights, key=lambda v: (weights[v], v)) if v in entry.versions]
+    return chosen[-1] if chosen and weights[chosen[-1]] > 0 else entry.versions[-1]
+
+
+async def _workers(state: GatewayState, model: str, version: int) -> list[dict[str, Any]]:
     workers = []
-    now = CLOCK.now()
-    for version in versions:
-        members = await state.control.live_workers(model, version, now)
-        for member in members:
-            name = member.decode() if isinstance(member, bytes) else str(member)
-            pid = name.rsplit("-", 2)[-2] if name.count("-") >= 2 else ""
-            workers.append(
-                {
-                    "id": name,
-                    "status": "READY",
-                    "pid": int(pid) if pid.isdigit() else None,
-                    "gpu": False,
-                    "version": str(version),
-                }
-            )
+    for member in await state.control.live_workers(model, version, CLOCK.now()):
+        name = member.decode() if isinstance(member, bytes) else str(member)
+        pid = name.rsplit("-", 2)[-2] if name.count("-") >= 2 else ""
+        workers.append(
+            {
+                "id": name,
+                "status": "READY",
+                "pid": int(pid) if pid.isdigit() else None,
+                "gpu": False,
+            }
+        )
     return workers
 
 
 @router.get("/models")
 async def list_models(request: Request) -> Response:
-    state = state_of(request)
-    models = [{"modelName": name, "modelUrl": f"{name}.mar"} for name in sorted(state.view.models)]
-    return json_response({"models": models})
+    state = await _current(request)
+    params = dict(request.query_params)
+    limit = _whole(params, "limit")
+    limit = 100 if limit is None or not 0 <= limit <= 100 else limit
+    token = max(0, _whole(params, "next_page_token") or 0)
+    names = sorted(n for n, e in state.view.models.items() if e.error != UNLOADED)
+    last = token + limit
+    models = []
+    for name in names[token:last]:
+        entry = state.view.models[name]
+        url = f"{name}.mar"
+        if entry.config is not None and entry.versions:
+            url = record_of(entry.config.parameters, _default(state, entry)).url or url
+        models.append({"modelName": name, "modelUrl": url})
+    answer: dict[str, Any] = {"models": models}
+    if last <= len(names):
+        answer["nextPageToken"] = str(last)
+    return json_response(answer)
 
 
 @router.get("/models/{model}")
 @router.get("/models/{model}/{version}")
 async def describe(request: Request, model: str, version: str | None = None) -> Response:
-    state = state_of(request)
     try:
-        entry = state.view.entry(model)
-        versions = entry.versions
-        if version not in (None, "all"):
-            versions = (_version(version, entry.versions, model),)
-        config = entry.config
-        dynamic = config.dynamic_batching if config else None
-        parameters = config.parameters if config else {}
-        instances = config.total_instances if config else 0
-        workers = await _workers(state, model, versions)
-        answer = [
-            {
-                "modelName": model,
-                "modelVersion": str(v),
-                "modelUrl": f"{model}.mar",
-                "runtime": "python",
-                "minWorkers": int(parameters.get(_MIN, instances)),
-                "maxWorkers": int(parameters.get(_MAX, instances)),
-                "batchSize": max(1, config.max_batch_size) if config else 1,
-                "maxBatchDelay": (dynamic.max_queue_delay_us // 1000) if dynamic else 0,
-                "status": entry.error or ("READY" if entry.available else "UNAVAILABLE"),
-                "workers": [w for w in workers if w["version"] == str(v)],
-            }
-            for v in versions
-        ]
-        return json_response(answer)
+        state = await _current(request)
+        entry = _registered(state, model)
+        if not entry.versions:
+            raise NotFound(f"Model not found: {model} ({entry.error})")
+        if version == "all":
+            numbers = entry.versions
+        else:
+            numbers = (_default(state, entry) if version is None else _number(entry, version),)
+        return json_response([await _description(state, entry, n) for n in numbers])
     except SluiceError as exc:
         return _error(exc)
+
+
+async def _description(state: GatewayState, entry: CatalogEntry, number: int) -> dict[str, Any]:
+    config = entry.config
+    parameters = config.parameters if config is not None else {}
+    record = record_of(parameters, number)
+    dynamic = config.dynamic_batching if config is not None else None
+    minimum, maximum = workers_of(config) if config is not None else (0, 0)
+    gpu = config is not None and any(g.kind == "KIND_GPU" for g in config.instance_groups)
+    workers = await _workers(state, entry.name, number)
+    return {
+        "modelName": entry.name,
+        "modelVersion": record.version,
+        "modelUrl": record.url or f"{entry.name}.mar",
+        "runtime": record.runtime or "python",
+        "minWorkers": minimum,
+        "maxWorkers": maximum,
+        "batchSize": max(1, config.max_batch_size) if config is not None else 1,
+        "maxBatchDelay": (dynamic.max_queue_delay_us // 1000) if dynamic is not None else 0,
+        "responseTimeout": (dynamic.default_timeout_us // 1_000_000) if dynamic else 0,
+        "deviceType": "gpu" if gpu else "cpu",
+        "status": entry.error or ("READY" if entry.available else "UNAVAILABLE"),
+        "workers": [{**w, "gpu": gpu} for w in workers],
+    }
+
+
+async def _register_params(request: Request, state: GatewayState) -> dict[str, str]:
+    """The registration's parameters: the query's, or a JSON body's (as TorchServe takes
+    them, by the same names)."""
+    params = dict(request.query_params)
+    if request.headers.get("content-type", "").split(";")[0].strip() != "application/json":
+        return params
+    raw = await read_body(request, min(_MAX_REGISTER_JSON, state.settings.max_body_bytes))
+    try:
+        document = orjson.loads(raw) if raw else {}
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"the registration's JSON body is not JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise InvalidInput("the registration's JSON body must be an object")
+    for key, value in document.items():
+        if isinstance(value, bool):
+            params[key] = "true" if value else "false"
+        elif isinstance(value, int | float | str):
+            params[key] = str(value)
+    return params
 
 
 @router.post("/models")
 async def register(request: Request) -> Response:
-    state = state_of(request)
     try:
+        state = await _current(request)
         await require_explicit(state)
-        url = request.query_params.get("url", "")
-        if "://" in url:
-            data = await _fetch(url, state.settings.allowed_model_urls)
-        else:
-            data = await asyncio.to_thread(_from_store, url, state.settings.model_store)
-        manifest = await asyncio.to_thread(_manifest, data, url)
-        name = request.query_params.get("model_name") or manifest.model_name
-        workers = _whole(request, "initial_workers", 1, least=1)
-        text = triton_config(
-            name,
-            _whole(request, "batch_size", 1, least=1),
-            _whole(request, "max_batch_delay", 100),
-            workers=workers,
-            response_timeout_s=_whole(request, "response_timeout", 0),
+        params = await _register_params(request, state)
+        url = params.get("url")
+        if url is None:
+            raise InvalidInput("Parameter url is required.")
+        runtime = params.get("runtime")
+        if runtime is not None and runtime not in RUNTIMES:
+            raise InvalidInput(
+                f"Invalid RuntimeType value: {runtime} (one of {', '.join(RUNTIMES)})"
+            )
+        archive = await find_archive(
+            url, state.settings.model_store, state.settings.allowed_model_urls
         )
-        config = config_to_json(parse_config_text(text, model_name=name))
-        files = {"1/model.mar": data}
-        await carry_out(state, ControlCommand("load", name, orjson.dumps(config).decode(), files))
-        message = f'Model "{name}" Version: 1 registered with {workers} initial workers'
-        return json_response({"status": message})
+        return await _register(state, params, url, archive)
     except SluiceError as exc:
         return _error(exc)
 
 
-def _too_large(url: str) -> InvalidInput:
-    return InvalidInput(
-        f"'{url}' is larger than {MAX_REGISTER_BYTES >> 20} MiB: lay it out with "
-        "`sluice import-mar` instead"
+@dataclass(frozen=True, slots=True)
+class _Asked:
+    """What a registration asks for beside the archive (None: not given, or no number)."""
+
+    batch_size: int | None
+    delay_ms: int | None
+    timeout_s: int | None
+    initial: int | None
+    startup_s: int | None
+
+    @classmethod
+    def of(cls, params: dict[str, str]) -> _Asked:
+        timeout_s = _whole(params, "response_timeout")
+        return cls(
+            _at_least(params, "batch_size", 1),
+            _at_least(params, "max_batch_delay", 0),
+            None if timeout_s is not None and timeout_s < 0 else timeout_s,  # -1: the default
+            _whole(params, "initial_workers"),
+            _whole(params, "startup_timeout"),
+        )
+
+
+async def _register(
+    state: GatewayState, params: dict[str, str], url: str, archive: Archive
+) -> Response:
+    manifest, settings = archive.manifest, archive.settings
+    name = params.get("model_name") or manifest.model_name
+    check_model_name(name, f"model archive {url.rsplit('/', 1)[-1]}")
+    line = settings.ignored_line(name)
+    if line:
+        log.warning("%s", line)
+    entry = state.view.models.get(name)
+    if entry is not None and (
+        entry.error == UNLOADED or not entry.versions or entry.config is None
+    ):
+        entry = None  # not loaded (or failed): registered anew
+    served = _served(entry) if entry is not None else {}
+    if entry is not None and entry.config is not None and entry.config.backend != "torchserve":
+        raise Conflict(f"model '{name}' is served already, and not from a TorchServe archive")
+    if decimal_of(manifest.version) is not None and find(manifest.version, served) is not None:
+        raise Conflict(f"Model version {manifest.version} is already registered for model {name}")
+    number = number_for(manifest.version, served, f"model archive {url}")
+    record = VersionRecord(
+        manifest.version, url, params.get("handler", ""), params.get("runtime", "")
+    )
+    asked = _Asked.of(params)
+    starts = (asked.initial or 0) > 0 or bool(settings.min_workers and entry is None)
+    if starts and asked.startup_s is not None and asked.startup_s != -1 and asked.startup_s <= 0:
+        # TorchServe gives the workers no time at all to start: they fail, and the model
+        # is not registered.
+        raise WorkersFailed(
+            f"Failed to start workers for model {name} version: {manifest.version} "
+            f"(startup_timeout {asked.startup_s})"
+        )
+    files = {f"{number}/model.mar": archive.data}
+    if entry is None:
+        minimum, maximum = _initial_workers(asked.initial, settings)
+        config = _new_model(name, asked, settings, minimum, maximum, {number: record})
+        command = ControlCommand("load", name, orjson.dumps(config).decode(), files)
+    else:
+        minimum, maximum = _initial_workers(asked.initial, ArchiveSettings())
+        config = _added_version(entry, asked, served, minimum, maximum, {number: record})
+        command = ControlCommand(
+            "load", name, orjson.dumps(config).decode(), files, keep_files=True
+        )
+        default = _default(state, entry)  # stays the default, as in TorchServe
+        await _update(state, name, lambda current: Routing(current.labels, {default: 100}))
+    if starts and not _flag(params, "synchronous", True):
+        # (With no workers to start, TorchServe answers at once whatever is asked.)
+        await _send(state, command)
+        return json_response({"status": "Processing worker updates..."}, 202)
+    await _load(state, command, name, manifest.version)
+    workers = f"{minimum} initial workers"
+    if minimum == 0:
+        workers += " (one serves while requests come, and stops when idle)"
+    return json_response(
+        {"status": f'Model "{name}" Version: {manifest.version} registered with {workers}'}
     )
 
 
-def _from_store(url: str, store: Path | None) -> bytes:
-    """An archive of the model store, named by its file name."""
-    if store is None:
-        raise InvalidInput("no model store is set (SLUICE_MODEL_STORE): nothing to register")
-    if not url or "/" in url or "\\" in url or url.startswith("."):
-        raise InvalidInput("'url' must name an archive of the model store (a file name)")
-    path = Path(store) / url
-    if not path.is_file() or path.is_symlink():
-        raise NotFound(f"model archive '{url}' is not in the model store")
-    if path.stat().st_size > MAX_REGISTER_BYTES:
-        raise _too_large(url)
-    return path.read_bytes()
+def _new_model(
+    name: str,
+    asked: _Asked,
+    settings: ArchiveSettings,
+    minimum: int,
+    maximum: int,
+    versions: dict[int, VersionRecord],
+) -> dict[str, Any]:
+    """A new model's configuration: what the registration asks, else what the archive's
+    model-config.yaml says, else TorchServe's defaults."""
+    text = triton_config(
+        name,
+        asked.batch_size or settings.batch_size or 1,
+        _or(asked.delay_ms, _or(settings.max_batch_delay_ms, 100)),
+        workers=minimum,
+        max_workers=maximum,
+        response_timeout_s=_or(asked.timeout_s, _or(settings.response_timeout_s, 0)),
+        gpu=bool(settings.gpu),
+        versions=versions,
+    )
+    return config_to_json(parse_config_text(text, model_name=name))
 
 
-async def _fetch(url: str, allowed: str) -> bytes:
-    """An archive from a URL the operator allows (``SLUICE_ALLOWED_MODEL_URLS``: regular
-    expressions, comma-separated, matched against the whole URL; none by default)."""
-    patterns = [p.strip() for p in allowed.split(",") if p.strip()]
-    if not url.startswith(("http://", "https://")) or not any(
-        re.fullmatch(pattern, url) for pattern in patterns
-    ):
-        raise InvalidInput(
-            f"'url' {url[:200]!r} is not an allowed URL (SLUICE_ALLOWED_MODEL_URLS); an "
-            "archive of the model store is named by its file name"
-        )
-    chunks: list[bytes] = []
-    size = 0
+def _added_version(
+    entry: CatalogEntry,
+    asked: _Asked,
+    served: dict[int, str],
+    minimum: int,
+    maximum: int,
+    added: dict[int, VersionRecord],
+) -> dict[str, Any]:
+    """A served model's configuration with one more version: the model's settings, with
+    what the registration asks (for every version)."""
+    assert entry.config is not None
+    config = with_versions(config_to_json(entry.config), [*served, *added], added, None)
+    config = with_batching(config, asked.batch_size, asked.delay_ms, asked.timeout_s)
+    return with_workers(config, minimum, maximum) if asked.initial is not None else config
+
+
+def _or(value: int | None, default: int) -> int:
+    return default if value is None else value
+
+
+def _initial_workers(initial: int | None, settings: ArchiveSettings) -> tuple[int, int]:
+    """(minimum, maximum) workers of a registration: the archive's model-config.yaml when
+    it names some (as TorchServe), else ``initial_workers`` (absent: one; 0 or less: none
+    kept)."""
+    low, high = settings.min_workers, settings.max_workers
+    if low and (high is None or high >= low):
+        return low, max(low, high or low)
+    if initial is None:
+        return 1, 1
+    if initial <= 0:
+        return 0, 1
+    if initial > MAX_WORKERS:
+        raise InvalidInput(f"'initial_workers' must be at most {MAX_WORKERS}, got {initial}")
+    return initial, initial
+
+
+async def _send(state: GatewayState, command: ControlCommand) -> None:
+    """Hand a command to ``sluice up`` without waiting for it (TorchServe's asynchronous
+    calls)."""
+    await state.control.send_command(state.keys.control_requests, encode_command(command))
+
+
+async def _load(state: GatewayState, command: ControlCommand, model: str, version: str) -> None:
     try:
-        async with (
-            httpx.AsyncClient(timeout=60, follow_redirects=False) as client,
-            client.stream("GET", url) as response,
-        ):
-            if response.status_code != 200:
-                raise NotFound(f"'{url}' answered HTTP {response.status_code}")
-            async for chunk in response.aiter_bytes():
-                size += len(chunk)
-                if size > MAX_REGISTER_BYTES:
-                    raise _too_large(url)
-                chunks.append(chunk)
-    except httpx.HTTPError as exc:
-        raise NotFound(f"cannot download '{url}': {type(exc).__name__}") from None
-    return b"".join(chunks)
-
-
-def _manifest(data: bytes, url: str) -> MarManifest:
-    with tempfile.TemporaryDirectory() as scratch:
-        name = url.rsplit("/", 1)[-1] or "model.mar"
-        path = Path(scratch) / (name if name.endswith(".mar") else "model.mar")
-        path.write_bytes(data)
-        return read_manifest(path)
-
-
-async def _managed(state: GatewayState, model: str, version: str | None) -> CatalogEntry:
-    """A model that model control may change (explicit mode), and the version named, if
-    any, served."""
-    await require_explicit(state)
-    entry = state.view.entry(model)
-    if version is not None:
-        _version(version, entry.versions, model)
-    return entry
+        await carry_out(state, command)
+    except InvalidInput as exc:
+        raise WorkersFailed(
+            f"Failed to start workers for model {model} version: {version}: {exc.message}"
+        ) from None
 
 
 @router.put("/models/{model}")
 @router.put("/models/{model}/{version}")
 async def scale(request: Request, model: str, version: str | None = None) -> Response:
-    """Instances are per model here (every served version gets the same range)."""
-    state = state_of(request)
+    """Workers are per model here (every version served gets the same)."""
+    params = dict(request.query_params)
     try:
-        entry = await _managed(state, model, version)
+        state = await _current(request)
+        minimum = _whole(params, "min_worker")
+        minimum = 1 if minimum is None else minimum
+        maximum = _whole(params, "max_worker")
+        maximum = minimum if maximum is None else maximum
+        if maximum < minimum:
+            raise InvalidInput("max_worker cannot be less than min_worker.")
+        await require_explicit(state)
+        entry = _registered(state, model)
+        version = version or params.get("model_version")
+        number = _number(entry, version) if version is not None else _default(state, entry)
+        if minimum < 0:
+            raise InvalidInput(f"'min_worker' must be at least 0, got {minimum}")
+        if maximum > MAX_WORKERS:
+            raise InvalidInput(f"'max_worker' must be at most {MAX_WORKERS}, got {maximum}")
         if entry.config is None:
             raise InvalidInput(f"model '{model}' is unavailable: {entry.error}")
-        current = entry.config
-        minimum = _whole(request, "min_worker", 1, least=0)
-        maximum = _whole(request, "max_worker", max(minimum, 1), least=1)
-        if minimum > maximum:
-            raise InvalidInput("'min_worker' must not exceed 'max_worker'")
-        config = config_to_json(current)
-        parameters = dict(config.get("parameters", {}))
-        parameters[_MIN] = {"string_value": str(minimum)}
-        parameters[_MAX] = {"string_value": str(maximum)}
-        config["parameters"] = parameters
-        await carry_out(state, ControlCommand("load", model, orjson.dumps(config).decode()))
-        return json_response({"status": f"Processing worker updates for model {model}"}, 202)
+        config = with_workers(config_to_json(entry.config), minimum, maximum)
+        command = ControlCommand("load", model, orjson.dumps(config).decode())
+        if not _flag(params, "synchronous", False):
+            await _send(state, command)
+            return json_response({"status": "Processing worker updates..."}, 202)
+        shown = record_of(entry.config.parameters, number).version
+        await _load(state, command, model, shown)
+        message = f"Workers scaled to {minimum} for model: {model}"
+        if version is not None:
+            message += f", version: {version}"
+        return json_response({"status": message})
     except SluiceError as exc:
         return _error(exc)
 
@@ -261,24 +458,35 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
 @router.delete("/models/{model}")
 @router.delete("/models/{model}/{version}")
 async def unregister(request: Request, model: str, version: str | None = None) -> Response:
-    state = state_of(request)
     try:
-        await _managed(state, model, version)
-        await carry_out(state, ControlCommand("unload", model))
-        shown = f" version: {version}" if version else ""
-        return json_response({"status": f'Model "{model}"{shown} unregistered'})
+        state = await _current(request)
+        await require_explicit(state)
+        entry = _registered(state, model)
+        default = _default(state, entry) if entry.versions else None
+        number = _number(entry, version) if version is not None else default
+        if len(entry.versions) > 1:
+            if number == default:
+                raise Forbidden(f"Cannot remove default version for model {model}")
+            assert entry.config is not None and number is not None
+            remaining = [v for v in entry.versions if v != number]
+            config = with_versions(config_to_json(entry.config), remaining, {}, number)
+            await carry_out(state, ControlCommand("load", model, orjson.dumps(config).decode()))
+        else:
+            await carry_out(state, ControlCommand("unload", model))
+            await _update(state, model, lambda current: Routing(current.labels))
+        return json_response({"status": f'Model "{model}" unregistered'})
     except SluiceError as exc:
         return _error(exc)
 
 
 @router.put("/models/{model}/{version}/set-default")
 async def set_default(request: Request, model: str, version: str) -> Response:
-    state = state_of(request)
     try:
-        entry = state.view.entry(model)
-        number = _version(version, entry.versions, model)
+        state = await _current(request)
+        entry = _registered(state, model)
+        number = _number(entry, version)
         await _update(state, model, lambda current: Routing(current.labels, {number: 100}))
-        message = f'Default version successfully updated for model "{model}" to "{number}"'
+        message = f'Default version successfully updated for model "{model}" to "{version}"'
         return json_response({"status": message})
     except SluiceError as exc:
         return _error(exc)

@@ -1,7 +1,8 @@
 """TorchServe's inference API beside the KServe v2 routes: ``POST /predictions/{model}
 [/{version}]`` and ``GET /ping``.
 
-A prediction carries the request's body and content type as the model's ``body`` and
+The version may be TorchServe's (``1.0``: :mod:`sluice.core.mar_versions`). A prediction
+carries the request's body and content type as the model's ``body`` and
 ``content_type`` BYTES inputs (:mod:`sluice.workers.backends.torchserve_backend`): through the
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
 ``batch_size`` / ``max_batch_delay`` become Sluice's batching. The answer is the handler's
@@ -18,15 +19,17 @@ from fastapi import APIRouter, Request, Response
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
+from sluice.core.mar_versions import find, record_of
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body import read_body
+from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.http_protocol import cancel_on_disconnect
 from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
 from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.inspection import server_not_ready
 from sluice.gateway.json_body import json_response
 from sluice.gateway.request_parsing import parse_infer_document
-from sluice.gateway.state import state_of
+from sluice.gateway.state import GatewayState, state_of
 
 router = APIRouter()
 
@@ -87,10 +90,27 @@ async def ping(request: Request) -> Response:
     return json_response({"status": "Healthy"})
 
 
+def _numbered(state: GatewayState, model: str, version: str | None) -> str | None:
+    """A TorchServe version (``1.0``, ``2``) as the number it is served under; anything
+    else as it is (the version checks answer it)."""
+    entry = state.view.models.get(model)
+    if version is None or entry is None or entry.config is None:
+        return version
+    served = {n: record_of(entry.config.parameters, n).version for n in entry.versions}
+    try:
+        number = find(version, served)
+    except InvalidInput:
+        return version
+    return version if number is None else str(number)
+
+
 @router.post("/predictions/{model}")
 @router.post("/predictions/{model}/{version}")
 async def predictions(request: Request, model: str, version: str | None = None) -> Response:
     state = state_of(request)
+    if version is not None:
+        await follow_changes(state)  # (a version another gateway process just registered)
+        version = _numbered(state, model, version)
     try:
         body = await read_body(request, state.settings.max_body_bytes)
         content_type = request.headers.get("content-type", _DEFAULT_TYPE).encode("latin-1")

@@ -112,9 +112,16 @@ class Batcher:
 
     def select(self, pending: list[PendingRequest]) -> Selection:
         """The next batch (in :meth:`order`; all of the first request's shape), the rest,
-        and whether the batch is full."""
+        and whether the batch is full.
+
+        Without adaptive batching the batch closes as Triton's dynamic batcher closes it:
+        at the first request in order that cannot join (another shape, or too many items),
+        with nothing behind it overtaking; and once more items wait than the largest
+        preferred size, it goes at once with the largest preferred size they reach
+        (else as many as fit under it)."""
         self.order(pending)
         admits = self.admission()
+        tritons = not self.policy.adaptive
         key = pending[0].key
         batch: list[PendingRequest] = []
         rest: list[PendingRequest] = []
@@ -126,13 +133,31 @@ class Batcher:
                 batch.append(request)
                 items += request.items
             else:
-                if request.key == key:
+                if request.key == key or tritons:
                     full = True
                 rest.append(request)
         if not batch:
             # One request over the limit cannot happen (the gateway checks); never stall anyway.
             batch, rest = [pending[0]], pending[1:]
+        if tritons and self.preferred_sizes and items > max(self.preferred_sizes):
+            kept = self._preferred_prefix(batch)
+            batch, rest = batch[:kept], batch[kept:] + rest
+            full = True
         return Selection(batch, rest, full or items >= self.limit)
+
+    def _preferred_prefix(self, batch: list[PendingRequest]) -> int:
+        """How many of ``batch``'s requests make the largest preferred size it reaches, or
+        else the most that stay under the largest preferred size (at least one)."""
+        largest = max(self.preferred_sizes)
+        reached, under, items = 0, 0, 0
+        for count, request in enumerate(batch, start=1):
+            items += request.items
+            if items > largest:
+                break
+            under = count
+            if items in self.preferred_sizes:
+                reached = count
+        return reached or under or 1
 
     # -- the gathering loop ----------------------------------------------------------------
 

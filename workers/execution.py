@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, cast
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, SluiceError
+from sluice.core.sequences import ensemble_response_parameters, request_sequence
 from sluice.core.wire import ReplyMessage, RequestMessage
 from sluice.workers.adaptive import BatchPolicy
 from sluice.workers.backends.base import (
@@ -28,6 +29,8 @@ from sluice.workers.backends.base import (
     FollowsCancellation,
     RequestContext,
     RequestsFailed,
+    SequenceFlags,
+    absent_outputs,
 )
 from sluice.workers.decoupled import Answer, SendPartial, compute_streaming
 from sluice.workers.replies import (
@@ -169,6 +172,9 @@ class Execution:
         if self.book is not None and live:
             live, refused = await self.book.admit(live)
             outcomes += [error_outcome(r, self.version, exc) for r, exc in refused]
+        parameters: dict[bytes, dict[str, bool | int | str]] = {}
+        if self.config.is_ensemble and live:
+            live = self._response_parameters(live, parameters, outcomes)
         timing = Timing(started_ns=now_ns)
         if live:
             await self.publisher.started(live)
@@ -183,7 +189,12 @@ class Execution:
                         outcomes.append(error_outcome(request, self.version, result))
                         continue
                     headers, payload = result
-                    reply = ReplyMessage(request.message.request_key, self.version, headers)
+                    reply = ReplyMessage(
+                        request.message.request_key,
+                        self.version,
+                        headers,
+                        parameters=parameters.get(request.entry_id, {}),
+                    )
                     outcomes.append(Outcome(request, reply, payload))
             except Exception as exc:
                 error: SluiceError = (
@@ -199,6 +210,26 @@ class Execution:
         if span is not None:
             span.end(failure)
         return outcomes, timing, sum(r.items for r in live)
+
+    def _response_parameters(
+        self,
+        live: list[PendingRequest],
+        parameters: dict[bytes, dict[str, bool | int | str]],
+        outcomes: list[Outcome],
+    ) -> list[PendingRequest]:
+        """An ensemble's requests: the sequence parameters each answer carries, as Triton's
+        ensemble responses do, into ``parameters``; a request whose sequence parameters are
+        of the wrong type is refused (``outcomes``) before it computes."""
+        kept: list[PendingRequest] = []
+        for request in live:
+            try:
+                found = ensemble_response_parameters(request.message.parameters)
+            except InvalidInput as exc:
+                outcomes.append(error_outcome(request, self.version, exc))
+                continue
+            parameters[request.entry_id] = found
+            kept.append(request)
+        return kept
 
     def _watch(
         self, live: list[PendingRequest]
@@ -257,16 +288,22 @@ class Execution:
                 if len(batch) == 1:
                     raise
                 return self._each_alone(batch, backend, timing)
-            wanted = [*wanted, *book.state_outputs]
+            wanted = list(dict.fromkeys([*wanted, *book.state_outputs]))
         t1 = time.perf_counter_ns()
         failures: dict[int, SluiceError] = {}
         try:
-            if self.concurrency == 1 and signals is None:
-                outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
-            elif self.concurrency == 1:
+            if self.concurrency == 1 and getattr(backend, "follows_cancellation", False):
+                # A Triton-style Python model: each request's cancellation, correlation id
+                # and flags (``request.is_cancelled()``, ``correlation_id()``, ``flags()``).
                 outputs = cast(FollowsCancellation, backend).infer(
-                    inputs, wanted, request_sizes=[r.items for r in batch], cancellations=signals
+                    inputs,
+                    wanted,
+                    request_sizes=[r.items for r in batch],
+                    cancellations=signals,
+                    sequences=[_sequence_flags(r.message) for r in batch],
                 )
+            elif self.concurrency == 1:
+                outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
             else:
                 # A concurrent backend (an ensemble) passes each request's deadline and ids
                 # on to the requests it makes itself.
@@ -287,7 +324,7 @@ class Execution:
             book.update(batch, outputs)
         t2 = time.perf_counter_ns()
         try:
-            results = split(batch, outputs, self.config, self.labels)
+            results = split(batch, outputs, self.config, self.labels, absent_outputs(outputs))
         except InvalidInput:
             if len(batch) == 1:
                 raise
@@ -310,6 +347,16 @@ class Execution:
         return results
 
 
+def _sequence_flags(message: RequestMessage) -> SequenceFlags:
+    """The request's correlation id and flags (0 and 0 where its sequence parameters are
+    absent, or of the wrong type on a model that is no sequence model: such a model ignores
+    them, as it did before)."""
+    try:
+        return request_sequence(message.parameters)
+    except InvalidInput:
+        return 0, 0
+
+
 def _context(message: RequestMessage, cancelled: CancelSignal | None) -> RequestContext:
     return RequestContext(
         request_id=message.request_id or message.client_id,
@@ -317,4 +364,5 @@ def _context(message: RequestMessage, cancelled: CancelSignal | None) -> Request
         trace=message.trace,
         priority=message.priority,
         cancelled=cancelled,
+        outputs=tuple(message.outputs),
     )

@@ -44,6 +44,9 @@ def worker_for(
 ) -> Worker:
     """A worker of ``model`` in ``repository`` (its newest version unless ``version``);
     :class:`InvalidConfig` if the model or the version is not there."""
+    # Absolute from here on: a backend may change the working directory (TorchServe's runs
+    # the handler in the model's folder).
+    repository = repository.resolve()
     entry = read_model(repository / model)
     if entry.config is None or entry.error:
         raise InvalidConfig(f"model '{model}' is unavailable: {entry.error}")

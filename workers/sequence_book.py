@@ -14,6 +14,13 @@ the second. States are small (a model's per-sequence state, typically kilobytes)
 
 A checkpoint expires after the model's ``max_sequence_idle_microseconds``, as the
 sequence does: a later request without START gets Triton's error.
+
+A sequence that ENDs (or goes idle) here is *closed*: a request of it without START is
+refused from then on, however soon it comes. Its last checkpoint is deleted only with the
+END's acknowledgement, after the END's answer went out (and after the next batch may have
+started), so the checkpoint alone cannot say that the sequence is over: a closed sequence
+is never restored from Redis, until its checkpoint is gone for sure (the END's transaction
+went through, or the checkpoint expired).
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from sluice.core.datatypes import numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InvalidConfig, InvalidInput, SluiceError
 from sluice.core.keys import Keys
 from sluice.core.sequences import SequenceRef, sequence_of, start_missing
+from sluice.workers.backends.base import absent_outputs
 from sluice.workers.tensors import PendingRequest
 
 INITIAL_STATE_DIR = "initial_state"
@@ -49,6 +57,16 @@ class Held:
     last_seen: float
 
 
+@dataclass(slots=True)
+class Closed:
+    """A sequence that ended or went idle here: it is not restored from a checkpoint until
+    ``until`` (monotonic seconds; by then every checkpoint it had expired), or until the
+    transaction of ``entry_id`` (its END) deleted the checkpoint."""
+
+    until: float
+    entry_id: bytes | None
+
+
 @dataclass
 class SequenceBook:
     config: ModelConfig
@@ -60,7 +78,10 @@ class SequenceBook:
     _checkpoints: dict[bytes, bytes | None] = field(default_factory=dict)
     """Entry id -> the checkpoint its answer carries (None: the sequence ended)."""
     _initial: dict[str, np.ndarray] = field(default_factory=dict)
+    _closed: dict[str, Closed] = field(default_factory=dict)
+    """Sequences that ended or went idle here, by key (see :class:`Closed`)."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards ``_checkpoints`` and ``_closed`` (the compute thread and the event loop)."""
 
     def __post_init__(self) -> None:
         batching = self.batching
@@ -111,7 +132,13 @@ class SequenceBook:
                 refs[request.entry_id] = self.ref(request)
             except InvalidInput as exc:
                 failed.append((request, exc))
-        unknown = {ref.key for ref in refs.values() if not ref.start and ref.key not in self._held}
+        with self._lock:
+            closed = set(self._closed)
+        unknown = {
+            ref.key
+            for ref in refs.values()
+            if not ref.start and ref.key not in self._held and ref.key not in closed
+        }
         if unknown:
             await self._restore(sorted(unknown), now)
         admitted: list[PendingRequest] = []
@@ -120,6 +147,8 @@ class SequenceBook:
             if ref is None:
                 continue
             if ref.start:
+                with self._lock:
+                    self._closed.pop(ref.key, None)
                 self._held[ref.key] = Held(
                     {name: value.copy() for name, value in self._initial.items()}, now
                 )
@@ -131,9 +160,16 @@ class SequenceBook:
         return admitted, failed
 
     def _forget_idle(self, now: float) -> None:
+        """Sequences idle longer than the model allows are over (closed: their checkpoint,
+        which may outlive them by a moment, does not bring them back)."""
         idle = [key for key, held in self._held.items() if now - held.last_seen > self.idle_s]
-        for key in idle:
-            del self._held[key]
+        with self._lock:
+            for key in idle:
+                del self._held[key]
+                self._closed[key] = Closed(now + self.idle_s, None)
+            expired = [key for key, closed in self._closed.items() if closed.until < now]
+            for key in expired:
+                del self._closed[key]
 
     async def _restore(self, keys: list[str], now: float) -> None:
         names = [self.keys.sequence_state(self.config.name, self.version, key) for key in keys]
@@ -187,23 +223,38 @@ class SequenceBook:
         return [state.output_name for state in self.batching.states]
 
     def update(self, batch: list[PendingRequest], outputs: dict[str, np.ndarray]) -> None:
-        """Take the state outputs out of ``outputs``: they become each sequence's state,
-        and its checkpoint (or its end) is what the request's answer will carry."""
+        """Take the state outputs out of ``outputs`` (those the config also declares as
+        outputs stay, to be answered): they become each sequence's state, and its checkpoint
+        (or its end) is what the request's answer will carry. An END closes its sequence."""
         batched = self.config.max_batch_size > 0
-        returned = {
-            state.output_name: outputs.pop(state.output_name) for state in self.batching.states
-        }
+        returned: dict[str, np.ndarray] = {}
+        for state in self.batching.states:
+            name = state.output_name
+            if name not in outputs:
+                continue  # the model did not give it: the states stay as they were
+            # A state output that is also a declared output is answered too (as Triton does).
+            declared = self.config.output(name) is not None
+            returned[name] = outputs[name] if declared else outputs.pop(name)
+        absent = absent_outputs(outputs)
         for index, request in enumerate(batch):
             ref = self.ref(request)
             held = self._held.get(ref.key)
             if held is None:
                 continue
+            lacking = absent.get(index, frozenset())
             for state in self.batching.states:
-                value = returned[state.output_name]
+                value = returned.get(state.output_name)
+                if value is None or state.output_name in lacking:
+                    continue
                 row = value[index] if batched else value
                 held.states[state.input_name] = np.array(row, dtype=numpy_dtype(state.datatype))
             with self._lock:
                 self._checkpoints[request.entry_id] = None if ref.end else _encode(held.states)
+                if ref.end:
+                    # Closed before its answer goes out: a request that follows the END,
+                    # however soon, finds it closed (its checkpoint is still in Redis).
+                    until = time.monotonic() + self.idle_s
+                    self._closed[ref.key] = Closed(until, request.entry_id)
             if ref.end:
                 self._held.pop(ref.key, None)
 
@@ -225,10 +276,18 @@ class SequenceBook:
                 pipe.set(key, checkpoint, px=idle_ms)
 
     def published(self, requests: list[PendingRequest]) -> None:
-        """Forget the checkpoints of requests whose answers (and checkpoints) went out."""
+        """Forget the checkpoints of requests whose answers (and checkpoints) went out; a
+        sequence whose END's transaction deleted its checkpoint needs no closing any more
+        (nothing is left to restore)."""
         with self._lock:
             for request in requests:
-                self._checkpoints.pop(request.entry_id, None)
+                checkpoint = self._checkpoints.pop(request.entry_id, b"")
+                if checkpoint is not None:
+                    continue
+                key = self.ref(request).key
+                closed = self._closed.get(key)
+                if closed is not None and closed.entry_id == request.entry_id:
+                    del self._closed[key]
 
 
 def _encode(states: dict[str, np.ndarray]) -> bytes:

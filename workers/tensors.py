@@ -12,7 +12,7 @@ request allows it, so neither crosses Redis.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -136,11 +136,14 @@ def split(
     outputs: dict[str, np.ndarray],
     config: ModelConfig,
     labels: Mapping[str, Sequence[bytes]] | None = None,
+    absent: Mapping[int, Collection[str]] | None = None,
 ) -> list[tuple[list[TensorHeader], bytes]]:
     """Each request's requested outputs as (headers, payload), in its requested order.
 
     An output the request asks to classify becomes its top classes (BYTES), named by
-    ``labels`` (per output, from its ``label_filename``)."""
+    ``labels`` (per output, from its ``label_filename``). An output the model did not
+    produce (not in ``outputs``, or in ``absent[i]`` for request ``i``) is left out of the
+    answer, as Triton leaves it out."""
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
     if batched:
@@ -153,11 +156,14 @@ def split(
     segments: list[str] = []
     start = 0
     try:
-        for request in requests:
+        for index, request in enumerate(requests):
             headers: list[TensorHeader] = []
             buffers: list[bytes | memoryview] = []
             classes = request.message.classes
+            lacking = absent.get(index, ()) if absent else ()
             for name in request.message.outputs:
+                if name not in outputs or name in lacking:
+                    continue
                 spec = config.output(name)
                 assert spec is not None
                 array = outputs[name][start : start + request.items] if batched else outputs[name]

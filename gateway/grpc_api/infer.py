@@ -372,7 +372,7 @@ def _encode(
     parsed: InferRequest,
 ) -> bytes:
     outputs = transfer.unpack(reply.outputs, data, parsed.outputs)
-    return encode_response(model, str(reply.model_version), parsed.id, outputs)
+    return encode_response(model, str(reply.model_version), parsed.id, outputs, reply.parameters)
 
 
 def _trace_of(metadata: dict[str, str]) -> TraceParent | None:

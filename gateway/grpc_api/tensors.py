@@ -15,6 +15,7 @@ output written into the client's shared memory), as Triton's does.
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -155,12 +156,24 @@ def _typed_contents(tensor: Any, model: str) -> bytes:
 
 
 def encode_response(
-    model: str, version: str, request_id: str, outputs: list[OutputTensor]
+    model: str,
+    version: str,
+    request_id: str,
+    outputs: list[OutputTensor],
+    parameters: Mapping[str, bool | int | str] | None = None,
 ) -> bytes:
-    """The serialized ``ModelInferResponse`` for a worker's outputs."""
+    """The serialized ``ModelInferResponse`` for a worker's outputs (and the response's own
+    ``parameters``, an ensemble's sequence flags)."""
     response = service_pb2.ModelInferResponse(
         model_name=model, model_version=version, id=request_id
     )
+    for name, value in (parameters or {}).items():
+        if isinstance(value, bool):
+            response.parameters[name].bool_param = value
+        elif isinstance(value, int):
+            response.parameters[name].int64_param = value
+        else:
+            response.parameters[name].string_param = value
     for output in outputs:
         nbytes = checked_nbytes(output)
         tensor = response.outputs.add(

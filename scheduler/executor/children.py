@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-import socket
 import sys
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from sluice.core.placement import placements, threads_per_instance, visible_gpus
 from sluice.core.repository import RepositoryModel
 from sluice.core.settings import UpSettings
 from sluice.scheduler.executor.instances import InstanceSpec
+from sluice.scheduler.executor.listeners import Listeners
 from sluice.scheduler.executor.supervisor import ChildSpec
 
 log = logging.getLogger("sluice.up")
@@ -110,22 +110,27 @@ def batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[ChildS
 
 
 def gateway_specs(
-    settings: UpSettings, env: dict[str, str], listeners: list[socket.socket]
+    settings: UpSettings, env: dict[str, str], listeners: Listeners
 ) -> list[ChildSpec]:
     gateway_env = dict(
         env,
         SLUICE_HTTP_HOST=settings.http_host,
         SLUICE_HTTP_PORT=str(settings.http_port),
-        SLUICE_HTTP_FD=str(listeners[0].fileno()),
+        SLUICE_HTTP_FD=str(listeners.http.fileno()),
         SLUICE_GATEWAY_PROCESSES=str(settings.gateway_processes),
         SLUICE_GRPC_PORT=str(settings.grpc_port),
         SLUICE_GRPC_REUSE_PORT="true",
         SLUICE_SHM_SAME_HOST=str(settings.shm_same_host).lower(),
+        SLUICE_TORCHSERVE_PORTS=settings.torchserve_ports,
+        SLUICE_TORCHSERVE_FDS=",".join(
+            str(listener.fileno() if listener is not None else -1)
+            for listener in listeners.torchserve
+        ),
     )
-    if len(listeners) > 1:
+    if listeners.metrics is not None:
         gateway_env.update(
             SLUICE_METRICS_PORT=str(settings.metrics_port),
-            SLUICE_METRICS_FD=str(listeners[1].fileno()),
+            SLUICE_METRICS_FD=str(listeners.metrics.fileno()),
         )
     else:
         gateway_env.update(SLUICE_METRICS_PORT="0", SLUICE_METRICS_FD="-1")
@@ -134,7 +139,7 @@ def gateway_specs(
             f"gateway#{index}",
             [sys.executable, "-m", "sluice.gateway"],
             gateway_env,
-            pass_fds=tuple(listener.fileno() for listener in listeners),
+            pass_fds=tuple(listener.fileno() for listener in listeners.all()),
         )
         for index in range(settings.gateway_processes)
     ]

@@ -1,32 +1,61 @@
-"""The ports ``sluice up`` holds for its gateways: listening sockets they inherit, and the
-gRPC port, reserved."""
+"""The ports ``sluice up`` holds for its gateways: listening sockets they inherit (HTTP,
+metrics, TorchServe's), and the gRPC port, reserved."""
 
 from __future__ import annotations
 
 import socket
+from dataclasses import dataclass
 
 from sluice.core.settings import UpSettings
+from sluice.core.torchserve_ports import API_NAMES, parse_ports
 
 
 class ListenError(Exception):
     """A port ``sluice up`` cannot listen on (in use, or not allowed)."""
 
 
-def open_listeners(settings: UpSettings) -> list[socket.socket]:
-    """The HTTP listener, then the metrics listener when there is a metrics port. They stay
-    open here for as long as we run: a restarted gateway serves on them again, and
-    connections arriving meanwhile wait in their backlog."""
-    listeners: list[socket.socket] = []
-    ports = [settings.http_port] + ([settings.metrics_port] if settings.metrics_port else [])
-    for port in ports:
+@dataclass
+class Listeners:
+    """The listening sockets the gateways inherit."""
+
+    http: socket.socket
+    metrics: socket.socket | None = None
+    torchserve: tuple[socket.socket | None, ...] = (None, None, None)
+    """TorchServe's inference, management and metrics ports, each when served."""
+
+    def all(self) -> list[socket.socket]:
+        found = [self.http, self.metrics, *self.torchserve]
+        return [listener for listener in found if listener is not None]
+
+
+def open_listeners(settings: UpSettings) -> Listeners:
+    """The HTTP listener, the metrics listener when there is a metrics port, and TorchServe's
+    when asked for. They stay open here for as long as we run: a restarted gateway serves on
+    them again, and connections arriving meanwhile wait in their backlog."""
+    opened: list[socket.socket] = []
+
+    def listen(host: str, port: int, what: str) -> socket.socket:
         try:
-            listeners.append(_listen(settings.http_host, port))
+            listener = _listen(host, port)
         except OSError as exc:
-            for listener in listeners:
-                listener.close()
-            where = f"{settings.http_host}:{port}"
-            raise ListenError(f"cannot listen on {where}: {exc.strerror}") from None
-    return listeners
+            for done in opened:
+                done.close()
+            raise ListenError(f"cannot listen on {host}:{port}{what}: {exc.strerror}") from None
+        opened.append(listener)
+        return listener
+
+    host = settings.http_host
+    http = listen(host, settings.http_port, "")
+    metrics = (
+        listen(host, settings.metrics_port, " (metrics port)") if settings.metrics_port else None
+    )
+    torchserve = tuple(
+        None
+        if entry is None
+        else listen(entry.host or host, entry.port, f" (TorchServe's {name} port)")
+        for name, entry in zip(API_NAMES, parse_ports(settings.torchserve_ports), strict=True)
+    )
+    return Listeners(http, metrics, torchserve)
 
 
 def reserve_grpc_port(settings: UpSettings) -> socket.socket | None:

@@ -190,7 +190,11 @@ class ModelControl:
             self._reply(command, f"failed to load '{name}', failed to poll from model repository")
             return
         model_dir = stage(
-            source, self.staging_root / command.command_id, command.config, command.files
+            source,
+            self.staging_root / command.command_id,
+            command.config,
+            command.files,
+            keep=command.keep_files,
         )
         model = read_model(model_dir)
         if model.error is not None or model.config is None:

@@ -76,6 +76,8 @@ class Announcer:
     instances: dict[str, int]
     announced: set[tuple[str, str]] = field(default_factory=set)
     loading: list[str] = field(default_factory=list)
+    unavailable: list[str] = field(default_factory=list)
+    """What is unavailable, with the reason, as announced."""
 
     def settled(self) -> bool:
         """Whether every model version is ready or unavailable (announcing what is new)."""
@@ -98,6 +100,7 @@ class Announcer:
                 else:
                     reason = row.get("reason") or "no reason given"
                     print(f"{what} unavailable: {reason}", flush=True)
+                    self.unavailable.append(f"{what}: {reason}")
         return not self.loading
 
 
@@ -119,7 +122,8 @@ def wait_ready(
     stop: threading.Event,
 ) -> None:
     """Announces each model as it becomes ready, then Sluice. Raises :class:`StartupFailed`
-    (exit status 1) when the gateway cannot start or the models do not become ready."""
+    (exit status 1) when the gateway cannot start or the models do not become ready, or
+    when one failed to load and ``exit_on_error`` is set."""
     scheme = "https" if settings.ssl_certfile else "http"
     url = f"{scheme}://{settings.http_host}:{settings.http_port}"
     announcer = Announcer(url, probe, {m.name for m in models}, instances_per_version(models))
@@ -139,6 +143,12 @@ def wait_ready(
                 1,
             )
         stop.wait(0.2)
+    if settings.exit_on_error and announcer.unavailable and not stop.is_set():
+        raise StartupFailed(
+            "exit_on_error (--exit-on-error) is set and model(s) failed to load: "
+            + "; ".join(announcer.unavailable),
+            1,
+        )
     if not stop.is_set():
         if settings.metrics_port:
             print(

@@ -213,7 +213,7 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
     else:
         try:
             listeners = open_listeners(settings)
-            for listener in listeners:
+            for listener in listeners.all():
                 stack.callback(listener.close)
             grpc_reservation = reserve_grpc_port(settings)
             if grpc_reservation is not None:

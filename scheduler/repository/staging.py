@@ -37,10 +37,16 @@ def check_model_name(name: str) -> None:
 
 
 def stage(
-    model_dir: Path, staging_root: Path, config_json: str | None, files: dict[str, bytes]
+    model_dir: Path,
+    staging_root: Path,
+    config_json: str | None,
+    files: dict[str, bytes],
+    *,
+    keep: bool = False,
 ) -> Path:
     """``model_dir`` itself without overrides; else a staged copy under ``staging_root``
-    (``<staging_root>/<name>``), made fresh."""
+    (``<staging_root>/<name>``), made fresh. With ``keep``, the files are added to
+    ``model_dir``'s (whose entries the files do not touch are linked)."""
     name = model_dir.name
     if config_json is None and not files:
         return model_dir
@@ -56,8 +62,14 @@ def stage(
     if files:
         if len(files) > MAX_FILES:
             raise InvalidInput(f"failed to load '{name}', more than {MAX_FILES} files")
-        for path, content in files.items():
-            target = staged / _safe_relative(name, path)
+        relative = [_safe_relative(name, path) for path in files]
+        if keep and model_dir.is_dir():
+            touched = {path.parts[0] for path in relative}
+            for entry in model_dir.iterdir():
+                if entry.name != CONFIG_FILENAME and entry.name not in touched:
+                    (staged / entry.name).symlink_to(entry.resolve())
+        for path, content in zip(relative, files.values(), strict=True):
+            target = staged / path
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(content)
     else:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperGroup
+from typer.core import TyperCommand, TyperGroup
 
 from sluice.cli.batch_command import batch_app
 from sluice.cli.infer_command import infer as infer_command
@@ -85,18 +85,40 @@ def _overrides(**values: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-@app.command()
+_ARGV = "sluice.argv"
+
+
+class _UpCommand(TyperCommand):
+    """``sluice up`` keeps its whole command line (``ctx.meta``): Triton's flags may repeat
+    ``--model-repository``, which an option of one value would quietly reduce to the last."""
+
+    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
+        ctx.meta[_ARGV] = list(args)
+        result: list[str] = super().parse_args(ctx, args)
+        return result
+
+
+@app.command(
+    cls=_UpCommand,
+    context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+)
 def up(
+    ctx: typer.Context,
     model_repository: Annotated[
         str,
         typer.Option(
+            "--model-repository",
+            "--model-store",
             help="Triton-layout model repository: a local directory, or s3://bucket/prefix "
-            "(copied into SLUICE_REPOSITORY_CACHE_DIR at start)."
+            "(copied into SLUICE_REPOSITORY_CACHE_DIR at start).",
         ),
     ] = "model_repository",
     http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
     http_host: Annotated[
-        str | None, typer.Option(help="HTTP bind address (default 127.0.0.1).")
+        str | None,
+        typer.Option(
+            "--http-host", "--http-address", help="HTTP bind address (default 127.0.0.1)."
+        ),
     ] = None,
     redis_url: Annotated[
         str | None, typer.Option(help="Use this Redis instead of starting a private one.")
@@ -148,30 +170,100 @@ def up(
             "mode); one started elsewhere (sluice controller) decides for these workers.",
         ),
     ] = True,
+    torchserve: Annotated[
+        bool,
+        typer.Option(
+            "--torchserve",
+            help="Also serve TorchServe's APIs on its ports: inference 8080, management "
+            "8081, metrics 8082 (SLUICE_TORCHSERVE_PORTS sets others).",
+        ),
+    ] = False,
+    torchserve_ports: Annotated[
+        str | None,
+        typer.Option(
+            help="TorchServe's inference, management and metrics ports, e.g. 8080,8081,8082 "
+            "(each may be host:port; 0 leaves one out).",
+            metavar="I,M,X",
+        ),
+    ] = None,
+    ts_config: Annotated[
+        Path | None,
+        typer.Option(
+            help="TorchServe's config.properties: its inference_address, management_address "
+            "and metrics_address say where TorchServe's APIs are served.",
+            exists=True,
+            dir_okay=False,
+        ),
+    ] = None,
     verbose: Verbose = False,
 ) -> None:
-    """Start Redis (unless given), the gateway and one worker per model instance."""
+    """Start Redis (unless given), the gateway and one worker per model instance.
+
+    Also takes tritonserver's flags, spelled as Triton spells them (--repository-poll-secs=2,
+    --strict-readiness false, ...): each is mapped to a Sluice setting, ignored with a
+    warning, or refused with what to do instead, as the section "Triton's flags" of the
+    command line reference (docs/reference/cli.md) lists."""
+    from sluice.cli import triton_flags
     from sluice.core.settings import ApiKeySettings, UpSettings
     from sluice.scheduler.executor.up import up as run_up
 
-    _logging(verbose)
+    try:
+        triton_flags.check_one_repository(ctx.meta.get(_ARGV, []))
+        own = [name for param in ctx.command.params for name in param.opts + param.secondary_opts]
+        triton = triton_flags.parse(ctx.args, sluice_options=own)
+    except typer.BadParameter as exc:
+        exc.ctx = ctx
+        raise
+    # Before anything reads settings: this process and every child it starts see them.
+    os.environ.update(triton.environment)
     given = redis_url is not None or "SLUICE_REDIS_URL" in os.environ
-    settings = UpSettings(
-        **_overrides(
-            model_repository=model_repository,
-            http_port=http_port,
-            http_host=http_host,
-            redis_url=redis_url,
-            gateway_processes=gateway_processes,
-            metrics_port=metrics_port,
-            grpc_port=grpc_port,
-            gateway=gateway,
-            controller=controller,
-            model_control_mode=model_control_mode,
-            load_model=load_model,
-        )
+    options = _overrides(
+        model_repository=model_repository,
+        http_port=http_port,
+        http_host=http_host,
+        redis_url=redis_url,
+        gateway_processes=gateway_processes,
+        metrics_port=metrics_port,
+        grpc_port=grpc_port,
+        gateway=gateway,
+        controller=controller,
+        model_control_mode=model_control_mode.lower() if model_control_mode else None,
+        load_model=load_model,
+        torchserve_ports=_torchserve_ports(torchserve, torchserve_ports, ts_config),
     )
+    # Triton's --allow-grpc=false / --allow-metrics=false close their port whatever
+    # --grpc-port / --metrics-port say, as in Triton: the flags' overrides come last.
+    settings = UpSettings(**{**options, **triton.overrides})
+    try:
+        triton.check_addresses(settings.http_host)
+    except typer.BadParameter as exc:
+        exc.ctx = ctx
+        raise
+    _logging(verbose)
+    for line in triton.warnings:
+        print(line, file=sys.stderr, flush=True)
     raise typer.Exit(run_up(settings, redis_url_given=given, keys=ApiKeySettings()))
+
+
+def _torchserve_ports(enabled: bool, ports: str | None, config: Path | None) -> str | None:
+    """SLUICE_TORCHSERVE_PORTS from ``--torchserve-ports``, else ``--ts-config``'s addresses,
+    else TorchServe's own ports with ``--torchserve`` (None: the settings decide)."""
+    from sluice.cli.mar_import import parse_properties
+    from sluice.core.torchserve_ports import TORCHSERVE_DEFAULT, from_properties, parse_ports
+
+    if ports is not None:
+        try:
+            parse_ports(ports)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--torchserve-ports'") from None
+        return ports
+    if config is not None:
+        try:
+            found = from_properties(parse_properties(config.read_text(errors="replace")))
+        except (OSError, ValueError) as exc:
+            raise typer.BadParameter(str(exc), param_hint="'--ts-config'") from None
+        return found or TORCHSERVE_DEFAULT
+    return TORCHSERVE_DEFAULT if enabled else None
 
 
 @app.command()
@@ -286,7 +378,8 @@ app.command("infer")(infer_command)
 @app.command("import-mar")
 def import_mar(
     sources: Annotated[
-        list[Path], typer.Argument(help="TorchServe .mar archives, or model store folders.")
+        list[Path],
+        typer.Argument(help="TorchServe archives (.mar, .tar.gz, model folders), or model stores."),
     ],
     model_repository: Annotated[
         Path, typer.Option(help="Triton-layout repository to write the models into.")

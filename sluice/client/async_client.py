@@ -30,7 +30,7 @@ class AsyncClient:
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8000",
+        url: str | None = None,
         *,
         api_key: str | None = None,
         timeout_s: float = 60.0,
@@ -39,7 +39,8 @@ class AsyncClient:
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be 0 or more")
-        self.url = url.rstrip("/")
+        self.url = calls.gateway_url(url)
+        api_key = calls.api_key_of(api_key)
         self.timeout_s = timeout_s
         self.binary = binary
         self.retry = RetryPolicy(retries)

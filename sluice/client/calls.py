@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -84,6 +85,23 @@ class Job:
 
 def job_id_of(job: str | Job) -> str:
     return job.id if isinstance(job, Job) else job
+
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+URL_VARIABLE = "SLUICE_URL"
+KEY_VARIABLE = "SLUICE_API_KEY"
+
+
+def gateway_url(url: str | None) -> str:
+    """The gateway to call: ``url``, else ``SLUICE_URL``, else a local one (as the
+    ``sluice`` commands read them)."""
+    chosen = url or os.environ.get(URL_VARIABLE, "").strip() or DEFAULT_URL
+    return chosen.rstrip("/")
+
+
+def api_key_of(api_key: str | None) -> str | None:
+    """``api_key``, else ``SLUICE_API_KEY`` when set."""
+    return api_key or os.environ.get(KEY_VARIABLE, "").strip() or None
 
 
 def client_headers(api_key: str | None) -> dict[str, str]:

@@ -25,6 +25,8 @@ T = TypeVar("T")
 class Client:
     """A Sluice (KServe v2 / Triton HTTP) server, over one pooled HTTP connection.
 
+    ``url``: the gateway (default: ``SLUICE_URL``, else ``http://127.0.0.1:8000``);
+    ``api_key``: default ``SLUICE_API_KEY``, as the ``sluice`` commands read them.
     ``binary``: tensors travel as raw bytes (Triton's binary tensor extension) rather than
     JSON lists. ``retries``: how many times a call answered 429 or 503, or that lost its
     connection, is sent again. Errors raise the server's exception class
@@ -33,7 +35,7 @@ class Client:
 
     def __init__(
         self,
-        url: str = "http://127.0.0.1:8000",
+        url: str | None = None,
         *,
         api_key: str | None = None,
         timeout_s: float = 60.0,
@@ -42,7 +44,8 @@ class Client:
     ) -> None:
         if retries < 0:
             raise ValueError("retries must be 0 or more")
-        self.url = url.rstrip("/")
+        self.url = calls.gateway_url(url)
+        api_key = calls.api_key_of(api_key)
         self.timeout_s = timeout_s
         self.binary = binary
         self.retry = RetryPolicy(retries)

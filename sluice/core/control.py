@@ -40,6 +40,9 @@ class ControlCommand:
     command_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     token: int = 0
     """The fencing token of the controller that sent it; 0 for a gateway's."""
+    keep_files: bool = False
+    """A load's ``files`` are added to the model's current files instead of replacing them
+    (a TorchServe version registered beside those served)."""
 
 
 def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
@@ -51,6 +54,7 @@ def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
         "files": command.files,
         "versions": list(command.versions),
         "token": command.token,
+        "keep": command.keep_files,
     }
     return {b"c": msgpack.packb(body)}
 
@@ -63,6 +67,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
         config = body.get("config")
         versions = body.get("versions") or []
         token = body.get("token") or 0
+        keep = body.get("keep") or False
         if (
             not isinstance(body, dict)
             or body.get("op") not in ("load", "unload", *ROLLOUT_OPS)
@@ -72,6 +77,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             or not all(isinstance(v, int) and 0 < v < 1 << 63 for v in versions)
             or not isinstance(token, int)
             or not 0 <= token < 1 << 63
+            or not isinstance(keep, bool)
         ):
             return None
         return ControlCommand(
@@ -82,6 +88,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             tuple(sorted(set(versions))),
             str(body["id"]),
             token,
+            keep_files=keep,
         )
     except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException):
         return None

@@ -265,6 +265,18 @@ class Keys:
         a gateway process reloads the records when it moved."""
         return f"{{{self.namespace}}}:shm-regions:{host}:rev"
 
+    def client_regions_draining(self, host: str) -> str:
+        """Hash region name -> kind of one host's client regions that were unregistered
+        while requests used them: listed until the last of those requests ends."""
+        return f"{{{self.namespace}}}:shm-regions:{host}:draining"
+
+    def client_region_users(self, host: str, name: str) -> str:
+        """Sorted set of the requests in flight that use one client region of a host: lease
+        id, scored by the time (ms) it expires, its request's deadline. ``name`` "" gives
+        the prefix of every region's set (the scripts of :mod:`sluice.gateway.shm_store`
+        add the name)."""
+        return f"{{{self.namespace}}}:shm-regions:{host}:users:{name}"
+
     @property
     def tenant_weights(self) -> str:
         """Hash tenant -> weight (``*``: every tenant not named) of the tenant limits in

@@ -3,7 +3,9 @@ without unpacking, and a safe unpacking.
 
 An archive is a zip with ``MAR-INF/MANIFEST.json`` (``model.modelName``, ``model.handler``,
 ``model.serializedFile``, ``model.modelFile``, ``model.modelVersion``,
-``model.requirementsFile``) beside the model's files. It comes from outside, so nothing in it
+``model.requirementsFile``, ``model.configFile``) beside the model's files. (A model store's
+other forms, ``.tar.gz`` archives and unarchived folders, are packed into one:
+:mod:`sluice.core.mar_forms`.) It comes from outside, so nothing in it
 is trusted: member names that are absolute, climb with ``..``, name the archive's own root
 (``.``), hold empty parts or backslashes, clash with another member, or are links are
 refused, as are encrypted members. Unpacking is bounded three ways (:class:`UnpackLimits`):
@@ -25,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.core.errors import InvalidConfig
+from sluice.core.mar_config import triton_config as triton_config  # (its old home)
 
 MANIFEST = "MAR-INF/MANIFEST.json"
 MAX_ENTRIES = 10_000
@@ -64,9 +67,12 @@ class MarManifest:
     requirements_file: str
     """Reported, never installed: the operator installs what a handler needs."""
     raw: dict[str, Any]
+    config_file: str = ""
+    """TorchServe's per-model configuration in the archive (``model-config.yaml``, from
+    ``torch-model-archiver --config-file``): :mod:`sluice.core.mar_settings`."""
 
 
-def _bad(path: Path, reason: str) -> InvalidConfig:
+def bad_archive(path: Path, reason: str) -> InvalidConfig:
     return InvalidConfig(f"model archive {path.name}: {reason}")
 
 
@@ -74,14 +80,14 @@ def _open(path: Path) -> zipfile.ZipFile:
     try:
         return zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
-        raise _bad(path, f"not a readable zip archive ({exc})") from None
+        raise bad_archive(path, f"not a readable zip archive ({exc})") from None
 
 
 def _text(value: Any, field: str, path: Path, *, required: bool = False) -> str:
     if value is None and not required:
         return ""
     if not isinstance(value, str) or (required and not value.strip()):
-        raise _bad(path, f"manifest field 'model.{field}' must be a non-empty string")
+        raise bad_archive(path, f"manifest field 'model.{field}' must be a non-empty string")
     return value
 
 
@@ -97,21 +103,30 @@ def _manifest(path: Path, archive: zipfile.ZipFile) -> MarManifest:
     try:
         info = archive.getinfo(MANIFEST)
     except KeyError:
-        raise _bad(path, f"{MANIFEST} is missing (not made by torch-model-archiver?)") from None
+        raise bad_archive(
+            path, f"{MANIFEST} is missing (not made by torch-model-archiver?)"
+        ) from None
     if info.file_size > MAX_MANIFEST_BYTES:
-        raise _bad(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+        raise bad_archive(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         with archive.open(info) as stream:
             data = stream.read(MAX_MANIFEST_BYTES + 1)
     except _DAMAGED as exc:
-        raise _bad(path, f"{MANIFEST} is damaged ({exc})") from None
+        raise bad_archive(path, f"{MANIFEST} is damaged ({exc})") from None
+    return _parse_manifest(path, data)
+
+
+def _parse_manifest(path: Path, data: bytes) -> MarManifest:
+    """The manifest of the archive at ``path`` (named in errors), from its bytes."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise bad_archive(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
         manifest = json.loads(data)
     except (ValueError, UnicodeDecodeError, RecursionError) as exc:
-        raise _bad(path, f"{MANIFEST} is not JSON ({exc})") from None
+        raise bad_archive(path, f"{MANIFEST} is not JSON ({exc})") from None
     model = manifest.get("model") if isinstance(manifest, dict) else None
     if not isinstance(model, dict):
-        raise _bad(path, f"{MANIFEST} has no 'model' object")
+        raise bad_archive(path, f"{MANIFEST} has no 'model' object")
     return MarManifest(
         model_name=_text(model.get("modelName"), "modelName", path, required=True),
         handler=_text(model.get("handler"), "handler", path, required=True),
@@ -120,23 +135,85 @@ def _manifest(path: Path, archive: zipfile.ZipFile) -> MarManifest:
         version=_text(model.get("modelVersion"), "modelVersion", path) or "1.0",
         requirements_file=_text(model.get("requirementsFile"), "requirementsFile", path),
         raw=manifest,
+        config_file=_text(model.get("configFile"), "configFile", path),
     )
 
 
-def _parts(path: Path, info: zipfile.ZipInfo) -> tuple[str, ...]:
-    """The member's path inside the archive, part by part, or a refusal: a member must
-    name a file or folder strictly inside the archive, in exactly one spelling."""
-    raw = info.filename
+def read_member(path: Path, name: str, max_bytes: int) -> bytes:
+    """One file of the archive (a manifest's ``configFile``), at most ``max_bytes``."""
+    with _open(path) as archive:
+        try:
+            info = archive.getinfo(name)
+        except KeyError:
+            raise bad_archive(
+                path, f"the manifest names {name!r}, which the archive does not hold"
+            ) from None
+        if info.is_dir() or info.file_size > max_bytes:
+            raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
+        try:
+            with archive.open(info) as stream:
+                data = stream.read(max_bytes + 1)
+        except _DAMAGED as exc:
+            raise bad_archive(path, f"{name} is damaged ({exc})") from None
+    if len(data) > max_bytes:
+        raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
+    return data
+
+
+def member_parts(path: Path, raw: str, is_dir: bool) -> tuple[str, ...]:
+    """A member's path inside the archive (``raw``: its name, ``/``-separated; a folder's
+    may end in ``/``), part by part, or a refusal: a member must name a file or folder
+    strictly inside the archive, in exactly one spelling."""
     if raw.startswith("/") or "\\" in raw:
-        raise _bad(path, f"entry {raw!r} points outside the archive")
+        raise bad_archive(path, f"entry {raw!r} points outside the archive")
     parts = raw.split("/")
-    if info.is_dir():
+    if is_dir and raw.endswith("/"):
         parts = parts[:-1]  # the trailing slash of a folder
     if ".." in parts:
-        raise _bad(path, f"entry {raw!r} points outside the archive")
+        raise bad_archive(path, f"entry {raw!r} points outside the archive")
     if not parts or any(part in ("", ".") or "\0" in part for part in parts):
-        raise _bad(path, f"entry {raw!r} does not name a file or folder inside the archive")
+        raise bad_archive(path, f"entry {raw!r} does not name a file or folder inside the archive")
     return tuple(parts)
+
+
+class MemberCheck:
+    """The rules every member of an archive meets, whatever its form: counted, each name
+    once (a file is never also a folder), and, with ``limits``, the sizes claimed bounded."""
+
+    def __init__(self, path: Path, max_entries: int, limits: UnpackLimits | None = None) -> None:
+        self.path, self.max_entries, self.limits = path, max_entries, limits
+        self.files: set[tuple[str, ...]] = set()
+        self.folders: set[tuple[str, ...]] = set()
+        self.count = 0
+        self.claimed = 0
+
+    def add(self, raw: str, parts: tuple[str, ...], is_dir: bool, size: int) -> None:
+        self.count += 1
+        if self.count > self.max_entries:
+            raise bad_archive(self.path, f"more than {self.max_entries} entries")
+        if parts in self.files or (is_dir and parts in self.folders):
+            raise bad_archive(self.path, f"entry {raw!r} appears twice")
+        (self.folders if is_dir else self.files).add(parts)
+        self.folders.update(parts[:end] for end in range(1, len(parts)))
+        limits = self.limits
+        if limits is not None and not is_dir:
+            self.claimed += size
+            if self.claimed > limits.total_bytes:
+                raise bad_archive(
+                    self.path,
+                    f"unpacks to more than {limits.total_bytes} bytes (by its directory)",
+                )
+            if size > limits.largest_entry:
+                raise bad_archive(
+                    self.path, f"entry {raw!r} unpacks to more than {limits.largest_entry} bytes"
+                )
+
+    def finish(self) -> None:
+        clash = sorted(self.files & self.folders)
+        if clash:
+            raise bad_archive(
+                self.path, f"entry {'/'.join(clash[0])!r} is both a file and a folder"
+            )
 
 
 def _check_members(
@@ -146,38 +223,19 @@ def _check_members(
     sizes the central directory claims are checked against them too."""
     members = archive.infolist()
     if len(members) > max_entries:
-        raise _bad(path, f"more than {max_entries} entries")
+        raise bad_archive(path, f"more than {max_entries} entries")
+    check = MemberCheck(path, max_entries, limits)
     checked: list[tuple[zipfile.ZipInfo, tuple[str, ...]]] = []
-    files: set[tuple[str, ...]] = set()
-    folders: set[tuple[str, ...]] = set()
-    claimed = 0
     for info in members:
-        parts = _parts(path, info)
+        parts = member_parts(path, info.filename, info.is_dir())
         kind = stat.S_IFMT(info.external_attr >> 16)  # 0: no Unix mode recorded
         if kind and kind not in (stat.S_IFREG, stat.S_IFDIR):
-            raise _bad(path, f"entry {info.filename!r} is not a plain file or folder")
+            raise bad_archive(path, f"entry {info.filename!r} is not a plain file or folder")
         if info.flag_bits & 0x1:
-            raise _bad(path, f"entry {info.filename!r} is encrypted")
-        if parts in files or (info.is_dir() and parts in folders):
-            raise _bad(path, f"entry {info.filename!r} appears twice")
-        (folders if info.is_dir() else files).add(parts)
-        folders.update(parts[:end] for end in range(1, len(parts)))
-        if limits is not None and not info.is_dir():
-            claimed += info.file_size
-            if claimed > limits.total_bytes:
-                raise _bad(
-                    path,
-                    f"unpacks to more than {limits.total_bytes} bytes (by its directory)",
-                )
-            if info.file_size > limits.largest_entry:
-                raise _bad(
-                    path,
-                    f"entry {info.filename!r} unpacks to more than {limits.largest_entry} bytes",
-                )
+            raise bad_archive(path, f"entry {info.filename!r} is encrypted")
+        check.add(info.filename, parts, info.is_dir(), info.file_size)
         checked.append((info, parts))
-    clash = sorted(files & folders)
-    if clash:
-        raise _bad(path, f"entry {'/'.join(clash[0])!r} is both a file and a folder")
+    check.finish()
     return checked
 
 
@@ -228,69 +286,25 @@ def _write(
             while chunk := source.read(_CHUNK):
                 written += len(chunk)
                 if written > allowance:
-                    raise _bad(
+                    raise bad_archive(
                         path,
                         f"unpacks to more than {limits.total_bytes} bytes",
                     )
                 if written > limits.largest_entry:
-                    raise _bad(
+                    raise bad_archive(
                         path,
                         f"entry {info.filename!r} unpacks to more than "
                         f"{limits.largest_entry} bytes",
                     )
                 if written > info.file_size:
-                    raise _bad(
+                    raise bad_archive(
                         path,
                         f"entry {info.filename!r} holds more than the {info.file_size} bytes "
                         "its directory claims",
                     )
                 sink.write(chunk)
     except _DAMAGED as exc:
-        raise _bad(path, f"entry {info.filename!r} is damaged ({exc})") from None
+        raise bad_archive(path, f"entry {info.filename!r} is damaged ({exc})") from None
     except (FileExistsError, IsADirectoryError, NotADirectoryError):
-        raise _bad(path, f"entry {info.filename!r} clashes with another entry") from None
+        raise bad_archive(path, f"entry {info.filename!r} clashes with another entry") from None
     return written
-
-
-def triton_config(
-    name: str,
-    batch_size: int = 1,
-    max_batch_delay_ms: int = 100,
-    *,
-    workers: int = 1,
-    queue_size: int = 0,
-    response_timeout_s: int = 0,
-) -> str:
-    """config.pbtxt for an archive served as ``<name>/1/model.mar``, from TorchServe's
-    settings: ``batch_size`` and ``max_batch_delay`` (milliseconds) become ``max_batch_size``
-    and the dynamic batcher's window, ``workers`` the instance count, ``queue_size`` (0: the
-    server's default) the queue's bound, ``response_timeout_s`` (0: the server's default) the
-    requests' deadline. The tensors are those of the ``torchserve`` backend."""
-    for value, what in (
-        (batch_size, "batchSize"),
-        (workers, "minWorkers"),
-    ):
-        if not isinstance(value, int) or value < 1:
-            raise InvalidConfig(f"model '{name}': {what} must be a whole number of at least 1")
-    for value, what in (
-        (max_batch_delay_ms, "maxBatchDelay"),
-        (queue_size, "job_queue_size"),
-        (response_timeout_s, "responseTimeout"),
-    ):
-        if not isinstance(value, int) or value < 0:
-            raise InvalidConfig(f"model '{name}': {what} must be a whole number of at least 0")
-    tensor = '{{ name: "{}" data_type: TYPE_STRING dims: [ 1 ] }}'
-    policy = ""
-    if queue_size or response_timeout_s:
-        policy = (
-            f"  default_queue_policy {{ max_queue_size: {queue_size} "
-            f"default_timeout_microseconds: {response_timeout_s * 1_000_000} }}\n"
-        )
-    return (
-        f'name: "{name}"\nbackend: "torchserve"\nmax_batch_size: {batch_size}\n'
-        f"input [ {tensor.format('body')}, {tensor.format('content_type')} ]\n"
-        f"output [ {tensor.format('response')}, {tensor.format('response_type')} ]\n"
-        f"instance_group [ {{ count: {workers} kind: KIND_CPU }} ]\n"
-        f"dynamic_batching {{\n  max_queue_delay_microseconds: {max_batch_delay_ms * 1000}\n"
-        f"{policy}}}\n"
-    )

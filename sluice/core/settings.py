@@ -15,6 +15,8 @@ from typing import Literal
 from pydantic import AliasChoices, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from sluice.core.torchserve_ports import parse_ports
+
 MIB = 1 << 20
 GIB = 1 << 30
 
@@ -140,6 +142,12 @@ class ApiKeySettings(BaseSettings):
     def admin_key_list(self) -> list[str]:
         """``admin_keys`` and the lines of ``admin_keys_file``; OSError if it cannot be read."""
         return _keys(self.admin_keys, self.admin_keys_file)
+
+
+def torchserve_ports_value(value: str) -> str:
+    """``torchserve_ports`` checked (:func:`sluice.core.torchserve_ports.parse_ports`)."""
+    parse_ports(value)
+    return value
 
 
 def _keys(inline: str, file: str) -> list[str]:
@@ -281,6 +289,18 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     """Also write TorchServe's Prometheus names for the inference counters on /metrics
     (``ts_inference_requests_total`` and the two latency counters)."""
 
+    torchserve_ports: str = ""
+    """TorchServe's inference, management and metrics ports (its ``8080,8081,8082``),
+    comma-separated, each ``port`` (on ``http_host``) or ``host:port``; 0 leaves one out,
+    empty serves none. Each answers only its own API, as TorchServe's do
+    (:mod:`sluice.core.torchserve_ports`)."""
+
+    _torchserve_ports_valid = field_validator("torchserve_ports")(torchserve_ports_value)
+
+    torchserve_fds: str = ""
+    """Set by ``sluice up``: the listening sockets of ``torchserve_ports`` it opened,
+    inherited, in the same order (-1 for a port left out)."""
+
     allowed_model_urls: str = ""
     """URLs ``POST /models?url=`` may download archives from: regular expressions,
     comma-separated, each matched against the whole URL (TorchServe's ``allowed_urls``;
@@ -298,8 +318,9 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
         return value
 
     model_store: Path | None = None
-    """TorchServe's model store: the folder whose ``.mar`` archives ``POST /models?url=``
-    registers (TorchServe's ``--model-store``; unset: registering is refused)."""
+    """TorchServe's model store: the folder whose archives (``.mar``, ``.tar.gz``, or an
+    unarchived model folder) ``POST /models?url=`` registers (TorchServe's
+    ``--model-store``; unset: registering is refused)."""
 
     grpc_reuse_port: bool = False
     """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
@@ -671,6 +692,14 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
     ssl_certfile: str = ""
     """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""
 
+    torchserve_ports: str = ""
+    """TorchServe's inference, management and metrics ports, served by the gateways beside
+    Sluice's own (as SLUICE_TORCHSERVE_PORTS: ``8080,8081,8082`` with ``sluice up
+    --torchserve``, or the addresses of TorchServe's ``config.properties`` with
+    ``--ts-config``)."""
+
+    _torchserve_ports_valid = field_validator("torchserve_ports")(torchserve_ports_value)
+
     start_redis: bool = True
     """Start a private redis-server when SLUICE_REDIS_URL is not set."""
 
@@ -681,6 +710,13 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     ready_timeout_s: float = Field(120.0, gt=0)
     """How long ``sluice up`` waits for every model to become ready."""
+
+    exit_on_error: bool = False
+    """As Triton's --exit-on-error: true makes ``sluice up`` exit with status 1, naming the
+    models, when a model fails to load at start (checked while it waits for readiness, so
+    not with ``--no-gateway``). False by default, unlike Triton: on a server shared by
+    tenants, one tenant's broken model should not stop everyone's; it is served as
+    UNAVAILABLE, with the reason."""
 
     shm_same_host: bool = True
     """Passed to the gateway: everything ``sluice up`` starts shares one host."""

@@ -101,6 +101,9 @@ class ReplyMessage:
     error: str = ""
     final: bool = True
     """False on the responses of a decoupled model before its last one for the request."""
+    parameters: dict[str, bool | int | str] = field(default_factory=dict)
+    """The response's own parameters (an ensemble's ``sequence_id``, ``sequence_start``,
+    ``sequence_end``), which the gateway puts on the HTTP and gRPC response."""
 
 
 def _ref_out(ref: ShmRef) -> list[Any]:
@@ -271,6 +274,8 @@ def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, byt
     }
     if not message.final:
         header["f"] = False
+    if message.parameters:
+        header["p"] = message.parameters
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
 
 
@@ -284,10 +289,20 @@ def decode_reply(fields: Mapping[bytes, bytes]) -> tuple[ReplyMessage, memoryvie
             error_kind=_str(header.get("ek", "")),
             error=_str(header.get("e", "")),
             final=header.get("f", True) is not False,
+            parameters=_reply_parameters(header.get("p", {})),
         )
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"reply header is missing or has a bad field: {exc}") from None
     return message, payload
+
+
+def _reply_parameters(raw: Any) -> dict[str, bool | int | str]:
+    if not isinstance(raw, dict):
+        raise TypeError("reply parameters are not a map")
+    for name, value in raw.items():
+        if not isinstance(name, str) or not isinstance(value, bool | int | str):
+            raise TypeError(f"reply parameter {name!r} is not a boolean, integer or string")
+    return raw
 
 
 def _str(value: Any) -> str:

@@ -59,6 +59,8 @@ class RequestContext:
     priority: int = 0
     cancelled: CancelSignal | None = None
     """Set when the request's caller goes away while it computes."""
+    outputs: tuple[str, ...] = ()
+    """The outputs this request asked for (empty: those the batch asks for)."""
 
 
 Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]
@@ -106,9 +108,15 @@ class ConcurrentBackend(Protocol):
     def close(self) -> None: ...
 
 
+SequenceFlags = tuple[int | str, int]
+"""A request's correlation id and flags, as Triton's core records them (0 and 0 when it
+names no sequence; :func:`sluice.core.sequences.request_sequence`)."""
+
+
 class FollowsCancellation(Protocol):
-    """A backend that declares ``follows_cancellation = True`` (a Python model), as the
-    worker calls it: with each request's :class:`CancelSignal`."""
+    """A backend that declares ``follows_cancellation = True`` (a Triton-style Python
+    model), as the worker calls it: with each request's :class:`CancelSignal` (None when the
+    worker watches no cancellations) and its correlation id and flags."""
 
     follows_cancellation: bool
 
@@ -118,6 +126,7 @@ class FollowsCancellation(Protocol):
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
         cancellations: Sequence[CancelSignal] | None = None,
+        sequences: Sequence[SequenceFlags] | None = None,
     ) -> dict[str, np.ndarray]: ...
 
 
@@ -130,6 +139,24 @@ def missing_extra(model: str, what: str, extra: str) -> InvalidConfig:
     return InvalidConfig(
         f"model '{model}' needs {what}, which is not installed; install sluice[{extra}]"
     )
+
+
+class PartialOutputs(dict[str, np.ndarray]):
+    """Whole-batch outputs where some requests lack outputs they asked for (a Triton-style
+    Python model's response without them, an ensemble whose composing model did not produce
+    them): ``absent[i]`` names those request ``i`` lacks; their rows hold filler. Answers
+    leave them out, as Triton's do. (An output no request has is simply not in the dict.)"""
+
+    def __init__(
+        self, arrays: Mapping[str, np.ndarray], absent: Mapping[int, frozenset[str]]
+    ) -> None:
+        super().__init__(arrays)
+        self.absent = dict(absent)
+
+
+def absent_outputs(outputs: Mapping[str, np.ndarray]) -> dict[int, frozenset[str]]:
+    """Each request's outputs left out of ``outputs`` (see :class:`PartialOutputs`)."""
+    return outputs.absent if isinstance(outputs, PartialOutputs) else {}
 
 
 class RequestsFailed(InferenceFailed):

@@ -20,14 +20,21 @@ slow composing model cannot collect an unbounded queue from one ensemble instanc
 
 A failing step fails the request with the step's error class (so the same HTTP status and
 gRPC code) and a message naming the ensemble, the step and its model.
+
+As in Triton (:mod:`sluice.workers.backends.ensemble_graph`): a request runs only the steps
+that lead to the outputs it asks for; a tensor crossing from a non-batching model (or
+ensemble) to a batching one gains a batch dimension of 1, and loses it on the way back; an
+output a composing model did not produce is left out of the answer (a step that reads it
+gets no such input, which fails it only when the input is required).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import CancelledError
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,11 +45,13 @@ from sluice.core.errors import (
     Cancelled,
     InferenceFailed,
     InvalidConfig,
+    InvalidInput,
     SluiceError,
 )
 from sluice.core.placement import Placement
 from sluice.workers.backends.base import RequestContext, RequestsFailed
 from sluice.workers.backends.ensemble_check import composing_configs
+from sluice.workers.backends.ensemble_graph import fit_shape, live_steps
 from sluice.workers.backends.ensemble_join import join_requests, split_requests
 from sluice.workers.model_calls import CallContext, ModelCalls
 
@@ -58,17 +67,35 @@ STEP_IN_FLIGHT = 64
 """Requests one instance has queued on one step's model at once (the same bound)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """An ensemble tensor of one request."""
+
+    array: np.ndarray | None
+    """None: the model meant to make it did not (or an optional input not given)."""
+    batch: int
+    """Its batch dimension as its maker had it; 0: made without one."""
+
+
+Slot = Callable[[str], "asyncio.Future[Carried]"]
+
+
 class EnsembleBackend:
     concurrency = CONCURRENCY
 
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         """``model_path`` is the version folder (``<repository>/<ensemble>/<version>``)."""
         del placement  # an ensemble computes nothing itself
+        self.setup(config, composing_configs(config, model_path.parent.parent))
+        self._calls = ModelCalls(f"ensemble-{config.name}-")
+
+    def setup(self, config: ModelConfig, step_configs: list[ModelConfig]) -> None:
+        """The graph of ``config`` whose steps call models configured as ``step_configs``."""
         self.config = config
         self.steps = config.ensemble_steps
-        self.step_configs = composing_configs(config, model_path.parent.parent)
+        self.step_configs = step_configs
         self._limits = [asyncio.Semaphore(STEP_IN_FLIGHT) for _ in self.steps]
-        self._calls = ModelCalls(f"ensemble-{config.name}-")
+        self._live: dict[frozenset[str], frozenset[int]] = {}
 
     def close(self) -> None:
         self._calls.close()
@@ -85,12 +112,18 @@ class EnsembleBackend:
         """Each request of the batch goes through the graph on its own (as Triton's
         ensemble scheduler handles requests one by one); the answers are joined again."""
         sizes = list(request_sizes or [1])
-        parts = split_requests(inputs, sizes, self.config.max_batch_size > 0)
+        batching = self.config.max_batch_size > 0
+        parts = split_requests(inputs, sizes, batching)
         if contexts is None or len(contexts) != len(parts):
             contexts = [RequestContext("", 0, None)] * len(parts)
-        futures = [
-            asyncio.run_coroutine_threadsafe(self.run(part, outputs, context), self._calls.loop)
-            for part, context in zip(parts, contexts, strict=True)
+        batches = list(sizes) if batching else [0] * len(parts)
+        if batching and len(parts) == 1:
+            batches = [_batch_of(parts[0]) or sizes[0]]
+        futures = [  # each request asks for its own outputs (its steps alone run)
+            asyncio.run_coroutine_threadsafe(
+                self.run(part, context.outputs or outputs, context, batch), self._calls.loop
+            )
+            for part, context, batch in zip(parts, contexts, batches, strict=True)
         ]
         for future, context in zip(futures, contexts, strict=True):
             if context.cancelled is not None:  # its steps' requests are withdrawn in turn
@@ -121,23 +154,41 @@ class EnsembleBackend:
 
     # -- one request -----------------------------------------------------------------------
 
-    async def run(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], context: RequestContext
-    ) -> dict[str, np.ndarray]:
-        """The requested ensemble outputs of one request."""
-        loop = asyncio.get_running_loop()
-        tensors: dict[str, asyncio.Future[np.ndarray]] = {}
+    def live(self, outputs: Sequence[str]) -> frozenset[int]:
+        """The steps a request for ``outputs`` runs (:func:`live_steps`, remembered)."""
+        key = frozenset(outputs)
+        found = self._live.get(key)
+        if found is None:
+            found = live_steps(self.config, key)
+            if len(self._live) < 256:  # (at most one entry per set of outputs asked)
+                self._live[key] = found
+        return found
 
-        def slot(name: str) -> asyncio.Future[np.ndarray]:
+    async def run(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        context: RequestContext,
+        batch: int = 0,
+    ) -> dict[str, np.ndarray]:
+        """The requested ensemble outputs of one request (those its composing models made).
+        ``batch``: the request's batch size (0: the ensemble does not batch)."""
+        loop = asyncio.get_running_loop()
+        tensors: dict[str, asyncio.Future[Carried]] = {}
+
+        def slot(name: str) -> asyncio.Future[Carried]:
             if name not in tensors:
                 tensors[name] = loop.create_future()
             return tensors[name]
 
+        for spec in self.config.inputs:  # an optional input not given: no tensor
+            slot(spec.name).set_result(Carried(inputs.get(spec.name), batch))
         for name, array in inputs.items():
-            slot(name).set_result(array)
+            if not slot(name).done():
+                slot(name).set_result(Carried(array, batch))
         tasks = [
             asyncio.create_task(self._step(index, slot, context))
-            for index in range(len(self.steps))
+            for index in sorted(self.live(outputs))
         ]
         try:
             wanted = [slot(name) for name in outputs]
@@ -148,7 +199,7 @@ class EnsembleBackend:
                     error = future.exception() if future in tasks else None
                     if error is not None:
                         raise error
-            return {name: future.result() for name, future in zip(outputs, wanted, strict=True)}
+            return self._answer(outputs, [future.result() for future in wanted])
         finally:
             for task in tasks:
                 task.cancel()
@@ -156,22 +207,45 @@ class EnsembleBackend:
                 if not future.done():
                     future.cancel()
 
-    async def _step(self, index: int, slot: Any, context: RequestContext) -> None:
-        step = self.steps[index]
-        reads = {name: await slot(tensor) for name, tensor in step.input_map.items()}
+    def _answer(self, outputs: Sequence[str], made: Sequence[Carried]) -> dict[str, np.ndarray]:
+        """The outputs that were made, shaped as the ensemble answers them (a non-batching
+        ensemble's output made by a batching model loses its batch dimension of 1)."""
+        batching = self.config.max_batch_size > 0
+        answer: dict[str, np.ndarray] = {}
+        for name, carried in zip(outputs, made, strict=True):
+            if carried.array is None:
+                continue
+            spec = self.config.output(name)
+            assert spec is not None  # (the worker checked the request's outputs)
+            dims = spec.dims if spec.reshape is None else spec.reshape
+            shape = fit_shape(dims, batching, carried.batch, carried.array.shape)
+            answer[name] = carried.array.reshape(shape)
+        return answer
+
+    async def _step(self, index: int, slot: Slot, context: RequestContext) -> None:
+        step, model = self.steps[index], self.step_configs[index]
+        prefix = f"in ensemble '{self.config.name}', step {index} (model '{step.model_name}')"
+        batching = model.max_batch_size > 0
+        reads: dict[str, np.ndarray] = {}
+        for name, tensor in step.input_map.items():
+            carried = await slot(tensor)
+            if carried.array is None:
+                continue
+            spec = model.input(name)
+            assert spec is not None  # checked when the ensemble loaded
+            shape = fit_shape(spec.dims, batching, carried.batch, carried.array.shape)
+            reads[name] = carried.array.reshape(shape)
+        missing = [s.name for s in model.inputs if not s.optional and s.name not in reads]
+        if missing:
+            raise InvalidInput(f"{prefix}: {_missing_inputs(model, reads, missing, context)}")
+        batch = _batch_of(reads) if batching else 0
         try:
             async with self._limits[index]:
                 answer = await self._submit(index, reads, context)
         except SluiceError as exc:
-            prefix = f"in ensemble '{self.config.name}', step {index} (model '{step.model_name}')"
             raise type(exc)(f"{prefix}: {exc.message}") from None
         for name, tensor in step.output_map.items():
-            if name not in answer:
-                raise InferenceFailed(
-                    f"in ensemble '{self.config.name}', step {index} (model "
-                    f"'{step.model_name}'): the model did not answer output '{name}'"
-                )
-            slot(tensor).set_result(answer[name])
+            slot(tensor).set_result(Carried(answer.get(name), batch))
 
     async def _submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
@@ -186,6 +260,38 @@ class EnsembleBackend:
         return await self._calls.submit(
             step.model_name, step.model_version, inputs, list(step.output_map), call
         )
+
+
+def _batch_of(tensors: Mapping[str, np.ndarray]) -> int:
+    """The batch size of a request to a batching model: its inputs' first dimension."""
+    for array in tensors.values():
+        if array.ndim:
+            return int(array.shape[0])
+    return 0
+
+
+def _missing_inputs(
+    model: ModelConfig,
+    reads: Mapping[str, np.ndarray],
+    missing: list[str],
+    context: RequestContext,
+) -> str:
+    """Triton's text for a step request that lacks required inputs (a composing model
+    before it did not produce them)."""
+    total = len(model.inputs)
+    required = total - sum(spec.optional for spec in model.inputs)
+    expected = (
+        f"expected {total} inputs"
+        if required == total
+        else f"expected number of inputs between {required} and {total}"
+    )
+    got = ",".join(f"'{name}'" for name in reads)
+    lacking = ",".join(f"'{name}'" for name in missing)
+    return (
+        f"[request id: {context.request_id or '<id_unknown>'}] {expected} but got "
+        f"{len(reads)} inputs for model '{model.name}'. Got input(s) [{got}], but missing "
+        f"required input(s) [{lacking}]. Please provide all required input(s)."
+    )
 
 
 def load_ensemble_backend(

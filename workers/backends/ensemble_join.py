@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from sluice.core.errors import InferenceFailed, SluiceError
+from sluice.workers.backends.base import PartialOutputs
 
 
 def split_requests(
@@ -31,17 +32,23 @@ def join_requests(
     failures: Mapping[int, SluiceError],
 ) -> dict[str, np.ndarray] | None:
     """Whole-batch outputs from each request's answer (rows of failed requests hold
-    zeros, as :class:`sluice.workers.backends.base.RequestsFailed` expects); None when every
+    zeros, as :class:`sluice.workers.backends.base.RequestsFailed` expects, and so do rows of
+    requests answered without an output, named by :class:`PartialOutputs`); None when every
     request failed. Raises :class:`InferenceFailed` when the answers' item shapes differ."""
     good = [i for i in range(len(answers)) if i not in failures]
     if not good:
         return None
     joined: dict[str, np.ndarray] = {}
+    absent: dict[int, set[str]] = {}
     for name in outputs:
-        sample = answers[good[0]][name]
+        sample = next((answers[i][name] for i in good if name in answers[i]), None)
+        if sample is None:
+            continue  # no request has it
         rows: list[np.ndarray] = []
         for index, size in enumerate(sizes):
-            if index in failures:
+            if index in failures or name not in answers[index]:
+                if index not in failures:
+                    absent.setdefault(index, set()).add(name)
                 filler = np.zeros((size, *sample.shape[1:]), dtype=sample.dtype)
                 if sample.dtype == np.object_:
                     filler.fill(b"")
@@ -54,4 +61,6 @@ def join_requests(
             raise InferenceFailed(
                 f"output '{name}': the batch's requests answered different shapes ({exc})"
             ) from None
+    if absent:
+        return PartialOutputs(joined, {i: frozenset(names) for i, names in absent.items()})
     return joined

@@ -5,9 +5,16 @@ The archive is unpacked into a private folder (:mod:`sluice.core.mar`), and Torc
 model loader (the ``ts`` package of ``torchserve``, in the ``torchserve`` extra) imports the
 handler: a handler file of the archive (a ``BaseHandler`` subclass with ``initialize`` /
 ``preprocess`` / ``inference`` / ``postprocess`` / ``handle``, or a module with a ``handle``
-function) or a built-in handler's name. Its ``context`` is TorchServe's: the manifest,
-``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``), and each request's
-headers.
+function), a built-in handler's name, or the handler a registration named instead of the
+manifest's (:mod:`sluice.core.mar_versions`). Its ``context`` is TorchServe's: the
+manifest, ``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``), the archive's
+``model-config.yaml`` (``model_yaml_config``), and each request's headers.
+
+As TorchServe runs a worker, the model's folder is the process's working directory and is
+on ``sys.path``, so that a handler opens the files of its archive (``--extra-files``) by
+relative path. A worker process serves one model instance, so that is safe; the worker
+resolves its own paths before (:func:`sluice.workers.inprocess.worker_for`), and ``close``
+returns to the folder it came from.
 
 Requests take TorchServe's shape: one dict per request, ``{"body": ...}`` for a raw body
 (decoded as TorchServe's frontend does: JSON parsed, ``text/*`` as text, anything else as
@@ -20,8 +27,10 @@ its error fails only the request that caused it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import logging
+import os
 import shutil
 import sys
 import tempfile
@@ -36,6 +45,7 @@ import numpy as np
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.mar import unpack
+from sluice.core.mar_versions import record_of
 from sluice.core.placement import Placement
 from sluice.workers.backends.base import RequestsFailed, missing_extra
 
@@ -108,6 +118,7 @@ class TorchServeBackend:
         except ImportError:
             raise missing_extra(config.name, "TorchServe's handler runtime", "torchserve") from None
         self._dir = Path(tempfile.mkdtemp(prefix="sluice-mar-"))
+        self._came_from: str | None = None
         try:
             manifest = unpack(model_path, self._dir / "model")
             if manifest.requirements_file:
@@ -118,16 +129,23 @@ class TorchServeBackend:
                     manifest.requirements_file,
                 )
             model_dir = str(self._dir / "model")
+            self._came_from = os.getcwd()
+            os.chdir(model_dir)
             sys.path.insert(0, model_dir)
+            # The handler's files were written just now: imports must not go by directory
+            # listings importlib cached before (another archive unpacked in this process).
+            importlib.invalidate_caches()
             import ts
 
             metrics_file = Path(ts.__file__).parent / "configs" / "metrics.yaml"
             gpu = placement.gpu if placement.kind == "KIND_GPU" else None
             batch = max(1, config.max_batch_size)
+            version = int(model_path.parent.name) if model_path.parent.name.isdigit() else 0
+            handler = record_of(config.parameters, version).handler or manifest.handler
             self._service = TsModelLoader().load(
                 config.name,
                 model_dir,
-                manifest.handler,
+                handler,
                 gpu,
                 batch,
                 metrics_cache=MetricsCacheYamlImpl(config_file_path=str(metrics_file)),
@@ -210,4 +228,10 @@ class TorchServeBackend:
         model_dir = str(self._dir / "model")
         if model_dir in sys.path:
             sys.path.remove(model_dir)
+        if self._came_from is not None:
+            try:
+                os.chdir(self._came_from)
+            except OSError:
+                os.chdir(tempfile.gettempdir())  # (the folder is gone; anywhere but ours)
+            self._came_from = None
         shutil.rmtree(self._dir, ignore_errors=True)

@@ -4,7 +4,9 @@ The worker hands over one combined batch; it is split back into one
 ``InferenceRequest`` per client request (``request_sizes``), ``execute`` answers
 each with an ``InferenceResponse``, and the answers are joined again along the
 batch dimension. A response carrying an error fails only its own request
-(:class:`RequestsFailed`).
+(:class:`RequestsFailed`); a response without an output its request asked for answers
+without it, as Triton's does (:class:`PartialOutputs`). Each request carries its
+correlation id and sequence flags (``correlation_id()``, ``flags()``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from sluice.core.errors import (
 )
 from sluice.core.placement import Placement
 from sluice.workers.backends import triton_python_backend_utils as pb
-from sluice.workers.backends.base import CancelSignal, Emit, RequestsFailed
+from sluice.workers.backends.base import (
+    CancelSignal,
+    Emit,
+    PartialOutputs,
+    RequestsFailed,
+    SequenceFlags,
+)
 from sluice.workers.backends.python_model import call_model, forget_module
 
 FINAL_WAIT_S = 300.0
@@ -90,7 +98,8 @@ class TritonPythonBackend:
                 raise InvalidConfig(f"{model_file.name}: {exc.message}") from None
 
     follows_cancellation = True
-    """``infer`` takes each request's cancellation (``request.is_cancelled()``, BLS calls)."""
+    """``infer`` takes each request's cancellation (``request.is_cancelled()``, BLS calls),
+    correlation id and flags."""
 
     def infer(
         self,
@@ -98,9 +107,10 @@ class TritonPythonBackend:
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
         cancellations: Sequence[CancelSignal] | None = None,
+        sequences: Sequence[SequenceFlags] | None = None,
     ) -> dict[str, np.ndarray]:
         sizes = self._sizes(inputs, request_sizes)
-        requests = self._requests(inputs, outputs, sizes)
+        requests = self._requests(inputs, outputs, sizes, sequences)
         if cancellations is not None and len(cancellations) == len(requests):
             for request, signal in zip(requests, cancellations, strict=True):
                 request._cancelled = signal  # type: ignore[attr-defined]
@@ -180,19 +190,32 @@ class TritonPythonBackend:
         return list(request_sizes)
 
     def _requests(
-        self, inputs: Mapping[str, np.ndarray], outputs: Sequence[str], sizes: Sequence[int]
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        sizes: Sequence[int],
+        sequences: Sequence[SequenceFlags] | None = None,
     ) -> list[pb.InferenceRequest]:
+        """One request per client request; ``sequences``: each one's correlation id and
+        flags (none: 0 and 0)."""
         batched = self._config.max_batch_size > 0
+        if sequences is None or len(sequences) != len(sizes):
+            sequences = [(0, 0)] * len(sizes)
         requests: list[pb.InferenceRequest] = []
         start = 0
-        for items in sizes:
+        for items, (correlation_id, flags) in zip(sizes, sequences, strict=True):
             tensors = [
                 pb.Tensor(name, array[start : start + items] if batched else array)
                 for name, array in inputs.items()
             ]
             requests.append(
                 pb.InferenceRequest(
-                    self._config.name, tensors, outputs, model_version=self._version
+                    self._config.name,
+                    tensors,
+                    outputs,
+                    model_version=self._version,
+                    correlation_id=correlation_id,
+                    flags=flags,
                 )
             )
             start += items
@@ -214,7 +237,7 @@ class TritonPythonBackend:
         for name in outputs:
             array = tensors.get(name)
             if array is None:
-                return InferenceFailed(f"{self._file.name}: the response has no output '{name}'")
+                continue  # answered without it, as Triton answers
             if self._config.max_batch_size > 0 and (array.ndim == 0 or array.shape[0] != items):
                 return InferenceFailed(
                     f"{self._file.name}: output '{name}' has shape {list(array.shape)} for a "
@@ -229,19 +252,28 @@ class TritonPythonBackend:
         outputs: Sequence[str],
         sizes: Sequence[int],
     ) -> dict[str, np.ndarray] | None:
-        """Whole-batch outputs; the rows of failed requests hold zeros (or empty bytes)."""
+        """Whole-batch outputs; the rows of failed requests, and of requests answered
+        without the output, hold zeros (or empty bytes); the latter are named
+        (:class:`PartialOutputs`)."""
         done = [answer for answer in answers if answer is not None]
         if not done:
             return None
         if len(answers) == 1:
             return done[0]
         merged: dict[str, np.ndarray] = {}
+        absent: dict[int, set[str]] = {}
         for name in outputs:
-            template = done[0][name]
-            parts = [
-                answer[name] if answer is not None else _filler(template, items)
-                for answer, items in zip(answers, sizes, strict=True)
-            ]
+            template = next((answer[name] for answer in done if name in answer), None)
+            if template is None:
+                continue  # no request has it
+            parts: list[np.ndarray] = []
+            for index, (answer, items) in enumerate(zip(answers, sizes, strict=True)):
+                if answer is not None and name in answer:
+                    parts.append(answer[name])
+                    continue
+                if answer is not None:
+                    absent.setdefault(index, set()).add(name)
+                parts.append(_filler(template, items))
             if len({part.shape[1:] for part in parts}) > 1:
                 shapes = ", ".join(str(list(part.shape)) for part in parts)
                 raise InferenceFailed(
@@ -249,6 +281,8 @@ class TritonPythonBackend:
                     f"({shapes}); Sluice batches only requests whose outputs can be joined"
                 )
             merged[name] = np.concatenate(parts, axis=0)
+        if absent:
+            return PartialOutputs(merged, {i: frozenset(names) for i, names in absent.items()})
         return merged
 
     def close(self) -> None:

@@ -3,15 +3,24 @@
 from __future__ import annotations
 
 import json
+import logging
+import shutil
+import tarfile
 import zipfile
 from pathlib import Path
 
 import pytest
 
-from sluice.cli.mar_import import import_archives, parse_properties, read_store_settings
-from sluice.core.config import parse_config_text
+from sluice.cli.mar_import import (
+    StoreSettings,
+    import_archives,
+    parse_properties,
+    read_store_settings,
+)
+from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.errors import InvalidConfig
 from sluice.core.mar import MANIFEST, triton_config
+from sluice.core.mar_versions import record_of
 from sluice.workers.backends.torchserve_backend import encode_response, request_entry
 
 
@@ -39,8 +48,9 @@ def test_store_settings_take_what_has_an_equivalent_and_name_the_rest(tmp_path: 
     )
     settings = read_store_settings(path)
     assert settings.models["a"]["batchSize"] == 16  # the default version's
+    assert settings.versions == {"a": "2.0"}
     assert settings.response_timeout_s == 30
-    assert settings.ignored == ["models.a.maxWorkers", "number_of_netty_threads"]
+    assert settings.ignored == ["number_of_netty_threads"]
 
 
 @pytest.mark.parametrize(
@@ -59,12 +69,20 @@ def test_bad_properties_say_which_key(tmp_path: Path, text: str, reason: str) ->
         read_store_settings(path)
 
 
-def _mar(path: Path, name: str) -> Path:
-    manifest = {"model": {"modelName": name, "handler": "h.py"}}
+def _mar(path: Path, name: str, version: str = "1.0", config: str | None = None) -> Path:
+    manifest = {"model": {"modelName": name, "handler": "h.py", "modelVersion": version}}
+    if config is not None:
+        manifest["model"]["configFile"] = "model-config.yaml"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(MANIFEST, json.dumps(manifest))
         archive.writestr("h.py", "def handle(data, context):\n    return data\n")
+        if config is not None:
+            archive.writestr("model-config.yaml", config)
     return path
+
+
+def _config(repository: Path, name: str) -> ModelConfig:
+    return parse_config_text((repository / name / "config.pbtxt").read_text(), model_name=name)
 
 
 def test_import_lays_out_the_store_and_refuses_to_overwrite(tmp_path: Path) -> None:
@@ -87,6 +105,92 @@ def test_import_lays_out_the_store_and_refuses_to_overwrite(tmp_path: Path) -> N
         import_archives([store / "two.mar"], repository, settings)
     with pytest.raises(InvalidConfig, match="batchSize must be a whole number of at least 1"):
         triton_config("m", 0)
+
+
+def test_every_form_of_the_store_is_laid_out_and_one_name_s_archives_are_versions(
+    tmp_path: Path,
+) -> None:
+    """A .mar, a .tar.gz (one folder named after the model, as torch-model-archiver
+    writes it) and an unarchived folder; two archives of one name are its two versions."""
+    store = tmp_path / "store"
+    store.mkdir()
+    _mar(store / "one.mar", "first")
+    _mar(store / "two-v1.mar", "second", "1.0")
+    _mar(tmp_path / "scratch.mar", "second", "2.0")
+    unpacked = store / "second-v2"
+    with zipfile.ZipFile(tmp_path / "scratch.mar") as archive:
+        archive.extractall(unpacked)
+    _mar(tmp_path / "third.mar", "third", "1.5")
+    with zipfile.ZipFile(tmp_path / "third.mar") as archive:
+        archive.extractall(tmp_path / "third")
+    with tarfile.open(store / "third.tar.gz", "w:gz") as tar:
+        tar.add(tmp_path / "third", arcname="third")
+    (store / "README.txt").write_text("not a model")
+    repository = tmp_path / "repo"
+    names = import_archives([store], repository, read_store_settings(None))
+    assert sorted(names) == ["first", "second", "third"]
+    second = _config(repository, "second")
+    assert second.version_policy.versions == (1, 2)
+    assert record_of(second.parameters, 2).url == "second-v2"
+    assert (repository / "second" / "2" / "model.mar").is_file()
+    third = _config(repository, "third")
+    assert third.version_policy.versions == (1,)  # 1.5 takes the first free number
+    assert record_of(third.parameters, 1).version == "1.5"
+    with zipfile.ZipFile(repository / "third" / "1" / "model.mar") as archive:
+        assert set(archive.namelist()) >= {MANIFEST, "h.py"}  # packed from its folder
+    assert not [p for p in repository.iterdir() if p.name.startswith(".")]  # no scratch left
+
+
+def test_one_version_twice_is_refused_naming_both(tmp_path: Path) -> None:
+    _mar(tmp_path / "a.mar", "m", "1.0")
+    _mar(tmp_path / "b.mar", "m", "1")
+    with pytest.raises(InvalidConfig, match=r"model 'm' version 1 is in both a\.mar and b\.mar"):
+        import_archives(
+            [tmp_path / "a.mar", tmp_path / "b.mar"], tmp_path / "repo", StoreSettings()
+        )
+
+
+def test_the_archive_s_model_config_comes_before_config_properties(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    _mar(
+        tmp_path / "m.mar",
+        "m",
+        config="batchSize: 8\nminWorkers: 2\nmaxWorkers: 3\ndeviceType: gpu\nparallelType: pp\n",
+    )
+    properties = tmp_path / "config.properties"
+    models = {"m": {"1.0": {"batchSize": 2, "maxBatchDelay": 7, "responseTimeout": 9}}}
+    properties.write_text(f"models={json.dumps(models)}\n")
+    with caplog.at_level(logging.WARNING):
+        import_archives([tmp_path / "m.mar"], tmp_path / "repo", read_store_settings(properties))
+    config = _config(tmp_path / "repo", "m")
+    assert config.max_batch_size == 8  # the archive's
+    assert config.dynamic_batching is not None
+    assert config.dynamic_batching.max_queue_delay_us == 7000  # config.properties'
+    assert config.dynamic_batching.default_timeout_us == 9_000_000
+    assert config.instance_groups[0].count == 2 and config.instance_groups[0].kind == "KIND_GPU"
+    assert config.parameters["sluice.max_instances"] == "3"
+    (line,) = [r.getMessage() for r in caplog.records if "model-config.yaml" in r.getMessage()]
+    assert "model 'm'" in line and "parallelType" in line
+
+
+def test_a_bad_model_config_names_the_archive_and_the_key(tmp_path: Path) -> None:
+    _mar(tmp_path / "m.mar", "m", config="batchSize: many\n")
+    with pytest.raises(InvalidConfig, match=r"m\.mar: model-config\.yaml: batchSize must be"):
+        import_archives([tmp_path / "m.mar"], tmp_path / "repo", StoreSettings())
+    assert not (tmp_path / "repo" / "m").exists()
+
+
+def test_sources_that_are_no_model_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidConfig, match="is neither a model archive nor a folder"):
+        import_archives([tmp_path / "absent.mar"], tmp_path / "repo", StoreSettings())
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(InvalidConfig, match="no model found"):
+        import_archives([tmp_path / "empty"], tmp_path / "repo", StoreSettings())
+    (tmp_path / "x.mar").write_text("not a zip")
+    with pytest.raises(InvalidConfig, match=r"x\.mar: neither a \.mar \(zip\) nor a \.tar\.gz"):
+        import_archives([tmp_path / "x.mar"], tmp_path / "repo", StoreSettings())
+    shutil.rmtree(tmp_path / "repo")
 
 
 def test_requests_and_answers_take_torchserve_s_shapes() -> None:

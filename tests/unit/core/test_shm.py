@@ -252,7 +252,7 @@ async def test_registration_checks_the_object(shm_object: tuple[str, Path]) -> N
         ):
             await registry.register_system("s", reserved, 0, 8)
     with pytest.raises(
-        InvalidInput, match=r"^Unable to open shared memory region: '/a/b': .*valid"
+        InvalidInput, match=r"^cannot register shared memory region 's' - invalid shm key '/a/b'"
     ):
         await registry.register_system("s", "/a/b", 0, 8)
     with pytest.raises(NotFound, match=r"^Unable to find system shared memory region: 's'$"):
@@ -301,7 +301,8 @@ def test_the_refusal_says_why() -> None:
         return client_shm_refusal(GatewaySettings(**{**base, **settings}))  # type: ignore[arg-type]
 
     assert refusal(allow_client_shm=False) == (
-        "client shared memory is disabled on this gateway (SLUICE_ALLOW_CLIENT_SHM=false)"
+        "Client shared memory is disabled. Start the server with '--allow-client-shm=true' to "
+        "enable; this gateway was started with SLUICE_ALLOW_CLIENT_SHM=false"
     )
     beyond = refusal(http_host="0.0.0.0", allow_client_shm=None)
     assert "listens on 0.0.0.0, beyond loopback, without admin keys" in beyond

@@ -40,6 +40,16 @@ def test_reply_round_trip_with_error() -> None:
     assert decoded == reply and len(payload) == 0
 
 
+def test_reply_parameters_round_trip_and_are_checked() -> None:
+    reply = ReplyMessage("9", 3, parameters={"sequence_id": "s", "sequence_end": True, "n": -1})
+    assert decode_reply(encode_reply(reply))[0] == reply
+    assert b"p" not in msgpack.unpackb(encode_reply(ReplyMessage("9", 3))[HEADER_FIELD])
+    for bad in ([1], {"k": 1.5}, {"k": None}, {"k": [1]}):
+        header = {"v": 2, "k": "9", "m": 3, "o": [], "p": bad}
+        with pytest.raises(MalformedEntry, match="reply parameter"):
+            decode_reply({HEADER_FIELD: msgpack.packb(header)})
+
+
 @pytest.mark.parametrize(
     "fields",
     [

@@ -296,7 +296,10 @@ def test_requested_output_subset_keeps_request_order_and_flags() -> None:
         [triton_input("a", a, "FP32"), triton_input("b", b, "INT32")], outputs=outputs
     )
     request = parse(body, size)
-    assert request.outputs == [RequestedOutput("z", False), RequestedOutput("x", True)]
+    assert request.outputs == [
+        RequestedOutput("z", False, json_asked=True),
+        RequestedOutput("x", True),
+    ]
     assert request.id == ""
     assert request.parameters == {}
 
@@ -308,7 +311,10 @@ def test_binary_data_output_is_default_unless_overridden() -> None:
         parameters={"binary_data_output": True, "sequence_id": 5},
     )
     request = parse(body, None)
-    assert request.outputs == [RequestedOutput("y", True), RequestedOutput("x", False)]
+    assert request.outputs == [
+        RequestedOutput("y", True),
+        RequestedOutput("x", False, json_asked=True),
+    ]
     assert request.parameters == {"sequence_id": 5}
 
 
@@ -788,7 +794,7 @@ def test_tritonclient_classification_request() -> None:
     request = parse(body, size)
     assert request.outputs == [
         RequestedOutput("x", True, classes=2),
-        RequestedOutput("y", False, classes=7),
+        RequestedOutput("y", False, classes=7, json_asked=True),
         RequestedOutput("z", True),
     ]
     assert request.classes == {"x": 2, "y": 7}

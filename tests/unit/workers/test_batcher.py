@@ -222,8 +222,26 @@ def test_a_batch_holds_one_shape_and_closes_at_the_first_request_that_does_not_f
     assert names(chosen.batch) == names([big])  # no request overtakes one that did not fit
     assert names(chosen.rest) == names([wide, too_many, small])
     assert chosen.full
-    fits = batcher.select([request(items=2), request(shape=(8,)), request(items=1)])
+    behind_another_shape = [request(items=2), request(shape=(8,)), request(items=1)]
+    adaptive = dynamic(MemoryIntake(Clock()), limit=4, adaptive=True)
+    fits = adaptive.select(list(behind_another_shape))
     assert [r.items for r in fits.batch] == [2, 1] and not fits.full
+    # Without adaptive batching, as Triton's: the other shape closes the batch at once.
+    tritons = batcher.select(list(behind_another_shape))
+    assert [r.items for r in tritons.batch] == [2] and tritons.full
+
+
+def test_without_adaptive_batching_more_than_the_largest_preferred_size_goes_at_once() -> None:
+    batcher = dynamic(MemoryIntake(Clock()), limit=16, preferred=(4, 8))
+    chosen = batcher.select([request() for _ in range(11)])
+    assert (len(chosen.batch), len(chosen.rest), chosen.full) == (8, 3, True)
+    # No preferred size reached under the largest: as many as stay under it.
+    odd = batcher.select([request(items=3), request(items=3), request(items=3)])
+    assert ([r.items for r in odd.batch], odd.full) == ([3, 3], True)
+    # Up to the largest preferred size, the batch waits (or closes at a preferred size).
+    assert not batcher.select([request() for _ in range(6)]).full
+    adaptive = dynamic(MemoryIntake(Clock()), limit=16, preferred=(4, 8), adaptive=True)
+    assert len(adaptive.select([request() for _ in range(11)]).batch) == 11
 
 
 def test_a_sequence_batch_takes_one_request_per_sequence_in_arrival_order() -> None:

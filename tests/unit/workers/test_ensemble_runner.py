@@ -32,15 +32,30 @@ ensemble_scheduling { step [
 """
 
 
+_STEP_CONFIGS = {
+    "add": 'backend: "python" max_batch_size: 8 input [ { name: "A" data_type: TYPE_FP32 '
+    'dims: [ 2 ] }, { name: "B" data_type: TYPE_FP32 dims: [ 2 ] } ] '
+    'output [ { name: "S" data_type: TYPE_FP32 dims: [ 2 ] } ]',
+    "left": 'backend: "python" max_batch_size: 8 input [ { name: "X" data_type: TYPE_FP32 '
+    'dims: [ 2 ] } ] output [ { name: "Y" data_type: TYPE_FP32 dims: [ 2 ] } ]',
+}
+_STEP_CONFIGS["right"] = _STEP_CONFIGS["left"]
+
+
 class _Recorded(EnsembleBackend):
     """The runner with each step computed in-process, recording when steps start."""
 
     def __init__(self, config: ModelConfig, fail: str = "") -> None:  # no Redis, no loop
-        self.config = config
-        self.steps = config.ensemble_steps
+        self.setup(
+            config,
+            [
+                parse_config_text(_STEP_CONFIGS[step.model_name], model_name=step.model_name)
+                for step in config.ensemble_steps
+            ],
+        )
         self.fail = fail
         self.events: list[str] = []
-        self._limits = [asyncio.Semaphore(STEP_IN_FLIGHT) for _ in self.steps]
+        assert len(self._limits) == len(self.steps) and STEP_IN_FLIGHT > 1
 
     async def _submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext

@@ -1,0 +1,116 @@
+"""The archive TorchServe's ``POST /models?url=`` registers, found as TorchServe finds it,
+with TorchServe's answers when it cannot be.
+
+``url`` names an entry of the model store (``SLUICE_MODEL_STORE``, TorchServe's
+``--model-store``) by its file name, or is a URL the operator allows
+(``SLUICE_ALLOWED_MODEL_URLS``: regular expressions, comma-separated, matched against the
+whole URL; none by default, where TorchServe allows every URL). The entry may be any of the
+store's forms (a .mar, a .tar.gz, a model folder: :mod:`sluice.core.mar_forms`); what is
+registered is a .mar. The answers: an empty ``url``, a path that climbs (``..``), a URL not
+allowed and an entry not in the store are 404 (TorchServe's ModelNotFoundException); a
+download that fails (the server answers 404, say) is 400 (its DownloadArchiveException).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from sluice.core.errors import InvalidInput, NotFound
+from sluice.core.mar import MarManifest, UnpackLimits
+from sluice.core.mar_forms import pack
+from sluice.core.mar_settings import ArchiveSettings, read_archive_settings
+
+MAX_REGISTER_BYTES = 256 << 20
+"""A registered archive travels to ``sluice up`` in a control command; a larger one is laid
+out with ``sluice import-mar`` instead."""
+_DOWNLOAD_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True, slots=True)
+class Archive:
+    data: bytes
+    """The model as a .mar."""
+    manifest: MarManifest
+    settings: ArchiveSettings
+    """Its ``model-config.yaml``."""
+
+
+def _too_large(url: str) -> InvalidInput:
+    return InvalidInput(
+        f"'{url}' is larger than {MAX_REGISTER_BYTES >> 20} MiB: lay it out with "
+        "`sluice import-mar` instead"
+    )
+
+
+async def find_archive(url: str, store: Path | None, allowed: str) -> Archive:
+    """The archive ``url`` names, read and checked."""
+    if not url:
+        raise NotFound("empty url")
+    if ".." in url:
+        raise NotFound(f"Relative path is not allowed in url: {url}")
+    with tempfile.TemporaryDirectory(prefix="sluice-register-") as scratch:
+        if "://" in url:
+            source = Path(scratch) / "download"
+            await _download(url, allowed, source)
+        else:
+            source = _in_store(url, store)
+        return await asyncio.to_thread(_read, source, Path(scratch) / "model.mar", url)
+
+
+def _in_store(url: str, store: Path | None) -> Path:
+    """The entry of the model store named by the file name ``url`` ends with."""
+    if store is None:
+        raise NotFound(
+            "Model store has not been configured (SLUICE_MODEL_STORE): nothing to register"
+        )
+    name = url.rstrip("/").rsplit("/", 1)[-1]
+    path = Path(store) / name
+    if not name or name.startswith(".") or "\\" in name or not path.exists():
+        raise NotFound(f"Model not found in model store: {url}")
+    if path.is_symlink() or not (path.is_file() or path.is_dir()):
+        raise NotFound(f"Model not found in model store: {url} (not a file or folder)")
+    return path
+
+
+def _read(source: Path, target: Path, url: str) -> Archive:
+    if source.is_file() and source.stat().st_size > MAX_REGISTER_BYTES:
+        raise _too_large(url)
+    manifest = pack(source, target, UnpackLimits(total_bytes=MAX_REGISTER_BYTES))
+    if target.stat().st_size > MAX_REGISTER_BYTES:
+        raise _too_large(url)
+    return Archive(target.read_bytes(), manifest, read_archive_settings(target, manifest))
+
+
+async def _download(url: str, allowed: str, target: Path) -> None:
+    patterns = [p.strip() for p in allowed.split(",") if p.strip()]
+    if not url.startswith(("http://", "https://")) or not any(
+        re.fullmatch(pattern, url) for pattern in patterns
+    ):
+        raise NotFound(
+            f"Given URL {url[:200]} does not match any allowed URL(s) "
+            "(SLUICE_ALLOWED_MODEL_URLS); an archive of the model store is named by its "
+            "file name"
+        )
+    failed = InvalidInput(f"Failed to download archive from: {url}")
+    size = 0
+    try:
+        async with (
+            httpx.AsyncClient(timeout=_DOWNLOAD_TIMEOUT_S, follow_redirects=False) as client,
+            client.stream("GET", url) as response,
+        ):
+            if response.status_code != 200:
+                raise InvalidInput(f"{failed.message} (HTTP {response.status_code})")
+            with target.open("wb") as sink:
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > MAX_REGISTER_BYTES:
+                        raise _too_large(url)
+                    sink.write(chunk)
+    except httpx.HTTPError as exc:
+        raise InvalidInput(f"{failed.message} ({type(exc).__name__})") from None

@@ -1,0 +1,147 @@
+"""TorchServe's three ports: inference (its 8080), management (8081) and metrics (8082).
+
+TorchServe's users call its APIs on separate ports: clients the inference port, operators the
+management port, Prometheus the metrics port, and each port answers only its own API (a
+management call on the inference port is TorchServe's 404). Each port here is the same
+gateway application behind a filter that lets through its API's paths only, so API keys,
+limits and answers are those of Sluice's own HTTP port; the filters count the answers by
+class for TorchServe's ``Requests2XX`` / ``Requests4XX`` / ``Requests5XX``.
+
+The metrics port answers TorchServe's Prometheus text (``metrics_mode=prometheus``): its
+frontend counters with TorchServe's names, HELP texts and labels (``Level``, ``Hostname``;
+``model_name``, ``model_version``, ``hostname``), summed over the gateway processes through
+Redis like every Sluice counter, and TorchServe's ``name[]`` filter.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from urllib.parse import parse_qs
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from sluice.gateway.gateway_report import TORCHSERVE_RESPONSES
+from sluice.gateway.host_metrics import escape_label, family
+from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.metrics_port import answer
+from sluice.gateway.torchserve_metrics import torchserve_lines
+
+RESPONSE_CLASSES = ("2XX", "4XX", "5XX")
+
+_NOT_FOUND = json.dumps(
+    {
+        "code": 404,
+        "type": "ResourceNotFoundException",
+        "message": "Requested resource is not found, please refer to API document.",
+    }
+).encode()
+
+_INFERENCE_PATHS = ("/predictions/", "/explanations/", "/v1/models/", "/v2/models/", "/v2/health/")
+_MANAGEMENT_PATHS = ("/models/",)
+
+
+def inference_path(path: str) -> bool:
+    """TorchServe's inference API: ``/ping``, predictions and explanations, KServe's v1 and
+    v2 inference, and the API description."""
+    return path in ("/", "/ping", "/api-description") or path.startswith(_INFERENCE_PATHS)
+
+
+def management_path(path: str) -> bool:
+    """TorchServe's management API: ``/models`` and below, and the API description."""
+    return path in ("/", "/models", "/api-description") or path.startswith(_MANAGEMENT_PATHS)
+
+
+def response_class(status: int) -> str | None:
+    """``2XX``, ``4XX`` or ``5XX`` (TorchServe counts no others)."""
+    name = f"{status // 100}XX"
+    return name if name in RESPONSE_CLASSES else None
+
+
+class TorchServePort:
+    """The gateway application ``app``, for the paths of one TorchServe API only; what it
+    answers is counted by class in the process state of ``routes`` (handed to the shared
+    counters by the gateway's report)."""
+
+    def __init__(self, app: ASGIApp, routes: FastAPI, allowed: Callable[[str], bool]) -> None:
+        self.app = app
+        self.routes = routes
+        self.allowed = allowed
+
+    def _count(self, status: int) -> None:
+        state = getattr(self.routes.state, "sluice", None)
+        kind = response_class(status)
+        if state is not None and kind is not None:
+            state.torchserve_responses[kind] += 1
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return  # (no lifespan: the HTTP port's application runs it)
+        if not self.allowed(scope["path"]):
+            self._count(404)
+            await answer(send, 404, _NOT_FOUND, b"application/json")
+            return
+
+        async def counted(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                self._count(int(message["status"]))
+            await send(message)
+
+        await self.app(scope, receive, counted)
+
+
+class TorchServeMetrics:
+    """``GET /metrics`` in TorchServe's Prometheus text; every other path is its 404."""
+
+    def __init__(self, routes: FastAPI, hostname: str | None = None) -> None:
+        self.routes = routes
+        self.hostname = hostname or socket.gethostname()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return
+        if scope["path"] != "/metrics":
+            await answer(send, 404, _NOT_FOUND, b"application/json")
+            return
+        state = getattr(self.routes.state, "sluice", None)
+        if state is None:
+            await answer(send, 503, b'{"code": 503, "message": "starting"}', b"application/json")
+            return
+        if not state.settings.allow_metrics:
+            await answer(send, 404, _NOT_FOUND, b"application/json")
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        wanted = frozenset(query.get("name[]", []))
+        snapshot = await state.control.metric_snapshot(state.view)
+        text = await asyncio.to_thread(render, snapshot, self.hostname, wanted)
+        await answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")
+
+
+def render(snapshot: Snapshot, hostname: str, wanted: frozenset[str]) -> bytes:
+    """TorchServe's frontend families (only those in ``wanted``, when it names any). The
+    answer counts are those the gateway processes reported (each within seconds), so that
+    every process's scrape says the same."""
+    host = escape_label(hostname)
+    lines: list[str] = []
+    for kind in RESPONSE_CLASSES:
+        name = f"Requests{kind}"
+        if wanted and name not in wanted:
+            continue
+        total = snapshot.gateway_counters.get(TORCHSERVE_RESPONSES + kind, 0)
+        family(lines, name, "Torchserve prometheus counter metric with unit: Count", "counter")
+        lines.append(f'{name}{{Level="Host",Hostname="{host}",}} {float(total)}')
+    model_lines = torchserve_lines(snapshot, hostname)
+    lines += _only(model_lines, wanted) if wanted else model_lines
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _only(lines: list[str], wanted: frozenset[str]) -> list[str]:
+    kept: list[str] = []
+    for line in lines:
+        name = line.split()[2] if line.startswith("#") else line.split("{", 1)[0]
+        if name in wanted:
+            kept.append(line)
+    return kept

@@ -1,0 +1,855 @@
+"""Triton's command line for ``sluice up``: tritonserver's flags, spelled as Triton spells them.
+
+:data:`FLAGS` is the one table of every flag of ``tritonserver`` and what Sluice does with it:
+
+- ``option``: ``sluice up`` has an option of that name (``--http-port``, ``--model-store``, ...);
+- ``mapped``: the flag becomes a setting of ``sluice up`` (:class:`TritonArgs.overrides`) or a
+  ``SLUICE_*`` variable set before anything reads settings (:class:`TritonArgs.environment`),
+  which the gateways and workers ``sluice up`` starts inherit;
+- ``ignored``: tuning of Triton's own internals that means nothing here; accepted with one
+  warning line naming it;
+- ``refused``: ignoring it would quietly change what the deployment does (TLS, restricted APIs,
+  a response cache, ...); an error says what to do instead.
+
+A flag may also have values for which Sluice already does what they ask (``--rate-limit=off``,
+``--grpc-use-ssl=false``): those are taken without a word, whatever its kind.
+
+:func:`parse` reads what click left over (``ctx.args`` of ``sluice up``), ``--flag=value`` or
+``--flag value``, and values as Triton parses them (booleans: ``true``/``on``/``1`` and
+``false``/``off``/``0``, any case). A bad value is a :class:`typer.BadParameter` naming the
+flag; a refused flag, and an option neither Sluice nor Triton has (``No such option``), a
+:class:`FlagError`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import typer
+
+Kind = Literal["option", "mapped", "ignored", "refused"]
+ValueKind = Literal["bool", "int", "float", "text", "none"]
+
+AUTOCOMPLETE_MAX_BATCH_SIZE = 4
+"""The ``max_batch_size`` Sluice's autocomplete gives a batchable model whose configuration
+names none: Triton's default for ``--backend-config=default-max-batch-size``."""
+
+
+class FlagError(typer.BadParameter):
+    """A Triton flag Sluice refuses, or an option nobody has: a usage error (exit status 2)
+    shown as it is, without click's ``Invalid value for`` before it."""
+
+    def format_message(self) -> str:
+        return self.message
+
+
+@dataclass
+class TritonArgs:
+    """What Triton's flags ask of ``sluice up``."""
+
+    overrides: dict[str, Any] = field(default_factory=dict)
+    """Fields of UpSettings."""
+    environment: dict[str, str] = field(default_factory=dict)
+    """``SLUICE_*`` variables for ``sluice up`` and every process it starts."""
+    warnings: list[str] = field(default_factory=list)
+    """One line per flag (or backend setting) accepted but ignored."""
+    addresses: dict[str, str] = field(default_factory=dict)
+    """``--grpc-address`` / ``--metrics-address`` as given: Sluice serves every port on the
+    HTTP address, so each must be that one (see :meth:`check_addresses`)."""
+
+    def check_addresses(self, http_host: str) -> None:
+        """Refuse an address other than the HTTP address (known once settings are read)."""
+        for name, address in self.addresses.items():
+            if address != http_host:
+                raise FlagError(
+                    f"--{name}={address}: Sluice serves HTTP, gRPC and metrics on one address, "
+                    f"here {http_host}; give --http-address {address} instead"
+                )
+
+
+@dataclass(frozen=True)
+class TritonFlag:
+    """One flag of ``tritonserver`` and what Sluice does with it."""
+
+    name: str
+    """Without the leading ``--``."""
+    value: ValueKind
+    kind: Kind
+    does: str
+    """What Sluice does with it (for ``ignored``: why it is ignored; for ``refused``: what to
+    do instead). One sentence or two, shown in the warning, the error and the docs."""
+    apply: Callable[[TritonFlag, str, TritonArgs], None] | None = None
+    """``mapped`` (and flags with settings of their own): record what the value asks."""
+    fine: Callable[[str], bool] | None = None
+    """Values for which Sluice already does what the flag asks: taken without a word."""
+
+    @property
+    def option(self) -> str:
+        return f"--{self.name}"
+
+
+# --- values, as Triton parses them --------------------------------------------------------
+
+_TRUE = ("true", "on", "1")
+_FALSE = ("false", "off", "0")
+
+
+def bad_value(flag: TritonFlag | str, message: str) -> typer.BadParameter:
+    name = flag.option if isinstance(flag, TritonFlag) else flag
+    return typer.BadParameter(message, param_hint=f"'{name}'")
+
+
+def parse_bool(flag: TritonFlag, text: str) -> bool:
+    lowered = text.strip().lower()
+    if lowered in _TRUE:
+        return True
+    if lowered in _FALSE:
+        return False
+    raise bad_value(flag, f"invalid value for bool option: {text}")
+
+
+def parse_int(flag: TritonFlag, text: str) -> int:
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise bad_value(flag, f"{text!r} is not an integer") from None
+
+
+def parse_float(flag: TritonFlag, text: str) -> float:
+    try:
+        return float(text.strip())
+    except ValueError:
+        raise bad_value(flag, f"{text!r} is not a number") from None
+
+
+_VALUE_CHECKS: dict[ValueKind, Callable[[TritonFlag, str], object]] = {
+    "bool": parse_bool,
+    "int": parse_int,
+    "float": parse_float,
+    "text": lambda _flag, text: text,
+    "none": lambda _flag, text: text,
+}
+
+
+def _is(wanted: bool) -> Callable[[str], bool]:
+    """Values of a bool flag that mean ``wanted``."""
+    return lambda text: text.strip().lower() in (_TRUE if wanted else _FALSE)
+
+
+def _equals(number: int) -> Callable[[str], bool]:
+    def fine(text: str) -> bool:
+        try:
+            return int(text.strip()) == number
+        except ValueError:
+            return False
+
+    return fine
+
+
+# --- what mapped flags do ----------------------------------------------------------------
+
+
+def _env_bool(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        out.environment[variable] = "true" if parse_bool(flag, text) else "false"
+
+    return apply
+
+
+def _env_text(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    def apply(_flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        out.environment[variable] = text
+
+    return apply
+
+
+def _env_seconds_from_ms(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    """Triton's milliseconds as Sluice's seconds (more than 0)."""
+
+    def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        milliseconds = parse_int(flag, text)
+        if milliseconds <= 0:
+            raise bad_value(flag, f"{text}: milliseconds, more than 0")
+        out.environment[variable] = f"{milliseconds / 1000:g}"
+
+    return apply
+
+
+def _log_verbose(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    lowered = text.strip().lower()
+    level = {"true": 1, "false": 0}.get(lowered)
+    if level is None:
+        level = parse_int(flag, text)
+    if level < 0:
+        raise bad_value(flag, f"{text}: a level of 0 or more (or true / false)")
+    out.environment["SLUICE_LOG_VERBOSE_LEVEL"] = str(level)
+
+
+_LOG_FORMATS = {"default": "text", "iso8601": "iso8601"}
+
+
+def _log_format(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    fmt = _LOG_FORMATS.get(text.strip().lower())
+    if fmt is None:
+        raise bad_value(flag, f"invalid argument for --log-format: {text} (default or ISO8601)")
+    out.environment["SLUICE_LOG_FORMAT"] = fmt
+
+
+def _exit_timeout(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    seconds = parse_int(flag, text)
+    if seconds < 1:
+        out.warnings.append(
+            f"warning: {flag.option}={text}: Sluice's gateways wait at least 1 s for "
+            "in-flight requests; waiting 1 s"
+        )
+        seconds = 1
+    out.environment["SLUICE_SHUTDOWN_TIMEOUT_S"] = str(seconds)
+
+
+def _exit_on_error(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    out.overrides["exit_on_error"] = parse_bool(flag, text)
+
+
+def _poll_secs(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    seconds = parse_int(flag, text)
+    if seconds < 1:
+        raise bad_value(flag, f"{text}: seconds between polls, 1 or more")
+    out.overrides["repository_poll_s"] = float(seconds)
+
+
+def _allow_grpc(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    if not parse_bool(flag, text):
+        out.overrides["grpc_port"] = 0
+
+
+def _allow_metrics(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    allowed = parse_bool(flag, text)
+    out.environment["SLUICE_ALLOW_METRICS"] = "true" if allowed else "false"
+    if not allowed:
+        out.overrides["metrics_port"] = 0
+
+
+def _address(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    out.addresses[flag.name] = text
+
+
+_COMPRESSION = {"none": "none", "low": "gzip", "medium": "gzip", "high": "gzip"}
+
+
+def _compression(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    algorithm = _COMPRESSION.get(text.strip().lower())
+    if algorithm is None:
+        raise bad_value(flag, f"{text}: none, low, medium or high")
+    out.environment["SLUICE_GRPC_RESPONSE_COMPRESSION"] = algorithm
+
+
+def _setting(flag: TritonFlag, text: str, *, group_required: bool) -> tuple[str, str, str]:
+    """``<group>,<setting>=<value>`` (or ``<setting>=<value>`` where the group may be left
+    out): (group, setting, value)."""
+    group, comma, rest = text.partition(",")
+    if not comma or "=" in group:
+        group, rest = "", text
+    setting, equals, value = rest.partition("=")
+    if (comma and not group) or (group_required and not group) or not equals:
+        raise bad_value(flag, f"{text}: the format is <name>,<setting>=<value>")
+    if not setting or not value:
+        raise bad_value(flag, f"{text}: the format is <name>,<setting>=<value>")
+    return group, setting, value
+
+
+def _backend_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    backend, setting, value = _setting(flag, text, group_required=False)
+    if setting == "default-max-batch-size":
+        size = parse_int(flag, value)
+        if size != AUTOCOMPLETE_MAX_BATCH_SIZE:
+            raise FlagError(
+                f"{flag.option}={text}: Sluice completes a configuration without "
+                f"max_batch_size with {AUTOCOMPLETE_MAX_BATCH_SIZE} (Triton's default), "
+                "which is not configurable; write max_batch_size in those models' "
+                "config.pbtxt and leave this setting out"
+            )
+        return
+    where = f"backend {backend}" if backend else "every backend"
+    out.warnings.append(
+        f"warning: {flag.option}={text} ignored: Sluice's backends take no setting "
+        f"'{setting}' ({where})"
+    )
+
+
+def _metrics_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    _group, setting, _value = _setting(flag, text, group_required=False)
+    out.warnings.append(
+        f"warning: {flag.option}={text} ignored: Sluice's metrics take no setting "
+        f"'{setting}' (they are computed when scraped, as histograms)"
+    )
+
+
+_TRACES_PATH = "/v1/traces"
+
+
+def _trace_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    mode, setting, value = _setting(flag, text, group_required=False)
+    if mode and mode.lower() not in ("triton", "opentelemetry"):
+        raise bad_value(flag, f"{text}: the trace mode is triton or opentelemetry")
+    if mode.lower() == "opentelemetry" and setting == "url":
+        url = value if "://" in value else f"http://{value}"
+        if url.endswith(_TRACES_PATH):
+            url = url[: -len(_TRACES_PATH)]
+        out.environment["SLUICE_OTLP_ENDPOINT"] = url
+        return
+    if mode.lower() == "opentelemetry" and setting == "resource":
+        key, equals, name = value.partition("=")
+        if equals and key == "service.name":
+            out.environment["OTEL_SERVICE_NAME"] = name
+            return
+    if not mode and setting == "mode" and value.lower() == "opentelemetry":
+        return
+    out.warnings.append(
+        f"warning: {flag.option}={text} ignored: Sluice traces every request with "
+        "OpenTelemetry while an endpoint is set (--trace-config opentelemetry,url=...)"
+    )
+
+
+# --- the table ----------------------------------------------------------------------------
+
+_IGNORED_TUNING = "tuning of Triton's own threads and memory, which Sluice does not have"
+
+FLAGS_LIST: tuple[TritonFlag, ...] = (
+    # Server
+    TritonFlag("id", "text", "ignored", "Sluice names itself sluice in server metadata."),
+    TritonFlag(
+        "exit-timeout-secs",
+        "int",
+        "mapped",
+        "SLUICE_SHUTDOWN_TIMEOUT_S: how long a stopping gateway waits for in-flight "
+        "requests (at least 1 s).",
+        _exit_timeout,
+    ),
+    # Logging
+    TritonFlag(
+        "log-verbose",
+        "int",
+        "mapped",
+        "SLUICE_LOG_VERBOSE_LEVEL (true is 1, false is 0): 1 or more logs debug messages too.",
+        _log_verbose,
+    ),
+    TritonFlag("log-info", "bool", "mapped", "SLUICE_LOG_INFO.", _env_bool("SLUICE_LOG_INFO")),
+    TritonFlag(
+        "log-warning", "bool", "mapped", "SLUICE_LOG_WARNING.", _env_bool("SLUICE_LOG_WARNING")
+    ),
+    TritonFlag("log-error", "bool", "mapped", "SLUICE_LOG_ERROR.", _env_bool("SLUICE_LOG_ERROR")),
+    TritonFlag(
+        "log-format",
+        "text",
+        "mapped",
+        "SLUICE_LOG_FORMAT: default is text, ISO8601 is iso8601.",
+        _log_format,
+    ),
+    TritonFlag(
+        "log-file",
+        "text",
+        "mapped",
+        "SLUICE_LOG_FILE: every process appends its lines to the file.",
+        _env_text("SLUICE_LOG_FILE"),
+    ),
+    # Model repository
+    TritonFlag("model-store", "text", "option", "Sluice's option, as --model-repository."),
+    TritonFlag(
+        "model-repository",
+        "text",
+        "option",
+        "Sluice's option. Sluice serves one repository: given twice with different "
+        "values, it is refused.",
+    ),
+    TritonFlag(
+        "exit-on-error",
+        "bool",
+        "mapped",
+        "SLUICE_EXIT_ON_ERROR: true makes sluice up exit with status 1, naming the models, "
+        "when a model fails to load at start. Sluice's default is false, Triton's true.",
+        _exit_on_error,
+    ),
+    TritonFlag(
+        "disable-auto-complete-config",
+        "none",
+        "ignored",
+        "Sluice always completes a missing or partial configuration from the model file.",
+    ),
+    TritonFlag(
+        "strict-readiness",
+        "bool",
+        "mapped",
+        "SLUICE_STRICT_READINESS.",
+        _env_bool("SLUICE_STRICT_READINESS"),
+    ),
+    TritonFlag("model-control-mode", "text", "option", "Sluice's option (any case)."),
+    TritonFlag(
+        "repository-poll-secs",
+        "int",
+        "mapped",
+        "SLUICE_REPOSITORY_POLL_S: seconds between listings of the repository, 1 or more.",
+        _poll_secs,
+    ),
+    TritonFlag("load-model", "text", "option", "Sluice's option, repeatable."),
+    TritonFlag(
+        "model-load-thread-count",
+        "int",
+        "ignored",
+        "Sluice loads every model at once, each instance in a worker process of its own.",
+    ),
+    TritonFlag(
+        "model-load-retry-count",
+        "int",
+        "ignored",
+        "a worker that cannot load its model is not retried; the model is UNAVAILABLE with "
+        "the reason.",
+    ),
+    TritonFlag(
+        "model-namespacing",
+        "bool",
+        "refused",
+        "Sluice serves one repository, where model names are unique; serve each namespace "
+        "with a sluice up of its own.",
+        fine=_is(False),
+    ),
+    # HTTP
+    TritonFlag(
+        "allow-http",
+        "bool",
+        "refused",
+        "Sluice always serves HTTP (its readiness and control go through it); leave the flag "
+        "out, or bind --http-address 127.0.0.1 to keep it local.",
+        fine=_is(True),
+    ),
+    TritonFlag("http-address", "text", "option", "Sluice's option, as --http-host."),
+    TritonFlag("http-port", "int", "option", "Sluice's option."),
+    TritonFlag(
+        "reuse-http-port",
+        "bool",
+        "ignored",
+        "sluice up's own gateway processes share the HTTP port; another server cannot.",
+        fine=_is(False),
+    ),
+    TritonFlag(
+        "http-header-forward-pattern",
+        "text",
+        "refused",
+        "Sluice does not forward HTTP headers as request parameters; send them as "
+        "parameters in the request body.",
+    ),
+    TritonFlag("http-thread-count", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "http-restricted-api",
+        "text",
+        "refused",
+        "Sluice restricts management APIs with admin keys instead of a header: set "
+        "SLUICE_ADMIN_KEYS (see the tenants and security page).",
+    ),
+    # GRPC
+    TritonFlag(
+        "allow-grpc",
+        "bool",
+        "mapped",
+        "false: no gRPC port (grpc_port 0), whatever --grpc-port says.",
+        _allow_grpc,
+    ),
+    TritonFlag(
+        "grpc-address",
+        "text",
+        "mapped",
+        "accepted when it is the HTTP address (--http-address), which Sluice serves gRPC on; "
+        "another address is refused.",
+        _address,
+    ),
+    TritonFlag("grpc-port", "int", "option", "Sluice's option."),
+    TritonFlag(
+        "reuse-grpc-port",
+        "bool",
+        "ignored",
+        "sluice up's own gateway processes share the gRPC port; another server cannot.",
+        fine=_is(False),
+    ),
+    TritonFlag(
+        "grpc-header-forward-pattern",
+        "text",
+        "refused",
+        "Sluice does not forward gRPC metadata as request parameters; send them as "
+        "parameters of the request.",
+    ),
+    TritonFlag("grpc-infer-allocation-pool-size", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "grpc-use-ssl",
+        "bool",
+        "refused",
+        "Sluice serves gRPC over TLS with the HTTP server's certificate: set "
+        "SLUICE_SSL_CERTFILE and SLUICE_SSL_KEYFILE instead.",
+        fine=_is(False),
+    ),
+    TritonFlag(
+        "grpc-use-ssl-mutual",
+        "bool",
+        "refused",
+        "Sluice does not check client certificates; authenticate clients with API keys "
+        "(SLUICE_API_KEYS), or put a proxy that checks them in front.",
+        fine=_is(False),
+    ),
+    TritonFlag(
+        "grpc-server-cert",
+        "text",
+        "ignored",
+        "used by Triton only with --grpc-use-ssl; Sluice's TLS certificate is SLUICE_SSL_CERTFILE.",
+    ),
+    TritonFlag(
+        "grpc-server-key",
+        "text",
+        "ignored",
+        "used by Triton only with --grpc-use-ssl; Sluice's TLS key is SLUICE_SSL_KEYFILE.",
+    ),
+    TritonFlag(
+        "grpc-root-cert",
+        "text",
+        "ignored",
+        "used by Triton only with --grpc-use-ssl-mutual, which Sluice refuses.",
+    ),
+    TritonFlag(
+        "grpc-infer-response-compression-level",
+        "text",
+        "mapped",
+        "SLUICE_GRPC_RESPONSE_COMPRESSION: none is none; low, medium and high are gzip.",
+        _compression,
+    ),
+    TritonFlag(
+        "grpc-keepalive-time",
+        "int",
+        "mapped",
+        "SLUICE_GRPC_KEEPALIVE_TIME_S (Triton's milliseconds as seconds).",
+        _env_seconds_from_ms("SLUICE_GRPC_KEEPALIVE_TIME_S"),
+    ),
+    TritonFlag(
+        "grpc-keepalive-timeout",
+        "int",
+        "mapped",
+        "SLUICE_GRPC_KEEPALIVE_TIMEOUT_S (Triton's milliseconds as seconds).",
+        _env_seconds_from_ms("SLUICE_GRPC_KEEPALIVE_TIMEOUT_S"),
+    ),
+    TritonFlag(
+        "grpc-keepalive-permit-without-calls",
+        "bool",
+        "refused",
+        "Sluice keeps gRPC's default (false): clients pinging without calls would be sent "
+        "away. Let them ping only with calls open; idle connections close after "
+        "SLUICE_GRPC_MAX_CONNECTION_IDLE_S.",
+        fine=_is(False),
+    ),
+    TritonFlag(
+        "grpc-http2-max-pings-without-data",
+        "int",
+        "ignored",
+        "Sluice's gateway pings only connections with calls open, without a limit.",
+    ),
+    TritonFlag(
+        "grpc-http2-min-recv-ping-interval-without-data",
+        "int",
+        "refused",
+        "Sluice keeps Triton's default (300000 ms): clients pinging more often without data "
+        "would be sent away. Leave the flag out and let clients ping less often.",
+        fine=_equals(300_000),
+    ),
+    TritonFlag(
+        "grpc-http2-max-ping-strikes",
+        "int",
+        "refused",
+        "Sluice keeps Triton's default (2): more frequent pings would be refused. Leave the "
+        "flag out and let clients ping less often.",
+        fine=_equals(2),
+    ),
+    TritonFlag(
+        "grpc-max-connection-age",
+        "int",
+        "ignored",
+        "Sluice closes gRPC connections only once idle (SLUICE_GRPC_MAX_CONNECTION_IDLE_S).",
+    ),
+    TritonFlag(
+        "grpc-max-connection-age-grace",
+        "int",
+        "ignored",
+        "Sluice closes gRPC connections only once idle (SLUICE_GRPC_MAX_CONNECTION_IDLE_S).",
+    ),
+    TritonFlag(
+        "grpc-restricted-protocol",
+        "text",
+        "refused",
+        "Sluice restricts management calls with admin keys instead of a header: set "
+        "SLUICE_ADMIN_KEYS (see the tenants and security page).",
+    ),
+    # SageMaker and Vertex AI
+    TritonFlag(
+        "allow-sagemaker",
+        "bool",
+        "refused",
+        "Sluice has no SageMaker endpoint; serve SageMaker from Triton.",
+        fine=_is(False),
+    ),
+    TritonFlag("sagemaker-port", "int", "ignored", "Sluice has no SageMaker endpoint."),
+    TritonFlag("sagemaker-safe-port-range", "text", "ignored", "Sluice has no SageMaker endpoint."),
+    TritonFlag("sagemaker-thread-count", "int", "ignored", "Sluice has no SageMaker endpoint."),
+    TritonFlag(
+        "allow-vertex-ai",
+        "bool",
+        "refused",
+        "Sluice has no Vertex AI endpoint; serve Vertex AI from Triton.",
+        fine=_is(False),
+    ),
+    TritonFlag("vertex-ai-port", "int", "ignored", "Sluice has no Vertex AI endpoint."),
+    TritonFlag("vertex-ai-thread-count", "int", "ignored", "Sluice has no Vertex AI endpoint."),
+    TritonFlag("vertex-ai-default-model", "text", "ignored", "Sluice has no Vertex AI endpoint."),
+    # Metrics
+    TritonFlag(
+        "allow-client-shm",
+        "bool",
+        "mapped",
+        "SLUICE_ALLOW_CLIENT_SHM: whether clients may register shared memory regions.",
+        _env_bool("SLUICE_ALLOW_CLIENT_SHM"),
+    ),
+    TritonFlag(
+        "allow-metrics",
+        "bool",
+        "mapped",
+        "SLUICE_ALLOW_METRICS; false also closes the metrics port (metrics_port 0), "
+        "whatever --metrics-port says, and GET /metrics answers 404.",
+        _allow_metrics,
+    ),
+    TritonFlag(
+        "allow-gpu-metrics",
+        "bool",
+        "ignored",
+        "Sluice's GPU metrics follow --allow-metrics alone.",
+        fine=_is(True),
+    ),
+    TritonFlag(
+        "allow-cpu-metrics",
+        "bool",
+        "ignored",
+        "Sluice's host metrics follow --allow-metrics alone.",
+        fine=_is(True),
+    ),
+    TritonFlag(
+        "metrics-address",
+        "text",
+        "mapped",
+        "accepted when it is the HTTP address (--http-address), which Sluice serves metrics "
+        "on; another address is refused.",
+        _address,
+    ),
+    TritonFlag("metrics-port", "int", "option", "Sluice's option."),
+    TritonFlag(
+        "metrics-interval-ms",
+        "float",
+        "ignored",
+        "Sluice computes its metrics when they are scraped.",
+    ),
+    TritonFlag(
+        "metrics-config",
+        "text",
+        "ignored",
+        "Sluice's metrics take no settings (latencies are histograms); one warning per setting.",
+        _metrics_config,
+    ),
+    # Tracing
+    TritonFlag(
+        "trace-config",
+        "text",
+        "mapped",
+        "opentelemetry,url=URL is SLUICE_OTLP_ENDPOINT (without /v1/traces) and "
+        "opentelemetry,resource=service.name=NAME is OTEL_SERVICE_NAME; Sluice then traces "
+        "every request. Other settings are ignored, one warning each.",
+        _trace_config,
+    ),
+    TritonFlag(
+        "trace-file",
+        "text",
+        "ignored",
+        "Sluice exports traces with OpenTelemetry (--trace-config opentelemetry,url=...).",
+    ),
+    TritonFlag(
+        "trace-level",
+        "text",
+        "ignored",
+        "Sluice traces every request while an OpenTelemetry endpoint is set.",
+    ),
+    TritonFlag(
+        "trace-rate",
+        "int",
+        "ignored",
+        "Sluice traces every request while an OpenTelemetry endpoint is set.",
+    ),
+    TritonFlag(
+        "trace-count",
+        "int",
+        "ignored",
+        "Sluice traces every request while an OpenTelemetry endpoint is set.",
+    ),
+    TritonFlag(
+        "trace-log-frequency",
+        "int",
+        "ignored",
+        "Sluice exports traces with OpenTelemetry (--trace-config opentelemetry,url=...).",
+    ),
+    # Backends, repository agents, caches
+    TritonFlag("backend-directory", "text", "ignored", "Sluice's backends are Python packages."),
+    TritonFlag(
+        "backend-config",
+        "text",
+        "ignored",
+        "Sluice's backends take no such settings: one warning per setting. "
+        "default-max-batch-size is taken when it is 4 (what Sluice's autocomplete gives) "
+        "and refused otherwise: write max_batch_size in the models' config.pbtxt.",
+        _backend_config,
+    ),
+    TritonFlag("repoagent-directory", "text", "ignored", "Sluice has no repository agents."),
+    TritonFlag(
+        "cache-config",
+        "text",
+        "refused",
+        "Sluice has no response cache: every request is computed. Leave the flag out.",
+    ),
+    TritonFlag("cache-directory", "text", "ignored", "Sluice has no response cache."),
+    TritonFlag(
+        "response-cache-byte-size",
+        "int",
+        "refused",
+        "Sluice has no response cache: every request is computed. Leave the flag out.",
+        fine=_equals(0),
+    ),
+    # Rate limiter
+    TritonFlag(
+        "rate-limit",
+        "text",
+        "refused",
+        "execution_count: Sluice has no rate limiter over model instances; each instance "
+        "is a worker taking requests from its queue. Leave the flag out, or give off.",
+        fine=lambda text: text.strip().lower() == "off",
+    ),
+    TritonFlag(
+        "rate-limit-resource",
+        "text",
+        "ignored",
+        "used by Triton only with --rate-limit=execution_count, which Sluice refuses.",
+    ),
+    # Memory and devices
+    TritonFlag("pinned-memory-pool-byte-size", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag("cuda-memory-pool-byte-size", "text", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag("cuda-virtual-address-size", "text", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "min-supported-compute-capability",
+        "float",
+        "ignored",
+        "Sluice places instances on the GPUs CUDA_VISIBLE_DEVICES shows; hide the others.",
+    ),
+    TritonFlag("buffer-manager-thread-count", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "host-policy",
+        "text",
+        "ignored",
+        "Sluice's workers are processes; bind them with the operating system (taskset, "
+        "numactl, cgroups).",
+    ),
+    TritonFlag(
+        "model-load-gpu-limit",
+        "text",
+        "ignored",
+        "Sluice does not check GPU memory before a load; a load that does not fit fails "
+        "with the reason.",
+    ),
+    # Deprecated in Triton
+    TritonFlag(
+        "strict-model-config",
+        "bool",
+        "ignored",
+        "Sluice always completes a missing or partial configuration from the model file.",
+        fine=_is(False),
+    ),
+)
+
+FLAGS: dict[str, TritonFlag] = {flag.name: flag for flag in FLAGS_LIST}
+
+
+# --- parsing ------------------------------------------------------------------------------
+
+
+def _no_such_option(option: str, known: Iterable[str]) -> FlagError:
+    """Click's words for an unknown option, with the close names of Sluice and Triton."""
+    close = difflib.get_close_matches(option, sorted(set(known)), n=3, cutoff=0.8)
+    hint = f" Did you mean {' or '.join(close)}?" if close else ""
+    return FlagError(f"No such option: {option}{hint}")
+
+
+def parse(args: Sequence[str], sluice_options: Iterable[str] = ()) -> TritonArgs:
+    """What Triton's flags in ``args`` (what ``sluice up``'s own options left) ask for.
+    ``sluice_options``: the names of ``sluice up``'s options, offered when a name is mistyped."""
+    out = TritonArgs()
+    known = [*sluice_options, *(flag.option for flag in FLAGS_LIST)]
+    index = 0
+    while index < len(args):
+        token = args[index]
+        index += 1
+        if token.startswith("-") and not token.startswith("--") and len(token) > 1:
+            raise _no_such_option(token.partition("=")[0], known)
+        if not token.startswith("--") or token == "--":
+            raise FlagError(f"Got unexpected extra argument ({token})")
+        name, equals, text = token[2:].partition("=")
+        flag = FLAGS.get(name)
+        if flag is None or flag.kind == "option":
+            raise _no_such_option(f"--{name}", known)
+        if flag.value == "none":
+            if equals:
+                raise bad_value(flag, f"takes no value, got {text!r}")
+        elif not equals:
+            if index >= len(args):
+                raise FlagError(f"Option '{flag.option}' requires a value.")
+            text = args[index]
+            index += 1
+        _take(flag, text, out)
+    return out
+
+
+def _take(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    if flag.apply is None:  # what applies a value checks it, as its own flag reads it
+        _VALUE_CHECKS[flag.value](flag, text)
+    if flag.fine is not None and flag.fine(text):
+        return
+    if flag.apply is not None:
+        flag.apply(flag, text, out)
+    elif flag.kind == "refused":
+        shown = f"{flag.option}={text}" if flag.value != "none" else flag.option
+        raise FlagError(f"{shown} is refused: {flag.does}")
+    elif flag.kind == "ignored":
+        out.warnings.append(f"warning: {flag.option} ignored: {flag.does}")
+
+
+def repository_values(argv: Sequence[str]) -> list[str]:
+    """The values of ``--model-repository`` / ``--model-store`` in a command line, in order."""
+    names = ("--model-repository", "--model-store")
+    values = []
+    for index, token in enumerate(argv):
+        name, equals, text = token.partition("=")
+        if name in names:
+            if equals:
+                values.append(text)
+            elif index + 1 < len(argv):
+                values.append(argv[index + 1])
+    return values
+
+
+def check_one_repository(argv: Sequence[str]) -> None:
+    """Sluice serves one repository; Triton takes several (``--model-repository`` repeated)."""
+    values = list(dict.fromkeys(repository_values(argv)))
+    if len(values) > 1:
+        raise FlagError(
+            f"--model-repository given {len(values)} times ({', '.join(values)}): Sluice "
+            "serves one repository; put the models into one directory, or start one "
+            "sluice up per repository"
+        )

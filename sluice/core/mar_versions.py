@@ -1,0 +1,99 @@
+"""TorchServe's model versions (the manifest's ``modelVersion``: ``"1.0"``, ``"2.0"``, any
+positive decimal) as Sluice's numbered version folders.
+
+A whole version keeps its number (``"2.0"`` is version 2); another (``"1.5"``) takes the
+next free number. What each number stands for is kept in the model's configuration, as the
+parameter ``torchserve.version.<number>``, beside the archive it came from
+(``torchserve.url.<number>``) and the handler a registration named instead of the
+manifest's (``torchserve.handler.<number>``), so that TorchServe's API shows and accepts
+TorchServe's versions: ``/models/m/1.5`` finds the version registered as ``1.5``, and
+``/models/m/2`` the same as ``/models/m/2.0``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from decimal import Decimal
+
+from sluice.core.errors import InvalidInput
+
+VERSION_KEY = "torchserve.version."
+URL_KEY = "torchserve.url."
+HANDLER_KEY = "torchserve.handler."
+RUNTIME_KEY = "torchserve.runtime."
+_PER_VERSION = (VERSION_KEY, URL_KEY, HANDLER_KEY, RUNTIME_KEY)
+
+_DECIMAL = re.compile(r"[0-9]{1,18}(\.[0-9]{1,18})?")
+
+
+@dataclass(frozen=True, slots=True)
+class VersionRecord:
+    """What a served version is to TorchServe's API."""
+
+    version: str
+    """TorchServe's version, as the manifest (or the registration) gave it."""
+    url: str = ""
+    """The archive it came from (a model store's file name, or a URL)."""
+    handler: str = ""
+    """A handler named at registration instead of the manifest's ("": the manifest's)."""
+    runtime: str = ""
+
+    def parameters(self, number: int) -> dict[str, str]:
+        values = (self.version, self.url, self.handler, self.runtime)
+        return {
+            f"{key}{number}": value
+            for key, value in zip(_PER_VERSION, values, strict=True)
+            if value
+        }
+
+
+def decimal_of(text: str) -> Decimal | None:
+    """A version's value (``"2"`` and ``"2.0"`` are one version); None when it is not a plain
+    decimal number."""
+    text = text.strip()
+    return Decimal(text) if _DECIMAL.fullmatch(text) else None
+
+
+def record_of(parameters: Mapping[str, str], number: int) -> VersionRecord:
+    """What a served version is, from its model's parameters (a version laid out by hand,
+    with none: ``"<number>.0"``)."""
+    return VersionRecord(
+        parameters.get(f"{VERSION_KEY}{number}") or f"{number}.0",
+        parameters.get(f"{URL_KEY}{number}", ""),
+        parameters.get(f"{HANDLER_KEY}{number}", ""),
+        parameters.get(f"{RUNTIME_KEY}{number}", ""),
+    )
+
+
+def without_version(parameters: Mapping[str, str], number: int) -> dict[str, str]:
+    """The parameters, less those of version ``number``."""
+    own = {f"{key}{number}" for key in _PER_VERSION}
+    return {key: value for key, value in parameters.items() if key not in own}
+
+
+def find(text: str, served: Mapping[int, str]) -> int | None:
+    """The number of the served version ``text`` names (``served``: number -> TorchServe's
+    version), None if none; :class:`InvalidInput` when ``text`` is no version at all."""
+    value = decimal_of(text)
+    if value is None:
+        raise InvalidInput(f"'{text}' is not a model version (a number such as 1.0)")
+    for number, version in served.items():
+        if decimal_of(version) == value:
+            return number
+    return None
+
+
+def number_for(version: str, served: Mapping[int, str], where: str) -> int:
+    """The number a new version takes beside those ``served`` (number -> TorchServe's
+    version; the caller has made sure ``version`` is not one of them): its own when it is
+    whole and free, else the next free one. ``where`` names the archive in errors."""
+    value = decimal_of(version)
+    if value is None or value <= 0:
+        raise InvalidInput(
+            f"{where}: model version {version!r} is not a positive number (such as 1.0)"
+        )
+    if value == value.to_integral_value() and int(value) not in served:
+        return int(value)
+    return max(served, default=0) + 1

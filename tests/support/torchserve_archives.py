@@ -1,0 +1,67 @@
+"""TorchServe models made with the real ``torch-model-archiver`` (from PyPI, in the
+``torchserve`` extra), in any of its forms: a .mar, a .tar.gz or an unarchived folder."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ARCHIVER = Path(sys.executable).parent / "torch-model-archiver"
+
+_SUFFIX = {"default": ".mar", "tgz": ".tar.gz", "no-archive": ""}
+
+
+def make_archive(
+    store: Path,
+    name: str,
+    handler: str,
+    *,
+    version: str = "1.0",
+    serialized: Path | None = None,
+    extra: dict[str, str] | tuple[Path, ...] = (),
+    config: str | None = None,
+    archive_format: str = "default",
+    file_name: str | None = None,
+) -> Path:
+    """Archive ``handler`` (the source of handler.py) as model ``name`` into ``store``;
+    ``extra``: more files (name -> text, or paths), ``config``: a model-config.yaml.
+    ``file_name``: the result's name in the store (default: what the archiver names it).
+    Returns the archive (or folder) written."""
+    store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="mar-src-") as scratch:
+        source = Path(scratch)
+        (source / "handler.py").write_text(handler)
+        command = [
+            str(ARCHIVER),
+            "--model-name",
+            name,
+            "--version",
+            version,
+            "--handler",
+            str(source / "handler.py"),
+            "--export-path",
+            str(source),
+            "--archive-format",
+            archive_format,
+        ]
+        if serialized is not None:
+            command += ["--serialized-file", str(serialized)]
+        files = list(extra) if isinstance(extra, tuple) else []
+        if isinstance(extra, dict):
+            (source / "extra").mkdir()
+            for file, text in extra.items():
+                (source / "extra" / file).write_text(text)
+                files.append(source / "extra" / file)
+        if files:
+            command += ["--extra-files", ",".join(str(path) for path in files)]
+        if config is not None:
+            (source / "model-config.yaml").write_text(config)
+            command += ["--config-file", str(source / "model-config.yaml")]
+        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        made = source / f"{name}{_SUFFIX[archive_format]}"
+        target = store / (file_name or made.name)
+        shutil.move(made, target)
+    return target

@@ -1,0 +1,536 @@
+"""``sluice up`` takes tritonserver's flags (sluice/cli/triton_flags.py): mapped ones become
+settings or SLUICE_* variables, ignored ones a warning naming them, refused ones an error
+saying what to do instead; bad values and unknown options are errors naming them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import typer
+import typer.main
+from typer.testing import CliRunner
+
+from sluice.cli import app
+from sluice.cli.triton_flags import (
+    FLAGS,
+    FLAGS_LIST,
+    FlagError,
+    TritonArgs,
+    check_one_repository,
+    parse,
+)
+from sluice.core.settings import GatewaySettings, UpSettings, WorkerSettings
+
+
+def _up_options() -> set[str]:
+    group = typer.main.get_command(app)
+    up = group.commands["up"]  # type: ignore[attr-defined]
+    return {name for param in up.params for name in [*param.opts, *param.secondary_opts]}
+
+
+def _error(args: list[str]) -> str:
+    with pytest.raises(typer.BadParameter) as caught:
+        parse(args)
+    return caught.value.format_message()
+
+
+# --- the table --------------------------------------------------------------------------
+
+
+def test_the_table_has_every_kind_and_no_flag_twice() -> None:
+    assert len(FLAGS) == len(FLAGS_LIST)
+    assert {flag.kind for flag in FLAGS_LIST} == {"option", "mapped", "ignored", "refused"}
+    for flag in FLAGS_LIST:
+        assert flag.does.strip(), flag.name
+        if flag.kind == "mapped":
+            assert flag.apply is not None, flag.name
+
+
+def test_sluice_options_of_tritons_names_are_options_of_up_and_no_other_flag_is() -> None:
+    options = _up_options()
+    own = {flag.option for flag in FLAGS_LIST if flag.kind == "option"}
+    assert own == {
+        "--model-repository",
+        "--model-store",
+        "--http-address",
+        "--http-port",
+        "--grpc-port",
+        "--metrics-port",
+        "--model-control-mode",
+        "--load-model",
+    }
+    assert own <= options
+    # Any other Triton flag reaching click as an option of up would bypass the table.
+    assert not {flag.option for flag in FLAGS_LIST if flag.kind != "option"} & options
+
+
+def test_a_sluice_option_reaching_the_parser_is_no_triton_flag() -> None:
+    assert "No such option: --http-port" in _error(["--http-port=8000"])
+
+
+# --- mapped -------------------------------------------------------------------------------
+
+
+def test_the_issues_command_line() -> None:
+    result = parse(
+        [
+            "--repository-poll-secs=2",
+            "--strict-readiness=false",
+            "--exit-on-error=false",
+            "--allow-grpc=false",
+            "--allow-metrics=false",
+            "--log-verbose=1",
+            "--backend-config=onnxruntime,enable-global-threadpool=1",
+        ]
+    )
+    assert result.overrides == {
+        "repository_poll_s": 2.0,
+        "exit_on_error": False,
+        "grpc_port": 0,
+        "metrics_port": 0,
+    }
+    assert result.environment == {
+        "SLUICE_STRICT_READINESS": "false",
+        "SLUICE_ALLOW_METRICS": "false",
+        "SLUICE_LOG_VERBOSE_LEVEL": "1",
+    }
+    [warning] = result.warnings
+    assert warning.startswith("warning: --backend-config=onnxruntime,enable-global-threadpool=1 ")
+    assert "'enable-global-threadpool'" in warning and "backend onnxruntime" in warning
+
+
+@pytest.mark.parametrize(
+    ("args", "overrides", "environment"),
+    [
+        (["--exit-timeout-secs=45"], {}, {"SLUICE_SHUTDOWN_TIMEOUT_S": "45"}),
+        (["--log-verbose=true"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "1"}),
+        (["--log-verbose=False"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "0"}),
+        (["--log-verbose=3"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "3"}),
+        (["--log-info=off"], {}, {"SLUICE_LOG_INFO": "false"}),
+        (["--log-warning=0"], {}, {"SLUICE_LOG_WARNING": "false"}),
+        (["--log-error=ON"], {}, {"SLUICE_LOG_ERROR": "true"}),
+        (["--log-format=default"], {}, {"SLUICE_LOG_FORMAT": "text"}),
+        (["--log-format=ISO8601"], {}, {"SLUICE_LOG_FORMAT": "iso8601"}),
+        (["--log-file=/var/log/x.log"], {}, {"SLUICE_LOG_FILE": "/var/log/x.log"}),
+        (["--exit-on-error=true"], {"exit_on_error": True}, {}),
+        (["--strict-readiness=1"], {}, {"SLUICE_STRICT_READINESS": "true"}),
+        (["--repository-poll-secs=7"], {"repository_poll_s": 7.0}, {}),
+        (["--allow-grpc=true"], {}, {}),
+        (["--allow-metrics=true"], {}, {"SLUICE_ALLOW_METRICS": "true"}),
+        (
+            ["--grpc-infer-response-compression-level=HIGH"],
+            {},
+            {"SLUICE_GRPC_RESPONSE_COMPRESSION": "gzip"},
+        ),
+        (
+            ["--grpc-infer-response-compression-level=none"],
+            {},
+            {"SLUICE_GRPC_RESPONSE_COMPRESSION": "none"},
+        ),
+        (["--grpc-keepalive-time=7200000"], {}, {"SLUICE_GRPC_KEEPALIVE_TIME_S": "7200"}),
+        (["--grpc-keepalive-timeout=500"], {}, {"SLUICE_GRPC_KEEPALIVE_TIMEOUT_S": "0.5"}),
+        (
+            ["--trace-config=opentelemetry,url=collector:4318/v1/traces"],
+            {},
+            {"SLUICE_OTLP_ENDPOINT": "http://collector:4318"},
+        ),
+        (
+            ["--trace-config", "opentelemetry,resource=service.name=triton-a"],
+            {},
+            {"OTEL_SERVICE_NAME": "triton-a"},
+        ),
+        (["--trace-config=mode=opentelemetry"], {}, {}),
+    ],
+)
+def test_mapped_flags(
+    args: list[str], overrides: dict[str, object], environment: dict[str, str]
+) -> None:
+    result = parse(args)
+    assert (result.overrides, result.environment, result.warnings) == (overrides, environment, [])
+
+
+def test_equals_and_space_forms_mean_the_same() -> None:
+    joined = parse(["--repository-poll-secs=3", "--log-file=a b", "--allow-grpc=off"])
+    spaced = parse(["--repository-poll-secs", "3", "--log-file", "a b", "--allow-grpc", "off"])
+    assert joined == spaced
+    assert joined.overrides == {"repository_poll_s": 3.0, "grpc_port": 0}
+
+
+@pytest.mark.parametrize("spelling", ["true", "TRUE", "True", "on", "On", "1"])
+def test_true_spellings(spelling: str) -> None:
+    assert parse([f"--strict-readiness={spelling}"]).environment == {
+        "SLUICE_STRICT_READINESS": "true"
+    }
+
+
+@pytest.mark.parametrize("spelling", ["false", "FALSE", "off", "OFF", "0"])
+def test_false_spellings(spelling: str) -> None:
+    assert parse(["--exit-on-error", spelling]).overrides == {"exit_on_error": False}
+
+
+def test_the_last_of_a_repeated_flag_wins_as_in_triton() -> None:
+    result = parse(["--log-verbose=1", "--log-verbose=0"])
+    assert result.environment == {"SLUICE_LOG_VERBOSE_LEVEL": "0"}
+
+
+def test_mapped_variables_are_settings_that_accept_the_values(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    result = parse(
+        [
+            "--exit-timeout-secs=45",
+            "--log-verbose=2",
+            "--log-info=false",
+            "--log-warning=false",
+            "--log-error=false",
+            "--log-format=ISO8601",
+            "--strict-readiness=false",
+            "--allow-metrics=false",
+            "--grpc-infer-response-compression-level=low",
+            "--grpc-keepalive-time=30000",
+            "--grpc-keepalive-timeout=5000",
+            "--trace-config=opentelemetry,url=http://collector:4318/v1/traces",
+            "--trace-config=opentelemetry,resource=service.name=svc",
+            "--repository-poll-secs=2",
+            "--exit-on-error=true",
+            "--allow-grpc=false",
+        ]
+    )
+    for name, value in result.environment.items():
+        monkeypatch.setenv(name, value)
+    gateway = GatewaySettings()
+    assert gateway.shutdown_timeout_s == 45
+    assert gateway.strict_readiness is False
+    assert gateway.allow_metrics is False
+    assert gateway.grpc_response_compression == "gzip"
+    assert (gateway.grpc_keepalive_time_s, gateway.grpc_keepalive_timeout_s) == (30, 5)
+    assert gateway.otlp_endpoint == "http://collector:4318"
+    assert gateway.otel_service_name == "svc"
+    worker = WorkerSettings()
+    assert (worker.log_verbose_level, worker.log_format) == (2, "iso8601")
+    assert (worker.log_info, worker.log_warning, worker.log_error) == (False, False, False)
+    up = UpSettings(**{"metrics_port": 8002, "grpc_port": 8001, **result.overrides})
+    assert (up.repository_poll_s, up.exit_on_error) == (2.0, True)
+    assert (up.grpc_port, up.metrics_port, up.allow_metrics) == (0, 0, False)
+
+
+def test_exit_on_error_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SLUICE_EXIT_ON_ERROR", raising=False)
+    assert UpSettings().exit_on_error is False
+
+
+def test_an_exit_timeout_below_one_second_waits_one_second_and_says_so() -> None:
+    result = parse(["--exit-timeout-secs=0"])
+    assert result.environment == {"SLUICE_SHUTDOWN_TIMEOUT_S": "1"}
+    [warning] = result.warnings
+    assert "--exit-timeout-secs=0" in warning and "1 s" in warning
+
+
+def test_grpc_and_metrics_addresses_must_be_the_http_address() -> None:
+    result = parse(["--grpc-address=0.0.0.0", "--metrics-address", "0.0.0.0"])
+    assert result.addresses == {"grpc-address": "0.0.0.0", "metrics-address": "0.0.0.0"}
+    result.check_addresses("0.0.0.0")
+    with pytest.raises(FlagError) as caught:
+        result.check_addresses("127.0.0.1")
+    message = caught.value.format_message()
+    assert message.startswith("--grpc-address=0.0.0.0: ")
+    assert "--http-address 0.0.0.0" in message
+    TritonArgs().check_addresses("127.0.0.1")  # none given: nothing to check
+
+
+# --- ignored ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--http-thread-count=8"],
+        ["--model-load-thread-count", "4"],
+        ["--pinned-memory-pool-byte-size=268435456"],
+        ["--cuda-memory-pool-byte-size=0:67108864"],
+        ["--backend-directory=/opt/tritonserver/backends"],
+        ["--repoagent-directory=/opt/tritonserver/repoagents"],
+        ["--reuse-http-port=true"],
+        ["--metrics-interval-ms=2000"],
+        ["--id=triton-a"],
+        ["--disable-auto-complete-config"],
+        ["--strict-model-config=true"],
+        ["--allow-gpu-metrics=false"],
+        ["--trace-level=TIMESTAMPS"],
+    ],
+)
+def test_ignored_flags_warn_once_naming_the_flag(args: list[str]) -> None:
+    result = parse(args)
+    name = args[0].partition("=")[0]
+    assert (result.overrides, result.environment) == ({}, {})
+    [warning] = result.warnings
+    assert warning.startswith(f"warning: {name} ignored: ")
+
+
+def test_setting_flags_warn_once_per_setting_naming_it() -> None:
+    result = parse(
+        [
+            "--backend-config=python,shm-default-byte-size=1048576",
+            "--backend-config",
+            "tensorflow,version=2",
+            "--metrics-config=summary_latencies=true",
+            "--trace-config=rate=100",
+            "--trace-config=triton,file=/tmp/trace.json",
+        ]
+    )
+    assert result.environment == {}
+    assert len(result.warnings) == 5
+    python, tensorflow, metrics, rate, file = result.warnings
+    assert "'shm-default-byte-size'" in python and "backend python" in python
+    assert "'version'" in tensorflow and "backend tensorflow" in tensorflow
+    assert metrics.startswith("warning: --metrics-config=summary_latencies=true ignored")
+    assert rate.startswith("warning: --trace-config=rate=100 ignored")
+    assert file.startswith("warning: --trace-config=triton,file=/tmp/trace.json ignored")
+
+
+def test_a_global_backend_setting_is_named_as_one() -> None:
+    [warning] = parse(["--backend-config=some-setting=1"]).warnings
+    assert "'some-setting' (every backend)" in warning
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--reuse-http-port=false"],
+        ["--reuse-grpc-port=0"],
+        ["--allow-gpu-metrics=true"],
+        ["--allow-cpu-metrics=on"],
+        ["--strict-model-config=false"],
+        ["--backend-config=default-max-batch-size=4"],
+        ["--backend-config=onnxruntime,default-max-batch-size=4"],
+    ],
+)
+def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str]) -> None:
+    assert parse(args) == TritonArgs()
+
+
+# --- refused ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "shown", "instead"),
+    [
+        (["--grpc-use-ssl=true"], "--grpc-use-ssl=true", "SLUICE_SSL_CERTFILE"),
+        (["--grpc-use-ssl-mutual", "on"], "--grpc-use-ssl-mutual=on", "API keys"),
+        (
+            ["--http-restricted-api=model-repository:admin-key=secret"],
+            "--http-restricted-api=model-repository:admin-key=secret",
+            "SLUICE_ADMIN_KEYS",
+        ),
+        (
+            ["--grpc-restricted-protocol=model-repository:admin-key=secret"],
+            "--grpc-restricted-protocol=model-repository:admin-key=secret",
+            "SLUICE_ADMIN_KEYS",
+        ),
+        (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
+        (["--cache-config=local,size=1048576"], "--cache-config=local,size=1048576", "cache"),
+        (["--response-cache-byte-size=1024"], "--response-cache-byte-size=1024", "cache"),
+        (["--model-namespacing=true"], "--model-namespacing=true", "one repository"),
+        (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
+        (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
+        (["--allow-vertex-ai=1"], "--allow-vertex-ai=1", "Vertex AI"),
+        (
+            ["--http-header-forward-pattern=.*"],
+            "--http-header-forward-pattern=.*",
+            "parameters",
+        ),
+        (
+            ["--grpc-header-forward-pattern=x-.*"],
+            "--grpc-header-forward-pattern=x-.*",
+            "parameters",
+        ),
+        (
+            ["--grpc-keepalive-permit-without-calls=true"],
+            "--grpc-keepalive-permit-without-calls=true",
+            "SLUICE_GRPC_MAX_CONNECTION_IDLE_S",
+        ),
+        (["--grpc-http2-max-ping-strikes=0"], "--grpc-http2-max-ping-strikes=0", "ping"),
+        (
+            ["--grpc-http2-min-recv-ping-interval-without-data=10000"],
+            "--grpc-http2-min-recv-ping-interval-without-data=10000",
+            "ping",
+        ),
+        (
+            ["--backend-config=default-max-batch-size=0"],
+            "--backend-config=default-max-batch-size=0",
+            "max_batch_size in those models' config.pbtxt",
+        ),
+    ],
+)
+def test_refused_flags_name_the_flag_and_say_what_to_do(
+    args: list[str], shown: str, instead: str
+) -> None:
+    with pytest.raises(FlagError) as caught:
+        parse(args)
+    message = caught.value.format_message()
+    assert message.startswith(f"{shown}"), message
+    assert instead in message
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--grpc-use-ssl=false"],
+        ["--grpc-use-ssl-mutual=off"],
+        ["--rate-limit=off"],
+        ["--rate-limit", "OFF"],
+        ["--response-cache-byte-size=0"],
+        ["--model-namespacing=false"],
+        ["--allow-http=true"],
+        ["--allow-sagemaker=false"],
+        ["--allow-vertex-ai=0"],
+        ["--grpc-keepalive-permit-without-calls=false"],
+        ["--grpc-http2-max-ping-strikes=2"],
+        ["--grpc-http2-min-recv-ping-interval-without-data=300000"],
+    ],
+)
+def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> None:
+    assert parse(args) == TritonArgs()
+
+
+# --- bad values, bad names ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "text"),
+    [
+        (["--repository-poll-secs=two"], "--repository-poll-secs", "'two' is not an integer"),
+        (["--repository-poll-secs=0"], "--repository-poll-secs", "1 or more"),
+        (["--strict-readiness=yes"], "--strict-readiness", "invalid value for bool option: yes"),
+        (["--exit-on-error", "maybe"], "--exit-on-error", "invalid value for bool option: maybe"),
+        (["--log-verbose=-1"], "--log-verbose", "0 or more"),
+        (["--log-verbose=loud"], "--log-verbose", "'loud' is not an integer"),
+        (["--log-format=json"], "--log-format", "json"),
+        (["--grpc-keepalive-time=0"], "--grpc-keepalive-time", "more than 0"),
+        (["--grpc-keepalive-timeout=soon"], "--grpc-keepalive-timeout", "not an integer"),
+        (["--grpc-infer-response-compression-level=max"], "--grpc-infer-", "max"),
+        (["--http-thread-count=many"], "--http-thread-count", "'many' is not an integer"),
+        (["--metrics-interval-ms=often"], "--metrics-interval-ms", "'often' is not a number"),
+        (["--reuse-http-port=perhaps"], "--reuse-http-port", "invalid value for bool"),
+        (["--rate-limit-resource"], "--rate-limit-resource", "requires a value"),
+        (["--backend-config=,x=1"], "--backend-config", "<name>,<setting>=<value>"),
+        (["--backend-config=onnxruntime,threads"], "--backend-config", "<setting>=<value>"),
+        (["--backend-config=onnxruntime,threads="], "--backend-config", "<setting>=<value>"),
+        (
+            ["--backend-config=default-max-batch-size=big"],
+            "--backend-config",
+            "'big' is not an integer",
+        ),
+        (["--trace-config=zipkin,url=x"], "--trace-config", "triton or opentelemetry"),
+        (["--disable-auto-complete-config=true"], "--disable-auto-complete-config", "no value"),
+    ],
+)
+def test_bad_values_name_the_flag_and_the_value(args: list[str], name: str, text: str) -> None:
+    message = _error(args)
+    assert name in message and text in message, message
+
+
+def test_an_unknown_option_is_named_with_close_names() -> None:
+    assert _error(["--no-such-flag=1"]) == "No such option: --no-such-flag"
+    message = _error(["--repository-pol-secs=2"])
+    assert message.startswith("No such option: --repository-pol-secs")
+    assert "--repository-poll-secs" in message
+    with pytest.raises(FlagError) as caught:
+        parse(["--http-prt=1"], sluice_options=["--http-port"])
+    assert caught.value.format_message() == "No such option: --http-prt Did you mean --http-port?"
+
+
+def test_an_unknown_short_option_is_named() -> None:
+    assert _error(["-x"]) == "No such option: -x"
+
+
+def test_a_stray_argument_is_named() -> None:
+    assert _error(["serve"]) == "Got unexpected extra argument (serve)"
+    assert _error(["--log-verbose=1", "extra"]) == "Got unexpected extra argument (extra)"
+
+
+# --- one repository -----------------------------------------------------------------------
+
+
+def test_repeated_model_repository_is_refused_naming_both() -> None:
+    for argv in (
+        ["--model-repository=/a", "--model-repository=/b"],
+        ["--model-repository", "/a", "--model-store", "/b"],
+        ["--model-store=/a", "--http-port", "8000", "--model-repository", "/b"],
+    ):
+        with pytest.raises(FlagError) as caught:
+            check_one_repository(argv)
+        message = caught.value.format_message()
+        assert "--model-repository given 2 times (/a, /b)" in message
+        assert "one repository" in message
+
+
+def test_the_same_repository_twice_is_one_repository() -> None:
+    check_one_repository(["--model-repository=/a", "--model-store", "/a"])
+    check_one_repository(["--model-repository", "/a"])
+    check_one_repository([])
+
+
+# --- through the command line ----------------------------------------------------------------
+
+
+def _flat(text: str) -> str:
+    """Rich draws errors in a box, wrapped: its words, one space apart."""
+    for frame in "│╭╮╰╯─":
+        text = text.replace(frame, " ")
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize(
+    ("args", "text"),
+    [
+        (["--no-such-flag"], "No such option: --no-such-flag"),
+        (["--grpc-use-ssl=true"], "--grpc-use-ssl=true is refused"),
+        (["--repository-poll-secs", "x"], "Invalid value for '--repository-poll-secs'"),
+        (["--model-repository", "/a", "--model-store=/b"], "given 2 times (/a, /b)"),
+        (["--grpc-address=10.0.0.1"], "--grpc-address=10.0.0.1: Sluice serves"),
+    ],
+)
+def test_up_stops_before_starting_anything_on_a_bad_flag(args: list[str], text: str) -> None:
+    result = CliRunner().invoke(app, ["up", *args], env={"COLUMNS": "400"})
+    assert result.exit_code == 2, result.output
+    assert text in _flat(result.output)
+
+
+def test_up_warns_about_ignored_flags_and_goes_on(tmp_path: Path) -> None:
+    """Past the flags: it starts, and stops at the missing repository, as without them."""
+    missing = tmp_path / "missing"
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "sluice.cli",
+            "up",
+            f"--model-store={missing}",
+            "--http-thread-count",
+            "16",
+            "--backend-config=onnxruntime,enable-global-threadpool=1",
+            "--log-verbose=1",
+            "--allow-grpc=false",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.splitlines()
+    assert any(line.startswith("warning: --http-thread-count ignored: ") for line in lines)
+    assert any(line.startswith("warning: --backend-config=onnxruntime,") for line in lines)
+    assert str(missing) in lines[-1] and lines[-1].startswith("error: ")
+
+
+def test_the_command_line_reference_lists_every_flag() -> None:
+    """The page is generated from the table (docs/gen_reference.py; the docs reference test
+    keeps it current): every flag has its row, with its kind."""
+    page = (Path(__file__).resolve().parents[3] / "docs" / "reference" / "cli.md").read_text()
+    section = page.split("\n## Triton's flags\n", 1)[1]
+    for flag in FLAGS_LIST:
+        assert f"| `{flag.option}` | " in section, flag.name
