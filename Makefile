@@ -24,7 +24,7 @@ bench: bootstrap
 lint: bootstrap
 	scripts/lint.sh
 
-# The documentation site on http://127.0.0.1:8080 (reference pages regenerated first).
+# The documentation site on http://127.0.0.1:8088 (reference pages regenerated first).
 docs: bootstrap
 	.venv/bin/python docs/gen_reference.py
-	.venv/bin/mkdocs serve -a 127.0.0.1:8080
+	.venv/bin/mkdocs serve -a 127.0.0.1:8088

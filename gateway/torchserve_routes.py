@@ -22,7 +22,7 @@ from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.mar_versions import find, record_of
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body import read_body
-from sluice.gateway.catalog_follow import follow_changes
+from sluice.gateway.catalog_follow import asked_fresh, follow_changes, is_problem
 from sluice.gateway.http_protocol import cancel_on_disconnect
 from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
 from sluice.gateway.infer_request import InferRequest
@@ -85,7 +85,8 @@ def _first_element(data: bytes | memoryview) -> bytes:
 async def ping(request: Request) -> Response:
     """TorchServe's health check: 200 ``Healthy`` once the gateway serves, else 500."""
     state = state_of(request)
-    if server_not_ready(state):
+    # (a process that has not yet seen what made the others ready looks again first)
+    if await asked_fresh(state, lambda: server_not_ready(state), is_problem):
         return json_response({"status": "Unhealthy"}, 500)
     return json_response({"status": "Healthy"})
 

@@ -37,6 +37,8 @@ _REMEMBER_MAX = 100_000
 """Cancelled requests remembered at most (the oldest are forgotten first)."""
 
 _BLOCK_MS = 5_000
+BLOCK_S = _BLOCK_MS / 1000
+"""The longest one read of notices waits."""
 """One read of the notices waits this long (under the worker's Redis socket timeout); it
 returns as soon as a notice arrives."""
 
@@ -44,8 +46,15 @@ Identity = tuple[str, str]
 
 
 class CancelWatch:
-    def __init__(self, redis: Redis, keys: Keys, model: str) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, model: str, stopping: asyncio.Event | None = None
+    ) -> None:
+        """``stopping``: :meth:`follow` returns once it is set and its blocked read has
+        ended (the worker unblocks it), rather than being cancelled in the middle of a
+        read: redis-py can be left waiting for good by a cancellation that lands as a
+        blocked read is unblocked, and the worker would never exit."""
         self._redis = redis
+        self._stopping = stopping or asyncio.Event()
         self._stream = keys.cancellations(model)
         self._cancelled: OrderedDict[Identity, float] = OrderedDict()
         self._callbacks: dict[Identity, list[Callable[[], None]]] = {}
@@ -97,10 +106,10 @@ class CancelWatch:
             del self._cancelled[identity]
 
     async def follow(self) -> None:
-        """Read notices until cancelled (the worker's background task)."""
+        """Read notices until stopped (the worker's background task)."""
         since_ms = int((time.time() - REMEMBER_S) * 1000)
         last_id: bytes | str = f"{max(0, since_ms)}-0"
-        while True:
+        while not self._stopping.is_set():
             try:
                 response: StreamRead = await self._redis.xread(  # type: ignore[assignment]
                     {self._stream: last_id}, count=1000, block=_BLOCK_MS

@@ -37,6 +37,7 @@ from sluice.core.redis_connect import connect_async
 from sluice.core.settings import WorkerSettings
 from sluice.workers import shm_io
 from sluice.workers.batcher import Batcher, DynamicBatcher, SequenceBatcher
+from sluice.workers.cancellations import BLOCK_S as CANCEL_BLOCK_S
 from sluice.workers.cancellations import CancelWatch
 from sluice.workers.decoupled import partial_sender
 from sluice.workers.execution import Execution
@@ -48,6 +49,9 @@ from sluice.workers.loading import LoadedModel, load_model
 from sluice.workers.replies import Publisher
 from sluice.workers.sequence_book import SequenceBook
 from sluice.workers.slots import ComputeGate, ComputeSlots
+
+CANCELLATIONS = "cancellations"
+"""The name of the background task that follows cancellation notices."""
 
 if TYPE_CHECKING:
     from sluice.core.otel import Tracing
@@ -218,8 +222,8 @@ class Worker:
                 intake.lease = publisher.lease = lease
                 await intake.take_over_slot()
             background.append(asyncio.create_task(intake.reclaim_forever(), name="reclaim"))
-            cancels = CancelWatch(self.redis, self.keys, self.config.name)
-            background.append(asyncio.create_task(cancels.follow(), name="cancellations"))
+            cancels = CancelWatch(self.redis, self.keys, self.config.name, self._stopping)
+            background.append(asyncio.create_task(cancels.follow(), name=CANCELLATIONS))
             execution = Execution(
                 self.config,
                 self.version,
@@ -242,12 +246,24 @@ class Worker:
                 gate = ComputeSlots(model.concurrency)
             await self._batcher(intake, model, book is not None).serve(execution.execute, gate)
         finally:
-            for task in background:
-                task.cancel()
-            await asyncio.gather(*background, return_exceptions=True)
+            await self._end(background)
             await liveness.leave()
             model.backend.close()
         return EXIT_SLOT_LOST if liveness.slot_lost else 0
+
+    async def _end(self, background: list[asyncio.Task[None]]) -> None:
+        """End the background tasks. The one that reads with a block (the cancellation
+        notices) ends by itself once stopping is set and its read is unblocked: a blocked
+        read cancelled as it is unblocked can leave redis-py waiting for good, and this
+        worker would never exit. The others are cancelled."""
+        self._stopping.set()
+        following = [task for task in background if task.get_name() == CANCELLATIONS]
+        if following:
+            await self._unblock_reads()
+            await asyncio.wait(following, timeout=CANCEL_BLOCK_S + 1.0)
+        for task in background:
+            task.cancel()
+        await asyncio.wait(background, timeout=CANCEL_BLOCK_S + 1.0)
 
     def _batcher(self, intake: StreamIntake, model: LoadedModel, sequences: bool) -> Batcher:
         limit, background = self.config.max_batch_size, len(self.streams) - 1

@@ -100,20 +100,27 @@ def read_manifest(path: Path) -> MarManifest:
 
 
 def _manifest(path: Path, archive: zipfile.ZipFile) -> MarManifest:
+    missing = f"{MANIFEST} is missing (not made by torch-model-archiver?)"
+    return _parse_manifest(path, _member(path, archive, MANIFEST, MAX_MANIFEST_BYTES, missing))
+
+
+def _member(path: Path, archive: zipfile.ZipFile, name: str, max_bytes: int, missing: str) -> bytes:
+    """The file ``name`` of the open archive at ``path``, at most ``max_bytes`` (read no
+    further), or :func:`bad_archive` saying ``missing`` when it is not there."""
     try:
-        info = archive.getinfo(MANIFEST)
+        info = archive.getinfo(name)
     except KeyError:
-        raise bad_archive(
-            path, f"{MANIFEST} is missing (not made by torch-model-archiver?)"
-        ) from None
-    if info.file_size > MAX_MANIFEST_BYTES:
-        raise bad_archive(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
+        raise bad_archive(path, missing) from None
+    if info.is_dir() or info.file_size > max_bytes:
+        raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
     try:
         with archive.open(info) as stream:
-            data = stream.read(MAX_MANIFEST_BYTES + 1)
+            data = stream.read(max_bytes + 1)
     except _DAMAGED as exc:
-        raise bad_archive(path, f"{MANIFEST} is damaged ({exc})") from None
-    return _parse_manifest(path, data)
+        raise bad_archive(path, f"{name} is damaged ({exc})") from None
+    if len(data) > max_bytes:
+        raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
+    return data
 
 
 def _parse_manifest(path: Path, data: bytes) -> MarManifest:
@@ -141,23 +148,9 @@ def _parse_manifest(path: Path, data: bytes) -> MarManifest:
 
 def read_member(path: Path, name: str, max_bytes: int) -> bytes:
     """One file of the archive (a manifest's ``configFile``), at most ``max_bytes``."""
+    missing = f"the manifest names {name!r}, which the archive does not hold"
     with _open(path) as archive:
-        try:
-            info = archive.getinfo(name)
-        except KeyError:
-            raise bad_archive(
-                path, f"the manifest names {name!r}, which the archive does not hold"
-            ) from None
-        if info.is_dir() or info.file_size > max_bytes:
-            raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
-        try:
-            with archive.open(info) as stream:
-                data = stream.read(max_bytes + 1)
-        except _DAMAGED as exc:
-            raise bad_archive(path, f"{name} is damaged ({exc})") from None
-    if len(data) > max_bytes:
-        raise bad_archive(path, f"{name} is not a file of at most {max_bytes} bytes")
-    return data
+        return _member(path, archive, name, max_bytes, missing)
 
 
 def member_parts(path: Path, raw: str, is_dir: bool) -> tuple[str, ...]:

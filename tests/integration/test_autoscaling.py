@@ -15,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.procs import wait_until, worker_pids
@@ -64,7 +66,7 @@ def test_burst_scales_up_then_down_to_zero_and_back_without_losing_requests(
         sender.join(120)
     assert codes == [200] * 40, codes
     # Quiet now: after windows of 2 s, halving each time, down to zero (the minimum).
-    assert wait_until(lambda: not worker_pids(root, "slow"), 30), "did not scale down to zero"
+    assert wait_until(lambda: not worker_pids(root, "slow"), 30), _why_not_down(scaling)
     cold = time.monotonic()
     with httpx.Client(base_url=scaling.url, timeout=60) as http:
         answer = http.post("/v2/models/slow/infer", json=slow_request(99, 10))
@@ -143,3 +145,17 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
             if process.stdout is not None:
                 process.stdout.close()
         stack.stop()
+
+
+def _why_not_down(stack: Stack) -> str:
+    """What the controller saw: the lengths of the model's streams, and the last lines the
+    stack logged (a worker asked to stop logs nothing more)."""
+    assert stack.redis_url is not None
+    client = connect(stack.redis_url)
+    try:
+        keys = Keys(stack.namespace)
+        tenants = sorted(str(s) for s in client.smembers(keys.tenant_streams("slow", 1)))
+        lengths = {s: client.xlen(s) for s in [keys.request_stream("slow", 1), *tenants]}
+    finally:
+        client.close()
+    return f"did not scale down to zero; streams {lengths}\n" + "".join(stack.stderr_lines[-30:])

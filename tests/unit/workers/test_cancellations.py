@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+import uuid
 from typing import Any
 
 from sluice.core.keys import Keys
+from sluice.core.redis_connect import connect_async
 from sluice.core.wire import RequestMessage
+from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.cancellations import REMEMBER_S, CancelWatch
 
@@ -60,3 +64,29 @@ def test_a_cancel_signal_runs_its_callbacks_once_from_the_setter() -> None:
     signal.set()
     signal.add(lambda: calls.append(2))  # already set: at once
     assert signal.is_set() and calls == [1, 2]
+
+
+async def test_following_ends_when_stopping_is_set_and_its_read_unblocked(
+    redis_server: RedisServer,
+) -> None:
+    """The watch is never cancelled in the middle of a blocked read (redis-py can be left
+    waiting for good): once stopping is set, unblocking the read ends it."""
+    redis = connect_async(redis_server.url, client_name="watch-test")
+    stopping = asyncio.Event()
+    watch = CancelWatch(redis, Keys(f"t{uuid.uuid4().hex[:6]}"), "m", stopping)
+    following = asyncio.create_task(watch.follow())
+    try:
+        blocked: list[Any] = []
+        for _ in range(100):  # the read blocks within moments
+            clients = await redis.client_list()
+            blocked = [c for c in clients if c["name"] == "watch-test" and "b" in c["flags"]]
+            if blocked:
+                break
+            await asyncio.sleep(0.05)
+        assert blocked, "the watch's read never blocked"
+        stopping.set()
+        await redis.client_unblock(int(blocked[0]["id"]))
+        await asyncio.wait_for(following, timeout=2)  # well before the read's 5 s
+    finally:
+        following.cancel()
+        await redis.aclose()
