@@ -69,14 +69,14 @@ async def put_routing(request: Request, model: str) -> Response:
             current.weights if weights is None else weights,
         )
 
-    return _answer(model, await _update(state, model, change))
+    return _answer(model, await update_routing(state, model, change))
 
 
 @routing_router.delete(_PATH)
 async def delete_routing(request: Request, model: str) -> Response:
     state = state_of(request)
     state.view.entry(model)
-    return _answer(model, await _update(state, model, lambda _: Routing()))
+    return _answer(model, await update_routing(state, model, lambda _: Routing()))
 
 
 @routing_router.put(_PATH + "/labels/{label}")
@@ -95,7 +95,7 @@ async def put_label(request: Request, model: str, label: str) -> Response:
             raise InvalidInput(f"model '{model}' has {MAX_LABELS} labels already, the most")
         return Routing(labels, current.weights)
 
-    return _answer(model, await _update(state, model, change))
+    return _answer(model, await update_routing(state, model, change))
 
 
 @routing_router.delete(_PATH + "/labels/{label}")
@@ -108,10 +108,12 @@ async def delete_label(request: Request, model: str, label: str) -> Response:
         labels = {name: v for name, v in current.labels.items() if name != label}
         return Routing(labels, current.weights)
 
-    return _answer(model, await _update(state, model, change))
+    return _answer(model, await update_routing(state, model, change))
 
 
-async def _update(state: GatewayState, model: str, change: Callable[[Routing], Routing]) -> Routing:
+async def update_routing(
+    state: GatewayState, model: str, change: Callable[[Routing], Routing]
+) -> Routing:
     """Change the model's routing in the control plane; this gateway applies it at once,
     the other gateway processes of its host before their next request."""
     routing = await state.control.update_routing(model, change)

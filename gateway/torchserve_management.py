@@ -55,7 +55,7 @@ from sluice.gateway.body import read_body
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.json_body import json_response
 from sluice.gateway.model_control import carry_out, require_explicit
-from sluice.gateway.routing_routes import _update
+from sluice.gateway.routing_routes import update_routing
 from sluice.gateway.state import GatewayState, state_of
 from sluice.gateway.torchserve_archives import Archive, find_archive
 from sluice.gateway.torchserve_config import (
@@ -329,7 +329,7 @@ async def _register(
             "load", name, orjson.dumps(config).decode(), files, keep_files=True
         )
         default = _default(state, entry)  # stays the default, as in TorchServe
-        await _update(state, name, lambda current: Routing(current.labels, {default: 100}))
+        await update_routing(state, name, lambda current: Routing(current.labels, {default: 100}))
     if starts and not _flag(params, "synchronous", True):
         # (With no workers to start, TorchServe answers at once whatever is asked.)
         await _send(state, command)
@@ -473,7 +473,7 @@ async def unregister(request: Request, model: str, version: str | None = None) -
             await carry_out(state, ControlCommand("load", model, orjson.dumps(config).decode()))
         else:
             await carry_out(state, ControlCommand("unload", model))
-            await _update(state, model, lambda current: Routing(current.labels))
+            await update_routing(state, model, lambda current: Routing(current.labels))
         return json_response({"status": f'Model "{model}" unregistered'})
     except SluiceError as exc:
         return _error(exc)
@@ -485,7 +485,7 @@ async def set_default(request: Request, model: str, version: str) -> Response:
         state = await _current(request)
         entry = _registered(state, model)
         number = _number(entry, version)
-        await _update(state, model, lambda current: Routing(current.labels, {number: 100}))
+        await update_routing(state, model, lambda current: Routing(current.labels, {number: 100}))
         message = f'Default version successfully updated for model "{model}" to "{version}"'
         return json_response({"status": message})
     except SluiceError as exc:

@@ -50,9 +50,6 @@ from sluice.workers.replies import Publisher
 from sluice.workers.sequence_book import SequenceBook
 from sluice.workers.slots import ComputeGate, ComputeSlots
 
-CANCELLATIONS = "cancellations"
-"""The name of the background task that follows cancellation notices."""
-
 if TYPE_CHECKING:
     from sluice.core.otel import Tracing
 
@@ -214,6 +211,7 @@ class Worker:
         await patiently(intake.ensure_groups)
         await patiently(liveness.beat)
         background = [asyncio.create_task(liveness.beat_forever(), name="heartbeat")]
+        following: asyncio.Task[None] | None = None  # (cancellation notices)
         try:
             if book is not None:
                 lease = await liveness.take_slot(self.slot)
@@ -223,7 +221,7 @@ class Worker:
                 await intake.take_over_slot()
             background.append(asyncio.create_task(intake.reclaim_forever(), name="reclaim"))
             cancels = CancelWatch(self.redis, self.keys, self.config.name, self._stopping)
-            background.append(asyncio.create_task(cancels.follow(), name=CANCELLATIONS))
+            following = asyncio.create_task(cancels.follow(), name="cancellations")
             execution = Execution(
                 self.config,
                 self.version,
@@ -246,21 +244,23 @@ class Worker:
                 gate = ComputeSlots(model.concurrency)
             await self._batcher(intake, model, book is not None).serve(execution.execute, gate)
         finally:
-            await self._end(background)
+            await self._end(background, following)
             await liveness.leave()
             model.backend.close()
         return EXIT_SLOT_LOST if liveness.slot_lost else 0
 
-    async def _end(self, background: list[asyncio.Task[None]]) -> None:
-        """End the background tasks. The one that reads with a block (the cancellation
-        notices) ends by itself once stopping is set and its read is unblocked: a blocked
-        read cancelled as it is unblocked can leave redis-py waiting for good, and this
-        worker would never exit. The others are cancelled."""
+    async def _end(
+        self, background: list[asyncio.Task[None]], following: asyncio.Task[None] | None
+    ) -> None:
+        """End the background tasks. ``following`` (the cancellation notices), which reads
+        with a block, ends by itself once stopping is set and its read is unblocked: a
+        blocked read cancelled as it is unblocked can leave redis-py waiting for good, and
+        this worker would never exit. The others are cancelled."""
         self._stopping.set()
-        following = [task for task in background if task.get_name() == CANCELLATIONS]
-        if following:
+        if following is not None:
             await self._unblock_reads()
-            await asyncio.wait(following, timeout=CANCEL_BLOCK_S + 1.0)
+            await asyncio.wait([following], timeout=CANCEL_BLOCK_S + 1.0)
+            background = [*background, following]
         for task in background:
             task.cancel()
         await asyncio.wait(background, timeout=CANCEL_BLOCK_S + 1.0)

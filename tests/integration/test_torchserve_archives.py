@@ -8,8 +8,6 @@ from __future__ import annotations
 import functools
 import http.server
 import json
-import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -25,7 +23,7 @@ import torch
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import save_torchscript
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import make_archive
+from tests.support.torchserve_archives import import_mar, make_archive
 
 LINEAR_HANDLER = '''
 import json
@@ -223,21 +221,12 @@ def stack(
         "job_queue_size=500\n"
     )
     repository = tmp / "repository"
-    imported = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sluice.cli",
-            "import-mar",
-            str(tmp / "store"),
-            "--model-repository",
-            str(repository),
-            "--config-properties",
-            str(tmp / "config.properties"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
+    imported = import_mar(
+        str(tmp / "store"),
+        "--model-repository",
+        str(repository),
+        "--config-properties",
+        str(tmp / "config.properties"),
     )
     assert imported.returncode == 0, imported.stderr
     assert "model 'linear' ->" in imported.stdout and "model 'shout' ->" in imported.stdout

@@ -6,8 +6,6 @@ handlers in the model's folder."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
@@ -15,7 +13,7 @@ import pytest
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import make_archive
+from tests.support.torchserve_archives import import_mar, make_archive
 
 WORDS_HANDLER = '''
 import os
@@ -83,20 +81,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         file_name="words-v2",
     )
     repository = tmp / "repository"
-    imported = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "sluice.cli",
-            "import-mar",
-            str(store),
-            "--model-repository",
-            str(repository),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    imported = import_mar(str(store), "--model-repository", str(repository))
     assert imported.returncode == 0, imported.stderr
     assert "model 'words' ->" in imported.stdout
     (ignored,) = [line for line in imported.stderr.splitlines() if "model-config.yaml" in line]

@@ -65,3 +65,13 @@ def make_archive(
         target = store / (file_name or made.name)
         shutil.move(made, target)
     return target
+
+
+def import_mar(*args: str) -> subprocess.CompletedProcess[str]:
+    """``sluice import-mar ARGS...`` as a user runs it (its output captured)."""
+    return subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "import-mar", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
