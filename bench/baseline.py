@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from time import perf_counter
+from time import perf_counter, process_time, sleep
 
 import numpy as np
 import onnxruntime as ort
@@ -39,12 +39,26 @@ class BaselinePoint:
 
 
 @dataclass
+class PacedPoint:
+    """The engine at a fixed rate of batch-1 runs, evenly spaced: what one run costs in CPU
+    (every thread of this process) when the engine sleeps between runs, as a served model
+    does at that rate."""
+
+    rate: float
+    runs: int
+    cpu_us_per_run: float
+    p50_ms: float
+
+
+@dataclass
 class Baseline:
     model_path: str
     threads: int
     max_batch_size: int
     points: list[BaselinePoint]
     engine: str = "onnxruntime"
+    paced: list[PacedPoint] = field(default_factory=list)
+    """The engine's own CPU per run at the rates the stack was loaded at (``--rate``)."""
 
     @property
     def best(self) -> BaselinePoint:
@@ -85,12 +99,16 @@ def batch_sizes(max_batch_size: int) -> list[int]:
     return sizes
 
 
-def make_session(model_path: Path, threads: int) -> ort.InferenceSession:
-    """A CPU session with the worker's thread settings."""
+def make_session(model_path: Path, threads: int, spinning: bool = True) -> ort.InferenceSession:
+    """A CPU session with the worker's thread settings; ``spinning``: the intra-op threads
+    spin between runs (onnxruntime's default: the fastest back to back; the worker turns it
+    off, as a sleeping thread costs no CPU between sparse runs)."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+    if not spinning:
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
 
 
@@ -135,6 +153,31 @@ def time_runs(once: Callable[[], object], batch: int, seconds: float) -> Baselin
         mean_ms=total / len(times) * 1000.0,
         items_per_s=batch * len(times) / total,
     )
+
+
+def run_paced(
+    model_path: Path, batched: bool, threads: int, rate: float, seconds: float
+) -> PacedPoint:
+    """Batch-1 runs at ``rate`` per second, evenly spaced, for about ``seconds``, with the
+    worker's settings (intra-op threads that do not spin)."""
+    session = make_session(model_path, threads, spinning=False)
+    feed = random_feed(session, 1, batched, np.random.default_rng(0))
+    for _ in range(WARMUP_RUNS):
+        session.run(None, feed)
+    interval = 1.0 / rate
+    runs = max(MIN_RUNS, round(rate * seconds))
+    times: list[float] = []
+    cpu_before, due = process_time(), perf_counter()
+    for _ in range(runs):
+        due += interval
+        delay = due - perf_counter()
+        if delay > 0:
+            sleep(delay)
+        before = perf_counter()
+        session.run(None, feed)
+        times.append(perf_counter() - before)
+    cpu = process_time() - cpu_before
+    return PacedPoint(rate, runs, cpu / runs * 1e6, float(np.median(times)) * 1000.0)
 
 
 def run_baseline(

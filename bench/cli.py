@@ -43,6 +43,7 @@ from bench.baseline import (
     latest_model_file,
     run_baseline,
     run_best_baseline,
+    run_paced,
 )
 from bench.client import (
     HttpError,
@@ -62,6 +63,7 @@ from bench.torch_baseline import run_torch_baseline, torchscript_file, wants_gpu
 DEFAULT_CONCURRENCY = "1,4,16,64,128"
 IDLE_SECONDS = 10.0  # stack CPU is sampled this long with no load, after the load
 IDLE_SETTLE_SECONDS = 2.0  # let the last requests' work end before the idle sample
+PACED_SECONDS = 5.0  # the in-process engine at each --rate, for its own CPU per run
 
 
 def _ints(text: str) -> list[int]:
@@ -266,6 +268,14 @@ def baseline_for(args: argparse.Namespace, max_batch: int) -> Baseline | None:
         baseline = run_best_baseline(path, max_batch, args.baseline_seconds)
         log(f"  best with {baseline.threads} thread(s)")
     _log_points(baseline)
+    for rate in args.rate:
+        # What the engine alone spends per run at the rate the stack is loaded at.
+        paced = run_paced(path, max_batch > 0, baseline.threads, rate, PACED_SECONDS)
+        baseline.paced.append(paced)
+        log(
+            f"  {rate:g} batch-1 runs/s, evenly spaced: {paced.cpu_us_per_run:,.0f} us of CPU "
+            f"per run, p50 {paced.p50_ms:.3f} ms"
+        )
     return baseline
 
 

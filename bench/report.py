@@ -158,6 +158,11 @@ def baseline_markdown(baseline: Baseline) -> str:
         f"**{_number(best.items_per_s, 0)} items/s** at batch {best.batch}; "
         f"batch-1 p50 {_number(baseline.batch1_p50_ms, 3)} ms.\n\n"
         + _table(["batch", "p50 ms", "items/s"], rows)
+        + "".join(
+            f"\n\nAt {_number(p.rate, 0)} batch-1 runs/s, evenly spaced: "
+            f"{_number(p.cpu_us_per_run, 0)} us of CPU per run, p50 {_number(p.p50_ms, 3)} ms."
+            for p in baseline.paced
+        )
     )
 
 

@@ -4,9 +4,9 @@
 # redis-server, uvicorn and worker processes. Fails loudly when no test ran.
 # Arguments go to pytest, e.g. `scripts/test.sh -m "not compose and not cluster"`.
 #
-# Without arguments, the compose test (minutes of podman image builds, mostly waiting) runs
-# in a pytest of its own beside the rest, and its report follows theirs; either failing
-# fails the suite.
+# Without arguments, the tests run in two streams (pytest-xdist, a file's tests together),
+# and the compose test (minutes of podman image builds, mostly waiting) in a pytest of its
+# own beside them; its report follows theirs, and either failing fails the suite.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,7 +31,9 @@ trap 'rm -rf "$compose_dir"' EXIT
 .venv/bin/python -m pytest -ra -m compose -p no:cacheprovider --basetemp="$compose_dir/tmp" \
     >"$compose_dir/report" 2>&1 &
 compose_pid=$!
-.venv/bin/python -m pytest -ra --durations=15 -m "not compose"  # (the slowest, to keep it short)
+# Two streams of tests (pytest-xdist), each file's tests in one stream: most tests wait on
+# the processes they start, so two streams use the two cores the suite is sized for.
+.venv/bin/python -m pytest -ra --durations=15 -m "not compose" -n 2 --dist loadgroup
 pytest_status $?
 status=$?
 wait "$compose_pid"

@@ -16,13 +16,17 @@ _FOLDER_MARKS = {"integration": pytest.mark.integration, "faults": pytest.mark.f
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Marks each test with its layer, and with its file as its ``xdist_group``: run in
+    streams (``pytest -n 2 --dist loadgroup``, as scripts/test.sh does), a file's tests stay
+    together, so a module's fixtures (a stack, a cluster) start once, in one stream."""
     tests = Path(__file__).resolve().parent
     for item in items:
         try:
-            folder = item.path.resolve().relative_to(tests).parts[0]
+            relative = item.path.resolve().relative_to(tests)
         except ValueError:
             continue
-        mark = _FOLDER_MARKS.get(folder)
+        item.add_marker(pytest.mark.xdist_group(relative.as_posix()))
+        mark = _FOLDER_MARKS.get(relative.parts[0])
         if mark is not None:
             item.add_marker(mark)
 

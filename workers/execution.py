@@ -2,9 +2,11 @@
 
 A batch's requests whose deadline passed (or, with adaptive batching, would pass before
 the batch computes) are answered without computing; the rest are combined along the batch
-dimension, computed on a compute thread, split again and answered. Answers are published,
-and entries acknowledged, in one pipelined round trip per batch (:mod:`sluice.workers.replies`)
-while the next batch computes.
+dimension, computed on a compute thread (or on the event loop itself, when the backend
+allows it and the batch should take under :data:`INLINE_MAX_S`: handing a tiny model's
+batch to a thread and back costs more CPU than computing it), split again and answered.
+Answers are published, and entries acknowledged, in one pipelined round trip per batch
+(:mod:`sluice.workers.replies`) while the next batch computes.
 """
 
 from __future__ import annotations
@@ -51,6 +53,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+INLINE_MAX_S = 0.0005
+"""A batch the cost model expects to keep the instance busy for less than this computes on
+the event loop instead of a compute thread, when the backend allows it
+(``computes_inline``): each hand-off to a thread and back wakes two threads, which on a
+virtual machine costs about as much CPU as a small model's whole run, while the loop is
+held for well under a millisecond."""
+
 
 class Execution:
     """Computes batches of one model version on ``backend`` and publishes their answers."""
@@ -88,6 +97,7 @@ class Execution:
         self.tracing = tracing
         self.send_partial = send_partial
         self.cancels = cancels
+        self._computes_inline = bool(getattr(backend, "computes_inline", False))
         self._publish_turn = asyncio.Lock()
         """Held while a batch's answers are published (one batch's at a time)."""
 
@@ -181,9 +191,12 @@ class Execution:
             loop = asyncio.get_running_loop()
             signals, forget = self._watch(live)
             try:
-                results = await loop.run_in_executor(
-                    self._executor, self.compute, live, self.backend, timing, signals
-                )
+                if self._inline(live):
+                    results = self.compute(live, self.backend, timing, signals)
+                else:
+                    results = await loop.run_in_executor(
+                        self._executor, self.compute, live, self.backend, timing, signals
+                    )
                 for request, result in zip(live, results, strict=True):
                     if isinstance(result, SluiceError):
                         outcomes.append(error_outcome(request, self.version, result))
@@ -210,6 +223,15 @@ class Execution:
         if span is not None:
             span.end(failure)
         return outcomes, timing, sum(r.items for r in live)
+
+    def _inline(self, live: list[PendingRequest]) -> bool:
+        """Whether ``live`` computes on the event loop (:data:`INLINE_MAX_S`): one batch at
+        a time, not a decoupled model's, on a backend that declares ``computes_inline``
+        (it never calls back into this loop), expected to be short."""
+        if self.concurrency != 1 or self.config.decoupled or not self._computes_inline:
+            return False
+        cost = self.policy.cost
+        return cost.warm and cost.predict(sum(r.items for r in live)) < INLINE_MAX_S
 
     def _response_parameters(
         self,

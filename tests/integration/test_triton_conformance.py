@@ -351,6 +351,16 @@ def test_element_counts_and_byte_sizes(http: httpx.Client) -> None:
 # ----------------------------------------------------------------- 3. a full queue
 
 
+def _computing(http: httpx.Client, model: str) -> bool:
+    """Whether a worker of ``model`` holds a request (``sluice_pending_entries``)."""
+    return any(
+        line.startswith("sluice_pending_entries{")
+        and f'model="{model}"' in line
+        and float(line.rsplit(" ", 1)[1]) >= 1
+        for line in http.get("/metrics").text.splitlines()
+    )
+
+
 def test_full_queue_is_503_with_tritons_text_and_retry_after(
     conformance: Stack, http: httpx.Client
 ) -> None:
@@ -366,6 +376,11 @@ def test_full_queue_is_503_with_tritons_text_and_retry_after(
     thread = threading.Thread(target=slow)
     thread.start()
     try:
+        # The others go once the first computes: sent sooner on a loaded machine, they
+        # could take the queue's place before it and have it refused.
+        deadline = time.monotonic() + 30
+        while not _computing(http, "queued") and time.monotonic() < deadline:
+            time.sleep(0.02)
         refused = None
         deadline = time.monotonic() + 10
 

@@ -72,7 +72,10 @@ an error ends the request's responses."""
 class Backend(Protocol):
     """``concurrency`` (optional attribute, default 1): how many batches the worker may
     compute at once (see :mod:`sluice.workers.slots`). A backend that declares more than 1 is
-    also called with ``contexts=``, one :class:`RequestContext` per request of the batch."""
+    also called with ``contexts=``, one :class:`RequestContext` per request of the batch.
+    ``computes_inline`` (optional, default False): the backend never calls back into the
+    worker's event loop, so a short batch may compute on the loop itself
+    (:data:`sluice.workers.execution.INLINE_MAX_S`)."""
 
     def infer(
         self,

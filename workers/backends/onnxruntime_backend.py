@@ -93,6 +93,10 @@ def session_options(config: ModelConfig, placement: Placement) -> object:
 
 
 class OnnxRuntimeBackend:
+    computes_inline = True
+    """It never calls back into the worker's event loop: a short batch may compute on the
+    loop itself (:data:`sluice.workers.execution.INLINE_MAX_S`)."""
+
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         import onnxruntime as ort
 

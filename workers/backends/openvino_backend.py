@@ -84,6 +84,10 @@ def _reshape(model: Any, config: ModelConfig) -> None:
 
 
 class OpenVinoBackend:
+    computes_inline = True
+    """It never calls back into the worker's event loop: a short batch may compute on the
+    loop itself (:data:`sluice.workers.execution.INLINE_MAX_S`)."""
+
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         if placement.kind == "KIND_GPU":
             raise Unsupported(

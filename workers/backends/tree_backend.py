@@ -133,6 +133,10 @@ def _load(kind: str, path: Path, threads: int, gpu: int | None) -> tuple[Predict
 
 
 class TreeBackend:
+    computes_inline = True
+    """It never calls back into the worker's event loop: a short batch may compute on the
+    loop itself (:data:`sluice.workers.execution.INLINE_MAX_S`)."""
+
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         name = config.name
         kind = model_type(config)
