@@ -187,6 +187,18 @@ def test_sequential_client_is_never_refused(overload_stack: Stack, report: Repor
     assert figures["ok"] == len(answers), figures
 
 
+def _batch_wait(stack: Stack, model: str) -> tuple[float, float]:
+    """``sluice_batch_wait_seconds``' sum and count for ``model`` (the time each batch
+    waited from its first request's arrival at the worker until it went to compute)."""
+    figures = {"sum": 0.0, "count": 0.0}
+    text = httpx.get(f"{stack.url}/metrics", timeout=CLIENT_TIMEOUT_S).text
+    for line in text.splitlines():
+        for figure in figures:
+            if line.startswith(f'sluice_batch_wait_seconds_{figure}{{model="{model}",'):
+                figures[figure] = float(line.rsplit(" ", 1)[1])
+    return figures["sum"], figures["count"]
+
+
 @pytest.mark.timeout(60)
 def test_lone_request_waits_no_longer_than_its_queue_delay(
     overload_stack: Stack, report: Report
@@ -195,17 +207,30 @@ def test_lone_request_waits_no_longer_than_its_queue_delay(
 
     (Redis ends an XREADGROUP BLOCK of a few milliseconds only at its next cron tick,
     100 ms at the default hz 10; a worker that blocks in Redis for the batching delay
-    makes every lone request wait up to 100 ms. The same holds when each small answer
-    stalls ~40 ms for want of TCP_NODELAY.)"""
+    makes every lone request wait up to 100 ms, 50 ms on average.) The worker's own
+    measure of each batch's wait is checked, against ten times the delay: the requests'
+    whole latency depends on how busy the machine is. (Small answers delayed for want of
+    TCP_NODELAY are tests/integration/test_fuzz.py's.)"""
+    before = _batch_wait(overload_stack, "limited")
     answers = _sequential(overload_stack, "limited", 30, 6 * 10**6)
+    assert all(a.correct for a in answers)
     latencies = sorted(a.latency_s for a in answers)
-    median_ms = latencies[len(latencies) // 2] * 1000
+
+    def waited() -> tuple[float, float]:
+        after = _batch_wait(overload_stack, "limited")
+        return after[0] - before[0], after[1] - before[1]
+
+    deadline = time.monotonic() + 10  # (the workers' counts reach the gateway at its refresh)
+    while waited()[1] < len(answers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    total_s, batches = waited()
+    mean_ms = total_s / max(batches, 1) * 1000
     report(
         {
             "ok": sum(a.correct for a in answers),
-            "median_ms": round(median_ms, 1),
-            "max_ms": round(latencies[-1] * 1000, 1),
+            "median_ms": round(latencies[len(latencies) // 2] * 1000, 1),
+            "batch_wait_mean_ms": round(mean_ms, 2),
         }
     )
-    assert all(a.correct for a in answers)
-    assert median_ms < 30, f"median latency {median_ms:.1f} ms for a 2 ms batching delay"
+    assert batches >= len(answers)
+    assert mean_ms < 20, f"a lone request's batch waited {mean_ms:.1f} ms for a 2 ms delay"

@@ -101,9 +101,13 @@ def test_a_lone_request_goes_at_once_unless_the_config_asks_for_the_fixed_window
     assert samples[("sluice_batch_closes", "fixed", "1", "window")] == 10
     assert samples[("sluice_batch_closes", "fixed", "1", "adaptive")] == 0
     assert samples[("sluice_batch_wait_seconds_count", "adaptive", "1", "")] >= 10
-    # The fixed window makes every lone request wait it out; adaptive batching does not.
+    # The fixed window makes every lone request wait it out; adaptive batching does not
+    # (the worker's own measure of each batch's wait: a request's whole time in the queue
+    # also holds the hops to the worker, which a busy machine lengthens).
     assert _queue_ms(http, "fixed") >= WINDOW_US / 1000
-    assert _queue_ms(http, "adaptive") < WINDOW_US / 1000 / 2
+    waited_s = samples[("sluice_batch_wait_seconds_sum", "adaptive", "1", "")]
+    batches = samples[("sluice_batch_wait_seconds_count", "adaptive", "1", "")]
+    assert waited_s / batches < WINDOW_US / 1e6 / 10
 
 
 def test_concurrent_requests_still_share_batches(http: httpx.Client, stack: Stack) -> None:
