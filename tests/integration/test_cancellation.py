@@ -220,8 +220,9 @@ def test_a_cancelled_grpc_call_is_withdrawn(
     time.sleep(1.0)
     for call in calls:
         call.cancel()
-    # A call whose deadline passes while it waits is withdrawn too.
-    with pytest.raises(Exception, match="Deadline"):
+    # A call whose deadline passes while it waits is withdrawn too (the client's deadline,
+    # or the server's answer to it: whichever comes first on a busy machine).
+    with pytest.raises(Exception, match=r"(?i)deadline"):
         grpc.infer("slow", inputs(99, 1), client_timeout=0.5)
     assert blocked.wait(300)
     del blocker
