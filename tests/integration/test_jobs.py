@@ -430,9 +430,12 @@ def test_a_nearly_full_redis_refuses_new_work_until_it_drains(tmp_path: Path) ->
             for answer in (job, sync):
                 assert answer.status_code == 503, answer.text
                 assert int(answer.headers["retry-after"]) > 0
-                assert re.fullmatch(
-                    r"Redis is 9\d% full \(its maxmemory\); retry later", answer.json()["error"]
-                ), answer.text
+                # the share moves as Redis frees and adds its own bookkeeping; it stays at or
+                # above the default high-water mark (85 %) while the ballast is there
+                full = re.fullmatch(
+                    r"Redis is (\d+)% full \(its maxmemory\); retry later", answer.json()["error"]
+                )
+                assert full and int(full[1]) >= 85, answer.text
             assert http.get(accepted.headers["location"]).status_code == 200
             redis.delete("ballast")
             assert wait_until(lambda: submit(http, "double", REQUEST).status_code == 202, 10, 0.1)
