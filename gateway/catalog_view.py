@@ -17,6 +17,7 @@ from sluice.core.catalog import UNLOADED, CatalogEntry, decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.keys import Keys, load_error_field
+from sluice.core.on_demand import version_states
 from sluice.core.queue_streams import with_tenants
 from sluice.core.wire import MalformedEntry
 from sluice.gateway.routing_view import RoutingView
@@ -37,6 +38,9 @@ class CatalogView:
     hosts: dict[tuple[str, int], frozenset[str]] = field(default_factory=dict)
     """The hosts of each model version's live workers (:mod:`sluice.core.hosts`); a worker that
     has not said counts as an unknown host."""
+    on_demand: dict[tuple[str, int], str] = field(default_factory=dict)
+    """The state (``LOADING``, ``READY``) a live host reports of each on-demand version it
+    holds (:mod:`sluice.core.on_demand`); a version not here is not loaded anywhere."""
     revision: bytes | None = None
     loaded: bool = False
     routing: RoutingView = field(default_factory=RoutingView)
@@ -64,8 +68,11 @@ class CatalogView:
                 models[entry.name] = entry
             self.models, self.revision, self.loaded = models, revision, True
         now = CLOCK.now()
+        any_on_demand = any(entry.on_demand for entry in self.models.values())
         async with redis.pipeline(transaction=False) as pipe:
             pipe.hgetall(self.keys.load_errors)
+            if any_on_demand:
+                pipe.hgetall(self.keys.on_demand_states)
             order: list[tuple[str, int, int]] = []
             for entry in self.models.values():
                 streams = self._streams(entry)
@@ -83,11 +90,12 @@ class CatalogView:
                     order.append((entry.name, version, len(names)))
             results = await pipe.execute()
         self.load_errors = {k.decode(): v.decode() for k, v in results[0].items()}
+        self.on_demand = version_states(results[1], now) if any_on_demand else {}
         ready: dict[str, set[int]] = {}
         depths: dict[tuple[str, int], int] = {}
         hosts: dict[tuple[str, int], frozenset[str]] = {}
         members: dict[tuple[str, int], list[str]] = {}
-        position = 1
+        position = 2 if any_on_demand else 1
         for name, version, stream_count in order:
             live, advertised, tenants = results[position : position + 3]
             members[(name, version)] = sorted(_text(member) for member in tenants)
@@ -203,6 +211,8 @@ class CatalogView:
                 waiting.append(f"'{name}' (unavailable)")
                 continue
             for version in entry.versions:
+                if entry.on_demand and self.load_error(name, version) is None:
+                    continue  # takes requests, loaded or not
                 if not self.is_ready(name, version):
                     state = "unavailable" if self.load_error(name, version) else "loading"
                     waiting.append(f"'{name}' version {version} ({state})")

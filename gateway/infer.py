@@ -31,6 +31,7 @@ from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
 from sluice.gateway.catalog_follow import asked_fresh, follow_changes, redis_back
+from sluice.gateway.demand_wake import wake_on_demand
 from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
@@ -324,6 +325,7 @@ async def execute(
     local = transfer.local(state.view, model, number)
     state.redis_room.check()
     await make_known(state, model, number, stream)
+    await wake_on_demand(state, model, number)
     tenant = request.tenant
     with (
         state.quota.hold(tenant, parsed.inputs),
@@ -371,6 +373,7 @@ async def execute_stream(
     transfer = state.transfer
     state.redis_room.check()
     await make_known(state, request.model, request.number, request.stream(state.keys))
+    await wake_on_demand(state, request.model, request.number)
     with (
         state.quota.hold(request.tenant, request.parsed.inputs),
         state.admission.admit(

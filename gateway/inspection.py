@@ -8,6 +8,8 @@ from typing import Any
 
 from sluice.core.errors import InvalidInput, Unavailable
 from sluice.core.fields import json_type
+from sluice.core.on_demand import LOADING
+from sluice.core.on_demand import UNLOADED as ON_DEMAND_UNLOADED
 from sluice.core.statistics import render_model_stats
 from sluice.gateway.metadata import model_metadata
 from sluice.gateway.state import GatewayState
@@ -36,10 +38,10 @@ def model_not_ready(state: GatewayState, model: str, version: str | None) -> str
     """Why a model version cannot serve (None: it is ready), after Triton's
     "Model version not ready"."""
     try:
-        _, number = state.view.resolve(model, version)
+        entry, number = state.view.resolve(model, version)
     except Unavailable as exc:
         return f"Model version not ready; {exc.message}"
-    if not state.view.is_ready(model, number):
+    if not state.view.is_ready(model, number) and not entry.on_demand:
         return f"Model version not ready; model '{model}' version {number} has no live worker yet"
     return None
 
@@ -77,6 +79,14 @@ def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]
             error = state.view.load_error(name, version)
             if state.view.is_ready(name, version):
                 row = {"name": name, "version": str(version), "state": "READY", "reason": ""}
+            elif entry.on_demand and error is None:
+                loading = state.view.on_demand.get((name, version)) == LOADING
+                row = {
+                    "name": name,
+                    "version": str(version),
+                    "state": LOADING if loading else ON_DEMAND_UNLOADED,
+                    "reason": "",
+                }
             elif error is not None:
                 row = {
                     "name": name,
@@ -86,7 +96,7 @@ def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]
                 }
             else:
                 row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
-            if not ready_only or row["state"] == "READY":
+            if not ready_only or row["state"] in ("READY", ON_DEMAND_UNLOADED):
                 rows.append(row)
     return rows
 

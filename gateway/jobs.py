@@ -48,6 +48,7 @@ from sluice.core.keys import base_stream
 from sluice.core.tenants import ANONYMOUS
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
+from sluice.gateway.demand_wake import wake_on_demand
 from sluice.gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
 from sluice.gateway.infer_request import RequestedOutput
 from sluice.gateway.state import GatewayState
@@ -156,6 +157,7 @@ async def submit_job(
         else keys.background_stream(model, request.number, tenant)
     )
     await make_known(state, model, request.number, stream)
+    await wake_on_demand(state, model, request.number)
     outputs = [jobs.JobOutput(o.name, o.binary, o.classes) for o in parsed.outputs]
     fields = encode_request(message, payload)
     entry_bytes = sum(len(name) + len(value) for name, value in fields.items())

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.on_demand import HostMemory, host_memories
 from sluice.gateway.catalog_view import CatalogView
 
 ModelVersion = tuple[str, int]
@@ -57,6 +58,8 @@ class Snapshot:
     now_ms: int
     gateways: list[dict[str, int]]
     gateway_counters: dict[str, int]
+    hosts: list[HostMemory] = field(default_factory=list)
+    """The memory budget and use of each host that loads models on demand."""
 
 
 async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
@@ -65,6 +68,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     async with redis.pipeline(transaction=False) as pipe:
         pipe.zrangebyscore(keys.gateways, now, "+inf")
         pipe.hgetall(keys.gateway_counters)
+        pipe.hgetall(keys.host_memory)
         for name in sorted(view.models):
             entry = view.models[name]
             if not entry.available:
@@ -94,7 +98,8 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     # cannot carry TIME.
     now_ms = CLOCK.now_ns() // 1_000_000
     live = [_text(member) for member in _list(results[0])]
-    position = 2
+    hosts = host_memories(results[2], now) if isinstance(results[2], dict) else []
+    position = 3
     for state in versions:
         state.counters = _counters(results[position])
         live_workers = results[position + 1]
@@ -119,7 +124,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                 pipe.hgetall(keys.gateway_report(gateway_id))
             reports = await pipe.execute(raise_on_error=False)
         gateways = [_counters(report) for report in reports if report]
-    return Snapshot(versions, now_ms, gateways, _counters(results[1]))
+    return Snapshot(versions, now_ms, gateways, _counters(results[1]), hosts)
 
 
 def _text(value: bytes | str) -> str:

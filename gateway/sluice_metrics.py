@@ -24,6 +24,7 @@ from prometheus_client.core import (
 
 from sluice.core import histograms as hist
 from sluice.core import statistics as st
+from sluice.core.on_demand import EVICTION_REASONS, eviction_field
 from sluice.gateway.gateway_report import (
     BODY_BUDGET_REJECTS,
     CLIENT_SHM_BYTES,
@@ -62,6 +63,12 @@ _HISTOGRAMS = (
         "|predicted - measured| / measured",
         hist.COST_MODEL_ERROR,
     ),
+    (
+        "sluice_model_cold_start_seconds",
+        "Loads of an on-demand model version: from its oldest waiting request's arrival to "
+        "its workers' first heartbeat",
+        hist.COLD_START,
+    ),
 )
 
 
@@ -98,6 +105,7 @@ class _Families:
         yield from self._instances(versions)
         yield from self._batch_closes(versions)
         yield from self._histograms(versions)
+        yield from self._on_demand(versions)
         yield from self._gateways()
 
     def _queue(self, versions: list[VersionState]) -> Iterable[Metric]:
@@ -262,6 +270,35 @@ class _Families:
                 buckets, total = hist.tenant_queue(tenant).read(state.counters)
                 tenants.add_metric([state.model, str(state.version), tenant], buckets, total)
         yield tenants
+
+    def _on_demand(self, versions: list[VersionState]) -> Iterable[Metric]:
+        evictions = CounterMetricFamily(
+            "sluice_model_evictions",
+            "On-demand model versions unloaded: budget (to make room for another), refused "
+            "(measured larger than the whole budget)",
+            labels=[*_LABELS, "reason"],
+        )
+        for state in versions:
+            for reason in EVICTION_REASONS:
+                count = state.counters.get(eviction_field(reason), 0)
+                if count:
+                    evictions.add_metric([state.model, str(state.version), reason], count)
+        budget = GaugeMetricFamily(
+            "sluice_memory_budget_bytes",
+            "Memory the model workers of a host may hold together, by device "
+            "(SLUICE_MEMORY_BUDGET, SLUICE_GPU_MEMORY_BUDGET)",
+            labels=["host", "device"],
+        )
+        used = GaugeMetricFamily(
+            "sluice_memory_used_bytes",
+            "Memory the model workers of a host hold, measured, by device",
+            labels=["host", "device"],
+        )
+        for host in self.snapshot.hosts:
+            for device, size in sorted(host.budget.items()):
+                budget.add_metric([host.host, device], size)
+                used.add_metric([host.host, device], host.used.get(device, 0))
+        return evictions, budget, used
 
     def _gateways(self) -> Iterable[Metric]:
         gateways = self.snapshot.gateways

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import json
 import logging
+import os
 import sys
 from pathlib import Path
 
@@ -12,7 +15,7 @@ from sluice.core.errors import InvalidConfig
 from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.logs import configure_logging
 from sluice.core.placement import Placement
-from sluice.core.runtime import tune_garbage_collector
+from sluice.core.runtime import die_with_parent, tune_garbage_collector
 from sluice.core.settings import WorkerSettings
 from sluice.core.tracing import tracing_from_settings
 from sluice.workers.inprocess import worker_for
@@ -73,5 +76,101 @@ def main(argv: list[str] | None = None) -> int:
     )
 
 
+FORK_SERVER_FLAG = "--fork-server"
+"""``python -m sluice.workers --fork-server``: forks workers for on-demand loads."""
+
+
+def fork_server() -> int:
+    """Import what a worker needs once, then fork a worker for each order on stdin.
+
+    An order is one JSON line, ``{"argv": [...], "env": {...}}`` (this module's arguments
+    and the worker's environment); the answer on stdout is ``started <pid>``, and
+    ``exited <pid> <status>`` once that worker has ended (the executor cannot wait for a
+    grandchild itself). A forked worker skips the second or so the imports take, and shares
+    their memory with its siblings until it writes to it. Nothing here has started a thread
+    or an event loop when it forks. An end of input (the executor stopped) stops the workers
+    and this process."""
+    import selectors
+    import signal
+
+    import numpy  # noqa: F401  (imported to have it loaded before the forks)
+
+    import sluice.workers.backends.onnxruntime_backend  # noqa: F401
+
+    with contextlib.suppress(ImportError):
+        import onnxruntime  # noqa: F401
+    wake_read, wake_write = os.pipe()
+    os.set_blocking(wake_write, False)
+    signal.set_wakeup_fd(wake_write)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    orders = selectors.DefaultSelector()
+    orders.register(sys.stdin.buffer, selectors.EVENT_READ)
+    orders.register(wake_read, selectors.EVENT_READ)
+    out = sys.stdout
+    children: set[int] = set()
+    while True:
+        for key, _ in orders.select():
+            if key.fileobj == wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 512)
+                continue
+            line = sys.stdin.buffer.readline()
+            if not line:
+                for pid in children:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGTERM)
+                return 0
+            order = json.loads(line)
+            pid = os.fork()
+            if pid == 0:
+                _become_worker(order, (wake_read, wake_write))
+            children.add(pid)
+            out.write(f"started {pid}\n")
+            out.flush()
+        while children:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            children.discard(pid)
+            out.write(f"exited {pid} {os.waitstatus_to_exitcode(status)}\n")
+            out.flush()
+
+
+def _become_worker(order: dict[str, object], pipes: tuple[int, int]) -> None:
+    """In the forked child: the worker of ``order``; never returns."""
+    import signal
+    import traceback
+
+    code = 1
+    try:
+        signal.set_wakeup_fd(-1)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+        for fd in pipes:
+            os.close(fd)
+        os.setsid()
+        die_with_parent()
+        devnull = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(devnull, 0)
+        os.dup2(2, 1)  # (its output goes where every worker's goes: the log)
+        env = order["env"]
+        argv = order["argv"]
+        assert isinstance(env, dict) and isinstance(argv, list)
+        os.environ.clear()
+        os.environ.update({str(k): str(v) for k, v in env.items()})
+        code = main([str(a) for a in argv])
+    except SystemExit as exc:
+        code = exc.code if isinstance(exc.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(fork_server() if sys.argv[1:] == [FORK_SERVER_FLAG] else main())

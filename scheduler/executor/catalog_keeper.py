@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, cast
 
 from redis import Redis
@@ -21,16 +21,22 @@ class CatalogKeeper:
     the load errors workers reported: those workers exited and will not report again."""
 
     def __init__(
-        self, client: Redis, keys: Keys, models: Callable[[], list[RepositoryModel]], mode: str
+        self,
+        client: Redis,
+        keys: Keys,
+        models: Callable[[], list[RepositoryModel]],
+        mode: str,
+        on_demand: Callable[[], Collection[str]] = tuple,
     ) -> None:
         self.client, self.keys, self.models, self.mode = client, keys, models, mode
+        self.on_demand = on_demand
         self.reachable = True
         self.load_errors: dict[Any, bytes] = {}
 
     def publish(self) -> None:
         """The catalog of the models served now, and the model control mode in force."""
         self.client.set(self.keys.control_mode, self.mode)
-        publish_catalog(self.client, self.keys, self.models())
+        publish_catalog(self.client, self.keys, self.models(), self.on_demand())
 
     def tick(self) -> None:
         try:

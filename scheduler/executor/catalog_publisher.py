@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from redis import Redis
 
@@ -11,15 +11,24 @@ from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel
 
 
-def to_entry(model: RepositoryModel) -> CatalogEntry:
-    return CatalogEntry(model.name, model.versions, model.config, model.error)
+def to_entry(model: RepositoryModel, on_demand: bool = False) -> CatalogEntry:
+    return CatalogEntry(model.name, model.versions, model.config, model.error, on_demand)
 
 
-def publish_catalog(redis: Redis, keys: Keys, models: Sequence[RepositoryModel]) -> None:
-    """Replace the catalog with these models and bump its revision, atomically."""
+def publish_catalog(
+    redis: Redis,
+    keys: Keys,
+    models: Sequence[RepositoryModel],
+    on_demand: Collection[str] = (),
+) -> None:
+    """Replace the catalog with these models (those named in ``on_demand`` marked so) and
+    bump its revision, atomically."""
     with redis.pipeline(transaction=True) as pipe:
         pipe.delete(keys.catalog)
         if models:
-            pipe.hset(keys.catalog, mapping={m.name: encode_entry(to_entry(m)) for m in models})
+            pipe.hset(
+                keys.catalog,
+                mapping={m.name: encode_entry(to_entry(m, m.name in on_demand)) for m in models},
+            )
         pipe.incr(keys.catalog_revision)
         pipe.execute()

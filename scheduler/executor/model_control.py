@@ -322,22 +322,7 @@ class ModelControl:
         model = self._current.model if self._current is not None else None
         if model is None:
             return False
-        CLOCK.sync_blocking(self.client)  # (heartbeats are on the deployment's clock)
-        now = CLOCK.now()
-        live: set[str] = set()
-        for version in model.versions:
-            members = self.client.zrangebyscore(
-                self.keys.live_workers(model.name, version), now, "+inf"
-            )
-            live |= {m.decode() if isinstance(m, bytes) else str(m) for m in members}
-        host = socket.gethostname()
-        for child in children:
-            if child.process is None:
-                return False
-            prefix = f"{host}-{child.process.pid}-"
-            if not any(member.startswith(prefix) for member in live):
-                return False
-        return True
+        return announced(self.client, self.keys, model.name, model.versions, children)
 
     def _retire_drained(self) -> None:
         """Stop the workers of versions no longer served once their streams are empty."""
@@ -366,6 +351,27 @@ class ModelControl:
                     pipe.xlen(stream)
             lengths = pipe.execute()
         return not any(lengths)
+
+
+def announced(
+    client: Redis, keys: Keys, model: str, versions: tuple[int, ...], children: list[Child]
+) -> bool:
+    """Whether each of ``children`` (workers of ``model``'s ``versions`` on this host) has
+    sent its first heartbeat."""
+    CLOCK.sync_blocking(client)  # (heartbeats are on the deployment's clock)
+    now = CLOCK.now()
+    live: set[str] = set()
+    for version in versions:
+        members = client.zrangebyscore(keys.live_workers(model, version), now, "+inf")
+        live |= {m.decode() if isinstance(m, bytes) else str(m) for m in members}
+    host = socket.gethostname()
+    for child in children:
+        if child.process is None:
+            return False
+        prefix = f"{host}-{child.process.pid}-"
+        if not any(member.startswith(prefix) for member in live):
+            return False
+    return True
 
 
 def _same_model(old: RepositoryModel, new: RepositoryModel) -> bool:

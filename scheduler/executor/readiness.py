@@ -90,6 +90,11 @@ class Announcer:
             what = f"model '{name}'" + (f" version {version}" if version else "")
             if row.get("reason") == UNLOADED:
                 continue  # explicit model control: not asked for
+            if name not in self.expected:  # loaded on demand: ready for requests as it is
+                if (name, version) not in self.announced:
+                    self.announced.add((name, version))
+                    print(f"{what} loads on demand", flush=True)
+                continue
             if state not in ("READY", "UNAVAILABLE"):
                 self.loading.append(what)
             elif (name, version) not in self.announced:

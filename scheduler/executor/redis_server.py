@@ -29,7 +29,8 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sluice.scheduler.executor.supervisor import Backoff, die_with_parent
+from sluice.core.runtime import die_with_parent
+from sluice.scheduler.executor.supervisor import Backoff
 
 log = logging.getLogger(__name__)
 

@@ -8,19 +8,18 @@ Stopping sends SIGTERM to all, waits, then kills the rest.
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import logging
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
+
+from sluice.core.runtime import die_with_parent
 
 log = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _MAX_BACKOFF_S = 30.0
 HEALTHY_AFTER_S = 10.0
 """A child that ran this long before it exited was healthy: its back-off starts over."""
@@ -42,12 +41,6 @@ class Backoff:
         return delay
 
 
-def die_with_parent() -> None:
-    """Children get SIGTERM when the supervisor dies, even by SIGKILL (Linux)."""
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 @dataclass(frozen=True, slots=True)
 class ChildSpec:
     name: str
@@ -59,10 +52,25 @@ class ChildSpec:
     """The model version a worker serves (None for other children)."""
 
 
+class Process(Protocol):
+    """What the supervisor needs of a child: a ``Popen``, or a worker a fork server forked
+    (:mod:`.fork_server`)."""
+
+    pid: int
+
+    def poll(self) -> int | None: ...
+
+    def terminate(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> int: ...
+
+
 @dataclass
 class Child:
     spec: ChildSpec
-    process: subprocess.Popen[bytes] | None = None
+    process: Process | None = None
     backoff: Backoff = field(default_factory=Backoff)
     started_at: float = 0.0
     restart_at: float = 0.0
@@ -92,7 +100,7 @@ class Supervisor:
         )
 
     def _spawn(self, child: Child) -> None:
-        child.process = subprocess.Popen(
+        process = subprocess.Popen(
             list(child.spec.argv),
             env=child.spec.env,
             stdout=sys.stderr.fileno(),
@@ -100,8 +108,8 @@ class Supervisor:
             preexec_fn=die_with_parent,
             pass_fds=child.spec.pass_fds,
         )
-        child.started_at = time.monotonic()
-        log.info("started %s (pid %d)", child.spec.name, child.process.pid)
+        child.process, child.started_at = process, time.monotonic()
+        log.info("started %s (pid %d)", child.spec.name, process.pid)
 
     def start(self) -> None:
         for child in self.children:
@@ -114,6 +122,14 @@ class Supervisor:
         for child in added:
             self._spawn(child)
         return added
+
+    def adopt(self, spec: ChildSpec, process: Process) -> Child:
+        """Supervise ``process``, started elsewhere as ``spec`` (forked by the fork server):
+        restarted from ``spec`` if it dies."""
+        child = Child(spec, process, Backoff(self._healthy_after_s), started_at=time.monotonic())
+        self.children.append(child)
+        log.info("started %s (pid %d, forked)", spec.name, process.pid)
+        return child
 
     def retire(self, children: Sequence[Child]) -> None:
         """Ask ``children`` to stop (SIGTERM: a worker answers what it holds first); they

@@ -106,20 +106,20 @@ def _busy(busy: Callable[[], bool]) -> bool:
 
 
 class CommandWatch:
-    """Wakes the tick loop when a command arrives on the control stream: one blocking read
-    (``XREAD BLOCK``) after another, on a thread and a connection of its own. It reads
-    only to notice: the commands are read and carried out by the tick loop."""
+    """Wakes the tick loop when a command arrives on the control stream (or a gateway asks
+    for an on-demand model): one blocking read (``XREAD BLOCK``) after another, on a thread
+    and a connection of its own. It reads only to notice: the tick loop acts."""
 
     def __init__(
         self,
         connect: Callable[[float], Redis],
-        stream: str,
+        streams: Sequence[str],
         wake: Wakeup,
         stop: threading.Event,
         block_ms: int = _WATCH_BLOCK_MS,
     ) -> None:
         """``connect(socket_timeout_s)``: a new client (the watcher's own)."""
-        self.connect, self.stream, self.wake, self.stop = connect, stream, wake, stop
+        self.connect, self.streams, self.wake, self.stop = connect, streams, wake, stop
         self.block_ms = block_ms
         self.thread = threading.Thread(target=self._run, name="command-watch", daemon=True)
 
@@ -129,19 +129,21 @@ class CommandWatch:
 
     def _run(self) -> None:
         client = self.connect(self.block_ms / 1000 + 5)
-        last = "0-0"
+        # From what is there at start on ("$" would miss what comes between two reads).
+        last: dict[Any, str] = {stream: "0-0" for stream in self.streams}
         try:
             while not self.stop.is_set():
                 try:
                     found = cast(
-                        list[Any], client.xread({self.stream: last}, count=16, block=self.block_ms)
+                        list[Any], client.xread(cast(Any, last), count=16, block=self.block_ms)
                     )
                 except RedisError:
                     self.stop.wait(1.0)  # the tick loop reports Redis's state
                     continue
-                for _, entries in found or []:
+                for stream, entries in found or []:
                     if entries:
-                        last = entries[-1][0].decode()
+                        name = stream.decode() if isinstance(stream, bytes) else stream
+                        last[name] = entries[-1][0].decode()
                         self.wake.set()
         finally:
             client.close()

@@ -40,6 +40,11 @@ from sluice.scheduler.executor.controller_thread import start_controller
 from sluice.scheduler.executor.instances import Fleet, InstanceReconciler
 from sluice.scheduler.executor.listeners import ListenError, open_listeners, reserve_grpc_port
 from sluice.scheduler.executor.model_control import ModelControl
+from sluice.scheduler.executor.on_demand_start import (
+    split_on_demand,
+    start_on_demand,
+    with_on_demand,
+)
 from sluice.scheduler.executor.open_listener import warn_if_open_beyond_loopback
 from sluice.scheduler.executor.readiness import probe_key, wait_ready, with_probe_key
 from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServer, new_password
@@ -91,13 +96,18 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 **batch_data_env(settings, repository),
             )
             explicit = settings.model_control_mode == "explicit"
+            models, demanded = split_on_demand(models, settings.model_control_mode)
             loaded = _initially_loaded(settings, models) if explicit else models
+            loaded = [m for m in loaded if m.name not in demanded]
             control: ModelControl | None = None
             catalog = CatalogKeeper(
                 client,
                 namespace,
-                lambda: control.catalog() if control is not None else list(loaded),
+                lambda: with_on_demand(
+                    control.catalog() if control is not None else list(loaded), demanded, models
+                ),
                 settings.model_control_mode,
+                lambda: demanded,
             )
             _first_publish(client, namespace, catalog, redis_url)
 
@@ -123,9 +133,14 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             control.refresh = _refresher(settings)
             control.start()
+            on_demand = start_on_demand(
+                settings, client, namespace, supervisor, demanded, models, repository, env, wake.set
+            )
+            if on_demand is not None:
+                stack.callback(on_demand.stop)
             CommandWatch(
                 lambda timeout_s: connect(redis_url, socket_timeout=timeout_s),
-                namespace.control_requests,
+                [namespace.control_requests, namespace.demand_requests],
                 wake,
                 stop,
             ).start()
@@ -145,10 +160,13 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             if redis_server is not None:
                 ticks.append(redis_server.tick)
             ticks += [catalog.tick, sweeper.tick, control.tick, instances.tick]
+            if on_demand is not None:
+                ticks.append(on_demand.tick)
 
             def busy() -> bool:
                 restarting = redis_server is not None and redis_server.restart_at is not None
-                return control.busy or supervisor.busy or restarting
+                loading = on_demand is not None and on_demand.busy
+                return control.busy or supervisor.busy or restarting or loading
 
             run_ticks(ticks, stop, wake=wake, busy=busy)
             return 0

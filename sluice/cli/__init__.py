@@ -145,7 +145,9 @@ def up(
         typer.Option(
             help="Triton's model control mode: none (serve the whole repository, the "
             "default), explicit (load and unload on request) or poll (load again what changes "
-            "in the repository, every SLUICE_REPOSITORY_POLL_S seconds)."
+            "in the repository, every SLUICE_REPOSITORY_POLL_S seconds); or Sluice's demand "
+            "(load each model when a request for it comes, unload the least recently used "
+            "within SLUICE_MEMORY_BUDGET)."
         ),
     ] = None,
     load_model: Annotated[

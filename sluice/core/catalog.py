@@ -29,6 +29,9 @@ class CatalogEntry:
     config: ModelConfig | None
     error: str | None = None
     """Why the model is unavailable, when it is."""
+    on_demand: bool = False
+    """Loaded when a request comes, unloaded when others need the memory
+    (:mod:`sluice.core.on_demand`): ready to take requests whether or not a worker runs."""
 
     @property
     def available(self) -> bool:
@@ -42,6 +45,7 @@ def encode_entry(entry: CatalogEntry) -> bytes:
         "versions": list(entry.versions),
         "config": None if entry.config is None else config_to_json(entry.config),
         "error": entry.error,
+        "on_demand": entry.on_demand,
     }
     packed: bytes = msgpack.packb(body)
     return packed
@@ -66,6 +70,7 @@ def decode_entry(raw: bytes) -> CatalogEntry:
             versions=tuple(int(v) for v in body["versions"]),
             config=config,
             error=error,
+            on_demand=bool(body.get("on_demand", False)),
         )
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise MalformedEntry(f"bad catalog entry: {exc}") from None

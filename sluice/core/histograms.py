@@ -34,6 +34,7 @@ _LATENCY_BOUNDS_S = (
 )
 _BATCH_BOUNDS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 _WAIT_BOUNDS_S = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+_COLD_START_BOUNDS_S = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 _RATIO_BOUNDS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 RATIO_UNIT = 1000
 """Ratios are recorded in thousandths (the hash holds integers)."""
@@ -109,6 +110,10 @@ BATCH_WAIT = Histogram("batch_wait", _WAIT_BOUNDS_S, 1e9)
 """From a batch's first request held to the batch going to compute."""
 COST_MODEL_ERROR = Histogram("cost_error", _RATIO_BOUNDS, RATIO_UNIT)
 """|predicted - measured| / measured cost of a batch (see :mod:`sluice.workers.adaptive`)."""
+
+COLD_START = Histogram("cold_start", _COLD_START_BOUNDS_S, 1e9)
+"""An on-demand model version's load: from its oldest waiting request's arrival to its
+workers' first heartbeat (:mod:`sluice.scheduler.executor.on_demand`)."""
 
 TENANT_QUEUE_PREFIX = "tq."
 """Key prefix of the per-tenant queue time histograms (:func:`tenant_queue`)."""

@@ -216,6 +216,34 @@ class Keys:
         return f"{{{self.namespace}}}:control:requests"
 
     @property
+    def demand_requests(self) -> str:
+        """Stream of wake-ups to the executors: a gateway queued a request for an on-demand
+        model version that no worker serves (:mod:`sluice.core.on_demand`)."""
+        return f"{{{self.namespace}}}:demand:requests"
+
+    @property
+    def on_demand_states(self) -> str:
+        """Hash "<host>/<model>/<version>" -> that host's state of an on-demand model version
+        (JSON with its expiry), written by each executor, read by the gateways."""
+        return f"{{{self.namespace}}}:demand:states"
+
+    @property
+    def host_memory(self) -> str:
+        """Hash host -> its memory budget and use by device (JSON with its expiry), written
+        by each executor that loads models on demand."""
+        return f"{{{self.namespace}}}:demand:memory"
+
+    @property
+    def model_memory(self) -> str:
+        """Hash "<model>:<version>" -> the memory one instance of it held when last measured
+        (JSON, bytes by device): every host's estimate before it loads the version."""
+        return f"{{{self.namespace}}}:demand:footprints"
+
+    def on_demand_lock(self, model: str, version: int) -> str:
+        """Taken (SET NX, expiring) by the one host that loads an on-demand version."""
+        return f"{{{self.namespace}}}:demand:lock:{model}:{version}"
+
+    @property
     def controller_requests(self) -> str:
         """Stream of rollout commands (start, promote, rollback) from gateways to the
         leading controller."""

@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gc
 import os
+import signal
+
+_PR_SET_PDEATHSIG = 1
 
 
 def usable_cores() -> int:
@@ -26,3 +31,10 @@ def tune_garbage_collector() -> None:
     gc.collect()
     gc.freeze()
     gc.set_threshold(100_000, 50, 1000)
+
+
+def die_with_parent() -> None:
+    """This process gets SIGTERM when its parent dies, even by SIGKILL (Linux): called in a
+    child before it runs (a supervisor's children, the workers a fork server forks)."""
+    with contextlib.suppress(OSError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)

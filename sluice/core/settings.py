@@ -10,11 +10,12 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sluice.core.memory_budget import parse_gpu_budgets, parse_size
 from sluice.core.torchserve_ports import parse_ports
 
 MIB = 1 << 20
@@ -631,6 +632,15 @@ def _default_redis_maxmemory() -> int:
     return max(64 * MIB, min(physical // 4, 2 * GIB))
 
 
+def _default_memory_budget() -> int:
+    """Three quarters of the machine's memory (4 GiB where it cannot be read)."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return 4 * GIB
+    return max(MIB, physical * 3 // 4)
+
+
 class UpSettings(RepositorySourceSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
@@ -676,12 +686,49 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
     well, contending for the lease; false: an executor only, decided for by a controller
     elsewhere (``sluice controller``)."""
 
-    model_control_mode: Literal["none", "explicit", "poll"] = "none"
+    model_control_mode: Literal["none", "explicit", "poll", "demand"] = "none"
     """Triton's --model-control-mode: ``none`` serves every model of the repository and
     refuses load / unload; ``explicit`` loads the ``load_model`` ones at start and the rest
     on request (``POST /v2/repository/models/{m}/load`` and ``/unload``); ``poll`` serves
     every model and loads again what changes in the repository (every
-    ``repository_poll_s``), refusing load / unload requests."""
+    ``repository_poll_s``), refusing load / unload requests. Sluice's own ``demand`` lists
+    every model and loads each when a request for it comes, unloading the least recently
+    used ones when ``memory_budget`` would be exceeded (models with the parameter
+    ``sluice.pinned`` ``true`` are loaded at start and stay); load / unload requests are
+    refused. In ``none`` mode, models with the parameter ``sluice.load`` ``on_demand`` are
+    loaded that way."""
+
+    memory_budget: int = Field(default_factory=_default_memory_budget, ge=MIB)
+    """The memory this host's on-demand models may hold together: a size such as ``16GiB``
+    or ``512MB``. Measured (the memory only each worker holds), not declared. Pinned
+    models and the other models of ``none`` mode are outside it: give the on-demand models
+    what those leave. Default: three quarters of the machine's memory."""
+
+    gpu_memory_budget: Annotated[dict[int, int], NoDecode] = Field(default_factory=dict)
+    """Per GPU, the memory this host's on-demand models may hold on it together
+    (``0:70GiB,1:70GiB``), measured through NVML; a GPU not named has no budget. Needs
+    NVML."""
+
+    min_residency_s: float = Field(10.0, ge=0, le=86400)
+    """An on-demand model loaded less than this long ago is not evicted for another: with
+    more traffic than memory, models are not loaded and evicted in a loop."""
+
+    fork_server: bool = True
+    """With on-demand models: fork their workers from one process that has done a worker's
+    imports (a cold start then skips the second of CPU they take, and the workers share
+    those pages); false: start each as its own process."""
+
+    @field_validator("memory_budget", mode="before")
+    @classmethod
+    def _memory_budget_size(cls, value: object) -> object:
+        return parse_size(value, "SLUICE_MEMORY_BUDGET") if isinstance(value, str) else value
+
+    @field_validator("gpu_memory_budget", mode="before")
+    @classmethod
+    def _gpu_budget_sizes(cls, value: object) -> object:
+        if isinstance(value, str):
+            return parse_gpu_budgets(value, "SLUICE_GPU_MEMORY_BUDGET")
+        return value
 
     load_model: list[str] = Field(default_factory=list)
     """With ``explicit``: the models to load at start (Triton's --load-model; ``*``: all)."""

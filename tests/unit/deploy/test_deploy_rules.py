@@ -66,6 +66,10 @@ DASHBOARD_FAMILIES = {
     "sluice_tenant_rejected_total",
     "sluice_tenant_cancelled_total",
     "sluice_tenant_queue_duration_seconds_bucket",
+    "sluice_model_cold_start_seconds_bucket",
+    "sluice_model_evictions_total",
+    "sluice_memory_budget_bytes",
+    "sluice_memory_used_bytes",
 }
 
 

@@ -1,0 +1,619 @@
+"""On-demand models in the executor: loaded when requests wait, evicted least recently used
+when others need the memory.
+
+Every tick (each second idle, every 0.1 s while something loads, and at once when a gateway
+queues a request for a version no worker serves), :class:`OnDemand` looks at each on-demand
+model version of this host in one pipelined round trip: its queued entries, its oldest one,
+its live workers anywhere, and its answered count. Then:
+
+- **Load** a version with requests waiting that no live worker serves, here or elsewhere,
+  when this host takes its lock (one host loads it; a host that would have to evict first
+  leaves it a moment to a host with room). Before it starts the workers, the memory the
+  version will hold must fit the budget (``SLUICE_MEMORY_BUDGET``, per GPU
+  ``SLUICE_GPU_MEMORY_BUDGET``): what it held when last measured (on any host), else its
+  files plus what an empty worker of this host holds. Where it does not fit, the least
+  recently used versions are evicted first (their workers get SIGTERM and answer what they
+  hold), but never one with requests queued or being computed, one pinned (it is not on
+  demand), one still loading, one loaded less than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash
+  protection), or one used more in the last minute than the version that needs the room
+  (which counts one use more for every ``AGING_S`` it waits, so it is not starved); and the
+  new workers start once the evicted ones have exited. Until there is room the requests
+  wait in their stream, within their timeouts.
+- **Measure** what each worker of this host holds (:mod:`.process_memory`), keep the largest
+  seen per version, and share it in ``Keys.model_memory``.
+- **Refuse** a version larger than the whole budget (by its files before it loads, by its
+  measure after): its queued requests are answered 503 with the reason, and the gateways
+  refuse new ones with it (a load error of that version).
+- **Report** its states (``LOADING``, ``READY``) and its memory to the gateways (expiring:
+  a host that died stops counting), the cold starts and evictions to the version's statistics.
+
+The requests are never at risk: they wait in Redis until a worker answers, whichever host
+loads it, whatever is evicted, whoever leads, and a worker killed while it loads is started
+again by the supervisor with the requests still queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import orjson
+from redis import Redis
+
+from sluice.core import histograms as hist
+from sluice.core import statistics as st
+from sluice.core.clock import CLOCK
+from sluice.core.errors import Unavailable, error_kind
+from sluice.core.keys import WORKER_GROUP, Keys, load_error_field
+from sluice.core.memory_budget import HOST, format_size
+from sluice.core.on_demand import (
+    LOADING,
+    READY,
+    STATE_TTL_S,
+    HostMemory,
+    encode_state,
+    eviction_field,
+    host_memories,
+    state_field,
+)
+from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
+from sluice.core.repository import RepositoryModel
+from sluice.core.wire import MalformedEntry, ReplyMessage, decode_request, encode_reply
+from sluice.scheduler.executor.fork_server import ForkServer
+from sluice.scheduler.executor.model_control import announced
+from sluice.scheduler.executor.process_memory import GpuMemory, host_bytes
+from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
+
+log = logging.getLogger("sluice.up")
+
+Version = tuple[str, int]
+Footprint = dict[str, int]
+"""Bytes held, by device (``host``, ``gpu0`` ...)."""
+VersionSpecs = Callable[[RepositoryModel, int], list[ChildSpec]]
+"""The worker processes of one version of a model."""
+
+DEFAULT_WORKER_BYTES = 150 << 20
+"""What an empty worker is assumed to hold before this host has measured one."""
+ROOM_ELSEWHERE_S = 0.5
+"""How long a host that must evict to load a version leaves it to a host with room."""
+LOCK_S = 120
+"""How long a host's claim to load a version lasts unless it finishes first."""
+REFUSED_REPLY_MAX_LEN = 100_000
+USE_WINDOW_S = 60.0
+"""How far back a version's uses count when it is weighed against one that needs room."""
+AGING_S = 5.0
+"""A version waiting for room counts one use more for each such wait: it is not starved."""
+
+
+@dataclass
+class Resident:
+    """A version with workers on this host."""
+
+    model: RepositoryModel
+    version: int
+    children: list[Child]
+    started: float
+    """When its workers were started (monotonic)."""
+    oldest_ms: int | None
+    """Arrival (Redis ms) of the oldest request waiting when the load began."""
+    ready_at: float | None = None
+    last_used: float = 0.0
+    answered: int = -1
+    footprint: Footprint = field(default_factory=dict)
+    """The most it held, measured, per device (all its workers)."""
+
+    @property
+    def key(self) -> Version:
+        return (self.model.name, self.version)
+
+
+@dataclass
+class _Look:
+    """What Redis says of one on-demand version at this tick."""
+
+    queued: int = 0
+    oldest_ms: int | None = None
+    live_workers: int = 0
+    answered: int = 0
+
+
+@dataclass
+class OnDemand:
+    client: Redis
+    keys: Keys
+    supervisor: Supervisor
+    host: str
+    """This host's id (:mod:`sluice.core.hosts`)."""
+    models: dict[str, RepositoryModel]
+    """The on-demand models of the repository, by name."""
+    specs: VersionSpecs
+    budget: Footprint
+    """Bytes this host's on-demand models may hold together, by device; a device not named
+    has no limit. (Pinned models and the fork server are outside it: an operator gives
+    the on-demand models what the pinned ones leave.)"""
+    min_residency_s: float
+    gpu: GpuMemory | None = None
+    forks: ForkServer | None = None
+    """Forks the workers of the versions loaded, its imports done (:mod:`.fork_server`)."""
+    residents: dict[Version, Resident] = field(default_factory=dict)
+    refused: dict[Version, str] = field(default_factory=dict)
+    _leaving: list[Child] = field(default_factory=list)
+    """Workers of evicted versions that have not exited yet: their memory is not free yet."""
+    _wanted_since: dict[Version, float] = field(default_factory=dict)
+    _measured: dict[Version, Footprint] = field(default_factory=dict)
+    """Every version's footprint as last shared in Redis (per instance set)."""
+    _tenants: dict[Version, list[str]] = field(default_factory=dict)
+    _answered: dict[Version, deque[tuple[float, int]]] = field(default_factory=dict)
+    """Each version's answered count at the ticks of the last ``USE_WINDOW_S``."""
+    _queued: dict[Version, int] = field(default_factory=dict)
+    """Entries queued for each version at this tick: a version with any is never evicted."""
+    _worker_baseline: int = 0
+    """What the smallest worker of this host held beyond its model files (0: none seen)."""
+
+    _last_wake: bytes = b""
+    """The newest entry of ``Keys.demand_requests`` seen."""
+    _woken_until: float = 0.0
+    """A gateway asked for a version lately: its request may land in the stream just after
+    the wake-up, so look again soon."""
+
+    @property
+    def busy(self) -> bool:
+        """Something loads, leaves, waits for room, or was asked for: tick often."""
+        return bool(
+            self._wanted_since
+            or self._leaving
+            or time.monotonic() < self._woken_until
+            or any(r.ready_at is None for r in self.residents.values())
+        )
+
+    def versions(self) -> list[Version]:
+        return [(m.name, v) for m in self.models.values() for v in m.versions if m.usable]
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        self._leaving = [c for c in self._leaving if c.running]
+        looks = self._look()
+        self._queued = {key: look.queued for key, look in looks.items()}
+        for key, look in looks.items():
+            seen = self._answered.setdefault(key, deque())
+            seen.append((now, look.answered))
+            while len(seen) > 1 and now - seen[0][0] > USE_WINDOW_S:
+                seen.popleft()
+        self._measure()
+        for resident in list(self.residents.values()):
+            self._follow(resident, looks[resident.key], now)
+        wanted = sorted(
+            (
+                (look.oldest_ms or 0, key)
+                for key, look in looks.items()
+                if look.queued
+                and key not in self.residents
+                and (look.live_workers == 0 or key in self.refused)
+            ),
+        )
+        for key in list(self._wanted_since):
+            if key not in {k for _, k in wanted}:
+                del self._wanted_since[key]
+        for _, key in wanted:  # the longest waiting first
+            if key in self.refused:
+                self._answer_refused(key)
+            elif not self._place(key, looks[key], now):
+                break
+        if self.forks is not None:
+            self.forks.ensure()  # (a new one after it died: its workers died with it)
+        self._report()
+
+    # -- looking -------------------------------------------------------------------------
+
+    def _look(self) -> dict[Version, _Look]:
+        versions = self.versions()
+        CLOCK.sync_blocking(self.client)
+        now = CLOCK.now()
+        order: list[tuple[Version, int]] = []
+        with self.client.pipeline(transaction=False) as pipe:
+            for name, version in versions:
+                model = self.models[name]
+                assert model.config is not None
+                dynamic = model.config.dynamic_batching
+                bases = base_streams(
+                    self.keys, name, version, dynamic.priority_levels if dynamic else 0
+                )
+                streams = with_tenants(bases, self._tenants.get((name, version), ()))
+                for stream in streams:
+                    pipe.xlen(stream)
+                    pipe.xrange(stream, "-", "+", count=1)
+                pipe.zcount(self.keys.live_workers(name, version), now, "+inf")
+                pipe.hmget(
+                    self.keys.stats(name, version),
+                    [st.count_field("success"), st.count_field("fail")],
+                )
+                pipe.smembers(self.keys.tenant_streams(name, version))
+                order.append(((name, version), len(streams)))
+            pipe.xrevrange(self.keys.demand_requests, count=1)
+            results: list[Any] = pipe.execute()
+        newest = results.pop()
+        if newest and newest[0][0] != self._last_wake:
+            self._last_wake = newest[0][0]
+            self._woken_until = time.monotonic() + 1.0
+        looks: dict[Version, _Look] = {}
+        position = 0
+        for key, stream_count in order:
+            look = _Look()
+            for _ in range(stream_count):
+                length, first = results[position : position + 2]
+                position += 2
+                look.queued += int(length or 0)
+                if first:
+                    arrived = int(first[0][0].decode().split("-", 1)[0])
+                    look.oldest_ms = (
+                        arrived if look.oldest_ms is None else min(look.oldest_ms, arrived)
+                    )
+            live, counts, tenants = results[position : position + 3]
+            position += 3
+            look.live_workers = int(live or 0)
+            look.answered = sum(int(c) for c in counts if c is not None)
+            self._tenants[key] = sorted(t.decode() if isinstance(t, bytes) else t for t in tenants)
+            looks[key] = look
+        return looks
+
+    def _measure(self) -> None:
+        gpu = self.gpu.by_process() if self.gpu is not None else {}
+        for resident in self.residents.values():
+            held: Footprint = {}
+            for child in resident.children:
+                if child.process is None:
+                    continue
+                pid = child.process.pid
+                held[HOST] = held.get(HOST, 0) + host_bytes(pid)
+                for device, size in gpu.get(pid, {}).items():
+                    held[device] = held.get(device, 0) + size
+            if resident.ready_at is None:
+                continue  # still loading: not its size yet
+            grown = {d: max(s, resident.footprint.get(d, 0)) for d, s in held.items()}
+            if grown != resident.footprint:
+                resident.footprint = grown
+                self._share(resident)
+
+    def _share(self, resident: Resident) -> None:
+        self._measured[resident.key] = dict(resident.footprint)
+        self.client.hset(
+            self.keys.model_memory,
+            f"{resident.model.name}:{resident.version}",
+            orjson.dumps(resident.footprint),
+        )
+        files = _files_bytes(resident.model.path / str(resident.version))
+        per_worker = resident.footprint.get(HOST, 0) // max(1, len(resident.children))
+        beyond = max(0, per_worker - files)
+        if beyond and (not self._worker_baseline or beyond < self._worker_baseline):
+            self._worker_baseline = beyond
+
+    # -- residents -----------------------------------------------------------------------
+
+    def _follow(self, resident: Resident, look: _Look, now: float) -> None:
+        if look.queued or look.answered != resident.answered:
+            resident.last_used = now
+            resident.answered = look.answered
+        name, version = resident.key
+        if resident.ready_at is None:
+            if any(c.failed for c in resident.children):
+                reason = self._load_error(resident) or "its worker could not load it"
+                self._drop(resident, reason)
+                return
+            if announced(self.client, self.keys, name, (version,), resident.children):
+                resident.ready_at = resident.last_used = now
+                self.client.delete(self.keys.on_demand_lock(name, version))
+                self._cold_start(resident)
+            return
+        over = self._over_budget(resident.footprint)
+        if over:
+            self._drop(resident, over)
+
+    def _cold_start(self, resident: Resident) -> None:
+        name, version = resident.key
+        started_s = took_s = time.monotonic() - resident.started
+        if resident.oldest_ms is not None:
+            took_s = max(took_s, CLOCK.now_ns() / 1e9 - resident.oldest_ms / 1000)
+        counters: dict[str, int] = {}
+        hist.COLD_START.observe(counters, int(took_s * 1e9))
+        with self.client.pipeline(transaction=False) as pipe:
+            for counter, amount in counters.items():
+                pipe.hincrby(self.keys.stats(name, version), counter, amount)
+            pipe.execute()
+        log.info(
+            "'%s' version %d loaded on demand in %.2f s (its workers started in %.2f s)",
+            name,
+            version,
+            took_s,
+            started_s,
+        )
+
+    def _load_error(self, resident: Resident) -> str | None:
+        reason = self.client.hget(self.keys.load_errors, load_error_field(*resident.key))
+        return cast(bytes, reason).decode() if reason else None
+
+    def _drop(self, resident: Resident, reason: str) -> None:
+        """Refuse the version for good: it cannot load, or it does not fit the budget."""
+        name, version = resident.key
+        log.error("'%s' version %d is refused: %s", name, version, reason)
+        self.refused[resident.key] = reason
+        self._evict(resident, "refused")
+        self.client.hset(self.keys.load_errors, load_error_field(name, version), reason)
+        self._answer_refused(resident.key)
+
+    def _evict(self, resident: Resident, reason: str) -> None:
+        self.residents.pop(resident.key, None)
+        self.supervisor.retire(resident.children)
+        self._leaving += [c for c in resident.children if c.running]
+        self.client.hincrby(self.keys.stats(*resident.key), eviction_field(reason), 1)
+        self.client.delete(self.keys.on_demand_lock(*resident.key))
+        if reason == "budget":
+            log.info(
+                "'%s' version %d unloaded to make room (least recently used, %s)",
+                *resident.key,
+                format_size(resident.footprint.get(HOST, 0)),
+            )
+
+    # -- placing -------------------------------------------------------------------------
+
+    def _place(self, key: Version, look: _Look, now: float) -> bool:
+        """Start loading the version where it fits, else make room; False when it has
+        evicted others and waits for them to exit (the versions behind it wait too, so that
+        the room goes to it)."""
+        name, version = key
+        model = self.models[name]
+        need = self._estimate(model, version)
+        too_big = self._over_budget(
+            self._measured.get(key) or {HOST: _files_bytes(model.path / str(version))}
+        )
+        if too_big:
+            self.refused[key] = too_big
+            self.client.hset(self.keys.load_errors, load_error_field(name, version), too_big)
+            log.error("'%s' version %d is refused: %s", name, version, too_big)
+            self._answer_refused(key)
+            return True
+        since = self._wanted_since.setdefault(key, now)
+        free = self._free()
+        fits = all(free.get(d, 1 << 62) >= size for d, size in need.items())
+        if not fits and self._room_elsewhere(need) and now - since < ROOM_ELSEWHERE_S:
+            return True  # a host with room may take it
+        lock = self.keys.on_demand_lock(name, version)
+        taken = self.client.set(lock, self.host, nx=True, ex=LOCK_S)
+        if not taken and self.client.get(lock) != self.host.encode():
+            return True  # another host loads it
+        if not fits:
+            short = {d: size - free.get(d, 1 << 62) for d, size in need.items()}
+            demand = self._uses(key) + int((now - since) / AGING_S)
+            victims = self._victims(short, self._leaving_footprint(), now, demand)
+            for resident in victims:
+                self._evict(resident, "budget")
+            if victims:
+                return False  # start once they are gone; the versions behind it wait for it
+            if not self._leaving:
+                self.client.delete(lock)  # nothing frees up here yet: another host may load it
+            return True  # it waits for a candidate; one asked for more may find one
+        children = self._start(self.specs(model, version))
+        self.residents[key] = Resident(model, version, children, now, look.oldest_ms, last_used=now)
+        self._wanted_since.pop(key, None)
+        log.info(
+            "loading '%s' version %d on demand (%d worker(s), about %s)",
+            name,
+            version,
+            len(children),
+            format_size(need.get(HOST, 0)),
+        )
+        return True
+
+    def _start(self, specs: list[ChildSpec]) -> list[Child]:
+        """The workers of ``specs``: forked by the fork server where it runs."""
+        children: list[Child] = []
+        for spec in specs:
+            process = self.forks.spawn(spec) if self.forks is not None else None
+            if process is not None:
+                children.append(self.supervisor.adopt(spec, process))
+            else:
+                children += self.supervisor.add([spec])
+        return children
+
+    def _estimate(self, model: RepositoryModel, version: int) -> Footprint:
+        measured = self._measured.get((model.name, version))
+        if measured is None:
+            raw = self.client.hget(self.keys.model_memory, f"{model.name}:{version}")
+            if raw:
+                try:
+                    measured = {str(k): int(v) for k, v in orjson.loads(raw).items()}
+                    self._measured[(model.name, version)] = measured
+                except (orjson.JSONDecodeError, AttributeError, TypeError, ValueError):
+                    measured = None
+        if measured:
+            return measured
+        workers = len(self.specs(model, version))
+        files = _files_bytes(model.path / str(version))
+        guess = workers * (files + (self._worker_baseline or DEFAULT_WORKER_BYTES))
+        # A guess larger than the whole budget is tried alone (the measure then decides).
+        return {HOST: min(guess, self.budget.get(HOST, guess))}
+
+    def _used(self) -> Footprint:
+        used: Footprint = {}
+        for resident in self.residents.values():
+            size = resident.footprint or self._estimate(resident.model, resident.version)
+            for device, held in size.items():
+                used[device] = used.get(device, 0) + held
+        for device, held in self._leaving_footprint().items():
+            used[device] = used.get(device, 0) + held
+        return used
+
+    def _free(self) -> Footprint:
+        used = self._used()
+        return {device: budget - used.get(device, 0) for device, budget in self.budget.items()}
+
+    def _leaving_footprint(self) -> Footprint:
+        held: Footprint = {}
+        for child in self._leaving:
+            if child.process is not None:
+                held[HOST] = held.get(HOST, 0) + host_bytes(child.process.pid)
+        return held
+
+    def _uses(self, key: Version) -> int:
+        """Requests of the version answered in the last ``USE_WINDOW_S``, and queued now."""
+        seen = self._answered.get(key)
+        answered = seen[-1][1] - seen[0][1] if seen else 0
+        return max(0, answered) + self._queued.get(key, 0)
+
+    def _victims(
+        self, short: Footprint, leaving: Footprint, now: float, demand: float = math.inf
+    ) -> list[Resident]:
+        """The least recently used residents to evict so that ``short`` bytes free up (what
+        ``leaving`` workers hold is about to); none when even evicting every candidate would
+        not do (the request waits for a candidate: one busy now, or too young).
+
+        A candidate is also used no more than the version that needs the room (``demand``:
+        its uses, plus one for every ``AGING_S`` it has waited): a model asked for once does
+        not push out one asked for every second, until it has waited long enough."""
+        missing = {d: s - leaving.get(d, 0) for d, s in short.items() if s - leaving.get(d, 0) > 0}
+        if not missing:
+            return []
+        candidates = sorted(
+            (
+                r
+                for r in self.residents.values()
+                if r.ready_at is not None
+                and now - r.ready_at >= self.min_residency_s
+                and not self._queued.get(r.key)
+                and self._uses(r.key) <= demand
+            ),
+            key=lambda r: r.last_used,
+        )
+        chosen: list[Resident] = []
+        for resident in candidates:
+            if not missing:
+                break
+            if not any(resident.footprint.get(d, 0) for d in missing):
+                continue
+            chosen.append(resident)
+            for device in list(missing):
+                missing[device] -= resident.footprint.get(device, 0)
+                if missing[device] <= 0:
+                    del missing[device]
+        return chosen if not missing else []
+
+    def _over_budget(self, footprint: Footprint) -> str | None:
+        for device, size in footprint.items():
+            budget = self.budget.get(device)
+            if budget is not None and size > budget:
+                setting = "SLUICE_MEMORY_BUDGET" if device == HOST else "SLUICE_GPU_MEMORY_BUDGET"
+                where = "this host's memory" if device == HOST else f"{device}'s memory"
+                return (
+                    f"it holds {format_size(size)} of {where}, more than its whole "
+                    f"{setting} ({format_size(budget)})"
+                )
+        return None
+
+    def _room_elsewhere(self, need: Footprint) -> bool:
+        """Whether another live host reports room for ``need`` without evicting."""
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.host_memory))
+        for memory in host_memories(raw, CLOCK.now()):
+            if memory.host == self.host:
+                continue
+            if all(
+                memory.budget.get(d, 1 << 62) - memory.used.get(d, 0) >= s for d, s in need.items()
+            ):
+                return True
+        return False
+
+    # -- refusals and reports ------------------------------------------------------------
+
+    def _answer_refused(self, key: Version) -> None:
+        """Answer every request queued for a refused version with the reason (503)."""
+        name, version = key
+        model = self.models[name]
+        assert model.config is not None
+        dynamic = model.config.dynamic_batching
+        bases = base_streams(self.keys, name, version, dynamic.priority_levels if dynamic else 0)
+        members = tenant_members_sync(self.client, self.keys, [key])
+        error = Unavailable(f"model '{name}' version {version} is unavailable: {self.refused[key]}")
+        for stream in with_tenants(bases, members[key]):
+            entries = cast(list[Any], self.client.xrange(stream, "-", "+", count=1000))
+            if not entries:
+                continue
+            with self.client.pipeline(transaction=False) as pipe:
+                for entry_id, fields in entries:
+                    try:
+                        message, _ = decode_request(fields)
+                    except MalformedEntry:
+                        pipe.xdel(stream, entry_id)
+                        continue
+                    reply = ReplyMessage(
+                        message.request_key,
+                        version,
+                        error_kind=error_kind(error),
+                        error=error.message,
+                    )
+                    pipe.xadd(
+                        message.reply_to,
+                        encode_reply(reply),  # type: ignore[arg-type]
+                        maxlen=REFUSED_REPLY_MAX_LEN,
+                        approximate=True,
+                    )
+                    pipe.xack(stream, WORKER_GROUP, entry_id)
+                    pipe.xdel(stream, entry_id)
+                pipe.execute(raise_on_error=False)
+
+    def _report(self) -> None:
+        until = CLOCK.now() + STATE_TTL_S
+        states = {
+            state_field(self.host, *r.key): encode_state(
+                *r.key, READY if r.ready_at is not None else LOADING, until
+            )
+            for r in self.residents.values()
+        }
+        mine = f"{self.host}/"
+        known = [
+            f.decode()
+            for f in cast(list[bytes], self.client.hkeys(self.keys.on_demand_states))
+            if f.decode().startswith(mine)
+        ]
+        memory = HostMemory(self.host, dict(self.budget), self._used(), until)
+        with self.client.pipeline(transaction=False) as pipe:
+            gone = [f for f in known if f not in states]
+            if gone:
+                pipe.hdel(self.keys.on_demand_states, *gone)
+            if states:
+                pipe.hset(self.keys.on_demand_states, mapping=states)  # type: ignore[arg-type]
+            pipe.hset(self.keys.host_memory, self.host, memory.encode())
+            pipe.execute()
+
+    def stop(self) -> None:
+        """Take this host's reports out (its workers stop with ``sluice up``)."""
+        if self.forks is not None:
+            self.forks.stop()
+        mine = f"{self.host}/"
+        known = [
+            f
+            for f in cast(list[bytes], self.client.hkeys(self.keys.on_demand_states))
+            if f.decode().startswith(mine)
+        ]
+        with self.client.pipeline(transaction=False) as pipe:
+            if known:
+                pipe.hdel(self.keys.on_demand_states, *known)
+            pipe.hdel(self.keys.host_memory, self.host)
+            for resident in self.residents.values():
+                pipe.delete(self.keys.on_demand_lock(*resident.key))
+            pipe.execute()
+
+
+def _files_bytes(directory: Path) -> int:
+    """The bytes of the files under ``directory`` (a model version's)."""
+    total = 0
+    try:
+        for path in directory.rglob("*"):
+            if path.is_file():
+                total += path.stat().st_size
+    except OSError:
+        pass
+    return total

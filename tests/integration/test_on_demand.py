@@ -1,0 +1,345 @@
+"""Models loaded on demand (``--model-control-mode demand``, ``sluice.load``), evicted least
+recently used within a measured memory budget, on one host and on two."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
+
+from sluice.core.keys import Keys
+from sluice.core.on_demand import version_states
+from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support import procs
+from tests.support.model_files import python_config, tensor, write_model
+from tests.support.onnx_models import write_identity
+from tests.support.stack import Stack
+
+MIB = 1 << 20
+BUDGET = 200 * MIB
+"""Room for two to four empty onnxruntime workers (each holds 45-100 MiB): six models never
+fit together, one always does."""
+MODELS = [f"m{index}" for index in range(6)]
+REQUEST = {"inputs": [{"name": "IN_FP32", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+X = [1, 2]
+SLOW_INIT = """
+import time
+
+class Model:
+    def __init__(self):
+        time.sleep(4)
+
+    def execute(self, inputs):
+        return {"y": inputs["x"] * 2}
+"""
+
+
+def wait_until(predicate, timeout_s: float, interval_s: float = 0.1) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return False
+
+
+def metrics(http: httpx.Client) -> dict[str, list[tuple[dict[str, str], float]]]:
+    samples: dict[str, list[tuple[dict[str, str], float]]] = {}
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            samples.setdefault(sample.name, []).append((sample.labels, sample.value))
+    return samples
+
+
+def index(http: httpx.Client) -> dict[str, dict[str, str]]:
+    return {row["name"]: row for row in http.post("/v2/repository/index").json()}
+
+
+@pytest.fixture(scope="module")
+def demand(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Six small models, every one on demand, in a budget that holds two to four."""
+    repository = tmp_path_factory.mktemp("demand")
+    for name in MODELS:
+        write_identity(repository, name, ["FP32"])
+    stack = Stack(
+        repository,
+        None,
+        env={"SLUICE_MEMORY_BUDGET": f"{BUDGET // MIB}MiB", "SLUICE_MIN_RESIDENCY_S": "0"},
+        args=["--model-control-mode", "demand"],
+    )
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_every_model_is_listed_and_ready_before_any_loads(demand: Stack) -> None:
+    lines = "".join(demand.stdout_lines)
+    for name in MODELS:
+        assert f"model '{name}' version 1 loads on demand" in lines, lines
+    with httpx.Client(base_url=demand.url, timeout=30) as http:
+        rows = index(http)
+        assert {rows[name]["state"] for name in MODELS} <= {"UNLOADED_ON_DEMAND", "READY"}
+        assert http.get("/v2/health/ready").status_code == 200
+    triton = httpclient.InferenceServerClient(demand.address)
+    try:
+        assert triton.is_server_ready()
+        assert all(triton.is_model_ready(name) for name in MODELS)
+        listed = {row["name"] for row in triton.get_model_repository_index(query_params=None)}
+        assert listed >= set(MODELS)
+    finally:
+        triton.close()
+
+
+def test_requests_load_their_models_and_the_least_recently_used_make_room(demand: Stack) -> None:
+    with httpx.Client(base_url=demand.url, timeout=60) as http:
+        for name in [*MODELS, MODELS[0], MODELS[1]]:
+            answer = http.post(f"/v2/models/{name}/infer", json=REQUEST)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"][0]["data"] == [1.0, 2.0]
+        found = metrics(http)
+        evicted = sum(v for labels, v in found["sluice_model_evictions_total"])
+        assert evicted >= 1, found.get("sluice_model_evictions_total")
+        reasons = {labels["reason"] for labels, _ in found["sluice_model_evictions_total"]}
+        assert reasons == {"budget"}
+        cold = sum(v for _, v in found["sluice_model_cold_start_seconds_count"])
+        assert cold >= len(MODELS) + 1, found["sluice_model_cold_start_seconds_count"]
+        (budget,) = found["sluice_memory_budget_bytes"]
+        assert budget[0]["device"] == "host" and budget[1] == BUDGET
+        (used,) = found["sluice_memory_used_bytes"]
+        assert 0 < used[1] <= BUDGET, used
+        rows = index(http)
+        states = [rows[name]["state"] for name in MODELS]
+        assert "READY" in states and "UNLOADED_ON_DEMAND" in states, rows
+        # The last one asked for stays loaded: the least recently used went, not it (its
+        # state follows its answer within a refresh).
+        assert wait_until(lambda: index(http)[MODELS[1]]["state"] == "READY", 5), rows
+
+
+def test_concurrent_requests_for_unloaded_models_are_all_answered(demand: Stack) -> None:
+    """More models asked for at once than fit: some wait for another's eviction (its queue
+    empty), none is lost."""
+
+    def ask(index: int) -> int:
+        with httpx.Client(base_url=demand.url, timeout=120) as http:
+            name = MODELS[index % len(MODELS)]
+            return http.post(f"/v2/models/{name}/infer", json=REQUEST).status_code
+
+    with ThreadPoolExecutor(12) as pool:
+        codes = list(pool.map(ask, range(24)))
+    assert codes == [200] * 24
+
+
+def test_load_and_unload_requests_are_refused_in_demand_mode(demand: Stack) -> None:
+    with httpx.Client(base_url=demand.url, timeout=30) as http:
+        answer = http.post(f"/v2/repository/models/{MODELS[0]}/load")
+        assert answer.status_code == 503
+        assert "not allowed" in answer.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The default mode, with some models on demand by their parameter: ``lazy`` (small),
+    ``huge`` (files larger than the budget), ``slowpoke`` (a Python model that takes 4 s to
+    load), ``typo`` (a value of sluice.load that means nothing), ``plain`` (loaded at
+    start), ``pinned`` (pinned: loaded at start)."""
+    repository = tmp_path_factory.mktemp("mixed")
+    on_demand = 'parameters { key: "sluice.load" value { string_value: "on_demand" } }'
+    write_identity(repository, "plain", ["FP32"])
+    write_identity(
+        repository,
+        "pinned",
+        ["FP32"],
+        extra='parameters { key: "sluice.pinned" value { string_value: "true" } }',
+    )
+    write_identity(repository, "lazy", ["FP32"], extra=on_demand)
+    huge = write_identity(repository, "huge", ["FP32"], extra=on_demand)
+    with open(huge / "1" / "weights.bin", "wb") as weights:
+        weights.truncate(600 * MIB)  # (sparse: it takes no disk)
+    write_identity(
+        repository,
+        "typo",
+        ["FP32"],
+        extra='parameters { key: "sluice.load" value { string_value: "sometimes" } }',
+    )
+    config = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
+    write_model(repository, "slowpoke", f"{config}\n{on_demand}", {"1/model.py": SLOW_INIT})
+    stack = Stack(
+        repository,
+        None,
+        env={"SLUICE_MEMORY_BUDGET": "500MiB", "SLUICE_FORK_SERVER": "false"},
+    )
+    stack.start()
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
+def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> None:
+    with httpx.Client(base_url=mixed.url, timeout=60) as http:
+        rows = index(http)
+        assert rows["plain"]["state"] == "READY"
+        assert rows["pinned"]["state"] == "READY"
+        assert rows["lazy"]["state"] == "UNLOADED_ON_DEMAND"
+        answer = http.post("/v2/models/lazy/infer", json=REQUEST)
+        assert answer.status_code == 200, answer.text
+        assert wait_until(lambda: index(http)["lazy"]["state"] == "READY", 10)
+
+
+def test_a_model_larger_than_the_budget_is_refused_with_the_reason(mixed: Stack) -> None:
+    """Every request that waited for it gets 503 with the reason, and so do later ones."""
+
+    def ask(_: int) -> httpx.Response:
+        with httpx.Client(base_url=mixed.url, timeout=60) as http:
+            return http.post("/v2/models/huge/infer", json=REQUEST)
+
+    with ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(ask, range(6)))
+    for answer in [*answers, ask(0)]:
+        assert answer.status_code == 503, answer.text
+        assert "more than its whole SLUICE_MEMORY_BUDGET (500 MiB)" in answer.json()["error"]
+    with httpx.Client(base_url=mixed.url, timeout=30) as http:
+        assert wait_until(lambda: index(http)["huge"]["state"] == "UNAVAILABLE", 5)
+        assert "SLUICE_MEMORY_BUDGET" in index(http)["huge"]["reason"]
+
+
+def test_a_bad_load_parameter_makes_the_model_unavailable_naming_it(mixed: Stack) -> None:
+    with httpx.Client(base_url=mixed.url, timeout=30) as http:
+        row = index(http)["typo"]
+        assert row["state"] == "UNAVAILABLE"
+        assert "sluice.load is 'sometimes'; it may be on_demand or always" in row["reason"]
+        answer = http.post("/v2/models/typo/infer", json=REQUEST)
+        assert answer.status_code == 503 and "sluice.load" in answer.json()["error"]
+
+
+def test_a_worker_killed_while_loading_is_started_again_and_its_requests_kept(
+    mixed: Stack,
+) -> None:
+    assert mixed.process is not None
+
+    def loading() -> list[int]:
+        return [
+            pid
+            for pid in procs.children(mixed.process.pid)  # type: ignore[union-attr]
+            if "slowpoke" in procs.cmdline(pid)
+        ]
+
+    with ThreadPoolExecutor(1) as pool:
+        asked = pool.submit(
+            lambda: httpx.post(
+                f"{mixed.url}/v2/models/slowpoke/infer",
+                json={"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": X}]},
+                timeout=90,
+            )
+        )
+        assert wait_until(lambda: bool(loading()), 20), "no worker started for slowpoke"
+        (first,) = loading()
+        os.kill(first, signal.SIGKILL)
+        answer = asked.result(90)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [2.0, 4.0]
+    assert loading() and loading() != [first]
+
+
+def test_a_budget_in_units_that_mean_nothing_stops_the_start(tmp_path: Path) -> None:
+    write_identity(tmp_path, "m", ["FP32"])
+    done = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(tmp_path)],
+        env=dict(os.environ, SLUICE_MEMORY_BUDGET="12 parsecs", SLUICE_NAMESPACE="badunits"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode != 0
+    assert "SLUICE_MEMORY_BUDGET: '12 parsecs' is not a size" in done.stderr + done.stdout
+
+
+def test_two_hosts_share_the_models_each_within_its_budget(tmp_path: Path) -> None:
+    """Two executors (host ids a and b) on one Redis, each with room for one model: the
+    second model goes to the host with room, not over the first one's eviction; each
+    version loads on one host only."""
+    for name in ("left", "right"):
+        write_identity(tmp_path, name, ["FP32"])
+    redis_server = RedisServer()
+    redis_server.start()
+    env = {
+        "SLUICE_MEMORY_BUDGET": "120MiB",
+        "SLUICE_MIN_RESIDENCY_S": "0",
+        "SLUICE_FORK_SERVER": "false",
+    }
+    first = Stack(
+        tmp_path,
+        redis_server.url,
+        env={**env, "SLUICE_HOST_ID": "host-a"},
+        args=["--model-control-mode", "demand"],
+    )
+    second: subprocess.Popen[bytes] | None = None
+    try:
+        first.start()
+        second = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "sluice.cli",
+                "up",
+                "--model-repository",
+                str(tmp_path),
+                "--no-gateway",
+                "--no-controller",
+                "--model-control-mode",
+                "demand",
+            ],
+            env=dict(
+                os.environ,
+                **env,
+                SLUICE_HOST_ID="host-b",
+                SLUICE_REDIS_URL=redis_server.url,
+                SLUICE_NAMESPACE=first.namespace,
+                SLUICE_BATCH_WORKERS="0",
+            ),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        keys = Keys(first.namespace)
+        redis = Redis.from_url(redis_server.url)
+        assert wait_until(lambda: len(redis.hkeys(keys.host_memory)) == 2, 60)
+        with httpx.Client(base_url=first.url, timeout=60) as http:
+            for name in ("left", "right", "left", "right"):
+                answer = http.post(f"/v2/models/{name}/infer", json=REQUEST)
+                assert answer.status_code == 200, answer.text
+
+        def placed() -> dict[str, str]:
+            raw = redis.hgetall(keys.on_demand_states)
+            hosts: dict[str, str] = {}
+            for field in raw:
+                host, model, _ = field.decode().split("/")
+                hosts[model] = hosts.get(model, "") + host
+            return hosts
+
+        assert wait_until(lambda: sorted(placed().values()) == ["host-a", "host-b"], 10), placed()
+        states = version_states(redis.hgetall(keys.on_demand_states), time.time())
+        assert states == {("left", 1): "READY", ("right", 1): "READY"}
+        evictions = [
+            redis.hget(keys.stats(name, 1), "evictions.budget") for name in ("left", "right")
+        ]
+        assert evictions == [None, None]
+        redis.close()
+    finally:
+        if second is not None:
+            second.terminate()
+            second.wait(30)
+        first.stop()
+        redis_server.stop()
