@@ -281,8 +281,7 @@ class _Families:
         for state in versions:
             for reason in EVICTION_REASONS:
                 count = state.counters.get(eviction_field(reason), 0)
-                if count:
-                    evictions.add_metric([state.model, str(state.version), reason], count)
+                evictions.add_metric([state.model, str(state.version), reason], count)
         budget = GaugeMetricFamily(
             "sluice_memory_budget_bytes",
             "Memory the model workers of a host may hold together, by device "

@@ -82,8 +82,9 @@ DEFAULT_WORKER_BYTES = 150 << 20
 """What an empty worker is assumed to hold before this host has measured one."""
 ROOM_ELSEWHERE_S = 0.5
 """How long a host that must evict to load a version leaves it to a host with room."""
-LOCK_S = 120
-"""How long a host's claim to load a version lasts unless it finishes first."""
+LOCK_S = 10
+"""How long a host's claim to a version (loading it, or holding it loaded) lasts unless the
+host renews it: it does at every tick, so a host that died frees its versions within it."""
 REFUSED_REPLY_MAX_LEN = 100_000
 USE_WINDOW_S = 60.0
 """How far back a version's uses count when it is weighed against one that needs room."""
@@ -307,7 +308,6 @@ class OnDemand:
                 return
             if announced(self.client, self.keys, name, (version,), resident.children):
                 resident.ready_at = resident.last_used = now
-                self.client.delete(self.keys.on_demand_lock(name, version))
                 self._cold_start(resident)
             return
         over = self._over_budget(resident.footprint)
@@ -585,6 +585,8 @@ class OnDemand:
                 pipe.hdel(self.keys.on_demand_states, *gone)
             if states:
                 pipe.hset(self.keys.on_demand_states, mapping=states)  # type: ignore[arg-type]
+            for resident in self.residents.values():  # (this host's claims, renewed)
+                pipe.set(self.keys.on_demand_lock(*resident.key), self.host, ex=LOCK_S)
             pipe.hset(self.keys.host_memory, self.host, memory.encode())
             pipe.execute()
 

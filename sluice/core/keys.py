@@ -240,7 +240,8 @@ class Keys:
         return f"{{{self.namespace}}}:demand:footprints"
 
     def on_demand_lock(self, model: str, version: int) -> str:
-        """Taken (SET NX, expiring) by the one host that loads an on-demand version."""
+        """The one host that loads or holds an on-demand version: taken with SET NX,
+        renewed while it holds it, expiring when it no longer does (a host that died)."""
         return f"{{{self.namespace}}}:demand:lock:{model}:{version}"
 
     @property

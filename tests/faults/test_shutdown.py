@@ -14,6 +14,7 @@ import orjson
 import pytest
 from redis import Redis
 
+from sluice.core.keys import Keys
 from tests.faults.conftest import (
     MODEL,
     Report,
@@ -131,7 +132,10 @@ def test_sluice_up_sigterm_answers_the_request_in_flight(
         target=_post, args=(stack.url, slow_request(2, 0), 2, answers), daemon=True
     )
     queued.start()
-    time.sleep(0.2)
+    # (Stopped before a gateway took it, it would be a connection reset by the closing port,
+    # which is not what this is about: a busy machine may take a while to accept it.)
+    stream = Keys(stack.namespace).request_streams(MODEL, 1, 0)[0]
+    assert procs.wait_until(lambda: redis.xlen(stream) >= 2, 10), "req-2 never queued"
     computing_at_stop = "req-1" in request_ids(redis, stack, held_entries(redis, stack, worker))
     stopped_at = time.monotonic()
     stack.process.send_signal(signal.SIGTERM)

@@ -83,7 +83,16 @@ def test_a_tenants_few_requests_pass_another_tenants_backlog(
     start = sender(stack, finished, threading.Lock())
 
     threads = [start(f"a{index}", KEY_A, index, iters) for index in range(12)]
-    time.sleep(0.4)  # A's backlog (about 1.8 s of work) is queued
+    # A's backlog (about 1.8 s of work) is queued: B comes behind most of it.
+    assert stack.redis_url is not None
+    redis, keys = Redis.from_url(stack.redis_url), Keys(stack.namespace)
+
+    def queued() -> int:
+        tenants = [m.decode() for m in redis.smembers(keys.tenant_streams("slow", 1))]
+        return sum(redis.xlen(s) for s in [*keys.request_streams("slow", 1, 0), *tenants])
+
+    assert procs.wait_until(lambda: queued() >= 9, 20), queued()
+    redis.close()
     threads += [start(f"b{index}", KEY_B, 100 + index, iters) for index in range(3)]
     for thread in threads:
         thread.join(150)

@@ -122,6 +122,13 @@ def prometheus_stack(
         root, "ident", ["FP32"], extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
     )
     write_fragile(root)
+    # A model loaded on demand, so that the host reports its memory budget and use.
+    write_identity(
+        root,
+        "lazy",
+        ["FP32"],
+        extra='parameters { key: "sluice.load" value { string_value: "on_demand" } }',
+    )
     # One tenant's key, so the per-tenant panels (queue time of named tenants) have series.
     stack = Stack(root, redis_server.url, env={"SLUICE_API_KEYS": f"team:{KEY}"})
     stack.start()

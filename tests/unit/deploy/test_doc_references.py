@@ -25,7 +25,10 @@ SERVICE_PREFIX = re.compile(
 )
 # Model configuration parameters (sluice.rollout, sluice.rollout_steps, ...) and label keys
 # that happen to look like module names.
-NOT_MODULES = re.compile(r"sluice\.(rollout(_\w+)?|dev)")
+NOT_MODULES = re.compile(
+    r"sluice\.(rollout(_\w+)?|dev|load|pinned|min_instances|max_instances"
+    r"|latency_objective_ms|scale_down_window_s)"
+)
 
 
 def _resolves(dotted: str) -> bool:
