@@ -4,8 +4,10 @@ they would hold together.
 ``python -m bench.on_demand`` writes a repository of ``--models`` small ONNX models (an
 identity over FP32 [-1, 16]: what each holds is an empty onnxruntime worker), measures what
 all of them hold loaded together, and serves the repository with ``--model-control-mode
-demand`` and a memory budget of a quarter of that. Then two runs of ``--seconds`` each, at
-``--rate`` requests a second (open loop, evenly spaced):
+demand`` and a memory budget of a quarter of that. Then two runs of ``--warmup`` and
+``--seconds`` each, at ``--rate`` requests a second (open loop, evenly spaced); cold starts,
+evictions and waits count from the end of the warm-up on (the budget has filled and the hot
+set formed), answers over the whole run:
 
 1. **Zipf** (s = 1.1) over the models: every request must be answered, the ten hottest must
    never be evicted; cold starts (request arrival to the workers' first heartbeat, from the
@@ -14,7 +16,8 @@ demand`` and a memory budget of a quarter of that. Then two runs of ``--seconds`
    budget, evictions, and the shortest time a model stayed loaded before its eviction (thrash
    protection: never below ``SLUICE_MIN_RESIDENCY_S``).
 
-Prints one Markdown table. A smoke run: ``python -m bench.on_demand --models 8 --seconds 10``.
+Prints one Markdown table. A smoke run:
+``python -m bench.on_demand --models 8 --warmup 5 --seconds 10``.
 """
 
 from __future__ import annotations
@@ -110,23 +113,23 @@ def all_models_bytes(repository: Path, names: list[str], scratch: Path) -> int:
 
 def open_loop(
     url: str, names: list[str], weights: np.ndarray, rate: float, seconds: float, seed: int
-) -> tuple[Counter[int], list[tuple[str, float]]]:
+) -> tuple[Counter[int], list[tuple[str, float, float]]]:
     """``rate`` requests a second, evenly spaced, each to a model drawn by ``weights``, for
-    ``seconds``: status counts and (model, latency s) of every request."""
+    ``seconds``: status counts and (model, latency s, unix time sent) of every request."""
     rng = np.random.default_rng(seed)
     picks = [names[int(i)] for i in rng.choice(len(names), size=int(rate * seconds), p=weights)]
     codes: Counter[int] = Counter()
-    latencies: list[tuple[str, float]] = []
+    latencies: list[tuple[str, float, float]] = []
 
     async def one(http: httpx.AsyncClient, name: str, at: float) -> None:
         await asyncio.sleep(max(0.0, at - time.perf_counter()))
-        started = time.perf_counter()
+        started, sent_at = time.perf_counter(), time.time()
         try:
             code = (await http.post(f"/v2/models/{name}/infer", json=REQUEST)).status_code
         except httpx.HTTPError:
             code = 0
         codes[code] += 1
-        latencies.append((name, time.perf_counter() - started))
+        latencies.append((name, time.perf_counter() - started, sent_at))
 
     async def all_of_them() -> None:
         limits = httpx.Limits(max_connections=512, max_keepalive_connections=64)
@@ -140,9 +143,11 @@ def open_loop(
     return codes, latencies
 
 
-def log_events(path: Path) -> tuple[list[float], list[float], Counter[str], list[float]]:
-    """Cold starts (s: arrival to ready), their workers' start (s: started to ready),
-    evictions by model, and each evicted model's time loaded (s)."""
+def log_events(
+    path: Path, since: float
+) -> tuple[list[float], list[float], Counter[str], list[float]]:
+    """From unix time ``since`` on: cold starts (s: arrival to ready), their workers' start
+    (s: started to ready), evictions by model, and each evicted model's time loaded (s)."""
     cold: list[float] = []
     starts: list[float] = []
     evictions: Counter[str] = Counter()
@@ -156,15 +161,20 @@ def log_events(path: Path) -> tuple[list[float], list[float], Counter[str], list
             if stamp
             else None
         )
+        counted = when is not None and when >= since
         if (found := _LOADED.search(line)) is not None:
-            cold.append(float(found.group(2)))
-            starts.append(float(found.group(3)))
+            if counted:
+                cold.append(float(found.group(2)))
+                starts.append(float(found.group(3)))
             if when is not None:
                 loaded_at[found.group(1)] = when
         elif (found := _EVICTED.search(line)) is not None:
-            evictions[found.group(1)] += 1
+            if counted:
+                evictions[found.group(1)] += 1
             if when is not None and found.group(1) in loaded_at:
-                resident.append(when - loaded_at.pop(found.group(1)))
+                loaded = loaded_at.pop(found.group(1))
+                if counted:
+                    resident.append(when - loaded)
     return cold, starts, evictions, resident
 
 
@@ -190,14 +200,17 @@ def run(
     )
     try:
         assert stack.url is not None
+        since = time.time() + args.warmup
         started = time.monotonic()
-        codes, latencies = open_loop(stack.url, names, weights, args.rate, args.seconds, 7)
+        codes, latencies = open_loop(
+            stack.url, names, weights, args.rate, args.warmup + args.seconds, 7
+        )
         elapsed = time.monotonic() - started
         peak = used_bytes(stack.url)
     finally:
         stop_stack(stack)
-    cold, starts, evictions, resident = log_events(log)
-    slow = [took for _, took in latencies if took > 0.05]  # waited for a load
+    cold, starts, evictions, resident = log_events(log, since)
+    slow = [took for _, took, at in latencies if took > 0.05 and at >= since]  # waited for a load
     return {
         "answered": codes.get(200, 0),
         "failed": sum(count for code, count in codes.items() if code != 200),
@@ -217,7 +230,13 @@ def run(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", type=int, default=50)
-    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--seconds", type=float, default=60.0, help="measured, per run")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=30.0,
+        help="seconds of traffic before the measured ones (the budget fills, the hot set forms)",
+    )
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument(
         "--min-residency",

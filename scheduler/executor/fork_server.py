@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
-from sluice.core.runtime import die_with_parent
+from sluice.core.runtime import die_with_parent, pid_alive
 from sluice.scheduler.executor.supervisor import ChildSpec
 
 log = logging.getLogger("sluice.up")
@@ -136,7 +136,7 @@ class ForkedProcess:
 
     def poll(self) -> int | None:
         code = self.server.exit_codes.get(self.pid)
-        if code is None and not self.server.alive and not _exists(self.pid):
+        if code is None and not self.server.alive and not pid_alive(self.pid):
             return -signal.SIGTERM  # (its server died, and it with it)
         return code
 
@@ -155,13 +155,3 @@ class ForkedProcess:
                 raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0.0)
             time.sleep(0.01)
         return code
-
-
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -42,6 +42,8 @@ from typing import Literal
 
 import numpy as np
 
+from sluice.core.runtime import pid_alive
+
 log = logging.getLogger(__name__)
 
 SHM_DIR = Path("/dev/shm")
@@ -247,16 +249,6 @@ def close_quietly(mapping: mmap.mmap) -> None:
         mapping.close()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def segment_bytes(namespace: str, directory: Path = SHM_DIR) -> int:
     """Bytes of the namespace's gateway-worker segments in ``directory`` (a directory walk:
     call it off the event loop)."""
@@ -307,7 +299,7 @@ def sweep_orphans(
             continue
         # A creator in another PID namespace (another container) is not ours to judge.
         local = match.group(3) == pid_namespace()
-        dead = local and age >= grace_s and not _pid_alive(int(match.group(1)))
+        dead = local and age >= grace_s and not pid_alive(int(match.group(1)))
         stale = match.group(2) == "out" and age >= max_age_s
         if dead or stale:
             with contextlib.suppress(FileNotFoundError):

@@ -9,7 +9,10 @@ from pathlib import Path
 
 import httpx
 import orjson
+from redis import Redis
 
+from sluice.core.keys import Keys
+from tests.support import procs
 from tests.support.load import slow_request
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
@@ -63,7 +66,13 @@ def test_high_priority_overtakes_queued_low_priority(
         threads.append(threading.Thread(target=send, args=(f"low{index}", short_iters, 2)))
         threads[-1].start()
         time.sleep(0.02)
-    time.sleep(0.1)
+    # The six low ones wait behind the blocker (in the same stream, the default level's)
+    # before the high one comes: a busy machine may take a while to queue them.
+    assert stack.redis_url is not None
+    redis = Redis.from_url(stack.redis_url)
+    low = Keys(stack.namespace).request_streams("slow", 1, 2)[1]
+    assert procs.wait_until(lambda: redis.xlen(low) >= 7, 10), redis.xlen(low)
+    redis.close()
     threads.append(threading.Thread(target=send, args=("high", short_iters, 1)))
     threads[-1].start()
     for thread in threads:
