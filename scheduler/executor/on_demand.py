@@ -339,12 +339,16 @@ class OnDemand:
 
     def _drop(self, resident: Resident, reason: str) -> None:
         """Refuse the version for good: it cannot load, or it does not fit the budget."""
-        name, version = resident.key
-        log.error("'%s' version %d is refused: %s", name, version, reason)
-        self.refused[resident.key] = reason
         self._evict(resident, "refused")
-        self.client.hset(self.keys.load_errors, load_error_field(name, version), reason)
-        self._answer_refused(resident.key)
+        self._refuse(resident.key, reason)
+
+    def _refuse(self, key: Version, reason: str) -> None:
+        """The gateways refuse the version's requests with ``reason`` from now on, and the
+        ones already waiting are answered with it."""
+        log.error("'%s' version %d is refused: %s", *key, reason)
+        self.refused[key] = reason
+        self.client.hset(self.keys.load_errors, load_error_field(*key), reason)
+        self._answer_refused(key)
 
     def _evict(self, resident: Resident, reason: str) -> None:
         self.residents.pop(resident.key, None)
@@ -372,10 +376,7 @@ class OnDemand:
             self._measured.get(key) or {HOST: _files_bytes(model.path / str(version))}
         )
         if too_big:
-            self.refused[key] = too_big
-            self.client.hset(self.keys.load_errors, load_error_field(name, version), too_big)
-            log.error("'%s' version %d is refused: %s", name, version, too_big)
-            self._answer_refused(key)
+            self._refuse(key, too_big)
             return True
         since = self._wanted_since.setdefault(key, now)
         free = self._free()
