@@ -234,8 +234,9 @@ def main() -> None:
     parser.add_argument(
         "--warmup",
         type=float,
-        default=30.0,
-        help="seconds of traffic before the measured ones (the budget fills, the hot set forms)",
+        default=60.0,
+        help="seconds of traffic before the measured ones (the budget fills, the hot set "
+        "forms, a minute of uses is known)",
     )
     parser.add_argument("--rate", type=float, default=20.0, help="requests per second")
     parser.add_argument(

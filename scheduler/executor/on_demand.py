@@ -1,5 +1,5 @@
-"""On-demand models in the executor: loaded when requests wait, evicted least recently used
-when others need the memory.
+"""On-demand models in the executor: loaded when requests wait, the least used evicted when
+others need the memory.
 
 Every tick (each second idle, every 0.1 s while something loads, and at once when a gateway
 queues a request for a version no worker serves), :class:`OnDemand` looks at each on-demand
@@ -11,14 +11,17 @@ its live workers anywhere, and its answered count. Then:
   leaves it a moment to a host with room). Before it starts the workers, the memory the
   version will hold must fit the budget (``SLUICE_MEMORY_BUDGET``, per GPU
   ``SLUICE_GPU_MEMORY_BUDGET``): what it held when last measured (on any host), else its
-  files plus what an empty worker of this host holds. Where it does not fit, the least
-  recently used versions are evicted first (their workers get SIGTERM and answer what they
-  hold), but never one with requests queued or being computed, one pinned (it is not on
-  demand), one still loading, one loaded less than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash
-  protection), or one used more in the last minute than the version that needs the room
-  (which counts one use more for every ``AGING_S`` it waits, so it is not starved); and the
-  new workers start once the evicted ones have exited. Until there is room the requests
-  wait in their stream, within their timeouts.
+  files plus what an empty worker of this host holds. Where it does not fit, the versions
+  least used in the last minute are evicted first, the least recently used of equals first
+  (their workers get SIGTERM and answer what they hold), but never one with requests queued
+  or being computed, one pinned (it is not on demand), one still loading, one loaded less
+  than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash protection), or one used more in the last
+  minute than the version that needs the room (which counts one use more for every
+  ``AGING_S`` it waits, so it is not starved); and the new workers start once the evicted
+  ones have exited. What they free is kept for the version they were evicted for, while the
+  versions that waited less make room of their own at the same tick. Until there is room the
+  requests wait in their stream, within their timeouts. While loads keep having to evict,
+  room for the next one is kept ahead of demand (:meth:`OnDemand._keep_spare`).
 - **Measure** what each worker of this host holds (:mod:`.process_memory`), keep the largest
   seen per version, and share it in ``Keys.model_memory``.
 - **Refuse** a version larger than the whole budget (by its files before it loads, by its
@@ -125,6 +128,44 @@ class _Look:
 
 
 @dataclass
+class _Room:
+    """The budget left at one tick, by device: ``now`` (what the residents and the leaving
+    workers leave) and ``later`` (once the leaving ones have exited), less what the versions
+    placed so far at this tick take or wait for. A device without a budget has no limit."""
+
+    now: Footprint
+    later: Footprint
+
+    def fits_now(self, need: Footprint) -> bool:
+        return all(self.now.get(d, 1 << 62) >= s for d, s in need.items()) and self.fits_later(need)
+
+    def fits_later(self, need: Footprint) -> bool:
+        return all(self.later.get(d, 1 << 62) >= s for d, s in need.items())
+
+    def short_later(self, need: Footprint) -> Footprint:
+        return {d: s - self.later.get(d, 1 << 62) for d, s in need.items()}
+
+    def leaving(self, footprint: Footprint) -> None:
+        for device, size in footprint.items():
+            if device in self.later:
+                self.later[device] += size
+
+    def take(self, need: Footprint) -> None:
+        """A version starts loading now."""
+        for device, size in need.items():
+            for free in (self.now, self.later):
+                if device in free:
+                    free[device] -= size
+
+    def wait_for(self, need: Footprint) -> None:
+        """A version waits for leaving workers to exit: what they free is its, not that of
+        the versions placed after it (which may still start in what is free now)."""
+        for device, size in need.items():
+            if device in self.later:
+                self.later[device] -= size
+
+
+@dataclass
 class OnDemand:
     client: Redis
     keys: Keys
@@ -154,6 +195,9 @@ class OnDemand:
     """Each version's answered count at the ticks of the last ``USE_WINDOW_S``."""
     _queued: dict[Version, int] = field(default_factory=dict)
     """Entries queued for each version at this tick: a version with any is never evicted."""
+    _pressure: tuple[float, int] | None = None
+    """When a version last had to evict to load here, and its uses then (answered, plus
+    one): while such loads come, :meth:`_keep_spare` frees room ahead of the next one."""
     _worker_baseline: int = 0
     """What the smallest worker of this host held beyond its model files (0: none seen)."""
 
@@ -183,7 +227,10 @@ class OnDemand:
         self._queued = {key: look.queued for key, look in looks.items()}
         for key, look in looks.items():
             seen = self._answered.setdefault(key, deque())
-            seen.append((now, look.answered))
+            if len(seen) < 2 or now - seen[-2][0] >= 1.0:
+                seen.append((now, look.answered))
+            else:  # (a sample a second is enough)
+                seen[-1] = (now, look.answered)
             while len(seen) > 1 and now - seen[0][0] > USE_WINDOW_S:
                 seen.popleft()
         self._measure()
@@ -201,11 +248,13 @@ class OnDemand:
         for key in list(self._wanted_since):
             if key not in {k for _, k in wanted}:
                 del self._wanted_since[key]
-        for _, key in wanted:  # the longest waiting first
+        room = self._room()
+        for _, key in wanted:  # the longest waiting first: the room goes to it
             if key in self.refused:
                 self._answer_refused(key)
-            elif not self._place(key, looks[key], now):
-                break
+            else:
+                self._place(key, looks[key], now, room)
+        self._keep_spare(room, now)
         if self.forks is not None:
             self.forks.ensure()  # (a new one after it died: its workers died with it)
         self._report()
@@ -350,7 +399,7 @@ class OnDemand:
         self.client.hset(self.keys.load_errors, load_error_field(*key), reason)
         self._answer_refused(key)
 
-    def _evict(self, resident: Resident, reason: str) -> None:
+    def _evict(self, resident: Resident, reason: str, ahead: bool = False) -> None:
         self.residents.pop(resident.key, None)
         self.supervisor.retire(resident.children)
         self._leaving += [c for c in resident.children if c.running]
@@ -358,17 +407,19 @@ class OnDemand:
         self.client.delete(self.keys.on_demand_lock(*resident.key))
         if reason == "budget":
             log.info(
-                "'%s' version %d unloaded to make room (least recently used, %s)",
+                "'%s' version %d unloaded to make room (%s, %s)",
                 *resident.key,
+                "least used lately, ahead of demand" if ahead else "least used lately",
                 format_size(resident.footprint.get(HOST, 0)),
             )
 
     # -- placing -------------------------------------------------------------------------
 
-    def _place(self, key: Version, look: _Look, now: float) -> bool:
-        """Start loading the version where it fits, else make room; False when it has
-        evicted others and waits for them to exit (the versions behind it wait too, so that
-        the room goes to it)."""
+    def _place(self, key: Version, look: _Look, now: float, room: _Room) -> None:
+        """Start loading the version where it fits, else make room for it (evicting), and
+        take its share of ``room``: the versions placed after it at this tick (they waited
+        less) do not take what it is waiting for, but make room of their own meanwhile, so
+        that several loads hand over at once."""
         name, version = key
         model = self.models[name]
         need = self._estimate(model, version)
@@ -377,27 +428,33 @@ class OnDemand:
         )
         if too_big:
             self._refuse(key, too_big)
-            return True
+            return
         since = self._wanted_since.setdefault(key, now)
-        free = self._free()
-        fits = all(free.get(d, 1 << 62) >= size for d, size in need.items())
-        if not fits and self._room_elsewhere(need) and now - since < ROOM_ELSEWHERE_S:
-            return True  # a host with room may take it
+        if (
+            not room.fits_now(need)
+            and self._room_elsewhere(need)
+            and now - since < ROOM_ELSEWHERE_S
+        ):
+            return  # a host with room may take it
         lock = self.keys.on_demand_lock(name, version)
         taken = self.client.set(lock, self.host, nx=True, ex=LOCK_S)
         if not taken and self.client.get(lock) != self.host.encode():
-            return True  # another host loads it
-        if not fits:
-            short = {d: size - free.get(d, 1 << 62) for d, size in need.items()}
+            return  # another host loads it
+        if not room.fits_later(need):
             demand = self._uses(key) + int((now - since) / AGING_S)
-            victims = self._victims(short, self._leaving_footprint(), now, demand)
+            victims = self._victims(room.short_later(need), now, demand)
+            if not victims:
+                if not self._leaving:
+                    self.client.delete(lock)  # nothing frees up here: another host may load it
+                return  # it waits for a candidate; one asked for more may find one
             for resident in victims:
                 self._evict(resident, "budget")
-            if victims:
-                return False  # start once they are gone; the versions behind it wait for it
-            if not self._leaving:
-                self.client.delete(lock)  # nothing frees up here yet: another host may load it
-            return True  # it waits for a candidate; one asked for more may find one
+                room.leaving(resident.footprint)
+            self._pressure = (now, self._uses(key, queued=False) + 1)
+        if not room.fits_now(need):
+            room.wait_for(need)
+            return  # it starts once the evicted workers are gone; its share is kept for it
+        room.take(need)
         children = self._start(self.specs(model, version))
         self.residents[key] = Resident(model, version, children, now, look.oldest_ms, last_used=now)
         self._wanted_since.pop(key, None)
@@ -408,7 +465,28 @@ class OnDemand:
             len(children),
             format_size(need.get(HOST, 0)),
         )
-        return True
+
+    def _keep_spare(self, room: _Room, now: float) -> None:
+        """Keep room for the next cold start while cold starts have had to evict (in the last
+        ``USE_WINDOW_S``): when what is left of the budget would not hold the largest
+        resident, evict ahead of demand what the last such load could have evicted without
+        waiting (used no more than it had been, past its minimum residency, nothing
+        queued), least used first. A model of the long tail is then unloaded once it has
+        answered instead of when the next one arrives, and that one finds room instead of
+        waiting for an eviction. Without such loads nothing is evicted ahead: a budget that
+        holds what is asked for keeps it all."""
+        if self._pressure is None or now - self._pressure[0] > USE_WINDOW_S:
+            return
+        spare = {
+            device: max((r.footprint.get(device, 0) for r in self.residents.values()), default=0)
+            for device in self.budget
+        }
+        short = room.short_later(spare)
+        if not any(size > 0 for size in short.values()):
+            return
+        for resident in self._victims(short, now, demand=self._pressure[1]):
+            self._evict(resident, "budget", ahead=True)
+            room.leaving(resident.footprint)
 
     def _start(self, specs: list[ChildSpec]) -> list[Child]:
         """The workers of ``specs``: forked by the fork server where it runs."""
@@ -439,19 +517,26 @@ class OnDemand:
         # A guess larger than the whole budget is tried alone (the measure then decides).
         return {HOST: min(guess, self.budget.get(HOST, guess))}
 
-    def _used(self) -> Footprint:
+    def _resident_bytes(self) -> Footprint:
         used: Footprint = {}
         for resident in self.residents.values():
             size = resident.footprint or self._estimate(resident.model, resident.version)
             for device, held in size.items():
                 used[device] = used.get(device, 0) + held
+        return used
+
+    def _used(self) -> Footprint:
+        used = self._resident_bytes()
         for device, held in self._leaving_footprint().items():
             used[device] = used.get(device, 0) + held
         return used
 
-    def _free(self) -> Footprint:
-        used = self._used()
-        return {device: budget - used.get(device, 0) for device, budget in self.budget.items()}
+    def _room(self) -> _Room:
+        residents, leaving = self._resident_bytes(), self._leaving_footprint()
+        return _Room(
+            now={d: b - residents.get(d, 0) - leaving.get(d, 0) for d, b in self.budget.items()},
+            later={d: b - residents.get(d, 0) for d, b in self.budget.items()},
+        )
 
     def _leaving_footprint(self) -> Footprint:
         held: Footprint = {}
@@ -460,23 +545,27 @@ class OnDemand:
                 held[HOST] = held.get(HOST, 0) + host_bytes(child.process.pid)
         return held
 
-    def _uses(self, key: Version) -> int:
-        """Requests of the version answered in the last ``USE_WINDOW_S``, and queued now."""
+    def _uses(self, key: Version, queued: bool = True) -> int:
+        """Requests of the version answered in the last ``USE_WINDOW_S``, and (``queued``)
+        those queued now."""
         seen = self._answered.get(key)
         answered = seen[-1][1] - seen[0][1] if seen else 0
-        return max(0, answered) + self._queued.get(key, 0)
+        return max(0, answered) + (self._queued.get(key, 0) if queued else 0)
 
-    def _victims(
-        self, short: Footprint, leaving: Footprint, now: float, demand: float = math.inf
-    ) -> list[Resident]:
-        """The least recently used residents to evict so that ``short`` bytes free up (what
-        ``leaving`` workers hold is about to); none when even evicting every candidate would
-        not do (the request waits for a candidate: one busy now, or too young).
+    def _victims(self, short: Footprint, now: float, demand: float = math.inf) -> list[Resident]:
+        """The residents to evict so that ``short`` bytes free up: the least used in the last
+        ``USE_WINDOW_S`` first, the least recently used of equals first; none when even
+        evicting every candidate would not do (the request waits for a candidate: one busy
+        now, or too young).
 
         A candidate is also used no more than the version that needs the room (``demand``:
         its uses, plus one for every ``AGING_S`` it has waited): a model asked for once does
-        not push out one asked for every second, until it has waited long enough."""
-        missing = {d: s - leaving.get(d, 0) for d, s in short.items() if s - leaving.get(d, 0) > 0}
+        not push out one asked for every second, until it has waited long enough. Least used
+        before least recently used: a model asked for every few seconds stays while the tail
+        of models asked for once a minute takes turns in the rest of the budget (by recency
+        alone, the hot model idle for a few seconds would go before the tail model that was
+        just answered)."""
+        missing = {d: s for d, s in short.items() if s > 0}
         if not missing:
             return []
         candidates = sorted(
@@ -488,7 +577,7 @@ class OnDemand:
                 and not self._queued.get(r.key)
                 and self._uses(r.key) <= demand
             ),
-            key=lambda r: r.last_used,
+            key=lambda r: (self._uses(r.key), r.last_used),
         )
         chosen: list[Resident] = []
         for resident in candidates:

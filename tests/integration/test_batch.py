@@ -404,13 +404,13 @@ def test_an_s3_input_larger_than_the_cap_fails_the_job_before_downloading(
 
 
 def test_cancel_then_resume(client: Client, root: Path) -> None:
-    images = np.random.default_rng(6).standard_normal((3_000, 3, 64, 64), dtype=np.float32)
+    images = np.random.default_rng(6).standard_normal((1_200, 3, 64, 64), dtype=np.float32)
     np.save(root / "resume.npy", images)
     state = client.submit_batch(
-        "cnn", str(root / "resume.npy"), str(root / "resume-out"), shard_rows=500
+        "cnn", str(root / "resume.npy"), str(root / "resume-out"), shard_rows=200
     )
     batch_id = state["id"]
-    assert wait_until(lambda: client.batch(batch_id)["rows_done"] >= 500, 60, 0.1)
+    assert wait_until(lambda: client.batch(batch_id)["rows_done"] >= 200, 60, 0.1)
     assert client.cancel_batch(batch_id)["status"] == "cancelled"
     time.sleep(2)
     cancelled = client.batch(batch_id)

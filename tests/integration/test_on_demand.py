@@ -104,7 +104,7 @@ def test_every_model_is_listed_and_ready_before_any_loads(demand: Stack) -> None
         triton.close()
 
 
-def test_requests_load_their_models_and_the_least_recently_used_make_room(demand: Stack) -> None:
+def test_requests_load_their_models_and_the_least_used_make_room(demand: Stack) -> None:
     with httpx.Client(base_url=demand.url, timeout=60) as http:
         for name in [*MODELS, MODELS[0], MODELS[1]]:
             answer = http.post(f"/v2/models/{name}/infer", json=REQUEST)
@@ -121,12 +121,10 @@ def test_requests_load_their_models_and_the_least_recently_used_make_room(demand
         assert budget[0]["device"] == "host" and budget[1] == BUDGET
         (used,) = found["sluice_memory_used_bytes"]
         assert 0 < used[1] <= BUDGET, used
-        rows = index(http)
-        states = [rows[name]["state"] for name in MODELS]
-        assert "READY" in states and "UNLOADED_ON_DEMAND" in states, rows
-        # The last one asked for stays loaded: the least recently used went, not it (its
-        # state follows its answer within a refresh).
-        assert wait_until(lambda: index(http)[MODELS[1]]["state"] == "READY", 5), rows
+        # (Which ones stay is the unit tests' matter: the least used go first, and the ones
+        # asked for once go ahead of the next cold start.)
+        states = [row["state"] for row in index(http).values()]
+        assert "UNLOADED_ON_DEMAND" in states, states
 
 
 def test_concurrent_requests_for_unloaded_models_are_all_answered(demand: Stack) -> None:

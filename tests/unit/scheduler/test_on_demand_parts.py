@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections import deque
 from pathlib import Path
 from typing import Any, cast
 
@@ -13,7 +14,7 @@ import pytest
 from sluice.core.memory_budget import HOST
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.executor.fork_server import ForkServer
-from sluice.scheduler.executor.on_demand import OnDemand, Resident
+from sluice.scheduler.executor.on_demand import OnDemand, Resident, _Room
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing, host_bytes
 from sluice.scheduler.executor.supervisor import ChildSpec
 
@@ -50,13 +51,54 @@ def test_the_least_recently_used_go_first_and_no_more_than_needed() -> None:
         resident("recent", 900, 100 * MIB),
     )
     demand = manager(old, older, recent)
-    assert demand._victims({HOST: 150 * MIB}, {}, NOW) == [older, old]
-    assert demand._victims({HOST: 50 * MIB}, {}, NOW) == [older]
+    assert demand._victims({HOST: 150 * MIB}, NOW) == [older, old]
+    assert demand._victims({HOST: 50 * MIB}, NOW) == [older]
 
 
-def test_what_is_leaving_already_counts_as_freed() -> None:
-    demand = manager(resident("old", 500, 100 * MIB))
-    assert demand._victims({HOST: 80 * MIB}, {HOST: 80 * MIB}, NOW) == []
+def test_the_least_used_go_before_the_least_recently_used() -> None:
+    """A model asked for often but idle a while stays; the one asked for once goes."""
+    hot, tail = resident("hot", 400, 100 * MIB), resident("tail", 900, 100 * MIB)
+    demand = manager(hot, tail)
+    demand._answered = {hot.key: deque([(NOW - 50, 0), (NOW, 12)]), tail.key: deque([(NOW, 1)])}
+    assert demand._victims({HOST: 50 * MIB}, NOW) == [tail]
+    # ... and the hot one is no candidate at all for a version used less than it
+    assert demand._victims({HOST: 150 * MIB}, NOW, demand=3) == []
+
+
+def test_what_leaving_workers_free_goes_to_the_version_it_was_made_for() -> None:
+    room = _Room(now={HOST: 10 * MIB}, later={HOST: 10 * MIB})
+    need = {HOST: 30 * MIB}
+    assert not room.fits_later(need) and room.short_later(need) == {HOST: 20 * MIB}
+    room.leaving({HOST: 40 * MIB})  # evicted for it: exiting, not gone yet
+    assert room.fits_later(need) and not room.fits_now(need)
+    room.wait_for(need)
+    # one placed after it fits in what is free now without taking the first one's share
+    assert room.fits_now({HOST: 5 * MIB})
+    room.take({HOST: 5 * MIB})
+    assert room.later == {HOST: 15 * MIB} and room.now == {HOST: 5 * MIB}
+    # ... but not in the first one's share
+    assert not room.fits_now({HOST: 20 * MIB}) and not room.fits_later({HOST: 20 * MIB})
+
+
+def test_room_is_kept_ahead_of_demand_only_while_cold_starts_had_to_evict() -> None:
+    """The model asked for once goes ahead of the next cold start; the hot one stays; and
+    without recent loads that had to evict, nothing goes."""
+    hot, tail = resident("hot", 400, 100 * MIB), resident("tail", 900, 100 * MIB)
+    evicted: list[str] = []
+    demand = manager(hot, tail)
+    demand._evict = lambda r, reason, ahead=False: evicted.append(r.model.name)  # type: ignore[method-assign]
+    demand._answered = {hot.key: deque([(NOW - 50, 0), (NOW, 12)]), tail.key: deque([(NOW, 1)])}
+    full = _Room(now={HOST: 50 * MIB}, later={HOST: 50 * MIB})
+    demand._keep_spare(full, NOW)
+    assert evicted == []  # no pressure yet
+    demand._pressure = (NOW - 5, 2)
+    demand._keep_spare(full, NOW)
+    assert evicted == ["tail"] and full.later == {HOST: 150 * MIB}
+    demand._keep_spare(full, NOW)  # room enough for the largest resident now
+    assert evicted == ["tail"]
+    demand._pressure = (NOW - 500, 2)  # long ago
+    demand._keep_spare(_Room(now={HOST: 0}, later={HOST: 0}), NOW)
+    assert evicted == ["tail"]
 
 
 def test_queued_loading_and_young_residents_are_never_evicted() -> None:
@@ -66,12 +108,12 @@ def test_queued_loading_and_young_residents_are_never_evicted() -> None:
     young = resident("young", 100, 300 * MIB, ready_at=NOW - 5)
     demand = manager(busy, loading, young)
     demand._queued = {busy.key: 3}
-    assert demand._victims({HOST: 10 * MIB}, {}, NOW) == []  # it waits instead
+    assert demand._victims({HOST: 10 * MIB}, NOW) == []  # it waits instead
 
 
 def test_nothing_is_evicted_when_even_all_would_not_make_room() -> None:
     demand = manager(resident("a", 1, 100 * MIB), resident("b", 2, 100 * MIB))
-    assert demand._victims({HOST: 500 * MIB}, {}, NOW) == []
+    assert demand._victims({HOST: 500 * MIB}, NOW) == []
 
 
 def test_a_process_holds_memory_and_a_gone_one_none() -> None:
