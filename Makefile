@@ -8,14 +8,15 @@ bootstrap:
 run: bootstrap
 	.venv/bin/sluice up --model-repository model_repository --http-port $(PORT)
 
-# Everything: the static checks, then unit, integration and fault tests (about 20 minutes).
+# Everything: the static checks, then unit, integration and fault tests (20-27 minutes).
 test: bootstrap
 	scripts/test.sh
 
-# The inner loop (under a minute): the static checks and the unit tests not marked slow.
+# The inner loop (about a minute): the static checks and the unit tests not marked slow, in
+# two streams.
 check: bootstrap
 	scripts/lint.sh
-	.venv/bin/python -m pytest -q tests/unit -m "not slow"
+	.venv/bin/python -m pytest -q tests/unit -m "not slow" -n 2
 
 bench: bootstrap
 	.venv/bin/python -m bench --model mlp --mode binary
