@@ -10,6 +10,7 @@ import logging
 import os
 import sys
 from pathlib import Path
+from typing import TextIO
 
 from sluice.core.errors import InvalidConfig
 from sluice.core.exits import EXIT_LOAD_FAILED
@@ -116,9 +117,7 @@ def fork_server() -> int:
                 continue
             line = sys.stdin.buffer.readline()
             if not line:
-                for pid in children:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGTERM)
+                _stop_children(children, out)
                 return 0
             order = json.loads(line)
             pid = os.fork()
@@ -127,16 +126,36 @@ def fork_server() -> int:
             children.add(pid)
             out.write(f"started {pid}\n")
             out.flush()
-        while children:
-            try:
-                pid, status = os.waitpid(-1, os.WNOHANG)
-            except ChildProcessError:
-                break
-            if pid == 0:
-                break
-            children.discard(pid)
-            out.write(f"exited {pid} {os.waitstatus_to_exitcode(status)}\n")
-            out.flush()
+        _reap(children, out)
+
+
+def _reap(children: set[int], out: TextIO) -> None:
+    """Report the workers that have ended (``exited <pid> <status>``)."""
+    while children:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid == 0:
+            break
+        children.discard(pid)
+        out.write(f"exited {pid} {os.waitstatus_to_exitcode(status)}\n")
+        out.flush()
+
+
+def _stop_children(children: set[int], out: TextIO, timeout_s: float = 10.0) -> None:
+    """SIGTERM every worker, and reap and report them as they end (within ``timeout_s``):
+    orphaned, they would wait for an init that may never reap them."""
+    import signal
+    import time
+
+    for pid in children:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    while children and time.monotonic() < deadline:
+        _reap(children, out)
+        time.sleep(0.02)
 
 
 def _become_worker(order: dict[str, object], pipes: tuple[int, int]) -> None:

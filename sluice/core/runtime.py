@@ -41,11 +41,17 @@ def die_with_parent() -> None:
 
 
 def pid_alive(pid: int) -> bool:
-    """Whether a process with this pid exists (perhaps another user's)."""
+    """Whether a process with this pid runs (perhaps another user's): not one that has
+    exited, not even one left unreaped (a zombie, whose parent has not waited for it)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            state = stat.read().rpartition(b")")[2].split()[0]
+    except (OSError, IndexError):
+        return True  # (no /proc: it exists)
+    return state != b"Z"
