@@ -55,7 +55,7 @@ BASE_IMAGE = "localhost/debian:bookworm"
 IP_FORWARD = Path("/proc/sys/net/ipv4/ip_forward")
 
 SETUP_TIMEOUT_S = 900.0
-BUILD_TIMEOUT_S = 900.0
+BUILD_TIMEOUT_S = 1500.0
 UP_TIMEOUT_S = 300.0
 READY_TIMEOUT_S = 240.0
 BATCH_TIMEOUT_S = 300

@@ -284,6 +284,7 @@ def test_a_new_version_uploaded_to_the_bucket_is_rolled_out_once_complete(
     parameters { key: "sluice.rollout_steps" value { string_value: "50" } }
     parameters { key: "sluice.rollout_step_s" value { string_value: "1" } }
     parameters { key: "sluice.rollout_min_samples" value { string_value: "10" } }
+    parameters { key: "sluice.rollout_min_p99_increase_s" value { string_value: "0.5" } }
     """
     local = write_identity(tmp_path / "local", "ident", ["FP32"], extra=canary)
     upload(s3, bucket, "models/", local)

@@ -142,7 +142,7 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
     ):
         client.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         client.register_system_shared_memory("out", key_of(objects["out"]), BYTES)
-        first = client.async_infer(FIRST, **http_request(rounds(3)))
+        first = client.async_infer(FIRST, **http_request(rounds(8)))
         assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 1, 30)
 
         other.unregister_system_shared_memory()  # (every region) answers at once
@@ -155,7 +155,7 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
             other.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         assert "shared memory region 'in' already in manager" in str(taken.value.message())
         # A new request may still use it: now two hold it.
-        second = client.async_infer(SECOND, **http_request(rounds(9)))
+        second = client.async_infer(SECOND, **http_request(rounds(24)))
         assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 2, 30)
 
         result = first.get_result()

@@ -56,6 +56,22 @@ class Stack:
         return f"127.0.0.1:{self.grpc_port}"
 
     def start(self, timeout_s: float = 90.0) -> None:
+        """Start ``sluice up`` and wait until it is ready. A port another process took
+        between :func:`free_port` and the listen (the suite runs in two streams beside
+        other servers) is replaced by a new free one and the start tried again."""
+        for attempt in range(3):
+            try:
+                self._start_once(timeout_s)
+                return
+            except RuntimeError as error:
+                if "Address already in use" not in str(error) or attempt == 2:
+                    raise
+            self.port, self.grpc_port = free_port(), free_port() if self.grpc_port else 0
+            if self.metrics_port:
+                self.metrics_port = free_port()
+            self.stdout_lines, self.stderr_lines = [], []
+
+    def _start_once(self, timeout_s: float) -> None:
         # No batch worker unless a test asks for one (SLUICE_BATCH_WORKERS in ``env``).
         env = dict(os.environ, SLUICE_NAMESPACE=self.namespace, SLUICE_BATCH_WORKERS="0")
         env.pop("SLUICE_REDIS_URL", None)
