@@ -12,7 +12,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.errors import Overloaded, SluiceError
+from sluice.core.errors import QUEUE_UNREACHABLE, Overloaded, SluiceError
 from sluice.gateway.infer_response import encode_error
 
 log = logging.getLogger(__name__)
@@ -29,7 +29,7 @@ async def _sluice_error(_: Request, exc: Exception) -> Response:
 
 
 async def _redis_error(_: Request, exc: Exception) -> Response:
-    return _error(503, f"the request queue (Redis) is unreachable; retry later ({exc})")
+    return _error(503, QUEUE_UNREACHABLE)
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:

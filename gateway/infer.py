@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, TypeVar
 from sluice.core.clock import CLOCK
 from sluice.core.config import DynamicBatching, ModelConfig
 from sluice.core.errors import (
+    QUEUE_UNREACHABLE,
     InvalidInput,
     SluiceError,
     Unavailable,
@@ -167,7 +168,7 @@ async def prepare_with(
     configuration (on a thread when ``heavy``). ``deadline_us``: the most time the client
     itself waits (a gRPC deadline), which caps the request's timeout."""
     if not state.redis_ok and not await redis_back(state):
-        raise Unavailable("the request queue (Redis) is unreachable; retry later")
+        raise Unavailable(QUEUE_UNREACHABLE)
     if state.host_changes.value() != state.host_seen:
         await follow_changes(state)  # a load or unload through another gateway process
     entry, number = await asked_fresh(state, lambda: state.view.route(model, version, label))

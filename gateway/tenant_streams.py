@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
-from sluice.core.errors import Unavailable
+from sluice.core.errors import QUEUE_UNREACHABLE, Unavailable
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 from sluice.core.queue_streams import REGISTER, register_keys
 
@@ -86,5 +86,5 @@ async def make_known(state: GatewayState, model: str, version: int, stream: str)
                 stream,
                 state.redis_run_id,
             )
-        except RedisError as exc:
-            raise Unavailable(f"the request queue is unreachable: {exc}") from None
+        except RedisError:
+            raise Unavailable(QUEUE_UNREACHABLE) from None

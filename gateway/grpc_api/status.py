@@ -8,7 +8,7 @@ import logging
 import grpc
 from redis.exceptions import RedisError
 
-from sluice.core.errors import SluiceError
+from sluice.core.errors import QUEUE_UNREACHABLE, SluiceError
 
 log = logging.getLogger(__name__)
 
@@ -20,7 +20,7 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, RedisError):
         return (
             grpc.StatusCode.UNAVAILABLE,
-            f"the request queue (Redis) is unreachable; retry later ({exc})",
+            QUEUE_UNREACHABLE,
         )
     log.error("gRPC call failed", exc_info=exc)
     return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"

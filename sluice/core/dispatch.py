@@ -24,7 +24,13 @@ from redis.exceptions import RedisError
 
 from sluice.core.cancellation import Withdrawals
 from sluice.core.coalescer import AppendCoalescer
-from sluice.core.errors import DeadlineExceeded, Overloaded, SluiceError, Unavailable
+from sluice.core.errors import (
+    QUEUE_UNREACHABLE,
+    DeadlineExceeded,
+    Overloaded,
+    SluiceError,
+    Unavailable,
+)
 from sluice.core.keys import Keys
 from sluice.core.redis_types import StreamRead
 from sluice.core.wire import (
@@ -146,8 +152,8 @@ class RedisDispatcher:
         try:
             try:
                 entry_id = await self._appender.append(stream, encode_request(message, payload))
-            except RedisError as exc:
-                raise Unavailable(f"the request queue is unreachable: {exc}") from None
+            except RedisError:
+                raise Unavailable(QUEUE_UNREACHABLE) from None
             while True:
                 try:
                     item = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
@@ -183,8 +189,8 @@ class RedisDispatcher:
         try:
             try:
                 entry_id = await self._appender.append(stream, encode_request(message, payload))
-            except RedisError as exc:
-                raise Unavailable(f"the request queue is unreachable: {exc}") from None
+            except RedisError:
+                raise Unavailable(QUEUE_UNREACHABLE) from None
             return await future
         except DeadlineExceeded:
             self.expired[stream] += 1

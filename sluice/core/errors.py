@@ -12,6 +12,10 @@ from __future__ import annotations
 
 from http import HTTPStatus
 
+QUEUE_UNREACHABLE = "the request queue (Redis) is unreachable; retry later"
+"""What a client is told when Redis cannot be reached: one text wherever it happens, and
+never the Redis client's own error, which names the server's internal address."""
+
 
 class SluiceError(Exception):
     """Root of every error a client can see."""
