@@ -10,13 +10,16 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import numpy as np
 import pytest
 import tritonclient.http as httpclient
+from redis import Redis
 from tritonclient.utils import InferenceServerException
 
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_fragile
@@ -163,10 +166,22 @@ def test_unload_answers_every_admitted_request_first(
                 http.post("/v2/models/slow/infer", json=slow_request(index, 30_000)).status_code
             )
 
+    assert explicit.redis_url is not None
+    redis = Redis.from_url(explicit.redis_url)
+    seconds, micros = cast(tuple[int, int], redis.time())
+    since = f"{seconds * 1000 + micros // 1000}-0"
+    streams = Keys(explicit.namespace).request_streams("slow", 1, 0)
+
+    def admitted() -> int:
+        """Requests queued since the test began (or answered already)."""
+        return len(codes) + sum(len(redis.xrange(s, min=since)) for s in streams)
+
     senders = [threading.Thread(target=send, args=(i,)) for i in range(4)]
     for sender in senders:
         sender.start()
-    time.sleep(0.3)  # admitted and queued behind one another (max_batch_size 1)
+    # All four admitted and queued behind one another (max_batch_size 1) before the unload.
+    assert wait_until(lambda: admitted() >= 4, 30), admitted()
+    redis.close()
     client.unload_model("slow")
     for sender in senders:
         sender.join(60)
