@@ -15,9 +15,9 @@ its live workers anywhere, and its answered count. Then:
   least used in the last minute are evicted first, the least recently used of equals first
   (their workers get SIGTERM and answer what they hold), but never one with requests queued
   or being computed, one pinned (it is not on demand), one still loading, one loaded less
-  than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash protection), or one used more in the last
-  minute than the version that needs the room (which counts one use more for every
-  ``AGING_S`` it waits, so it is not starved); and the new workers start once the evicted
+  than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash protection), or, until the version that needs
+  the room has waited ``PATIENCE_S``, one used more in the last minute than it (so it is
+  never starved); and the new workers start once the evicted
   ones have exited. What they free is kept for the version they were evicted for, while the
   versions that waited less make room of their own at the same tick. Until there is room the
   requests wait in their stream, within their timeouts. While loads keep having to evict,
@@ -91,8 +91,11 @@ host renews it: it does at every tick, so a host that died frees its versions wi
 REFUSED_REPLY_MAX_LEN = 100_000
 USE_WINDOW_S = 60.0
 """How far back a version's uses count when it is weighed against one that needs room."""
-AGING_S = 5.0
-"""A version waiting for room counts one use more for each such wait: it is not starved."""
+PATIENCE_S = 2.0
+"""How long a version waiting for room spares the versions used more than it lately: after
+that, any candidate may go for it, the least used first. (A bound, not a ramp: a model
+asked for once behind one asked for a hundred times a minute, with a budget that holds
+one, would otherwise wait minutes.)"""
 
 
 @dataclass
@@ -441,8 +444,7 @@ class OnDemand:
         if not taken and self.client.get(lock) != self.host.encode():
             return  # another host loads it
         if not room.fits_later(need):
-            demand = self._uses(key) + int((now - since) / AGING_S)
-            victims = self._victims(room.short_later(need), now, demand)
+            victims = self._victims(room.short_later(need), now, self._demand(key, now - since))
             if not victims:
                 if not self._leaving:
                     self.client.delete(lock)  # nothing frees up here: another host may load it
@@ -552,15 +554,19 @@ class OnDemand:
         answered = seen[-1][1] - seen[0][1] if seen else 0
         return max(0, answered) + (self._queued.get(key, 0) if queued else 0)
 
+    def _demand(self, key: Version, waited_s: float) -> float:
+        """Up to the uses of which residents may go to make room for ``key``: its own
+        (answered lately and queued), and any once it has waited ``PATIENCE_S``."""
+        return math.inf if waited_s >= PATIENCE_S else self._uses(key)
+
     def _victims(self, short: Footprint, now: float, demand: float = math.inf) -> list[Resident]:
         """The residents to evict so that ``short`` bytes free up: the least used in the last
         ``USE_WINDOW_S`` first, the least recently used of equals first; none when even
         evicting every candidate would not do (the request waits for a candidate: one busy
         now, or too young).
 
-        A candidate is also used no more than the version that needs the room (``demand``:
-        its uses, plus one for every ``AGING_S`` it has waited): a model asked for once does
-        not push out one asked for every second, until it has waited long enough. Least used
+        A candidate is also used no more than ``demand`` (:meth:`_demand`): a model asked for
+        once does not push out one asked for every second, unless it has waited. Least used
         before least recently used: a model asked for every few seconds stays while the tail
         of models asked for once a minute takes turns in the rest of the budget (by recency
         alone, the hot model idle for a few seconds would go before the tail model that was

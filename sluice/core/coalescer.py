@@ -20,15 +20,23 @@ class AppendCoalescer:
         self._redis = redis
         self._max_len = max_len
         self._queue: list[_Append] = []
-        self._flushing = False
+        self._flushing: asyncio.Task[None] | None = None
+        """The task that sends the pipelines (held: the loop keeps only weak references)."""
 
-    async def append(self, stream: str, fields: dict[bytes, bytes]) -> bytes:
-        """The entry's id, once the entry is in Redis; raises RedisError otherwise."""
-        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+    async def append(
+        self,
+        stream: str,
+        fields: dict[bytes, bytes],
+        future: asyncio.Future[bytes] | None = None,
+    ) -> bytes:
+        """The entry's id, once the entry is in Redis; raises RedisError otherwise.
+        ``future``: the one to answer through, which the caller may fail first (its
+        deadline passed) to stop waiting; the entry may still be appended."""
+        if future is None:
+            future = asyncio.get_running_loop().create_future()
         self._queue.append((stream, fields, future))
-        if not self._flushing:
-            self._flushing = True
-            asyncio.get_running_loop().create_task(self._flush())
+        if self._flushing is None:
+            self._flushing = asyncio.get_running_loop().create_task(self._flush())
         return await future
 
     async def _flush(self) -> None:
@@ -40,8 +48,13 @@ class AppendCoalescer:
                         for stream, fields, _ in batch:
                             pipe.xadd(stream, fields, maxlen=self._max_len, approximate=True)  # type: ignore[arg-type]
                         ids = await pipe.execute()
-                except (RedisError, asyncio.CancelledError) as exc:
-                    failure = exc if isinstance(exc, RedisError) else RedisError("cancelled")
+                except (Exception, asyncio.CancelledError) as exc:
+                    if isinstance(exc, RedisError):
+                        failure = exc
+                    else:  # (no waiter may be left waiting, whatever the client raised)
+                        if not isinstance(exc, asyncio.CancelledError):
+                            log.exception("appending %d request(s) failed", len(batch))
+                        failure = RedisError(f"appending failed: {type(exc).__name__}")
                     for _, _, future in batch:
                         if not future.done():
                             future.set_exception(failure)
@@ -52,4 +65,4 @@ class AppendCoalescer:
                     if not future.done():
                         future.set_result(entry_id)
         finally:
-            self._flushing = False
+            self._flushing = None

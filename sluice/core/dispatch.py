@@ -147,13 +147,22 @@ class RedisDispatcher:
         queue: asyncio.Queue[Reply | SluiceError] = asyncio.Queue()
         self._streams[key] = queue
         deadline = loop.time() + timeout_s
+        appended: asyncio.Future[bytes] = loop.create_future()
+        expiry = loop.call_later(timeout_s, _expire, appended, model, timeout_s)
         entry_id: bytes | None = None
         done = False
         try:
             try:
-                entry_id = await self._appender.append(stream, encode_request(message, payload))
+                entry_id = await self._appender.append(
+                    stream, encode_request(message, payload), appended
+                )
             except RedisError:
                 raise Unavailable(QUEUE_UNREACHABLE) from None
+            except DeadlineExceeded:
+                self.expired[stream] += 1
+                raise
+            finally:
+                expiry.cancel()
             while True:
                 try:
                     item = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
@@ -183,12 +192,16 @@ class RedisDispatcher:
         message.reply_to = self.reply_stream
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
+        appended: asyncio.Future[bytes] = loop.create_future()
         self._pending[key] = future
-        expiry = loop.call_later(timeout_s, _expire, future, model, timeout_s)
+        # (The deadline also ends the wait for the append: a request never outlives it.)
+        expiry = loop.call_later(timeout_s, _expire, future, model, timeout_s, appended)
         entry_id: bytes | None = None
         try:
             try:
-                entry_id = await self._appender.append(stream, encode_request(message, payload))
+                entry_id = await self._appender.append(
+                    stream, encode_request(message, payload), appended
+                )
             except RedisError:
                 raise Unavailable(QUEUE_UNREACHABLE) from None
             return await future
@@ -201,10 +214,11 @@ class RedisDispatcher:
         finally:
             expiry.cancel()
             self._pending.pop(key, None)
-            if future.done() and not future.cancelled():
-                # Failed (Redis went away) while its entry was still being appended: the
-                # caller got the append's error instead; mark this one as seen.
-                future.exception()
+            for settled in (future, appended):
+                if settled.done() and not settled.cancelled():
+                    # Failed (Redis went away, or the deadline passed) while the other one
+                    # was awaited: the caller got that one's error; mark this one as seen.
+                    settled.exception()
 
     def _withdraw(self, model: str, stream: str, entry_id: bytes | None, key: str) -> None:
         """The caller went away: take the request back from its stream and tell the
@@ -300,8 +314,14 @@ def _next_id(entry_id: bytes) -> str:
     return f"{milliseconds}-{int(sequence) + 1}"
 
 
-def _expire(future: asyncio.Future[Reply], model: str, timeout_s: float) -> None:
-    if not future.done():
-        future.set_exception(
-            DeadlineExceeded(f"no answer from model '{model}' within {timeout_s:.3f} s")
-        )
+def _expire(
+    future: asyncio.Future[Reply] | asyncio.Future[bytes],
+    model: str,
+    timeout_s: float,
+    appended: asyncio.Future[bytes] | None = None,
+) -> None:
+    for waiting in (future, appended):
+        if waiting is not None and not waiting.done():
+            waiting.set_exception(
+                DeadlineExceeded(f"no answer from model '{model}' within {timeout_s:.3f} s")
+            )

@@ -58,7 +58,11 @@ async def test_a_miss_after_a_change_is_answered_from_the_new_catalog() -> None:
     assert problem is None
 
 
-async def test_misses_share_one_refresh_and_are_rate_limited() -> None:
+async def test_misses_share_one_refresh_and_are_rate_limited(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (a minute between refreshes: however slowly this machine runs the two rounds)
+    monkeypatch.setattr("sluice.gateway.catalog_follow.MISS_REFRESH_S", 60.0)
     control = PublishingControl()
     state = gateway_state(control)
 

@@ -14,7 +14,7 @@ import pytest
 from sluice.core.memory_budget import HOST
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.executor.fork_server import ForkServer
-from sluice.scheduler.executor.on_demand import OnDemand, Resident, _Room
+from sluice.scheduler.executor.on_demand import PATIENCE_S, OnDemand, Resident, _Room
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing, host_bytes
 from sluice.scheduler.executor.supervisor import ChildSpec
 
@@ -63,6 +63,19 @@ def test_the_least_used_go_before_the_least_recently_used() -> None:
     assert demand._victims({HOST: 50 * MIB}, NOW) == [tail]
     # ... and the hot one is no candidate at all for a version used less than it
     assert demand._victims({HOST: 150 * MIB}, NOW, demand=3) == []
+
+
+def test_a_waiting_version_spares_the_more_used_for_a_bounded_time() -> None:
+    """A model asked for once waits for a hot one only ``PATIENCE_S``: with a budget that
+    holds one model, it is not starved behind one asked for a hundred times a minute."""
+    hot = resident("hot", 900, 900 * MIB)
+    demand = manager(hot)
+    demand._answered = {hot.key: deque([(NOW - 50, 0), (NOW, 100)])}
+    demand._queued = {("new", 1): 1}
+    need = {HOST: 200 * MIB}
+    assert demand._victims(need, NOW, demand._demand(("new", 1), 0.0)) == []
+    assert demand._victims(need, NOW, demand._demand(("new", 1), PATIENCE_S - 0.1)) == []
+    assert demand._victims(need, NOW, demand._demand(("new", 1), PATIENCE_S)) == [hot]
 
 
 def test_what_leaving_workers_free_goes_to_the_version_it_was_made_for() -> None:
