@@ -48,17 +48,19 @@ def _dispatcher(execute: Any) -> RedisDispatcher:
     return RedisDispatcher(redis, redis, Keys("t"), stream_max_len=10)
 
 
+async def _never() -> list[bytes]:
+    """A pipeline that never answers."""
+    await asyncio.Event().wait()
+    return []
+
+
 def _message() -> RequestMessage:
     return RequestMessage(request_key="", reply_to="", inputs=[], outputs=[])
 
 
 def test_an_append_that_never_returns_ends_at_the_deadline() -> None:
-    async def never() -> list[bytes]:
-        await asyncio.Event().wait()
-        return []
-
     async def run() -> float:
-        dispatcher = _dispatcher(never)
+        dispatcher = _dispatcher(_never)
         started = time.monotonic()
         with pytest.raises(DeadlineExceeded, match=r"within 0\.200 s"):
             await dispatcher.submit("m", "s", _message(), b"", timeout_s=0.2)
@@ -69,12 +71,8 @@ def test_an_append_that_never_returns_ends_at_the_deadline() -> None:
 
 
 def test_a_decoupled_request_also_ends_at_its_deadline_while_appending() -> None:
-    async def never() -> list[bytes]:
-        await asyncio.Event().wait()
-        return []
-
     async def run() -> None:
-        dispatcher = _dispatcher(never)
+        dispatcher = _dispatcher(_never)
         with pytest.raises(DeadlineExceeded):
             async for _ in dispatcher.submit_stream("m", "s", _message(), b"", timeout_s=0.2):
                 pass
