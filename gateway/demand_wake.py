@@ -1,23 +1,13 @@
-"""Waking the executors when a request is queued for an on-demand model no worker serves.
-
-They would notice at their next tick (a second when idle); the wake-up (an entry on
-``Keys.demand_requests``, which each executor's command watcher blocks on) starts the load at
-once. One per model version and gateway process every ``WAKE_EVERY_S`` at most: the first
-request starts the load, the rest wait for it in the queue.
-"""
+"""Waking the executors when a request is queued for an on-demand model no worker serves
+(:class:`sluice.core.on_demand.DemandWake`): one wake-up per model version and gateway
+process every :data:`sluice.core.on_demand.WAKE_EVERY_S` at most."""
 
 from __future__ import annotations
 
-import contextlib
-import time
-
-from redis.exceptions import RedisError
-
+from sluice.core.on_demand import DemandWake
 from sluice.gateway.state import GatewayState
 
-WAKE_EVERY_S = 0.25
-_DEMAND_STREAM_MAX_LEN = 1000
-_last_wake: dict[tuple[str, int], float] = {}
+_WAKE = DemandWake()
 
 
 async def wake_on_demand(state: GatewayState, model: str, version: int) -> None:
@@ -25,16 +15,4 @@ async def wake_on_demand(state: GatewayState, model: str, version: int) -> None:
     entry = state.view.models.get(model)
     if entry is None or not entry.on_demand or state.view.is_ready(model, version):
         return
-    now = time.monotonic()
-    key = (model, version)
-    if now - _last_wake.get(key, -WAKE_EVERY_S) < WAKE_EVERY_S:
-        return
-    _last_wake[key] = now
-    # (Without it, the request is queued all the same: the executors find it at their tick.)
-    with contextlib.suppress(RedisError):
-        await state.redis.xadd(
-            state.keys.demand_requests,
-            {"model": model, "version": str(version)},
-            maxlen=_DEMAND_STREAM_MAX_LEN,
-            approximate=True,
-        )
+    await _WAKE.wake(state.redis, state.keys, model, version)

@@ -13,20 +13,26 @@ counting within seconds):
 - ``Keys.on_demand_states``: per host and model version, ``LOADING`` or ``READY``; a version
   no live host reports is ``UNLOADED_ON_DEMAND`` in the repository index;
 - ``Keys.host_memory``: per host, the budget and the memory in use, by device;
-- ``Keys.demand_requests``: a gateway's wake-up for the executors when it queues a request
-  for a version no worker serves (they would otherwise notice at their next tick).
+- ``Keys.demand_requests``: the wake-up for the executors when a gateway, an ensemble's
+  step or a BLS call queues a request for a version no worker serves (they would otherwise
+  notice at their next tick): :class:`DemandWake`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidConfig
+from sluice.core.keys import Keys
 
 LOAD_KEY = "sluice.load"
 """Model parameter: ``on_demand`` (loaded when a request comes) or ``always``."""
@@ -130,3 +136,32 @@ def host_memories(raw: Mapping[Any, Any], now_s: float) -> list[HostMemory]:
         if memory.until >= now_s:
             hosts.append(memory)
     return hosts
+
+
+WAKE_EVERY_S = 0.25
+"""At most one wake-up per model version and process this often: the first request starts
+the load, the others wait for it in the queue."""
+_DEMAND_STREAM_MAX_LEN = 1000
+
+
+@dataclass
+class DemandWake:
+    """Wakes the executors (an entry on ``Keys.demand_requests``, which each executor's
+    command watcher blocks on) when a request was queued for an on-demand version that no
+    worker serves, so that its load starts at once rather than at their next tick."""
+
+    _last: dict[tuple[str, int], float] = field(default_factory=dict)
+
+    async def wake(self, redis: Redis, keys: Keys, model: str, version: int) -> None:
+        now = time.monotonic()
+        if now - self._last.get((model, version), -WAKE_EVERY_S) < WAKE_EVERY_S:
+            return
+        self._last[(model, version)] = now
+        # (Without it, the request is queued all the same: the executors find it at their tick.)
+        with contextlib.suppress(RedisError):
+            await redis.xadd(
+                keys.demand_requests,
+                {"model": model, "version": str(version)},
+                maxlen=_DEMAND_STREAM_MAX_LEN,
+                approximate=True,
+            )

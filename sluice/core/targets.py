@@ -6,8 +6,10 @@ The same rules as the gateway's :class:`sluice.gateway.catalog_view.CatalogView`
 that names a version or none (Triton's): the catalog entry says which versions are
 served, a version is ready while a worker of it beats (:meth:`sluice.core.keys.Keys.live_workers`),
 no version named (``-1``) means the highest ready one, and the stream is the version's
-default priority level (:meth:`sluice.core.keys.Keys.request_stream`). What Redis says is kept
-for as long as a gateway keeps its view, so a step costs no extra round trip.
+default priority level (:meth:`sluice.core.keys.Keys.request_stream`). A model loaded on
+demand takes requests whether or not it is loaded (no version named: the highest ready
+one, else the highest), and the executors are woken for a version not loaded. What Redis
+says is kept for as long as a gateway keeps its view, so a step costs no extra round trip.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import Unavailable
 from sluice.core.keys import Keys
+from sluice.core.on_demand import DemandWake
 from sluice.core.wire import MalformedEntry
 
 LATEST = -1
@@ -60,6 +63,7 @@ class TargetResolver:
         self._keys = keys
         self._refresh_s = refresh_s
         self._known: dict[str, _Known] = {}
+        self._wake = DemandWake()
 
     async def resolve(self, model: str, version: int) -> Target:
         """The stream for ``model`` at ``version`` (-1: the highest ready version); raises
@@ -75,13 +79,17 @@ class TargetResolver:
             raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
         if version == LATEST:
             ready = [v for v in entry.versions if v in known.ready]
-            if not ready:
+            if not ready and not entry.on_demand:
                 raise Unavailable(f"model '{model}' has no ready version (no live instance)")
-            version = ready[-1]
+            version = (ready or list(entry.versions))[-1]
         elif version not in entry.versions:
             raise Unavailable(f"model '{model}' version {version} is not served")
-        elif version not in known.ready:
+        elif version not in known.ready and not entry.on_demand:
             raise Unavailable(f"model '{model}' version {version} is not ready (no live instance)")
+        if version not in known.ready:
+            # On demand: the request waits in the queue while an executor loads the version
+            # (or answers it with the reason it cannot), as a client's request does.
+            await self._wake.wake(self._redis, self._keys, model, version)
         stream = self._keys.request_stream(model, version, default_level(entry.config))
         return Target(model, version, stream, entry.config)
 

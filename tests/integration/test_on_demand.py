@@ -175,6 +175,16 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     )
     config = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
     write_model(repository, "slowpoke", f"{config}\n{on_demand}", {"1/model.py": SLOW_INIT})
+    write_identity(repository, "stepped", ["FP32"], extra=on_demand)
+    (repository / "via" / "1").mkdir(parents=True)
+    (repository / "via" / "config.pbtxt").write_text(
+        'name: "via"\nplatform: "ensemble"\nmax_batch_size: 8\n'
+        'input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]\n'
+        'ensemble_scheduling { step [ { model_name: "stepped" model_version: -1 '
+        'input_map { key: "IN_FP32" value: "X" } output_map { key: "OUT_FP32" value: "Y" } '
+        "} ] }\n"
+    )
     stack = Stack(
         repository,
         None,
@@ -185,6 +195,18 @@ def mixed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         yield stack
     finally:
         stack.stop()
+
+
+def test_an_ensemble_step_on_an_unloaded_model_loads_it(mixed: Stack) -> None:
+    """The ensemble is loaded at start; its step's model loads on demand when the step's
+    request is queued, as a client's would be."""
+    with httpx.Client(base_url=mixed.url, timeout=60) as http:
+        assert index(http)["stepped"]["state"] == "UNLOADED_ON_DEMAND"
+        request = {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 2], "data": X}]}
+        answer = http.post("/v2/models/via/infer", json=request)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["data"] == [1.0, 2.0]
+        assert index(http)["stepped"]["state"] == "READY"
 
 
 def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> None:
