@@ -19,7 +19,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 
 from sluice.core.errors import InvalidInput, NotFound
 from sluice.core.mar import MarManifest, UnpackLimits
@@ -97,6 +96,8 @@ async def _download(url: str, allowed: str, target: Path) -> None:
             "(SLUICE_ALLOWED_MODEL_URLS); an archive of the model store is named by its "
             "file name"
         )
+    import httpx  # (here: importing it costs a gateway's start about a second of CPU)
+
     failed = InvalidInput(f"Failed to download archive from: {url}")
     size = 0
     try:

@@ -132,7 +132,7 @@ def test_a_million_rows_through_the_tiny_model_in_order(
 def test_the_cnn_job_survives_its_batch_worker_killed_mid_job(
     client: Client, root: Path, stack: Stack
 ) -> None:
-    total = 2_000  # rows: several seconds of the CNN on two cores, in 8 shards
+    total = 1_000  # rows: seconds of the CNN on two cores, in 8 shards
     rng = np.random.default_rng(2)
     images = rng.standard_normal((total, 3, 64, 64), dtype=np.float32)
     np.save(root / "images.npy", images)

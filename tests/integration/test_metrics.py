@@ -310,7 +310,8 @@ def test_sluice_families_cover_every_model_version(http: httpx.Client) -> None:
     names = {n for n, _, _ in samples}
     assert names >= SLUICE_GLOBAL
     gauges = {n: v for n, labels, v in samples if n in SLUICE_GLOBAL and not labels}
-    # (``--gateway-processes auto``; the last to start may not have reported in yet)
+    # (the test stacks run one gateway process unless asked; the last to start may not have
+    # reported in yet)
     assert 1 <= gauges["sluice_gateway_processes"] <= auto_gateway_processes()
     assert gauges["sluice_gateway_in_flight"] >= 0
     assert 0 < gauges["sluice_redis_round_trip_seconds"] < 1

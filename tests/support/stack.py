@@ -72,8 +72,15 @@ class Stack:
             self.stdout_lines, self.stderr_lines = [], []
 
     def _start_once(self, timeout_s: float) -> None:
-        # No batch worker unless a test asks for one (SLUICE_BATCH_WORKERS in ``env``).
-        env = dict(os.environ, SLUICE_NAMESPACE=self.namespace, SLUICE_BATCH_WORKERS="0")
+        # No batch worker, and one gateway process, unless a test asks for more
+        # (SLUICE_BATCH_WORKERS, SLUICE_GATEWAY_PROCESSES in ``env``, or --gateway-processes):
+        # each process started costs the suite seconds of CPU (a gateway's imports: about 2 s).
+        env = dict(
+            os.environ,
+            SLUICE_NAMESPACE=self.namespace,
+            SLUICE_BATCH_WORKERS="0",
+            SLUICE_GATEWAY_PROCESSES="1",
+        )
         env.pop("SLUICE_REDIS_URL", None)
         if self.redis_url is not None:
             env["SLUICE_REDIS_URL"] = self.redis_url
