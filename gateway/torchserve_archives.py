@@ -19,7 +19,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-
 from sluice.core.errors import InvalidInput, NotFound
 from sluice.core.mar import MarManifest, UnpackLimits
 from sluice.core.mar_forms import pack

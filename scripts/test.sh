@@ -35,7 +35,7 @@ nice -n 5 .venv/bin/python -m pytest -ra -m compose -p no:cacheprovider \
 compose_pid=$!
 # Two streams of tests (pytest-xdist), each file's tests in one stream: most tests wait on
 # the processes they start, so two streams use the two cores the suite is sized for.
-.venv/bin/python -m pytest -ra --durations=15 -m "not compose" -n 2 --dist loadgroup
+.venv/bin/python -m pytest -ra --durations=15 -m "not compose" -n 2 --dist loadfile
 pytest_status $?
 status=$?
 wait "$compose_pid"

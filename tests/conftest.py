@@ -16,16 +16,15 @@ _FOLDER_MARKS = {"integration": pytest.mark.integration, "faults": pytest.mark.f
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Marks each test with its layer, and with its file as its ``xdist_group``: run in
-    streams (``pytest -n 2 --dist loadgroup``, as scripts/test.sh does), a file's tests stay
-    together, so a module's fixtures (a stack, a cluster) start once, in one stream."""
+    """Marks each test with its layer (its folder). (Run in streams, ``pytest -n 2 --dist
+    loadfile`` as scripts/test.sh does, a file's tests stay in one stream, so that a
+    module's fixtures, a stack or a cluster, start once.)"""
     tests = Path(__file__).resolve().parent
     for item in items:
         try:
             relative = item.path.resolve().relative_to(tests)
         except ValueError:
             continue
-        item.add_marker(pytest.mark.xdist_group(relative.as_posix()))
         mark = _FOLDER_MARKS.get(relative.parts[0])
         if mark is not None:
             item.add_marker(mark)
