@@ -357,19 +357,27 @@ class Stack:
         def build(name: str, commands: list[list[str]]) -> None:
             started = time.monotonic()
             for command in commands:
-                try:
-                    result = subprocess.run(
-                        command,
-                        cwd=ROOT,
-                        capture_output=True,
-                        text=True,
-                        timeout=BUILD_TIMEOUT_S,
-                        check=False,
-                    )
-                except subprocess.TimeoutExpired:
-                    failures[name] = f"no end within {BUILD_TIMEOUT_S:.0f} s"
-                    return
-                if result.returncode != 0:
+                # Twice at most: a build that fetches packages fails with the network (a name
+                # that did not resolve for a moment); the second failure is the test's.
+                for attempt in (1, 2):
+                    try:
+                        result = subprocess.run(
+                            command,
+                            cwd=ROOT,
+                            capture_output=True,
+                            text=True,
+                            timeout=BUILD_TIMEOUT_S,
+                            check=False,
+                        )
+                    except subprocess.TimeoutExpired:
+                        failures[name] = f"no end within {BUILD_TIMEOUT_S:.0f} s"
+                        return
+                    if result.returncode == 0:
+                        break
+                    if attempt == 1:
+                        progress(f"building the {name} image failed; once more:")
+                        progress(result.stderr[-1500:])
+                        continue
                     failures[name] = f"exit {result.returncode}:\n{result.stderr[-4000:]}"
                     return
             progress(f"built the {name} image in {time.monotonic() - started:.0f} s")

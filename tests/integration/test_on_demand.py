@@ -206,7 +206,7 @@ def test_an_ensemble_step_on_an_unloaded_model_loads_it(mixed: Stack) -> None:
         answer = http.post("/v2/models/via/infer", json=request)
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["data"] == [1.0, 2.0]
-        assert index(http)["stepped"]["state"] == "READY"
+        assert wait_until(lambda: index(http)["stepped"]["state"] == "READY", 10)
 
 
 def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> None:
