@@ -17,7 +17,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from typing import Protocol, cast
+from typing import Any, Protocol, cast
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -148,7 +148,7 @@ class RedisDispatcher:
         self._streams[key] = queue
         deadline = loop.time() + timeout_s
         appended: asyncio.Future[bytes] = loop.create_future()
-        expiry = loop.call_later(timeout_s, _expire, appended, model, timeout_s)
+        expiry = loop.call_later(timeout_s, _expire, model, timeout_s, appended)
         entry_id: bytes | None = None
         done = False
         try:
@@ -195,7 +195,7 @@ class RedisDispatcher:
         appended: asyncio.Future[bytes] = loop.create_future()
         self._pending[key] = future
         # (The deadline also ends the wait for the append: a request never outlives it.)
-        expiry = loop.call_later(timeout_s, _expire, future, model, timeout_s, appended)
+        expiry = loop.call_later(timeout_s, _expire, model, timeout_s, appended, future)
         entry_id: bytes | None = None
         try:
             try:
@@ -314,14 +314,11 @@ def _next_id(entry_id: bytes) -> str:
     return f"{milliseconds}-{int(sequence) + 1}"
 
 
-def _expire(
-    future: asyncio.Future[Reply] | asyncio.Future[bytes],
-    model: str,
-    timeout_s: float,
-    appended: asyncio.Future[bytes] | None = None,
-) -> None:
-    for waiting in (future, appended):
-        if waiting is not None and not waiting.done():
-            waiting.set_exception(
+def _expire(model: str, timeout_s: float, *waiting: asyncio.Future[Any]) -> None:
+    """The deadline passed: whatever the request still waits for (its append, its answer)
+    ends with 504's error."""
+    for future in waiting:
+        if not future.done():
+            future.set_exception(
                 DeadlineExceeded(f"no answer from model '{model}' within {timeout_s:.3f} s")
             )
