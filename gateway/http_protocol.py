@@ -9,7 +9,9 @@ connection here has at most one timer running, for the phase it is in:
   of the next request): ``header_timeout_s``, then ``408`` and close;
 - waiting for the rest of the body once the headers are in: ``body_timeout_s``, then
   close (the application sees a disconnect); for an upload (``POST /v2/uploads``, a file
-  of up to gigabytes) the time counts from the last bytes received instead;
+  of up to gigabytes) the time counts from the last bytes received instead. The clock
+  stops while the server itself has stopped reading (the application has not yet taken
+  what is buffered): a busy server does not cut off a client that sent in time;
 - writing a response the client does not read (the transport's buffer stays full):
   ``send_timeout_s``, then close.
 
@@ -36,6 +38,7 @@ import contextlib
 import logging
 from typing import Any, cast
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from sluice.gateway.infer_response import encode_error
@@ -111,6 +114,24 @@ class OneWriteTransport:
         return getattr(self._transport, name)
 
 
+class _ReadingFlow(FlowControl):
+    """uvicorn's flow control, telling the protocol when reading stops and starts again."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: BoundedHttpToolsProtocol) -> None:
+        super().__init__(transport)
+        self._protocol = protocol
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            super().pause_reading()
+            self._protocol.reading_paused()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            super().resume_reading()
+            self._protocol.reading_resumed()
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
     """Set as ``uvicorn.Config(http=...)`` through :func:`bounded_protocol`."""
 
@@ -128,6 +149,8 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._phase = ""
         self._idle_body = False
         """An upload's body: its timeout counts from the last bytes received."""
+        self._body_left_s: float | None = None
+        """The body's time left while the server does not read (its clock stopped)."""
 
     def _arm(self, phase: str, timeout_s: float) -> None:
         self._disarm()
@@ -139,6 +162,26 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
             self._timer.cancel()
             self._timer = None
         self._phase = ""
+        self._body_left_s = None
+
+    def _arm_body(self, timeout_s: float) -> None:
+        """The body's clock: running while the server reads, stopped while it does not."""
+        self._arm("body", timeout_s)
+        if self.flow.read_paused:
+            self.reading_paused()
+
+    def reading_paused(self) -> None:
+        """Reading stopped (the application has not taken what is buffered, or an earlier
+        request on this connection is still being answered): the body's clock stops."""
+        if self._phase == "body" and self._timer is not None:
+            self._body_left_s = max(0.0, self._timer.when() - self.loop.time())
+            self._timer.cancel()
+            self._timer = None
+
+    def reading_resumed(self) -> None:
+        if self._phase == "body" and self._body_left_s is not None:
+            left = self.body_timeout_s if self._idle_body else self._body_left_s
+            self._arm_body(left)
 
     def _expired(self) -> None:
         self._timer = None
@@ -162,6 +205,7 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.flow = _ReadingFlow(transport, self)
         if len(self.connections) > self.max_connections:
             log.warning("refusing a connection: %d are open already", self.max_connections)
             transport.abort()
@@ -205,12 +249,12 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._idle_body = scope.get("method") == "POST" and scope.get("path", "").startswith(
             "/v2/uploads"
         )
-        self._arm("body", self.body_timeout_s)
+        self._arm_body(self.body_timeout_s)
 
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
-        if self._idle_body and self._phase == "body":
-            self._arm("body", self.body_timeout_s)
+        if self._idle_body and self._phase == "body" and self._timer is not None:
+            self._arm_body(self.body_timeout_s)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -444,7 +444,9 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     (or of its first byte, for the next request on a kept-alive connection); else 408."""
 
     body_timeout_s: float = Field(60.0, gt=0)
-    """A request's complete body must arrive within this time after its headers."""
+    """A request's complete body must arrive within this time after its headers. Only the
+    time the server is reading counts: while it has stopped reading because what it holds
+    is not yet taken (a busy server, flow control), the clock stops."""
 
     send_timeout_s: float = Field(60.0, gt=0)
     """A client that reads nothing of a pending response for this long is disconnected."""

@@ -16,7 +16,15 @@ def probe_while(url: str, heavy: Callable[[], T], timeout_s: float = 120.0) -> t
     """Run ``heavy()`` on a thread and ``GET /v2/health/live`` back to back until it
     returns: (its result, probes made, slowest probe in seconds)."""
     result: list[T] = []
-    thread = threading.Thread(target=lambda: result.append(heavy()))
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(heavy())
+        except BaseException as error:  # handed to the test, which reports it
+            failure.append(error)
+
+    thread = threading.Thread(target=run)
     thread.start()
     slowest, probes = 0.0, 0
     with httpx.Client(base_url=url, timeout=30) as http:
@@ -27,6 +35,8 @@ def probe_while(url: str, heavy: Callable[[], T], timeout_s: float = 120.0) -> t
             probes += 1
             time.sleep(0.02)
     thread.join(timeout_s)
+    if failure:
+        raise AssertionError(f"the heavy request failed: {failure[0]!r}") from failure[0]
     assert result, "the heavy request did not finish"
     print(f"{probes} health probes during the heavy request, slowest {slowest * 1000:.0f} ms")
     return result[0], probes, slowest
