@@ -103,12 +103,15 @@ class _Server(uvicorn.Server):
     at once when asked to exit: its own loop checks ``should_exit`` every 0.1 s, which is
     most of what an idle gateway does."""
 
-    TICK_S = 1.0
+    TICK_S: float | None = 1.0
+    """None: no tick of its own (a follower, ticked by the main server)."""
 
     def __init__(self, config: uvicorn.Config) -> None:
         self._exit_flag = False
         self._woken: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.followers: list[_Server] = []
+        """Servers of the same process ticked with this one, so that one timer wakes it."""
         super().__init__(config)
 
     @property
@@ -127,13 +130,22 @@ class _Server(uvicorn.Server):
         # uvicorn refreshes its Date header when the tick counter is a multiple of 10.
         should_exit = await self.on_tick(0)
         while not should_exit:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._woken.wait(), self.TICK_S)
+            if self.TICK_S is None:
+                await self._woken.wait()
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._woken.wait(), self.TICK_S)
+                for follower in self.followers:
+                    if follower.started:  # (its Date header)
+                        await follower.on_tick(0)
             should_exit = await self.on_tick(0)
 
 
 class _Follower(_Server):
-    """A server that leaves the signals to the main one and stops when it stops."""
+    """A server that leaves the signals to the main one and stops when it stops; the main
+    one ticks it."""
+
+    TICK_S = None
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
@@ -141,10 +153,11 @@ class _Follower(_Server):
 
 
 async def _serve_all(
-    main: uvicorn.Server,
+    main: _Server,
     sockets: list[socket.socket] | None,
-    followers: Sequence[tuple[uvicorn.Server, socket.socket]],
+    followers: Sequence[tuple[_Server, socket.socket]],
 ) -> None:
+    main.followers = [server for server, _ in followers]
     running = [
         asyncio.create_task(server.serve(sockets=[listener])) for server, listener in followers
     ]

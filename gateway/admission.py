@@ -44,6 +44,9 @@ class Admission:
     arrived: int = 0
     """Requests that asked to be admitted, ever (the catalog refresh slows down while it
     does not move)."""
+    arrival: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by each arrival; an idle catalog refresh clears it and sleeps until it is set
+    again (or its idle pace is due)."""
     weight: Callable[[str], float] = _weight_one
     """A tenant's weight (the tenant limits in force set it)."""
     per_tenant: dict[tuple[str, int], dict[str, int]] = field(default_factory=dict)
@@ -67,6 +70,8 @@ class Admission:
     ) -> Iterator[None]:
         key = (model, version)
         self.arrived += 1
+        if not self.arrival.is_set():
+            self.arrival.set()
         held = self.check_room(model, version, max_queue_size, request_id, tenant)
         self.in_flight += 1
         self.per_model[key] = self.per_model.get(key, 0) + 1

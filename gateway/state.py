@@ -57,6 +57,9 @@ class GatewayState:
     limits_source: LimitsSource = field(default_factory=LimitsSource)
     """Where the tenant limits come from (the file followed for changes)."""
     redis_ok: bool = field(default=False)
+    refreshed: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set at the end of each catalog refresh (readiness may have changed): the gRPC health
+    status follows it instead of polling."""
     redis_run_id: str = ""
     """The Redis server's run id: another one means Redis restarted and lost its streams."""
     tracing: Tracing | None = None

@@ -77,6 +77,8 @@ class GrpcServer:
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
+        self._health_status: int | None = None
+        """The status last given to the health service (set again only when it changes)."""
 
     async def start(self) -> None:
         settings = self.state.settings
@@ -125,12 +127,18 @@ class GrpcServer:
             if ready
             else health_pb2.HealthCheckResponse.NOT_SERVING
         )
+        if status == self._health_status:
+            return
         for service in ("", SERVICE):
             await self.health.set(service, status)
+        self._health_status = status
 
     async def _watch_health(self) -> None:
+        """Readiness changes with the catalog refresh: the status follows each refresh."""
+        refreshed = self.state.refreshed
         while True:
-            await asyncio.sleep(self.state.settings.catalog_refresh_s)
+            await refreshed.wait()
+            refreshed.clear()
             try:
                 await self.refresh_health()
             except Exception:

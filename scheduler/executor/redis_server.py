@@ -96,6 +96,11 @@ class RedisServer:
             "appendonly no",
             f'dir "{self.workdir}"',
             "loglevel warning",
+            # Its background tasks twice a second instead of ten times: an idle
+            # deployment's Redis then costs a quarter as much CPU. Blocking reads still end
+            # on time (Redis keeps a timer for them), expired keys go at the same rate, and
+            # dynamic-hz (on by default) raises the pace with many clients.
+            "hz 2",
         ]
         if self.password:
             lines.append(f"requirepass {self.password}")

@@ -15,9 +15,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import grpc
 import httpx
 import orjson
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.faults.conftest import FAST_FAILURE_DETECTION, MODEL, Report
@@ -67,6 +69,15 @@ def _get(url: str, path: str) -> tuple[int, str | None]:
     return response.status_code, error if isinstance(error, str) else None
 
 
+def _grpc_health(address: str) -> str:
+    """The gRPC health service's status of the whole server (SERVING, NOT_SERVING)."""
+    with grpc.insecure_channel(address) as channel:
+        answer = health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=CLIENT_TIMEOUT_S
+        )
+    return health_pb2.HealthCheckResponse.ServingStatus.Name(answer.status)
+
+
 def _burst(url: str, base: int) -> tuple[list[tuple[int, str | None]], list[Answer]]:
     """BURST concurrent stats reads and BURST concurrent inferences: these need as many
     Redis connections at once, so the gateway's pool hands out every connection it has."""
@@ -109,6 +120,7 @@ def test_redis_restart_is_survived(
         not_ready_after: float | None = None
         outage_infer: Answer | None = None
         outage_stats: tuple[int, str | None] | None = None
+        outage_grpc_health = ""
         while time.monotonic() < killed_at + OUTAGE_S:
             status, _ = _get(stack.url, "/v2/health/ready")
             ready_statuses.append(status)
@@ -116,6 +128,7 @@ def test_redis_restart_is_survived(
                 not_ready_after = time.monotonic() - killed_at
                 outage_infer = _infer(stack.url, 2_000_000)
                 outage_stats = _get(stack.url, f"/v2/models/{MODEL}/stats")
+                outage_grpc_health = _grpc_health(stack.grpc_address)
             time.sleep(0.1)
 
         restarting_at = time.monotonic()
@@ -132,6 +145,7 @@ def test_redis_restart_is_survived(
                 break
             time.sleep(0.2)
         burst_after = _burst(stack.url, 4_000_000) if recovered_at else ([], [])
+        recovered_grpc_health = _grpc_health(stack.grpc_address) if recovered_at else ""
         time.sleep(1.0)
         load.stop()
         load.join(CLIENT_TIMEOUT_S + 5)
@@ -180,6 +194,8 @@ def test_redis_restart_is_survived(
             "s": round(outage_infer.latency_s, 3),
         },
         outage_stats=outage_stats,
+        grpc_health_during_outage=outage_grpc_health,
+        grpc_health_after_recovery=recovered_grpc_health,
         redis_restart_s=round(back_at - restarting_at, 2),
         recovered_after_s=None if recovered_at is None else round(recovered_at - back_at, 2),
         last_probe=None if not probes else {"status": probes[-1].status, "error": probes[-1].error},
@@ -210,6 +226,10 @@ def test_redis_restart_is_survived(
         problems.append(f"inference during the outage: {figures['outage_infer']}")
     if outage_stats is None or outage_stats[0] != 503 or outage_stats[1] is None:
         problems.append(f"GET stats during the outage is not a JSON 503: {outage_stats}")
+    if outage_grpc_health != "NOT_SERVING":  # (set by the same refresh as HTTP's)
+        problems.append(f"gRPC health during the outage: {outage_grpc_health}")
+    if recovered_at is not None and recovered_grpc_health != "SERVING":
+        problems.append(f"gRPC health after recovery: {recovered_grpc_health}")
     if recovered_at is None:
         problems.append(
             f"not serving {RECOVERY_S} s after Redis came back: {figures['last_probe']}"
@@ -222,4 +242,6 @@ def test_redis_restart_is_survived(
         problems.append(f"burst after recovery: {figures['burst_after_recovery']}")
     if children_before != children_after:
         problems.append("Sluice restarted processes to recover")
+    if problems:  # what the stack logged says why
+        print("".join(stack.stderr_lines[-120:]))
     assert not problems, problems
