@@ -438,10 +438,14 @@ def test_counting_a_huge_bytes_region_does_not_stall_other_clients(
         "parameters": {"shared_memory_region": "many", "shared_memory_byte_size": size},
     }
     limit = stall_limit(on_local.stack.url)
-    answer, probes, slowest = probe_while(
+    probed = probe_while(
         on_local.stack.url, lambda: on_local.infer("ident_bytes", {"inputs": [tensor]})
     )
-    refused(answer, "input 'IN_BYTES'")
-    assert probes >= 5, "the count ended too soon to measure anything"
-    assert slowest < limit, f"a health probe took {slowest:.2f} s while a region was counted"
+    refused(probed.result, "input 'IN_BYTES'")
+    assert probed.probes >= 5, "the count ended too soon to measure anything"
+    allowed = probed.stall_allowed_s(limit)
+    assert probed.slowest_s < allowed, (
+        f"a health probe took {probed.slowest_s:.2f} s while a region was counted "
+        f"({probed.took_s:.2f} s; allowed {allowed:.2f} s)"
+    )
     on_local.http.post("/v2/systemsharedmemory/region/many/unregister")
