@@ -4,9 +4,9 @@ Gauges that belong to a process (requests in flight, its Redis round-trip time, 
 shared memory of its host) go to a hash of its own that expires a few seconds after its last
 report, so a scrape of any gateway sums the live ones and a dead process leaves no stale
 series (the limited tenants' requests and bytes held, which the other processes add to
-theirs, are among them). Counters (admission refusals, deadline misses at the gateway, the
-tenants' requests and refusals) are added to the shared statistics hashes, where they
-survive the process.
+theirs, and their demand, by which the processes divide a rate, are among them). Counters
+(admission refusals, deadline misses at the gateway, the tenants' requests and refusals)
+are added to the shared statistics hashes, where they survive the process.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.keys import base_stream
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenant_metrics import give_back_tenant_counts, take_tenant_counts
-from sluice.gateway.tenant_sync import in_flight_field, queued_bytes_field
+from sluice.gateway.tenant_sync import demand_field, in_flight_field, queued_bytes_field
 
 REPORT_TTL_S = 5
 """A gateway's report outlives its last refresh by this much."""
@@ -58,6 +58,8 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
         for tenant, (in_flight, queued_bytes) in state.quota.own_usage().items():
             gauges[in_flight_field(tenant)] = in_flight
             gauges[queued_bytes_field(tenant)] = queued_bytes
+        for tenant, per_s in state.quota.measure_demand().items():
+            gauges[demand_field(tenant)] = round(per_s * 1000)
         counts: list[tuple[str, str, int]] = []
         for (model, version, reason), count in rejected.items():
             stats = keys.stats(model, version)

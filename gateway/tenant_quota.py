@@ -1,12 +1,15 @@
 """Each tenant's limits, enforced in this gateway process without a Redis round trip.
 
 - ``rate`` (and ``burst``): a token bucket per tenant. With several gateway processes (on
-  one host or several) each process refills its bucket at ``rate / processes`` and holds
-  ``max(1, burst / processes)`` tokens, ``processes`` being the live gateway processes of
-  the deployment as last seen in Redis: the rate is enforced per process share, as local
-  rate limits in a proxy are. Spread evenly over the processes (as a load balancer or the
-  kernel's ``SO_REUSEPORT`` does), a tenant gets its rate; all sent to one process, it gets
-  that process's share.
+  one host or several) the rate is divided between them by where the tenant's requests
+  arrive: each process measures its tenant's demand (requests that asked for a token,
+  admitted or not, per second) and reports it at every refresh, and reads the others'.
+  While the demands together stay within the rate, each process gets its own demand plus
+  an equal part of what is left; beyond it, the rate in proportion to the demands (each
+  request then has the same chance, wherever it arrives). A process's bucket holds
+  ``max(1, burst * its share)`` tokens. So a tenant whose requests all reach one process
+  (one gRPC channel, one kept-alive connection) gets its whole rate there, one refresh
+  after its traffic moved; before any demand is known the processes share equally.
 - ``max_in_flight`` and ``max_queued_bytes``: this process's own count plus the counts the
   other processes reported at their last refresh (every ``catalog_refresh_s``, see
   :mod:`sluice.gateway.gateway_report`). A burst that reaches several processes within one
@@ -79,6 +82,22 @@ class TenantUsage:
     peer_in_flight: int = 0
     """Its requests held by the other gateway processes, as they last reported."""
     peer_queued_bytes: int = 0
+    asked: int = 0
+    """Requests that asked for a token here since the demand was last measured."""
+    demand: float | None = None
+    """Those per second, smoothed (None until first measured)."""
+    peer_demand: float = 0.0
+    """The other processes' demand, as they last reported."""
+
+
+@dataclass(frozen=True, slots=True)
+class PeerUsage:
+    """What the other gateway processes reported of one tenant, summed."""
+
+    in_flight: int = 0
+    queued_bytes: int = 0
+    demand: float = 0.0
+    """Requests per second that asked them for a token."""
 
 
 class _Held:
@@ -111,13 +130,15 @@ class TenantQuota:
     clock: Callable[[], float] = time.monotonic
     limits: TenantLimits = field(default_factory=TenantLimits)
     processes: int = 1
-    """Live gateway processes of the deployment (the buckets' share is 1 / this)."""
+    """Live gateway processes of the deployment (the rate's slack is shared among them)."""
     usage: dict[str, TenantUsage] = field(default_factory=dict)
     """The tenants with a limit (the others are not here)."""
     rejected: Counter[tuple[str, str]] = field(default_factory=Counter)
     """Refusals per (tenant, limit) since the last hand-over to the metrics."""
     jobs_admitted: Counter[str] = field(default_factory=Counter)
     """Asynchronous jobs that passed the tenant's rate, likewise."""
+    measured_at: float | None = None
+    """When the demand was last measured (:meth:`measure_demand`)."""
 
     def __post_init__(self) -> None:
         self.apply(self.limits)
@@ -132,7 +153,7 @@ class TenantQuota:
                 continue
             current = self.usage.get(tenant) or TenantUsage(tenant, limit)
             current.limit = limit
-            current.bucket = self._bucket(limit, current.bucket, now)
+            current.bucket = self._bucket(current, current.bucket, now)
             usage[tenant] = current
         self.limits, self.usage = limits, usage
 
@@ -142,21 +163,53 @@ class TenantQuota:
         if processes == self.processes:
             return
         self.processes = processes
+        self._resize_all()
+
+    def _resize_all(self) -> None:
         now = self.clock()
         for usage in self.usage.values():
-            usage.bucket = self._bucket(usage.limit, usage.bucket, now)
+            usage.bucket = self._bucket(usage, usage.bucket, now)
 
     def _bucket(
-        self, limit: TenantLimit, bucket: TokenBucket | None, now: float
+        self, usage: TenantUsage, bucket: TokenBucket | None, now: float
     ) -> TokenBucket | None:
+        limit = usage.limit
         if limit.rate is None or limit.burst is None:
             return None
-        rate = limit.rate / self.processes
-        burst = max(1.0, limit.burst / self.processes)
+        rate = self._rate_share(limit.rate, usage.demand or 0.0, usage.peer_demand)
+        burst = max(1.0, limit.burst * rate / limit.rate)
         if bucket is None:
             return TokenBucket(rate, burst, now)
         bucket.resize(rate, burst, now)
         return bucket
+
+    def _rate_share(self, rate: float, own: float, peers: float) -> float:
+        """This process's part of ``rate``, by the demands (module docstring)."""
+        total = own + peers
+        if total <= rate:
+            return own + (rate - total) / self.processes
+        # (never nothing: a process whose demand is not known yet admits a trickle)
+        return max(rate * own / total, rate / (100 * self.processes))
+
+    def measure_demand(self) -> dict[str, float]:
+        """Each rate-limited tenant's requests per second that asked this process for a
+        token since the last call (smoothed over calls), for the report the other
+        processes read; the buckets take their new shares."""
+        now = self.clock()
+        elapsed = now - self.measured_at if self.measured_at is not None else 0.0
+        self.measured_at = now
+        measured: dict[str, float] = {}
+        for tenant, usage in self.usage.items():
+            if usage.bucket is None:
+                continue
+            if elapsed > 0:
+                latest = usage.asked / elapsed
+                previous = usage.demand
+                usage.demand = latest if previous is None else (previous + latest) / 2
+            usage.asked = 0
+            measured[tenant] = usage.demand or 0.0
+        self._resize_all()
+        return measured
 
     def hold(self, tenant: str, inputs: Iterable[InputTensor]) -> AbstractContextManager[None]:
         """Count one request of ``tenant`` until the block ends, or refuse it."""
@@ -192,7 +245,10 @@ class TenantQuota:
         self._check_in_flight(usage)
         bucket = usage.bucket
         if bucket is not None:
-            self._refuse_rate(usage, bucket.wait(self.clock()))
+            wait = bucket.wait(self.clock())
+            if wait:
+                usage.asked += 1  # (admitted, it asks again in hold)
+            self._refuse_rate(usage, wait)
 
     def check_rate(self, tenant: str) -> None:
         """Take a token of ``tenant`` for a request that is not held here (a job), or
@@ -206,6 +262,7 @@ class TenantQuota:
         bucket = usage.bucket
         if bucket is None:
             return
+        usage.asked += 1
         self._refuse_rate(usage, bucket.take(self.clock()))
 
     def _check_in_flight(self, usage: TenantUsage) -> None:
@@ -236,10 +293,15 @@ class TenantQuota:
         (the report the other processes read)."""
         return {t: (u.in_flight, u.queued_bytes) for t, u in self.usage.items()}
 
-    def observe_peers(self, peers: Mapping[str, tuple[int, int]]) -> None:
-        """What the other live gateway processes hold per tenant, summed."""
+    def observe_peers(self, peers: Mapping[str, PeerUsage]) -> None:
+        """What the other live gateway processes hold and are asked for per tenant, summed;
+        the buckets take their new shares."""
+        nothing = PeerUsage()
         for tenant, usage in self.usage.items():
-            usage.peer_in_flight, usage.peer_queued_bytes = peers.get(tenant, (0, 0))
+            peer = peers.get(tenant, nothing)
+            usage.peer_in_flight, usage.peer_queued_bytes = peer.in_flight, peer.queued_bytes
+            usage.peer_demand = peer.demand
+        self._resize_all()
 
     def take_counts(self) -> tuple[Counter[tuple[str, str]], Counter[str]]:
         """Refusals per (tenant, limit) and jobs admitted per tenant since the last call

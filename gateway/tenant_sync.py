@@ -1,10 +1,11 @@
 """What the tenant limits need from Redis, every catalog refresh: the file's changes put in
 force, their weights written for the workers, and what the other gateway processes hold.
 
-Each process reports its limited tenants' requests in flight and queued bytes in its
-gateway report (:mod:`sluice.gateway.gateway_report`, fields :func:`in_flight_field` and
-:func:`queued_bytes_field`); here it reads the live processes' reports: their number
-divides the tenants' rates, their counts add to this process's own.
+Each process reports its limited tenants' requests in flight, queued bytes and demand in
+its gateway report (:mod:`sluice.gateway.gateway_report`, fields :func:`in_flight_field`,
+:func:`queued_bytes_field` and :func:`demand_field`); here it reads the live processes'
+reports: their counts add to this process's own, and their number and demands divide the
+tenants' rates (:mod:`sluice.gateway.tenant_quota`).
 """
 
 from __future__ import annotations
@@ -18,8 +19,10 @@ from sluice.core.clock import CLOCK
 from sluice.core.keys import Keys
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenant_quota import PeerUsage
 
 _IN_FLIGHT, _QUEUED_BYTES = "tenant_in_flight:", "tenant_queued_bytes:"
+_DEMAND = "tenant_demand_milli:"
 
 
 def in_flight_field(tenant: str) -> str:
@@ -30,6 +33,12 @@ def in_flight_field(tenant: str) -> str:
 def queued_bytes_field(tenant: str) -> str:
     """Field of a gateway report: their bytes."""
     return _QUEUED_BYTES + tenant
+
+
+def demand_field(tenant: str) -> str:
+    """Field of a gateway report: the tenant's requests per 1,000 s that asked that process
+    for a token (admitted or refused)."""
+    return _DEMAND + tenant
 
 
 def put_in_force(state: GatewayState, limits: TenantLimits) -> None:
@@ -70,7 +79,7 @@ async def _read_peers(state: GatewayState, gateway_id: str) -> None:
     # (this host's own processes at least, before each of them has reported)
     quota.set_processes(max(len(live), state.settings.gateway_processes))
     others = [member for member in live if member != gateway_id]
-    if not others or not quota.limits.any_shared_count:
+    if not others:
         quota.observe_peers({})
         return
     async with state.redis.pipeline(transaction=False) as pipe:
@@ -80,18 +89,21 @@ async def _read_peers(state: GatewayState, gateway_id: str) -> None:
     quota.observe_peers(peer_usage(quota.usage, reports))
 
 
-def peer_usage(tenants: Iterable[str], reports: Iterable[Any]) -> dict[str, tuple[int, int]]:
-    """Tenant -> (requests in flight, queued bytes) summed over the reports."""
+def peer_usage(tenants: Iterable[str], reports: Iterable[Any]) -> dict[str, PeerUsage]:
+    """Tenant -> what the reports say of it, summed."""
     wanted = list(tenants)
-    sums = {tenant: [0, 0] for tenant in wanted}
+    sums = {tenant: [0, 0, 0] for tenant in wanted}
     for report in reports:
         if not isinstance(report, dict):
             continue
         for tenant in wanted:
-            pair = sums[tenant]
-            pair[0] += _int(report.get(in_flight_field(tenant).encode()))
-            pair[1] += _int(report.get(queued_bytes_field(tenant).encode()))
-    return {tenant: (pair[0], pair[1]) for tenant, pair in sums.items()}
+            total = sums[tenant]
+            total[0] += _int(report.get(in_flight_field(tenant).encode()))
+            total[1] += _int(report.get(queued_bytes_field(tenant).encode()))
+            total[2] += _int(report.get(demand_field(tenant).encode()))
+    return {
+        tenant: PeerUsage(total[0], total[1], total[2] / 1000) for tenant, total in sums.items()
+    }
 
 
 def _int(value: Any) -> int:

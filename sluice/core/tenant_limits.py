@@ -94,15 +94,6 @@ class TenantLimits:
         weights.update({name: _number_text(limit.weight) for name, limit in self.tenants.items()})
         return weights
 
-    @property
-    def any_shared_count(self) -> bool:
-        """Whether some tenant has a limit counted across gateway processes (in flight,
-        queued bytes), so the processes must read each other's counts."""
-        return any(
-            limit.max_in_flight is not None or limit.max_queued_bytes is not None
-            for limit in (self.default, *self.tenants.values())
-        )
-
 
 _FIELDS = ("weight", "rate", "burst", "max_in_flight", "max_queued_bytes")
 

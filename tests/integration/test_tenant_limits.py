@@ -238,6 +238,10 @@ def test_a_changed_file_applies_without_a_restart(http: httpx.Client, limits_fil
     assert 429 in statuses
 
 
+SHARED_RATE = 40
+"""team-b's rate on the two gateway processes."""
+
+
 @pytest.fixture(scope="module")
 def two_gateways(
     tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
@@ -246,7 +250,10 @@ def two_gateways(
         tmp_path_factory,
         redis_server,
         {
-            "SLUICE_TENANT_LIMITS": "[tenants.team-a]\nrate = 0.001\nburst = 4\n",
+            "SLUICE_TENANT_LIMITS": (
+                "[tenants.team-a]\nrate = 0.001\nburst = 4\n"
+                f"[tenants.team-b]\nrate = {SHARED_RATE}\nburst = 4\n"
+            ),
             "SLUICE_GATEWAY_PROCESSES": "2",
             "SLUICE_CATALOG_IDLE_REFRESH_S": "0.5",  # (idle, each refreshes every 0.5 s)
         },
@@ -265,3 +272,33 @@ def test_gateway_processes_share_the_rate(two_gateways: Stack) -> None:
             statuses.append(infer(http, KEY_A).status_code)
     assert set(statuses) <= {200, 429}
     assert 2 <= statuses.count(200) <= 4, statuses
+
+
+def test_one_connection_gets_the_whole_rate_of_two_processes(two_gateways: Stack) -> None:
+    """team-b sends 30 requests a second, under its rate of 40, on one kept-alive
+    connection, so to one of the two processes: once the processes have reported where
+    team-b's requests arrive, that process admits them all (an equal split would give it
+    20 a second, two thirds of them)."""
+    pace_s = 1 / 30
+
+    def send(seconds: float) -> list[int]:
+        statuses: list[int] = []
+        due = time.monotonic()
+        end = due + seconds
+        while due < end:
+            statuses.append(infer(http, KEY_B).status_code)
+            due += pace_s
+            now = time.monotonic()
+            if now < due:
+                time.sleep(due - now)
+            else:
+                due = now  # late (a busy machine): no catching up in a burst
+        return statuses
+
+    with httpx.Client(base_url=two_gateways.url, timeout=30) as http:
+        eventually(lambda: metric(http, "sluice_gateway_processes") == 2, "both gateways reporting")
+        send(3.0)  # (the demand is measured and reported every refresh, 0.5 s)
+        statuses = send(5.0)
+    assert set(statuses) <= {200, 429}, statuses
+    admitted = statuses.count(200) / len(statuses)
+    assert admitted >= 0.9, f"{statuses.count(429)} of {len(statuses)} refused"

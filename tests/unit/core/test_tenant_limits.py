@@ -46,7 +46,6 @@ def test_a_full_file() -> None:
     assert limits.of("team-b") == TenantLimit(weight=0.5)
     assert limits.of("anonymous") == TenantLimit(1.0, 10.0, 10.0)
     assert limits.weights() == {"*": "1", "team-a": "3", "team-b": "0.5"}
-    assert limits.any_shared_count
 
 
 def test_nothing_means_no_limits_and_weight_one() -> None:
@@ -54,7 +53,6 @@ def test_nothing_means_no_limits_and_weight_one() -> None:
     assert limits.of("team-a") == NO_LIMIT
     assert not NO_LIMIT.limited
     assert limits.weights() == {"*": "1"}
-    assert not limits.any_shared_count
 
 
 def test_burst_defaults_to_the_rate_and_at_least_one() -> None:

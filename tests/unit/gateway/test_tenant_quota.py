@@ -7,7 +7,7 @@ import pytest
 from sluice.core.errors import PayloadTooLarge, QuotaExceeded
 from sluice.core.tenant_limits import TenantLimit, TenantLimits
 from sluice.gateway.infer_request import InputTensor
-from sluice.gateway.tenant_quota import TenantQuota, TokenBucket
+from sluice.gateway.tenant_quota import PeerUsage, TenantQuota, TokenBucket
 
 TENANTS = ("team-a", "team-b")
 
@@ -77,7 +77,7 @@ def test_in_flight_counts_this_process_and_the_others() -> None:
     first, second = q.hold("team-a", []), q.hold("team-a", [])
     with first, second:
         assert q.own_usage() == {"team-a": (2, 0)}
-        q.observe_peers({"team-a": (1, 0)})
+        q.observe_peers({"team-a": PeerUsage(in_flight=1)})
         error = refusal(q, "team-a")
         assert error.message == (
             "tenant 'team-a' is over its in_flight limit (max_in_flight=3); retry later"
@@ -109,7 +109,7 @@ def test_queued_bytes_are_released_when_the_answer_comes() -> None:
     assert q.own_usage()["team-a"] == (0, 0)
 
 
-def test_each_process_refills_its_share_of_the_rate() -> None:
+def test_without_demands_each_process_refills_an_equal_share() -> None:
     clock = FakeClock()
     q = quota(clock, **{"team-a": TenantLimit(rate=10.0, burst=10.0)})
     q.set_processes(5)
@@ -117,6 +117,83 @@ def test_each_process_refills_its_share_of_the_rate() -> None:
     assert bucket is not None and (bucket.rate, bucket.burst) == (2.0, 2.0)
     q.set_processes(0)  # (never below one)
     assert (bucket.rate, bucket.burst) == (10.0, 10.0)
+
+
+def ask(q: TenantQuota, clock: FakeClock, tenant: str, per_s: int, seconds: float) -> int:
+    """``per_s`` requests a second for ``seconds``, evenly spaced; how many were admitted."""
+    admitted = 0
+    for _ in range(int(per_s * seconds)):
+        clock.now += 1 / per_s
+        try:
+            with q.hold(tenant, []):
+                admitted += 1
+        except QuotaExceeded:
+            pass
+    return admitted
+
+
+def test_a_process_that_all_the_requests_reach_gets_the_whole_rate() -> None:
+    """Two processes, the tenant's every request on this one (one gRPC channel): after one
+    report of the demands, this process admits the whole rate, the other a trickle."""
+    clock = FakeClock()
+    here = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=10.0)})
+    there = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=10.0)})
+    for q in (here, there):
+        q.set_processes(2)
+        q.measure_demand()
+    assert ask(here, clock, "team-a", 80, 0.5) < 60  # half the rate before any report
+    for _ in range(3):  # (three refreshes: the smoothed demand settles)
+        ask(here, clock, "team-a", 80, 0.5)
+        here_demand, there_demand = here.measure_demand(), there.measure_demand()
+        here.observe_peers({"team-a": PeerUsage(demand=there_demand["team-a"])})
+        there.observe_peers({"team-a": PeerUsage(demand=here_demand["team-a"])})
+    assert ask(here, clock, "team-a", 80, 2.0) == 160  # under its rate: all admitted
+    bucket = there.usage["team-a"].bucket
+    assert bucket is not None and bucket.rate < 20
+
+
+def test_over_the_rate_the_processes_share_it_by_their_demands() -> None:
+    clock = FakeClock()
+    q = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=1.0)})
+    q.set_processes(2)
+    q.measure_demand()
+    ask(q, clock, "team-a", 150, 1.0)
+    q.measure_demand()  # 150/s asked here
+    q.observe_peers({"team-a": PeerUsage(demand=50.0)})
+    bucket = q.usage["team-a"].bucket
+    assert bucket is not None
+    assert bucket.rate == pytest.approx(75.0)  # 100 * 150 / 200
+    q.observe_peers({"team-a": PeerUsage(demand=10.0)})
+    assert bucket.rate == pytest.approx(93.75)  # still over together: 100 * 150 / 160
+    q.observe_peers({"team-a": PeerUsage(demand=1000.0)})
+    assert bucket.rate == pytest.approx(100.0 * 150 / 1150)
+
+
+def test_the_slack_under_the_rate_is_shared_equally() -> None:
+    clock = FakeClock()
+    q = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=10.0)})
+    q.set_processes(4)
+    q.measure_demand()
+    ask(q, clock, "team-a", 30, 1.0)
+    q.measure_demand()  # 30/s here
+    q.observe_peers({"team-a": PeerUsage(demand=30.0)})
+    bucket = q.usage["team-a"].bucket
+    assert bucket is not None
+    assert bucket.rate == pytest.approx(30.0 + 40.0 / 4)
+    assert bucket.burst == pytest.approx(4.0)  # 10 * 40 / 100
+
+
+def test_refusals_count_as_demand() -> None:
+    """A process whose share is small refuses, and the refused requests raise its demand:
+    its share follows the traffic that reaches it."""
+    clock = FakeClock()
+    q = quota(clock, **{"team-a": TenantLimit(rate=10.0, burst=1.0)})
+    q.set_processes(2)
+    q.measure_demand()
+    q.observe_peers({"team-a": PeerUsage(demand=1000.0)})  # the other took it all
+    admitted = ask(q, clock, "team-a", 40, 1.0)
+    assert admitted <= 2
+    assert q.measure_demand()["team-a"] == pytest.approx(40.0)
 
 
 def test_new_limits_keep_the_usage_and_tokens() -> None:
