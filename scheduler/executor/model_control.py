@@ -12,7 +12,9 @@ at a time, from its main loop, without blocking it:
 
 - **load**: start the model's workers (from its directory, or a staged copy with the
   request's overrides), wait until each has announced itself, then publish the model in
-  the catalog and retire the workers of what it replaces. A load that fails (the
+  the catalog and retire the workers of what it replaces. A load that changes only the
+  instances of a loaded model updates it instead (:mod:`.instance_update`): only the
+  missing workers start, and those beyond the new count are retired. A load that fails (the
   configuration, the model file, a failing warm-up, a timeout) stops the new workers and
   leaves what was serving as it was; the answer says why. The new workers report a load
   failure to a hash of the command's own, so the serving version is never marked
@@ -43,6 +45,12 @@ from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.scheduler.executor.instance_update import (
+    Fingerprint,
+    fingerprint,
+    instances_only,
+    plan,
+)
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
 from sluice.scheduler.repository.staging import check_model_name, stage
 
@@ -70,6 +78,8 @@ class _InProgress:
     """Workers of the model already serving that go on serving it (versions unchanged)."""
     fetch: threading.Thread | None = None
     fetch_error: str | None = None
+    files: Fingerprint = frozenset()
+    """The files the new workers load (:func:`.instance_update.fingerprint`)."""
 
 
 @dataclass
@@ -94,10 +104,13 @@ class ModelControl:
     _current: _InProgress | None = None
     _draining: list[tuple[RepositoryModel, list[Child], float]] = field(default_factory=list)
     """Versions no longer served, with their workers, until their streams are empty."""
+    _files: dict[str, Fingerprint] = field(default_factory=dict)
+    """The files each loaded model's workers loaded, to tell an update from a reload."""
 
     def start(self) -> None:
         """Forget commands sent to an earlier run: their senders have given up."""
         self.client.delete(self.keys.control_requests)
+        self._files = {name: fingerprint(model.path) for name, (model, _) in self.loaded.items()}
 
     @property
     def busy(self) -> bool:
@@ -215,6 +228,7 @@ class ModelControl:
         errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
         env = dict(self.env, SLUICE_LOAD_ERRORS_KEY=errors_key)
         specs = self.worker_specs(model, model_dir.parent, env)
+        files = fingerprint(model_dir)
         kept: list[Child] = []
         if command.versions and current is not None and _same_model(current[0], model):
             # A load naming its versions (a rollout) changes only which versions run: the
@@ -222,14 +236,28 @@ class ModelControl:
             kept = [c for c in current[1] if c.spec.version in model.versions]
             running = {c.spec.version for c in kept}
             specs = [spec for spec in specs if spec.version not in running]
+        elif (
+            current is not None
+            and not command.versions
+            and instances_only(current[0], model)
+            and self._files.get(name) == files
+        ):
+            kept, specs = plan(current[1], specs)
+            log.info(
+                "model control: updating the instances of '%s' (%d kept, %d to start)",
+                name,
+                len(kept),
+                len(specs),
+            )
         children = self.supervisor.add(specs)
         log.info("model control: loading '%s' (%d worker(s))", name, len(children))
         self._current = _InProgress(
-            command, deadline, children, model, errors_key=errors_key, kept=kept
+            command, deadline, children, model, errors_key=errors_key, kept=kept, files=files
         )
 
     def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
         loaded = self.loaded.pop(command.model, None)
+        self._files.pop(command.model, None)
         if loaded is None:
             self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
             return
@@ -281,6 +309,7 @@ class ModelControl:
             replaced = self.loaded.get(name)
             assert work.model is not None
             self.loaded[name] = (work.model, [*work.kept, *work.children])
+            self._files[name] = work.files
             self.on_change()
             if replaced is not None:
                 old = [c for c in replaced[1] if c not in work.kept]

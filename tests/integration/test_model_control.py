@@ -116,6 +116,50 @@ def test_config_override_reloads_the_serving_model(
     assert client.get_model_config("ident")["max_batch_size"] == 8
 
 
+def live_pids(stack: Stack, redis_server: RedisServer, model: str, count: int) -> set[int]:
+    """The pids of ``model``'s live workers once ``count`` are live (a retired worker leaves
+    the live set a moment after the load answered: it hands over what it held first)."""
+    client = Redis.from_url(redis_server.url)
+    key = Keys(stack.namespace).live_workers(model, 1)
+    try:
+        pids: set[int] = set()
+
+        def settled() -> bool:
+            members = cast(list[bytes], client.zrangebyscore(key, time.time(), "+inf"))
+            pids.clear()
+            pids.update(int(member.decode().rsplit("-", 2)[-2]) for member in members)
+            return len(pids) == count
+
+        assert wait_until(settled, 30), pids
+        return set(pids)
+    finally:
+        client.close()
+
+
+def test_a_load_that_changes_only_the_instances_updates_the_model(
+    explicit: Stack, redis_server: RedisServer, client: httpclient.InferenceServerClient
+) -> None:
+    """As Triton: a configuration whose instance count alone changed adds or removes
+    instances, and the others go on serving (the same processes); once the model's files
+    changed, the same load reloads it."""
+    client.load_model("ident")  # (the repository's configuration, one instance)
+    (first,) = live_pids(explicit, redis_server, "ident", 1)
+    config = client.get_model_config("ident")
+    config["instance_group"] = [{"kind": "KIND_CPU", "count": 2}]
+    client.load_model("ident", config=json.dumps(config))
+    assert first in live_pids(explicit, redis_server, "ident", 2)
+    config["instance_group"] = [{"kind": "KIND_CPU", "count": 1}]
+    client.load_model("ident", config=json.dumps(config))
+    assert live_pids(explicit, redis_server, "ident", 1) == {first}
+    assert httpx.post(f"{explicit.url}/v2/models/ident/infer", json=IDENT).status_code == 200
+
+    model_file = explicit.repository / "ident" / "1" / "model.onnx"
+    model_file.write_bytes(model_file.read_bytes())  # (the same model, written again)
+    client.load_model("ident", config=json.dumps(config))
+    assert first not in live_pids(explicit, redis_server, "ident", 1)
+    assert httpx.post(f"{explicit.url}/v2/models/ident/infer", json=IDENT).status_code == 200
+
+
 def test_a_failed_load_leaves_the_serving_model_untouched(
     explicit: Stack, client: httpclient.InferenceServerClient
 ) -> None:

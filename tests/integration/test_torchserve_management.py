@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -128,21 +129,34 @@ def test_scaling_answers_as_torchserve_does(stack: Stack) -> None:
         assert _status(http.put("/models/elsewhere", params={"min_worker": 1}), 404) == (
             "Model not found: elsewhere"
         )
+        (first,) = _settled_workers(http, "scaled", 1)
         synchronous = http.put("/models/scaled", params={"min_worker": 2, "synchronous": "true"})
         assert _status(synchronous, 200) == "Workers scaled to 2 for model: scaled"
         (described,) = http.get("/models/scaled").json()
         assert (described["minWorkers"], described["maxWorkers"]) == (2, 2)
-        # The new workers serve; the one they replaced may still be listed while it hands
-        # over what it held (it leaves the live workers last), for a moment only.
-        workers = described["workers"]
-        deadline = time.monotonic() + 30
-        while len(workers) != 2 and time.monotonic() < deadline:
-            time.sleep(0.1)
-            workers = http.get("/models/scaled").json()[0]["workers"]
-        assert len(workers) == 2, workers
+        # As TorchServe: the worker that served goes on serving (not restarted), one more
+        # starts beside it; scaled down, one of them goes.
+        two = _settled_workers(http, "scaled", 2)
+        assert first["pid"] in {worker["pid"] for worker in two}, (first, two)
+        down = http.put("/models/scaled", params={"min_worker": 1, "synchronous": "true"})
+        assert _status(down, 200) == "Workers scaled to 1 for model: scaled"
+        assert _settled_workers(http, "scaled", 1) == [first]
+        assert http.post("/predictions/scaled", content="ok").status_code == 200
         later = http.put("/models/scaled", params={"min_worker": "nan", "synchronous": "nan"})
         assert _status(later, 202) == "Processing worker updates..."
         assert _status(http.delete("/models/scaled"), 200) == 'Model "scaled" unregistered'
+
+
+def _settled_workers(http: httpx.Client, model: str, count: int) -> list[dict[str, Any]]:
+    """The model's workers once ``count`` are listed: a retired worker leaves the list a
+    moment after the scale answered (it hands over what it held first)."""
+    deadline = time.monotonic() + 30
+    workers = http.get(f"/models/{model}").json()[0]["workers"]
+    while len(workers) != count and time.monotonic() < deadline:
+        time.sleep(0.1)
+        workers = http.get(f"/models/{model}").json()[0]["workers"]
+    assert len(workers) == count, workers
+    return list(workers)
 
 
 @pytest.mark.parametrize(
