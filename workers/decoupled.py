@@ -14,7 +14,7 @@ from typing import Any
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.wire import ReplyMessage, TensorHeader
-from sluice.workers.backends.base import Backend
+from sluice.workers.backends.base import Backend, CancelSignal, SequenceFlags
 from sluice.workers.replies import Publisher
 from sluice.workers.tensors import PendingRequest, output_names, split
 
@@ -52,10 +52,13 @@ def compute_streaming(
     version: int,
     labels: dict[str, list[bytes]],
     send_partial: SendPartial,
+    cancellations: list[CancelSignal] | None = None,
+    sequences: list[SequenceFlags] | None = None,
 ) -> list[Answer]:
     """A decoupled model's batch: each request's final answer (its partial ones are sent
     as they come). A request whose final response carries no outputs is answered with none
-    (clients see the stream end)."""
+    (clients see the stream end). A backend that follows cancellation (a Triton-style
+    Python model) also gets each request's cancellation and sequence flags."""
     finals: dict[int, Answer] = {}
 
     def emit(index: int, outputs: Any, final: bool) -> None:
@@ -81,6 +84,10 @@ def compute_streaming(
         send_partial(request, reply, payload)
 
     stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)
-    stream(inputs, output_names(batch), [r.items for r in batch], emit)
+    sizes = [r.items for r in batch]
+    if getattr(backend, "follows_cancellation", False):
+        stream(inputs, output_names(batch), sizes, emit, cancellations, sequences)
+    else:
+        stream(inputs, output_names(batch), sizes, emit)
     missing = InferenceFailed("the model sent no final response")
     return [finals.get(index, missing) for index in range(len(batch))]

@@ -297,7 +297,15 @@ class Execution:
         if self.config.decoupled:
             assert self.send_partial is not None
             answers = compute_streaming(
-                batch, inputs, backend, self.config, self.version, self.labels, self.send_partial
+                batch,
+                inputs,
+                backend,
+                self.config,
+                self.version,
+                self.labels,
+                self.send_partial,
+                signals,
+                [_sequence_flags(r.message) for r in batch],
             )
             timing.infer_ns = time.perf_counter_ns() - t0
             return answers

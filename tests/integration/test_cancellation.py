@@ -327,6 +327,47 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
+TICKER = """
+import os
+import threading
+import time
+
+import triton_python_backend_utils as pb_utils
+
+MARKS = os.environ["SLUICE_TEST_MARKS"]
+
+
+def mark(what):
+    with open(os.path.join(MARKS, what), "w") as file:
+        file.write(what)
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            threading.Thread(target=self.tick, args=(request,), daemon=True).start()
+        return None
+
+    def tick(self, request):
+        sender = request.get_response_sender()
+        x = pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not sender.is_cancelled():
+            sender.send(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
+            time.sleep(0.05)
+        mark("stream-cancelled" if request.is_cancelled() else "stream-not-cancelled")
+        sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+"""
+
+TICKER_CONFIG = """name: "ticker"
+backend: "python"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+
 def _send_and_keep(stack: Stack, model: str, value: float) -> socket.socket:
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=30)
@@ -356,6 +397,9 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
     (repository / "waiter" / "1").mkdir(parents=True)
     (repository / "waiter" / "1" / "model.py").write_text(WAITER)
     (repository / "waiter" / "config.pbtxt").write_text(WAITER_CONFIG)
+    (repository / "ticker" / "1").mkdir(parents=True)
+    (repository / "ticker" / "1" / "model.py").write_text(TICKER)
+    (repository / "ticker" / "config.pbtxt").write_text(TICKER_CONFIG)
     slow = _slow_stack(repository, start_stack, env={"SLUICE_TEST_MARKS": str(marks)})
     stack, client, before = slow.stack, slow.client, slow.executions
 
@@ -382,3 +426,22 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
         time.sleep(0.05)
     assert blocker["done"].wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
+
+    # A decoupled model streaming its responses sees its gRPC stream cancelled (through
+    # its response sender and its request).
+    responses: list[Any] = []
+    grpc = grpcclient.InferenceServerClient(stack.grpc_address)
+    try:
+        grpc.start_stream(callback=lambda result, error: responses.append((result, error)))
+        data = grpcclient.InferInput("IN", [1, 4], "FP32")
+        data.set_data_from_numpy(np.ones((1, 4), dtype=np.float32))
+        grpc.async_stream_infer("ticker", [data])
+        deadline = time.monotonic() + 60
+        while len(responses) < 2:
+            assert time.monotonic() < deadline, f"the stream never answered: {responses}"
+            time.sleep(0.05)
+        assert all(error is None for _, error in responses), responses
+        grpc.stop_stream(cancel_requests=True)
+    finally:
+        grpc.close()
+    _wait_for(marks / "stream-cancelled", "is_cancelled() never turned True in a stream")

@@ -148,12 +148,21 @@ class TritonPythonBackend:
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None,
         emit: Emit,
+        cancellations: Sequence[CancelSignal] | None = None,
+        sequences: Sequence[SequenceFlags] | None = None,
     ) -> None:
         """A decoupled model: ``execute`` answers through each request's response sender,
         now or later from threads of its own; this returns once every request had its final
-        response (or :data:`FINAL_WAIT_S` passed)."""
+        response (or :data:`FINAL_WAIT_S` passed). Each request tells its cancellation and
+        its sequence's correlation id and flags, as in :meth:`infer` (a streaming model
+        stops once ``request.is_cancelled()``)."""
         sizes = self._sizes(inputs, request_sizes)
-        requests = self._requests(inputs, outputs, sizes)
+        requests = self._requests(inputs, outputs, sizes, sequences)
+        if cancellations is not None and len(cancellations) == len(requests):
+            for request, signal in zip(requests, cancellations, strict=True):
+                request._cancelled = signal  # type: ignore[attr-defined]
+        else:
+            cancellations = None
         finished = [threading.Event() for _ in requests]
         for index, (request, items) in enumerate(zip(requests, sizes, strict=True)):
 
@@ -164,8 +173,13 @@ class TritonPythonBackend:
                 if final:
                     finished[i].set()
 
-            request._sender = pb.InferenceResponseSender(deliver)  # type: ignore[attr-defined]
-        call_model(self._file, "execute", self._model.execute, requests)
+            sender = pb.InferenceResponseSender(deliver, request.is_cancelled)
+            request._sender = sender  # type: ignore[attr-defined]
+        pb.executing(cancellations)
+        try:
+            call_model(self._file, "execute", self._model.execute, requests)
+        finally:
+            pb.executing(None)
         deadline = time.monotonic() + FINAL_WAIT_S
         for index, done in enumerate(finished):
             if not done.wait(max(0.0, deadline - time.monotonic())):

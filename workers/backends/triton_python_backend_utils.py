@@ -104,8 +104,15 @@ class InferenceResponseSender:
     """A decoupled model's way to answer a request any number of times, from ``execute`` or
     from a thread of its own; the last ``send`` carries ``TRITONSERVER_RESPONSE_COMPLETE_FINAL``."""
 
-    def __init__(self, deliver: Callable[[InferenceResponse | None, bool], None]) -> None:
+    def __init__(
+        self,
+        deliver: Callable[[InferenceResponse | None, bool], None],
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> None:
+        """``cancelled``: whether the request's caller went away (its request's
+        ``is_cancelled``)."""
         self._deliver = deliver
+        self._cancelled = cancelled
         self._closed = False
         self._lock = threading.Lock()
 
@@ -122,7 +129,9 @@ class InferenceResponseSender:
             self._deliver(response, final)
 
     def is_cancelled(self) -> bool:
-        return False
+        """Whether the request's caller went away (as Triton's): a streaming model may stop
+        sending and close the stream with the FINAL flag."""
+        return self._cancelled()
 
 
 class InferenceRequest:

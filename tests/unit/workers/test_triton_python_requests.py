@@ -1,9 +1,9 @@
 """What a model written for Triton's Python backend sees of each request, and what it may
 leave out, computed by the worker's execution as a batch of real stream entries:
 ``request.flags()`` and ``request.correlation_id()`` carry the sequence flags and id
-(integer or string); a response without an output its request asked for answers without it
-(per request, in a batch of several); an ensemble's answers carry Triton's sequence
-parameters, and a bad one refuses the request naming it."""
+(integer or string), in a decoupled model's streams too; a response without an output its
+request asked for answers without it (per request, in a batch of several); an ensemble's
+answers carry Triton's sequence parameters, and a bad one refuses the request naming it."""
 
 from __future__ import annotations
 
@@ -123,6 +123,62 @@ def test_flags_and_correlation_id_reach_the_model(model: tuple[ModelConfig, Back
         ["FLAGS", "CID"],
         ["FLAGS"],
     ]
+
+
+STREAMING_SEQUENCE_AWARE = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            flags = np.full((1, 1), request.flags(), np.int32)
+            cid = np.array([[str(request.correlation_id()).encode()]], dtype=object)
+            sender.send(
+                pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("FLAGS", flags), pb_utils.Tensor("CID", cid)]
+                )
+            )
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+
+def test_a_decoupled_model_sees_flags_and_correlation_id_too(tmp_path: Path) -> None:
+    config_text = python_config(
+        [tensor("X", "TYPE_FP32", "2")],
+        [tensor("FLAGS", "TYPE_INT32", "1"), tensor("CID", "TYPE_STRING", "1")],
+        extra="model_transaction_policy { decoupled: true }",
+    )
+    model_dir = write_model(
+        tmp_path, "streaming", config_text, {"1/model.py": STREAMING_SEQUENCE_AWARE}
+    )
+    found = read_model(model_dir)
+    assert found.config is not None and found.config.decoupled, found.error
+    backend = load_backend(found.config, found.model_file(1), CPU)
+    sent: list[tuple[str, bytes]] = []
+    try:
+        x = np.ones((1, 2), np.float32)
+        batch = [
+            _request(x, ["FLAGS", "CID"], sequence_id=42, sequence_start=True),
+            _request(x, ["FLAGS", "CID"], sequence_id="user-7", sequence_end=True),
+        ]
+
+        def send_partial(request: PendingRequest, reply: Any, payload: bytes) -> None:
+            sent.append((request.message.request_key, payload))
+
+        execution = Execution(found.config, 1, send_partial=send_partial)
+        finals = execution.compute(batch, backend, Timing())
+    finally:
+        backend.close()
+    assert [answer for answer in finals if not isinstance(answer, tuple)] == []
+    by_request = dict(sent)
+    first, second = (by_request[r.message.request_key] for r in batch)
+    # (each payload: the FLAGS int32, then the CID string, length-prefixed)
+    assert np.frombuffer(first[:4], np.int32).tolist() == [1] and first.endswith(b"42")
+    assert np.frombuffer(second[:4], np.int32).tolist() == [2] and second.endswith(b"user-7")
 
 
 def test_an_output_a_response_lacks_is_left_out_of_that_answer_only(
