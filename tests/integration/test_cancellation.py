@@ -275,8 +275,9 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
 
 
-WAITER = """
+MARKING = """
 import os
+import threading
 import time
 
 import numpy as np
@@ -288,7 +289,12 @@ MARKS = os.environ["SLUICE_TEST_MARKS"]
 def mark(what):
     with open(os.path.join(MARKS, what), "w") as file:
         file.write(what)
+"""
+"""What the test models share: a mark left in SLUICE_TEST_MARKS says what they saw."""
 
+WAITER = (
+    MARKING
+    + """
 
 class TritonPythonModel:
     def execute(self, requests):
@@ -317,6 +323,7 @@ class TritonPythonModel:
             responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("OUT", x)]))
         return responses
 """
+)
 
 WAITER_CONFIG = """name: "waiter"
 backend: "python"
@@ -327,20 +334,9 @@ instance_group [ { count: 1 kind: KIND_CPU } ]
 """
 
 
-TICKER = """
-import os
-import threading
-import time
-
-import triton_python_backend_utils as pb_utils
-
-MARKS = os.environ["SLUICE_TEST_MARKS"]
-
-
-def mark(what):
-    with open(os.path.join(MARKS, what), "w") as file:
-        file.write(what)
-
+TICKER = (
+    MARKING
+    + """
 
 class TritonPythonModel:
     def execute(self, requests):
@@ -358,6 +354,7 @@ class TritonPythonModel:
         mark("stream-cancelled" if request.is_cancelled() else "stream-not-cancelled")
         sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
 """
+)
 
 TICKER_CONFIG = """name: "ticker"
 backend: "python"

@@ -65,6 +65,18 @@ def _filler(template: np.ndarray, items: int) -> np.ndarray:
     return np.zeros(shape, dtype=template.dtype)
 
 
+def _follow(
+    requests: Sequence[pb.InferenceRequest], cancellations: Sequence[CancelSignal] | None
+) -> Sequence[CancelSignal] | None:
+    """Give each request its cancellation (``request.is_cancelled()``); the cancellations,
+    or None when there are none for these requests."""
+    if cancellations is None or len(cancellations) != len(requests):
+        return None
+    for request, signal in zip(requests, cancellations, strict=True):
+        request._cancelled = signal  # type: ignore[attr-defined]
+    return cancellations
+
+
 class TritonPythonBackend:
     def __init__(
         self,
@@ -111,11 +123,7 @@ class TritonPythonBackend:
     ) -> dict[str, np.ndarray]:
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes, sequences)
-        if cancellations is not None and len(cancellations) == len(requests):
-            for request, signal in zip(requests, cancellations, strict=True):
-                request._cancelled = signal  # type: ignore[attr-defined]
-        else:
-            cancellations = None
+        cancellations = _follow(requests, cancellations)
         pb.executing(cancellations)
         try:
             responses = call_model(self._file, "execute", self._model.execute, requests)
@@ -158,11 +166,7 @@ class TritonPythonBackend:
         stops once ``request.is_cancelled()``)."""
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes, sequences)
-        if cancellations is not None and len(cancellations) == len(requests):
-            for request, signal in zip(requests, cancellations, strict=True):
-                request._cancelled = signal  # type: ignore[attr-defined]
-        else:
-            cancellations = None
+        cancellations = _follow(requests, cancellations)
         finished = [threading.Event() for _ in requests]
         for index, (request, items) in enumerate(zip(requests, sizes, strict=True)):
 

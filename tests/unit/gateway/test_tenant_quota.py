@@ -152,16 +152,23 @@ def test_a_process_that_all_the_requests_reach_gets_the_whole_rate() -> None:
     assert bucket is not None and bucket.rate < 20
 
 
-def test_over_the_rate_the_processes_share_it_by_their_demands() -> None:
+def asked_here(limit: TenantLimit, processes: int, per_s: int) -> tuple[TenantQuota, TokenBucket]:
+    """A process of ``processes`` whose measured demand for team-a is ``per_s`` a second,
+    and team-a's bucket there."""
     clock = FakeClock()
-    q = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=1.0)})
-    q.set_processes(2)
+    q = quota(clock, **{"team-a": limit})
+    q.set_processes(processes)
     q.measure_demand()
-    ask(q, clock, "team-a", 150, 1.0)
-    q.measure_demand()  # 150/s asked here
-    q.observe_peers({"team-a": PeerUsage(demand=50.0)})
+    ask(q, clock, "team-a", per_s, 1.0)
+    assert q.measure_demand()["team-a"] == pytest.approx(per_s)
     bucket = q.usage["team-a"].bucket
     assert bucket is not None
+    return q, bucket
+
+
+def test_over_the_rate_the_processes_share_it_by_their_demands() -> None:
+    q, bucket = asked_here(TenantLimit(rate=100.0, burst=1.0), 2, 150)
+    q.observe_peers({"team-a": PeerUsage(demand=50.0)})
     assert bucket.rate == pytest.approx(75.0)  # 100 * 150 / 200
     q.observe_peers({"team-a": PeerUsage(demand=10.0)})
     assert bucket.rate == pytest.approx(93.75)  # still over together: 100 * 150 / 160
@@ -170,15 +177,8 @@ def test_over_the_rate_the_processes_share_it_by_their_demands() -> None:
 
 
 def test_the_slack_under_the_rate_is_shared_equally() -> None:
-    clock = FakeClock()
-    q = quota(clock, **{"team-a": TenantLimit(rate=100.0, burst=10.0)})
-    q.set_processes(4)
-    q.measure_demand()
-    ask(q, clock, "team-a", 30, 1.0)
-    q.measure_demand()  # 30/s here
+    q, bucket = asked_here(TenantLimit(rate=100.0, burst=10.0), 4, 30)
     q.observe_peers({"team-a": PeerUsage(demand=30.0)})
-    bucket = q.usage["team-a"].bucket
-    assert bucket is not None
     assert bucket.rate == pytest.approx(30.0 + 40.0 / 4)
     assert bucket.burst == pytest.approx(4.0)  # 10 * 40 / 100
 
