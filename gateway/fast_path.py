@@ -259,16 +259,21 @@ async def _read(receive: Receive, limit: int, reservation: BodyReservation) -> b
             raise too_large(limit)
         reservation.ensure(len(body))
         return bytes(body)
-    chunks = bytearray(body)
+    # The parts as uvicorn delivered them, joined once at the end: one copy of the body on
+    # the event loop, where growing a buffer part by part copied it about three times.
+    parts = [body]
+    size = len(body)
     while message.get("more_body", False):
         message = await receive()
         if message["type"] == "http.disconnect":
             raise ClientDisconnected()
-        chunks += message.get("body", b"")
-        if len(chunks) > limit:
+        part = message.get("body", b"")
+        parts.append(part)
+        size += len(part)
+        if size > limit:
             raise too_large(limit)
-        reservation.ensure(len(chunks))
-    return bytes(chunks)
+        reservation.ensure(size)
+    return b"".join(parts)
 
 
 async def _respond(
