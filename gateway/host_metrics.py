@@ -25,7 +25,7 @@ class HostUsage:
 
     def lines(self) -> list[str]:
         lines: list[str] = []
-        utilization = self._cpu_utilization()
+        utilization = self.cpu_utilization()
         if utilization is not None:
             family(lines, "nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", "gauge")
             lines.append(f"nv_cpu_utilization {utilization:.6f}")
@@ -38,7 +38,7 @@ class HostUsage:
             lines.append(f"nv_cpu_memory_used_bytes {used}")
         return lines
 
-    def _cpu_utilization(self) -> float | None:
+    def cpu_utilization(self) -> float | None:
         """Busy share of all CPUs since the previous scrape (since boot at the first)."""
         try:
             fields = (self.proc / "stat").read_text().split("\n", 1)[0].split()[1:]
@@ -53,16 +53,21 @@ class HostUsage:
         return 0.0 if elapsed <= 0 else max(0.0, min(1.0, 1 - (idle - last_idle) / elapsed))
 
     def _memory(self) -> tuple[int, int] | None:
-        try:
-            info = dict(
-                _meminfo_line(line) for line in (self.proc / "meminfo").read_text().splitlines()
-            )
-        except (OSError, ValueError):
+        info = meminfo(self.proc)
+        if info is None:
             return None
         total, available = info.get("MemTotal"), info.get("MemAvailable")
         if total is None or available is None:
             return None
         return total, total - available
+
+
+def meminfo(proc: Path = Path("/proc")) -> dict[str, int] | None:
+    """``/proc/meminfo`` in bytes by field name; None where it cannot be read."""
+    try:
+        return dict(_meminfo_line(line) for line in (proc / "meminfo").read_text().splitlines())
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _meminfo_line(line: str) -> tuple[str, int]:

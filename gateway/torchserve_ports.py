@@ -29,6 +29,7 @@ from sluice.gateway.host_metrics import escape_label, family
 from sluice.gateway.metric_snapshot import Snapshot
 from sluice.gateway.metrics_port import answer
 from sluice.gateway.torchserve_metrics import torchserve_lines
+from sluice.gateway.torchserve_system import SystemGauges
 
 RESPONSE_CLASSES = ("2XX", "4XX", "5XX")
 
@@ -135,7 +136,12 @@ def render(snapshot: Snapshot, hostname: str, wanted: frozenset[str]) -> bytes:
         lines.append(f'{name}{{Level="Host",Hostname="{host}",}} {float(total)}')
     model_lines = torchserve_lines(snapshot, hostname)
     lines += _only(model_lines, wanted) if wanted else model_lines
+    lines += _SYSTEM.lines(hostname, wanted)
     return ("\n".join(lines) + "\n").encode()
+
+
+_SYSTEM = SystemGauges()
+"""The host's gauges (CPU utilization since this port's previous scrape in this process)."""
 
 
 def _only(lines: list[str], wanted: frozenset[str]) -> list[str]:

@@ -135,3 +135,18 @@ def _count_answers_by_class(inference: int, management: int, metrics: int) -> No
     assert 'ts_inference_requests_total{model_name="ident",model_version="1",hostname=' in text
     only = httpx.get(_url(metrics, "/metrics"), params={"name[]": "Requests4XX"}).text
     assert [f.name for f in text_string_to_metric_families(only)] == ["Requests4XX"]
+    # TorchServe's host gauges, with its units and labels.
+    assert "# HELP MemoryUsed Torchserve prometheus gauge metric with unit: Megabytes" in text
+    assert "# HELP DiskAvailable Torchserve prometheus gauge metric with unit: Gigabytes" in text
+    gauges = {
+        family.name: family.samples[0]
+        for family in text_string_to_metric_families(text)
+        if family.type == "gauge"
+    }
+    for name in ("CPUUtilization", "MemoryUtilization", "DiskUtilization"):
+        assert 0 <= gauges[name].value <= 100, (name, gauges[name])
+    for name in ("MemoryUsed", "MemoryAvailable", "DiskUsage", "DiskAvailable"):
+        assert gauges[name].value > 0, (name, gauges[name])
+        assert gauges[name].labels["Level"] == "Host" and gauges[name].labels["Hostname"]
+    memory = httpx.get(_url(metrics, "/metrics"), params={"name[]": "MemoryUsed"}).text
+    assert [f.name for f in text_string_to_metric_families(memory)] == ["MemoryUsed"]
