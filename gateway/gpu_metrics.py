@@ -56,14 +56,20 @@ class GpuUsage:
                 log.debug("no GPU metrics: %s", exc)
         return self._nvml
 
-    def lines(self) -> list[str]:
+    def devices(self) -> list[dict[str, Any]]:
+        """Each GPU's readings, in NVML's index order; none without NVML or a GPU."""
         nvml = self._load()
         if nvml is None:
             return []
         try:
-            samples = [_sample(nvml, index) for index in range(nvml.nvmlDeviceGetCount())]
+            return [_sample(nvml, index) for index in range(nvml.nvmlDeviceGetCount())]
         except Exception as exc:
             log.warning("reading GPU metrics failed: %s", exc)
+            return []
+
+    def lines(self) -> list[str]:
+        samples = self.devices()
+        if not samples:
             return []
         if self._energy_start is None:
             self._energy_start = {s["uuid"]: s["energy"] for s in samples}

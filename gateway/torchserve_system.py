@@ -14,8 +14,8 @@ TorchServe's numbers reads the same ones:
 - CPU utilization is the busy share of all CPUs since this port's previous scrape (since
   boot at the first).
 
-TorchServe's GPU gauges are not written (Triton's ``nv_gpu_*`` on ``/metrics`` carry the
-same readings).
+With a GPU (NVML, as Triton's ``nv_gpu_*`` read it), ``GPUUtilization``, ``GPUMemoryUsed``
+and ``GPUMemoryUtilization`` too, per ``device_id``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sluice.gateway.gpu_metrics import GPUS, GpuUsage
 from sluice.gateway.host_metrics import HostUsage, escape_label, family, meminfo
 
 _MB, _GB = 1024**2, 1024**3
@@ -34,6 +35,7 @@ _UNITS = {"percent": "Percent", "MB": "Megabytes", "GB": "Gigabytes"}
 class SystemGauges:
     proc: Path = Path("/proc")
     disk: str = "/"
+    gpus: GpuUsage = field(default_factory=lambda: GPUS)
     _cpu: HostUsage = field(init=False)
 
     def __post_init__(self) -> None:
@@ -64,22 +66,46 @@ class SystemGauges:
         found["DiskUtilization"] = (_percent(used, used + available), "percent")
         return found
 
+    def gpu_readings(self) -> dict[str, tuple[list[tuple[int, float]], str]]:
+        """GPU gauge name -> ([(device id, value)], unit); empty without a GPU."""
+        devices = self.gpus.devices()
+        if not devices:
+            return {}
+        used = [d["nv_gpu_memory_used_bytes"] for d in devices]
+        total = [d["nv_gpu_memory_total_bytes"] for d in devices]
+        return {
+            "GPUUtilization": (
+                [(i, round(d["nv_gpu_utilization"] * 100, 1)) for i, d in enumerate(devices)],
+                "percent",
+            ),
+            "GPUMemoryUsed": ([(i, u / _MB) for i, u in enumerate(used)], "MB"),
+            "GPUMemoryUtilization": (
+                [(i, _percent(u, t)) for i, (u, t) in enumerate(zip(used, total, strict=True))],
+                "percent",
+            ),
+        }
+
     def lines(self, hostname: str, wanted: frozenset[str] = frozenset()) -> list[str]:
         """The gauges in TorchServe's Prometheus text (only those in ``wanted``, when it
         names any)."""
         host = escape_label(hostname)
         lines: list[str] = []
         for name, (value, unit) in self.readings().items():
-            if wanted and name not in wanted:
-                continue
-            family(
-                lines,
-                name,
-                f"Torchserve prometheus gauge metric with unit: {_UNITS[unit]}",
-                "gauge",
-            )
-            lines.append(f'{name}{{Level="Host",Hostname="{host}",}} {float(value)}')
+            if not wanted or name in wanted:
+                _family(lines, name, unit)
+                lines.append(f'{name}{{Level="Host",Hostname="{host}",}} {float(value)}')
+        for name, (values, unit) in self.gpu_readings().items():
+            if not wanted or name in wanted:
+                _family(lines, name, unit)
+                for device, reading in values:
+                    labels = f'Level="Host",device_id="{device}",Hostname="{host}",'
+                    lines.append(f"{name}{{{labels}}} {float(reading)}")
         return lines
+
+
+def _family(lines: list[str], name: str, unit: str) -> None:
+    help_text = f"Torchserve prometheus gauge metric with unit: {_UNITS[unit]}"
+    family(lines, name, help_text, "gauge")
 
 
 def _percent(part: float, whole: float) -> float:

@@ -4,14 +4,13 @@ and the NVML gauges (against a stand-in ``pynvml`` module)."""
 from __future__ import annotations
 
 import sys
-from types import ModuleType, SimpleNamespace
-from typing import Any
 
 import pytest
 
 from sluice.core import histograms as hist
 from sluice.gateway.gpu_metrics import GPU_FAMILIES, GpuUsage
 from sluice.gateway.sluice_metrics import DrainRate
+from tests.support.fake_nvml import FakeNvml
 
 
 def test_an_observation_on_a_bound_falls_in_that_bucket() -> None:
@@ -47,40 +46,8 @@ def test_drain_time_needs_a_second_of_history_then_uses_the_answer_rate() -> Non
     assert drain.rate(key, 300, now=62.5) is not None  # old samples age out, one stays
 
 
-class _Nvml(ModuleType):
-    def __init__(self) -> None:
-        super().__init__("fake_nvml")
-        self.energy_mj = 5_000_000
-
-    def nvmlInit(self) -> None: ...
-
-    def nvmlDeviceGetCount(self) -> int:
-        return 1
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
-        return index
-
-    def nvmlDeviceGetUUID(self, handle: int) -> bytes:
-        return b"GPU-1234"
-
-    def nvmlDeviceGetMemoryInfo(self, handle: int) -> Any:
-        return SimpleNamespace(total=80 << 30, used=1 << 30)
-
-    def nvmlDeviceGetUtilizationRates(self, handle: int) -> Any:
-        return SimpleNamespace(gpu=42)
-
-    def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
-        return 150_000
-
-    def nvmlDeviceGetPowerManagementLimit(self, handle: int) -> int:
-        return 700_000
-
-    def nvmlDeviceGetTotalEnergyConsumption(self, handle: int) -> int:
-        return self.energy_mj
-
-
 def test_gpu_gauges_in_tritons_names(monkeypatch: pytest.MonkeyPatch) -> None:
-    fake = _Nvml()
+    fake = FakeNvml()
     monkeypatch.setitem(sys.modules, "fake_nvml", fake)
     usage = GpuUsage(module="fake_nvml")
     first = "\n".join(usage.lines())

@@ -3,12 +3,15 @@ own, and against psutil's readings of this host (TorchServe reads them with psut
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
+from sluice.gateway.gpu_metrics import GpuUsage
 from sluice.gateway.torchserve_system import SystemGauges
+from tests.support.fake_nvml import FakeNvml
 
 MEMINFO = """MemTotal:        8000000 kB
 MemFree:         1000000 kB
@@ -52,8 +55,20 @@ def test_the_text_has_torchserves_names_units_labels_and_filter(tmp_path: Path) 
 
 
 def test_a_host_without_proc_leaves_those_gauges_out(tmp_path: Path) -> None:
-    found = SystemGauges(tmp_path / "nothing", disk=str(tmp_path / "nothing")).readings()
-    assert found == {}
+    nothing = tmp_path / "nothing"
+    gauges = SystemGauges(nothing, disk=str(nothing), gpus=GpuUsage(module="no_such_nvml"))
+    assert gauges.readings() == {}
+    assert gauges.lines("h") == []
+
+
+def test_gpu_gauges_per_device(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "fake_nvml", FakeNvml())
+    gauges = SystemGauges(tmp_path, disk=str(tmp_path), gpus=GpuUsage(module="fake_nvml"))
+    text = "\n".join(gauges.lines("h"))
+    assert 'GPUUtilization{Level="Host",device_id="0",Hostname="h",} 42.0' in text
+    assert 'GPUMemoryUsed{Level="Host",device_id="0",Hostname="h",} 1024.0' in text
+    assert 'GPUMemoryUtilization{Level="Host",device_id="0",Hostname="h",} 1.2' in text
+    assert "# HELP GPUMemoryUsed Torchserve prometheus gauge metric with unit: Megabytes" in text
 
 
 def test_this_hosts_readings_agree_with_psutil() -> None:
