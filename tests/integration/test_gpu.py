@@ -22,7 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.gateway.gpu_metrics import GPU_FAMILIES
+from sluice.gateway.gpu_metrics import GPU_FAMILIES, GpuUsage
+from sluice.gateway.torchserve_system import SystemGauges
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack
@@ -124,6 +125,24 @@ def test_gpu_gauges_are_tritons_and_read_the_real_device(gpu_stack: Stack) -> No
     assert 0 < values["nv_gpu_memory_used_bytes"] <= total  # the workers' models are there
     assert 0 <= values["nv_gpu_utilization"] <= 1
     assert values["nv_gpu_power_limit"] > 0
+
+
+def test_torchserve_gpu_gauges_read_the_real_device() -> None:
+    _need_cuda()
+    pynvml = pytest.importorskip("pynvml", reason="the nvidia-ml-py package (gpu extra)")
+    readings = SystemGauges(gpus=GpuUsage()).gpu_readings()
+    pynvml.nvmlInit()
+    try:
+        count = pynvml.nvmlDeviceGetCount()
+        total = pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(0)).total
+    finally:
+        pynvml.nvmlShutdown()
+    assert set(readings) == {"GPUUtilization", "GPUMemoryUsed", "GPUMemoryUtilization"}
+    used, unit = readings["GPUMemoryUsed"]
+    assert unit == "MB" and [device for device, _ in used] == list(range(count))
+    assert 0 < used[0][1] <= total / 2**20
+    for name in ("GPUUtilization", "GPUMemoryUtilization"):
+        assert all(0 <= value <= 100 for _, value in readings[name][0])
 
 
 _HOLDER = textwrap.dedent(
