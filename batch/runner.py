@@ -38,6 +38,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.keys import Keys
+from sluice.core.on_demand import wake_blocking
 from sluice.core.redis_connect import connect
 from sluice.core.settings import BatchSettings
 from sluice.core.tenants import ANONYMOUS
@@ -152,6 +153,8 @@ class Runner:
         version = int(record.get(b.F_VERSION) or 0) or max(entry.versions)
         if version not in entry.versions:
             raise InvalidInput(f"'version': model '{name}' does not serve version {version}")
+        if entry.on_demand:  # (its rows wait in its stream while an executor loads it)
+            wake_blocking(self.redis, self.keys, name, version)
         return entry.config, version
 
     def _reader(self, batch_id: str, record: dict[str, str], config: ModelConfig) -> InputReader:

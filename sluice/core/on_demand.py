@@ -14,8 +14,9 @@ counting within seconds):
   no live host reports is ``UNLOADED_ON_DEMAND`` in the repository index;
 - ``Keys.host_memory``: per host, the budget and the memory in use, by device;
 - ``Keys.demand_requests``: the wake-up for the executors when a gateway, an ensemble's
-  step or a BLS call queues a request for a version no worker serves (they would otherwise
-  notice at their next tick): :class:`DemandWake`.
+  step or a BLS call queues a request for a version no worker serves, or a batch job's shard
+  starts on an on-demand version (they would otherwise notice at their next tick):
+  :class:`DemandWake`, :func:`wake_blocking`.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -142,6 +144,18 @@ WAKE_EVERY_S = 0.25
 """At most one wake-up per model version and process this often: the first request starts
 the load, the others wait for it in the queue."""
 _DEMAND_STREAM_MAX_LEN = 1000
+
+
+def wake_blocking(redis: SyncRedis, keys: Keys, model: str, version: int) -> None:
+    """:meth:`DemandWake.wake` for a process without an event loop (a batch worker's shard,
+    once per shard): best effort, as the executors find the queued work at their tick."""
+    with contextlib.suppress(RedisError):
+        redis.xadd(
+            keys.demand_requests,
+            {"model": model, "version": str(version)},
+            maxlen=_DEMAND_STREAM_MAX_LEN,
+            approximate=True,
+        )
 
 
 @dataclass

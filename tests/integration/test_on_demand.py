@@ -13,11 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
+from sluice.client import Client
 from sluice.core.keys import Keys
 from sluice.core.on_demand import version_states
 from sluice.scheduler.executor.redis_server import RedisServer
@@ -68,15 +70,28 @@ def index(http: httpx.Client) -> dict[str, dict[str, str]]:
 
 
 @pytest.fixture(scope="module")
-def demand(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """Six small models, every one on demand, in a budget that holds two to four."""
+def batch_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the batch jobs of the demand stack read and write."""
+    return tmp_path_factory.mktemp("demand-batches")
+
+
+@pytest.fixture(scope="module")
+def demand(tmp_path_factory: pytest.TempPathFactory, batch_root: Path) -> Iterator[Stack]:
+    """Eight small models, every one on demand, in a budget that holds two or three; a
+    batch worker beside them."""
     repository = tmp_path_factory.mktemp("demand")
     for name in MODELS:
         write_identity(repository, name, ["FP32"])
     stack = Stack(
         repository,
         None,
-        env={"SLUICE_MEMORY_BUDGET": f"{BUDGET // MIB}MiB", "SLUICE_MIN_RESIDENCY_S": "0"},
+        env={
+            "SLUICE_MEMORY_BUDGET": f"{BUDGET // MIB}MiB",
+            "SLUICE_MIN_RESIDENCY_S": "0",
+            "SLUICE_BATCH_ROOT": str(batch_root),
+            "SLUICE_BATCH_STORE": "",
+            "SLUICE_BATCH_WORKERS": "1",
+        },
         args=["--model-control-mode", "demand"],
     )
     stack.start()
@@ -146,6 +161,27 @@ def test_load_and_unload_requests_are_refused_in_demand_mode(demand: Stack) -> N
         answer = http.post(f"/v2/repository/models/{MODELS[0]}/load")
         assert answer.status_code == 503
         assert "not allowed" in answer.json()["error"]
+
+
+def test_a_batch_job_loads_its_model_on_demand(demand: Stack, batch_root: Path) -> None:
+    """A batch job on a model that is not loaded: its rows wait in the model's background
+    stream while an executor loads it, and every one is answered."""
+    with httpx.Client(base_url=demand.url, timeout=30) as http:
+        rows = index(http)
+    unloaded = [name for name in MODELS if rows[name]["state"] == "UNLOADED_ON_DEMAND"]
+    assert unloaded, rows  # (eight models, room for two or three)
+    data = np.arange(400, dtype=np.float32).reshape(200, 2)
+    np.save(batch_root / "rows.npy", data)
+    with Client(demand.url, timeout_s=60) as client:
+        batch_id = client.submit_batch(
+            unloaded[0], str(batch_root / "rows.npy"), str(batch_root / "out")
+        )["id"]
+        finished = ("completed", "failed", "cancelled")
+        assert wait_until(lambda: client.batch(batch_id)["status"] in finished, 120, 0.25)
+        state = client.batch(batch_id)
+    assert state["status"] == "completed", state
+    output = np.load(batch_root / "out" / batch_id / "OUT_FP32.npy")
+    np.testing.assert_array_equal(output, data)
 
 
 @pytest.fixture(scope="module")

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import orjson
 import pytest
+from redis import Redis
 
 from sluice.core.catalog import CatalogEntry, decode_entry, encode_entry
 from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.errors import InvalidConfig
+from sluice.core.keys import Keys
 from sluice.core.on_demand import (
     HostMemory,
     encode_state,
     host_memories,
     is_on_demand,
     version_states,
+    wake_blocking,
 )
+from sluice.scheduler.executor.redis_server import RedisServer
 
 
 def config(parameters: dict[str, str]) -> ModelConfig:
@@ -72,3 +76,20 @@ def test_the_catalog_carries_whether_a_model_loads_on_demand() -> None:
     entry = CatalogEntry("m", (1,), None, None, on_demand=True)
     assert decode_entry(encode_entry(entry)).on_demand is True
     assert decode_entry(encode_entry(CatalogEntry("m", (1,), None))).on_demand is False
+
+
+def test_a_batch_shard_wakes_the_executors(redis_server: RedisServer) -> None:
+    """What a batch worker writes when a job's model loads on demand: the entry the
+    executors' command watcher blocks on, naming the version; nothing raised without
+    Redis."""
+    keys = Keys("wake-test")
+    client = Redis.from_url(redis_server.url)
+    try:
+        wake_blocking(client, keys, "m", 3)
+        ((_, fields),) = client.xrange(keys.demand_requests)
+        assert fields == {b"model": b"m", b"version": b"3"}
+    finally:
+        client.delete(keys.demand_requests)
+        client.close()
+    unreachable = Redis(port=1, socket_connect_timeout=0.5)
+    wake_blocking(unreachable, keys, "m", 3)
