@@ -417,8 +417,10 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
         time.sleep(0.05)
     connection.close()
     _wait_for(marks / "withdrawn", "the BLS call was not withdrawn")
-    # (Its entry leaves the stream just after: the withdrawal does not wait for Redis.)
-    while int(client.xlen(stream)) != 1:
+    # (Its entry leaves the stream just after: the withdrawal does not wait for Redis. The
+    # blocker's may be gone too on a machine faster now than when it was calibrated; the
+    # execution count below says the BLS call was not computed.)
+    while int(client.xlen(stream)) > 1:
         assert time.monotonic() < deadline, "the BLS call's entry stayed queued"
         time.sleep(0.05)
     assert blocker["done"].wait(300)
