@@ -1,8 +1,12 @@
 """Decoupled streaming: a model that sends any number of responses per request.
 
 Each response but a request's final one is published as it comes, from the compute thread
-(in order: the thread waits for each); the final ones are returned, and published and
-acknowledged as any answer. Only Python models can be decoupled (``infer_stream``).
+(in order: the thread waits for each), with its index among the request's responses; the
+final ones are returned, and published and acknowledged as any answer. A request whose
+worker died mid-stream is delivered again and computed from the start: the gateway skips
+the responses whose index it has forwarded already (:meth:`sluice.core.dispatch.
+RedisDispatcher.submit_stream`), so the client sees each once. Only Python models can be
+decoupled (``infer_stream``).
 """
 
 from __future__ import annotations
@@ -60,6 +64,8 @@ def compute_streaming(
     (clients see the stream end). A backend that follows cancellation (a Triton-style
     Python model) also gets each request's cancellation and sequence flags."""
     finals: dict[int, Answer] = {}
+    sent = [0] * len(batch)
+    """Each request's partial responses so far: the next one's index."""
 
     def emit(index: int, outputs: Any, final: bool) -> None:
         request = batch[index]
@@ -80,7 +86,10 @@ def compute_streaming(
             return
         assert not isinstance(result, SluiceError)
         headers, payload = result
-        reply = ReplyMessage(request.message.request_key, version, headers, final=False)
+        reply = ReplyMessage(
+            request.message.request_key, version, headers, final=False, index=sent[index]
+        )
+        sent[index] += 1
         send_partial(request, reply, payload)
 
     stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)

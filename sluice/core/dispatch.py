@@ -139,7 +139,9 @@ class RedisDispatcher:
         self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
     ) -> AsyncIterator[Reply]:
         """The responses of a decoupled model to one request, in order, until its final one
-        (or an error, which ends them); all within ``timeout_s``."""
+        (or an error, which ends them); all within ``timeout_s``. Each response once: a
+        request delivered again after its worker died starts its responses over, and those
+        forwarded already are skipped by their index."""
         key = str(next(self._counter))
         message.request_key = key
         message.reply_to = self.reply_stream
@@ -151,6 +153,7 @@ class RedisDispatcher:
         expiry = loop.call_later(timeout_s, _expire, model, timeout_s, appended)
         entry_id: bytes | None = None
         done = False
+        forwarded = 0  # (non-final responses)
         try:
             try:
                 entry_id = await self._appender.append(
@@ -173,7 +176,12 @@ class RedisDispatcher:
                     ) from None
                 if isinstance(item, SluiceError):
                     raise item
-                done = item[0].final or bool(item[0].error_kind)
+                reply = item[0]
+                done = reply.final or bool(reply.error_kind)
+                if not done and reply.index is not None:
+                    if reply.index < forwarded:
+                        continue  # a repeat: the request's first worker died mid-stream
+                    forwarded = reply.index + 1
                 yield item
                 if done:
                     return

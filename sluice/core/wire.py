@@ -101,6 +101,10 @@ class ReplyMessage:
     error: str = ""
     final: bool = True
     """False on the responses of a decoupled model before its last one for the request."""
+    index: int | None = None
+    """A decoupled model's non-final response: its place among the request's responses (0
+    first). A request delivered again after its worker died is computed again from the
+    start, and the gateway forwards only the responses past those it forwarded already."""
     parameters: dict[str, bool | int | str] = field(default_factory=dict)
     """The response's own parameters (an ensemble's ``sequence_id``, ``sequence_start``,
     ``sequence_end``), which the gateway puts on the HTTP and gRPC response."""
@@ -274,6 +278,8 @@ def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, byt
     }
     if not message.final:
         header["f"] = False
+    if message.index is not None:
+        header["i"] = message.index
     if message.parameters:
         header["p"] = message.parameters
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
@@ -289,11 +295,20 @@ def decode_reply(fields: Mapping[bytes, bytes]) -> tuple[ReplyMessage, memoryvie
             error_kind=_str(header.get("ek", "")),
             error=_str(header.get("e", "")),
             final=header.get("f", True) is not False,
+            index=_response_index(header.get("i")),
             parameters=_reply_parameters(header.get("p", {})),
         )
     except (KeyError, TypeError) as exc:
         raise MalformedEntry(f"reply header is missing or has a bad field: {exc}") from None
     return message, payload
+
+
+def _response_index(raw: Any) -> int | None:
+    if raw is None:
+        return None
+    if not _natural(raw):
+        raise TypeError(f"bad response index {raw!r}")
+    return int(raw)
 
 
 def _reply_parameters(raw: Any) -> dict[str, bool | int | str]:

@@ -11,7 +11,7 @@ from sluice.core import dispatch
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import Overloaded
 from sluice.core.keys import Keys
-from sluice.core.wire import ReplyMessage, encode_reply
+from sluice.core.wire import ReplyMessage, RequestMessage, encode_reply
 
 
 def _dispatcher() -> RedisDispatcher:
@@ -42,3 +42,48 @@ def test_the_final_flag_travels() -> None:
     reply, _ = decode_reply(encode_reply(ReplyMessage("1", 2, final=False)))
     assert reply.final is False
     assert decode_reply(encode_reply(ReplyMessage("1", 2)))[0].final is True
+
+
+def test_a_stream_computed_again_after_its_worker_died_repeats_no_response() -> None:
+    """The first worker sent responses 0 and 1, then died; the request's second delivery
+    starts over at 0: the client gets 0, 1, 2 and the final one, each once. A response
+    without an index (an older worker) is always forwarded."""
+
+    class Appender:
+        async def append(self, stream: str, fields: object, appended: object) -> bytes:
+            return b"1-0"
+
+    async def run() -> list[tuple[int | None, bool]]:
+        dispatcher = _dispatcher()
+        dispatcher._appender = Appender()  # type: ignore[assignment]
+        message = RequestMessage(request_key="", reply_to="", inputs=[], outputs=[])
+        responses = dispatcher.submit_stream("m", "s", message, b"", timeout_s=10)
+        got: list[tuple[int | None, bool]] = []
+        first = asyncio.ensure_future(anext(responses))
+        await asyncio.sleep(0)
+        key = message.request_key
+        for index in (0, 1, 0, 1, 2, None):
+            dispatcher._resolve(encode_reply(ReplyMessage(key, 1, final=False, index=index)))
+        dispatcher._resolve(encode_reply(ReplyMessage(key, 1)))
+        reply, _ = await first
+        got.append((reply.index, reply.final))
+        async for reply, _ in responses:
+            got.append((reply.index, reply.final))
+        return got
+
+    assert asyncio.run(run()) == [(0, False), (1, False), (2, False), (None, False), (None, True)]
+
+
+def test_a_bad_response_index_is_a_malformed_reply() -> None:
+    import msgpack
+    import pytest
+
+    from sluice.core.wire import HEADER_FIELD, MalformedEntry, decode_reply
+
+    fields = encode_reply(ReplyMessage("1", 2, final=False, index=3))
+    header = msgpack.unpackb(fields[HEADER_FIELD])
+    assert header["i"] == 3
+    for bad in (-1, "3", True, 1.5):
+        header["i"] = bad
+        with pytest.raises(MalformedEntry, match="response index"):
+            decode_reply({**fields, HEADER_FIELD: msgpack.packb(header)})
