@@ -31,13 +31,14 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, ServerBusy, SluiceError
+from sluice.core.logs import TRACE_ID
 from sluice.core.routing import HEADER
 from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
@@ -53,10 +54,13 @@ from sluice.gateway.state import GatewayState
 from .limits import GrpcLimits
 from .protocol import service_pb2
 from .receiving import Receiving
-from .status import status_of
+from .status import describe, status_of
 from .stream_idle import StreamActivity, next_message
 from .tensors import encode_response, request_document
 from .wire_id import request_id_of
+
+if TYPE_CHECKING:
+    from sluice.core.otel import RequestSpan
 
 log = logging.getLogger(__name__)
 
@@ -239,21 +243,58 @@ class InferCalls:
         caller), checked, queued, answered: the ``ModelInferResponse`` bytes (with a
         stream's ``sink``: the ``ModelStreamInferResponse`` bytes holding it, or, for a
         decoupled model, each of its responses given to ``sink`` and b""); raises what the
-        client is to see."""
+        client is to see. With tracing on, the call is a ``receive`` span of its own
+        (:mod:`sluice.core.otel`), the parent of what the request makes."""
+        model, version = request.model_name, request.model_version or None
+        if len(model) > self.state.limits.max_string_length or len(version or "") > 64:
+            raise InvalidInput("'model_name' or 'model_version' is too long")
+        request_id.from_header(metadata.get("x-request-id"))
+        label = metadata.get(_LABEL_METADATA) or None
+        trace = _trace_of(metadata)
+        tracing = self.state.tracing
+        span = None
+        if tracing is not None:
+            method = "ModelStreamInfer" if sink is not None else "ModelInfer"
+            span = tracing.receive(model, trace, rpc_method=method)
+            trace = span.context
+        if trace is not None:
+            TRACE_ID.set(trace.trace_id)
+        if span is None:
+            return await self._infer(request, size, remaining_s, label, trace, None, sink, turn)
+        try:
+            answer = await self._infer(request, size, remaining_s, label, trace, span, sink, turn)
+        except asyncio.CancelledError:
+            span.end_call(None, request_id.current(), "the client went away")
+            raise
+        except Exception as exc:
+            code, details = describe(exc)
+            span.end_call(code.value[0], request_id.current(), details)
+            raise
+        span.end_call(grpc.StatusCode.OK.value[0], request_id.current())
+        return answer
+
+    async def _infer(
+        self,
+        request: Any,
+        size: int,
+        remaining_s: float | None,
+        label: str | None,
+        trace: TraceParent | None,
+        span: RequestSpan | None,
+        sink: Callable[[bytes], None] | None,
+        turn: QueueTurn | None,
+    ) -> bytes:
         stream = sink is not None
         state = self.state
         big = size > OFFLOAD_BYTES
         model, version = request.model_name, request.model_version or None
         limits = state.limits
-        if len(model) > limits.max_string_length or len(version or "") > 64:
-            raise InvalidInput("'model_name' or 'model_version' is too long")
 
         def parse(config: ModelConfig) -> InferRequest:
             document, binary = request_document(request)
             return parse_infer_document(document, binary, config, limits, state.regions)
 
         heavy = big or _names_shm_bytes(request)
-        request_id.from_header(metadata.get("x-request-id"))
         deadline_us = 0 if remaining_s is None else max(1, int(remaining_s * 1_000_000))
         prepared = await prepare_with(
             state,
@@ -261,7 +302,7 @@ class InferCalls:
             version,
             parse,
             heavy,
-            metadata.get(_LABEL_METADATA) or None,
+            label,
             deadline_us=deadline_us,
         )
         parsed, transfer = prepared.parsed, state.transfer
@@ -282,7 +323,7 @@ class InferCalls:
                 prepared,
                 big,
                 encode,
-                _trace_of(metadata),
+                trace,
                 sink,
                 empty_final is not None and empty_final.bool_param,
             )
@@ -292,7 +333,8 @@ class InferCalls:
             prepared,
             big,
             encode,
-            _trace_of(metadata),
+            trace,
+            span,
             endpoint="ModelInfer RPC",
             turn=turn,
         )

@@ -5,7 +5,9 @@ One request makes four kinds of span, all in the trace of the client's ``tracepa
 (or a new trace when it sent none, or an invalid one):
 
 - ``receive`` (gateway, kind SERVER): from the request's arrival to its response; its
-  context goes into the stream entry and back to the client as ``traceparent``;
+  context goes into the stream entry and, over HTTP, back to the client as
+  ``traceparent``; a gRPC call's also names the RPC and its status code (OpenTelemetry's
+  ``rpc.*`` attributes);
 - ``queue_wait`` (worker): from the entry's enqueue time to the start of its batch,
   recorded with those explicit times, child of ``receive``;
 - ``batch_compute`` (worker): the batch's computation, linked to the ``receive`` span of
@@ -43,6 +45,14 @@ from sluice.core.trace_context import TraceParent
 QueuedRequest = tuple[TraceParent | None, str, int]
 """What the worker knows of a request in a batch: (trace context, request id, enqueued
 at in Unix ns)."""
+
+
+GRPC_SERVICE = "inference.GRPCInferenceService"
+
+GRPC_SERVER_ERRORS = frozenset({2, 4, 12, 13, 14, 15})
+"""The gRPC status codes that mark a server's span as failed (OpenTelemetry's conventions:
+UNKNOWN, DEADLINE_EXCEEDED, UNIMPLEMENTED, INTERNAL, UNAVAILABLE, DATA_LOSS); the others
+are the client's."""
 
 
 def _context(parent: TraceParent | None) -> Context:
@@ -109,6 +119,15 @@ class RequestSpan:
         self._span.set_attribute("sluice.request_id", request_id)
         _end(self._span, error if status >= 500 or not status else "")
 
+    def end_call(self, code: int | None, request_id: str, error: str = "") -> None:
+        """A gRPC call's: ``code``, the status code answered (0: OK), None for none (the
+        client cancelled); a server's error code, or no answer, marks the span as failed
+        with ``error``."""
+        if code is not None:
+            self._span.set_attribute("rpc.grpc.status_code", code)
+        self._span.set_attribute("sluice.request_id", request_id)
+        _end(self._span, error if code is None or code in GRPC_SERVER_ERRORS else "")
+
 
 class BatchSpan:
     """``batch_compute``: one batch in a worker."""
@@ -147,14 +166,19 @@ class Tracing:
         """Export what is left and stop."""
         self.provider.shutdown()
 
-    def receive(self, model: str, parent: TraceParent | None) -> RequestSpan:
+    def receive(
+        self, model: str, parent: TraceParent | None, *, rpc_method: str = ""
+    ) -> RequestSpan:
         """Start the ``receive`` span of a request to ``model``, child of the client's
-        ``parent`` (a new trace when None); the client's ``tracestate`` goes on with it."""
+        ``parent`` (a new trace when None); the client's ``tracestate`` goes on with it.
+        ``rpc_method``: the gRPC method of a call (``ModelInfer``, ``ModelStreamInfer``)."""
+        attributes: dict[str, Any] = {"sluice.model": model}
+        if rpc_method:
+            attributes.update(
+                {"rpc.system": "grpc", "rpc.service": GRPC_SERVICE, "rpc.method": rpc_method}
+            )
         span = self._tracer.start_span(
-            "receive",
-            context=_context(parent),
-            kind=SpanKind.SERVER,
-            attributes={"sluice.model": model},
+            "receive", context=_context(parent), kind=SpanKind.SERVER, attributes=attributes
         )
         return RequestSpan(self._tracer, span, parent.state if parent is not None else "")
 

@@ -16,7 +16,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import write_fragile
@@ -184,3 +187,47 @@ def test_the_request_id_is_the_kserve_id_then_the_header_then_a_new_one(
     )
     assert unusable.headers["x-request-id"] == "h-4"  # an id that is no header value
     assert unusable.json()["id"] == "line\nbreak"
+
+
+def test_a_grpc_call_is_a_span_of_its_own(traced: Stack, receiver: OtlpReceiver) -> None:
+    """ModelInfer's ``receive`` span: a child of the client's ``traceparent`` metadata, the
+    parent of the request's other spans, with the RPC and its status code; a call the model
+    fails is a failed span, a model that does not exist is the client's error."""
+    traceparent, trace_id, parent_id = new_traceparent()
+    failing, failing_trace, _ = new_traceparent()
+    unknown, unknown_trace, _ = new_traceparent()
+    with grpcclient.InferenceServerClient(traced.grpc_address) as client:
+        values = grpcclient.InferInput("IN_FP32", [1, 3], "FP32")
+        values.set_data_from_numpy(np.array([[1, 2, 3]], dtype=np.float32))
+        result = client.infer(
+            "ident", [values], request_id="grpc-ok", headers={"traceparent": traceparent}
+        )
+        assert result.as_numpy("OUT_FP32").tolist() == [[1, 2, 3]]
+        negative = grpcclient.InferInput("x", [1, 2], "FP32")
+        negative.set_data_from_numpy(np.array([[-1, 1]], dtype=np.float32))
+        with pytest.raises(InferenceServerException, match="negative input"):
+            client.infer("fragile", [negative], headers={"traceparent": failing})
+        with pytest.raises(InferenceServerException) as missing:
+            client.infer("no_such_model", [values], headers={"traceparent": unknown})
+        assert missing.value.status() == "StatusCode.NOT_FOUND"
+
+    spans = of_trace(receiver.wait_for(lambda s: set(of_trace(s, trace_id)) >= KINDS), trace_id)
+    receive = spans["receive"]
+    assert receive.parent_span_id == parent_id
+    assert receive.attributes["rpc.system"] == "grpc"
+    assert receive.attributes["rpc.service"] == "inference.GRPCInferenceService"
+    assert receive.attributes["rpc.method"] == "ModelInfer"
+    assert receive.attributes["rpc.grpc.status_code"] == 0
+    assert receive.attributes["sluice.request_id"] == "grpc-ok"
+    assert receive.status_code != 2
+    for kind in ("queue_wait", "reply", "batch_compute"):
+        assert spans[kind].parent_span_id == receive.span_id, kind
+
+    failed = receiver.wait_for(lambda s: "receive" in of_trace(s, failing_trace))
+    failed_receive = of_trace(failed, failing_trace)["receive"]
+    assert failed_receive.attributes["rpc.grpc.status_code"] == 13  # INTERNAL
+    assert failed_receive.status_code == 2
+    absent = receiver.wait_for(lambda s: "receive" in of_trace(s, unknown_trace))
+    absent_receive = of_trace(absent, unknown_trace)["receive"]
+    assert absent_receive.attributes["rpc.grpc.status_code"] == 5  # NOT_FOUND
+    assert absent_receive.status_code != 2
