@@ -127,7 +127,7 @@ def up(
         str | None,
         typer.Option(
             help="Gateway processes sharing the HTTP and gRPC ports: auto (the default: one "
-            "per CPU this process may run on, at most 16) or a number from 1 to 64.",
+            "per two CPUs this process may run on, 1 to 16) or a number from 1 to 64.",
             callback=_gateway_processes,
             metavar="auto|N",
         ),

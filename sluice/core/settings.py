@@ -30,13 +30,19 @@ catalog copy) and refresh traffic, not requests per second."""
 
 
 def auto_gateway_processes() -> int:
-    """``--gateway-processes auto``: the CPUs this process may run on, at least 1, at most
-    :data:`AUTO_GATEWAY_PROCESSES_CAP`."""
+    """``--gateway-processes auto``: half the CPUs this process may run on, at least 1, at
+    most :data:`AUTO_GATEWAY_PROCESSES_CAP`.
+
+    Half, because the workers, Redis and the host's other work need the rest: a request
+    costs the gateway about as much CPU as it costs all of them together. On two CPUs one
+    gateway process served 3-6 % more requests a second than two at saturation, with a
+    lower p99, and spent 15-25 % less CPU per request at 100 and 1,000 requests a second
+    (bench/RESULTS.md, "How many gateway processes")."""
     try:
         cpus = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         cpus = os.cpu_count() or 1
-    return max(1, min(cpus, AUTO_GATEWAY_PROCESSES_CAP))
+    return max(1, min(cpus // 2, AUTO_GATEWAY_PROCESSES_CAP))
 
 
 def gateway_processes_value(value: object) -> object:
@@ -277,7 +283,7 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
 
     gateway_processes: int = Field(1, ge=1, le=64)
     """Gateway processes sharing the port (set by ``sluice up``, see UpSettings; ``auto``:
-    one per CPU this process may run on)."""
+    one per two CPUs this process may run on)."""
 
     _gateway_processes_auto = field_validator("gateway_processes", mode="before")(
         gateway_processes_value
@@ -658,8 +664,8 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     gateway_processes: int = Field(default_factory=auto_gateway_processes, ge=1, le=64)
     """Gateway processes sharing the HTTP and gRPC ports (each has its own reply stream):
-    ``auto`` (the default) starts one per CPU this process may run on (its affinity), at
-    most 16; or a number from 1 to 64."""
+    ``auto`` (the default) starts one per two CPUs this process may run on (its affinity),
+    at least 1 and at most 16; or a number from 1 to 64."""
 
     _gateway_processes_auto = field_validator("gateway_processes", mode="before")(
         gateway_processes_value

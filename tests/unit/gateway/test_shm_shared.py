@@ -253,12 +253,15 @@ def test_the_host_counter_is_shared_and_private(tmp_path: Path) -> None:
 def test_gateway_processes_auto_follows_the_cpus_this_process_may_use(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """One gateway process per two CPUs (the workers and Redis need the rest)."""
     cpus = len(os.sched_getaffinity(0))
-    assert auto_gateway_processes() == min(cpus, 16)
+    assert auto_gateway_processes() == max(1, min(cpus // 2, 16))
     monkeypatch.delenv("SLUICE_GATEWAY_PROCESSES", raising=False)
-    assert UpSettings().gateway_processes == min(cpus, 16)  # the default
+    assert UpSettings().gateway_processes == max(1, min(cpus // 2, 16))  # the default
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(40)))
     assert UpSettings(gateway_processes="auto").gateway_processes == 16
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: set(range(9)))
+    assert UpSettings(gateway_processes="auto").gateway_processes == 4
     monkeypatch.setattr(os, "sched_getaffinity", lambda _: {3})
     monkeypatch.setenv("SLUICE_GATEWAY_PROCESSES", "auto")
     assert UpSettings().gateway_processes == 1
