@@ -24,6 +24,11 @@ its live workers anywhere, and its answered count. Then:
   room for the next one is kept ahead of demand (:meth:`OnDemand._keep_spare`).
 - **Measure** what each worker of this host holds (:mod:`.process_memory`), keep the largest
   seen per version, and share it in ``Keys.model_memory``.
+- **Scale** a loaded version to the instance count the controller's autoscaler wants for it
+  (``Keys.desired_instances``, from the model's ``sluice.max_instances`` policy): more
+  workers only into room that is free now, once no version waits for room here (and, while
+  cold starts have had to evict, only beyond the room kept for the next one); fewer down to
+  one (unloading it is eviction's business).
 - **Refuse** a version larger than the whole budget (by its files before it loads, by its
   measure after): its queued requests are answered 503 with the reason, and the gateways
   refuse new ones with it (a load error of that version).
@@ -42,7 +47,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, cast
 
@@ -65,6 +70,7 @@ from sluice.core.on_demand import (
     host_memories,
     state_field,
 )
+from sluice.core.placement import threads_per_instance
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel
 from sluice.core.wire import MalformedEntry, ReplyMessage, decode_request, encode_reply
@@ -114,6 +120,8 @@ class Resident:
     answered: int = -1
     footprint: Footprint = field(default_factory=dict)
     """The most it held, measured, per device (all its workers)."""
+    configured: int = 0
+    """Its workers as configured (0: as many as it has), however the autoscaler scales it."""
 
     @property
     def key(self) -> Version:
@@ -201,6 +209,8 @@ class OnDemand:
     _pressure: tuple[float, int] | None = None
     """When a version last had to evict to load here, and its uses then (answered, plus
     one): while such loads come, :meth:`_keep_spare` frees room ahead of the next one."""
+    _desired: dict[str, int] = field(default_factory=dict)
+    """The autoscaler's wanted instance counts (``model:version`` -> count) at this tick."""
     _worker_baseline: int = 0
     """What the smallest worker of this host held beyond its model files (0: none seen)."""
 
@@ -258,6 +268,7 @@ class OnDemand:
             else:
                 self._place(key, looks[key], now, room)
         self._keep_spare(room, now)
+        self._scale(room, now)
         if self.forks is not None:
             self.forks.ensure()  # (a new one after it died: its workers died with it)
         self._report()
@@ -288,9 +299,13 @@ class OnDemand:
                 )
                 pipe.smembers(self.keys.tenant_streams(name, version))
                 order.append(((name, version), len(streams)))
+            pipe.hgetall(self.keys.desired_instances)
             pipe.xrevrange(self.keys.demand_requests, count=1)
             results: list[Any] = pipe.execute()
         newest = results.pop()
+        self._desired = {
+            k.decode(): int(v) for k, v in (results.pop() or {}).items() if v.isdigit()
+        }
         if newest and newest[0][0] != self._last_wake:
             self._last_wake = newest[0][0]
             self._woken_until = time.monotonic() + 1.0
@@ -334,11 +349,12 @@ class OnDemand:
                 self._share(resident)
 
     def _share(self, resident: Resident) -> None:
-        self._measured[resident.key] = dict(resident.footprint)
+        configured = self._configured(resident)
+        self._measured[resident.key] = configured
         self.client.hset(
             self.keys.model_memory,
             f"{resident.model.name}:{resident.version}",
-            orjson.dumps(resident.footprint),
+            orjson.dumps(configured),
         )
         files = _files_bytes(resident.model.path / str(resident.version))
         per_worker = resident.footprint.get(HOST, 0) // max(1, len(resident.children))
@@ -362,7 +378,7 @@ class OnDemand:
                 resident.ready_at = resident.last_used = now
                 self._cold_start(resident)
             return
-        over = self._over_budget(resident.footprint)
+        over = self._over_budget(self._configured(resident))
         if over:
             self._drop(resident, over)
 
@@ -458,7 +474,9 @@ class OnDemand:
             return  # it starts once the evicted workers are gone; its share is kept for it
         room.take(need)
         children = self._start(self.specs(model, version))
-        self.residents[key] = Resident(model, version, children, now, look.oldest_ms, last_used=now)
+        self.residents[key] = Resident(
+            model, version, children, now, look.oldest_ms, last_used=now, configured=len(children)
+        )
         self._wanted_since.pop(key, None)
         log.info(
             "loading '%s' version %d on demand (%d worker(s), about %s)",
@@ -479,16 +497,91 @@ class OnDemand:
         holds what is asked for keeps it all."""
         if self._pressure is None or now - self._pressure[0] > USE_WINDOW_S:
             return
-        spare = {
-            device: max((r.footprint.get(device, 0) for r in self.residents.values()), default=0)
-            for device in self.budget
-        }
-        short = room.short_later(spare)
+        short = room.short_later(self._spare())
         if not any(size > 0 for size in short.values()):
             return
         for resident in self._victims(short, now, demand=self._pressure[1]):
             self._evict(resident, "budget", ahead=True)
             room.leaving(resident.footprint)
+
+    # -- autoscaling ---------------------------------------------------------------------
+
+    def _scale(self, room: _Room, now: float) -> None:
+        """Match each loaded version's workers to the autoscaler's wanted count (see the
+        module's docstring)."""
+        for resident in list(self.residents.values()):
+            wanted = self._desired.get(f"{resident.model.name}:{resident.version}")
+            if wanted is None or resident.ready_at is None:
+                continue
+            running = [c for c in resident.children if not c.retiring]
+            wanted = max(1, wanted)
+            if wanted < len(running):
+                self._scale_down(resident, running, wanted)
+            elif wanted > len(running) and not self._wanted_since:
+                self._scale_up(resident, len(running), wanted, room, now)
+
+    def _scale_down(self, resident: Resident, running: list[Child], wanted: int) -> None:
+        leaving = running[wanted:]
+        self.supervisor.retire(leaving)
+        for child in leaving:
+            resident.children.remove(child)
+        self._leaving += [c for c in leaving if c.running]
+        resident.footprint = {d: s * wanted // len(running) for d, s in resident.footprint.items()}
+        log.info(
+            "'%s' version %d: %d -> %d instances (autoscaling)",
+            *resident.key,
+            len(running),
+            wanted,
+        )
+
+    def _scale_up(
+        self, resident: Resident, count: int, wanted: int, room: _Room, now: float
+    ) -> None:
+        """As many more workers, up to ``wanted``, as fit in the room free now (beyond the
+        room kept for the next cold start while cold starts have had to evict)."""
+        held = self._held(resident)
+        per = {d: s // max(1, count) for d, s in held.items()}
+        kept = self._spare() if self._pressure and now - self._pressure[0] <= USE_WINDOW_S else {}
+        more = wanted - count
+        while more and not room.fits_now(
+            {d: per.get(d, 0) * more + kept.get(d, 0) for d in per.keys() | kept.keys()}
+        ):
+            more -= 1
+        if not more:
+            return
+        extra = {d: size * more for d, size in per.items()}
+        room.take(extra)
+        # The new workers get the cores divided among the instances, as other scale-ups.
+        spec = _with_threads(
+            self.specs(resident.model, resident.version)[0], threads_per_instance(count + more)
+        )
+        resident.children += self._start([spec] * more)
+        resident.footprint = {d: s + extra.get(d, 0) for d, s in held.items()}
+        log.info(
+            "'%s' version %d: %d -> %d instances (autoscaling%s)",
+            *resident.key,
+            count,
+            count + more,
+            f"; {wanted} wanted, the budget holds no more now" if count + more < wanted else "",
+        )
+
+    def _held(self, resident: Resident) -> Footprint:
+        """What the version's workers hold: measured, else estimated."""
+        return resident.footprint or self._estimate(resident.model, resident.version)
+
+    def _configured(self, resident: Resident) -> Footprint:
+        """What the version holds with its configured instance count (the measure shared
+        for its next load, and weighed against the whole budget), however it is scaled."""
+        workers = max(1, len(resident.children))
+        configured = resident.configured or workers
+        return {d: s * configured // workers for d, s in resident.footprint.items()}
+
+    def _spare(self) -> Footprint:
+        """The room :meth:`_keep_spare` keeps for the next cold start: the largest resident."""
+        return {
+            device: max((r.footprint.get(device, 0) for r in self.residents.values()), default=0)
+            for device in self.budget
+        }
 
     def _start(self, specs: list[ChildSpec]) -> list[Child]:
         """The workers of ``specs``: forked by the fork server where it runs."""
@@ -703,6 +796,14 @@ class OnDemand:
             for resident in self.residents.values():
                 pipe.delete(self.keys.on_demand_lock(*resident.key))
             pipe.execute()
+
+
+def _with_threads(spec: ChildSpec, threads: int) -> ChildSpec:
+    """``spec`` with ``threads`` compute threads (its ``--threads``)."""
+    argv = list(spec.argv)
+    if "--threads" in argv:
+        argv[argv.index("--threads") + 1] = str(threads)
+    return replace(spec, argv=argv)
 
 
 def _files_bytes(directory: Path) -> int:

@@ -159,3 +159,51 @@ def _why_not_down(stack: Stack) -> str:
     finally:
         client.close()
     return f"did not scale down to zero; streams {lengths}\n" + "".join(stack.stderr_lines[-30:])
+
+
+ON_DEMAND = (
+    POLICY.replace('string_value: "0"', 'string_value: "1"', 1)
+    + 'parameters { key: "sluice.load" value { string_value: "on_demand" } }\n'
+)
+
+
+@pytest.mark.timeout(180)
+def test_an_on_demand_model_is_loaded_then_scaled_up_and_down_by_its_queue(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A model loaded on demand that has an autoscaling policy: the first requests load it,
+    the burst gives it more workers within the memory budget, and it goes back to one
+    (not to none: unloading it is the budget's business) once quiet."""
+    write_slow(tmp_path, "slow", max_batch_size=1, extra=ON_DEMAND)
+    # Workers started as processes of their own, not forked: each is a child of
+    # ``sluice up`` that names its model, so that they can be counted here.
+    stack = Stack(tmp_path, redis_server.url, env={"SLUICE_FORK_SERVER": "false"})
+    stack.start()
+    try:
+        assert stack.process is not None
+        root = stack.process.pid
+        assert worker_pids(root, "slow") == set()  # not loaded until asked for
+        codes: list[int] = []
+        lock = threading.Lock()
+
+        def send(index: int) -> None:
+            with httpx.Client(base_url=stack.url, timeout=120) as http:
+                answer = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000))
+            with lock:
+                codes.append(answer.status_code)
+
+        burst = [threading.Thread(target=send, args=(i,)) for i in range(40)]
+        for sender in burst:
+            sender.start()
+        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 30), (
+            "no scale-up within 30 s:\n" + "".join(stack.stderr_lines[-20:])
+        )
+        for sender in burst:
+            sender.join(120)
+        assert codes == [200] * 40, codes
+        assert wait_until(lambda: len(worker_pids(root, "slow")) == 1, 30), _why_not_down(stack)
+        time.sleep(3)  # two more windows: it stays at one
+        assert len(worker_pids(root, "slow")) == 1
+        assert any("instances (autoscaling)" in line for line in stack.stderr_lines)
+    finally:
+        stack.stop()

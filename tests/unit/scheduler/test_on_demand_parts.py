@@ -12,11 +12,12 @@ from typing import Any, cast
 import pytest
 
 from sluice.core.memory_budget import HOST
+from sluice.core.placement import threads_per_instance
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.executor.fork_server import ForkServer
 from sluice.scheduler.executor.on_demand import PATIENCE_S, OnDemand, Resident, _Room
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing, host_bytes
-from sluice.scheduler.executor.supervisor import ChildSpec
+from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
 MIB = 1 << 20
 NOW = 1000.0
@@ -166,3 +167,75 @@ def test_the_fork_server_forks_workers_only() -> None:
     finally:
         server.stop()
     assert server.spawn(ChildSpec("w", [sys.executable, "-m", "sluice.workers"], {})) is None
+
+
+class _Supervisor:
+    """Records the workers retired."""
+
+    def __init__(self) -> None:
+        self.retired: list[Child] = []
+
+    def retire(self, children: list[Child]) -> None:
+        for child in children:
+            child.retiring = True
+        self.retired += children
+
+
+def scaled(workers: int, size: int, wanted: int) -> tuple[OnDemand, Resident, list[ChildSpec]]:
+    """A manager with one loaded version of ``workers`` workers holding ``size`` bytes in
+    all, which the autoscaler wants at ``wanted``; its ``_start`` records the specs."""
+    spec = ChildSpec("worker", ["w", "--threads", "2"], {}, version=1)
+    loaded = resident("hot", NOW, size, ready_at=NOW - 100)
+    loaded.children = [Child(spec) for _ in range(workers)]
+    loaded.configured = 1
+    demand = manager(loaded)
+    demand.specs = lambda m, v: [spec]  # configured: one instance
+    demand.supervisor = cast(Any, _Supervisor())
+    started: list[ChildSpec] = []
+
+    def start(specs: list[ChildSpec]) -> list[Child]:
+        started.extend(specs)
+        return [Child(s) for s in specs]
+
+    demand._start = start  # type: ignore[method-assign]
+    demand._desired = {"hot:1": wanted}
+    return demand, loaded, started
+
+
+def test_an_autoscaled_version_gets_the_workers_that_fit_the_room_free_now() -> None:
+    demand, loaded, started = scaled(1, 100 * MIB, wanted=3)
+    room = _Room(now={HOST: 900 * MIB}, later={HOST: 900 * MIB})
+    demand._scale(room, NOW)
+    assert len(started) == 2 and len(loaded.children) == 3
+    assert started[0].argv == ["w", "--threads", str(threads_per_instance(3))]
+    assert loaded.footprint == {HOST: 300 * MIB} and room.now == {HOST: 700 * MIB}
+    # What it shares for its next load, and weighs against the budget, is one instance's.
+    assert demand._configured(loaded) == {HOST: 100 * MIB}
+
+    demand, loaded, started = scaled(1, 100 * MIB, wanted=3)
+    demand._scale(_Room(now={HOST: 150 * MIB}, later={HOST: 150 * MIB}), NOW)
+    assert len(started) == 1  # the budget holds one more now
+
+    # While cold starts have had to evict, the room for the next one stays free.
+    demand, loaded, started = scaled(1, 100 * MIB, wanted=3)
+    demand._pressure = (NOW - 5, 1)
+    demand._scale(_Room(now={HOST: 250 * MIB}, later={HOST: 250 * MIB}), NOW)
+    assert len(started) == 1
+
+    # A version waiting for room here goes first: no scaling up meanwhile.
+    demand, loaded, started = scaled(1, 100 * MIB, wanted=3)
+    demand._wanted_since = {("cold", 1): NOW}
+    demand._scale(_Room(now={HOST: 900 * MIB}, later={HOST: 900 * MIB}), NOW)
+    assert started == []
+
+
+def test_an_autoscaled_version_scales_down_to_one_and_frees_what_it_held() -> None:
+    demand, loaded, started = scaled(3, 300 * MIB, wanted=1)
+    demand._scale(_Room(now={HOST: 0}, later={HOST: 0}), NOW)
+    supervisor = cast(_Supervisor, demand.supervisor)
+    assert len(supervisor.retired) == 2 and len(loaded.children) == 1
+    assert loaded.footprint == {HOST: 100 * MIB} and started == []
+    # Zero wanted (a minimum of zero): one stays; unloading it is eviction's business.
+    demand, loaded, _ = scaled(2, 200 * MIB, wanted=0)
+    demand._scale(_Room(now={HOST: 0}, later={HOST: 0}), NOW)
+    assert len(loaded.children) == 1
