@@ -6,7 +6,8 @@
   is not finished: 202 with its status and ``Retry-After``; ``Prefer: wait=N`` holds the
   request up to N seconds (at most ``SLUICE_MAX_JOB_WAIT_S``) for it to finish;
 - ``DELETE /v2/jobs/{id}``: cancel it (202 while a worker still holds it, then
-  ``cancelled``).
+  ``cancelled``); a finished job is deleted with its answer (200 with its last status; it
+  is not found afterwards), which gives back what the answer held of its tenant's room.
 
 A job is found only by the tenant whose key submitted it.
 """
@@ -25,6 +26,7 @@ from sluice.gateway.jobs import (
     job_record,
     job_status,
     preferred_wait_s,
+    remove_finished_job,
     status_body,
     wait_for_result,
 )
@@ -62,6 +64,10 @@ async def get_result(job_id: str, request: Request) -> Response:
 async def delete_job(job_id: str, request: Request) -> Response:
     state = state_of(request)
     owner = tenant_of(request.scope)
+    before = await job_record(state, job_id, owner)
+    if before.get(jobs.F_STATUS, b"").decode() in jobs.FINISHED:
+        await remove_finished_job(state, job_id, owner)
+        return Response(status_body(job_id, before), 200, media_type="application/json")
     await cancel_job(state, job_id, owner)
     record = await job_record(state, job_id, owner)
     status = record.get(jobs.F_STATUS, b"").decode()

@@ -184,6 +184,7 @@ async def submit_job(
         settings.tenant_max_queued_jobs,
         settings.tenant_max_queued_job_bytes,
         entry_bytes,
+        settings.tenant_max_job_result_bytes,
     ]
     for name, value in fields.items():
         args += [name, value]
@@ -196,6 +197,8 @@ async def submit_job(
         keys.job_room(model),
         keys.tenant_streams(model, request.number),
         base_stream(stream),
+        keys.job_results(model),
+        keys.finished_jobs(model),
     ]
     # The id -> model record first: a job must never be in the queue without it. It outlives
     # the job (an hour beyond its longest life); a failed submission leaves only it behind.
@@ -256,6 +259,14 @@ def _refusal(
             f"{settings.tenant_max_queued_job_bytes}); retry later",
             5,
         )
+    if outcome == _TENANT_RESULTS:
+        return QuotaExceeded(
+            f"tenant '{owner}' keeps {found} bytes of answers of finished jobs of model "
+            f"'{model}', its limit (SLUICE_TENANT_MAX_JOB_RESULT_BYTES="
+            f"{settings.tenant_max_job_result_bytes}); delete finished jobs "
+            "(DELETE /v2/jobs/{id}) or retry once some expire",
+            60,
+        )
     return Overloaded(
         f"model '{model}' version {version} has {settings.max_queued_jobs} "
         "jobs waiting, its limit; retry later",
@@ -263,7 +274,7 @@ def _refusal(
     )
 
 
-_QUEUE_FULL, _TENANT_JOBS, _REUSED, _TENANT_BYTES = -1, -2, -3, -4
+_QUEUE_FULL, _TENANT_JOBS, _REUSED, _TENANT_BYTES, _TENANT_RESULTS = -1, -2, -3, -4, -5
 """SUBMIT's refusals (see :data:`sluice.core.jobs.SUBMIT`)."""
 
 
@@ -384,6 +395,28 @@ async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
                 approximate=True,
             )
     return text
+
+
+async def remove_finished_job(state: GatewayState, job_id: str, owner: str) -> None:
+    """Delete the job with its answer if it has finished (what the answer held in its
+    tenant's account is given back); a job still waiting or computing is left as it is."""
+    record = await job_record(state, job_id, owner)
+    model = record.get(jobs.F_MODEL, b"").decode()
+    key = record.get(jobs.F_KEY, b"").decode()
+    job_key = state.keys.job(model, job_id)
+    keys = state.keys
+    try:
+        await state.redis.eval(
+            jobs.REMOVE,
+            4,
+            job_key,
+            keys.job_by_key(model, owner, key) if key else job_key,
+            keys.job_results(model),
+            keys.finished_jobs(model),
+            job_id,
+        )
+    except RedisError as exc:
+        raise SluiceError(f"cannot delete job '{job_id}': {exc}") from None
 
 
 def status_body(job_id: str, record: dict[str, bytes]) -> bytes:

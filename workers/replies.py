@@ -21,7 +21,7 @@ from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import Cancelled, DeadlineExceeded, SluiceError, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys
-from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, RequestMessage, encode_reply
+from sluice.core.wire import ReplyMessage, RequestMessage, encode_reply
 from sluice.workers.slot_lease import SlotLease, SlotLost
 from sluice.workers.tensors import PendingRequest
 
@@ -234,23 +234,10 @@ class Publisher:
     def _finish_job(self, pipe: Pipeline, job: str, outcome: Outcome) -> None:
         """The answer goes into the job's record (unless it was cancelled meanwhile, or
         answered already: a request delivered twice)."""
-        fields = encode_reply(outcome.reply, outcome.payload)
-        reply = outcome.reply
-        pipe.eval(
-            jobs.FINISH,
-            4,
-            job,
-            self.keys.stats(self.model, self.version),
-            self.keys.queued_jobs(self.model),
-            self.keys.job_room(self.model),
-            jobs.status_of_answer(reply.error_kind),
-            fields[HEADER_FIELD],
-            fields[DATA_FIELD],
-            f"{time.time():.6f}",
-            reply.error,
-            reply.error_kind,
-            outcome.request.message.request_key,
+        keys, args = jobs.finish_call(
+            self.keys, self.model, self.version, job, outcome.reply, outcome.payload
         )
+        pipe.eval(jobs.FINISH, len(keys), *keys, *args)
 
     async def started(self, requests: list[PendingRequest]) -> None:
         """Mark the jobs among ``requests`` in progress, and give back the room they held

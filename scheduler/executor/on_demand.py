@@ -55,6 +55,7 @@ import orjson
 from redis import Redis
 
 from sluice.core import histograms as hist
+from sluice.core import jobs
 from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import Unavailable, error_kind
@@ -743,12 +744,18 @@ class OnDemand:
                         error_kind=error_kind(error),
                         error=error.message,
                     )
-                    pipe.xadd(
-                        message.reply_to,
-                        encode_reply(reply),  # type: ignore[arg-type]
-                        maxlen=REFUSED_REPLY_MAX_LEN,
-                        approximate=True,
-                    )
+                    if self.keys.is_job(message.reply_to):  # (its record takes the answer)
+                        keys, args = jobs.finish_call(
+                            self.keys, name, version, message.reply_to, reply
+                        )
+                        pipe.eval(jobs.FINISH, len(keys), *keys, *args)
+                    elif message.reply_to:
+                        pipe.xadd(
+                            message.reply_to,
+                            encode_reply(reply),  # type: ignore[arg-type]
+                            maxlen=REFUSED_REPLY_MAX_LEN,
+                            approximate=True,
+                        )
                     pipe.xack(stream, WORKER_GROUP, entry_id)
                     pipe.xdel(stream, entry_id)
                 pipe.execute(raise_on_error=False)

@@ -19,11 +19,15 @@ completion changes nothing.
 from __future__ import annotations
 
 import re
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
 import msgpack
+
+from sluice.core.keys import Keys
+from sluice.core.wire import DATA_FIELD, HEADER_FIELD, ReplyMessage, encode_reply
 
 QUEUED, IN_PROGRESS, COMPLETED, FAILED, EXPIRED = (
     "queued",
@@ -79,20 +83,48 @@ end
 back: idempotent (a job holds room once, and gives it back once), so every transition out
 of ``queued`` may call it."""
 
+_RESULTS = """
+local function forget(results, finished, id)
+  redis.call('ZREM', finished, id)
+  local held = redis.call('HGET', results, id)
+  if not held then return 0 end
+  local space = string.find(held, ' ', 1, true)
+  local bytes, tenant = string.sub(held, 1, space - 1), string.sub(held, space + 1)
+  redis.call('HDEL', results, id)
+  if redis.call('HINCRBY', results, 'r:' .. tenant, 0 - tonumber(bytes)) <= 0 then
+    redis.call('HDEL', results, 'r:' .. tenant)
+  end
+  return 1
+end
+local function keep(results, finished, id, tenant, bytes, expires, ttl)
+  redis.call('HSET', results, id, bytes .. ' ' .. tenant)
+  redis.call('HINCRBY', results, 'r:' .. tenant, bytes)
+  redis.call('ZADD', finished, expires, id)
+  for _, key in ipairs({results, finished}) do
+    if redis.call('TTL', key) < ttl then redis.call('EXPIRE', key, ttl) end
+  end
+end
+"""
+"""What each tenant's finished jobs hold until their retention ends (``Keys.job_results``,
+``Keys.finished_jobs``): ``keep`` counts a job's answer once it is written, ``forget`` gives
+it back (idempotent) when the job is deleted or the next submission finds it expired."""
+
 _SWEEP_AT_ONCE = 1000
 """Expired jobs one submission gives back at most (each expires once: this only spreads
 the work of a large expiry over the submissions that follow)."""
 
 SUBMIT = (
     _RELEASE
+    + _RESULTS
     + """
 -- KEYS: job hash, stream, idempotency key (or the job hash again when none), the model
 -- version's statistics hash, the model's queued jobs, the model's job room, the version's
--- set of tenant streams, the level's base stream (the stream itself without a tenant)
+-- set of tenant streams, the level's base stream (the stream itself without a tenant),
+-- the model's job results, the model's finished jobs
 -- ARGV: job id, created (unix s), retention s, queue ttl s, max queued, model, version,
 --       outputs, request id, idempotency key, owner (tenant), client's id, request digest,
---       tenant's max queued jobs, tenant's max queued bytes, the entry's bytes, then the
---       entry's field/value pairs
+--       tenant's max queued jobs, tenant's max queued bytes, the entry's bytes, tenant's
+--       max result bytes, then the entry's field/value pairs
 if KEYS[3] ~= KEYS[1] then
   local existing = redis.call('GET', KEYS[3])
   if existing then
@@ -121,8 +153,14 @@ local count = tonumber(redis.call('HGET', KEYS[6], 'n:' .. tenant) or '0')
 if count >= tonumber(ARGV[14]) then return {-2, tostring(count)} end
 local held = tonumber(redis.call('HGET', KEYS[6], 'b:' .. tenant) or '0')
 if held + tonumber(ARGV[16]) > tonumber(ARGV[15]) then return {-4, tostring(held)} end
+local gone = redis.call('ZRANGEBYSCORE', KEYS[10], '-inf', ARGV[2], 'LIMIT', 0, """
+    + str(_SWEEP_AT_ONCE)
+    + """)
+for _, id in ipairs(gone) do forget(KEYS[9], KEYS[10], id) end
+local kept = tonumber(redis.call('HGET', KEYS[9], 'r:' .. tenant) or '0')
+if kept >= tonumber(ARGV[17]) then return {-5, tostring(kept)} end
 local fields = {}
-for i = 17, #ARGV do fields[#fields + 1] = ARGV[i] end
+for i = 18, #ARGV do fields[#fields + 1] = ARGV[i] end
 local entry = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('HSET', KEYS[1], 'status', 'queued', 'model', ARGV[6], 'version', ARGV[7],
   'created', ARGV[2], 'stream', KEYS[2], 'entry', entry, 'outputs', ARGV[8],
@@ -145,7 +183,9 @@ return {1, ARGV[1]}
 """-> {1, id} created; {0, id} an earlier job with the same idempotency key and request;
 {-3, id} an earlier job with the same idempotency key and another request; {-1, ''} the
 model version's job queue is full; {-2, jobs} / {-4, bytes} the tenant's queued jobs of this
-model are as many, or would hold as many bytes, as it may have. Counts ``job.<status>`` in
+model are as many, or would hold as many bytes, as it may have; {-5, bytes} the answers of
+its finished jobs of this model, kept until their retention ends, hold as many bytes as it
+may keep. Counts ``job.<status>`` in
 the statistics hash, as FINISH and CANCEL do (``sluice_jobs_total``).
 
 A queued job holds room in its tenant's account (:meth:`sluice.core.keys.Keys.job_room`) until
@@ -170,12 +210,15 @@ return 0
 
 FINISH = (
     _RELEASE
+    + _RESULTS
     + """
 -- KEYS: job hash, the model version's statistics hash, the model's queued jobs, the
--- model's job room; ARGV: status (completed, failed, expired), reply header, data,
--- finished (unix s), error, error kind, job id
+-- model's job room, the model's job results, the model's finished jobs; ARGV: status
+-- (completed, failed, expired), reply header, data, finished (unix s), error, error kind,
+-- job id
 release(KEYS[4], KEYS[3], ARGV[7])
 local status = redis.call('HGET', KEYS[1], 'status')
+local answered = false
 if status == 'cancelling' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[4])
   redis.call('HINCRBY', KEYS[2], 'job.cancelled', 1)
@@ -183,11 +226,20 @@ elseif status == 'queued' or status == 'in_progress' then
   redis.call('HSET', KEYS[1], 'status', ARGV[1], 'reply', ARGV[2], 'data', ARGV[3],
     'finished', ARGV[4], 'error', ARGV[5], 'error_kind', ARGV[6])
   redis.call('HINCRBY', KEYS[2], 'job.' .. ARGV[1], 1)
+  answered = true
 else
   return 0
 end
 local retention = tonumber(redis.call('HGET', KEYS[1], 'retention') or '0')
-if retention and retention > 0 then redis.call('EXPIRE', KEYS[1], retention) end
+if retention and retention > 0 then
+  redis.call('EXPIRE', KEYS[1], retention)
+  if answered and #KEYS >= 6 then
+    local owner = redis.call('HGET', KEYS[1], 'owner') or ''
+    local bytes = #ARGV[2] + #ARGV[3] + #ARGV[5]
+    keep(KEYS[5], KEYS[6], ARGV[7], owner, bytes, tonumber(ARGV[4]) + retention,
+      math.ceil(retention) + 60)
+  end
+end
 return 1
 """
 )
@@ -223,6 +275,26 @@ removed from its stream is cancelled at once (and gives its tenant's room back);
 worker holds is ``cancelling`` until that worker's answer arrives (and is dropped)."""
 
 
+REMOVE = (
+    _RESULTS
+    + """
+-- KEYS: job hash, its idempotency key (or the job hash again when none), the model's job
+-- results, the model's finished jobs; ARGV: job id
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return false end
+if status == 'completed' or status == 'failed' or status == 'expired'
+    or status == 'cancelled' then
+  redis.call('DEL', KEYS[1])
+  if KEYS[2] ~= KEYS[1] then redis.call('DEL', KEYS[2]) end
+  forget(KEYS[3], KEYS[4], ARGV[1])
+end
+return status
+"""
+)
+"""-> the job's status (nil: no such job). A finished job is deleted with its answer (what it
+held in its tenant's results account given back); any other is left as it is."""
+
+
 @dataclass(frozen=True, slots=True)
 class JobOutput:
     """An output the job's client asked for, and how it wants it."""
@@ -240,6 +312,32 @@ def encode_outputs(outputs: list[JobOutput]) -> bytes:
 def decode_outputs(raw: bytes) -> list[JobOutput]:
     rows: Any = msgpack.unpackb(raw, raw=False)
     return [JobOutput(str(name), bool(binary), int(classes)) for name, binary, classes in rows]
+
+
+def finish_call(
+    keys: Keys, model: str, version: int, job: str, reply: ReplyMessage, payload: bytes = b""
+) -> tuple[list[str], list[Any]]:
+    """The keys and arguments of :data:`FINISH` that answer the job whose hash is ``job``
+    with ``reply`` (its ``request_key`` is the job's id)."""
+    fields = encode_reply(reply, payload)
+    call_keys = [
+        job,
+        keys.stats(model, version),
+        keys.queued_jobs(model),
+        keys.job_room(model),
+        keys.job_results(model),
+        keys.finished_jobs(model),
+    ]
+    args: list[Any] = [
+        status_of_answer(reply.error_kind),
+        fields[HEADER_FIELD],
+        fields[DATA_FIELD],
+        f"{time.time():.6f}",
+        reply.error,
+        reply.error_kind,
+        reply.request_key,
+    ]
+    return call_keys, args
 
 
 def status_of_answer(error_kind: str) -> str:

@@ -117,6 +117,19 @@ class Keys:
         against it. One key per model (not per tenant), so that a worker can name it."""
         return f"{self.namespace}:job-room:{{{model}}}"
 
+    def job_results(self, model: str) -> str:
+        """Hash of what each tenant's finished jobs of a model hold until their retention
+        ends: ``r:<tenant>`` (bytes of their answers) and, per finished job, ``<job id>`` ->
+        ``"<bytes> <tenant>"``; SLUICE_TENANT_MAX_JOB_RESULT_BYTES is checked against it.
+        Written by the job scripts only (:mod:`sluice.core.jobs`)."""
+        return f"{self.namespace}:job-results:{{{model}}}"
+
+    def finished_jobs(self, model: str) -> str:
+        """Sorted set job id -> when its record expires (unix s) of a model's finished jobs
+        that hold an answer: how the next submission finds the ones gone, so that
+        :meth:`job_results` stops counting them."""
+        return f"{self.namespace}:finished-jobs:{{{model}}}"
+
     def batch(self, batch_id: str) -> str:
         """Hash of one offline batch job (:mod:`sluice.core.batches`)."""
         return f"{self.namespace}:batch:{{{batch_id}}}"

@@ -482,6 +482,12 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     """Bytes one tenant's waiting jobs of one model may hold in Redis (their queue entries);
     beyond: 429 + Retry-After for that tenant alone (413 for one job larger than this)."""
 
+    tenant_max_job_result_bytes: int = Field(1 << 30, ge=1)
+    """Bytes the answers of one tenant's finished jobs of one model may hold in Redis while
+    they are kept (``job_retention_s``); once they hold as many, that tenant's new jobs of
+    the model get 429 + Retry-After until some expire or are deleted (``DELETE
+    /v2/jobs/{id}`` of a finished job frees its answer at once)."""
+
     tenant_limits_file: str = ""
     """TOML file of each tenant's share and limits (weight, rate and burst, max_in_flight,
     max_queued_bytes; see "Limits and shares per tenant" in the tenants documentation),

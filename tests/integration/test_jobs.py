@@ -449,3 +449,54 @@ def test_a_nearly_full_redis_refuses_new_work_until_it_drains(tmp_path: Path) ->
         redis.close()
         stack.stop()
         server.stop()
+
+
+RETENTION_S = 5
+
+
+@pytest.fixture
+def kept_answers(tmp_path: Path, redis_server: RedisServer) -> Iterator[Stack]:
+    """Two tenants, each of whom may keep one answer of finished jobs per model at a time
+    (any answer reaches a limit of one byte), kept RETENTION_S."""
+    write_repository(tmp_path)
+    env = {
+        "SLUICE_API_KEYS": "team-a:key-a,team-b:key-b",
+        "SLUICE_TENANT_MAX_JOB_RESULT_BYTES": "1",
+        "SLUICE_JOB_RETENTION_S": str(RETENTION_S),
+    }
+    stack = Stack(tmp_path, redis_server.url, env=env)
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_a_tenants_kept_answers_are_bounded_and_freed_by_deleting_or_expiring(
+    kept_answers: Stack,
+) -> None:
+    """One tenant's finished jobs cannot fill Redis for everyone: once its kept answers
+    reach its limit, its new jobs get 429 naming it (another tenant's do not); deleting a
+    finished job frees its answer at once, and so does the end of its retention."""
+    with httpx.Client(base_url=kept_answers.url, timeout=60) as http:
+        first = submit(http, "double", REQUEST, **TEAM_A)
+        assert first.status_code == 202, first.text
+        assert finished_as(http, first.headers["location"], TEAM_A) == "completed"
+        refused = submit(http, "double", REQUEST, **TEAM_A)
+        assert refused.status_code == 429, refused.text
+        assert "SLUICE_TENANT_MAX_JOB_RESULT_BYTES" in refused.json()["error"]
+        assert "team-a" in refused.json()["error"] and int(refused.headers["retry-after"]) > 0
+        assert submit(http, "double", REQUEST, **TEAM_B).status_code == 202
+        # Another tenant cannot delete it; its owner can, and it is gone.
+        assert http.delete(first.headers["location"], headers=TEAM_B).status_code == 404
+        deleted = http.delete(first.headers["location"], headers=TEAM_A)
+        assert deleted.status_code == 200 and deleted.json()["status"] == "completed"
+        assert http.get(first.headers["location"], headers=TEAM_A).status_code == 404
+        second = submit(http, "double", REQUEST, **TEAM_A)
+        assert second.status_code == 202, second.text
+        assert finished_as(http, second.headers["location"], TEAM_A) == "completed"
+        assert submit(http, "double", REQUEST, **TEAM_A).status_code == 429
+        # Its retention over, the answer no longer counts.
+        assert wait_until(
+            lambda: submit(http, "double", REQUEST, **TEAM_A).status_code == 202,
+            RETENTION_S * 4,
+            0.5,
+        )

@@ -257,12 +257,16 @@ def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> No
 
 
 def test_a_model_larger_than_the_budget_is_refused_with_the_reason(mixed: Stack) -> None:
-    """Every request that waited for it gets 503 with the reason, and so do later ones."""
+    """Every request that waited for it gets 503 with the reason, and so do later ones; an
+    asynchronous job that waited for it fails with it."""
 
     def ask(_: int) -> httpx.Response:
         with httpx.Client(base_url=mixed.url, timeout=60) as http:
             return http.post("/v2/models/huge/infer", json=REQUEST)
 
+    with httpx.Client(base_url=mixed.url, timeout=60) as http:
+        job = http.post("/v2/models/huge/infer", json=REQUEST, headers={"Prefer": "respond-async"})
+    assert job.status_code == 202, job.text
     with ThreadPoolExecutor(6) as pool:
         answers = list(pool.map(ask, range(6)))
     for answer in [*answers, ask(0)]:
@@ -271,6 +275,11 @@ def test_a_model_larger_than_the_budget_is_refused_with_the_reason(mixed: Stack)
     with httpx.Client(base_url=mixed.url, timeout=30) as http:
         assert wait_until(lambda: index(http)["huge"]["state"] == "UNAVAILABLE", 5)
         assert "SLUICE_MEMORY_BUDGET" in index(http)["huge"]["reason"]
+        location = job.headers["location"]
+        assert wait_until(lambda: http.get(location).json()["status"] == "failed", 10)
+        result = http.get(f"{location}/result")
+        assert result.status_code == 503, result.text
+        assert "SLUICE_MEMORY_BUDGET" in result.json()["error"]
 
 
 def test_a_bad_load_parameter_makes_the_model_unavailable_naming_it(mixed: Stack) -> None:

@@ -30,6 +30,7 @@ class Jobs:
     now: float = 1_000.0
     max_jobs: int = 3
     max_bytes: int = 10_000
+    max_results: int = 1_000
 
     @property
     def stream(self) -> str:
@@ -58,6 +59,7 @@ class Jobs:
             self.max_jobs,
             self.max_bytes,
             size,
+            self.max_results,
         ]
         for name, value in fields.items():
             args += [name, value]
@@ -70,6 +72,8 @@ class Jobs:
             self.keys.job_room(MODEL),
             self.keys.tenant_streams(MODEL, 1),
             self.stream,
+            self.keys.job_results(MODEL),
+            self.keys.finished_jobs(MODEL),
         ]
         answer = cast(list[Any], self.redis.eval(jobs.SUBMIT, len(keys), *keys, *args))
         return int(answer[0]), answer[1].decode()
@@ -79,15 +83,36 @@ class Jobs:
         keys += [self.keys.job(MODEL, job_id) for job_id in job_ids]
         self.redis.eval(jobs.START, len(keys), *keys, f"{self.now:.6f}", *job_ids)
 
-    def finish(self, job_id: str, status: str = jobs.COMPLETED) -> int:
+    def finish(
+        self, job_id: str, status: str = jobs.COMPLETED, data: bytes = b"", results: bool = True
+    ) -> int:
+        """``results``: with the result accounts' keys (False: as a worker of an older
+        release calls it)."""
         keys = [
             self.keys.job(MODEL, job_id),
             self.keys.stats(MODEL, 1),
             self.keys.queued_jobs(MODEL),
             self.keys.job_room(MODEL),
         ]
-        args = [status, b"", b"", f"{self.now:.6f}", "", "", job_id]
+        if results:
+            keys += [self.keys.job_results(MODEL), self.keys.finished_jobs(MODEL)]
+        args = [status, b"", data, f"{self.now:.6f}", "", "", job_id]
         return int(self.redis.eval(jobs.FINISH, len(keys), *keys, *args))  # type: ignore[arg-type]
+
+    def remove(self, job_id: str, key: str = "", tenant: str = "") -> str | None:
+        job = self.keys.job(MODEL, job_id)
+        keys = [
+            job,
+            self.keys.job_by_key(MODEL, tenant, key) if key else job,
+            self.keys.job_results(MODEL),
+            self.keys.finished_jobs(MODEL),
+        ]
+        status = self.redis.eval(jobs.REMOVE, len(keys), *keys, job_id)
+        return cast(bytes, status).decode() if status is not None else None
+
+    def kept(self, tenant: str) -> int:
+        """Bytes the answers of the tenant's finished jobs hold."""
+        return int(self.redis.hget(self.keys.job_results(MODEL), f"r:{tenant}") or 0)
 
     def cancel(self, job_id: str) -> str:
         keys = [
@@ -200,3 +225,50 @@ def test_an_idempotency_key_is_the_tenants_and_bound_to_its_request(js: Jobs) ->
 def test_a_key_stored_before_digests_existed_still_finds_its_job(js: Jobs) -> None:
     js.redis.set(js.keys.job_by_key(MODEL, "a", "old"), "f" * 32)
     assert js.submit("a", key="old", digest="anything") == (0, "f" * 32)
+
+
+def test_a_tenants_kept_answers_are_bounded_and_given_back_when_deleted_or_gone(
+    js: Jobs,
+) -> None:
+    """Retention 60 s (see :meth:`Jobs.submit`): the answers of a's finished jobs are counted
+    as they are written; at its limit a's next job is refused, b's is not; deleting a
+    finished job, or its retention passing, gives its bytes back."""
+    js.max_results = 1_000
+    (_, first), (_, second) = js.submit("a"), js.submit("a")
+    assert js.finish(first, data=b"x" * 600) == 1 and js.finish(second, data=b"x" * 500) == 1
+    assert js.kept("a") >= 1_100
+    assert js.submit("a")[0] == -5
+    assert js.submit("b")[0] == 1
+    assert js.remove(first) == "completed"
+    assert not js.redis.exists(js.keys.job(MODEL, first))
+    assert 500 <= js.kept("a") < 1_000
+    assert js.remove(first) is None  # gone: nothing more to give back
+    outcome, third = js.submit("a")
+    assert outcome == 1
+    js.finish(third, data=b"x" * 600)
+    assert js.submit("a")[0] == -5
+    for key in (js.keys.job_results(MODEL), js.keys.finished_jobs(MODEL)):
+        assert 0 < js.redis.ttl(key) <= 60 + 60  # they outlive the answers they count
+    js.now += 61  # both answers' retention ended: the next submission stops counting them
+    assert js.submit("a")[0] == 1 and js.kept("a") == 0
+    assert not js.redis.exists(js.keys.job_results(MODEL))  # nothing lingers
+
+
+def test_removing_leaves_unfinished_jobs_and_takes_the_idempotency_key(js: Jobs) -> None:
+    _, waiting = js.submit("a")
+    assert js.remove(waiting) == "queued"
+    assert js.redis.exists(js.keys.job(MODEL, waiting))
+    outcome, keyed = js.submit("a", key="k", digest="d1")
+    assert outcome == 1 and js.finish(keyed) == 1
+    assert js.remove(keyed, key="k", tenant="a") == "completed"
+    assert not js.redis.exists(js.keys.job_by_key(MODEL, "a", "k"))
+    assert js.submit("a", key="k", digest="d2")[0] == 1  # the key is free again
+
+
+def test_an_answer_written_by_an_older_worker_counts_nothing_and_still_finishes(
+    js: Jobs,
+) -> None:
+    _, job_id = js.submit("a")
+    assert js.finish(job_id, data=b"x" * 5_000, results=False) == 1
+    assert js.redis.hget(js.keys.job(MODEL, job_id), "status") == b"completed"
+    assert js.kept("a") == 0
