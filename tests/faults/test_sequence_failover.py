@@ -149,6 +149,9 @@ def test_two_hosts_serve_a_sequence_model_and_one_dies(
             halfway.wait()
             time.sleep(0.05)
             assert host_a.process is not None
+            # Stopped first: a supervisor that saw a child die could start it again before
+            # its own SIGKILL, and that new child would outlive "every process" of host a.
+            os.kill(host_a.process.pid, signal.SIGSTOP)
             victims = [*procs.children(host_a.process.pid), host_a.process.pid]
             for pid in victims:
                 with contextlib.suppress(ProcessLookupError):

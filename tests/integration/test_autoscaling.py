@@ -31,6 +31,31 @@ parameters { key: "sluice.scale_down_window_s" value { string_value: "2" } }
 """
 
 
+class Burst:
+    """``count`` slow requests to the ``slow`` model sent at once, one thread each."""
+
+    def __init__(self, stack: Stack, count: int) -> None:
+        self._codes: list[int] = []
+        self._lock = threading.Lock()
+        self._threads = [
+            threading.Thread(target=self._send, args=(stack.url, index)) for index in range(count)
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _send(self, url: str, index: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as http:
+            code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000)).status_code
+        with self._lock:
+            self._codes.append(code)
+
+    def codes(self) -> list[int]:
+        """Every request's status code, once all are answered."""
+        for thread in self._threads:
+            thread.join(120)
+        return sorted(self._codes)
+
+
 @pytest.fixture
 def scaling(tmp_path: Path, redis_server: RedisServer) -> Iterator[Stack]:
     write_slow(tmp_path, "slow", max_batch_size=1, extra=POLICY)
@@ -47,24 +72,11 @@ def test_burst_scales_up_then_down_to_zero_and_back_without_losing_requests(
     assert scaling.process is not None
     root = scaling.process.pid
     assert len(worker_pids(root, "slow")) == 1
-    codes: list[int] = []
-    lock = threading.Lock()
-
-    def send(index: int) -> None:
-        with httpx.Client(base_url=scaling.url, timeout=120) as http:
-            code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000)).status_code
-        with lock:
-            codes.append(code)
-
-    burst = [threading.Thread(target=send, args=(i,)) for i in range(40)]
     started = time.monotonic()
-    for sender in burst:
-        sender.start()
+    burst = Burst(scaling, 40)
     assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up within 5 s"
     scaled_up_s = time.monotonic() - started
-    for sender in burst:
-        sender.join(120)
-    assert codes == [200] * 40, codes
+    assert burst.codes() == [200] * 40
     # Quiet now: after windows of 2 s, halving each time, down to zero (the minimum).
     assert wait_until(lambda: not worker_pids(root, "slow"), 30), _why_not_down(scaling)
     cold = time.monotonic()
@@ -116,26 +128,13 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
         assert wait_until(lambda: leads(leader_lines), 15), leader_lines
         _standby, standby_lines = start_controller()
         assert wait_until(lambda: any(" started" in line for line in standby_lines), 15)
-        codes: list[int] = []
-        lock = threading.Lock()
-
-        def send(index: int) -> None:
-            with httpx.Client(base_url=stack.url, timeout=120) as http:
-                code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000))
-            with lock:
-                codes.append(code.status_code)
-
-        burst = [threading.Thread(target=send, args=(i,)) for i in range(60)]
-        for sender in burst:
-            sender.start()
+        burst = Burst(stack, 60)
         assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up"
         leader.kill()
         killed = time.monotonic()
         assert wait_until(lambda: leads(standby_lines), 10), standby_lines
         print(f"the standby leads {time.monotonic() - killed:.1f} s after the leader's death")
-        for sender in burst:
-            sender.join(120)
-        assert codes == [200] * 60, codes
+        assert burst.codes() == [200] * 60
         # The standby's decisions: down to zero once quiet.
         assert wait_until(lambda: not worker_pids(root, "slow"), 30), "did not scale down"
     finally:
@@ -183,24 +182,11 @@ def test_an_on_demand_model_is_loaded_then_scaled_up_and_down_by_its_queue(
         assert stack.process is not None
         root = stack.process.pid
         assert worker_pids(root, "slow") == set()  # not loaded until asked for
-        codes: list[int] = []
-        lock = threading.Lock()
-
-        def send(index: int) -> None:
-            with httpx.Client(base_url=stack.url, timeout=120) as http:
-                answer = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000))
-            with lock:
-                codes.append(answer.status_code)
-
-        burst = [threading.Thread(target=send, args=(i,)) for i in range(40)]
-        for sender in burst:
-            sender.start()
+        burst = Burst(stack, 40)
         assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 30), (
             "no scale-up within 30 s:\n" + "".join(stack.stderr_lines[-20:])
         )
-        for sender in burst:
-            sender.join(120)
-        assert codes == [200] * 40, codes
+        assert burst.codes() == [200] * 40
         assert wait_until(lambda: len(worker_pids(root, "slow")) == 1, 30), _why_not_down(stack)
         time.sleep(3)  # two more windows: it stays at one
         assert len(worker_pids(root, "slow")) == 1

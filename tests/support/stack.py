@@ -164,6 +164,10 @@ class Stack:
                 self.process.wait()
         for reader in self._readers:  # everything it printed, up to its last line
             reader.join(5)
+        if any(reader.is_alive() for reader in self._readers):
+            # A process that outlived it (a child killed with its parent, say) still holds
+            # the pipes: closing them would wait for good on the reader that reads them.
+            return self.process.returncode
         for stream in (self.process.stdout, self.process.stderr):
             if stream is not None:
                 stream.close()
