@@ -96,6 +96,9 @@ LOCK_S = 10
 """How long a host's claim to a version (loading it, or holding it loaded) lasts unless the
 host renews it: it does at every tick, so a host that died frees its versions within it."""
 REFUSED_REPLY_MAX_LEN = 100_000
+MAX_SCALED_INSTANCES = 256
+"""The most instances an autoscaled version is given here (the autoscaling policy's own
+bound: a count beyond it in Redis is not the controller's)."""
 USE_WINDOW_S = 60.0
 """How far back a version's uses count when it is weighed against one that needs room."""
 PATIENCE_S = 2.0
@@ -515,7 +518,7 @@ class OnDemand:
             if wanted is None or resident.ready_at is None:
                 continue
             running = [c for c in resident.children if not c.retiring]
-            wanted = max(1, wanted)
+            wanted = min(max(1, wanted), MAX_SCALED_INSTANCES)
             if wanted < len(running):
                 self._scale_down(resident, running, wanted)
             elif wanted > len(running) and not self._wanted_since:
