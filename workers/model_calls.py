@@ -16,7 +16,7 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import Coroutine, Sequence
+from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -119,6 +119,43 @@ class ModelCalls:
         """The ``outputs`` of ``model`` (``version`` -1: the latest ready; no outputs: all of
         them) for ``inputs`` ((name, datatype, array) each; datatype "": the one the model's
         config gives the input); raises the error the model answered."""
+        stream, message, payload, timeout_s = await self._request(
+            model, version, inputs, outputs, context
+        )
+        reply, data = await self._dispatcher.submit(model, stream, message, payload, timeout_s)
+        if reply.error_kind:
+            raise error_from_kind(reply.error_kind, reply.error)
+        return answer_tensors(reply.outputs, data)
+
+    async def submit_stream(
+        self,
+        model: str,
+        version: int,
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+        outputs: Sequence[str],
+        context: CallContext,
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        """:meth:`submit` for a decoupled model: each of its responses as it comes (another
+        model's one answer), with whether it is the final one; raises the error the model
+        answered. Closing the iterator early withdraws the request."""
+        stream, message, payload, timeout_s = await self._request(
+            model, version, inputs, outputs, context
+        )
+        replies = self._dispatcher.submit_stream(model, stream, message, payload, timeout_s)
+        async for reply, data in replies:
+            if reply.error_kind:
+                raise error_from_kind(reply.error_kind, reply.error)
+            yield answer_tensors(reply.outputs, data), reply.final
+
+    async def _request(
+        self,
+        model: str,
+        version: int,
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+        outputs: Sequence[str],
+        context: CallContext,
+    ) -> tuple[str, RequestMessage, bytes, float]:
+        """The stream, request, payload and timeout of a call."""
         target = await self._targets.resolve(model, version)
         if target.config.sequence_batching is not None:
             raise Unsupported(
@@ -151,12 +188,7 @@ class ModelCalls:
             request_id=context.request_id or uuid.uuid4().hex,
             trace=context.trace,
         )
-        reply, data = await self._dispatcher.submit(
-            model, target.stream, message, b"".join(buffers), timeout_s
-        )
-        if reply.error_kind:
-            raise error_from_kind(reply.error_kind, reply.error)
-        return answer_tensors(reply.outputs, data)
+        return target.stream, message, b"".join(buffers), timeout_s
 
 
 def answer_tensors(outputs: Sequence[TensorHeader], data: memoryview) -> dict[str, np.ndarray]:

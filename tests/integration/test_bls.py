@@ -1,7 +1,7 @@
 """Python models that call other models (Triton's BLS) on a real stack: a Triton-style
 model with ``InferenceRequest(...).exec()`` and ``async_exec()``, a model in Sluice's own
-API with ``context.infer``, the called model's error as a response error, and a BLS model
-as a step of an ensemble."""
+API with ``context.infer``, the called model's error as a response error, a BLS model
+as a step of an ensemble, and BLS calls of a decoupled model (``exec(decoupled=True)``)."""
 
 from __future__ import annotations
 
@@ -100,6 +100,86 @@ ensemble_scheduling {
 """
 
 
+STEPS = """
+import time
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            n = pb_utils.get_input_tensor_by_name(request, "N").as_numpy()
+            delay = pb_utils.get_input_tensor_by_name(request, "DELAY_MS").as_numpy()
+            sender = request.get_response_sender()
+            for step in range(int(n.reshape(-1)[0])):
+                if sender.is_cancelled():
+                    break
+                time.sleep(float(delay.reshape(-1)[0]) / 1000)
+                step_tensor = pb_utils.Tensor("STEP", np.array([step], dtype=np.int32))
+                sender.send(pb_utils.InferenceResponse([step_tensor]))
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+
+STEPS_CONFIG = """
+name: "steps"
+backend: "python"
+max_batch_size: 0
+input [
+  { name: "N" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "DELAY_MS" data_type: TYPE_INT32 dims: [ 1 ] }
+]
+output [ { name: "STEP" data_type: TYPE_INT32 dims: [ 1 ] } ]
+model_transaction_policy { decoupled: true }
+"""
+
+BLS_STREAM = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    async def execute(self, requests):
+        responses = []
+        for request in requests:
+            n, stop, delay = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()[0]
+            call = pb_utils.InferenceRequest(
+                model_name="steps",
+                requested_output_names=["STEP"],
+                inputs=[
+                    pb_utils.Tensor("N", np.array([n], dtype=np.int32)),
+                    pb_utils.Tensor("DELAY_MS", np.array([delay], dtype=np.int32)),
+                ],
+            )
+            stream = await call.async_exec(decoupled=True) if not stop else call.exec(True)
+            total = count = cancelled = empty = 0
+            for response in stream:
+                if response.has_error():
+                    cancelled = int(response.error().code() == pb_utils.TritonError.CANCELLED)
+                    break
+                if not response.output_tensors():
+                    empty += 1
+                    continue
+                total += int(pb_utils.get_output_tensor_by_name(response, "STEP").as_numpy()[0])
+                count += 1
+                if count == stop:
+                    stream.cancel()
+            out = np.array([[total, count, cancelled, empty]], dtype=np.int32)
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", out)]))
+        return responses
+"""
+
+BLS_STREAM_CONFIG = """
+name: "bls_stream"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 3 ] } ]
+output [ { name: "Y" data_type: TYPE_INT32 dims: [ 4 ] } ]
+"""
+
+
 def _python_model(root: Path, name: str, source: str) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "1" / "model.py").write_text(source)
@@ -116,6 +196,13 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     _python_model(root, "bls_sluice", SLUICE_BLS)
     (root / "bls_pipeline" / "1").mkdir(parents=True)
     (root / "bls_pipeline" / "config.pbtxt").write_text(ENSEMBLE)
+    for name, source, config in (
+        ("steps", STEPS, STEPS_CONFIG),
+        ("bls_stream", BLS_STREAM, BLS_STREAM_CONFIG),
+    ):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "1" / "model.py").write_text(source)
+        (root / name / "config.pbtxt").write_text(config)
     stack = Stack(root, redis_server.url)
     stack.start()
     yield stack
@@ -178,3 +265,28 @@ def test_bls_models_as_steps_of_an_ensemble(stack: Stack) -> None:
     assert response.status_code == 200, response.text
     expected = _triton_bls(rows * 2 * 10)
     np.testing.assert_allclose(response.json()["outputs"][0]["data"], expected.ravel())
+
+
+def _bls_stream(stack: Stack, n: int, stop: int, delay_ms: int) -> list[int]:
+    body = {
+        "inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT32", "data": [n, stop, delay_ms]}]
+    }
+    response = httpx.post(f"{stack.url}/v2/models/bls_stream/infer", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    data: list[int] = response.json()["outputs"][0]["data"]
+    return data
+
+
+def test_a_bls_call_of_a_decoupled_model_iterates_its_responses(stack: Stack) -> None:
+    """``await async_exec(decoupled=True)``: every response in order, then the empty final
+    one (the called model sends its final flag alone), as Triton's iterator gives them."""
+    total, count, cancelled, empty = _bls_stream(stack, 5, 0, 0)
+    assert (total, count, cancelled, empty) == (0 + 1 + 2 + 3 + 4, 5, 0, 1)
+
+
+def test_a_bls_stream_cancelled_midway_ends_with_a_cancelled_error(stack: Stack) -> None:
+    """``exec(True)`` then ``cancel()`` after two of fifty slow responses: the iterator ends
+    with a CANCELLED error long before the fifty (the call is withdrawn as a client's
+    cancelled stream is: tests/integration/test_cancellation.py)."""
+    total, count, cancelled, empty = _bls_stream(stack, 50, 2, 100)
+    assert cancelled == 1 and 2 <= count < 50 and empty == 0, (total, count, cancelled, empty)

@@ -9,10 +9,12 @@ served by the same deployment, through its stream, as an ensemble step does
 says whether the called model failed. ``timeout`` (microseconds) bounds the call.
 
 Decoupled models (``model_transaction_policy { decoupled: true }``) answer through
-``request.get_response_sender().send(response, flags)``.
+``request.get_response_sender().send(response, flags)``; a BLS call of one,
+``exec(decoupled=True)`` (or ``await async_exec(decoupled=True)``), gives an iterator of
+its responses as they come, the last possibly without outputs, which ``cancel()``
+withdraws.
 
-Not provided: BLS calls of decoupled models, GPU tensors
-(every tensor is a CPU numpy array), custom metrics.
+Not provided: GPU tensors (every tensor is a CPU numpy array), custom metrics.
 """
 
 from __future__ import annotations
@@ -20,8 +22,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import queue
 import threading
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import (
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Iterable,
+    Mapping,
+    Sequence,
+)
 from concurrent.futures import CancelledError, Future
 from typing import Any, cast
 
@@ -30,7 +41,7 @@ import numpy as np
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
-from sluice.core.errors import Cancelled, SluiceError, Unsupported
+from sluice.core.errors import Cancelled, SluiceError
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
@@ -204,32 +215,80 @@ class InferenceRequest:
             )
         return cast(InferenceResponseSender, sender)
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Call ``model_name`` with this request (BLS); its answer, or its error. Withdrawn
-        when every request of the batch being executed is cancelled."""
-        calls, call = self._bls_call(decoupled)
-        future = asyncio.run_coroutine_threadsafe(call, calls.loop)
+    def exec(self, decoupled: bool = False) -> Any:
+        """Call ``model_name`` with this request (BLS); its answer, or its error (with
+        ``decoupled``: a :class:`ResponseIterator` of its responses). Withdrawn when every
+        request of the batch being executed is cancelled."""
+        if decoupled:
+            return self._stream()
+        calls = process_calls()
+        future = asyncio.run_coroutine_threadsafe(self._bls_call(calls), calls.loop)
         stop_with_batch(future)
         return _response(future.result)
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` for ``async def execute``: awaits the answer without blocking."""
-        calls, call = self._bls_call(decoupled)
-        future = asyncio.run_coroutine_threadsafe(call, calls.loop)
+        if decoupled:
+            return self._stream()
+        calls = process_calls()
+        future = asyncio.run_coroutine_threadsafe(self._bls_call(calls), calls.loop)
         stop_with_batch(future)
         return await _async_response(asyncio.wrap_future(future))
 
-    def _bls_call(self, decoupled: bool) -> tuple[ModelCalls, Coroutine[Any, Any, Any]]:
-        if decoupled:
-            raise Unsupported("BLS calls of decoupled models (decoupled=True) are not supported")
+    def _call_args(self) -> tuple[Any, ...]:
         if not self._model_name:
             raise TritonModelException("InferenceRequest.exec needs a model_name")
-        calls = process_calls()
         deadline_ns = CLOCK.now_ns() + self._timeout_us * 1000 if self._timeout_us else 0
         inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
         context = CallContext(self._request_id, deadline_ns)
-        call = calls.submit(self._model_name, self._model_version, inputs, self._requested, context)
-        return calls, call
+        return self._model_name, self._model_version, inputs, self._requested, context
+
+    def _bls_call(self, calls: ModelCalls) -> Coroutine[Any, Any, Any]:
+        return calls.submit(*self._call_args())
+
+    def _stream(self) -> ResponseIterator:
+        args = self._call_args()
+        calls = process_calls()
+        return ResponseIterator(calls, calls.submit_stream(*args))
+
+
+class ResponseIterator:
+    """What a BLS call of a decoupled model gives: its responses as they come (a model that
+    is not decoupled gives one), ending after the final one, which may have no outputs; an
+    error ends them as a response that carries it. ``cancel()`` withdraws the call (a
+    response with a ``CANCELLED`` error then ends them)."""
+
+    def __init__(
+        self, calls: ModelCalls, responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]]
+    ) -> None:
+        self._queue: queue.Queue[InferenceResponse | None] = queue.Queue()
+        self._future = asyncio.run_coroutine_threadsafe(self._pump(responses), calls.loop)
+        stop_with_batch(self._future)
+
+    async def _pump(self, responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]]) -> None:
+        try:
+            async for tensors, _ in responses:
+                self._queue.put(_answer(tensors))
+        except SluiceError as exc:
+            self._queue.put(_failure(exc))
+        except asyncio.CancelledError:
+            self._queue.put(_failure(_BLS_CANCELLED))
+            raise
+        finally:
+            self._queue.put(None)
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        response = self._queue.get()
+        if response is None:
+            self._queue.put(None)  # (iterating again ends at once)
+            raise StopIteration
+        return response
+
+    def cancel(self) -> None:
+        self._future.cancel()
 
 
 class InferenceResponse:
@@ -257,7 +316,8 @@ def _answer(answer: Mapping[str, np.ndarray]) -> InferenceResponse:
 
 
 def _failure(exc: SluiceError) -> InferenceResponse:
-    return InferenceResponse(error=TritonError(exc.message))
+    code = TritonError.CANCELLED if isinstance(exc, Cancelled) else TritonError.INTERNAL
+    return InferenceResponse(error=TritonError(exc.message, code))
 
 
 def _response(call: Callable[[], Mapping[str, np.ndarray]]) -> InferenceResponse:

@@ -537,8 +537,8 @@ def test_pb_utils_helpers() -> None:
     assert error is not None and error.message() == "oops"
     assert output is not None and output.as_numpy().tolist() == [1, 2]
     request = pb_utils.InferenceRequest("m", [], ["x"])
-    with pytest.raises(Unsupported, match="BLS calls of decoupled models"):
-        request.exec(decoupled=True)
+    with pytest.raises(pb_utils.TritonModelException, match="needs a model_name"):
+        pb_utils.InferenceRequest("", [], ["x"]).exec(decoupled=True)
     with pytest.raises(pb_utils.TritonModelException, match="for decoupled models"):
         request.get_response_sender()
     sent: list[tuple[object, bool]] = []
