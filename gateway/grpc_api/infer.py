@@ -37,9 +37,10 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from sluice.core.config import ModelConfig
-from sluice.core.errors import InvalidInput, ServerBusy, SluiceError
+from sluice.core.errors import InvalidInput, QuotaExceeded, ServerBusy, SluiceError
 from sluice.core.logs import TRACE_ID
 from sluice.core.routing import HEADER
+from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
 from sluice.gateway import request_id
@@ -92,6 +93,8 @@ class InferCalls:
         self.denied = denied
         self.receiving = Receiving(limits)
         self.open_streams = 0
+        self.tenant_streams: dict[str, int] = {}
+        """Streams open per named tenant (none at 0)."""
 
     async def model_infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
@@ -126,6 +129,18 @@ class InferCalls:
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
     ) -> AsyncIterator[bytes]:
         limit = self.limits.open_streams
+        tenant = CURRENT_TENANT.get()  # (set by the key's check)
+        named = tenant != ANONYMOUS
+        held = self.tenant_streams.get(tenant, 0)
+        if named and held >= self.limits.tenant_open_streams:
+            over = QuotaExceeded(
+                f"tenant '{tenant}' has {held} ModelStreamInfer streams open on this gateway "
+                "process, its share (SLUICE_GRPC_TENANT_MAX_OPEN_STREAMS="
+                f"{self.limits.tenant_open_streams}); close one or retry later",
+                1,
+            )
+            _fail(context, over)
+            return
         if self.open_streams >= limit:
             busy = ServerBusy(
                 f"the gateway has {self.open_streams} ModelStreamInfer streams open, its limit "
@@ -135,11 +150,19 @@ class InferCalls:
             _fail(context, busy)
             return
         self.open_streams += 1
+        if named:
+            self.tenant_streams[tenant] = held + 1
         try:
             async for answer in self._stream(context):
                 yield answer
         finally:
             self.open_streams -= 1
+            if named:
+                left = self.tenant_streams.get(tenant, 1) - 1
+                if left > 0:
+                    self.tenant_streams[tenant] = left
+                else:
+                    self.tenant_streams.pop(tenant, None)
 
     async def _stream(
         self, context: grpc.aio.ServicerContext[bytes, bytes]

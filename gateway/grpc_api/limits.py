@@ -7,7 +7,8 @@ a message has arrived. What may be arriving at once is bounded apart:
 - a ModelInfer call takes one of ``concurrent_receives`` turns before its message is read
   (HTTP/2 flow control holds the bytes of the calls waiting for one at the client);
 - an open ModelStreamInfer stream has at most one message arriving, and at most
-  ``open_streams`` streams are open;
+  ``open_streams`` streams are open (of which one named tenant's at most
+  ``tenant_open_streams``: one tenant's idle streams cannot hold every place);
 - each message is at most ``receive_bytes`` (gRPC refuses a larger one itself).
 
 By default both counts are ``max_buffered_body_bytes / receive_bytes``, so the gateway holds
@@ -33,6 +34,8 @@ class GrpcLimits:
     """ModelInfer messages arriving at once, all calls together."""
     open_streams: int
     """ModelStreamInfer streams open at once."""
+    tenant_open_streams: int
+    """Of those, one named tenant's (the anonymous tenant has them all)."""
     receive_timeout_s: float
     """How long a ModelInfer call may wait for its turn, and then for its message."""
     stream_idle_s: float
@@ -46,10 +49,12 @@ class GrpcLimits:
         budget = max(settings.max_buffered_body_bytes, settings.max_body_bytes)
         derived = max(1, budget // receive)
         receives = settings.grpc_max_concurrent_receives or derived
+        streams = settings.grpc_max_open_streams or derived
         return cls(
             receive_bytes=receive,
             concurrent_receives=receives,
-            open_streams=settings.grpc_max_open_streams or derived,
+            open_streams=streams,
+            tenant_open_streams=settings.grpc_tenant_max_open_streams or max(1, streams // 2),
             receive_timeout_s=settings.body_timeout_s,
             stream_idle_s=settings.grpc_stream_idle_timeout_s,
         )

@@ -365,6 +365,13 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     message of up to the receive limit arriving); a further stream is refused with
     UNAVAILABLE. Unset: as ``grpc_max_concurrent_receives``."""
 
+    grpc_tenant_max_open_streams: int | None = Field(None, ge=1)
+    """ModelStreamInfer streams one tenant (an API key's) keeps open at once in one gateway
+    process; a further one of that tenant's is refused with RESOURCE_EXHAUSTED, and other
+    tenants' still open. Unset: half of ``grpc_max_open_streams`` (at least 1), so that one
+    tenant's streams, idle ones included, cannot hold every place. The anonymous tenant of
+    a deployment without API keys has the whole limit."""
+
     grpc_stream_idle_timeout_s: float = Field(300.0, gt=0)
     """A ModelStreamInfer stream that sends no request for this long, with none of its
     requests under way, is ended with DEADLINE_EXCEEDED, giving its place back."""

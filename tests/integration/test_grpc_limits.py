@@ -238,9 +238,11 @@ def test_a_flood_of_large_messages_is_refused_not_buffered(stack: Stack) -> None
 class OpenStream:
     """A ModelStreamInfer stream that sends one small request, then nothing until closed."""
 
-    def __init__(self, channel: grpc.aio.Channel, request_id: str) -> None:
+    def __init__(self, channel: grpc.aio.Channel, request_id: str, key: str = "") -> None:
+        """``key``: the API key the stream is opened with (none: anonymous)."""
         self.closed = asyncio.Event()
-        self.call = channel.stream_stream(STREAM)(self._requests(request_id))
+        metadata = (("authorization", f"Bearer {key}"),) if key else None
+        self.call = channel.stream_stream(STREAM)(self._requests(request_id), metadata=metadata)
 
     async def _requests(self, request_id: str) -> AsyncIterator[bytes]:
         yield request_bytes(4, request_id)
@@ -307,6 +309,46 @@ def test_open_streams_are_bounded_and_others_are_served(stack: Stack) -> None:
                 stream.closed.set()
             for channel in channels:
                 await channel.close()
+
+    asyncio.run(run())
+
+
+@pytest.fixture(scope="module")
+def tenants_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """Two tenants, four open streams per gateway process (so two per tenant)."""
+    root = tmp_path_factory.mktemp("grpc_tenants")
+    write_identity(root, "echo", ["FP32"])
+    env = {"SLUICE_API_KEYS": "team-a:key-a,team-b:key-b", "SLUICE_GRPC_MAX_OPEN_STREAMS": "4"}
+    stack = Stack(root, None, env=env, args=["--gateway-processes", "1"])
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_one_tenants_streams_cannot_hold_every_place(tenants_stack: Stack) -> None:
+    """Team a's third stream is refused with RESOURCE_EXHAUSTED naming its share; team b
+    still opens its two; a stream of a's that ends gives a's place back."""
+
+    async def run() -> None:
+        async with grpc.aio.insecure_channel(tenants_stack.grpc_address) as channel:
+            a = [OpenStream(channel, f"a{i}", "key-a") for i in range(2)]
+            for stream in a:
+                assert (await stream.first_answer()).error_message == ""
+            code, details = await OpenStream(channel, "a-too-many", "key-a").ending()
+            if code is grpc.StatusCode.INTERNAL:  # (refused while the client still sent)
+                assert "Internal error from Core" in details, details
+            else:
+                assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+                assert "team-a" in details and "SLUICE_GRPC_TENANT_MAX_OPEN_STREAMS=2" in details
+            b = [OpenStream(channel, f"b{i}", "key-b") for i in range(2)]
+            for stream in b:
+                assert (await stream.first_answer()).error_message == ""
+            a[0].closed.set()
+            await a[0].call.code()
+            again = OpenStream(channel, "a-again", "key-a")
+            assert (await again.first_answer()).infer_response.id == "a-again"
+            for stream in [*a, *b, again]:
+                stream.closed.set()
 
     asyncio.run(run())
 
