@@ -66,7 +66,7 @@ async def delete_job(job_id: str, request: Request) -> Response:
     owner = tenant_of(request.scope)
     before = await job_record(state, job_id, owner)
     if before.get(jobs.F_STATUS, b"").decode() in jobs.FINISHED:
-        await remove_finished_job(state, job_id, owner)
+        await remove_finished_job(state, job_id, owner, before)
         return Response(status_body(job_id, before), 200, media_type="application/json")
     await cancel_job(state, job_id, owner)
     record = await job_record(state, job_id, owner)

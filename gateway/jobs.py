@@ -397,10 +397,12 @@ async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:
     return text
 
 
-async def remove_finished_job(state: GatewayState, job_id: str, owner: str) -> None:
-    """Delete the job with its answer if it has finished (what the answer held in its
-    tenant's account is given back); a job still waiting or computing is left as it is."""
-    record = await job_record(state, job_id, owner)
+async def remove_finished_job(
+    state: GatewayState, job_id: str, owner: str, record: dict[str, bytes]
+) -> None:
+    """Delete the job (``record``: its hash, as :func:`job_record` found it for ``owner``)
+    with its answer if it has finished (what the answer held in its tenant's account is
+    given back); a job still waiting or computing is left as it is."""
     model = record.get(jobs.F_MODEL, b"").decode()
     key = record.get(jobs.F_KEY, b"").decode()
     job_key = state.keys.job(model, job_id)

@@ -31,7 +31,7 @@ from sluice.core.redis_connect import connect_async
 from sluice.core.settings import WorkerSettings
 from sluice.core.targets import TargetResolver
 from sluice.core.trace_context import TraceParent
-from sluice.core.wire import RequestMessage, TensorHeader
+from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 
 _STREAM_MAX_LEN = 100_000
 """Approximate cap on a request stream (the gateway's default ``SLUICE_STREAM_MAX_LEN``),
@@ -122,10 +122,7 @@ class ModelCalls:
         stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
-        reply, data = await self._dispatcher.submit(model, stream, message, payload, timeout_s)
-        if reply.error_kind:
-            raise error_from_kind(reply.error_kind, reply.error)
-        return answer_tensors(reply.outputs, data)
+        return _answer(*await self._dispatcher.submit(model, stream, message, payload, timeout_s))
 
     async def submit_stream(
         self,
@@ -134,18 +131,16 @@ class ModelCalls:
         inputs: Sequence[tuple[str, str, np.ndarray]],
         outputs: Sequence[str],
         context: CallContext,
-    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
-        """:meth:`submit` for a decoupled model: each of its responses as it comes (another
-        model's one answer), with whether it is the final one; raises the error the model
-        answered. Closing the iterator early withdraws the request."""
+    ) -> AsyncIterator[dict[str, np.ndarray]]:
+        """:meth:`submit` for a decoupled model: each of its responses as it comes, until
+        its final one (another model's one answer); raises the error the model answered.
+        Closing the iterator early withdraws the request."""
         stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
         replies = self._dispatcher.submit_stream(model, stream, message, payload, timeout_s)
         async for reply, data in replies:
-            if reply.error_kind:
-                raise error_from_kind(reply.error_kind, reply.error)
-            yield answer_tensors(reply.outputs, data), reply.final
+            yield _answer(reply, data)
 
     async def _request(
         self,
@@ -189,6 +184,13 @@ class ModelCalls:
             trace=context.trace,
         )
         return target.stream, message, b"".join(buffers), timeout_s
+
+
+def _answer(reply: ReplyMessage, data: memoryview) -> dict[str, np.ndarray]:
+    """The tensors of a called model's answer; raises the error it answered instead."""
+    if reply.error_kind:
+        raise error_from_kind(reply.error_kind, reply.error)
+    return answer_tensors(reply.outputs, data)
 
 
 def answer_tensors(outputs: Sequence[TensorHeader], data: memoryview) -> dict[str, np.ndarray]:

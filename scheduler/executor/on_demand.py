@@ -47,7 +47,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -76,6 +76,7 @@ from sluice.core.queue_streams import base_streams, tenant_members_sync, with_te
 from sluice.core.repository import RepositoryModel
 from sluice.core.wire import MalformedEntry, ReplyMessage, decode_request, encode_reply
 from sluice.scheduler.executor.fork_server import ForkServer
+from sluice.scheduler.executor.instances import InstanceSpec
 from sluice.scheduler.executor.model_control import announced
 from sluice.scheduler.executor.process_memory import GpuMemory, host_bytes
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
@@ -195,6 +196,8 @@ class OnDemand:
     has no limit. (Pinned models and the fork server are outside it: an operator gives
     the on-demand models what the pinned ones leave.)"""
     min_residency_s: float
+    instance_spec: InstanceSpec = field(kw_only=True)
+    """One more worker of a version, with its compute threads (autoscaling)."""
     gpu: GpuMemory | None = None
     forks: ForkServer | None = None
     """Forks the workers of the versions loaded, its imports done (:mod:`.fork_server`)."""
@@ -556,9 +559,8 @@ class OnDemand:
         extra = {d: size * more for d, size in per.items()}
         room.take(extra)
         # The new workers get the cores divided among the instances, as other scale-ups.
-        spec = _with_threads(
-            self.specs(resident.model, resident.version)[0], threads_per_instance(count + more)
-        )
+        threads = threads_per_instance(count + more)
+        spec = self.instance_spec(resident.model, resident.version, threads)
         resident.children += self._start([spec] * more)
         resident.footprint = {d: s + extra.get(d, 0) for d, s in held.items()}
         log.info(
@@ -806,14 +808,6 @@ class OnDemand:
             for resident in self.residents.values():
                 pipe.delete(self.keys.on_demand_lock(*resident.key))
             pipe.execute()
-
-
-def _with_threads(spec: ChildSpec, threads: int) -> ChildSpec:
-    """``spec`` with ``threads`` compute threads (its ``--threads``)."""
-    argv = list(spec.argv)
-    if "--threads" in argv:
-        argv[argv.index("--threads") + 1] = str(threads)
-    return replace(spec, argv=argv)
 
 
 def _files_bytes(directory: Path) -> int:

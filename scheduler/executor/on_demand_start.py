@@ -16,7 +16,7 @@ from sluice.core.memory_budget import HOST, format_size, gpu_device
 from sluice.core.on_demand import LOAD_KEY, is_on_demand
 from sluice.core.repository import RepositoryModel
 from sluice.core.settings import UpSettings
-from sluice.scheduler.executor.children import worker_specs
+from sluice.scheduler.executor.children import instance_spec, worker_specs
 from sluice.scheduler.executor.fork_server import ForkServer
 from sluice.scheduler.executor.on_demand import OnDemand
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing
@@ -106,6 +106,7 @@ def start_on_demand(
         specs,
         budget,
         settings.min_residency_s,
+        instance_spec=instance_spec(env),
         gpu=gpu,
         forks=ForkServer(env, on_exit) if settings.fork_server else None,
     )

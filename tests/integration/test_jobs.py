@@ -335,10 +335,17 @@ def test_two_tenants_share_no_job_and_no_idempotency_key(tenants: Stack) -> None
         assert result.status_code == 200, result.text
         assert result.json()["outputs"][0]["data"] == [2.0, 2.5, -2.0, 7.0]
         assert http.get(location, headers=admin).status_code == 404  # the admin is a tenant too
-        # (long enough that its cancel, sent at once, finds it queued or computing)
+        # (queued behind a long job of B's, so that its cancel finds it waiting however
+        # fast or slow the machine is: a finished job would be deleted instead)
+        hold = submit(http, "slow", slow_request(5, 100_000), **TEAM_B)
+        assert wait_until(
+            lambda: http.get(hold.headers["location"], headers=TEAM_B).json()["status"] != "queued",
+            30,
+        )
         cancelled = submit(http, "slow", slow_request(4, 50_000), **TEAM_A)
         assert http.delete(cancelled.headers["location"], headers=TEAM_A).status_code in (200, 202)
         assert finished_as(http, cancelled.headers["location"], TEAM_A) == "cancelled"
+        http.delete(hold.headers["location"], headers=TEAM_B)
         assert finished_as(http, b_by_id.headers["location"], TEAM_B) == "completed"
         assert http.get(location, headers=TEAM_A).json()["status"] == "completed"
 

@@ -28,7 +28,6 @@ from collections.abc import (
     AsyncIterator,
     Awaitable,
     Callable,
-    Coroutine,
     Iterable,
     Mapping,
     Sequence,
@@ -221,19 +220,13 @@ class InferenceRequest:
         request of the batch being executed is cancelled."""
         if decoupled:
             return self._stream()
-        calls = process_calls()
-        future = asyncio.run_coroutine_threadsafe(self._bls_call(calls), calls.loop)
-        stop_with_batch(future)
-        return _response(future.result)
+        return _response(self._call().result)
 
     async def async_exec(self, decoupled: bool = False) -> Any:
         """:meth:`exec` for ``async def execute``: awaits the answer without blocking."""
         if decoupled:
             return self._stream()
-        calls = process_calls()
-        future = asyncio.run_coroutine_threadsafe(self._bls_call(calls), calls.loop)
-        stop_with_batch(future)
-        return await _async_response(asyncio.wrap_future(future))
+        return await _async_response(asyncio.wrap_future(self._call()))
 
     def _call_args(self) -> tuple[Any, ...]:
         if not self._model_name:
@@ -243,8 +236,15 @@ class InferenceRequest:
         context = CallContext(self._request_id, deadline_ns)
         return self._model_name, self._model_version, inputs, self._requested, context
 
-    def _bls_call(self, calls: ModelCalls) -> Coroutine[Any, Any, Any]:
-        return calls.submit(*self._call_args())
+    def _call(self) -> Future[Mapping[str, np.ndarray]]:
+        """The call, started on the calls' loop (withdrawn with the executing batch)."""
+        args = self._call_args()
+        calls = process_calls()
+        future: Future[Mapping[str, np.ndarray]] = asyncio.run_coroutine_threadsafe(
+            calls.submit(*args), calls.loop
+        )
+        stop_with_batch(future)
+        return future
 
     def _stream(self) -> ResponseIterator:
         args = self._call_args()
@@ -259,15 +259,15 @@ class ResponseIterator:
     response with a ``CANCELLED`` error then ends them)."""
 
     def __init__(
-        self, calls: ModelCalls, responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]]
+        self, calls: ModelCalls, responses: AsyncIterator[Mapping[str, np.ndarray]]
     ) -> None:
         self._queue: queue.Queue[InferenceResponse | None] = queue.Queue()
         self._future = asyncio.run_coroutine_threadsafe(self._pump(responses), calls.loop)
         stop_with_batch(self._future)
 
-    async def _pump(self, responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]]) -> None:
+    async def _pump(self, responses: AsyncIterator[Mapping[str, np.ndarray]]) -> None:
         try:
-            async for tensors, _ in responses:
+            async for tensors in responses:
                 self._queue.put(_answer(tensors))
         except SluiceError as exc:
             self._queue.put(_failure(exc))

@@ -40,6 +40,9 @@ def manager(*residents: Resident, min_residency_s: float = 10.0) -> OnDemand:
         lambda m, v: [],
         {HOST: 1000 * MIB},
         min_residency_s,
+        instance_spec=lambda m, v, threads: ChildSpec(
+            "worker", ["w", "--threads", str(threads)], {}, version=v
+        ),
     )
     demand.residents = {r.key: r for r in residents}
     return demand
@@ -184,12 +187,11 @@ class _Supervisor:
 def scaled(workers: int, size: int, wanted: int) -> tuple[OnDemand, Resident, list[ChildSpec]]:
     """A manager with one loaded version of ``workers`` workers holding ``size`` bytes in
     all, which the autoscaler wants at ``wanted``; its ``_start`` records the specs."""
-    spec = ChildSpec("worker", ["w", "--threads", "2"], {}, version=1)
+    spec = ChildSpec("worker", ["w"], {}, version=1)
     loaded = resident("hot", NOW, size, ready_at=NOW - 100)
     loaded.children = [Child(spec) for _ in range(workers)]
     loaded.configured = 1
     demand = manager(loaded)
-    demand.specs = lambda m, v: [spec]  # configured: one instance
     demand.supervisor = cast(Any, _Supervisor())
     started: list[ChildSpec] = []
 
