@@ -5,8 +5,9 @@ Each response but a request's final one is published as it comes, from the compu
 final ones are returned, and published and acknowledged as any answer. A request whose
 worker died mid-stream is delivered again and computed from the start: the gateway skips
 the responses whose index it has forwarded already (:meth:`sluice.core.dispatch.
-RedisDispatcher.submit_stream`), so the client sees each once. Only Python models can be
-decoupled (``infer_stream``).
+RedisDispatcher.submit_stream`), so the client sees each once. Python models and
+ensembles can be decoupled (``infer_stream``; an ensemble is, exactly when one of its
+composing models is).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.wire import ReplyMessage, TensorHeader
-from sluice.workers.backends.base import Backend, CancelSignal, SequenceFlags
+from sluice.workers.backends.base import Backend, CancelSignal, RequestContext, SequenceFlags
 from sluice.workers.replies import Publisher
 from sluice.workers.tensors import PendingRequest, output_names, split
 
@@ -34,7 +35,7 @@ def check_streams(config: ModelConfig, backend: Backend) -> None:
     if config.decoupled and not hasattr(backend, "infer_stream"):
         raise InvalidConfig(
             f"model '{config.name}' is decoupled (model_transaction_policy), which "
-            "only Python models can be"
+            "only Python models and ensembles can be"
         )
 
 
@@ -58,11 +59,13 @@ def compute_streaming(
     send_partial: SendPartial,
     cancellations: list[CancelSignal] | None = None,
     sequences: list[SequenceFlags] | None = None,
+    contexts: list[RequestContext] | None = None,
 ) -> list[Answer]:
     """A decoupled model's batch: each request's final answer (its partial ones are sent
     as they come). A request whose final response carries no outputs is answered with none
     (clients see the stream end). A backend that follows cancellation (a Triton-style
-    Python model) also gets each request's cancellation and sequence flags."""
+    Python model) also gets each request's cancellation and sequence flags; a concurrent
+    one (a decoupled ensemble) each request's ``contexts``."""
     finals: dict[int, Answer] = {}
     sent = [0] * len(batch)
     """Each request's partial responses so far: the next one's index."""
@@ -94,7 +97,9 @@ def compute_streaming(
 
     stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)
     sizes = [r.items for r in batch]
-    if getattr(backend, "follows_cancellation", False):
+    if contexts is not None:
+        stream(inputs, output_names(batch), sizes, emit, contexts=contexts)
+    elif getattr(backend, "follows_cancellation", False):
         stream(inputs, output_names(batch), sizes, emit, cancellations, sequences)
     else:
         stream(inputs, output_names(batch), sizes, emit)

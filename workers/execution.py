@@ -60,6 +60,18 @@ the event loop instead of a compute thread, when the backend allows it
 virtual machine costs about as much CPU as a small model's whole run, while the loop is
 held for well under a millisecond."""
 
+INLINE_QUIET_MAX_S = 0.005
+"""While requests arrive so seldom that hardly one comes during a batch (fewer than
+:data:`QUIET_ARRIVALS` expected), a batch expected to take up to this long also computes
+on the event loop: the thread would let the loop gather the next batch meanwhile, but
+there is next to nothing to gather, and the hand-off costs most when the worker sleeps
+between requests (a cold wake-up of each thread; a small model's run after a sleep is
+itself slower, which would otherwise send it to the thread for good). Short enough that
+the heartbeat and the cancellation notices wait no longer than a garbage collection."""
+
+QUIET_ARRIVALS = 0.1
+"""Items expected to arrive during one batch, below which traffic counts as quiet."""
+
 
 class Execution:
     """Computes batches of one model version on ``backend`` and publishes their answers."""
@@ -227,11 +239,20 @@ class Execution:
     def _inline(self, live: list[PendingRequest]) -> bool:
         """Whether ``live`` computes on the event loop (:data:`INLINE_MAX_S`): one batch at
         a time, not a decoupled model's, on a backend that declares ``computes_inline``
-        (it never calls back into this loop), expected to be short."""
+        (it never calls back into this loop), expected to be short, or not much longer
+        while traffic is quiet (:data:`INLINE_QUIET_MAX_S`)."""
         if self.concurrency != 1 or self.config.decoupled or not self._computes_inline:
             return False
         cost = self.policy.cost
-        return cost.warm and cost.predict(sum(r.items for r in live)) < INLINE_MAX_S
+        if not cost.warm:
+            return False
+        predicted_s = cost.predict(sum(r.items for r in live))
+        if predicted_s < INLINE_MAX_S:
+            return True
+        if predicted_s >= INLINE_QUIET_MAX_S:
+            return False
+        arriving = self.policy.arrivals.per_second(time.monotonic()) * predicted_s
+        return arriving < QUIET_ARRIVALS
 
     def _response_parameters(
         self,
@@ -306,6 +327,7 @@ class Execution:
                 self.send_partial,
                 signals,
                 [_sequence_flags(r.message) for r in batch],
+                self._contexts(batch, signals) if self.concurrency > 1 else None,
             )
             timing.infer_ns = time.perf_counter_ns() - t0
             return answers
@@ -341,10 +363,7 @@ class Execution:
                     inputs,
                     wanted,
                     request_sizes=[r.items for r in batch],
-                    contexts=[
-                        _context(r.message, signals[i] if signals is not None else None)
-                        for i, r in enumerate(batch)
-                    ],
+                    contexts=self._contexts(batch, signals),
                 )
         except RequestsFailed as exc:
             if exc.outputs is None or book is not None:
@@ -362,6 +381,16 @@ class Execution:
         t3 = time.perf_counter_ns()
         timing.input_ns, timing.infer_ns, timing.output_ns = t1 - t0, t2 - t1, t3 - t2
         return [failures.get(i, result) for i, result in enumerate(results)]
+
+    @staticmethod
+    def _contexts(
+        batch: list[PendingRequest], signals: list[CancelSignal] | None
+    ) -> list[RequestContext]:
+        """What a concurrent backend passes on to the requests it makes for ``batch``."""
+        return [
+            _context(r.message, signals[i] if signals is not None else None)
+            for i, r in enumerate(batch)
+        ]
 
     def _each_alone(
         self, batch: list[PendingRequest], backend: Backend, timing: Timing

@@ -131,16 +131,17 @@ class ModelCalls:
         inputs: Sequence[tuple[str, str, np.ndarray]],
         outputs: Sequence[str],
         context: CallContext,
-    ) -> AsyncIterator[dict[str, np.ndarray]]:
-        """:meth:`submit` for a decoupled model: each of its responses as it comes, until
-        its final one (another model's one answer); raises the error the model answered.
-        Closing the iterator early withdraws the request."""
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        """:meth:`submit` for a decoupled model: each of its responses as it comes, with
+        whether it is the final one, until the final one (another model's one answer);
+        raises the error the model answered. Closing the iterator early withdraws the
+        request."""
         stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
         replies = self._dispatcher.submit_stream(model, stream, message, payload, timeout_s)
         async for reply, data in replies:
-            yield _answer(reply, data)
+            yield _answer(reply, data), reply.final
 
     async def _request(
         self,

@@ -9,7 +9,8 @@ model make only that model unavailable; they are reported in
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from sluice.core.config import (
@@ -60,16 +61,71 @@ def scan_repository(root: Path) -> list[RepositoryModel]:
         (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
         key=lambda p: p.name,
     )
-    return [read_model(p) for p in model_dirs]
+    models = [_read_one(p) for p in model_dirs]
+    by_name = {model.name: model for model in models}
+    return [_with_transaction_policy(model, by_name.get) for model in models]
 
 
 def read_model(path: Path) -> RepositoryModel:
-    """One model directory; model-level problems end up in ``error``."""
+    """One model directory; model-level problems end up in ``error``. An ensemble's
+    composing models are read from the same repository (for its transaction policy)."""
+    model = _read_one(path)
+    if model.config is None or not model.config.is_ensemble:
+        return model
+    read: dict[str, RepositoryModel | None] = {}
+
+    def sibling(name: str) -> RepositoryModel | None:
+        if name not in read:
+            folder = path.parent / name
+            read[name] = _read_one(folder) if name and folder.is_dir() else None
+        return read[name]
+
+    return _with_transaction_policy(model, sibling)
+
+
+def _read_one(path: Path) -> RepositoryModel:
     try:
         config, versions = _load(path)
     except InvalidConfig as exc:
         return RepositoryModel(path.name, path, None, (), exc.message)
     return RepositoryModel(path.name, path, config, versions)
+
+
+def _with_transaction_policy(
+    model: RepositoryModel, lookup: Callable[[str], RepositoryModel | None]
+) -> RepositoryModel:
+    """An ensemble is decoupled exactly when one of its composing models is (at any depth
+    of nested ensembles), as Triton fills in its ``model_transaction_policy``: each response
+    of such a model runs the steps after it again, and the ensemble answers each time."""
+    config = model.config
+    if config is None or not config.is_ensemble:
+        return model
+    decoupled = _reaches_decoupled(config, lookup, {model.name})
+    if decoupled == config.decoupled:
+        return model
+    raw = dict(config.raw)
+    raw["model_transaction_policy"] = {
+        **(raw.get("model_transaction_policy") or {}),
+        "decoupled": decoupled,
+    }
+    return replace(model, config=replace(config, raw=raw))
+
+
+def _reaches_decoupled(
+    config: ModelConfig, lookup: Callable[[str], RepositoryModel | None], seen: set[str]
+) -> bool:
+    for step in config.ensemble_steps:
+        composing = lookup(step.model_name)
+        if composing is None or composing.config is None:
+            continue  # (the ensemble's load reports it)
+        if not composing.config.is_ensemble:
+            if composing.config.decoupled:
+                return True
+        elif composing.name not in seen:  # (a cycle is refused when the ensemble loads)
+            seen.add(composing.name)
+            if _reaches_decoupled(composing.config, lookup, seen):
+                return True
+    return False
 
 
 def available_versions(path: Path) -> tuple[int, ...]:

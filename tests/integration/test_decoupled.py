@@ -1,8 +1,9 @@
 """Decoupled models (any number of responses per request) on a real stack: the example
 ``word_streamer`` (Triton's response sender) and a model in Sluice's API (``stream``)
-that calls another model for each response (BLS), through /generate_stream and gRPC
-streaming: every response arrives, in order, and the final one ends the stream; the routes
-that carry one answer refuse them with Triton's texts."""
+that calls another model for each response (BLS), and an ensemble whose steps after a
+decoupled model run once per response, through /generate_stream and gRPC streaming: every
+response arrives, in order, and the final one ends the stream; the routes that carry one
+answer refuse them with Triton's texts."""
 
 from __future__ import annotations
 
@@ -55,6 +56,65 @@ output [
 model_transaction_policy { decoupled: true }
 """
 
+PIPELINE_CONFIG = """
+name: "counter_pipeline"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [
+  { name: "STEP" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "QUAD" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "counter"
+      model_version: -1
+      input_map { key: "COUNT" value: "COUNT" }
+      output_map [ { key: "STEP" value: "STEP" }, { key: "DOUBLED" value: "doubled" } ]
+    },
+    {
+      model_name: "add_sub"
+      model_version: -1
+      input_map [ { key: "INPUT0" value: "doubled" }, { key: "INPUT1" value: "doubled" } ]
+      output_map { key: "OUTPUT0" value: "QUAD" }
+    }
+  ]
+}
+"""
+"""An ensemble with a decoupled step: add_sub runs once for each of counter's responses,
+and the ensemble answers each time (its config says nothing of decoupling: as in Triton,
+it is decoupled because counter is)."""
+
+MIXED_CONFIG = """
+name: "mixed_pipeline"
+platform: "ensemble"
+max_batch_size: 4
+input [
+  { name: "COUNT" data_type: TYPE_INT32 dims: [ 1 ] },
+  { name: "OFFSET" data_type: TYPE_FP32 dims: [ 4 ] }
+]
+output [ { name: "SUM" data_type: TYPE_FP32 dims: [ 4 ] } ]
+ensemble_scheduling {
+  step [
+    {
+      model_name: "counter"
+      model_version: -1
+      input_map { key: "COUNT" value: "COUNT" }
+      output_map { key: "DOUBLED" value: "doubled" }
+    },
+    {
+      model_name: "add_sub"
+      model_version: -1
+      input_map [ { key: "INPUT0" value: "doubled" }, { key: "INPUT1" value: "OFFSET" } ]
+      output_map { key: "OUTPUT0" value: "SUM" }
+    }
+  ]
+}
+"""
+"""Refused at load, as Triton refuses it: add_sub would read each of counter's responses
+with the request's one OFFSET, and which go together is not defined."""
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
@@ -66,6 +126,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     (root / "counter" / "1").mkdir(parents=True)
     (root / "counter" / "1" / "model.py").write_text(COUNTER)
     (root / "counter" / "config.pbtxt").write_text(COUNTER_CONFIG)
+    for name, config in (("counter_pipeline", PIPELINE_CONFIG), ("mixed_pipeline", MIXED_CONFIG)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config)
     stack = Stack(root, redis_server.url)
     stack.start()
     yield stack
@@ -184,3 +247,74 @@ def test_a_non_boolean_empty_final_flag_is_a_clear_400(stack: Stack) -> None:
     assert flag.status_code == 400
     assert "'triton_enable_empty_final_response' must be a boolean" in flag.json()["error"]
     assert reserved.status_code == 400 and "is reserved" in reserved.json()["error"]
+
+
+def test_an_ensemble_with_a_decoupled_step_answers_once_per_response(stack: Stack) -> None:
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        config = http.get("/v2/models/counter_pipeline/config").json()
+        response = http.post("/v2/models/counter_pipeline/generate_stream", json={"COUNT": 6})
+        none = http.post("/v2/models/counter_pipeline/generate_stream", json={"COUNT": 0})
+        failing = http.post("/v2/models/counter_pipeline/generate_stream", json={"COUNT": -1})
+        one_answer = http.post("/v2/models/counter_pipeline/generate", json={"COUNT": 2})
+    assert config["model_transaction_policy"]["decoupled"] is True
+    assert response.status_code == 200, response.text
+    events = _events(response)
+    # In the order counter sent them, though add_sub may finish them out of order.
+    assert [event["STEP"] for event in events] == [0, 1, 2, 3, 4, 5]
+    assert [event["QUAD"] for event in events] == [[4.0 * s] * 4 for s in range(6)]
+    assert all(event["model_name"] == "counter_pipeline" for event in events)
+    assert none.status_code == 200 and _events(none) == []
+    assert failing.status_code == 500
+    assert "in ensemble 'counter_pipeline', step 0 (model 'counter')" in failing.json()["error"]
+    assert "COUNT must not be negative" in failing.json()["error"]
+    assert one_answer.status_code == 501
+    assert "decoupled transaction policy" in one_answer.json()["error"]
+
+
+def test_a_decoupled_ensemble_streams_over_grpc_and_marks_its_final_response(
+    stack: Stack,
+) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    counts = {"a": 4, "b": 2}
+    try:
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        for request_id, count in counts.items():
+            value = grpcclient.InferInput("COUNT", [1, 1], "INT32")
+            value.set_data_from_numpy(np.array([[count]], dtype=np.int32))
+            client.async_stream_infer(
+                "counter_pipeline", [value], request_id=request_id, enable_empty_final_response=True
+            )
+        steps: dict[str, list[int]] = {"a": [], "b": []}
+        ended: set[str] = set()
+        while ended != set(counts):
+            try:
+                result, error = answers.get(timeout=30)
+            except queue.Empty:
+                log = "".join(stack.stderr_lines[-30:])
+                pytest.fail(f"a response did not come within 30 s; the stack's log ends:\n{log}")
+            assert error is None, error.message()
+            response = result.get_response()
+            assert response.id not in ended, "a response after the final one"
+            if response.outputs:
+                step = int(result.as_numpy("STEP").reshape(-1)[0])
+                steps[response.id].append(step)
+                assert result.as_numpy("QUAD").tolist() == [[4.0 * step] * 4]
+            if response.parameters["triton_final_response"].bool_param:
+                ended.add(response.id)
+    finally:
+        client.stop_stream(cancel_requests=True)
+        client.close()
+    assert steps == {"a": [0, 1, 2, 3], "b": [0, 1]}
+
+
+def test_a_step_reading_a_decoupled_models_responses_with_other_tensors_is_refused(
+    stack: Stack,
+) -> None:
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        index = {row["name"]: row for row in http.post("/v2/repository/index").json()}
+    assert index["mixed_pipeline"]["state"] == "UNAVAILABLE"
+    assert (
+        "in ensemble mixed_pipeline, step of model 'add_sub' receives inputs originated from "
+        "different decoupled models" in index["mixed_pipeline"]["reason"]
+    )

@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import CancelledError
-from dataclasses import dataclass
+import queue
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from concurrent.futures import CancelledError, Future
 from pathlib import Path
 from typing import Any
 
@@ -49,10 +49,11 @@ from sluice.core.errors import (
     SluiceError,
 )
 from sluice.core.placement import Placement
-from sluice.workers.backends.base import RequestContext, RequestsFailed
+from sluice.workers.backends.base import Emit, RequestContext, RequestsFailed
 from sluice.workers.backends.ensemble_check import composing_configs
-from sluice.workers.backends.ensemble_graph import fit_shape, live_steps
+from sluice.workers.backends.ensemble_graph import Carried, fit_shape, live_steps
 from sluice.workers.backends.ensemble_join import join_requests, split_requests
+from sluice.workers.backends.ensemble_stream import EnsembleStream
 from sluice.workers.model_calls import CallContext, ModelCalls
 
 log = logging.getLogger(__name__)
@@ -65,16 +66,6 @@ the threads and the memory of one worker process."""
 
 STEP_IN_FLIGHT = 64
 """Requests one instance has queued on one step's model at once (the same bound)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Carried:
-    """An ensemble tensor of one request."""
-
-    array: np.ndarray | None
-    """None: the model meant to make it did not (or an optional input not given)."""
-    batch: int
-    """Its batch dimension as its maker had it; 0: made without one."""
 
 
 Slot = Callable[[str], "asyncio.Future[Carried]"]
@@ -112,13 +103,7 @@ class EnsembleBackend:
         """Each request of the batch goes through the graph on its own (as Triton's
         ensemble scheduler handles requests one by one); the answers are joined again."""
         sizes = list(request_sizes or [1])
-        batching = self.config.max_batch_size > 0
-        parts = split_requests(inputs, sizes, batching)
-        if contexts is None or len(contexts) != len(parts):
-            contexts = [RequestContext("", 0, None)] * len(parts)
-        batches = list(sizes) if batching else [0] * len(parts)
-        if batching and len(parts) == 1:
-            batches = [_batch_of(parts[0]) or sizes[0]]
+        parts, contexts, batches = self._requests(inputs, sizes, contexts)
         futures = [  # each request asks for its own outputs (its steps alone run)
             asyncio.run_coroutine_threadsafe(
                 self.run(part, context.outputs or outputs, context, batch), self._calls.loop
@@ -151,6 +136,53 @@ class EnsembleBackend:
             raise RequestsFailed(failures, joined)
         assert joined is not None
         return joined
+
+    def infer_stream(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None,
+        emit: Emit,
+        contexts: Sequence[RequestContext] | None = None,
+    ) -> None:
+        """A decoupled ensemble's batch (:mod:`sluice.workers.backends.ensemble_stream`):
+        each request's responses are handed to ``emit`` as they come, on this (compute)
+        thread, while the requests run on the calls' event loop."""
+        sizes = list(request_sizes or [1])
+        parts, contexts, batches = self._requests(inputs, sizes, contexts)
+        events: queue.SimpleQueue[tuple[int, Any, bool]] = queue.SimpleQueue()
+        for index, (part, context, batch) in enumerate(zip(parts, contexts, batches, strict=True)):
+            partial, ended = _handing(events, index)
+            stream = EnsembleStream(self, context.outputs or outputs, context, partial)
+            future = asyncio.run_coroutine_threadsafe(stream.run(part, batch), self._calls.loop)
+            future.add_done_callback(ended)  # (once the run has ended: after its responses)
+            if context.cancelled is not None:  # its steps' requests are withdrawn in turn
+                context.cancelled.add(future.cancel)
+        running = len(parts)
+        while running:
+            index, item, last = events.get()
+            if not last:
+                emit(index, item, False)
+                continue
+            running -= 1
+            emit(index, _last_response(item), True)
+
+    def _requests(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        sizes: list[int],
+        contexts: Sequence[RequestContext] | None,
+    ) -> tuple[list[dict[str, np.ndarray]], Sequence[RequestContext], list[int]]:
+        """The batch's requests: each one's inputs, context and batch size (0: the
+        ensemble does not batch)."""
+        batching = self.config.max_batch_size > 0
+        parts = split_requests(inputs, sizes, batching)
+        if contexts is None or len(contexts) != len(parts):
+            contexts = [RequestContext("", 0, None)] * len(parts)
+        batches = list(sizes) if batching else [0] * len(parts)
+        if batching and len(parts) == 1:
+            batches = [_batch_of(parts[0]) or sizes[0]]
+        return parts, contexts, batches
 
     # -- one request -----------------------------------------------------------------------
 
@@ -199,7 +231,7 @@ class EnsembleBackend:
                     error = future.exception() if future in tasks else None
                     if error is not None:
                         raise error
-            return self._answer(outputs, [future.result() for future in wanted])
+            return self.answer(outputs, [future.result() for future in wanted])
         finally:
             for task in tasks:
                 task.cancel()
@@ -207,7 +239,7 @@ class EnsembleBackend:
                 if not future.done():
                     future.cancel()
 
-    def _answer(self, outputs: Sequence[str], made: Sequence[Carried]) -> dict[str, np.ndarray]:
+    def answer(self, outputs: Sequence[str], made: Sequence[Carried]) -> dict[str, np.ndarray]:
         """The outputs that were made, shaped as the ensemble answers them (a non-batching
         ensemble's output made by a batching model loses its batch dimension of 1)."""
         batching = self.config.max_batch_size > 0
@@ -223,43 +255,120 @@ class EnsembleBackend:
         return answer
 
     async def _step(self, index: int, slot: Slot, context: RequestContext) -> None:
-        step, model = self.steps[index], self.step_configs[index]
-        prefix = f"in ensemble '{self.config.name}', step {index} (model '{step.model_name}')"
-        batching = model.max_batch_size > 0
-        reads: dict[str, np.ndarray] = {}
-        for name, tensor in step.input_map.items():
-            carried = await slot(tensor)
-            if carried.array is None:
-                continue
-            spec = model.input(name)
-            assert spec is not None  # checked when the ensemble loaded
-            shape = fit_shape(spec.dims, batching, carried.batch, carried.array.shape)
-            reads[name] = carried.array.reshape(shape)
-        missing = [s.name for s in model.inputs if not s.optional and s.name not in reads]
-        if missing:
-            raise InvalidInput(f"{prefix}: {_missing_inputs(model, reads, missing, context)}")
-        batch = _batch_of(reads) if batching else 0
+        step = self.steps[index]
+        carried = {tensor: await slot(tensor) for tensor in step.input_map.values()}
+        reads, batch = self.inputs_of(index, carried, context)
         try:
             async with self._limits[index]:
-                answer = await self._submit(index, reads, context)
+                answer = await self.submit(index, reads, context)
         except SluiceError as exc:
-            raise type(exc)(f"{prefix}: {exc.message}") from None
+            raise type(exc)(f"{self.where(index)}: {exc.message}") from None
         for name, tensor in step.output_map.items():
             slot(tensor).set_result(Carried(answer.get(name), batch))
 
-    async def _submit(
+    # -- what a step's request is (also for decoupled ensembles: ensemble_stream) ----------
+
+    def where(self, index: int) -> str:
+        """How errors name step ``index``."""
+        model = self.steps[index].model_name
+        return f"in ensemble '{self.config.name}', step {index} (model '{model}')"
+
+    def inputs_of(
+        self, index: int, carried: Mapping[str, Carried], context: RequestContext
+    ) -> tuple[dict[str, np.ndarray], int]:
+        """Step ``index``'s inputs from the ensemble tensors it reads (``carried``), shaped
+        for its model, and their batch size (0: its model does not batch); raises
+        :class:`InvalidInput` when a required one was not made."""
+        step, model = self.steps[index], self.step_configs[index]
+        batching = model.max_batch_size > 0
+        reads: dict[str, np.ndarray] = {}
+        for name, tensor in step.input_map.items():
+            value = carried[tensor]
+            if value.array is None:
+                continue
+            spec = model.input(name)
+            assert spec is not None  # checked when the ensemble loaded
+            shape = fit_shape(spec.dims, batching, value.batch, value.array.shape)
+            reads[name] = value.array.reshape(shape)
+        missing = [s.name for s in model.inputs if not s.optional and s.name not in reads]
+        if missing:
+            raise InvalidInput(
+                f"{self.where(index)}: {_missing_inputs(model, reads, missing, context)}"
+            )
+        return reads, _batch_of(reads) if batching else 0
+
+    def limit(self, index: int) -> asyncio.Semaphore:
+        """Bounds the requests in flight to step ``index``'s model (:data:`STEP_IN_FLIGHT`)."""
+        return self._limits[index]
+
+    async def submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
     ) -> dict[str, np.ndarray]:
-        step, model = self.steps[index], self.step_configs[index]
+        """Step ``index``'s answer to ``reads``."""
+        step = self.steps[index]
+        return await self._calls.submit(
+            step.model_name,
+            step.model_version,
+            self._inputs(index, reads),
+            list(step.output_map),
+            _call_context(context),
+        )
+
+    def submit_stream(
+        self, index: int, reads: dict[str, np.ndarray], context: RequestContext
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        """Step ``index``'s responses to ``reads`` (a decoupled model), with whether each
+        is the final one."""
+        step = self.steps[index]
+        return self._calls.submit_stream(
+            step.model_name,
+            step.model_version,
+            self._inputs(index, reads),
+            list(step.output_map),
+            _call_context(context),
+        )
+
+    def _inputs(self, index: int, reads: dict[str, np.ndarray]) -> list[tuple[str, str, Any]]:
+        model = self.step_configs[index]
         inputs = []
         for name, array in reads.items():
             spec = model.input(name)
             assert spec is not None  # checked when the ensemble loaded
             inputs.append((name, spec.datatype, array))
-        call = CallContext(context.request_id, context.deadline_ns, context.trace)
-        return await self._calls.submit(
-            step.model_name, step.model_version, inputs, list(step.output_map), call
-        )
+        return inputs
+
+
+def _handing(
+    events: queue.SimpleQueue[tuple[int, Any, bool]], index: int
+) -> tuple[Callable[[dict[str, np.ndarray]], None], Callable[[Future[Any]], None]]:
+    """How request ``index``'s run hands its responses, then its end, to the compute thread."""
+
+    def partial(answer: dict[str, np.ndarray]) -> None:
+        events.put((index, answer, False))
+
+    def ended(run: Future[Any]) -> None:
+        events.put((index, run, True))
+
+    return partial, ended
+
+
+def _last_response(
+    run: Future[dict[str, np.ndarray] | None],
+) -> dict[str, np.ndarray] | SluiceError | None:
+    """What ends a decoupled ensemble request's responses: its last one (None: a final
+    response without outputs), or the error that ended it."""
+    if run.cancelled():
+        return Cancelled("the request was cancelled while its steps ran")
+    error = run.exception()
+    if error is None:
+        return run.result()
+    if isinstance(error, SluiceError):
+        return error
+    return InferenceFailed(f"{type(error).__name__}: {error}")
+
+
+def _call_context(context: RequestContext) -> CallContext:
+    return CallContext(context.request_id, context.deadline_ns, context.trace)
 
 
 def _batch_of(tensors: Mapping[str, np.ndarray]) -> int:

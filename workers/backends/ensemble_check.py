@@ -1,8 +1,9 @@
 """What an ensemble's load checks against its composing models (Triton core
 ``ValidateEnsembleConfig``): each exists in the repository and is usable, names the
 version asked for, has the inputs and outputs its maps name (every required input
-mapped), batches at least as much as the ensemble, and no chain of ensembles leads back
-to this one. Failing any of these fails the ensemble's load with the reason."""
+mapped), batches at least as much as the ensemble, no chain of ensembles leads back
+to this one, and no step reads the responses of different decoupled models together.
+Failing any of these fails the ensemble's load with the reason."""
 
 from __future__ import annotations
 
@@ -35,7 +36,41 @@ def composing_configs(config: ModelConfig, repository: Path) -> list[ModelConfig
         _check_mapping(config, index, model.config)
         configs.append(model.config)
     _check_nesting(config, repository)
+    _check_decoupled_flow(config, configs)
     return configs
+
+
+def _check_decoupled_flow(ensemble: ModelConfig, configs: list[ModelConfig]) -> None:
+    """No step reads tensors that come from different decoupled models' responses (or from
+    one and from outside it): which of their responses would go together is undefined.
+    Each tensor is labelled with the decoupled step its value comes from (0: none), as
+    Triton's load labels them."""
+    labels: dict[str, int] = {spec.name: 0 for spec in ensemble.inputs}
+    waiting = list(range(len(ensemble.ensemble_steps)))
+    decoupled_steps = 0
+    while waiting:
+        ready = [
+            index
+            for index in waiting
+            if all(t in labels for t in ensemble.ensemble_steps[index].input_map.values())
+        ]
+        if not ready:
+            return  # the rest never runs (an input nothing writes): not this check's business
+        for index in ready:
+            waiting.remove(index)
+            step = ensemble.ensemble_steps[index]
+            read = {labels[tensor] for tensor in step.input_map.values()}
+            if len(read) > 1:
+                raise InvalidConfig(
+                    f"in ensemble {ensemble.name}, step of model '{step.model_name}' receives "
+                    "inputs originated from different decoupled models"
+                )
+            label = read.pop() if read else 0
+            if configs[index].decoupled:
+                decoupled_steps += 1
+                label = decoupled_steps
+            for tensor in step.output_map.values():
+                labels.setdefault(tensor, label)
 
 
 def _check_mapping(ensemble: ModelConfig, index: int, model: ModelConfig) -> None:

@@ -15,8 +15,21 @@ non-batching models, as Triton's ensemble scheduler decides.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+
+import numpy as np
 
 from sluice.core.config import ModelConfig
+
+
+@dataclass(frozen=True, slots=True)
+class Carried:
+    """An ensemble tensor of one request."""
+
+    array: np.ndarray | None
+    """None: the model meant to make it did not (or an optional input not given)."""
+    batch: int
+    """Its batch dimension as its maker had it; 0: made without one."""
 
 
 def live_steps(config: ModelConfig, requested: Collection[str]) -> frozenset[int]:

@@ -259,15 +259,17 @@ class ResponseIterator:
     response with a ``CANCELLED`` error then ends them)."""
 
     def __init__(
-        self, calls: ModelCalls, responses: AsyncIterator[Mapping[str, np.ndarray]]
+        self,
+        calls: ModelCalls,
+        responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]],
     ) -> None:
         self._queue: queue.Queue[InferenceResponse | None] = queue.Queue()
         self._future = asyncio.run_coroutine_threadsafe(self._pump(responses), calls.loop)
         stop_with_batch(self._future)
 
-    async def _pump(self, responses: AsyncIterator[Mapping[str, np.ndarray]]) -> None:
+    async def _pump(self, responses: AsyncIterator[tuple[Mapping[str, np.ndarray], bool]]) -> None:
         try:
-            async for tensors in responses:
+            async for tensors, _final in responses:
                 self._queue.put(_answer(tensors))
         except SluiceError as exc:
             self._queue.put(_failure(exc))

@@ -257,3 +257,56 @@ def test_custom_backend_with_own_file(tmp_path: Path) -> None:
     model = read_model(model_dir)
     _usable(model)
     assert model.model_file(1) == model_dir / "1" / "model.py"
+
+
+STREAM_CONFIG = """
+backend: "python"
+max_batch_size: 8
+input { name: "x" data_type: TYPE_FP32 dims: [4] }
+output { name: "y" data_type: TYPE_FP32 dims: [4] }
+model_transaction_policy { decoupled: true }
+"""
+
+
+def _ensemble(root: Path, name: str, step: str, *, says_decoupled: bool = False) -> None:
+    policy = "model_transaction_policy { decoupled: true }" if says_decoupled else ""
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(
+        f"""
+        platform: "ensemble"
+        max_batch_size: 8
+        input {{ name: "x" data_type: TYPE_FP32 dims: [4] }}
+        output {{ name: "y" data_type: TYPE_FP32 dims: [4] }}
+        ensemble_scheduling {{ step {{ model_name: "{step}" model_version: -1
+          input_map {{ key: "x" value: "x" }} output_map {{ key: "y" value: "y" }} }} }}
+        {policy}
+        """
+    )
+
+
+def test_an_ensemble_is_decoupled_exactly_when_a_composing_model_is(tmp_path: Path) -> None:
+    """As Triton fills in an ensemble's transaction policy: whatever its config says."""
+    (tmp_path / "stream" / "1").mkdir(parents=True)
+    (tmp_path / "stream" / "1" / "model.py").write_text("class Model: ...\n")
+    (tmp_path / "stream" / "config.pbtxt").write_text(STREAM_CONFIG)
+    _model(tmp_path, "plain", IDENTITY_CONFIG)
+    _ensemble(tmp_path, "streaming", "stream")
+    _ensemble(tmp_path, "nested", "streaming")
+    _ensemble(tmp_path, "one_answer", "plain", says_decoupled=True)
+    _ensemble(tmp_path, "orphan", "ghost")
+    scanned = {model.name: model for model in scan_repository(tmp_path)}
+    decoupled = {name: m.config.decoupled for name, m in scanned.items() if m.config}
+    assert decoupled == {
+        "stream": True,
+        "plain": False,
+        "streaming": True,
+        "nested": True,
+        "one_answer": False,
+        "orphan": False,
+    }
+    for name in ("streaming", "nested", "one_answer"):  # one model read alone agrees
+        alone = read_model(tmp_path / name).config
+        assert alone is not None and alone.decoupled == decoupled[name]
+    streaming = scanned["streaming"].config
+    assert streaming is not None
+    assert streaming.raw["model_transaction_policy"] == {"decoupled": True}

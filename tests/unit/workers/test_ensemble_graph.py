@@ -61,7 +61,7 @@ class _InProcess(EnsembleBackend):
         self.compute = compute
         self.sent: list[tuple[str, dict[str, tuple[int, ...]]]] = []
 
-    async def _submit(
+    async def submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
     ) -> dict[str, np.ndarray]:
         model = self.steps[index].model_name

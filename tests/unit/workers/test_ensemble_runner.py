@@ -57,7 +57,7 @@ class _Recorded(EnsembleBackend):
         self.events: list[str] = []
         assert len(self._limits) == len(self.steps) and STEP_IN_FLIGHT > 1
 
-    async def _submit(
+    async def submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
     ) -> dict[str, np.ndarray]:
         model = self.steps[index].model_name
