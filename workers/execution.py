@@ -60,18 +60,6 @@ the event loop instead of a compute thread, when the backend allows it
 virtual machine costs about as much CPU as a small model's whole run, while the loop is
 held for well under a millisecond."""
 
-INLINE_QUIET_MAX_S = 0.005
-"""While requests arrive so seldom that hardly one comes during a batch (fewer than
-:data:`QUIET_ARRIVALS` expected), a batch expected to take up to this long also computes
-on the event loop: the thread would let the loop gather the next batch meanwhile, but
-there is next to nothing to gather, and the hand-off costs most when the worker sleeps
-between requests (a cold wake-up of each thread; a small model's run after a sleep is
-itself slower, which would otherwise send it to the thread for good). Short enough that
-the heartbeat and the cancellation notices wait no longer than a garbage collection."""
-
-QUIET_ARRIVALS = 0.1
-"""Items expected to arrive during one batch, below which traffic counts as quiet."""
-
 
 class Execution:
     """Computes batches of one model version on ``backend`` and publishes their answers."""
@@ -239,20 +227,11 @@ class Execution:
     def _inline(self, live: list[PendingRequest]) -> bool:
         """Whether ``live`` computes on the event loop (:data:`INLINE_MAX_S`): one batch at
         a time, not a decoupled model's, on a backend that declares ``computes_inline``
-        (it never calls back into this loop), expected to be short, or not much longer
-        while traffic is quiet (:data:`INLINE_QUIET_MAX_S`)."""
+        (it never calls back into this loop), expected to be short."""
         if self.concurrency != 1 or self.config.decoupled or not self._computes_inline:
             return False
         cost = self.policy.cost
-        if not cost.warm:
-            return False
-        predicted_s = cost.predict(sum(r.items for r in live))
-        if predicted_s < INLINE_MAX_S:
-            return True
-        if predicted_s >= INLINE_QUIET_MAX_S:
-            return False
-        arriving = self.policy.arrivals.per_second(time.monotonic()) * predicted_s
-        return arriving < QUIET_ARRIVALS
+        return cost.warm and cost.predict(sum(r.items for r in live)) < INLINE_MAX_S
 
     def _response_parameters(
         self,

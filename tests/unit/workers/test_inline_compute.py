@@ -1,14 +1,12 @@
 """Where a batch computes: on the worker's event loop when the backend allows it and the
 cost model expects the batch to be short (a thread hand-off costs more than a tiny model's
-run), or not much longer while hardly any request arrives meanwhile, else on the compute
-thread; a long batch, a backend that may call back into the loop
+run), else on the compute thread; a long batch, a backend that may call back into the loop
 and a model not yet measured always go to the thread."""
 
 from __future__ import annotations
 
 import asyncio
 import threading
-import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -19,8 +17,8 @@ import pytest
 from sluice.core.config import parse_config_text
 from sluice.core.datatypes import to_buffer
 from sluice.core.wire import RequestMessage, TensorHeader
-from sluice.workers.adaptive import ArrivalRate, BatchPolicy, CostModel
-from sluice.workers.execution import INLINE_MAX_S, INLINE_QUIET_MAX_S, Execution
+from sluice.workers.adaptive import BatchPolicy, CostModel
+from sluice.workers.execution import INLINE_MAX_S, Execution
 from sluice.workers.tensors import PendingRequest
 
 CONFIG = """
@@ -62,42 +60,26 @@ def _request() -> PendingRequest:
     return PendingRequest(b"1-0", message, memoryview(bytes(data)), 1, ())
 
 
-def _policy(batch_seconds: float | None, per_second: float) -> BatchPolicy:
-    """A policy whose cost model has seen enough batches of ``batch_seconds`` (None: none),
-    with items arriving at about ``per_second`` just now."""
+def _policy(batch_seconds: float | None) -> BatchPolicy:
+    """A policy whose cost model has seen enough batches of ``batch_seconds`` (None: none)."""
     cost = CostModel()
     for _ in range(0 if batch_seconds is None else 16):
         assert batch_seconds is not None
         cost.observe(1, batch_seconds)
-    arrivals = ArrivalRate()
-    if per_second:
-        now = time.monotonic()
-        arrivals.add(0, now - arrivals.horizon_s)
-        arrivals.add(round(per_second * arrivals.horizon_s), now)
-    return BatchPolicy(0.0, False, cost=cost, arrivals=arrivals)
-
-
-BUSY = 2000.0
-"""Items a second: several arrive during a batch of a few milliseconds."""
+    return BatchPolicy(0.0, False, cost=cost)
 
 
 @pytest.mark.parametrize(
-    ("computes_inline", "batch_seconds", "per_second", "on_loop"),
+    ("computes_inline", "batch_seconds", "on_loop"),
     [
-        (True, INLINE_MAX_S / 10, BUSY, True),
-        # Long enough to hold the loop up while others arrive: the thread.
-        (True, INLINE_MAX_S * 4, BUSY, False),
-        # The same batch while hardly anything arrives: the hand-off would cost more.
-        (True, INLINE_MAX_S * 4, 5.0, True),
-        (True, INLINE_MAX_S * 4, 0.0, True),
-        # Quiet, but long: the loop is not held up that long.
-        (True, INLINE_QUIET_MAX_S * 2, 0.0, False),
-        (True, None, 0.0, False),  # not measured yet
-        (False, INLINE_MAX_S / 10, 0.0, False),  # the backend may call back into the loop
+        (True, INLINE_MAX_S / 10, True),
+        (True, INLINE_MAX_S * 4, False),  # long enough to hold the loop up: the thread
+        (True, None, False),  # not measured yet
+        (False, INLINE_MAX_S / 10, False),  # the backend may call back into the loop
     ],
 )
 def test_where_a_batch_computes(
-    computes_inline: bool, batch_seconds: float | None, per_second: float, on_loop: bool
+    computes_inline: bool, batch_seconds: float | None, on_loop: bool
 ) -> None:
     backend = _Doubling(computes_inline)
     executor = ThreadPoolExecutor(1)
@@ -107,7 +89,7 @@ def test_where_a_batch_computes(
         backend=backend,
         publisher=_Publisher(),  # type: ignore[arg-type]
         executor=executor,
-        policy=_policy(batch_seconds, per_second),
+        policy=_policy(batch_seconds),
     )
 
     async def compute() -> int:
