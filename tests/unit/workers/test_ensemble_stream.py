@@ -167,3 +167,38 @@ def test_a_step_that_reads_responses_with_other_tensors_fails_the_load(tmp_path:
     )
     accepted = composing_configs(parse_config_text(_CONFIG, model_name="tokens"), tmp_path)
     assert [config.decoupled for config in accepted] == [True, False]
+
+
+def test_a_cancelled_request_withdraws_the_decoupled_models_request() -> None:
+    """Cancelling the run (its caller went away) closes the decoupled step's response
+    stream, which withdraws its request (:meth:`sluice.workers.model_calls.ModelCalls.
+    submit_stream`), and cancels the steps after it."""
+    closed: list[str] = []
+
+    class _Endless(_Model):
+        async def _responses(self, count: int) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+            try:
+                token = 0
+                while True:
+                    yield {"ID": np.array([[token % 5]], dtype=np.int32)}, False
+                    token += 1
+                    await asyncio.sleep(0.001)
+            finally:
+                closed.append("generate")
+
+    async def cancel_after_three() -> list[dict[str, np.ndarray]]:
+        sent: list[dict[str, np.ndarray]] = []
+        stream = EnsembleStream(_Endless(), ("ID",), RequestContext("r", 0, None), sent.append)
+        run = asyncio.create_task(stream.run({"N": np.array([[1]], dtype=np.int32)}, 1))
+        while len(sent) < 3:
+            await asyncio.sleep(0.001)
+        run.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        await asyncio.sleep(0.01)  # (the step's own cancellation runs its generator's end)
+        assert all(task.done() for task in stream._tasks)
+        return sent
+
+    sent = asyncio.run(cancel_after_three())
+    assert _ids(sent[:3]) == [0, 1, 2]
+    assert closed == ["generate"]
