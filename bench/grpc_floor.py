@@ -4,7 +4,8 @@ A server that answers every call with its request (no Sluice, no model, no Redis
 process of its own, with grpcio's asyncio server (on uvloop, as the gateway; unary, or
 client-streaming read with ``context.read()`` as the gateway serves ModelInfer) or its
 thread-pool server (answering on the pool's thread, or handing each call to an event
-loop as a gateway built on it would have to); a raw client (pre-encoded 100-byte messages,
+loop as a gateway built on it would have to), or grpclib's (HTTP/2 in Python, on the
+event loop); a raw client (pre-encoded 100-byte messages,
 N coroutines on one channel) drives it closed loop from another process. Reported: calls/s
 and the server's CPU per call, the floor under any Python gRPC front end on this machine,
 to set beside the gateway's CPU per request in ``bench.grpc_bench``.
@@ -32,6 +33,7 @@ KINDS = {
     "aio-read": "grpc.aio (uvloop), stream-unary read with context.read()",
     "threads": "grpc.server (16 threads)",
     "threads-loop": "grpc.server (16 threads), each call handed to an event loop",
+    "grpclib": "grpclib (pure-Python HTTP/2 on the event loop, uvloop), unary-unary",
 }
 
 
@@ -82,6 +84,9 @@ def serve(kind: str, port: int) -> None:
     if kind == "threads-loop":
         _serve_threads_into_loop(port)
         return
+    if kind == "grpclib":
+        _serve_grpclib(port)
+        return
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))
     server.add_generic_rpc_handlers((_handlers(lambda request, context: request),))
     server.add_insecure_port(f"127.0.0.1:{port}")
@@ -114,6 +119,44 @@ def _serve_threads_into_loop(port: int) -> None:
         await loop.run_in_executor(None, sys.stdin.read)
         print(json.dumps({"cpu_s": _cpu_s()}), flush=True)
         server.stop(None)
+
+    uvloop.run(main())
+
+
+def _serve_grpclib(port: int) -> None:
+    """grpclib's server: HTTP/2 framing in Python (h2) on the event loop itself, so a call
+    never crosses threads (grpcio's hand each event from its threads to the loop)."""
+    import uvloop
+    from grpclib.const import Cardinality, Handler
+    from grpclib.encoding.base import CodecBase
+    from grpclib.server import Server, Stream
+
+    class Raw(CodecBase):
+        __content_subtype__ = "proto"
+
+        def encode(self, message: object, message_type: object) -> bytes:
+            assert isinstance(message, bytes)
+            return message
+
+        def decode(self, data: bytes, message_type: object) -> bytes:
+            return data
+
+    class Echo:
+        def __mapping__(self) -> dict[str, Handler]:
+            return {_METHOD: Handler(self.echo, Cardinality.UNARY_UNARY, bytes, bytes)}
+
+        async def echo(self, stream: Stream[bytes, bytes]) -> None:
+            request = await stream.recv_message()
+            assert request is not None
+            await stream.send_message(request)
+
+    async def main() -> None:
+        server = Server([Echo()], codec=Raw())
+        await server.start("127.0.0.1", port)
+        print("ready", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        print(json.dumps({"cpu_s": _cpu_s()}), flush=True)
+        server.close()
 
     uvloop.run(main())
 
