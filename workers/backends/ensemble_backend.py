@@ -15,7 +15,8 @@ An instance spends its time waiting for its composing models, so it declares
 once, each on a thread of its own, which hands the request to this backend's event loop
 (:class:`sluice.workers.model_calls.ModelCalls`: a thread with its own Redis clients and reply
 stream) and waits.
-Each step additionally has at most :data:`STEP_IN_FLIGHT` requests in flight, so that one
+Each step additionally has at most :data:`STEP_IN_FLIGHT` requests in flight (or the
+config's ``max_inflight_requests``: :func:`step_in_flight`), so that one
 slow composing model cannot collect an unbounded queue from one ensemble instance.
 
 A failing step fails the request with the step's error class (so the same HTTP status and
@@ -68,6 +69,18 @@ STEP_IN_FLIGHT = 64
 """Requests one instance has queued on one step's model at once (the same bound)."""
 
 
+def step_in_flight(config: ModelConfig) -> int:
+    """Requests one instance has in flight to each step's model: Triton's
+    ``ensemble_scheduling.max_inflight_requests`` where it is set (0, its default, means no
+    limit in Triton; here :data:`STEP_IN_FLIGHT`, as one instance keeps a thread per batch)."""
+    scheduling = config.raw.get("ensemble_scheduling") or {}
+    try:
+        asked = int(scheduling.get("max_inflight_requests") or 0)
+    except (TypeError, ValueError):
+        asked = 0
+    return asked if asked > 0 else STEP_IN_FLIGHT
+
+
 Slot = Callable[[str], "asyncio.Future[Carried]"]
 
 
@@ -85,7 +98,8 @@ class EnsembleBackend:
         self.config = config
         self.steps = config.ensemble_steps
         self.step_configs = step_configs
-        self._limits = [asyncio.Semaphore(STEP_IN_FLIGHT) for _ in self.steps]
+        in_flight = step_in_flight(config)
+        self._limits = [asyncio.Semaphore(in_flight) for _ in self.steps]
         self._live: dict[frozenset[str], frozenset[int]] = {}
 
     def close(self) -> None:

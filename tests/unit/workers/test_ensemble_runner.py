@@ -12,7 +12,11 @@ import pytest
 from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.workers.backends.base import RequestContext
-from sluice.workers.backends.ensemble_backend import STEP_IN_FLIGHT, EnsembleBackend
+from sluice.workers.backends.ensemble_backend import (
+    STEP_IN_FLIGHT,
+    EnsembleBackend,
+    step_in_flight,
+)
 from sluice.workers.backends.ensemble_join import join_requests, split_requests
 
 _CONFIG = """
@@ -107,3 +111,27 @@ def test_a_batch_is_cut_into_requests_and_joined_with_filler_for_failures() -> N
         join_requests([{}, {}], [2, 3], ["OUT"], {0: InvalidInput("a"), 1: InvalidInput("b")})
         is None
     )
+
+
+def test_max_inflight_requests_bounds_each_steps_requests_in_flight() -> None:
+    """Triton's ``ensemble_scheduling.max_inflight_requests``: at most that many requests
+    of one instance are in flight to each step's model (0 or absent: 64)."""
+    assert step_in_flight(_config()) == STEP_IN_FLIGHT
+    bounded = _CONFIG.replace(
+        "ensemble_scheduling {", "ensemble_scheduling { max_inflight_requests: 2"
+    )
+    runner = _Recorded(parse_config_text(bounded, model_name="diamond"))
+    assert step_in_flight(runner.config) == 2
+
+    async def eight_requests() -> None:
+        x = np.ones((1, 2), dtype=np.float32)
+        context = RequestContext("r", 0, None)
+        await asyncio.gather(*(runner.run({"IN": x}, ["OUT"], context) for _ in range(8)))
+
+    asyncio.run(eight_requests())
+    in_flight, most = {"add": 0, "left": 0, "right": 0}, 0
+    for event in runner.events:
+        kind, model = event.split()
+        in_flight[model] += 1 if kind == "start" else -1
+        most = max(most, *in_flight.values())
+    assert most == 2
