@@ -58,8 +58,7 @@ async def unload(model: str, request: Request) -> Response:
     unload_dependents = _parameters(await request.body()).get("unload_dependents", False)
     if not isinstance(unload_dependents, bool):
         raise InvalidInput("'unload_dependents' must be a boolean")
-    # Ensembles' composing models are loaded and unloaded on their own: nothing more to do.
-    await carry_out(state, ControlCommand("unload", model))
+    await carry_out(state, ControlCommand("unload", model, dependents=unload_dependents))
     return Response(status_code=200)
 
 

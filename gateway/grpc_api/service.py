@@ -123,12 +123,12 @@ class ControlCalls:
         if request.repository_name:
             raise Unsupported(NAMED_REPOSITORY)
         await require_explicit(self.state)
-        dependents = request.parameters.get("unload_dependents")
-        if dependents is not None and not isinstance(
-            parameter_value("unload_dependents", dependents), bool
-        ):
+        parameter = request.parameters.get("unload_dependents")
+        dependents = False if parameter is None else parameter_value("unload_dependents", parameter)
+        if not isinstance(dependents, bool):
             raise InvalidInput("'unload_dependents' must be a boolean")
-        await carry_out(self.state, ControlCommand("unload", request.model_name))
+        command = ControlCommand("unload", request.model_name, dependents=dependents)
+        await carry_out(self.state, command)
         return pb.RepositoryModelUnloadResponse()
 
     async def SystemSharedMemoryStatus(self, request: Any) -> Any:

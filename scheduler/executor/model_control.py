@@ -22,11 +22,15 @@ at a time, from its main loop, without blocking it:
 - **unload**: take the model out of the catalog (gateways stop admitting its requests
   within a refresh), wait until its streams are empty (every request admitted is answered),
   then stop its workers (each answers what it holds first).
+
+An ensemble's load also loads the models it calls, and its unload with
+``unload_dependents`` unloads them (:mod:`.dependencies`).
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import socket
 import threading
 import time
@@ -45,6 +49,7 @@ from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.scheduler.executor.dependencies import Groups, loads_first, unloads_after
 from sluice.scheduler.executor.instance_update import (
     Fingerprint,
     fingerprint,
@@ -106,6 +111,9 @@ class ModelControl:
     """Versions no longer served, with their workers, until their streams are empty."""
     _files: dict[str, Fingerprint] = field(default_factory=dict)
     """The files each loaded model's workers loaded, to tell an update from a reload."""
+    _groups: Groups = field(default_factory=Groups)
+    """Commands of this executor's own that carry out one client's together
+    (:mod:`.dependencies`: an ensemble and the models it calls)."""
 
     def start(self) -> None:
         """Forget commands sent to an earlier run: their senders have given up."""
@@ -150,7 +158,27 @@ class ModelControl:
             log.info("model control: %s of '%s' done", command.op, command.model)
         else:
             log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
+        if self._groups.owns(command):
+            settled = self._groups.settle(command, error, self._queue)
+            if settled is None:
+                return
+            command, error = settled
         send_reply(self.client, self.keys, command.command_id, error)
+
+    def _in_group(self, command: ControlCommand, parts: list[ControlCommand]) -> None:
+        """Carry ``command`` out as ``parts``, from the next tick on."""
+        self._groups.add(command, parts)
+        self._queue[0:0] = parts
+        log.info(
+            "model control: %s of '%s' with %s",
+            command.op,
+            command.model,
+            ", ".join(f"'{part.model}'" for part in parts if part.model != command.model),
+        )
+
+    def _repository_model(self, name: str) -> RepositoryModel | None:
+        folder = self.repository / name
+        return read_model(folder) if folder.is_dir() else None
 
     def _begin(self, command: ControlCommand) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -169,8 +197,8 @@ class ModelControl:
                 self._begin_unload(command, deadline)
             elif command.op != "load":
                 self._reply(command, f"'{command.op}' is the controller's to carry out")
-            elif self.refresh is not None:
-                self._begin_fetch(command, deadline)
+            elif self.refresh is not None and not self._groups.owns(command):
+                self._begin_fetch(command, deadline)  # (a group's parts: fetched already)
             else:
                 self._begin_load(command, deadline)
         except SluiceError as exc:
@@ -213,6 +241,13 @@ class ModelControl:
         if model.error is not None or model.config is None:
             self._reply(command, f"failed to load '{name}', {model.error}")
             return
+        if not self._groups.owns(command):
+            parts = loads_first(command, model, self.loaded, self._repository_model)
+            if parts:
+                if model_dir != source:  # (staged again in its turn)
+                    shutil.rmtree(self.staging_root / command.command_id, ignore_errors=True)
+                self._in_group(command, parts)
+                return
         if command.versions:
             missing = sorted(set(command.versions) - set(available_versions(model_dir)))
             if missing:
@@ -256,6 +291,11 @@ class ModelControl:
         )
 
     def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
+        if not self._groups.owns(command):
+            parts = unloads_after(command, {n: m for n, (m, _) in self.loaded.items()})
+            if parts:
+                self._in_group(command, parts)
+                return
         loaded = self.loaded.pop(command.model, None)
         self._files.pop(command.model, None)
         if loaded is None:

@@ -26,7 +26,7 @@ from redis.exceptions import RedisError
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
-from sluice.core.repository import RepositoryModel, scan_repository
+from sluice.core.repository import RepositoryModel, composing_models, scan_repository
 from sluice.core.settings import ApiKeySettings, UpSettings
 from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
 from sluice.scheduler.executor.children import (
@@ -245,9 +245,17 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
 
 
 def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> list[RepositoryModel]:
-    """Explicit model control: the models named by --load-model (``*``: all)."""
+    """Explicit model control: the models named by --load-model (``*``: all), and the models
+    each named ensemble calls (as Triton loads them with it)."""
     wanted = set(settings.load_model)
-    return [m for m in models if "*" in wanted or m.name in wanted]
+    if "*" in wanted:
+        return models
+    by_name = {model.name: model for model in models}
+    for name in list(wanted):
+        model = by_name.get(name)
+        if model is not None and model.config is not None and model.config.is_ensemble:
+            wanted.update(composing_models(model.config, by_name.get))
+    return [m for m in models if m.name in wanted]
 
 
 def _refresher(settings: UpSettings) -> Callable[[], None] | None:

@@ -43,6 +43,9 @@ class ControlCommand:
     keep_files: bool = False
     """A load's ``files`` are added to the model's current files instead of replacing them
     (a TorchServe version registered beside those served)."""
+    dependents: bool = False
+    """An unload's ``unload_dependents``: also unload the models an ensemble calls that no
+    other loaded model calls."""
 
 
 def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
@@ -55,6 +58,7 @@ def encode_command(command: ControlCommand) -> dict[bytes, bytes]:
         "versions": list(command.versions),
         "token": command.token,
         "keep": command.keep_files,
+        "deps": command.dependents,
     }
     return {b"c": msgpack.packb(body)}
 
@@ -68,6 +72,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
         versions = body.get("versions") or []
         token = body.get("token") or 0
         keep = body.get("keep") or False
+        dependents = body.get("deps") or False
         if (
             not isinstance(body, dict)
             or body.get("op") not in ("load", "unload", *ROLLOUT_OPS)
@@ -78,6 +83,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             or not isinstance(token, int)
             or not 0 <= token < 1 << 63
             or not isinstance(keep, bool)
+            or not isinstance(dependents, bool)
         ):
             return None
         return ControlCommand(
@@ -89,6 +95,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             str(body["id"]),
             token,
             keep_files=keep,
+            dependents=dependents,
         )
     except (KeyError, TypeError, ValueError, AttributeError, msgpack.UnpackException):
         return None

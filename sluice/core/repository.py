@@ -111,6 +111,30 @@ def _with_transaction_policy(
     return replace(model, config=replace(config, raw=raw))
 
 
+def composing_models(
+    config: ModelConfig, lookup: Callable[[str], RepositoryModel | None]
+) -> list[str]:
+    """The models ensemble ``config`` calls, at any depth of nested ensembles, each once,
+    those a nested ensemble calls before it (the order Triton loads them in). Models that
+    ``lookup`` does not find are left out (the ensemble's load reports them)."""
+    found: list[str] = []
+
+    def visit(ensemble: ModelConfig, path: set[str]) -> None:
+        for step in ensemble.ensemble_steps:
+            name = step.model_name
+            if name in found or name in path:
+                continue  # (a cycle is refused when the ensemble loads)
+            composing = lookup(name)
+            if composing is None:
+                continue
+            if composing.config is not None and composing.config.is_ensemble:
+                visit(composing.config, path | {name})
+            found.append(name)
+
+    visit(config, {config.name})
+    return found
+
+
 def _reaches_decoupled(
     config: ModelConfig, lookup: Callable[[str], RepositoryModel | None], seen: set[str]
 ) -> bool:

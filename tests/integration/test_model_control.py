@@ -15,6 +15,7 @@ from typing import cast
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from redis import Redis
 from tritonclient.utils import InferenceServerException
@@ -274,6 +275,81 @@ def test_poll_mode_follows_the_repository(tmp_path: Path, redis_server: RedisSer
 
         with pytest.raises(InferenceServerException, match="not allowed if polling is enabled"):
             client.load_model("ident")
+    finally:
+        client.close()
+        stack.stop()
+
+
+CHAIN = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "IN_FP32" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "OUT_FP32" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "first" model_version: -1
+      input_map { key: "IN_FP32" value: "IN_FP32" } output_map { key: "OUT_FP32" value: "mid" } },
+    { model_name: "second" model_version: -1
+      input_map { key: "IN_FP32" value: "mid" } output_map { key: "OUT_FP32" value: "OUT_FP32" } }
+  ]
+}
+"""
+
+
+def test_an_ensembles_load_loads_the_models_it_calls_and_unload_dependents_unloads_them(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """As Triton: loading an ensemble loads the models it calls (at start too, with
+    --load-model), and unloading it with ``unload_dependents`` unloads them; without it,
+    they stay; a model it calls that cannot load fails the ensemble's load, naming it."""
+    for name in ("first", "second"):
+        write_identity(tmp_path, name, ["FP32"])
+    for name in ("chain", "again"):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(CHAIN.replace('"chain"', f'"{name}"'))
+    broken = CHAIN.replace('"chain"', '"broken"').replace('"second"', '"unusable"')
+    (tmp_path / "broken" / "1").mkdir(parents=True)
+    (tmp_path / "broken" / "config.pbtxt").write_text(broken)
+    (tmp_path / "unusable" / "1").mkdir(parents=True)
+    (tmp_path / "unusable" / "config.pbtxt").write_text('platform: "onnxruntime_onnx"')
+    stack = Stack(
+        tmp_path,
+        redis_server.url,
+        args=["--model-control-mode", "explicit", "--load-model", "chain"],
+    )
+    stack.start()
+    client = httpclient.InferenceServerClient(stack.address, network_timeout=120)
+    ready = ("READY", "")
+    try:
+        at_start = states(client)
+        assert (at_start["chain"], at_start["first"], at_start["second"]) == (ready,) * 3
+        answer = httpx.post(f"{stack.url}/v2/models/chain/infer", json=IDENT, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+        rpc = grpcclient.InferenceServerClient(stack.grpc_address)
+        try:  # (over gRPC: the parameter is a bool_param there)
+            rpc.unload_model("chain", unload_dependents=True)
+        finally:
+            rpc.close()
+        gone = states(client)
+        assert [gone[name][0] for name in ("chain", "first", "second")] == ["UNAVAILABLE"] * 3
+
+        client.load_model("again")  # the models it calls come back with it
+        assert [states(client)[m] for m in ("again", "first", "second")] == [ready] * 3
+        client.unload_model("again")  # (without unload_dependents: they stay)
+        assert [states(client)[m] for m in ("first", "second")] == [ready] * 2
+
+        client.load_model("chain")
+        client.load_model("again")
+        client.unload_model("chain", unload_dependents=True)  # "again" still calls them
+        assert [states(client)[m] for m in ("again", "first", "second")] == [ready] * 3
+
+        with pytest.raises(InferenceServerException) as failure:
+            client.load_model("broken")
+        assert "failed to load 'broken', failed to load 'unusable'," in str(failure.value)
+        assert states(client)["broken"][0] == "UNAVAILABLE"
     finally:
         client.close()
         stack.stop()
