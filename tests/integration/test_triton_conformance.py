@@ -106,8 +106,22 @@ def iris_json(**extra: Any) -> dict[str, Any]:
 CLASS = re.compile(rb"^(\d+\.\d{6}):(\d+):(setosa|versicolor|virginica)$")
 
 
-def test_server_metadata_lists_classification(client: httpclient.InferenceServerClient) -> None:
-    assert "classification" in client.get_server_metadata()["extensions"]
+def test_server_metadata_lists_tritons_extensions(client: httpclient.InferenceServerClient) -> None:
+    assert client.get_server_metadata()["extensions"] == [  # Triton's, in its order
+        "classification",
+        "sequence",
+        "model_repository",
+        "model_repository(unload_dependents)",
+        "schedule_policy",
+        "model_configuration",
+        "system_shared_memory",
+        "cuda_shared_memory",
+        "binary_tensor_data",
+        "parameters",
+        "statistics",
+        "trace",
+        "logging",
+    ]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
