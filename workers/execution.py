@@ -403,4 +403,5 @@ def _context(message: RequestMessage, cancelled: CancelSignal | None) -> Request
         priority=message.priority,
         cancelled=cancelled,
         outputs=tuple(message.outputs),
+        sequence=_sequence_flags(message),
     )

@@ -25,11 +25,17 @@ import numpy as np
 from sluice.core.clock import CLOCK
 from sluice.core.datatypes import from_numpy_dtype, to_buffer, to_numpy
 from sluice.core.dispatch import RedisDispatcher
-from sluice.core.errors import DeadlineExceeded, InferenceFailed, Unsupported, error_from_kind
+from sluice.core.errors import DeadlineExceeded, InferenceFailed, error_from_kind
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect_async
+from sluice.core.sequences import (
+    FLAG_SEQUENCE_END,
+    FLAG_SEQUENCE_START,
+    batch_size_problem,
+    sequence_of,
+)
 from sluice.core.settings import WorkerSettings
-from sluice.core.targets import TargetResolver
+from sluice.core.targets import Target, TargetResolver
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 
@@ -52,6 +58,9 @@ class CallContext:
     deadline_ns: int = 0
     """Unix ns; 0: :data:`DEFAULT_TIMEOUT_S` from now."""
     trace: TraceParent | None = None
+    sequence: tuple[int | str, int] = (0, 0)
+    """The correlation id and flags the call carries (0, 0: none); a sequence model's call
+    must name its sequence, and goes to the instance that holds it."""
 
 
 class ModelCalls:
@@ -76,7 +85,7 @@ class ModelCalls:
         settings = self._settings
         self._redis = connect_async(settings.redis_url, socket_timeout=10)
         self._reader = connect_async(settings.redis_url)
-        keys = Keys(settings.namespace)
+        keys = self._keys = Keys(settings.namespace)
         self._dispatcher = RedisDispatcher(
             self._redis, self._reader, keys, stream_max_len=_STREAM_MAX_LEN, caller=self._caller
         )
@@ -153,11 +162,10 @@ class ModelCalls:
     ) -> tuple[str, RequestMessage, bytes, float]:
         """The stream, request, payload and timeout of a call."""
         target = await self._targets.resolve(model, version)
+        parameters = sequence_parameters(*context.sequence)
+        stream = target.stream
         if target.config.sequence_batching is not None:
-            raise Unsupported(
-                f"model '{model}' is a sequence model: other models cannot call it (its "
-                "requests need a sequence id and must reach the instance that holds it)"
-            )
+            stream = self._sequence_stream(target, parameters, inputs)
         now_ns = CLOCK.now_ns()
         deadline_ns = context.deadline_ns or now_ns + int(DEFAULT_TIMEOUT_S * 1e9)
         timeout_s = (deadline_ns - now_ns) / 1e9
@@ -183,8 +191,36 @@ class ModelCalls:
             priority=0,
             request_id=context.request_id or uuid.uuid4().hex,
             trace=context.trace,
+            parameters=parameters,
         )
-        return target.stream, message, b"".join(buffers), timeout_s
+        return stream, message, b"".join(buffers), timeout_s
+
+    def _sequence_stream(
+        self,
+        target: Target,
+        parameters: dict[str, Any],
+        inputs: Sequence[tuple[str, str, np.ndarray]],
+    ) -> str:
+        """The stream of the instance that holds the call's sequence (Triton's errors for a
+        call that names none, or a batch of more than one)."""
+        ref = sequence_of(parameters, target.model)
+        if target.config.max_batch_size > 0 and any(
+            array.ndim == 0 or array.shape[0] != 1 for _, _, array in inputs
+        ):
+            raise batch_size_problem(target.model)
+        slot = ref.slot(target.config.total_instances)
+        return self._keys.sequence_stream(target.model, target.version, slot)
+
+
+def sequence_parameters(correlation_id: int | str, flags: int) -> dict[str, Any]:
+    """The request parameters that carry a correlation id and flags (none for 0)."""
+    if correlation_id == 0 or correlation_id == "":
+        return {}
+    return {
+        "sequence_id": correlation_id,
+        "sequence_start": bool(flags & FLAG_SEQUENCE_START),
+        "sequence_end": bool(flags & FLAG_SEQUENCE_END),
+    }
 
 
 def _answer(reply: ReplyMessage, data: memoryview) -> dict[str, np.ndarray]:

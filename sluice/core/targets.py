@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from sluice.core.catalog import CatalogEntry, decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
-from sluice.core.errors import Unavailable
+from sluice.core.errors import NotFound, Unavailable
 from sluice.core.keys import Keys
 from sluice.core.on_demand import DemandWake
 from sluice.core.wire import MalformedEntry
@@ -67,14 +67,15 @@ class TargetResolver:
 
     async def resolve(self, model: str, version: int) -> Target:
         """The stream for ``model`` at ``version`` (-1: the highest ready version); raises
-        :class:`Unavailable` naming the model when it cannot take requests now."""
+        :class:`NotFound` for a model the catalog does not list, :class:`Unavailable`
+        naming the model when it cannot take requests now."""
         known = self._known.get(model)
         if known is None or time.monotonic() - known.read_at > self._refresh_s:
             known = await self._read(model)
             self._known[model] = known
         entry = known.entry
-        if entry is None:
-            raise Unavailable(f"model '{model}' is not served (not in the model catalog)")
+        if entry is None:  # (Triton's text and status for a model it does not know)
+            raise NotFound(f"Request for unknown model: '{model}' is not found")
         if not entry.available or entry.config is None:
             raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
         if version == LATEST:

@@ -248,8 +248,9 @@ def test_many_clients_at_once(stack: Stack) -> None:
 
 def test_the_called_models_error_is_the_answers_error(stack: Stack) -> None:
     response = _infer(stack, "bls_triton", -np.ones((1, 4), dtype=np.float32))
-    assert response.status_code == 500
-    assert "no_such_model" in response.json()["error"]
+    # The called model's status too: the BLS response's error keeps its code.
+    assert response.status_code == 404
+    assert response.json()["error"] == "Request for unknown model: 'no_such_model' is not found"
 
 
 def test_a_sluice_model_calls_another_with_its_context(stack: Stack) -> None:

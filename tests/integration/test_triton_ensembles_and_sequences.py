@@ -10,6 +10,8 @@ rely on them:
   (HTTP and a gRPC stream);
 - an implicit state output that is also a declared output is answered;
 - a Python model sees ``request.flags()`` and ``request.correlation_id()``;
+- a sequence model is a step of an ensemble, or called by a Python model (BLS), with the
+  request's sequence, each sequence reaching the instance that holds it;
 - right after a sequence's END, a request of it without START is refused, on a model of
   four instances, every time.
 """
@@ -103,6 +105,32 @@ class TritonPythonModel:
 """
 
 
+RELAY = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            call = pb_utils.InferenceRequest(
+                model_name="counter",
+                requested_output_names=["TOTAL"],
+                inputs=[pb_utils.get_input_tensor_by_name(request, "INPUT")],
+                correlation_id=request.correlation_id(),
+                flags=request.flags(),
+            )
+            answer = call.exec()
+            if answer.has_error():
+                responses.append(pb_utils.InferenceResponse(error=answer.error()))
+                continue
+            total = pb_utils.get_output_tensor_by_name(answer, "TOTAL")
+            responses.append(pb_utils.InferenceResponse([total]))
+        return responses
+"""
+"""Calls the sequence model ``counter`` (BLS) with its own request's sequence."""
+
+
 def _step(model: str, inputs: dict[str, str], outputs: dict[str, str]) -> str:
     maps = [f'input_map {{ key: "{k}" value: "{v}" }}' for k, v in inputs.items()]
     maps += [f'output_map {{ key: "{k}" value: "{v}" }}' for k, v in outputs.items()]
@@ -170,6 +198,24 @@ def _build(root: Path) -> None:
             """,
         ),
         {"1/model.py": COUNTER},
+    )
+    _ensemble(
+        root,
+        "tally",
+        4,
+        [tensor("INPUT", "TYPE_INT32", "1")],
+        [tensor("TOTAL", "TYPE_INT64", "1")],
+        _step("counter", {"INPUT": "INPUT"}, {"TOTAL": "TOTAL"}),
+    )
+    write_model(
+        root,
+        "relay",
+        python_config(
+            [tensor("INPUT", "TYPE_INT32", "1")],
+            [tensor("TOTAL", "TYPE_INT64", "1")],
+            max_batch_size=4,
+        ),
+        {"1/model.py": RELAY},
     )
     write_model(
         root,
@@ -408,3 +454,48 @@ def test_a_request_right_after_end_is_refused_on_every_instance(stack: Stack) ->
                 assert (status, text) == (400, f'{{"error":"{refused_text.format(sequence_id)}"}}')
             else:
                 assert status == 200, text
+
+
+@pytest.mark.parametrize("caller", ["tally", "relay"])
+def test_a_sequence_model_called_by_an_ensemble_or_a_python_model_keeps_each_sequence(
+    stack: Stack, caller: str
+) -> None:
+    """As Triton's ensemble gives every step the request's correlation id and flags, and a
+    BLS call its own: the sequence model ``counter`` (four instances) keeps a state per
+    sequence, whoever calls it."""
+    base = 7000 if caller == "tally" else 8000
+    sequences = {base + 1: [3, 4, 5], f"{caller}-{base}": [10, 20], base + 2: [1, 1, 1, 1]}
+
+    def send(http: httpx.Client, sequence: int | str, value: int, first: bool, last: bool) -> Any:
+        body = {
+            "inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [value]}],
+            "parameters": {
+                "sequence_id": sequence,
+                "sequence_start": first,
+                "sequence_end": last,
+            },
+        }
+        return http.post(f"/v2/models/{caller}/infer", json=body)
+
+    totals: dict[int | str, list[int]] = {sequence: [] for sequence in sequences}
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        for step in range(4):  # the sequences' requests interleaved
+            for sequence, values in sequences.items():
+                if step < len(values):
+                    answer = send(http, sequence, values[step], step == 0, step == len(values) - 1)
+                    assert answer.status_code == 200, answer.text
+                    totals[sequence].append(answer.json()["outputs"][0]["data"][0])
+        alone = http.post(
+            f"/v2/models/{caller}/infer",
+            json={"inputs": [{"name": "INPUT", "shape": [1, 1], "datatype": "INT32", "data": [1]}]},
+        )
+    assert totals == {
+        base + 1: [30, 70, 120],
+        f"{caller}-{base}": [100, 300],
+        base + 2: [10, 20, 30, 40],
+    }
+    assert alone.status_code == 400, alone.text  # (relayed by "relay" with its code)
+    assert (
+        "inference request to model 'counter' must specify a non-zero or non-empty correlation ID"
+        in alone.json()["error"]
+    )

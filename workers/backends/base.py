@@ -46,6 +46,11 @@ class CancelSignal:
             callback()
 
 
+SequenceFlags = tuple[int | str, int]
+"""A request's correlation id and flags, as Triton's core records them (0 and 0 when it
+names no sequence; :func:`sluice.core.sequences.request_sequence`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class RequestContext:
     """What a request carries beyond its tensors, for backends that make requests of their
@@ -61,6 +66,9 @@ class RequestContext:
     """Set when the request's caller goes away while it computes."""
     outputs: tuple[str, ...] = ()
     """The outputs this request asked for (empty: those the batch asks for)."""
+    sequence: SequenceFlags = (0, 0)
+    """The request's correlation id and flags, which the requests made on its behalf carry
+    (Triton's ensemble gives them to every step)."""
 
 
 Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]
@@ -109,11 +117,6 @@ class ConcurrentBackend(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
-
-
-SequenceFlags = tuple[int | str, int]
-"""A request's correlation id and flags, as Triton's core records them (0 and 0 when it
-names no sequence; :func:`sluice.core.sequences.request_sequence`)."""
 
 
 class FollowsCancellation(Protocol):

@@ -382,7 +382,7 @@ def _last_response(
 
 
 def _call_context(context: RequestContext) -> CallContext:
-    return CallContext(context.request_id, context.deadline_ns, context.trace)
+    return CallContext(context.request_id, context.deadline_ns, context.trace, context.sequence)
 
 
 def _batch_of(tensors: Mapping[str, np.ndarray]) -> int:

@@ -40,7 +40,14 @@ import numpy as np
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
-from sluice.core.errors import Cancelled, SluiceError
+from sluice.core.errors import (
+    Cancelled,
+    InvalidInput,
+    NotFound,
+    SluiceError,
+    Unavailable,
+    Unsupported,
+)
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
@@ -233,7 +240,9 @@ class InferenceRequest:
             raise TritonModelException("InferenceRequest.exec needs a model_name")
         deadline_ns = CLOCK.now_ns() + self._timeout_us * 1000 if self._timeout_us else 0
         inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
-        context = CallContext(self._request_id, deadline_ns)
+        context = CallContext(
+            self._request_id, deadline_ns, sequence=(self._correlation_id, self._flags)
+        )
         return self._model_name, self._model_version, inputs, self._requested, context
 
     def _call(self) -> Future[Mapping[str, np.ndarray]]:
@@ -317,8 +326,19 @@ def _answer(answer: Mapping[str, np.ndarray]) -> InferenceResponse:
     return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
 
 
+_CODES: tuple[tuple[type[SluiceError], int], ...] = (
+    (Cancelled, TritonError.CANCELLED),
+    (InvalidInput, TritonError.INVALID_ARG),
+    (NotFound, TritonError.NOT_FOUND),
+    (Unavailable, TritonError.UNAVAILABLE),
+    (Unsupported, TritonError.UNSUPPORTED),
+)
+"""The code of a called model's error, as Triton's BLS response error keeps the status's
+(a model that answers with it fails its own request with the same status)."""
+
+
 def _failure(exc: SluiceError) -> InferenceResponse:
-    code = TritonError.CANCELLED if isinstance(exc, Cancelled) else TritonError.INTERNAL
+    code = next((code for kind, code in _CODES if isinstance(exc, kind)), TritonError.INTERNAL)
     return InferenceResponse(error=TritonError(exc.message, code))
 
 
