@@ -37,6 +37,7 @@ from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
 from sluice.gateway.request_parsing import parse_infer_request
+from sluice.gateway.response_cache import CacheLookup, ResponseCache
 from sluice.gateway.shm_leases import holding_regions, holding_regions_stream
 from sluice.gateway.shm_registry import RegionMiss
 from sluice.gateway.shm_transfer import TensorTransfer
@@ -112,6 +113,8 @@ class Prepared:
     """The model answers any number of times (only streaming routes can carry that)."""
     tenant: str = ANONYMOUS
     """Whose request it is (from the caller's key)."""
+    cached: bool = False
+    """Its model enables Triton's response cache (``response_cache { enable: true }``)."""
 
     @property
     def named_tenant(self) -> str:
@@ -203,6 +206,7 @@ async def prepare_with(
         slot,
         config.decoupled,
         CURRENT_TENANT.get(),
+        config.response_cache,
     )
 
 
@@ -328,6 +332,7 @@ async def execute(
     await make_known(state, model, number, stream)
     await wake_on_demand(state, model, number)
     tenant = request.tenant
+    cache = _cache_for(state, request, in_regions)
     with (
         state.quota.hold(tenant, parsed.inputs),
         state.admission.admit(model, number, request.max_queue, parsed.id, tenant),
@@ -335,16 +340,29 @@ async def execute(
         # Across hosts, inputs in client regions are read into the entry by the gateway.
         heavy_pack = big or (in_regions and not local)
         headers, payload, segment = await _off_loop(
-            heavy_pack, lambda: transfer.pack(parsed.inputs, local=local)
+            heavy_pack, lambda: transfer.pack(parsed.inputs, local=local, inline=cache is not None)
         )
+        lookup: CacheLookup | None = None
         try:
-            message = request_message(state, request, headers, trace, local=local)
-            if request.routed:
-                _shadow(state, model, number, level, message, payload, segment)
-            submit = state.dispatcher.submit(
-                model, stream, message, payload, request.timeout_us / 1_000_000
+            message = request_message(
+                state, request, headers, trace, local=local, inline=cache is not None
             )
-            reply, data = await (turn.queue(submit) if turn is not None else submit)
+            if cache is not None:
+                lookup = await CacheLookup.start(
+                    cache, request.named_tenant, model, number, message, payload, big
+                )
+            if lookup is not None and lookup.hit is not None:
+                reply, data = lookup.hit
+                await lookup.counted(state.keys.stats(model, number))
+            else:
+                if request.routed:
+                    _shadow(state, model, number, level, message, payload, segment)
+                submit = state.dispatcher.submit(
+                    model, stream, message, payload, request.timeout_us / 1_000_000
+                )
+                reply, data = await (turn.queue(submit) if turn is not None else submit)
+                if lookup is not None and not reply.error_kind:
+                    await lookup.keep(reply, data, OFFLOAD_BYTES, state.keys.stats(model, number))
         finally:
             if segment is not None:
                 unlink(segment)
@@ -406,6 +424,18 @@ async def execute_stream(
         finally:
             if segment is not None:
                 unlink(segment)
+
+
+def _cache_for(state: GatewayState, request: Prepared, in_regions: bool) -> ResponseCache | None:
+    """The response cache, when it may answer ``request``: its model enables it, the
+    deployment has one, and the request is one answer of a model without sequences whose
+    inputs and outputs travel in the request and the answer (not in client regions)."""
+    cache = state.cache
+    if cache is None or not request.cached or request.slot is not None or in_regions:
+        return None
+    if any(output.shm is not None for output in request.parsed.outputs):
+        return None
+    return cache
 
 
 def _shadow(

@@ -28,6 +28,7 @@ from sluice.gateway.control_plane import RedisControlPlane
 from sluice.gateway.grpc_api.server import GrpcServer
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
+from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStore
 from sluice.gateway.shm_sweep import sweep_loop, sweep_now
@@ -89,6 +90,10 @@ def _state(
         ),
         limits_source=limits,
     )
+    if settings.response_cache_bytes:
+        state.cache = ResponseCache(
+            redis, keys, settings.response_cache_bytes, settings.response_cache_ttl_s
+        )
     state.host_seen = state.host_changes.value()
     return state, dispatcher
 

@@ -94,6 +94,34 @@ _COUNTERS: tuple[tuple[str, str, str, int], ...] = (
         1000,
     ),
 )
+_CACHE_COUNTERS: tuple[tuple[str, str, str, int], ...] = (
+    (
+        "nv_cache_num_hits_per_model",
+        "Number of cache hits per model",
+        count_field("cache_hit"),
+        1,
+    ),
+    (
+        "nv_cache_num_misses_per_model",
+        "Number of cache misses per model",
+        count_field("cache_miss"),
+        1,
+    ),
+    (
+        "nv_cache_hit_duration_per_model",
+        "Total cache hit duration per model, in microseconds",
+        ns_field("cache_hit"),
+        1000,
+    ),
+    (
+        "nv_cache_miss_duration_per_model",
+        "Total cache miss (insert + lookup) duration per model, in microseconds",
+        ns_field("cache_miss"),
+        1000,
+    ),
+)
+"""Triton's response cache families, written where the deployment has a cache (as Triton
+writes them only with ``--cache-config``)."""
 _FAILURE = (
     "nv_inference_request_failure",
     "Number of failed inference requests, all batch sizes",
@@ -118,7 +146,7 @@ def _text(
     snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits, tenants: tuple[str, ...]
 ) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
-    lines = triton_lines(snapshot)
+    lines = triton_lines(snapshot, cache=settings.response_cache_bytes > 0)
     if settings.torchserve_metrics:
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
@@ -131,11 +159,12 @@ def _text(
     )
 
 
-def triton_lines(snapshot: Snapshot) -> list[str]:
-    """Triton's per-model families for every served model version."""
+def triton_lines(snapshot: Snapshot, *, cache: bool = False) -> list[str]:
+    """Triton's per-model families for every served model version (``cache``: the response
+    cache's too)."""
     versions = snapshot.versions
     lines: list[str] = []
-    for name, help_text, field_name, divisor in _COUNTERS:
+    for name, help_text, field_name, divisor in _COUNTERS + (_CACHE_COUNTERS if cache else ()):
         family(lines, name, help_text, "counter")
         for state in versions:
             value = state.counters.get(field_name, 0) // divisor

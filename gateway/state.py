@@ -19,6 +19,7 @@ from sluice.gateway.catalog_view import CatalogView
 from sluice.gateway.control_plane import ControlPlane
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
+from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_store import ChangeCounter, LocalCounter
 from sluice.gateway.shm_transfer import TensorTransfer
@@ -82,6 +83,8 @@ class GatewayState:
     since its last report (:mod:`sluice.gateway.torchserve_ports`)."""
     tenant_streams: TenantStreams = field(default_factory=TenantStreams)
     """The tenant streams this process made known (:mod:`sluice.gateway.tenant_streams`)."""
+    cache: ResponseCache | None = None
+    """Triton's response cache, where the deployment has one (:mod:`.response_cache`)."""
 
 
 def state_of(request: Request) -> GatewayState:

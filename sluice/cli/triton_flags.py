@@ -9,7 +9,7 @@
 - ``ignored``: tuning of Triton's own internals that means nothing here; accepted with one
   warning line naming it;
 - ``refused``: ignoring it would quietly change what the deployment does (TLS, restricted APIs,
-  a response cache, ...); an error says what to do instead.
+  the rate limiter, ...); an error says what to do instead.
 
 A flag may also have values for which Sluice already does what they ask (``--rate-limit=off``,
 ``--grpc-use-ssl=false``): those are taken without a word, whatever its kind.
@@ -277,6 +277,41 @@ def _backend_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
         f"warning: {flag.option}={text} ignored: Sluice's backends take no setting "
         f"'{setting}' ({where})"
     )
+
+
+REDIS_CACHE_BYTES = 256 * 1024 * 1024
+"""The response cache's room when ``--cache-config redis,...`` gives none (Triton's Redis
+cache is bounded by Redis itself; Sluice's shares the deployment's Redis, so it has one)."""
+
+_CACHE_BYTES = "SLUICE_RESPONSE_CACHE_BYTES"
+
+
+def _cache_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    kind, setting, value = _setting(flag, text, group_required=True)
+    kind = kind.lower()
+    if kind == "local" and setting == "size":
+        size = parse_int(flag, value)
+        if size < 0:
+            raise bad_value(flag, f"{text}: the size is a number of bytes, 0 or more")
+        out.environment[_CACHE_BYTES] = str(size)
+    elif kind == "local":
+        raise bad_value(flag, f"{text}: the local cache takes one setting, size=<bytes>")
+    elif kind == "redis":
+        out.environment.setdefault(_CACHE_BYTES, str(REDIS_CACHE_BYTES))
+        out.warnings.append(
+            f"warning: {flag.option}={text} ignored: Sluice keeps its response cache in the "
+            f"deployment's Redis, with room for {int(out.environment[_CACHE_BYTES]):,} bytes "
+            "(--cache-config local,size=<bytes> sets it)"
+        )
+    else:
+        raise bad_value(flag, f"{text}: the cache is local or redis")
+
+
+def _cache_bytes(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    size = parse_int(flag, text)
+    if size < 0:
+        raise bad_value(flag, f"{text}: a number of bytes, 0 or more")
+    out.environment[_CACHE_BYTES] = str(size)
 
 
 def _metrics_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
@@ -713,16 +748,19 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "cache-config",
         "text",
-        "refused",
-        "Sluice has no response cache: every request is computed. Leave the flag out.",
+        "mapped",
+        "local,size=<bytes> is SLUICE_RESPONSE_CACHE_BYTES, the room of the response cache "
+        "(kept in the deployment's Redis for every gateway); redis,<setting>=<value> turns "
+        "the same cache on (256 MiB unless local,size says), its settings ignored.",
+        _cache_config,
     ),
-    TritonFlag("cache-directory", "text", "ignored", "Sluice has no response cache."),
+    TritonFlag("cache-directory", "text", "ignored", "Sluice's response cache lives in Redis."),
     TritonFlag(
         "response-cache-byte-size",
         "int",
-        "refused",
-        "Sluice has no response cache: every request is computed. Leave the flag out.",
-        fine=_equals(0),
+        "mapped",
+        "SLUICE_RESPONSE_CACHE_BYTES (Triton's older spelling of --cache-config local,size).",
+        _cache_bytes,
     ),
     # Rate limiter
     TritonFlag(

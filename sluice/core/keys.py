@@ -109,6 +109,17 @@ class Keys:
         that :meth:`job_room` does not keep counting them (:mod:`sluice.core.jobs`)."""
         return f"{self.namespace}:queued-jobs:{{{model}}}"
 
+    def cached_answer(self, digest: str) -> str:
+        """One answer of the response cache (gateways; expires once unused for
+        ``SLUICE_RESPONSE_CACHE_TTL_S``). The cache's keys share a slot of their own."""
+        return f"{self.namespace}:cache:{{{self.namespace}-cache}}:{digest}"
+
+    @property
+    def cache_index(self) -> str:
+        """The response cache's answers by last use (zset) and their sizes (hash ``:sizes``,
+        with the total under ``:total``)."""
+        return f"{self.namespace}:cache-index:{{{self.namespace}-cache}}"
+
     def job_room(self, model: str) -> str:
         """Hash of what each tenant's queued jobs of a model hold: ``n:<tenant>`` (jobs),
         ``b:<tenant>`` (bytes of their entries) and, per queued job, ``<job id>`` ->

@@ -528,6 +528,14 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     shutdown_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping gateway waits for in-flight requests."""
 
+    response_cache_bytes: int = Field(0, ge=0)
+    """Room for the answers of models whose configuration enables Triton's
+    ``response_cache``, kept in Redis for every gateway (0: no cache, as Triton without
+    ``--cache-config``). The least recently used answers go when a new one needs room."""
+
+    response_cache_ttl_s: float = Field(3600.0, gt=0)
+    """How long a cached answer is kept after it was last used."""
+
     shm_same_host: bool = False
     """The gateway and every worker share this host's /dev/shm: client shared memory
     regions are read and written by the workers themselves, and large tensors travel

@@ -164,8 +164,8 @@ def render_model_stats(
 ) -> dict[str, Any]:
     """One ``model_stats`` item in Triton's layout (plus Sluice's per-instance counts)."""
     inference_stats = {kind: _duration(counters, kind) for kind in DURATION_KINDS}
-    inference_stats["cache_hit"] = {"count": 0, "ns": 0}
-    inference_stats["cache_miss"] = {"count": 0, "ns": 0}
+    inference_stats["cache_hit"] = _duration(counters, "cache_hit")
+    inference_stats["cache_miss"] = _duration(counters, "cache_miss")
     sizes = sorted({int(field.split(b":", 1)[0]) for field in batch_counters})
     batch_stats = [
         {

@@ -170,5 +170,12 @@ class ModelConfig:
         return bool(policy.get("decoupled", False))
 
     @property
+    def response_cache(self) -> bool:
+        """``response_cache { enable: true }``: identical requests may be answered from the
+        response cache (where the deployment has one)."""
+        cache = self.raw.get("response_cache") or {}
+        return bool(cache.get("enable", False))
+
+    @property
     def platform_or_backend(self) -> str:
         return self.platform or self.backend

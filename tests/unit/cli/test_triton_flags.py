@@ -143,6 +143,13 @@ def test_the_issues_command_line() -> None:
             {"OTEL_SERVICE_NAME": "triton-a"},
         ),
         (["--trace-config=mode=opentelemetry"], {}, {}),
+        (
+            ["--cache-config=local,size=1048576"],
+            {},
+            {"SLUICE_RESPONSE_CACHE_BYTES": "1048576"},
+        ),
+        (["--response-cache-byte-size=1024"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "1024"}),
+        (["--response-cache-byte-size=0"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "0"}),
     ],
 )
 def test_mapped_flags(
@@ -150,6 +157,24 @@ def test_mapped_flags(
 ) -> None:
     result = parse(args)
     assert (result.overrides, result.environment, result.warnings) == (overrides, environment, [])
+
+
+def test_a_redis_cache_config_turns_the_cache_on_in_the_deployments_redis() -> None:
+    result = parse(["--cache-config=redis,host=cache.local", "--cache-config=redis,port=6379"])
+    assert result.environment == {"SLUICE_RESPONSE_CACHE_BYTES": str(256 * 1024 * 1024)}
+    assert len(result.warnings) == 2 and "deployment's Redis" in result.warnings[0]
+    sized = parse(["--cache-config=local,size=4096", "--cache-config=redis,host=cache.local"])
+    assert sized.environment == {"SLUICE_RESPONSE_CACHE_BYTES": "4096"}
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["local,size=-1", "local,size=lots", "local,dir=/tmp", "memcached,size=10", "size"],
+)
+def test_bad_cache_configs_name_the_flag(value: str) -> None:
+    with pytest.raises(typer.BadParameter) as caught:
+        parse([f"--cache-config={value}"])
+    assert "--cache-config" in str(caught.value.param_hint)
 
 
 def test_equals_and_space_forms_mean_the_same() -> None:
@@ -197,6 +222,7 @@ def test_mapped_variables_are_settings_that_accept_the_values(
             "--repository-poll-secs=2",
             "--exit-on-error=true",
             "--allow-grpc=false",
+            "--cache-config=local,size=65536",
         ]
     )
     for name, value in result.environment.items():
@@ -209,6 +235,7 @@ def test_mapped_variables_are_settings_that_accept_the_values(
     assert (gateway.grpc_keepalive_time_s, gateway.grpc_keepalive_timeout_s) == (30, 5)
     assert gateway.otlp_endpoint == "http://collector:4318"
     assert gateway.otel_service_name == "svc"
+    assert gateway.response_cache_bytes == 65536
     worker = WorkerSettings()
     assert (worker.log_verbose_level, worker.log_format) == (2, "iso8601")
     assert (worker.log_info, worker.log_warning, worker.log_error) == (False, False, False)
@@ -331,8 +358,6 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
             "SLUICE_ADMIN_KEYS",
         ),
         (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
-        (["--cache-config=local,size=1048576"], "--cache-config=local,size=1048576", "cache"),
-        (["--response-cache-byte-size=1024"], "--response-cache-byte-size=1024", "cache"),
         (["--model-namespacing=true"], "--model-namespacing=true", "one repository"),
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
         (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
@@ -382,7 +407,6 @@ def test_refused_flags_name_the_flag_and_say_what_to_do(
         ["--grpc-use-ssl-mutual=off"],
         ["--rate-limit=off"],
         ["--rate-limit", "OFF"],
-        ["--response-cache-byte-size=0"],
         ["--model-namespacing=false"],
         ["--allow-http=true"],
         ["--allow-sagemaker=false"],

@@ -1,0 +1,284 @@
+"""Triton's response cache, kept in Redis: a request to a model whose configuration says
+``response_cache { enable: true }`` is answered from the cache when an identical one was
+answered before, without reaching the model.
+
+- **What is identical**: the same tenant (a tenant never sees what another's requests were
+  answered: the key starts with the tenant), model and version, the same inputs (names,
+  datatypes, shapes and bytes), requested outputs and classification counts, and the same
+  request parameters. The key is their SHA-256.
+- **What is kept**: the answer as the worker gave it (its outputs and their bytes), so a
+  hit is encoded for each request's own wire (JSON or binary, HTTP or gRPC). Only
+  successful answers are kept; requests with inputs or outputs in shared memory regions,
+  and those to decoupled and sequence models, bypass the cache.
+- **Bounds**: ``SLUICE_RESPONSE_CACHE_BYTES`` for all the answers together (Triton's
+  ``--cache-config local,size=N``); storing one evicts the least recently used until it
+  fits, and an answer larger than the whole cache is not kept. An answer unused for
+  ``SLUICE_RESPONSE_CACHE_TTL_S`` expires. The bookkeeping (last use, sizes, total) is
+  updated by Lua scripts, so every gateway process and host shares one bounded cache; its
+  keys share a Redis Cluster slot of their own.
+- **Statistics** as Triton counts them: a hit counts as a successful request and in
+  ``cache_hit`` (its lookup's time), not in the inference or execution counts; a miss
+  counts in ``cache_miss`` (lookup and insertion).
+
+A Redis error on the way is a miss (the request goes to the model), never a failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import logging
+import struct
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+import orjson
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.keys import Keys
+from sluice.core.statistics import count_field, ns_field
+from sluice.core.wire import (
+    DATA_FIELD,
+    HEADER_FIELD,
+    MalformedEntry,
+    ReplyMessage,
+    RequestMessage,
+    TensorHeader,
+    decode_reply,
+    encode_reply,
+)
+
+log = logging.getLogger(__name__)
+
+_MAX_EVICTIONS = 64
+"""Answers one insertion may evict; beyond that it is not kept (the cache stays bounded)."""
+
+_REMOVE = """
+local function remove(member)
+    local size = redis.call('HGET', KEYS[3], member)
+    redis.call('DEL', ARGV[6] .. member)
+    redis.call('ZREM', KEYS[2], member)
+    if size then
+        redis.call('HDEL', KEYS[3], member)
+        redis.call('DECRBY', KEYS[4], size)
+    end
+end
+"""
+
+_GET = """
+local value = redis.call('GET', KEYS[1])
+if value then
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    redis.call('ZADD', KEYS[2], 'XX', ARGV[1], ARGV[2])
+end
+return value
+"""
+"""KEYS: the answer, the index. ARGV: now (ms), digest, time to live (ms)."""
+
+_PUT = (
+    _REMOVE
+    + """
+local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local size = string.len(ARGV[5])
+if size > limit then
+    return 0
+end
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl, 'LIMIT', 0, 64)) do
+    remove(member)
+end
+remove(ARGV[2])
+local evicted = 0
+while tonumber(redis.call('GET', KEYS[4]) or '0') + size > limit do
+    local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)
+    if #oldest == 0 or evicted >= tonumber(ARGV[7]) then
+        return 0
+    end
+    remove(oldest[1])
+    evicted = evicted + 1
+end
+redis.call('SET', KEYS[1], ARGV[5], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now, ARGV[2])
+redis.call('HSET', KEYS[3], ARGV[2], size)
+redis.call('INCRBY', KEYS[4], size)
+return 1
+"""
+)
+"""KEYS: the answer, the index, the sizes, the total. ARGV: now (ms), digest, time to live
+(ms), the cache's bytes, the answer, the answers' key prefix, the most evictions. The
+answers unused for the time to live are forgotten first (their keys expired already), then
+the least recently used until the new one fits."""
+
+
+def digest(
+    tenant: str,
+    model: str,
+    version: int,
+    inputs: Sequence[TensorHeader],
+    payload: bytes | memoryview,
+    outputs: Sequence[str],
+    classes: Mapping[str, int],
+    parameters: Mapping[str, Any],
+) -> str:
+    """The cache key of a request (the work is proportional to its bytes: large ones are
+    hashed off the event loop)."""
+    described = orjson.dumps(
+        {
+            "tenant": tenant,
+            "model": model,
+            "version": version,
+            "inputs": [[t.name, t.datatype, list(t.shape), t.nbytes] for t in inputs],
+            "outputs": list(outputs),
+            "classes": dict(classes),
+            "parameters": dict(parameters),
+        },
+        option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
+    )
+    hashed = hashlib.sha256(struct.pack(">Q", len(described)))
+    hashed.update(described)
+    hashed.update(payload)
+    return hashed.hexdigest()
+
+
+def pack_answer(reply: ReplyMessage, data: bytes | memoryview) -> bytes:
+    """The stored form of an answer: its header's length, its header, its bytes."""
+    fields = encode_reply(reply)
+    header = fields[HEADER_FIELD]
+    return struct.pack(">I", len(header)) + header + bytes(data)
+
+
+def unpack_answer(value: bytes) -> tuple[ReplyMessage, memoryview]:
+    (length,) = struct.unpack_from(">I", value)
+    header = value[4 : 4 + length]
+    return decode_reply({HEADER_FIELD: header, DATA_FIELD: value[4 + length :]})
+
+
+class ResponseCache:
+    def __init__(self, redis: Redis, keys: Keys, limit_bytes: int, ttl_s: float) -> None:
+        self._redis = redis
+        self._keys = keys
+        self.limit_bytes = limit_bytes
+        self._ttl_ms = max(1, int(ttl_s * 1000))
+        self._get = redis.register_script(_GET)
+        self._put = redis.register_script(_PUT)
+
+    async def get(self, key: str) -> tuple[ReplyMessage, memoryview] | None:
+        """The answer kept under ``key``; None on a miss (or when Redis cannot say)."""
+        keys = self._keys
+        try:
+            value = await self._get(
+                keys=[keys.cached_answer(key), keys.cache_index],
+                args=[_now_ms(), key, self._ttl_ms],
+            )
+        except RedisError as exc:
+            log.debug("response cache lookup failed: %s", exc)
+            return None
+        if value is None:
+            return None
+        try:
+            return unpack_answer(cast(bytes, value))
+        except (MalformedEntry, struct.error) as exc:
+            log.warning("dropping a malformed cached answer: %s", exc)
+            return None
+
+    async def put(self, key: str, value: bytes) -> bool:
+        """Keep ``value`` (:func:`pack_answer`) under ``key``; whether it was kept."""
+        keys = self._keys
+        index = keys.cache_index
+        try:
+            kept = await self._put(
+                keys=[keys.cached_answer(key), index, f"{index}:sizes", f"{index}:total"],
+                args=[
+                    _now_ms(),
+                    key,
+                    self._ttl_ms,
+                    self.limit_bytes,
+                    value,
+                    keys.cached_answer(""),
+                    _MAX_EVICTIONS,
+                ],
+            )
+        except RedisError as exc:
+            log.debug("response cache insertion failed: %s", exc)
+            return False
+        return bool(kept)
+
+    async def count(self, stats_key: str, *, hit: bool, elapsed_ns: int, lookup_ns: int) -> None:
+        """Triton's statistics of a hit (a success, and ``cache_hit``) or a miss
+        (``cache_miss``); best effort."""
+        kind = "cache_hit" if hit else "cache_miss"
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hincrby(stats_key, count_field(kind), 1)
+                pipe.hincrby(stats_key, ns_field(kind), lookup_ns)
+                if hit:
+                    pipe.hincrby(stats_key, count_field("success"), 1)
+                    pipe.hincrby(stats_key, ns_field("success"), elapsed_ns)
+                    pipe.hincrby(stats_key, count_field("queue"), 1)
+                await pipe.execute()
+        except RedisError as exc:
+            log.debug("recording the response cache's statistics failed: %s", exc)
+
+
+@dataclass(slots=True)
+class CacheLookup:
+    """One request's way through the cache: its key, and the answer found (a hit)."""
+
+    cache: ResponseCache
+    key: str
+    started_ns: int
+    lookup_ns: int
+    hit: tuple[ReplyMessage, memoryview] | None
+
+    @classmethod
+    async def start(
+        cls,
+        cache: ResponseCache,
+        tenant: str,
+        model: str,
+        version: int,
+        message: RequestMessage,
+        payload: bytes,
+        big: bool,
+    ) -> CacheLookup:
+        """Look the request up (``big``: hash its bytes off the event loop)."""
+        started = time.perf_counter_ns()
+        key_of = functools.partial(
+            digest,
+            tenant,
+            model,
+            version,
+            message.inputs,
+            payload,
+            message.outputs,
+            message.classes,
+            message.parameters,
+        )
+        key = await asyncio.to_thread(key_of) if big else key_of()
+        hit = await cache.get(key)
+        return cls(cache, key, started, time.perf_counter_ns() - started, hit)
+
+    async def counted(self, stats_key: str) -> None:
+        """Record the hit in the model version's statistics."""
+        elapsed = time.perf_counter_ns() - self.started_ns
+        await self.cache.count(stats_key, hit=True, elapsed_ns=elapsed, lookup_ns=self.lookup_ns)
+
+    async def keep(
+        self, reply: ReplyMessage, data: memoryview, offload_bytes: int, stats_key: str
+    ) -> None:
+        """Keep the model's answer of a miss, and record the miss (lookup and insertion)."""
+        started = time.perf_counter_ns()
+        if len(data) > offload_bytes:
+            value = await asyncio.to_thread(pack_answer, reply, data)
+        else:
+            value = pack_answer(reply, data)
+        await self.cache.put(self.key, value)
+        spent = self.lookup_ns + time.perf_counter_ns() - started
+        await self.cache.count(stats_key, hit=False, elapsed_ns=0, lookup_ns=spent)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
