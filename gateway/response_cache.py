@@ -69,25 +69,37 @@ local function remove(member)
 end
 """
 
-_GET = """
+_NOW = """
+local clock = redis.call('TIME')
+local now = tonumber(clock[1]) * 1000000 + tonumber(clock[2])
+"""
+"""Redis's own clock, in microseconds: one clock for every gateway, and fine enough that
+two uses in a row do not tie (the order of use is the eviction order)."""
+
+_GET = (
+    _NOW
+    + """
 local value = redis.call('GET', KEYS[1])
 if value then
     redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    redis.call('ZADD', KEYS[2], 'XX', ARGV[1], ARGV[2])
+    redis.call('ZADD', KEYS[2], 'XX', now, ARGV[2])
 end
 return value
 """
-"""KEYS: the answer, the index. ARGV: now (ms), digest, time to live (ms)."""
+)
+"""KEYS: the answer, the index. ARGV: (unused), digest, time to live (ms)."""
 
 _PUT = (
     _REMOVE
+    + _NOW
     + """
-local now, ttl, limit = tonumber(ARGV[1]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local ttl, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
 local size = string.len(ARGV[5])
 if size > limit then
     return 0
 end
-for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', now - ttl, 'LIMIT', 0, 64)) do
+local expired = now - ttl * 1000
+for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', expired, 'LIMIT', 0, 64)) do
     remove(member)
 end
 remove(ARGV[2])
@@ -107,7 +119,7 @@ redis.call('INCRBY', KEYS[4], size)
 return 1
 """
 )
-"""KEYS: the answer, the index, the sizes, the total. ARGV: now (ms), digest, time to live
+"""KEYS: the answer, the index, the sizes, the total. ARGV: (unused), digest, time to live
 (ms), the cache's bytes, the answer, the answers' key prefix, the most evictions. The
 answers unused for the time to live are forgotten first (their keys expired already), then
 the least recently used until the new one fits."""
@@ -171,7 +183,7 @@ class ResponseCache:
         try:
             value = await self._get(
                 keys=[keys.cached_answer(key), keys.cache_index],
-                args=[_now_ms(), key, self._ttl_ms],
+                args=[0, key, self._ttl_ms],
             )
         except RedisError as exc:
             log.debug("response cache lookup failed: %s", exc)
@@ -192,7 +204,7 @@ class ResponseCache:
             kept = await self._put(
                 keys=[keys.cached_answer(key), index, f"{index}:sizes", f"{index}:total"],
                 args=[
-                    _now_ms(),
+                    0,
                     key,
                     self._ttl_ms,
                     self.limit_bytes,
@@ -278,7 +290,3 @@ class CacheLookup:
         await self.cache.put(self.key, value)
         spent = self.lookup_ns + time.perf_counter_ns() - started
         await self.cache.count(stats_key, hit=False, elapsed_ns=0, lookup_ns=spent)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)

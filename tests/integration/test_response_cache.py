@@ -117,6 +117,7 @@ def test_the_cache_stays_within_its_bytes(stack: Stack) -> None:
     for value in range(40):  # far more answers than fit
         _infer(stack, "cached", 100.0 + value)
     keys = Keys(stack.namespace)
+    assert stack.redis_url is not None
     redis = Redis.from_url(stack.redis_url)
     try:
         total = int(cast(bytes, redis.get(f"{keys.cache_index}:total")))
