@@ -119,7 +119,11 @@ def prometheus_stack(
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("prometheus-models")
     write_identity(
-        root, "ident", ["FP32"], extra="dynamic_batching { max_queue_delay_microseconds: 2000 }"
+        root,
+        "ident",
+        ["FP32"],
+        extra="dynamic_batching { max_queue_delay_microseconds: 2000 }\n"
+        "response_cache { enable: true }",  # (the response cache's panel)
     )
     write_fragile(root)
     # A model loaded on demand, so that the host reports its memory budget and use.
@@ -130,7 +134,8 @@ def prometheus_stack(
         extra='parameters { key: "sluice.load" value { string_value: "on_demand" } }',
     )
     # One tenant's key, so the per-tenant panels (queue time of named tenants) have series.
-    stack = Stack(root, redis_server.url, env={"SLUICE_API_KEYS": f"team:{KEY}"})
+    env = {"SLUICE_API_KEYS": f"team:{KEY}", "SLUICE_RESPONSE_CACHE_BYTES": str(1 << 20)}
+    stack = Stack(root, redis_server.url, env=env)
     stack.start()
     yield stack
     stack.stop()
@@ -219,10 +224,11 @@ def scraped(prometheus_stack: Stack, prometheus: Prometheus) -> Prometheus:
     with ThreadPoolExecutor(8) as pool:
         ident_codes = list(pool.map(ident, range(IDENT_REQUESTS)))
         fragile_codes = list(pool.map(fragile, range(FRAGILE_REQUESTS)))
+    ident_codes += [ident(0) for _ in range(3)]  # answered from the response cache
     with httpx.Client(base_url=prometheus_stack.url, timeout=30, headers=AUTH) as client:
         bad = {"inputs": [{"name": "x", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
         assert client.post("/v2/models/fragile/infer", json=bad).status_code == 400
-    assert ident_codes == [200] * IDENT_REQUESTS
+    assert ident_codes == [200] * (IDENT_REQUESTS + 3)
     # A batch with a negative input fails as a whole: at least one in six fail.
     assert set(fragile_codes) == {200, 500}, fragile_codes
     failures = fragile_codes.count(500)
