@@ -115,8 +115,13 @@ class Reclaimer:
         if not pending:
             return []
         deliveries = {p["message_id"]: int(p["times_delivered"]) for p in pending}
+        # Another worker may claim the same entries between this look and the claim (two
+        # instances reclaiming one dead worker's requests at once): its claim makes them
+        # idle again, so claiming only what is still about as idle as it looked takes each
+        # entry once, and the delivery count read above stays the entry's own.
+        idle_ms = min(int(p["time_since_delivered"]) for p in pending)
         entries: list[StreamEntry] = await self.redis.xclaim(  # type: ignore[assignment]
-            stream, WORKER_GROUP, self.worker_id, min_idle, list(deliveries)
+            stream, WORKER_GROUP, self.worker_id, max(min_idle, idle_ms // 2), list(deliveries)
         )
         requests: list[PendingRequest] = []
         rejected: list[Outcome] = []
