@@ -168,23 +168,31 @@ def unpack_answer(value: bytes) -> tuple[ReplyMessage, memoryview]:
     return decode_reply({HEADER_FIELD: header, DATA_FIELD: value[4 + length :]})
 
 
+_Op = tuple[str, tuple[Any, ...], "asyncio.Future[Any]"]
+
+
 class ResponseCache:
+    """The cache's commands of all the requests that arrive while one pipeline is in
+    flight go together in the next (as :class:`sluice.core.coalescer.AppendCoalescer` does
+    for appends), and the statistics they add are summed per counter first: under load a
+    hit costs a share of one round trip, not two round trips of its own."""
+
     def __init__(self, redis: Redis, keys: Keys, limit_bytes: int, ttl_s: float) -> None:
         self._redis = redis
         self._keys = keys
         self.limit_bytes = limit_bytes
         self._ttl_ms = max(1, int(ttl_s * 1000))
-        self._get = redis.register_script(_GET)
-        self._put = redis.register_script(_PUT)
+        self._get_sha = hashlib.sha1(_GET.encode()).hexdigest()
+        self._put_sha = hashlib.sha1(_PUT.encode()).hexdigest()
+        self._loaded = False
+        self._ops: list[_Op] = []
+        self._flushing: asyncio.Task[None] | None = None
+        """The task that sends the pipelines (held: the loop keeps only weak references)."""
 
     async def get(self, key: str) -> tuple[ReplyMessage, memoryview] | None:
         """The answer kept under ``key``; None on a miss (or when Redis cannot say)."""
-        keys = self._keys
         try:
-            value = await self._get(
-                keys=[keys.cached_answer(key), keys.cache_index],
-                args=[0, key, self._ttl_ms],
-            )
+            value = await self._queue("get", key)
         except RedisError as exc:
             log.debug("response cache lookup failed: %s", exc)
             return None
@@ -198,41 +206,120 @@ class ResponseCache:
 
     async def put(self, key: str, value: bytes) -> bool:
         """Keep ``value`` (:func:`pack_answer`) under ``key``; whether it was kept."""
-        keys = self._keys
-        index = keys.cache_index
         try:
-            kept = await self._put(
-                keys=[keys.cached_answer(key), index, f"{index}:sizes", f"{index}:total"],
-                args=[
-                    0,
-                    key,
-                    self._ttl_ms,
-                    self.limit_bytes,
-                    value,
-                    keys.cached_answer(""),
-                    _MAX_EVICTIONS,
-                ],
-            )
+            return bool(await self._queue("put", key, value))
         except RedisError as exc:
             log.debug("response cache insertion failed: %s", exc)
             return False
-        return bool(kept)
 
     async def count(self, stats_key: str, *, hit: bool, elapsed_ns: int, lookup_ns: int) -> None:
         """Triton's statistics of a hit (a success, and ``cache_hit``) or a miss
-        (``cache_miss``); best effort."""
+        (``cache_miss``), once they are in Redis; best effort."""
         kind = "cache_hit" if hit else "cache_miss"
+        fields = {count_field(kind): 1, ns_field(kind): lookup_ns}
+        if hit:
+            fields |= {count_field("success"): 1, ns_field("success"): elapsed_ns}
+            fields[count_field("queue")] = 1
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hincrby(stats_key, count_field(kind), 1)
-                pipe.hincrby(stats_key, ns_field(kind), lookup_ns)
-                if hit:
-                    pipe.hincrby(stats_key, count_field("success"), 1)
-                    pipe.hincrby(stats_key, ns_field("success"), elapsed_ns)
-                    pipe.hincrby(stats_key, count_field("queue"), 1)
-                await pipe.execute()
+            await self._queue("count", stats_key, fields)
         except RedisError as exc:
             log.debug("recording the response cache's statistics failed: %s", exc)
+
+    def _queue(self, kind: str, *args: Any) -> asyncio.Future[Any]:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        self._ops.append((kind, args, future))
+        if self._flushing is None:
+            self._flushing = loop.create_task(self._flush())
+        return future
+
+    async def _flush(self) -> None:
+        try:
+            while self._ops:
+                batch, self._ops = self._ops, []
+                try:
+                    results = await self._send(batch)
+                except (Exception, asyncio.CancelledError) as exc:
+                    failure = exc if isinstance(exc, RedisError) else RedisError(repr(exc))
+                    for _, _, future in batch:
+                        if not future.done():
+                            future.set_exception(failure)
+                    if isinstance(exc, asyncio.CancelledError):
+                        raise
+                    continue
+                for (_, _, future), result in zip(batch, results, strict=True):
+                    if future.done():
+                        continue
+                    if isinstance(result, Exception):
+                        if "NOSCRIPT" in str(result):
+                            self._loaded = False  # (Redis restarted: loaded again next time)
+                        future.set_exception(
+                            result if isinstance(result, RedisError) else RedisError(str(result))
+                        )
+                    else:
+                        future.set_result(result)
+        finally:
+            self._flushing = None
+
+    async def _send(self, batch: list[_Op]) -> list[Any]:
+        """One pipeline for ``batch``: each operation's result, in order (an error for
+        one that failed; None for statistics)."""
+        if not self._loaded:
+            await self._redis.script_load(_GET)
+            await self._redis.script_load(_PUT)
+            self._loaded = True
+        keys = self._keys
+        index = keys.cache_index
+        totals: dict[str, dict[str, int]] = {}
+        places: list[int | None] = []
+        queued = 0
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for kind, args, _ in batch:
+                if kind == "count":
+                    stats_key, fields = args
+                    summed = totals.setdefault(stats_key, {})
+                    for name, value in fields.items():
+                        summed[name] = summed.get(name, 0) + value
+                    places.append(None)
+                    continue
+                places.append(queued)
+                queued += 1
+                if kind == "get":
+                    (key,) = args
+                    pipe.evalsha(
+                        self._get_sha,
+                        2,
+                        keys.cached_answer(key),
+                        index,
+                        0,
+                        key,
+                        self._ttl_ms,
+                    )
+                else:
+                    key, value = args
+                    pipe.evalsha(
+                        self._put_sha,
+                        4,
+                        keys.cached_answer(key),
+                        index,
+                        f"{index}:sizes",
+                        f"{index}:total",
+                        0,
+                        key,
+                        self._ttl_ms,
+                        self.limit_bytes,
+                        value,
+                        keys.cached_answer(""),
+                        _MAX_EVICTIONS,
+                    )
+            for stats_key, summed in totals.items():
+                for name, value in summed.items():
+                    pipe.hincrby(stats_key, name, value)
+                    queued += 1
+            if not queued:
+                return [None] * len(batch)
+            replies = await pipe.execute(raise_on_error=False)
+        return [None if place is None else replies[place] for place in places]
 
 
 @dataclass(slots=True)
