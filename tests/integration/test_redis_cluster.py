@@ -10,6 +10,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import numpy as np
@@ -179,3 +180,33 @@ def test_stream_reads_route_without_asking_a_node(redis_cluster: LocalRedisClust
     finally:
         client.delete(*streams)
         client.close()
+
+
+def test_the_response_cache_works_on_a_cluster(redis_cluster: LocalRedisCluster) -> None:
+    """Its scripts touch one slot (the cache's own), its scripts are loaded on every
+    primary, and its pipelines mix that slot with a model's statistics."""
+    from sluice.core.statistics import count_field
+    from sluice.core.wire import ReplyMessage, TensorHeader
+    from sluice.gateway.response_cache import ResponseCache, pack_answer
+
+    keys = Keys(f"cache{time.monotonic_ns()}")
+    reply = ReplyMessage("k", 1, [TensorHeader("OUT", "UINT8", (1, 4), 4)])
+
+    async def main() -> tuple[bool, bytes | None, bytes | None]:
+        client = connect_async(redis_cluster.url)
+        try:
+            cache = ResponseCache(client, keys, 1 << 20, 60)
+            kept = await cache.put("a", pack_answer(reply, b"\x01\x02\x03\x04"))
+            found, _ = await asyncio.gather(
+                cache.get("a"),
+                cache.count(keys.stats("m", 1), hit=True, elapsed_ns=10, lookup_ns=5),
+            )
+            hits = cast(
+                bytes | None, await client.hget(keys.stats("m", 1), count_field("cache_hit"))
+            )
+            return kept, bytes(found[1]) if found else None, hits
+        finally:
+            await client.aclose()
+
+    kept, data, hits = asyncio.run(main())
+    assert (kept, data, hits) == (True, b"\x01\x02\x03\x04", b"1")
