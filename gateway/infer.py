@@ -352,6 +352,8 @@ async def execute(
                     cache, request.named_tenant, model, number, message, payload, big
                 )
             if lookup is not None and lookup.hit is not None:
+                if turn is not None:
+                    turn.done.set()  # (never queued: its stream's next request may go)
                 reply, data = lookup.hit
                 await lookup.counted(state.keys.stats(model, number))
             else:

@@ -137,3 +137,29 @@ def test_the_cache_stays_within_its_bytes(stack: Stack) -> None:
     hits = _stats(stack, "cached")["inference_stats"]["cache_hit"]["count"]
     _infer(stack, "cached", 139.0)
     assert _stats(stack, "cached")["inference_stats"]["cache_hit"]["count"] == hits + 1
+
+
+def test_hits_on_a_grpc_stream_let_the_next_request_go(stack: Stack) -> None:
+    """A hit is never queued: the stream's next request must not wait for its turn."""
+    import queue
+
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    try:
+        client.start_stream(
+            callback=lambda result, error: answers.put((result, error)),
+            headers={"authorization": "Bearer key-a"},
+        )
+        for index in range(4):
+            tensor = grpcclient.InferInput("IN_FP32", [1, WIDTH], "FP32")
+            tensor.set_data_from_numpy(np.full((1, WIDTH), 7.5, np.float32))
+            client.async_stream_infer("cached", [tensor], request_id=str(index))
+        got = []
+        for _ in range(4):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            got.append(result.as_numpy("OUT_FP32").tolist())
+    finally:
+        client.stop_stream()
+        client.close()
+    assert got == [[[7.5] * WIDTH]] * 4
