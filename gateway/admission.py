@@ -1,7 +1,8 @@
 """Admission control: refuse work before it is queued, at constant cost.
 
 Two bounds. Per model version, the queue depth (the larger of this gateway's
-own requests and the entries in its streams, read from Redis in the background) may not pass
+own requests and the entries in its streams, read from Redis in the background, while that
+reading is fresh: :attr:`Admission.fresh_s`) may not pass
 the model's ``max_queue_size``: 503 with Triton's text (core ``PolicyQueue::Enqueue``:
 "[request id: <id>] Exceeds maximum queue size"). Per gateway process, the requests held
 at once may not pass ``max_in_flight``: 503. Both answers carry Retry-After.
@@ -18,6 +19,7 @@ is full, as Triton does.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -38,6 +40,12 @@ class Admission:
     per_model: dict[tuple[str, int], int] = field(default_factory=dict)
     observed_depth: dict[tuple[str, int], int] = field(default_factory=dict)
     """Queue depth per model version as last read from Redis (all gateways' requests)."""
+    observed_at: float = float("-inf")
+    """When it was read (monotonic seconds)."""
+    fresh_s: float = 1.0
+    """How long a reading counts (two active refreshes): an older one comes from a refresh
+    that slowed down because nothing arrived, which the arrival now being judged wakes
+    again; until it reads the queue anew, only this process's own requests count."""
     rejected: Counter[tuple[str, int, str]] = field(default_factory=Counter)
     """Requests refused per model version and reason (``ADMISSION_REJECT_REASONS``)
     since the last hand-over to the metrics."""
@@ -112,7 +120,10 @@ class Admission:
         if held is None:
             held = self.per_tenant[key] = {}
         if max_queue_size:
-            depth = max(self.per_model.get(key, 0), self.observed_depth.get(key, 0))
+            observed = self.observed_depth.get(key, 0)
+            if observed and time.monotonic() - self.observed_at > self.fresh_s:
+                observed = 0  # (a drained queue must not refuse the first request after)
+            depth = max(self.per_model.get(key, 0), observed)
             if depth >= max_queue_size and not self._under_share(
                 held, tenant, depth, max_queue_size
             ):
@@ -143,6 +154,7 @@ class Admission:
 
     def observe(self, depths: dict[tuple[str, int], int]) -> None:
         self.observed_depth = depths
+        self.observed_at = time.monotonic()
 
     def take_rejected(self) -> Counter[tuple[str, int, str]]:
         """The refusals counted since the last call (then forgotten here)."""

@@ -78,7 +78,11 @@ def _state(
         view=CatalogView(keys),
         dispatcher=dispatcher,
         limits=RequestLimits(max_elements=settings.max_tensor_elements),
-        admission=Admission(settings.max_in_flight, weight=limits.loaded.weight),
+        admission=Admission(
+            settings.max_in_flight,
+            weight=limits.loaded.weight,
+            fresh_s=2 * settings.catalog_refresh_s,
+        ),
         regions=regions,
         transfer=transfer,
         bodies=BodyBudget(max(settings.max_buffered_body_bytes, settings.max_body_bytes)),

@@ -83,3 +83,23 @@ def test_the_gateway_limit_comes_first() -> None:
         admission.admit(MODEL, VERSION, MAX_QUEUE, "r", "b"),
     ):
         pass
+
+
+def test_an_old_reading_of_a_full_queue_does_not_refuse_once_it_drained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The depth read in the background counts for ``fresh_s``: after a flood the refresh
+    slows down (nothing arrives), and its last reading must not refuse the first request
+    after the queue drained; this process's own requests always count."""
+    now = [1000.0]
+    monkeypatch.setattr("sluice.gateway.admission.time.monotonic", lambda: now[0])
+    admission = Admission(100, fresh_s=1.0)
+    admission.observe({(MODEL, VERSION): MAX_QUEUE})  # full through other gateways
+    assert refused(admission, "a")
+    now[0] += 0.9
+    assert refused(admission, "a")  # still fresh
+    now[0] += 0.2
+    assert not refused(admission, "a")  # an old reading: only own requests count
+    with ExitStack() as stack:
+        hold(admission, stack, "a", MAX_QUEUE)
+        assert refused(admission, "a")
