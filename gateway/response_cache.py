@@ -60,7 +60,7 @@ _MAX_EVICTIONS = 64
 _REMOVE = """
 local function remove(member)
     local size = redis.call('HGET', KEYS[3], member)
-    redis.call('DEL', ARGV[6] .. member)
+    redis.call('DEL', ARGV[5] .. member)
     redis.call('ZREM', KEYS[2], member)
     if size then
         redis.call('HDEL', KEYS[3], member)
@@ -81,20 +81,20 @@ _GET = (
     + """
 local value = redis.call('GET', KEYS[1])
 if value then
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    redis.call('ZADD', KEYS[2], 'XX', now, ARGV[2])
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    redis.call('ZADD', KEYS[2], 'XX', now, ARGV[1])
 end
 return value
 """
 )
-"""KEYS: the answer, the index. ARGV: (unused), digest, time to live (ms)."""
+"""KEYS: the answer, the index. ARGV: digest, time to live (ms)."""
 
 _PUT = (
     _REMOVE
     + _NOW
     + """
-local ttl, limit = tonumber(ARGV[3]), tonumber(ARGV[4])
-local size = string.len(ARGV[5])
+local ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
+local size = string.len(ARGV[4])
 if size > limit then
     return 0
 end
@@ -102,25 +102,25 @@ local expired = now - ttl * 1000
 for _, member in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', expired, 'LIMIT', 0, 64)) do
     remove(member)
 end
-remove(ARGV[2])
+remove(ARGV[1])
 local evicted = 0
 while tonumber(redis.call('GET', KEYS[4]) or '0') + size > limit do
     local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)
-    if #oldest == 0 or evicted >= tonumber(ARGV[7]) then
+    if #oldest == 0 or evicted >= tonumber(ARGV[6]) then
         return 0
     end
     remove(oldest[1])
     evicted = evicted + 1
 end
-redis.call('SET', KEYS[1], ARGV[5], 'PX', ttl)
-redis.call('ZADD', KEYS[2], now, ARGV[2])
-redis.call('HSET', KEYS[3], ARGV[2], size)
+redis.call('SET', KEYS[1], ARGV[4], 'PX', ttl)
+redis.call('ZADD', KEYS[2], now, ARGV[1])
+redis.call('HSET', KEYS[3], ARGV[1], size)
 redis.call('INCRBY', KEYS[4], size)
 return 1
 """
 )
-"""KEYS: the answer, the index, the sizes, the total. ARGV: (unused), digest, time to live
-(ms), the cache's bytes, the answer, the answers' key prefix, the most evictions. The
+"""KEYS: the answer, the index, the sizes, the total. ARGV: digest, time to live (ms),
+the cache's bytes, the answer, the answers' key prefix, the most evictions. The
 answers unused for the time to live are forgotten first (their keys expired already), then
 the least recently used until the new one fits."""
 
@@ -291,7 +291,6 @@ class ResponseCache:
                         2,
                         keys.cached_answer(key),
                         index,
-                        0,
                         key,
                         self._ttl_ms,
                     )
@@ -304,7 +303,6 @@ class ResponseCache:
                         index,
                         f"{index}:sizes",
                         f"{index}:total",
-                        0,
                         key,
                         self._ttl_ms,
                         self.limit_bytes,

@@ -12,12 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from redis import Redis
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from sluice.core.keys import Keys
@@ -370,5 +372,14 @@ def test_bad_load_and_unload_requests_say_why(explicit: Stack) -> None:
         answer = httpx.post(f"{url}/{path}", content=body, timeout=30)
         assert answer.status_code == 400, (body, answer.text)
         assert text in answer.json()["error"], (body, answer.text)
+    # Over gRPC too: unload_dependents must be a bool_param.
+    with grpc.insecure_channel(explicit.grpc_address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        request = service_pb2.RepositoryModelUnloadRequest(model_name="ident")
+        request.parameters["unload_dependents"].string_param = "yes"
+        with pytest.raises(grpc.RpcError) as failure:
+            stub.RepositoryModelUnload(request, timeout=30)
+    assert failure.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "'unload_dependents' must be a boolean" in str(failure.value.details())
     infer = f"{explicit.url}/v2/models/ident/infer"
     assert httpx.post(infer, json=IDENT, timeout=30).status_code == 200  # still serving
