@@ -35,10 +35,14 @@ class LoadedModel:
     """Batches computed at once: the backend's ``concurrency`` (see :mod:`sluice.workers.slots`)."""
 
 
-def load_model(config: ModelConfig, model_path: Path, placement: Placement) -> LoadedModel:
+def load_model(
+    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+) -> LoadedModel:
+    """``config_name``: the deployment's custom configuration name, with which an ensemble
+    reads its composing models."""
     labels = read_output_labels(config, model_path.parent.parent)
     policy, deadline_order = batching_of(config)
-    backend = load_backend(config, model_path, placement)
+    backend = load_backend(config, model_path, placement, config_name)
     try:
         check_streams(config, backend)
         concurrency = backend_concurrency(backend)

@@ -166,7 +166,12 @@ class Worker:
                 publisher.checkpoints = book.write_checkpoints
                 publisher.published = book.published
             model = await asyncio.get_running_loop().run_in_executor(
-                self._executor, load_model, self.config, self.model_path, self.placement
+                self._executor,
+                load_model,
+                self.config,
+                self.model_path,
+                self.placement,
+                self.settings.model_config_name,
             )
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"

@@ -23,11 +23,12 @@ from pathlib import Path
 
 from sluice.core.config import CONFIG_FILENAME, ModelConfig
 from sluice.core.mar_config import MAX_INSTANCES, MIN_INSTANCES
-from sluice.core.repository import RepositoryModel
+from sluice.core.repository import CUSTOM_CONFIGS, RepositoryModel
 from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
 Fingerprint = frozenset[tuple[str, int, int]]
-"""A model directory's files but its configuration: (relative path, size, mtime in ns)."""
+"""A model directory's files but its configurations (``config.pbtxt``, ``configs/*.pbtxt``):
+(relative path, size, mtime in ns)."""
 
 _INSTANCE_PARAMETERS = frozenset((MIN_INSTANCES, MAX_INSTANCES))
 
@@ -40,7 +41,7 @@ def fingerprint(model_dir: Path) -> Fingerprint:
         for name in files:
             path = Path(root, name)
             relative = path.relative_to(model_dir).as_posix()
-            if relative == CONFIG_FILENAME:
+            if relative == CONFIG_FILENAME or _is_custom_config(relative):
                 continue
             try:
                 stat = path.stat()
@@ -49,6 +50,11 @@ def fingerprint(model_dir: Path) -> Fingerprint:
                 continue
             found.add((relative, stat.st_size, stat.st_mtime_ns))
     return frozenset(found)
+
+
+def _is_custom_config(relative: str) -> bool:
+    folder, _, name = relative.partition("/")
+    return folder == CUSTOM_CONFIGS and "/" not in name and name.endswith(".pbtxt")
 
 
 def instances_only(old: RepositoryModel, new: RepositoryModel) -> bool:

@@ -135,6 +135,9 @@ class KubernetesExecutor:
     selector: str
     repository: Path | None = None
     interval_s: float = 1.0
+    config_name: str = ""
+    """The deployment's custom configuration name
+    (:func:`~sluice.core.repository.config_source`)."""
     _published: bool = False
     _unlabelled: set[str] = field(default_factory=set)
 
@@ -194,7 +197,7 @@ class KubernetesExecutor:
             return
         if self._published:
             log.warning("the model catalog is gone from Redis (restarted?); publishing it again")
-        models = scan_repository(self.repository)
+        models = scan_repository(self.repository, self.config_name)
         self.client.set(self.keys.control_mode, "none")
         publish_catalog(self.client, self.keys, models)
         self._published = True
@@ -229,6 +232,7 @@ def start_executor(
         kubernetes_namespace(settings),
         settings.kubernetes_selector,
         repository,
+        config_name=settings.model_config_name,
     )
     log.info(
         "Kubernetes executor: scaling Deployments in '%s' selected by '%s'",

@@ -102,6 +102,9 @@ class ModelControl:
     """Called after the set of loaded models changed (publishes the catalog)."""
     refresh: Callable[[], None] | None = None
     """Brings the local copy of a remote repository up to date (raises SourceError)."""
+    config_name: str = ""
+    """The deployment's custom configuration name
+    (:func:`~sluice.core.repository.config_source`)."""
     _last_id: str = "0-0"
     _newest_token: int = 0
     """The newest fencing token seen on a controller's command."""
@@ -178,7 +181,7 @@ class ModelControl:
 
     def _repository_model(self, name: str) -> RepositoryModel | None:
         folder = self.repository / name
-        return read_model(folder) if folder.is_dir() else None
+        return read_model(folder, self.config_name) if folder.is_dir() else None
 
     def _begin(self, command: ControlCommand) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -237,7 +240,7 @@ class ModelControl:
             command.files,
             keep=command.keep_files,
         )
-        model = read_model(model_dir)
+        model = read_model(model_dir, self.config_name)
         if model.error is not None or model.config is None:
             self._reply(command, f"failed to load '{name}', {model.error}")
             return

@@ -130,6 +130,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 settings.model_control_timeout_s,
                 fleet,
                 catalog.publish,
+                config_name=settings.model_config_name,
             )
             control.refresh = _refresher(settings)
             control.start()
@@ -179,7 +180,7 @@ def _read_repository(settings: UpSettings) -> tuple[Path, list[RepositoryModel]]
     first) and its models; warns when there are none."""
     try:
         repository = snapshot_repository(settings.model_repository, settings)
-        models = scan_repository(repository)
+        models = scan_repository(repository, settings.model_config_name)
     except (InvalidConfig, SourceError) as exc:
         raise StartupFailed(exc.message) from None
     if not models:

@@ -3,7 +3,8 @@
 Triton's load request may carry a configuration (``parameters.config``: the model
 configuration as JSON) and model files (``parameters["file:<path>"]``, the bytes). With a
 configuration only, the model's own directory is used with that configuration instead of
-its ``config.pbtxt``; with files, the model is made of the given configuration and files
+its ``config.pbtxt`` (and of its custom configurations, ``configs/``, which the staged
+copy leaves out); with files, the model is made of the given configuration and files
 alone (Triton requires the configuration then). The result is written to a fresh staging
 directory, never into the repository; paths from the request are hostile and checked.
 """
@@ -18,6 +19,10 @@ from google.protobuf import json_format, text_format
 from sluice.core.config import CONFIG_FILENAME
 from sluice.core.config._schema import model_config_pb2
 from sluice.core.errors import InvalidInput
+from sluice.core.repository import CUSTOM_CONFIGS
+
+_REPLACED = frozenset((CONFIG_FILENAME, CUSTOM_CONFIGS))
+"""What a load's configuration replaces in the model's folder."""
 
 MAX_FILES = 1000
 
@@ -66,7 +71,7 @@ def stage(
         if keep and model_dir.is_dir():
             touched = {path.parts[0] for path in relative}
             for entry in model_dir.iterdir():
-                if entry.name != CONFIG_FILENAME and entry.name not in touched:
+                if entry.name not in _REPLACED and entry.name not in touched:
                     (staged / entry.name).symlink_to(entry.resolve())
         for path, content in zip(relative, files.values(), strict=True):
             target = staged / path
@@ -74,7 +79,7 @@ def stage(
             target.write_bytes(content)
     else:
         for entry in model_dir.iterdir():
-            if entry.name != CONFIG_FILENAME:
+            if entry.name not in _REPLACED:
                 (staged / entry.name).symlink_to(entry.resolve())
     assert config_json is not None
     (staged / CONFIG_FILENAME).write_text(_config_text(name, config_json))
@@ -92,6 +97,11 @@ def _safe_relative(name: str, path: str) -> PurePosixPath:
         or (relative.name == CONFIG_FILENAME and len(relative.parts) == 1)
     ):
         raise InvalidInput(f"failed to load '{name}', invalid file override path '{path}'")
+    if relative.parts[0] == CUSTOM_CONFIGS:
+        raise InvalidInput(
+            f"failed to load '{name}', file override path '{path}': the load's configuration "
+            f"replaces the model's custom configurations ({CUSTOM_CONFIGS}/)"
+        )
     return relative
 
 

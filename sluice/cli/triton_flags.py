@@ -30,6 +30,9 @@ from typing import Any, Literal
 
 import typer
 
+from sluice.core.dispatch import STREAM_BACKLOG
+from sluice.core.repository import CONFIG_NAME
+
 Kind = Literal["option", "mapped", "ignored", "refused"]
 ValueKind = Literal["bool", "int", "float", "text", "none"]
 
@@ -218,6 +221,16 @@ def _poll_secs(flag: TritonFlag, text: str, out: TritonArgs) -> None:
     if seconds < 1:
         raise bad_value(flag, f"{text}: seconds between polls, 1 or more")
     out.overrides["repository_poll_s"] = float(seconds)
+
+
+def _model_config_name(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    if not CONFIG_NAME.fullmatch(text):
+        raise bad_value(
+            flag,
+            f"{text!r}: the name of a file in each model's configs/ folder, without '.pbtxt' "
+            "(letters, digits, '_', '.', '-'; no space)",
+        )
+    out.environment["SLUICE_MODEL_CONFIG_NAME"] = text
 
 
 def _allow_grpc(flag: TritonFlag, text: str, out: TritonArgs) -> None:
@@ -430,6 +443,14 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     ),
     TritonFlag("load-model", "text", "option", "Sluice's option, repeatable."),
     TritonFlag(
+        "model-config-name",
+        "text",
+        "mapped",
+        "SLUICE_MODEL_CONFIG_NAME: a model with configs/<name>.pbtxt is served with it "
+        "instead of its config.pbtxt.",
+        _model_config_name,
+    ),
+    TritonFlag(
         "model-load-thread-count",
         "int",
         "ignored",
@@ -515,6 +536,14 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "parameters of the request.",
     ),
     TritonFlag("grpc-infer-allocation-pool-size", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag("grpc-infer-thread-count", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "grpc-max-response-pool-size",
+        "int",
+        "ignored",
+        f"a gateway holds at most {STREAM_BACKLOG:,} responses of a decoupled model for one "
+        "slow client, then ends that stream with an error.",
+    ),
     TritonFlag(
         "grpc-use-ssl",
         "bool",
@@ -788,6 +817,13 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "Sluice places instances on the GPUs CUDA_VISIBLE_DEVICES shows; hide the others.",
     ),
     TritonFlag("buffer-manager-thread-count", "int", "ignored", _IGNORED_TUNING + "."),
+    TritonFlag(
+        "enable-peer-access",
+        "bool",
+        "ignored",
+        "each worker process uses one GPU, and CUDA peer access is never asked for.",
+        fine=_is(False),
+    ),
     TritonFlag(
         "host-policy",
         "text",

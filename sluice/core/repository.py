@@ -4,6 +4,11 @@ Layout: ``<root>/<model>/config.pbtxt`` (optional for ONNX models) and numeric
 version folders ``<root>/<model>/<version>/<model file>``. Problems with one
 model make only that model unavailable; they are reported in
 :attr:`RepositoryModel.error` rather than raised.
+
+A deployment may name a custom configuration (``config_name``, Triton's
+``--model-config-name``, the setting ``SLUICE_MODEL_CONFIG_NAME``): a model whose folder has
+``configs/<name>.pbtxt`` is read with that file instead of its ``config.pbtxt``; the others
+as usual. Every reader of one deployment passes the same name.
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from sluice.core.errors import InvalidConfig
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
 _VERSION_DIR = re.compile(r"[1-9][0-9]*")
 
+CUSTOM_CONFIGS = "configs"
+"""The folder of a model's custom configurations (``configs/<name>.pbtxt``)."""
+
+CONFIG_NAME = re.compile(r"[A-Za-z0-9_.-]{0,128}")
+"""A custom configuration's name: a file name with no folder and no space (Triton asks for no
+space); empty for none."""
+
 
 @dataclass(frozen=True, slots=True)
 class RepositoryModel:
@@ -51,8 +63,9 @@ class RepositoryModel:
         return self.path / str(version) / self.config.default_model_filename
 
 
-def scan_repository(root: Path) -> list[RepositoryModel]:
-    """Every model under ``root``, sorted by name (hidden directories skipped)."""
+def scan_repository(root: Path, config_name: str = "") -> list[RepositoryModel]:
+    """Every model under ``root``, sorted by name (hidden directories skipped), each with
+    its custom configuration ``config_name`` where it has one."""
     if not root.exists():
         raise InvalidConfig(f"model repository {root} does not exist")
     if not root.is_dir():
@@ -61,15 +74,16 @@ def scan_repository(root: Path) -> list[RepositoryModel]:
         (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
         key=lambda p: p.name,
     )
-    models = [_read_one(p) for p in model_dirs]
+    models = [_read_one(p, config_name) for p in model_dirs]
     by_name = {model.name: model for model in models}
     return [_with_transaction_policy(model, by_name.get) for model in models]
 
 
-def read_model(path: Path) -> RepositoryModel:
-    """One model directory; model-level problems end up in ``error``. An ensemble's
-    composing models are read from the same repository (for its transaction policy)."""
-    model = _read_one(path)
+def read_model(path: Path, config_name: str = "") -> RepositoryModel:
+    """One model directory (with its custom configuration ``config_name`` where it has
+    one); model-level problems end up in ``error``. An ensemble's composing models are read
+    from the same repository (for its transaction policy)."""
+    model = _read_one(path, config_name)
     if model.config is None or not model.config.is_ensemble:
         return model
     read: dict[str, RepositoryModel | None] = {}
@@ -77,15 +91,15 @@ def read_model(path: Path) -> RepositoryModel:
     def sibling(name: str) -> RepositoryModel | None:
         if name not in read:
             folder = path.parent / name
-            read[name] = _read_one(folder) if name and folder.is_dir() else None
+            read[name] = _read_one(folder, config_name) if name and folder.is_dir() else None
         return read[name]
 
     return _with_transaction_policy(model, sibling)
 
 
-def _read_one(path: Path) -> RepositoryModel:
+def _read_one(path: Path, config_name: str) -> RepositoryModel:
     try:
-        config, versions = _load(path)
+        config, versions = _load(path, config_name)
     except InvalidConfig as exc:
         return RepositoryModel(path.name, path, None, (), exc.message)
     return RepositoryModel(path.name, path, config, versions)
@@ -163,9 +177,22 @@ def available_versions(path: Path) -> tuple[int, ...]:
     )
 
 
-def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
+def config_source(path: Path, config_name: str = "") -> str:
+    """Which configuration file of the model folder ``path`` is read, relative to it:
+    ``configs/<config_name>.pbtxt`` where there is one (Triton's custom model
+    configuration), else ``config.pbtxt`` (which need not exist)."""
+    if config_name:
+        if not CONFIG_NAME.fullmatch(config_name):
+            raise InvalidConfig(f"invalid custom model configuration name '{config_name}'")
+        custom = f"{CUSTOM_CONFIGS}/{config_name}.pbtxt"
+        if (path / custom).is_file():
+            return custom
+    return CONFIG_FILENAME
+
+
+def _load(path: Path, config_name: str) -> tuple[ModelConfig, tuple[int, ...]]:
     name = path.name
-    config = _read_config(path)
+    config = _read_config(path, config_source(path, config_name))
     available = available_versions(path)
     if not available:
         raise InvalidConfig("no version directory (expected numeric folders such as 1/)")
@@ -212,15 +239,15 @@ def _load(path: Path) -> tuple[ModelConfig, tuple[int, ...]]:
     return config, versions
 
 
-def _read_config(path: Path) -> ModelConfig | None:
-    config_path = path / CONFIG_FILENAME
+def _read_config(path: Path, source: str) -> ModelConfig | None:
+    config_path = path / source
     if not config_path.exists():
         return None
     try:
         text = config_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise InvalidConfig(f"{CONFIG_FILENAME}: cannot read the file: {exc}") from None
-    return parse_config_text(text, model_name=path.name)
+        raise InvalidConfig(f"{source}: cannot read the file: {exc}") from None
+    return parse_config_text(text, model_name=path.name, source=source)
 
 
 def _infer_platform(config: ModelConfig, version_dir: Path) -> ModelConfig:

@@ -118,6 +118,11 @@ class CommonSettings(BaseSettings):
     otel_service_name: str = Field("sluice", validation_alias=AliasChoices("OTEL_SERVICE_NAME"))
     """The ``service.name`` of the exported spans (the standard OTEL_SERVICE_NAME)."""
 
+    model_config_name: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,128}$")
+    """Triton's --model-config-name: a model whose folder has ``configs/<name>.pbtxt`` is
+    served with that configuration instead of its ``config.pbtxt`` (the others with theirs),
+    so that hosts of different kinds share one repository. Empty: ``config.pbtxt`` alone."""
+
 
 class ApiKeySettings(BaseSettings):
     """The API keys a gateway accepts, each belonging to a tenant

@@ -103,3 +103,82 @@ def test_exit_on_error_true_stops_naming_the_model(
     assert stack.process is not None and stack.process.returncode == 1
     [error] = [line for line in stack.stderr_lines if line.startswith("error: ")]
     assert "--exit-on-error" in error and "model 'broken'" in error, error
+
+
+_PIPE = """
+name: "pipe"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+ensemble_scheduling {
+  step [
+    { model_name: "tuned" model_version: -1
+      input_map { key: "IN_FP32" value: "X" } output_map { key: "OUT_FP32" value: "Y" } }
+  ]
+}
+"""
+
+
+def test_model_config_name_serves_each_models_custom_configuration(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """--model-config-name=fast (in poll mode): ``tuned`` has configs/fast.pbtxt and a
+    config.pbtxt that does not even parse, so it is served (by the executor, and through the
+    ensemble ``pipe``, whose worker reads its composing model and checks its batch size of 4)
+    only if every reader takes the custom file; ``plain`` has none and is served with its
+    config.pbtxt, until one is added."""
+    repository = tmp_path / "repository"
+    tuned = write_identity(repository, "tuned", ["FP32"])
+    custom = (tuned / "config.pbtxt").read_text().replace("max_batch_size: 8", "max_batch_size: 4")
+    (tuned / "configs").mkdir()
+    (tuned / "configs" / "fast.pbtxt").write_text(custom)
+    (tuned / "configs" / "slow.pbtxt").write_text("not a configuration")
+    (tuned / "config.pbtxt").write_text("max_batch_size: x\n")
+    write_identity(repository, "plain", ["FP32"])
+    (repository / "pipe" / "1").mkdir(parents=True)
+    (repository / "pipe" / "config.pbtxt").write_text(_PIPE)
+    args = ["--model-config-name=fast", "--model-control-mode=poll", "--repository-poll-secs=1"]
+    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
+    stack.start()
+    try:
+        with httpx.Client(base_url=stack.url, timeout=30) as http:
+            index = {row["name"]: row["state"] for row in http.post("/v2/repository/index").json()}
+            rows = http.post("/v2/repository/index").json()
+            assert index == {"pipe": "READY", "plain": "READY", "tuned": "READY"}, rows
+            assert http.get("/v2/models/tuned/config").json()["max_batch_size"] == 4
+            assert http.get("/v2/models/plain/config").json()["max_batch_size"] == 8
+            body = {
+                "inputs": [
+                    {"name": "X", "datatype": "FP32", "shape": [1, 3], "data": [1.0, 2.0, 3.0]}
+                ]
+            }
+            answer = http.post("/v2/models/pipe/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
+            # Poll mode: a custom configuration added later is a change of configuration.
+            plain = repository / "plain"
+            (plain / "configs").mkdir()
+            edited = (
+                (plain / "config.pbtxt")
+                .read_text()
+                .replace("max_batch_size: 8", "max_batch_size: 2")
+            )
+            (plain / "configs" / "fast.pbtxt").write_text(edited)
+
+            def plain_reconfigured() -> bool:
+                return http.get("/v2/models/plain/config").json().get("max_batch_size") == 2
+
+            assert _wait_until(plain_reconfigured, 60)
+    finally:
+        stack.stop()
+
+
+def test_model_config_name_refuses_a_path(tmp_path: Path, redis_server: RedisServer) -> None:
+    write_identity(tmp_path, "ident", ["FP32"])
+    stack = Stack(tmp_path, redis_server.url, grpc_port=0, args=["--model-config-name=../x"])
+    with pytest.raises(RuntimeError, match="did not become ready"):
+        stack.start()
+    assert stack.process is not None and stack.process.returncode == 2
+    assert any("--model-config-name" in line for line in stack.stderr_lines), stack.stderr_lines

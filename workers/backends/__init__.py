@@ -24,7 +24,11 @@ _SUPPORTED = (
 )
 
 
-def load_backend(config: ModelConfig, model_path: Path, placement: Placement) -> Backend:
+def load_backend(
+    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+) -> Backend:
+    """The backend of ``config``; ``config_name``: the deployment's custom configuration
+    name (an ensemble reads its composing models' configurations with it)."""
     if config.platform in _ONNX or config.backend in _ONNX:
         from sluice.workers.backends.onnxruntime_backend import OnnxRuntimeBackend
 
@@ -61,7 +65,7 @@ def load_backend(config: ModelConfig, model_path: Path, placement: Placement) ->
     if config.is_ensemble:
         from sluice.workers.backends.ensemble_backend import load_ensemble_backend
 
-        return load_ensemble_backend(config, model_path, placement)
+        return load_ensemble_backend(config, model_path, placement, config_name)
     if config.backend == "python":
         from sluice.workers.backends.python_backend import load_python_backend
 

@@ -87,10 +87,13 @@ Slot = Callable[[str], "asyncio.Future[Carried]"]
 class EnsembleBackend:
     concurrency = CONCURRENCY
 
-    def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
-        """``model_path`` is the version folder (``<repository>/<ensemble>/<version>``)."""
+    def __init__(
+        self, config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+    ) -> None:
+        """``model_path`` is the version folder (``<repository>/<ensemble>/<version>``);
+        the composing models are read with the custom configuration ``config_name``."""
         del placement  # an ensemble computes nothing itself
-        self.setup(config, composing_configs(config, model_path.parent.parent))
+        self.setup(config, composing_configs(config, model_path.parent.parent, config_name))
         self._calls = ModelCalls(f"ensemble-{config.name}-")
 
     def setup(self, config: ModelConfig, step_configs: list[ModelConfig]) -> None:
@@ -418,8 +421,8 @@ def _missing_inputs(
 
 
 def load_ensemble_backend(
-    config: ModelConfig, model_path: Path, placement: Placement
+    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
 ) -> EnsembleBackend:
     if not config.ensemble_steps:
         raise InvalidConfig(f"ensemble '{config.name}' has no steps")
-    return EnsembleBackend(config, model_path, placement)
+    return EnsembleBackend(config, model_path, placement, config_name)

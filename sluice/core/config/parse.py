@@ -33,8 +33,9 @@ CONFIG_FILENAME = "config.pbtxt"
 _POSITION = re.compile(r"^(\d+):(\d+) : ")
 
 
-def parse_config_text(text: str, *, model_name: str) -> ModelConfig:
-    """Parse a ``config.pbtxt`` (protobuf text format) and validate it."""
+def parse_config_text(text: str, *, model_name: str, source: str = CONFIG_FILENAME) -> ModelConfig:
+    """Parse a ``config.pbtxt`` (protobuf text format) and validate it; errors name the
+    file as ``source``."""
     msg = new_model_config()
     try:
         text_format.Parse(text, msg)
@@ -44,8 +45,8 @@ def parse_config_text(text: str, *, model_name: str) -> ModelConfig:
         if match:
             line, column = match.groups()
             reason = f"line {line}, column {column}: {reason[match.end() :]}"
-        raise InvalidConfig(f"{CONFIG_FILENAME}: {reason}") from None
-    return config_from_proto(msg, model_name=model_name)
+        raise InvalidConfig(f"{source}: {reason}") from None
+    return config_from_proto(msg, model_name=model_name, source=source)
 
 
 def config_from_proto(msg: Any, *, model_name: str, source: str = CONFIG_FILENAME) -> ModelConfig:

@@ -150,6 +150,8 @@ def test_the_issues_command_line() -> None:
         ),
         (["--response-cache-byte-size=1024"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "1024"}),
         (["--response-cache-byte-size=0"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "0"}),
+        (["--model-config-name=h100"], {}, {"SLUICE_MODEL_CONFIG_NAME": "h100"}),
+        (["--model-config-name", "a100_80g.v2"], {}, {"SLUICE_MODEL_CONFIG_NAME": "a100_80g.v2"}),
     ],
 )
 def test_mapped_flags(
@@ -287,6 +289,9 @@ def test_grpc_and_metrics_addresses_must_be_the_http_address() -> None:
         ["--strict-model-config=true"],
         ["--allow-gpu-metrics=false"],
         ["--trace-level=TIMESTAMPS"],
+        ["--grpc-infer-thread-count=4"],
+        ["--grpc-max-response-pool-size=16"],
+        ["--enable-peer-access=true"],
     ],
 )
 def test_ignored_flags_warn_once_naming_the_flag(args: list[str]) -> None:
@@ -450,6 +455,9 @@ def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> 
         ),
         (["--trace-config=zipkin,url=x"], "--trace-config", "triton or opentelemetry"),
         (["--disable-auto-complete-config=true"], "--disable-auto-complete-config", "no value"),
+        (["--model-config-name=../h100"], "--model-config-name", "'../h100'"),
+        (["--model-config-name=h 100"], "--model-config-name", "no space"),
+        (["--model-config-name=configs/h100"], "--model-config-name", "configs/"),
     ],
 )
 def test_bad_values_name_the_flag_and_the_value(args: list[str], name: str, text: str) -> None:

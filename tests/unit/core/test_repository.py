@@ -8,7 +8,7 @@ from onnx import TensorProto, helper
 
 from sluice.core.config import TensorSpec, VersionPolicy
 from sluice.core.errors import InvalidConfig
-from sluice.core.repository import RepositoryModel, read_model, scan_repository
+from sluice.core.repository import RepositoryModel, config_source, read_model, scan_repository
 
 IDENTITY_CONFIG = """
 platform: "onnxruntime_onnx"
@@ -310,3 +310,48 @@ def test_an_ensemble_is_decoupled_exactly_when_a_composing_model_is(tmp_path: Pa
     streaming = scanned["streaming"].config
     assert streaming is not None
     assert streaming.raw["model_transaction_policy"] == {"decoupled": True}
+
+
+def test_a_custom_configuration_is_read_where_the_model_has_one(tmp_path: Path) -> None:
+    """Triton's --model-config-name: configs/<name>.pbtxt instead of config.pbtxt, for the
+    models that have it; the others (and an unset name) read config.pbtxt."""
+    tuned = _model(tmp_path, "tuned", IDENTITY_CONFIG)
+    (tuned / "configs").mkdir()
+    (tuned / "configs" / "h100.pbtxt").write_text(
+        IDENTITY_CONFIG.replace("max_batch_size: 8", "max_batch_size: 2")
+    )
+    (tuned / "configs" / "broken.pbtxt").write_text("max_batch_size: x\n")
+    _model(tmp_path, "plain", IDENTITY_CONFIG)
+    assert config_source(tuned, "h100") == "configs/h100.pbtxt"
+    assert config_source(tuned, "a100") == config_source(tuned) == "config.pbtxt"
+    by_name = {m.name: m for m in scan_repository(tmp_path, "h100")}
+    assert by_name["tuned"].config is not None and by_name["tuned"].config.max_batch_size == 2
+    assert by_name["plain"].config is not None and by_name["plain"].config.max_batch_size == 8
+    default = read_model(tuned)
+    assert default.config is not None and default.config.max_batch_size == 8
+    broken = read_model(tuned, "broken")
+    assert broken.config is None
+    assert broken.error is not None and broken.error.startswith("configs/broken.pbtxt: line 1")
+
+
+def test_a_custom_configuration_may_complete_from_the_model_file(tmp_path: Path) -> None:
+    """A custom configuration is completed from the ONNX file like config.pbtxt is; a model
+    with no config.pbtxt at all can have one."""
+    model_dir = _model(tmp_path, "m", None)
+    (model_dir / "configs").mkdir()
+    (model_dir / "configs" / "cpu.pbtxt").write_text(
+        'platform: "onnxruntime_onnx"\nmax_batch_size: 4\n'
+        "instance_group [ { count: 3 kind: KIND_CPU } ]\n"
+    )
+    model = read_model(model_dir, "cpu")
+    _usable(model)
+    assert model.config is not None
+    assert [spec.name for spec in model.config.inputs] == ["x"]
+    assert model.config.instance_groups[0].count == 3
+
+
+@pytest.mark.parametrize("name", ["../m", "h 100", "a/b", "x" * 129])
+def test_a_custom_configuration_name_names_a_file_in_configs(tmp_path: Path, name: str) -> None:
+    model_dir = _model(tmp_path, "m", IDENTITY_CONFIG)
+    with pytest.raises(InvalidConfig, match="invalid custom model configuration name"):
+        config_source(model_dir, name)

@@ -106,3 +106,22 @@ def test_a_retiring_worker_is_not_kept() -> None:
     leaving.retiring = True
     kept, starting = plan([leaving], [spec(1, 0)])
     assert kept == [] and len(starting) == 1
+
+
+def test_custom_configurations_are_configurations_not_files(tmp_path: Path) -> None:
+    """Editing configs/<name>.pbtxt (Triton's --model-config-name) changes a configuration,
+    which :func:`instances_only` judges, not the files the workers load."""
+    write_identity(tmp_path / "repo", "m", ["FP32"])
+    source = tmp_path / "repo" / "m"
+    before = fingerprint(source)
+    (source / "configs").mkdir()
+    custom = (source / "config.pbtxt").read_text()
+    (source / "configs" / "h100.pbtxt").write_text(custom)
+    assert fingerprint(source) == before
+    (source / "configs" / "h100.pbtxt").write_text(
+        custom + "instance_group [ { count: 2 kind: KIND_CPU } ]\n"
+    )
+    assert fingerprint(source) == before
+    assert instances_only(read_model(source), read_model(source, "h100"))
+    (source / "configs" / "notes.txt").write_text("not a configuration")
+    assert fingerprint(source) != before

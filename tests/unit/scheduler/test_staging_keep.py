@@ -7,8 +7,10 @@ import json
 from pathlib import Path
 
 import msgpack
+import pytest
 
 from sluice.core.control import ControlCommand, decode_command, encode_command
+from sluice.core.errors import InvalidInput
 from sluice.scheduler.repository.staging import stage
 
 CONFIG = json.dumps({"backend": "torchserve", "max_batch_size": 2})
@@ -41,3 +43,20 @@ def test_keep_travels_with_the_command() -> None:
     assert plain is not None and not plain.keep_files
     fields = {b"c": msgpack.packb({"id": "1", "op": "load", "model": "m", "keep": "yes"})}
     assert decode_command(fields) is None
+
+
+def test_a_loads_configuration_replaces_the_custom_ones(tmp_path: Path) -> None:
+    """Triton's --model-config-name picks configs/<name>.pbtxt over config.pbtxt; a load
+    with a configuration of its own uses that one, so the staged copy has no configs/, and
+    a file override cannot bring one back."""
+    current = tmp_path / "repo" / "m"
+    (current / "1").mkdir(parents=True)
+    (current / "1" / "model.mar").write_bytes(b"first")
+    (current / "configs").mkdir()
+    (current / "configs" / "h100.pbtxt").write_text('backend: "torchserve"')
+    staged = stage(current, tmp_path / "staged-1", CONFIG, {})
+    assert sorted(p.name for p in staged.iterdir()) == ["1", "config.pbtxt"]
+    kept = stage(current, tmp_path / "staged-2", CONFIG, {"2/model.mar": b"x"}, keep=True)
+    assert sorted(p.name for p in kept.iterdir()) == ["1", "2", "config.pbtxt"]
+    with pytest.raises(InvalidInput, match=r"'configs/h100.pbtxt': the load's configuration"):
+        stage(current, tmp_path / "staged-3", CONFIG, {"configs/h100.pbtxt": b"x"})
