@@ -54,7 +54,7 @@ from sluice.workers.backends.base import Emit, RequestContext, RequestsFailed
 from sluice.workers.backends.ensemble_check import composing_configs
 from sluice.workers.backends.ensemble_graph import Carried, fit_shape, live_steps
 from sluice.workers.backends.ensemble_join import join_requests, split_requests
-from sluice.workers.backends.ensemble_stream import EnsembleStream
+from sluice.workers.backends.ensemble_stream import EnsembleStream, StepBound
 from sluice.workers.model_calls import CallContext, ModelCalls
 
 log = logging.getLogger(__name__)
@@ -101,8 +101,8 @@ class EnsembleBackend:
         self.config = config
         self.steps = config.ensemble_steps
         self.step_configs = step_configs
-        in_flight = step_in_flight(config)
-        self._limits = [asyncio.Semaphore(in_flight) for _ in self.steps]
+        self.in_flight = step_in_flight(config)
+        self._limits = [StepBound(self.in_flight) for _ in self.steps]
         self._live: dict[frozenset[str], frozenset[int]] = {}
 
     def close(self) -> None:
@@ -314,7 +314,7 @@ class EnsembleBackend:
             )
         return reads, _batch_of(reads) if batching else 0
 
-    def limit(self, index: int) -> asyncio.Semaphore:
+    def limit(self, index: int) -> StepBound:
         """Bounds the requests in flight to step ``index``'s model (:data:`STEP_IN_FLIGHT`)."""
         return self._limits[index]
 

@@ -20,13 +20,24 @@ response has no outputs.
 
 Tensor values are dropped once every step that reads them has started and the response
 that carries them is made, so a long stream holds only what is still to be used.
+
+A decoupled model faster than the steps after it is held back, as Triton's
+``max_inflight_requests`` holds it (the ensemble's ``in_flight``, per step and instance): it
+takes its next response only once every step its last one started has been let in by its
+step's bound, and while no more than ``in_flight`` responses wait for an earlier one to be
+sent. Meanwhile its responses wait in its call's bounded queue
+(:data:`sluice.core.dispatch.STREAM_BACKLOG`; past it the request fails, not the worker's
+memory). It waits only while a step of the request that is let in and not itself waiting so
+still runs: one whose end makes room. When none does (a decoupled step further on holds the
+only place, or the steps ahead are another request's), they all go on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import Any, Protocol
 
 import numpy as np
@@ -40,6 +51,30 @@ Key = tuple[int, ...]
 Answer = dict[str, np.ndarray]
 
 
+class StepBound:
+    """The places of one step's model for one ensemble instance (``max_inflight_requests``):
+    an ``async with`` takes one, waiting while none is free."""
+
+    def __init__(self, places: int) -> None:
+        self.places = places
+        self.held = 0
+        self._semaphore = asyncio.Semaphore(places)
+
+    @property
+    def free(self) -> bool:
+        """Whether a place is free (one just given back counts as free until its next
+        holder goes in)."""
+        return self.held < self.places
+
+    async def __aenter__(self) -> None:
+        await self._semaphore.acquire()
+        self.held += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        self.held -= 1
+        self._semaphore.release()
+
+
 class Steps(Protocol):
     """What a stream needs of its ensemble (:class:`~sluice.workers.backends.
     ensemble_backend.EnsembleBackend`)."""
@@ -47,6 +82,8 @@ class Steps(Protocol):
     config: ModelConfig
     steps: tuple[EnsembleStep, ...]
     step_configs: list[ModelConfig]
+    in_flight: int
+    """Requests one instance has in flight to each step's model."""
 
     def live(self, outputs: Sequence[str]) -> frozenset[int]: ...
 
@@ -56,7 +93,7 @@ class Steps(Protocol):
         self, index: int, carried: Mapping[str, Carried], context: RequestContext
     ) -> tuple[dict[str, np.ndarray], int]: ...
 
-    def limit(self, index: int) -> asyncio.Semaphore: ...
+    def limit(self, index: int) -> StepBound: ...
 
     async def submit(
         self, index: int, reads: dict[str, np.ndarray], context: RequestContext
@@ -99,11 +136,19 @@ class EnsembleStream:
         self._answered: set[Key] = set()
         self._tasks: dict[asyncio.Task[None], Key] = {}
         """The steps running, and the key each runs at."""
+        self._step_of: dict[asyncio.Task[None], int] = {}
+        """The step each of them runs."""
         self._finished: asyncio.Queue[asyncio.Task[None]] = asyncio.Queue()
         self._ready: dict[Key, Answer] = {}
         """Responses made and not yet sent (an earlier one may still come)."""
         self._held: Answer | None = None
         """The response that is the final one, unless another comes after all."""
+        self._working: set[asyncio.Task[Any]] = set()
+        """Steps let in by their step's bound and not yet finished."""
+        self._holding: set[asyncio.Task[Any]] = set()
+        """Decoupled steps that wait before taking their next response."""
+        self._room = asyncio.Event()
+        """Set whenever what holds a decoupled step back may have changed."""
 
     async def run(self, inputs: Mapping[str, np.ndarray], batch: int) -> Answer | None:
         for spec in self._ensemble.config.inputs:  # an optional input not given: no tensor
@@ -116,6 +161,8 @@ class EnsembleStream:
             while self._tasks:
                 task = await self._finished.get()
                 del self._tasks[task]
+                del self._step_of[task]
+                self._room.set()
                 error = task.exception()
                 if error is not None:
                     raise error
@@ -158,6 +205,7 @@ class EnsembleStream:
                 task = asyncio.create_task(self._step(index, key, carried))
                 task.add_done_callback(self._finished.put_nowait)
                 self._tasks[task] = key
+                self._step_of[task] = index
         if key not in self._answered and all(self._has(name, key) for name in self._outputs):
             self._answered.add(key)
             made = [self._take(name, key) for name in self._outputs]
@@ -167,7 +215,7 @@ class EnsembleStream:
         ensemble, context = self._ensemble, self._context
         reads, batch = ensemble.inputs_of(index, carried, context)
         try:
-            async with ensemble.limit(index):
+            async with self._admitted(ensemble.limit(index)):
                 if not ensemble.step_configs[index].decoupled:
                     answer = await ensemble.submit(index, reads, context)
                     self._made(index, key, answer, batch, last=True)
@@ -180,6 +228,8 @@ class EnsembleStream:
                         sent += 1
                     elif final:
                         self._send(asyncio.current_task(), last=True)
+                    if not final:
+                        await self._hold_back()
         except SluiceError as exc:
             raise type(exc)(f"{ensemble.where(index)}: {exc.message}") from None
 
@@ -188,6 +238,43 @@ class EnsembleStream:
             self._record(tensor, key, Carried(answer.get(name), batch))
         self._advance(key)
         self._send(asyncio.current_task(), last=last)
+
+    @contextlib.asynccontextmanager
+    async def _admitted(self, bound: StepBound) -> AsyncIterator[None]:
+        """``bound`` held, the step counted as working meanwhile."""
+        me = asyncio.current_task()
+        assert me is not None
+        async with bound:
+            self._working.add(me)
+            try:
+                yield
+            finally:
+                self._working.discard(me)
+                self._room.set()
+
+    async def _hold_back(self) -> None:
+        """Wait (a decoupled step, before its next response) while the steps its responses
+        started queue at their bounds or too many responses wait to be sent, as long as a
+        step that is let in and not waiting so still runs."""
+        me = asyncio.current_task()
+        assert me is not None
+        self._holding.add(me)
+        self._room.set()  # (the others may now all be waiting)
+        try:
+            while self._crowded():
+                self._room.clear()
+                await self._room.wait()
+        finally:
+            self._holding.discard(me)
+
+    def _crowded(self) -> bool:
+        queued = [t for t in self._tasks if not t.done() and t not in self._working]
+        if not queued and len(self._ready) <= self._ensemble.in_flight:
+            return False
+        if any(t not in self._holding for t in self._working):
+            return True  # (its end makes room)
+        limit = self._ensemble.limit
+        return any(limit(self._step_of[t]).free for t in queued)  # (it goes in)
 
     # -- responses -------------------------------------------------------------------------
 
@@ -201,6 +288,7 @@ class EnsembleStream:
             if self._waits_for_earlier(key, done):
                 return
             response = self._ready.pop(key)
+            self._room.set()
             if self._held is not None:
                 self._partial(self._held)
                 self._held = None

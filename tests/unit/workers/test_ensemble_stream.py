@@ -18,7 +18,7 @@ from sluice.core.errors import InvalidConfig, InvalidInput
 from sluice.workers.backends.base import RequestContext
 from sluice.workers.backends.ensemble_backend import EnsembleBackend
 from sluice.workers.backends.ensemble_check import composing_configs
-from sluice.workers.backends.ensemble_stream import EnsembleStream
+from sluice.workers.backends.ensemble_stream import EnsembleStream, StepBound
 
 _CONFIG = """
 name: "tokens"
@@ -202,3 +202,99 @@ def test_a_cancelled_request_withdraws_the_decoupled_models_request() -> None:
     sent = asyncio.run(cancel_after_three())
     assert _ids(sent[:3]) == [0, 1, 2]
     assert closed == ["generate"]
+
+
+class _Fast(_Model):
+    """``generate`` answers as fast as it is asked (``count`` ids, counting what it sent),
+    ``detokenize`` takes 1 ms per id; one request in flight per step (``in_flight``)."""
+
+    def __init__(self, in_flight: int) -> None:
+        super().__init__(empty_final=True)
+        self.in_flight = in_flight
+        self._limits = [StepBound(in_flight) for _ in self.steps]
+        self.taken = 0
+        self.detokenized = 0
+        self.most_ahead = 0
+
+    async def submit(
+        self, index: int, reads: dict[str, np.ndarray], context: RequestContext
+    ) -> dict[str, np.ndarray]:
+        await asyncio.sleep(0.001)
+        self.detokenized += 1
+        return {"TEXT": reads["ID"].astype(np.float32)}
+
+    async def _responses(self, count: int) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        for token in range(count):
+            self.taken += 1
+            self.most_ahead = max(self.most_ahead, self.taken - self.detokenized)
+            yield {"ID": np.array([[token]], dtype=np.int32)}, False
+        yield {}, True
+
+
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_a_decoupled_model_faster_than_the_next_step_is_held_back(in_flight: int) -> None:
+    """Triton's ``max_inflight_requests``: the responses a decoupled model has sent and the
+    step after it has not finished stay within the bound (plus the one being handed on),
+    instead of one waiting task per response."""
+    model = _Fast(in_flight)
+    sent, final, stream = _run(model, 200)
+    assert _ids(sent + ([final] if final is not None else [])) == list(range(200))
+    assert model.most_ahead <= in_flight + 1, model.most_ahead
+    assert not stream._working and not stream._holding
+
+
+_CHAIN = """
+name: "chain"
+platform: "ensemble"
+max_batch_size: 4
+input [ { name: "N" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TEXT" data_type: TYPE_FP32 dims: [ 1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "generate" model_version: -1 input_map { key: "N" value: "N" }
+    output_map { key: "ID" value: "ID" } },
+  { model_name: "split" model_version: -1 input_map { key: "N" value: "ID" }
+    output_map { key: "ID" value: "PART" } },
+  { model_name: "detokenize" model_version: -1 input_map { key: "ID" value: "PART" }
+    output_map { key: "TEXT" value: "TEXT" } }
+] }
+"""
+
+
+class _Chain(_Fast):
+    """Two decoupled steps in a row (``split`` sends two parts per id), one place each:
+    a decoupled step further on holds the only place of its step while the first waits."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+        decoupled = parse_config_text(_GENERATE, model_name="split")
+        self.setup(
+            parse_config_text(_CHAIN, model_name="chain"),
+            [self.step_configs[0], decoupled, self.step_configs[1]],
+        )
+        self.in_flight = 1
+        self._limits = [StepBound(1) for _ in self.steps]
+
+    def submit_stream(
+        self, index: int, reads: dict[str, np.ndarray], context: RequestContext
+    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        if index == 0:
+            return self._responses(int(reads["N"].reshape(-1)[0]))
+        return self._parts(int(reads["N"].reshape(-1)[0]))
+
+    async def _parts(self, token: int) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+        yield {"ID": np.array([[token * 10]], dtype=np.int32)}, False
+        yield {"ID": np.array([[token * 10 + 1]], dtype=np.int32)}, True
+
+
+def test_chained_decoupled_steps_with_one_place_each_do_not_wait_on_each_other() -> None:
+    model = _Chain()
+
+    async def run() -> list[dict[str, np.ndarray]]:
+        sent: list[dict[str, np.ndarray]] = []
+        stream = EnsembleStream(model, ("TEXT",), RequestContext("r", 0, None), sent.append)
+        final = await asyncio.wait_for(stream.run({"N": np.array([[20]], dtype=np.int32)}, 1), 30)
+        return sent + ([final] if final is not None else [])
+
+    answers = asyncio.run(run())
+    texts = [float(a["TEXT"].reshape(-1)[0]) for a in answers]
+    assert texts == [float(t * 10 + part) for t in range(20) for part in (0, 1)]
