@@ -6,11 +6,11 @@ import sys
 
 from sluice.batch.app import run_worker
 from sluice.core.logs import configure_logging
-from sluice.core.settings import BatchSettings
+from sluice.core.settings import BatchSettings, settings_at_start
 
 
 def main() -> int:
-    settings = BatchSettings()
+    settings = settings_at_start(BatchSettings)
     configure_logging("batch", settings)
     return run_worker(settings)
 

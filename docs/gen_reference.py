@@ -265,7 +265,10 @@ def settings_page() -> str:
             "Each process reads the settings of its role from the environment when it starts. "
             'Names are case-insensitive; a list is written as JSON (`\'["a", "b"]\'`); '
             "a `bool` as `true` / `false` (or `1` / `0`). Sizes are in bytes, durations in "
-            "seconds (the names ending in `_s`).",
+            "seconds (the names ending in `_s`). A value that is not valid stops the process "
+            "before it starts anything, with one line per bad value on standard error "
+            "(`error: invalid setting SLUICE_HEARTBEAT_S='-1': Input should be greater than "
+            "0`) and exit status 2.",
             table(
                 ["Class", "Read by"],
                 [

@@ -14,7 +14,7 @@ import uvloop
 from starlette.types import ASGIApp
 
 from sluice.core.runtime import tune_garbage_collector
-from sluice.core.settings import GatewaySettings
+from sluice.core.settings import GatewaySettings, settings_at_start
 from sluice.core.torchserve_ports import API_NAMES, parse_ports
 from sluice.gateway.app import GatewayApp, create_app
 from sluice.gateway.http_protocol import bounded_protocol
@@ -190,5 +190,6 @@ def _socket(fd: int, host: str, port: int, what: str) -> socket.socket | None:
 if __name__ == "__main__":
     from sluice.core.logs import configure_logging
 
-    configure_logging("gateway", GatewaySettings())
-    serve(GatewaySettings())
+    settings = settings_at_start(GatewaySettings)
+    configure_logging("gateway", settings)
+    serve(settings)

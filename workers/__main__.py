@@ -18,7 +18,7 @@ from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.logs import configure_logging
 from sluice.core.placement import Placement
 from sluice.core.runtime import die_with_parent, tune_garbage_collector
-from sluice.core.settings import WorkerSettings
+from sluice.core.settings import WorkerSettings, settings_at_start
 from sluice.core.tracing import tracing_from_settings
 from sluice.workers.inprocess import worker_for
 from sluice.workers.lifecycle import install_signal_handlers
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "--slot", type=int, default=0, help="which instance of the model this worker is (0 ..)"
     )
     args = parser.parse_args(argv)
-    settings = WorkerSettings()
+    settings = settings_at_start(WorkerSettings)
     configure_logging("worker", settings)
     threads = settings.threads or args.threads  # 0: every usable core
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)

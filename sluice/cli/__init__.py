@@ -22,7 +22,8 @@ from sluice.core.errors import StartupFailed
 
 class _Commands(TyperGroup):
     """The one place a fatal start-up error (:class:`StartupFailed`, raised by any service
-    that cannot start) is handled: one line on stderr, and its exit status."""
+    that cannot start, and a bad ``SLUICE_*`` setting) is handled: one line on stderr, and
+    its exit status."""
 
     def invoke(self, ctx: Any) -> Any:  # typer's click Context (vendored by typer)
         try:
@@ -30,6 +31,15 @@ class _Commands(TyperGroup):
         except StartupFailed as exc:
             print(f"error: {exc.message}", file=sys.stderr)
             ctx.exit(exc.exit_status)
+        except Exception as exc:
+            from pydantic import ValidationError  # (imported already when one was raised)
+
+            if not isinstance(exc, ValidationError):
+                raise
+            from sluice.core.settings import settings_problems
+
+            print(f"error: {settings_problems(exc)}", file=sys.stderr)
+            ctx.exit(2)
 
 
 app = typer.Typer(

@@ -9,17 +9,54 @@ from __future__ import annotations
 import os
 import re
 import socket
+import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from sluice.core.errors import StartupFailed
 from sluice.core.memory_budget import parse_gpu_budgets, parse_size
 from sluice.core.torchserve_ports import parse_ports
 
 MIB = 1 << 20
 GIB = 1 << 30
+
+S = TypeVar("S", bound=BaseSettings)
+
+
+def settings_problems(exc: ValidationError) -> str:
+    """What is wrong with the settings, one clause per bad value, each naming its
+    ``SLUICE_*`` variable and the value given (options of the command line that set the
+    same field are named by the variable too)."""
+    clauses = []
+    for error in exc.errors():
+        field = "_".join(str(part) for part in error["loc"] if isinstance(part, str))
+        name = f"SLUICE_{field.upper()}" if field else "the settings"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        clauses.append(f"invalid setting {name}={error.get('input')!r}: {message}")
+    return "; ".join(clauses)
+
+
+def read_settings(kind: type[S], **values: Any) -> S:
+    """``kind`` from ``values`` and the ``SLUICE_*`` variables; a bad value is a
+    :class:`StartupFailed` naming it (``error: invalid setting SLUICE_...``, exit status 2)
+    instead of a traceback."""
+    try:
+        return kind(**values)
+    except ValidationError as exc:
+        raise StartupFailed(settings_problems(exc)) from None
+
+
+def settings_at_start(kind: type[S]) -> S:
+    """:func:`read_settings` for a service's ``python -m`` entry point: a bad value prints
+    ``error: ...`` on stderr and exits with status 2."""
+    try:
+        return read_settings(kind)
+    except StartupFailed as exc:
+        print(f"error: {exc.message}", file=sys.stderr)
+        raise SystemExit(exc.exit_status) from None
 
 
 AUTO_GATEWAY_PROCESSES_CAP = 16
