@@ -10,11 +10,15 @@ gateway counters that belong to no model.
 
 from __future__ import annotations
 
+import contextlib
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from sluice.core import custom_metrics
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.on_demand import HostMemory, host_memories
@@ -60,6 +64,9 @@ class Snapshot:
     gateway_counters: dict[str, int]
     hosts: list[HostMemory] = field(default_factory=list)
     """The memory budget and use of each host that loads models on demand."""
+    custom: list[Any] = field(default_factory=list)
+    """The metrics models define themselves, one report per live worker
+    (:mod:`sluice.core.custom_metrics`)."""
 
 
 async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
@@ -69,6 +76,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
         pipe.zrangebyscore(keys.gateways, now, "+inf")
         pipe.hgetall(keys.gateway_counters)
         pipe.hgetall(keys.host_memory)
+        pipe.hgetall(keys.custom_metrics)
         for name in sorted(view.models):
             entry = view.models[name]
             if not entry.available:
@@ -99,7 +107,15 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     now_ms = CLOCK.now_ns() // 1_000_000
     live = [_text(member) for member in _list(results[0])]
     hosts = host_memories(results[2], now) if isinstance(results[2], dict) else []
-    position = 3
+    custom, expired = (
+        custom_metrics.decode_reports(results[3], time.time())
+        if isinstance(results[3], dict)
+        else ([], [])
+    )
+    if expired:  # (workers that died without taking their report back)
+        with contextlib.suppress(RedisError):
+            await redis.hdel(keys.custom_metrics, *expired)
+    position = 4
     for state in versions:
         state.counters = _counters(results[position])
         live_workers = results[position + 1]
@@ -124,7 +140,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                 pipe.hgetall(keys.gateway_report(gateway_id))
             reports = await pipe.execute(raise_on_error=False)
         gateways = [_counters(report) for report in reports if report]
-    return Snapshot(versions, now_ms, gateways, _counters(results[1]), hosts)
+    return Snapshot(versions, now_ms, gateways, _counters(results[1]), hosts, custom)
 
 
 def _text(value: bytes | str) -> str:

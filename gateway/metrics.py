@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from sluice.core import custom_metrics
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import segment_bytes
 from sluice.core.statistics import (
@@ -151,6 +152,7 @@ def _text(
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
     lines += gpu_metrics.GPUS.lines()
+    lines += custom_metrics.render(snapshot.custom)
     text = ("\n".join(lines) + "\n").encode()
     return (
         text

@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisError
 
+from sluice.core import custom_metrics
 from sluice.core.clock import CLOCK
 from sluice.core.keys import Keys
 from sluice.core.settings import WorkerSettings
@@ -71,11 +72,22 @@ class Liveness:
             pipe.hset(hosts, self.worker_id, self.host)
             pipe.zrange(key, 0, -1)
             pipe.hkeys(hosts)
+            reporting = bool(custom_metrics.REGISTRY)  # (the model defines metrics)
+            if reporting:
+                report = custom_metrics.REGISTRY.snapshot()
+                expires = time.time() + 3 * self.settings.heartbeat_s
+                pipe.hset(
+                    self.keys.custom_metrics,
+                    self.worker_id,
+                    custom_metrics.encode_report(report, expires),
+                )
             results = await pipe.execute()
         received = time.time_ns()
         if timed:
             (seconds, micros), *results = results
             CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
+        if reporting:
+            results = results[:-1]
         *_, live, advertised = results
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
@@ -121,6 +133,8 @@ class Liveness:
         with contextlib.suppress(RedisError):
             await self.redis.zrem(self.keys.live_workers(self.model, self.version), self.worker_id)
             await self.redis.hdel(self.keys.worker_hosts(self.model, self.version), self.worker_id)
+            if custom_metrics.REGISTRY:
+                await self.redis.hdel(self.keys.custom_metrics, self.worker_id)
             if self.lease is not None:
                 await self.lease.release()
 

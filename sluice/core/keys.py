@@ -240,6 +240,12 @@ class Keys:
         return f"{{{self.namespace}}}:control:requests"
 
     @property
+    def custom_metrics(self) -> str:
+        """Hash worker id -> the metrics its model defines itself, with their expiry (JSON,
+        :mod:`sluice.core.custom_metrics`), written with each heartbeat."""
+        return f"{{{self.namespace}}}:custom-metrics"
+
+    @property
     def demand_requests(self) -> str:
         """Stream of wake-ups to the executors: a gateway queued a request for an on-demand
         model version that no worker serves (:mod:`sluice.core.on_demand`)."""

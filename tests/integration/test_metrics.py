@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.core.settings import auto_gateway_processes
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
-from tests.support.model_files import write_fragile
+from tests.support.model_files import python_config, tensor, write_fragile, write_model
 from tests.support.onnx_models import write_identity
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
@@ -52,13 +52,39 @@ TRITON_HELP = {
         "Instantaneous number of pending requests awaiting execution per-model."
     ),
 }
-MODELS = {"ident", "fragile", "queued", "slow"}
+MODELS = {"ident", "fragile", "queued", "slow", "counted"}
 SLOW_ITERS = 600_000
 """Rounds of the slow model that compute for seconds: several times what the test does
 meanwhile."""
 REFRESH_S = 0.5
 """How often each gateway process reads the queues' depths (its catalog refresh)."""
 Samples = dict[tuple[str, str, str, str], float]
+COUNTED_MODEL = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        kinds = pb_utils.MetricFamily
+        labels = {"stage": "answer"}
+        self.requests = kinds("model_requests", "Requests seen", kinds.COUNTER).Metric(labels)
+        self.size = kinds("model_last_size", "Elements last seen", kinds.GAUGE).Metric(labels)
+        self.values = kinds("model_values", "Values seen", kinds.HISTOGRAM).Metric(
+            labels, buckets=[1.0, 10.0]
+        )
+
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            self.requests.increment(1)
+            self.size.set(x.size)
+            for value in x.flatten():
+                self.values.observe(float(value))
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x)]))
+        return responses
+"""
+"""A Triton Python model with custom metrics (Triton's ``pb_utils.MetricFamily``)."""
 
 
 @pytest.fixture(scope="module")
@@ -70,6 +96,12 @@ def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
         root, "queued", extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
     )
     write_slow(root, "slow", max_batch_size=1)
+    write_model(
+        root,
+        "counted",
+        python_config([tensor("X", "TYPE_FP32", "-1")], [tensor("Y", "TYPE_FP32", "-1")]),
+        {"1/model.py": COUNTED_MODEL},
+    )
     # An idle gateway process refreshes its view of the queues every 2 s by default.
     stack = Stack(root, redis_server.url, env={"SLUICE_CATALOG_IDLE_REFRESH_S": str(REFRESH_S)})
     stack.start()
@@ -359,3 +391,30 @@ def test_metrics_need_a_key_when_keys_are_set(
         response = client.get("/metrics", headers={"Authorization": "Bearer k1"})
         assert response.status_code == 200
         assert "nv_inference_count" in response.text
+
+
+def test_a_models_own_metrics_are_on_metrics(http: httpx.Client) -> None:
+    """Triton's Python-backend custom metrics: a counter, a gauge and a histogram the model
+    defines show on ``/metrics`` with its labels, once the worker's heartbeat reports them."""
+    for values in ([0.5, 5.0, 50.0], [2.0]):
+        body = {
+            "inputs": [{"name": "X", "datatype": "FP32", "shape": [1, len(values)], "data": values}]
+        }
+        assert http.post("/v2/models/counted/infer", json=body).status_code == 200
+
+    def reported() -> AllSamples | None:
+        samples = everything(http)
+        requests = [v for n, lbl, v in samples if n == "model_requests_total"]
+        return samples if requests == [2.0] else None
+
+    assert wait_for(lambda: reported() is not None, 15)
+    samples = reported()
+    assert samples is not None
+    stage = {"stage": "answer"}
+    assert ("model_last_size", stage, 1.0) in samples
+    buckets = {lbl["le"]: v for n, lbl, v in samples if n == "model_values_bucket"}
+    assert buckets == {"1": 1.0, "10": 3.0, "+Inf": 4.0}
+    assert ("model_values_count", stage, 4.0) in samples
+    assert ("model_values_sum", stage, 57.5) in samples
+    text = http.get("/metrics").text
+    assert "# TYPE model_requests counter" in text and 'model_requests{stage="answer"} 2' in text

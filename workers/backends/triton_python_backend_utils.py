@@ -14,12 +14,16 @@ Decoupled models (``model_transaction_policy { decoupled: true }``) answer throu
 its responses as they come, the last possibly without outputs, which ``cancel()``
 withdraws.
 
-Not provided: GPU tensors (every tensor is a CPU numpy array), custom metrics.
+Custom metrics (``MetricFamily``, its ``Metric``) show on ``GET /metrics``
+(:mod:`sluice.core.custom_metrics`).
+
+Not provided: GPU tensors (every tensor is a CPU numpy array).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import queue
@@ -29,6 +33,7 @@ from collections.abc import (
     Awaitable,
     Callable,
     Iterable,
+    Iterator,
     Mapping,
     Sequence,
 )
@@ -37,6 +42,7 @@ from typing import Any, cast
 
 import numpy as np
 
+from sluice.core import custom_metrics as metrics
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
@@ -469,3 +475,60 @@ class Logger:
     @staticmethod
     def log_verbose(message: str) -> None:
         _log.debug(message)
+
+
+class MetricFamily:
+    """Triton's custom metrics: ``MetricFamily(name, description, kind)`` then
+    ``family.Metric(labels={...})`` (a histogram's with ``buckets=[...]``), whose
+    ``increment``, ``set``, ``observe`` and ``value`` show on ``GET /metrics``
+    (:mod:`sluice.core.custom_metrics`). A bad name, label or value raises
+    :class:`TritonModelException`."""
+
+    COUNTER = 0
+    GAUGE = 1
+    HISTOGRAM = 2
+    _KINDS: dict[int, metrics.Kind] = {0: "counter", 1: "gauge", 2: "histogram"}
+
+    def __init__(self, name: str, description: str, kind: int) -> None:
+        if kind not in self._KINDS:
+            raise TritonModelException(f"invalid metric family kind {kind!r}")
+        with _metric_errors():
+            self._family = metrics.REGISTRY.family(name, description, self._KINDS[kind])
+
+    def Metric(  # (Triton's name)
+        self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
+    ) -> Metric:
+        with _metric_errors():
+            return Metric(self._family, metrics.REGISTRY.series(self._family, labels, buckets))
+
+
+class Metric:
+    """One series of a :class:`MetricFamily`."""
+
+    def __init__(self, family: metrics.Family, series: metrics.Series) -> None:
+        self._family, self._series = family, series
+
+    def increment(self, value: float) -> None:
+        with _metric_errors():
+            metrics.REGISTRY.increment(self._family, self._series, value)
+
+    def set(self, value: float) -> None:
+        with _metric_errors():
+            metrics.REGISTRY.set(self._family, self._series, value)
+
+    def observe(self, value: float) -> None:
+        with _metric_errors():
+            metrics.REGISTRY.observe(self._family, self._series, value)
+
+    def value(self) -> float:
+        if self._family.kind == "histogram":
+            raise TritonModelException(f"histogram '{self._family.name}' has no single value")
+        return self._series.value
+
+
+@contextlib.contextmanager
+def _metric_errors() -> Iterator[None]:
+    try:
+        yield
+    except metrics.MetricError as exc:
+        raise TritonModelException(str(exc)) from None
