@@ -58,6 +58,7 @@ from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
 _log = logging.getLogger("model.py")
+_LOG_LEVELS = frozenset((logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG))
 
 
 class TritonError(Exception):
@@ -458,7 +459,17 @@ def using_decoupled_model_transaction_policy(model_config: Mapping[str, Any]) ->
 
 
 class Logger:
-    """``pb_utils.Logger.log_info(...)`` and friends, onto the worker's log."""
+    """``pb_utils.Logger.log_info(...)`` and friends, onto the worker's log; ``log(message,
+    level)`` with ``Logger.INFO``, ``WARNING``, ``ERROR`` or ``VERBOSE`` (INFO when none)."""
+
+    INFO = logging.INFO
+    WARNING = logging.WARNING
+    ERROR = logging.ERROR
+    VERBOSE = logging.DEBUG
+
+    @staticmethod
+    def log(message: str, level: int = logging.INFO) -> None:
+        _log.log(level if level in _LOG_LEVELS else logging.INFO, message)
 
     @staticmethod
     def log_info(message: str) -> None:
