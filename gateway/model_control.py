@@ -13,12 +13,9 @@ import time
 
 import orjson
 
-from sluice.core.control import ControlCommand, encode_command
+from sluice.core.control import NOT_ALLOWED, ControlCommand, encode_command
 from sluice.core.errors import InvalidInput, Unavailable
 from sluice.gateway.state import GatewayState
-
-NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
-"""Triton's answer to load / unload when model control is not explicit (modes NONE, POLL)."""
 
 _HINT = (
     "Sluice serves every model of its repository as it starts (Triton's "

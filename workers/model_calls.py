@@ -15,17 +15,26 @@ import asyncio
 import contextlib
 import os
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
+import orjson
 
 from sluice.core.clock import CLOCK
+from sluice.core.control import NOT_ALLOWED, ControlCommand, encode_command
 from sluice.core.datatypes import from_numpy_dtype, to_buffer, to_numpy
 from sluice.core.dispatch import RedisDispatcher
-from sluice.core.errors import DeadlineExceeded, InferenceFailed, error_from_kind
+from sluice.core.errors import (
+    DeadlineExceeded,
+    InferenceFailed,
+    InvalidInput,
+    Unavailable,
+    error_from_kind,
+)
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect_async
 from sluice.core.sequences import (
@@ -45,6 +54,8 @@ a safety net only: workers delete entries once answered."""
 DEFAULT_TIMEOUT_S = 60.0
 """A call's deadline when the request it serves carries none (the gateway always gives one)."""
 _TOUCH_S = 60.0
+_CONTROL_POLL_S = 0.05
+"""How often a load or unload's answer is looked for (loads are rare and take seconds)."""
 """How often the reply stream's time to live is renewed."""
 
 T = TypeVar("T")
@@ -194,6 +205,34 @@ class ModelCalls:
             parameters=parameters,
         )
         return stream, message, b"".join(buffers), timeout_s
+
+    async def model_ready(self, model: str, version: int) -> bool:
+        """Whether ``model`` (``version`` -1: any version) has a live instance now."""
+        return await self._targets.ready(model, version)
+
+    async def control(self, command: ControlCommand, timeout_s: float) -> None:
+        """Have the executor carry out a load or unload (explicit model control only) and
+        wait for it; raises :class:`InvalidInput` with the reason it failed,
+        :class:`Unavailable` when model control is not explicit or it takes too long."""
+        redis, keys = self._redis, self._keys
+        if await redis.get(keys.control_mode) != b"explicit":
+            raise Unavailable(f"{NOT_ALLOWED} (sluice up --model-control-mode explicit)")
+        fields = await asyncio.to_thread(encode_command, command)
+        await redis.xadd(keys.control_requests, fields)  # type: ignore[arg-type]
+        reply_key = keys.control_reply(command.command_id)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            raw = await redis.lpop(reply_key)
+            if isinstance(raw, bytes):
+                error = orjson.loads(raw).get("error")
+                if error:
+                    raise InvalidInput(str(error))
+                self._targets.forget(command.model)
+                return
+            await asyncio.sleep(_CONTROL_POLL_S)
+        raise Unavailable(
+            f"the {command.op} of '{command.model}' did not finish within {timeout_s:.0f} s"
+        )
 
     def _sequence_stream(
         self,

@@ -24,6 +24,9 @@ from sluice.core.rollout import OPS as ROLLOUT_OPS
 
 log = logging.getLogger(__name__)
 
+NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
+"""Triton's answer to load / unload when model control is not explicit (modes NONE, POLL)."""
+
 
 @dataclass
 class ControlCommand:

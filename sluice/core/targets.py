@@ -94,6 +94,21 @@ class TargetResolver:
         stream = self._keys.request_stream(model, version, default_level(entry.config))
         return Target(model, version, stream, entry.config)
 
+    def forget(self, model: str) -> None:
+        """Read ``model``'s entry afresh next time (it was just loaded or unloaded)."""
+        self._known.pop(model, None)
+
+    async def ready(self, model: str, version: int) -> bool:
+        """Whether ``model`` (``version`` -1: any of its versions) is available with a live
+        instance now, read afresh."""
+        known = self._known[model] = await self._read(model)
+        entry = known.entry
+        if entry is None or not entry.available:
+            return False
+        if version == LATEST:
+            return any(v in known.ready for v in entry.versions)
+        return version in entry.versions and version in known.ready
+
     async def _read(self, model: str) -> _Known:
         raw = cast(bytes | None, await self._redis.hget(self._keys.catalog, model))
         entry: CatalogEntry | None = None

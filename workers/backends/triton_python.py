@@ -105,7 +105,8 @@ class TritonPythonBackend:
         initialize = getattr(instance, "initialize", None)
         if initialize is not None:
             try:
-                call_model(model_file, "initialize", initialize, args)
+                with pb.initializing():
+                    call_model(model_file, "initialize", initialize, args)
             except SluiceError as exc:
                 raise InvalidConfig(f"{model_file.name}: {exc.message}") from None
 

@@ -46,6 +46,7 @@ from sluice.core import custom_metrics as metrics
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
+from sluice.core.control import ControlCommand
 from sluice.core.errors import (
     Cancelled,
     InvalidInput,
@@ -543,3 +544,65 @@ def _metric_errors() -> Iterator[None]:
         yield
     except metrics.MetricError as exc:
         raise TritonModelException(str(exc)) from None
+
+
+# -- the model loading API -------------------------------------------------------------------
+
+LOAD_TIMEOUT_S = 125.0
+"""How long ``load_model`` / ``unload_model`` wait for the executor (a gateway's
+``SLUICE_MODEL_CONTROL_TIMEOUT_S`` default)."""
+
+_initialize = threading.local()
+
+
+@contextlib.contextmanager
+def initializing() -> Iterator[None]:
+    """The model's ``initialize`` runs meanwhile (on this thread)."""
+    _initialize.active = True
+    try:
+        yield
+    finally:
+        _initialize.active = False
+
+
+def is_model_ready(model_name: str, model_version: str = "") -> bool:
+    """Whether ``model_name`` (``model_version``: a version number as text; empty: any of
+    its versions) is loaded with a live instance now."""
+    try:
+        version = int(model_version) if model_version else -1
+    except ValueError:
+        raise TritonModelException(f"invalid model version '{model_version}'") from None
+    calls = process_calls()
+    return bool(calls.call_soon(calls.model_ready(model_name, version)))
+
+
+def load_model(model_name: str, config: str = "", files: Mapping[str, bytes] | None = None) -> None:
+    """Load ``model_name`` from the repository (explicit model control), with ``config``
+    (the model configuration as JSON) and ``files`` (``{"file:<path>": bytes}``, which
+    need ``config``) overriding its own, as the repository API's load does."""
+    overrides: dict[str, bytes] = {}
+    for key, content in (files or {}).items():
+        if not key.startswith("file:") or not isinstance(content, bytes | bytearray):
+            raise TritonModelException(f"file override '{key}': expected 'file:<path>' -> bytes")
+        overrides[key.removeprefix("file:")] = bytes(content)
+    _control(ControlCommand("load", model_name, config or None, overrides))
+
+
+def unload_model(model_name: str, unload_dependents: bool = False) -> None:
+    """Unload ``model_name`` (explicit model control); ``unload_dependents``: the models an
+    ensemble calls too, as the repository API's unload does."""
+    _control(ControlCommand("unload", model_name, dependents=unload_dependents))
+
+
+def _control(command: ControlCommand) -> None:
+    if getattr(_initialize, "active", False):
+        raise TritonModelException(
+            f"pb_utils.{command.op}_model('{command.model}') cannot run in initialize: Sluice's "
+            "executor carries out one load at a time and is loading this model; load it "
+            "beforehand (--load-model, or the repository API) or from execute"
+        )
+    calls = process_calls()
+    try:
+        calls.call_soon(calls.control(command, LOAD_TIMEOUT_S))
+    except SluiceError as exc:
+        raise TritonModelException(exc.message) from None
