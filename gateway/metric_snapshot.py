@@ -18,7 +18,6 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice.core import custom_metrics
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.on_demand import HostMemory, host_memories
@@ -64,9 +63,9 @@ class Snapshot:
     gateway_counters: dict[str, int]
     hosts: list[HostMemory] = field(default_factory=list)
     """The memory budget and use of each host that loads models on demand."""
-    custom: list[Any] = field(default_factory=list)
-    """The metrics models define themselves, one report per live worker
-    (:mod:`sluice.core.custom_metrics`)."""
+    custom: dict[bytes, bytes] = field(default_factory=dict)
+    """The metrics models define themselves, one report per worker, as written
+    (:mod:`sluice.core.custom_metrics`: decoded where the text is rendered, off the loop)."""
 
 
 async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
@@ -77,6 +76,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
         pipe.hgetall(keys.gateway_counters)
         pipe.hgetall(keys.host_memory)
         pipe.hgetall(keys.custom_metrics)
+        pipe.zrangebyscore(keys.custom_metrics_expiry, "-inf", time.time())
         for name in sorted(view.models):
             entry = view.models[name]
             if not entry.available:
@@ -107,15 +107,15 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     now_ms = CLOCK.now_ns() // 1_000_000
     live = [_text(member) for member in _list(results[0])]
     hosts = host_memories(results[2], now) if isinstance(results[2], dict) else []
-    custom, expired = (
-        custom_metrics.decode_reports(results[3], time.time())
-        if isinstance(results[3], dict)
-        else ([], [])
-    )
+    custom = results[3] if isinstance(results[3], dict) else {}
+    expired = _list(results[4])
     if expired:  # (workers that died without taking their report back)
         with contextlib.suppress(RedisError):
-            await redis.hdel(keys.custom_metrics, *expired)
-    position = 4
+            async with redis.pipeline(transaction=False) as pipe:
+                pipe.hdel(keys.custom_metrics, *expired)
+                pipe.zrem(keys.custom_metrics_expiry, *expired)
+                await pipe.execute()
+    position = 5
     for state in versions:
         state.counters = _counters(results[position])
         live_workers = results[position + 1]

@@ -81,13 +81,14 @@ class Liveness:
                     self.worker_id,
                     custom_metrics.encode_report(report, expires),
                 )
+                pipe.zadd(self.keys.custom_metrics_expiry, {self.worker_id: expires})
             results = await pipe.execute()
         received = time.time_ns()
         if timed:
             (seconds, micros), *results = results
             CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
         if reporting:
-            results = results[:-1]
+            results = results[:-2]
         *_, live, advertised = results
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
@@ -135,6 +136,7 @@ class Liveness:
             await self.redis.hdel(self.keys.worker_hosts(self.model, self.version), self.worker_id)
             if custom_metrics.REGISTRY:
                 await self.redis.hdel(self.keys.custom_metrics, self.worker_id)
+                await self.redis.zrem(self.keys.custom_metrics_expiry, self.worker_id)
             if self.lease is not None:
                 await self.lease.release()
 

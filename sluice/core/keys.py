@@ -246,6 +246,12 @@ class Keys:
         return f"{{{self.namespace}}}:custom-metrics"
 
     @property
+    def custom_metrics_expiry(self) -> str:
+        """Sorted set worker id -> when its report in :attr:`custom_metrics` expires (unix
+        seconds): what a scrape removes without reading the reports."""
+        return f"{{{self.namespace}}}:custom-metrics:expiry"
+
+    @property
     def demand_requests(self) -> str:
         """Stream of wake-ups to the executors: a gateway queued a request for an on-demand
         model version that no worker serves (:mod:`sluice.core.on_demand`)."""

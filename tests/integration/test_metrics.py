@@ -16,7 +16,10 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 
+from sluice.core.custom_metrics import encode_report
+from sluice.core.keys import Keys
 from sluice.core.settings import auto_gateway_processes
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
@@ -418,3 +421,38 @@ def test_a_models_own_metrics_are_on_metrics(http: httpx.Client) -> None:
     assert ("model_values_sum", stage, 57.5) in samples
     text = http.get("/metrics").text
     assert "# TYPE model_requests counter" in text and 'model_requests{stage="answer"} 2' in text
+
+
+def test_a_dead_workers_report_leaves_with_the_next_scrape(
+    metered: Stack, http: httpx.Client, redis_server: RedisServer
+) -> None:
+    """A worker killed without leaving keeps its report in Redis until it expires: the next
+    scrape removes it, and its numbers are not shown."""
+    keys = Keys(metered.namespace)
+    client = Redis.from_url(redis_server.url)
+    try:
+        report = [
+            {
+                "name": "ghost",
+                "description": "G",
+                "kind": "counter",
+                "series": [
+                    {
+                        "labels": {},
+                        "value": 1,
+                        "set_at": 0,
+                        "buckets": [],
+                        "counts": [],
+                        "sum": 0,
+                        "count": 0,
+                    }
+                ],
+            }
+        ]
+        client.hset(keys.custom_metrics, "dead-worker", encode_report(report, time.time() - 1))
+        client.zadd(keys.custom_metrics_expiry, {"dead-worker": time.time() - 1})
+        assert "ghost" not in http.get("/metrics").text
+        assert not client.hexists(keys.custom_metrics, "dead-worker")
+        assert client.zscore(keys.custom_metrics_expiry, "dead-worker") is None
+    finally:
+        client.close()
