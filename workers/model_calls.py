@@ -54,9 +54,9 @@ a safety net only: workers delete entries once answered."""
 DEFAULT_TIMEOUT_S = 60.0
 """A call's deadline when the request it serves carries none (the gateway always gives one)."""
 _TOUCH_S = 60.0
+"""How often the reply stream's time to live is renewed."""
 _CONTROL_POLL_S = 0.05
 """How often a load or unload's answer is looked for (loads are rare and take seconds)."""
-"""How often the reply stream's time to live is renewed."""
 
 T = TypeVar("T")
 
