@@ -39,6 +39,7 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from sluice.core.coalescer import Coalescer
 from sluice.core.keys import Keys
 from sluice.core.statistics import count_field, ns_field
 from sluice.core.wire import (
@@ -168,16 +169,19 @@ def unpack_answer(value: bytes) -> tuple[ReplyMessage, memoryview]:
     return decode_reply({HEADER_FIELD: header, DATA_FIELD: value[4 + length :]})
 
 
-_Op = tuple[str, tuple[Any, ...], "asyncio.Future[Any]"]
+_Op = tuple[str, tuple[Any, ...]]
 
 
-class ResponseCache:
+class ResponseCache(Coalescer[_Op, Any]):
     """The cache's commands of all the requests that arrive while one pipeline is in
-    flight go together in the next (as :class:`sluice.core.coalescer.AppendCoalescer` does
-    for appends), and the statistics they add are summed per counter first: under load a
+    flight go together in the next (:class:`sluice.core.coalescer.Coalescer`, as the
+    appends do), and the statistics they add are summed per counter first: under load a
     hit costs a share of one round trip, not two round trips of its own."""
 
+    what = "the response cache"
+
     def __init__(self, redis: Redis, keys: Keys, limit_bytes: int, ttl_s: float) -> None:
+        super().__init__()
         self._redis = redis
         self._keys = keys
         self.limit_bytes = limit_bytes
@@ -185,9 +189,6 @@ class ResponseCache:
         self._get_sha = hashlib.sha1(_GET.encode()).hexdigest()
         self._put_sha = hashlib.sha1(_PUT.encode()).hexdigest()
         self._loaded = False
-        self._ops: list[_Op] = []
-        self._flushing: asyncio.Task[None] | None = None
-        """The task that sends the pipelines (held: the loop keeps only weak references)."""
 
     async def get(self, key: str) -> tuple[ReplyMessage, memoryview] | None:
         """The answer kept under ``key``; None on a miss (or when Redis cannot say)."""
@@ -226,44 +227,11 @@ class ResponseCache:
             log.debug("recording the response cache's statistics failed: %s", exc)
 
     def _queue(self, kind: str, *args: Any) -> asyncio.Future[Any]:
-        loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
-        self._ops.append((kind, args, future))
-        if self._flushing is None:
-            self._flushing = loop.create_task(self._flush())
-        return future
+        return self.submit((kind, args))
 
-    async def _flush(self) -> None:
-        try:
-            while self._ops:
-                batch, self._ops = self._ops, []
-                try:
-                    results = await self._send(batch)
-                except (Exception, asyncio.CancelledError) as exc:
-                    failure = exc if isinstance(exc, RedisError) else RedisError(repr(exc))
-                    for _, _, future in batch:
-                        if not future.done():
-                            future.set_exception(failure)
-                    if isinstance(exc, asyncio.CancelledError):
-                        raise
-                    continue
-                for (_, _, future), result in zip(batch, results, strict=True):
-                    if future.done():
-                        continue
-                    if isinstance(result, Exception):
-                        if "NOSCRIPT" in str(result):
-                            self._loaded = False  # (Redis restarted: loaded again next time)
-                        future.set_exception(
-                            result if isinstance(result, RedisError) else RedisError(str(result))
-                        )
-                    else:
-                        future.set_result(result)
-        finally:
-            self._flushing = None
-
-    async def _send(self, batch: list[_Op]) -> list[Any]:
-        """One pipeline for ``batch``: each operation's result, in order (an error for
-        one that failed; None for statistics)."""
+    async def _send(self, ops: list[_Op]) -> list[Any]:
+        """One pipeline for ``ops``: each operation's result, in order (an error for one
+        that failed; None for statistics)."""
         if not self._loaded:
             await self._redis.script_load(_GET)
             await self._redis.script_load(_PUT)
@@ -274,7 +242,7 @@ class ResponseCache:
         places: list[int | None] = []
         queued = 0
         async with self._redis.pipeline(transaction=False) as pipe:
-            for kind, args, _ in batch:
+            for kind, args in ops:
                 if kind == "count":
                     stats_key, fields = args
                     summed = totals.setdefault(stats_key, {})
@@ -315,8 +283,10 @@ class ResponseCache:
                     pipe.hincrby(stats_key, name, value)
                     queued += 1
             if not queued:
-                return [None] * len(batch)
+                return [None] * len(ops)
             replies = await pipe.execute(raise_on_error=False)
+        if any(isinstance(reply, Exception) and "NOSCRIPT" in str(reply) for reply in replies):
+            self._loaded = False  # (Redis restarted: loaded again next time)
         return [None if place is None else replies[place] for place in places]
 
 
