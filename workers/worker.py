@@ -175,11 +175,21 @@ class Worker:
             )
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
-            log.error("cannot load %s version %d: %s", self.config.name, self.version, reason)
+            left = self.settings.load_retries_left
+            log.error(
+                "cannot load %s version %d: %s%s",
+                self.config.name,
+                self.version,
+                reason,
+                f" ({left} retr{'ies' if left != 1 else 'y'} left)" if left else "",
+            )
             # A load on request (explicit model control) reports to its own hash, so that
-            # the version still serving is not marked unavailable by its failed successor.
-            errors_key = self.settings.load_errors_key or self.keys.load_errors
-            await self.redis.hset(errors_key, error_field, reason)
+            # the version still serving is not marked unavailable by its failed successor;
+            # one that will be retried does not mark it unavailable either.
+            if self.settings.load_errors_key:
+                await self.redis.hset(self.settings.load_errors_key, error_field, reason)
+            elif not left:
+                await self.redis.hset(self.keys.load_errors, error_field, reason)
             return EXIT_LOAD_FAILED
         await patiently(lambda: self.redis.hdel(self.keys.load_errors, error_field))
         if model.concurrency > 1:

@@ -14,7 +14,9 @@ at a time, from its main loop, without blocking it:
   request's overrides), wait until each has announced itself, then publish the model in
   the catalog and retire the workers of what it replaces. A load that changes only the
   instances of a loaded model updates it instead (:mod:`.instance_update`): only the
-  missing workers start, and those beyond the new count are retired. A load that fails (the
+  missing workers start, and those beyond the new count are retired. A worker that exits
+  while loading is started again as often as ``--model-load-retry-count`` allows (the
+  supervisor does it); a load that fails after that (the
   configuration, the model file, a failing warm-up, a timeout) stops the new workers and
   leaves what was serving as it was; the answer says why. The new workers report a load
   failure to a hash of the command's own, so the serving version is never marked
@@ -345,7 +347,8 @@ class ModelControl:
 
     def _progress_load(self, work: _InProgress) -> None:
         name = work.command.model
-        failed = [c for c in work.children if c.failed or c.exit_codes]
+        retries = self.supervisor.load_retries
+        failed = [c for c in work.children if c.failed or len(c.exit_codes) > retries]
         if failed:
             self._abandon(work, self._load_error(work) or "its worker exited while loading")
         elif self._announced(work.children):

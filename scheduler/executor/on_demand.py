@@ -593,7 +593,8 @@ class OnDemand:
         """The workers of ``specs``: forked by the fork server where it runs."""
         children: list[Child] = []
         for spec in specs:
-            process = self.forks.spawn(spec) if self.forks is not None else None
+            forked = self.supervisor.prepared(spec)
+            process = self.forks.spawn(forked) if self.forks is not None else None
             if process is not None:
                 children.append(self.supervisor.adopt(spec, process))
             else:

@@ -1,8 +1,10 @@
 """Boring process supervision: start children, reap the dead, respawn with back-off.
 
-A child that exits with a permanent-failure status (a model that cannot load)
-is not respawned. A child that ran healthily for a while and then died is restarted at
-once; one that keeps dying soon after its start is restarted with a growing delay.
+A child that exits with a permanent-failure status (a model that cannot load) is started
+again at once only as many times as ``load_retries`` allows (Triton's
+--model-load-retry-count), then no more. A child that ran healthily for a while and then
+died is restarted at once; one that keeps dying soon after its start is restarted with a
+growing delay.
 Stopping sends SIGTERM to all, waits, then kills the rest.
 """
 
@@ -13,7 +15,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sluice.core.runtime import die_with_parent
@@ -21,6 +23,7 @@ from sluice.core.runtime import die_with_parent
 log = logging.getLogger(__name__)
 
 _MAX_BACKOFF_S = 30.0
+LOAD_RETRIES_LEFT = "SLUICE_LOAD_RETRIES_LEFT"
 HEALTHY_AFTER_S = 10.0
 """A child that ran this long before it exited was healthy: its back-off starts over."""
 
@@ -86,9 +89,16 @@ class Child:
 
 class Supervisor:
     def __init__(
-        self, specs: Sequence[ChildSpec], *, healthy_after_s: float = HEALTHY_AFTER_S
+        self,
+        specs: Sequence[ChildSpec],
+        *,
+        healthy_after_s: float = HEALTHY_AFTER_S,
+        load_retries: int = 0,
     ) -> None:
         self._healthy_after_s = healthy_after_s
+        self.load_retries = load_retries
+        """How many times a child that exited with a permanent-failure status is started
+        again before it counts as failed."""
         self.children = [Child(spec, backoff=Backoff(healthy_after_s)) for spec in specs]
         self._stopping = False
 
@@ -99,10 +109,20 @@ class Supervisor:
             c.process is None and not (c.failed or c.retiring) for c in self.children
         )
 
+    def prepared(self, spec: ChildSpec, tries: int = 0) -> ChildSpec:
+        """``spec`` as started after ``tries`` failed loads: a worker learns how many
+        retries it has left (``SLUICE_LOAD_RETRIES_LEFT``)."""
+        if not spec.permanent_exit_codes:
+            return spec
+        left = str(max(0, self.load_retries - tries))
+        return replace(spec, env={**spec.env, LOAD_RETRIES_LEFT: left})
+
     def _spawn(self, child: Child) -> None:
+        permanent = child.spec.permanent_exit_codes
+        tries = sum(1 for code in child.exit_codes if code in permanent)
         process = subprocess.Popen(
             list(child.spec.argv),
-            env=child.spec.env,
+            env=self.prepared(child.spec, tries).env,
             stdout=sys.stderr.fileno(),
             start_new_session=True,
             preexec_fn=die_with_parent,
@@ -155,20 +175,34 @@ class Supervisor:
                     continue
                 child.exit_codes.append(code)
                 child.process = None
-                if code in child.spec.permanent_exit_codes:
-                    child.failed = True
-                    log.error(
-                        "%s cannot start (exit status %d); not restarting it", child.spec.name, code
+                permanent = child.spec.permanent_exit_codes
+                if code in permanent:
+                    tries = sum(1 for c in child.exit_codes if c in permanent)
+                    if tries > self.load_retries:
+                        child.failed = True
+                        log.error(
+                            "%s cannot start (exit status %d); not restarting it",
+                            child.spec.name,
+                            code,
+                        )
+                        continue
+                    log.warning(
+                        "%s cannot start (exit status %d); retrying (%d of %d)",
+                        child.spec.name,
+                        code,
+                        tries,
+                        self.load_retries,
                     )
-                    continue
-                delay = child.backoff.delay_after(now - child.started_at)
-                child.restart_at = now + delay
-                log.warning(
-                    "%s exited with status %d; restarting it%s",
-                    child.spec.name,
-                    code,
-                    f" in {delay:.1f} s" if delay else "",
-                )
+                    child.restart_at = now
+                else:
+                    delay = child.backoff.delay_after(now - child.started_at)
+                    child.restart_at = now + delay
+                    log.warning(
+                        "%s exited with status %d; restarting it%s",
+                        child.spec.name,
+                        code,
+                        f" in {delay:.1f} s" if delay else "",
+                    )
             if child.process is None and now >= child.restart_at:
                 self._spawn(child)
 

@@ -227,8 +227,9 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
     """The supervisor, started with the gateways (none with ``--no-gateway``) on the ports
     held here for as long as we run: a restarted gateway serves on them again, and
     connections arriving meanwhile wait in their backlog. Stopped before the ports close."""
+    retries = settings.model_load_retry_count
     if not settings.gateway:
-        supervisor = Supervisor([])
+        supervisor = Supervisor([], load_retries=retries)
     else:
         try:
             listeners = open_listeners(settings)
@@ -239,7 +240,9 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
                 stack.callback(grpc_reservation.close)
         except ListenError as exc:
             raise StartupFailed(str(exc)) from None
-        supervisor = Supervisor(gateway_specs(settings, gateway_env, listeners))
+        supervisor = Supervisor(
+            gateway_specs(settings, gateway_env, listeners), load_retries=retries
+        )
     stack.callback(supervisor.stop)
     supervisor.start()
     return supervisor

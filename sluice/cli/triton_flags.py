@@ -223,6 +223,13 @@ def _poll_secs(flag: TritonFlag, text: str, out: TritonArgs) -> None:
     out.overrides["repository_poll_s"] = float(seconds)
 
 
+def _load_retries(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    retries = parse_int(flag, text)
+    if not 0 <= retries <= 100:
+        raise bad_value(flag, f"{text}: retries of a failed load, 0 to 100")
+    out.overrides["model_load_retry_count"] = retries
+
+
 def _model_config_name(flag: TritonFlag, text: str, out: TritonArgs) -> None:
     if not CONFIG_NAME.fullmatch(text):
         raise bad_value(
@@ -459,9 +466,10 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "model-load-retry-count",
         "int",
-        "ignored",
-        "a worker that cannot load its model is not retried; the model is UNAVAILABLE with "
-        "the reason.",
+        "mapped",
+        "SLUICE_MODEL_LOAD_RETRY_COUNT: a worker that failed to load its model is started "
+        "again at once, this many times, before the model is UNAVAILABLE with the reason.",
+        _load_retries,
     ),
     TritonFlag(
         "model-namespacing",

@@ -630,6 +630,11 @@ class WorkerSettings(CommonSettings):
     errors); ``sluice up`` sets it for a load on request, see
     scheduler/executor/model_control.py."""
 
+    load_retries_left: int = Field(0, ge=0)
+    """How many more times ``sluice up`` starts this worker again if it cannot load its
+    model (--model-load-retry-count): while some are left, a failure is not published as the
+    model's load error (the model stays LOADING)."""
+
 
 class ControllerSettings(RepositorySourceSettings, CommonSettings):
     """Settings of a controller process; several may run, one leads (see
@@ -806,6 +811,13 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     model_control_timeout_s: float = Field(120.0, gt=0)
     """How long a load may take (workers started and ready) before it counts as failed."""
+
+    model_load_retry_count: int = Field(0, ge=0, le=100)
+    """Triton's --model-load-retry-count: how many more times a worker that failed to load
+    its model (an exception from the model's loading, a crash while loading) is started
+    again at once before the model counts as failed to load; 0: never. Applies to the
+    loads at start, on request, on demand and to added instances; an explicit load's
+    retries all fall within ``model_control_timeout_s``."""
 
     ssl_certfile: str = ""
     """Passed to the gateway (SLUICE_SSL_CERTFILE): ``sluice up`` then serves and probes HTTPS."""

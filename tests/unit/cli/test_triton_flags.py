@@ -151,6 +151,8 @@ def test_the_issues_command_line() -> None:
         (["--response-cache-byte-size=1024"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "1024"}),
         (["--response-cache-byte-size=0"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "0"}),
         (["--model-config-name=h100"], {}, {"SLUICE_MODEL_CONFIG_NAME": "h100"}),
+        (["--model-load-retry-count=2"], {"model_load_retry_count": 2}, {}),
+        (["--model-load-retry-count", "0"], {"model_load_retry_count": 0}, {}),
         (["--model-config-name", "a100_80g.v2"], {}, {"SLUICE_MODEL_CONFIG_NAME": "a100_80g.v2"}),
     ],
 )
@@ -456,6 +458,8 @@ def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> 
         (["--trace-config=zipkin,url=x"], "--trace-config", "triton or opentelemetry"),
         (["--disable-auto-complete-config=true"], "--disable-auto-complete-config", "no value"),
         (["--model-config-name=../h100"], "--model-config-name", "'../h100'"),
+        (["--model-load-retry-count=-1"], "--model-load-retry-count", "0 to 100"),
+        (["--model-load-retry-count=twice"], "--model-load-retry-count", "not an integer"),
         (["--model-config-name=h 100"], "--model-config-name", "no space"),
         (["--model-config-name=configs/h100"], "--model-config-name", "configs/"),
     ],

@@ -58,6 +58,39 @@ def test_a_child_that_ran_healthily_is_restarted_at_once_a_crash_loop_backs_off(
         crashing.stop()
 
 
+def test_a_child_that_cannot_load_is_started_again_as_often_as_retries_allow(
+    tmp_path: Path,
+) -> None:
+    """--model-load-retry-count: exit status 3 (cannot load) twice, then a start that
+    stays up; with one retry the child has failed, with two it runs."""
+    tries = tmp_path / "tries"
+    script = f"echo x >> {tries}; [ $(wc -l < {tries}) -gt 2 ] || exit 3; sleep 30"
+
+    def supervisor(retries: int) -> Supervisor:
+        tries.unlink(missing_ok=True)
+        spec = ChildSpec("loader", ["sh", "-c", script], dict(os.environ), frozenset({3}))
+        return Supervisor([spec], load_retries=retries)
+
+    once = supervisor(1)
+    try:
+        once.start()
+        assert _exits(once) == 1 and once.children[0].process is not None  # retried at once
+        assert _exits(once) == 2
+        assert once.children[0].failed and once.children[0].process is None
+    finally:
+        once.stop()
+    twice = supervisor(2)
+    try:
+        twice.start()
+        assert _exits(twice) == 1 and _exits(twice) == 2
+        assert not twice.children[0].failed
+        assert procs.wait_until(lambda: tries.read_text().count("x") == 3, 10, 0.01)
+        time.sleep(0.2)
+        assert twice.children[0].running
+    finally:
+        twice.stop()
+
+
 def test_private_redis_server_restarts_on_its_port() -> None:
     server = RedisServer()
     server.start()
