@@ -13,14 +13,16 @@ composing models is).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Any
 
 from sluice.core.config import ModelConfig
-from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.errors import Cancelled, InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.wire import ReplyMessage, TensorHeader
 from sluice.workers.backends.base import Backend, CancelSignal, RequestContext, SequenceFlags
 from sluice.workers.replies import Publisher
+from sluice.workers.response_stats import RequestClock, ResponseTally
 from sluice.workers.tensors import PendingRequest, output_names, split
 
 Answer = tuple[list[TensorHeader], bytes] | SluiceError
@@ -60,17 +62,21 @@ def compute_streaming(
     cancellations: list[CancelSignal] | None = None,
     sequences: list[SequenceFlags] | None = None,
     contexts: list[RequestContext] | None = None,
+    tally: ResponseTally | None = None,
 ) -> list[Answer]:
     """A decoupled model's batch: each request's final answer (its partial ones are sent
     as they come). A request whose final response carries no outputs is answered with none
     (clients see the stream end). A backend that follows cancellation (a Triton-style
     Python model) also gets each request's cancellation and sequence flags; a concurrent
-    one (a decoupled ensemble) each request's ``contexts``."""
+    one (a decoupled ensemble) each request's ``contexts``. ``tally`` counts each response
+    (Triton's ``response_stats``)."""
     finals: dict[int, Answer] = {}
     sent = [0] * len(batch)
     """Each request's partial responses so far: the next one's index."""
+    clocks = [RequestClock() for _ in batch]
 
     def emit(index: int, outputs: Any, final: bool) -> None:
+        made_at = time.perf_counter_ns()
         request = batch[index]
         result: Answer
         if outputs is None:
@@ -86,14 +92,17 @@ def compute_streaming(
             return  # the request was answered already
         if final:
             finals[index] = result
+            if tally is not None:
+                tally.add(sent[index], _outcome(result, outputs), *clocks[index].lap(made_at))
             return
         assert not isinstance(result, SluiceError)
         headers, payload = result
-        reply = ReplyMessage(
-            request.message.request_key, version, headers, final=False, index=sent[index]
-        )
+        at = sent[index]
+        reply = ReplyMessage(request.message.request_key, version, headers, final=False, index=at)
         sent[index] += 1
         send_partial(request, reply, payload)
+        if tally is not None:
+            tally.add(at, "success", *clocks[index].lap(made_at))
 
     stream = getattr(backend, "infer_stream")  # noqa: B009 (checked when the model loaded)
     sizes = [r.items for r in batch]
@@ -105,3 +114,12 @@ def compute_streaming(
         stream(inputs, output_names(batch), sizes, emit)
     missing = InferenceFailed("the model sent no final response")
     return [finals.get(index, missing) for index in range(len(batch))]
+
+
+def _outcome(result: Answer, outputs: Any) -> str:
+    """How a request's final response ended, in Triton's ``response_stats`` terms."""
+    if isinstance(result, Cancelled):
+        return "cancel"
+    if isinstance(result, SluiceError):
+        return "fail"
+    return "empty_response" if outputs is None else "success"

@@ -43,6 +43,7 @@ from sluice.workers.replies import (
     error_outcome,
     log_failures,
 )
+from sluice.workers.response_stats import ResponseTally
 from sluice.workers.sequence_book import SequenceBook
 from sluice.workers.slots import ComputeGate
 from sluice.workers.tensors import PendingRequest, combine, output_names, split
@@ -307,6 +308,7 @@ class Execution:
                 signals,
                 [_sequence_flags(r.message) for r in batch],
                 self._contexts(batch, signals) if self.concurrency > 1 else None,
+                ResponseTally(timing.responses),
             )
             timing.infer_ns = time.perf_counter_ns() - t0
             return answers

@@ -8,7 +8,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis.asyncio import Redis
@@ -43,6 +43,8 @@ class Timing:
     input_ns: int = 0
     infer_ns: int = 0
     output_ns: int = 0
+    responses: dict[str, int] = field(default_factory=dict)
+    """A decoupled model's responses (:class:`sluice.workers.response_stats.ResponseTally`)."""
 
 
 @dataclass(slots=True)
@@ -275,13 +277,16 @@ class Publisher:
             for outcome in outcomes:
                 kind = outcome.reply.error_kind
                 if kind:
-                    field = st.failure_field(st.failure_reason(kind))
-                    counters[field] = counters.get(field, 0) + 1
+                    counter = st.failure_field(st.failure_reason(kind))
+                    counters[counter] = counters.get(counter, 0) + 1
                     if kind == "DeadlineExceeded":
                         miss = st.deadline_miss_field("queue")
                         counters[miss] = counters.get(miss, 0) + 1
         if close is not None:
             self._record_close(counters, close)
+        if timing is not None:
+            for name, amount in timing.responses.items():
+                counters[name] = counters.get(name, 0) + amount
         batch: dict[str, int] = {}
         instance: dict[str, int] = {}
         last_inference = None
@@ -334,8 +339,8 @@ class Publisher:
 
     def _record_close(self, counters: dict[str, int], close: BatchClose) -> None:
         """Why the batch closed, how long it waited, and how far the cost model missed."""
-        field = st.batch_close_field(close.reason)
-        counters[field] = counters.get(field, 0) + 1
+        counter = st.batch_close_field(close.reason)
+        counters[counter] = counters.get(counter, 0) + 1
         if not self.histograms:
             return
         hist.BATCH_WAIT.observe(counters, close.waited_ns)

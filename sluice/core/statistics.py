@@ -146,6 +146,36 @@ def batch_field(batch_size: int, kind: str, unit: str) -> str:
     return f"{batch_size}:{kind}.{unit}"
 
 
+RESPONSE_OUTCOMES = ("success", "fail", "empty_response", "cancel")
+"""How a decoupled model's response ended, in Triton's ``response_stats``."""
+RESPONSE_KINDS = ("compute_infer", "compute_output", *RESPONSE_OUTCOMES)
+MAX_RESPONSE_INDEX = 4095
+"""Responses of a request past this index are not counted in ``response_stats`` (Triton
+counts every index; a statistics hash must stay bounded)."""
+_RESPONSE_PREFIX = "response."
+
+
+def response_field(index: int, kind: str, unit: str) -> str:
+    """The counter of response ``index``'s ``kind`` (of :data:`RESPONSE_KINDS`)."""
+    return f"{_RESPONSE_PREFIX}{index}.{kind}.{unit}"
+
+
+def _response_stats(counters: Mapping[bytes, bytes]) -> dict[str, dict[str, dict[str, int]]]:
+    """Triton's ``response_stats``: response index (a string) -> each kind's count and ns."""
+    found: dict[int, dict[str, dict[str, int]]] = {}
+    prefix = _RESPONSE_PREFIX.encode()
+    for name, value in counters.items():
+        if not name.startswith(prefix):
+            continue
+        index, _, rest = name[len(prefix) :].decode(errors="replace").partition(".")
+        kind, _, unit = rest.rpartition(".")
+        if not index.isdigit() or kind not in RESPONSE_KINDS or unit not in ("count", "ns"):
+            continue
+        kinds = found.setdefault(int(index), {k: {"count": 0, "ns": 0} for k in RESPONSE_KINDS})
+        kinds[kind][unit] = int(value)
+    return {str(index): found[index] for index in sorted(found)}
+
+
 def _int(values: Mapping[bytes, bytes], name: str) -> int:
     raw = values.get(name.encode())
     return int(raw) if raw is not None else 0
@@ -187,7 +217,7 @@ def render_model_stats(
         "inference_count": _int(counters, INFERENCE_COUNT),
         "execution_count": _int(counters, EXECUTION_COUNT),
         "inference_stats": inference_stats,
-        "response_stats": {},
+        "response_stats": _response_stats(counters),
         "batch_stats": batch_stats,
         "memory_usage": [],
         "instance_stats": [

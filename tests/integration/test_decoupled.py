@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import queue
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -318,3 +319,45 @@ def test_a_step_reading_a_decoupled_models_responses_with_other_tensors_is_refus
         "in ensemble mixed_pipeline, step of model 'add_sub' receives inputs originated from "
         "different decoupled models" in index["mixed_pipeline"]["reason"]
     )
+
+
+def _response_counts(http: httpx.Client) -> dict[str, dict[str, int]]:
+    [stats] = http.get("/v2/models/word_streamer/stats").json()["model_stats"]
+    return {
+        index: {kind: duration["count"] for kind, duration in kinds.items()}
+        for index, kinds in stats["response_stats"].items()
+    }
+
+
+def test_response_stats_count_each_response_under_its_index(stack: Stack) -> None:
+    """Triton's ``response_stats``: three words are responses 0-2, and the final flag sent
+    alone is response 3, an empty response; the same over gRPC's ModelStatistics."""
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        before = _response_counts(http)
+        streamed = http.post(
+            "/v2/models/word_streamer/generate_stream", json={"text_input": "three more words"}
+        )
+        assert streamed.status_code == 200 and len(_events(streamed)) == 3
+        deadline = time.monotonic() + 30
+        after = _response_counts(http)
+        while (
+            after.get("3", {}).get("empty_response", 0)
+            == before.get("3", {}).get("empty_response", 0)
+            and time.monotonic() < deadline
+        ):
+            time.sleep(0.1)
+            after = _response_counts(http)
+
+    def added(index: str, kind: str) -> int:
+        return after.get(index, {}).get(kind, 0) - before.get(index, {}).get(kind, 0)
+
+    for index in ("0", "1", "2"):
+        assert (added(index, "success"), added(index, "compute_infer")) == (1, 1), after
+    assert (added("3", "empty_response"), added("3", "success")) == (1, 0), after
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    try:
+        [stats] = client.get_inference_statistics("word_streamer").model_stats
+    finally:
+        client.close()
+    assert stats.response_stats["3"].empty_response.count == after["3"]["empty_response"]
+    assert stats.response_stats["0"].success.ns > 0
