@@ -64,7 +64,7 @@ class Snapshot:
     hosts: list[HostMemory] = field(default_factory=list)
     """The memory budget and use of each host that loads models on demand."""
     custom: dict[bytes, bytes] = field(default_factory=dict)
-    """The metrics models define themselves, one report per worker, as written
+    """The metrics models define themselves, one report per live worker, as written
     (:mod:`sluice.core.custom_metrics`: decoded where the text is rendered, off the loop)."""
 
 
@@ -107,8 +107,13 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     now_ms = CLOCK.now_ns() // 1_000_000
     live = [_text(member) for member in _list(results[0])]
     hosts = host_memories(results[2], now) if isinstance(results[2], dict) else []
-    custom = results[3] if isinstance(results[3], dict) else {}
     expired = _list(results[4])
+    gone = set(expired)
+    custom = (
+        {k: v for k, v in results[3].items() if k not in gone}
+        if isinstance(results[3], dict)
+        else {}
+    )
     if expired:  # (workers that died without taking their report back)
         with contextlib.suppress(RedisError):
             async with redis.pipeline(transaction=False) as pipe:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 
 from sluice.core import custom_metrics
 from sluice.core.settings import GatewaySettings
@@ -153,7 +152,7 @@ def _text(
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
     lines += gpu_metrics.GPUS.lines()
-    lines += custom_metrics.render(custom_metrics.decode_reports(snapshot.custom, time.time())[0])
+    lines += custom_metrics.render(custom_metrics.decode_reports(snapshot.custom.values()))
     text = ("\n".join(lines) + "\n").encode()
     return (
         text

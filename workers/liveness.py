@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
@@ -50,6 +51,8 @@ class Liveness:
         self.lease: SlotLease | None = None
         """A sequence worker's hold on its slot (:mod:`sluice.workers.slot_lease`), once taken."""
         self._measured = False
+        self._reported: bytes | None = None
+        """The custom metrics report last written (not written again while unchanged)."""
 
     async def beat(self) -> None:
         # A cluster pipeline refuses TIME (it names no key): there the clock is measured
@@ -72,29 +75,38 @@ class Liveness:
             pipe.hset(hosts, self.worker_id, self.host)
             pipe.zrange(key, 0, -1)
             pipe.hkeys(hosts)
-            reporting = bool(custom_metrics.REGISTRY)  # (the model defines metrics)
-            if reporting:
-                report = custom_metrics.REGISTRY.snapshot()
-                expires = time.time() + 3 * self.settings.heartbeat_s
-                pipe.hset(
-                    self.keys.custom_metrics,
-                    self.worker_id,
-                    custom_metrics.encode_report(report, expires),
-                )
-                pipe.zadd(self.keys.custom_metrics_expiry, {self.worker_id: expires})
+            report = self._custom_report(pipe)
             results = await pipe.execute()
         received = time.time_ns()
         if timed:
             (seconds, micros), *results = results
             CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
-        if reporting:
-            results = results[:-2]
+        if report is not None:
+            *results, held, _ = results
+            # (held: what HSET or HEXISTS answered; 0 from HSET is an update, still held)
+            self._reported = None if held is False else report
         *_, live, advertised = results
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
             await self.redis.hdel(hosts, *gone)
         if self.lease is not None and not await self.lease.renew():
             self.stopping.set()  # another worker serves the slot now
+
+    def _custom_report(self, pipe: Any) -> bytes | None:
+        """Queue this worker's custom metrics report (:mod:`sluice.core.custom_metrics`) on
+        ``pipe``, with its new expiry; None when the model defines none. An unchanged report
+        is not written again: the pipeline then asks whether Redis still holds it (after a
+        restart it does not, and the next beat writes it)."""
+        if not custom_metrics.REGISTRY:
+            return None
+        report = custom_metrics.encode_report(custom_metrics.REGISTRY.snapshot())
+        if report == self._reported:
+            pipe.hexists(self.keys.custom_metrics, self.worker_id)
+        else:
+            pipe.hset(self.keys.custom_metrics, self.worker_id, report)
+        expires = time.time() + 3 * self.settings.heartbeat_s
+        pipe.zadd(self.keys.custom_metrics_expiry, {self.worker_id: expires})
+        return report
 
     async def beat_forever(self) -> None:
         while True:

@@ -188,29 +188,24 @@ REGISTRY = Registry()
 """This process's custom metrics (a worker serves one model)."""
 
 
-def encode_report(families: list[dict[str, Any]], expires: float) -> bytes:
-    """What a worker writes to Redis: its families and when they stop counting (unix s)."""
-    return json.dumps({"expires": expires, "families": families}).encode()
+def encode_report(families: list[dict[str, Any]]) -> bytes:
+    """What a worker writes to Redis: its families. When the report stops counting is kept
+    beside it (``Keys.custom_metrics_expiry``), so an unchanged report need not be written
+    again to stay alive."""
+    return json.dumps({"families": families}).encode()
 
 
-def decode_reports(raw: Mapping[bytes, bytes], now: float) -> tuple[list[Any], list[bytes]]:
-    """The families of each unexpired report, and the fields of those that expired (a
-    worker that died without taking its report back)."""
+def decode_reports(raw: Iterable[bytes]) -> list[Any]:
+    """The families of each readable report (the reader leaves out expired ones)."""
     reports: list[Any] = []
-    expired: list[bytes] = []
-    for worker, text in raw.items():
+    for text in raw:
         try:
-            report = json.loads(text)
-            expires = float(report["expires"])
-            families = report["families"]
+            families = json.loads(text)["families"]
         except (ValueError, KeyError, TypeError):
-            expired.append(worker)
             continue
-        if expires < now:
-            expired.append(worker)
-        elif isinstance(families, list):
+        if isinstance(families, list):
             reports.append(families)
-    return reports, expired
+    return reports
 
 
 def render(reports: Iterable[list[Any]]) -> list[str]:

@@ -449,7 +449,7 @@ def test_a_dead_workers_report_leaves_with_the_next_scrape(
                 ],
             }
         ]
-        client.hset(keys.custom_metrics, "dead-worker", encode_report(report, time.time() - 1))
+        client.hset(keys.custom_metrics, "dead-worker", encode_report(report))
         client.zadd(keys.custom_metrics_expiry, {"dead-worker": time.time() - 1})
         assert "ghost" not in http.get("/metrics").text
         assert not client.hexists(keys.custom_metrics, "dead-worker")

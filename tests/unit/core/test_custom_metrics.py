@@ -146,9 +146,7 @@ def test_what_a_report_must_not_carry_is_left_out() -> None:
     assert lines == ["# HELP x X", "# TYPE x gauge", 'x{a="b"} 1', "# HELP y X", "# TYPE y gauge"]
 
 
-def test_reports_expire_and_unreadable_ones_are_dropped() -> None:
-    live = cm.encode_report(_report("counter", [_series(1)]), expires=200.0)
-    dead = cm.encode_report(_report("counter", [_series(1)]), expires=50.0)
-    raw = {b"w1": live, b"w2": dead, b"w3": b"{not json", b"w4": json.dumps({}).encode()}
-    reports, expired = cm.decode_reports(raw, now=100.0)
-    assert len(reports) == 1 and sorted(expired) == [b"w2", b"w3", b"w4"]
+def test_unreadable_reports_are_left_out() -> None:
+    live = cm.encode_report(_report("counter", [_series(1)]))  # type: ignore[arg-type]
+    raw = [live, b"{not json", json.dumps({}).encode(), json.dumps({"families": 3}).encode()]
+    assert len(cm.decode_reports(raw)) == 1
