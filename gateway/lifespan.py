@@ -34,6 +34,7 @@ from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStor
 from sluice.gateway.shm_sweep import sweep_loop, sweep_now
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
+from sluice.gateway.store_sweep import store_sweep_loop
 from sluice.gateway.tenant_limits_source import LimitsSource, load_at_start
 from sluice.gateway.tenant_quota import TenantQuota
 
@@ -121,6 +122,7 @@ def gateway_lifespan(
         await refresh(state, dispatcher, touch=True)
         refresher = asyncio.create_task(refresh_loop(state, dispatcher), name="catalog-refresh")
         sweeper = asyncio.create_task(sweep_loop(state), name="shm-sweeper")
+        store_sweeper = asyncio.create_task(store_sweep_loop(state), name="store-sweeper")
         grpc_server = GrpcServer(state) if settings.grpc_port else None
         try:
             if grpc_server is not None:
@@ -130,9 +132,9 @@ def gateway_lifespan(
         finally:
             if grpc_server is not None:
                 await grpc_server.stop(settings.shutdown_timeout_s)
-            refresher.cancel()
-            sweeper.cancel()
-            await asyncio.gather(refresher, sweeper, return_exceptions=True)
+            for task in (refresher, sweeper, store_sweeper):
+                task.cancel()
+            await asyncio.gather(refresher, sweeper, store_sweeper, return_exceptions=True)
             await dispatcher.stop()
             state.regions.close_local()  # (the host's records stay, for its other gateways)
             state.regions.counter.close()

@@ -189,7 +189,8 @@ class Keys:
     @property
     def store_expiry(self) -> str:
         """Sorted set ``upload:<tenant>:<id>`` / ``batch:<tenant>:<id>`` -> when it expires
-        (unix s; +inf while in use): what the batch workers' sweeper removes, files and all."""
+        (unix s; +inf while in use): what the store sweepers (batch workers, gateways) remove,
+        files and all."""
         return f"{{{self.namespace}}}:store-expiry"
 
     def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:

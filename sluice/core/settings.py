@@ -310,7 +310,8 @@ class BatchStoreSettings(RepositorySourceSettings):
     """Largest ``s3://`` input of one batch job, checked before and while downloading."""
 
     store_sweep_s: float = Field(60.0, gt=0)
-    """How often a batch worker removes expired uploads and batch jobs (with their files)."""
+    """How often each batch worker and gateway process removes expired uploads and batch
+    jobs (with their files)."""
 
 
 class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):

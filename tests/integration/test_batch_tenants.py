@@ -2,7 +2,8 @@
 over real HTTP walk every upload and batch route (B cannot see, change or learn of A's; a
 wrong key or none is 401); uploads are streamed, checked and leave nothing behind when they
 fail; the stored-bytes quota; B's many batches do not hide A's; and everything expires
-with its files (the batch workers' sweeper, run here at a later time)."""
+with its files (the store sweeper of the batch workers and gateways, run here at a later
+time)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,11 @@ import onnxruntime as ort
 import pytest
 from redis import Redis
 
-from sluice.batch.sweeper import StoreSweeper
 from sluice.core.batch_store import open_store
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
 from sluice.core.settings import BatchSettings
+from sluice.core.store_sweeper import StoreSweeper
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
@@ -331,7 +332,7 @@ def test_finished_batches_and_uploads_expire_with_their_files(
     assert a.get(f"/v2/batches/{batch_id}").status_code == 200
     assert a.get(f"/v2/uploads/{upload_id}").status_code == 200
     later = time.time() + 8 * 86_400
-    # Rounds of at most 100 items each, as the batch workers' sweeper makes them; the
+    # Rounds of at most 100 items each, as the store sweepers make them; the
     # uploads the expired batches release fall due in a later round than those batches.
     for _ in range(20):
         sweeper.sweep(later)

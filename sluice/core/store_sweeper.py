@@ -1,8 +1,10 @@
 """Removes what expired from the batch store: uploads past ``SLUICE_UPLOAD_RETENTION_S``
 (unless a batch job uses them) and finished batch jobs past ``SLUICE_BATCH_RETENTION_S``
 (their record, listing entry and files in the store), giving their bytes back to their
-tenant. Every batch worker runs one; ``Keys.store_expiry`` says what is due, and each item
-is taken by one sweeper only (the scripts of :mod:`sluice.core.uploads`, a ``ZREM`` for batches).
+tenant. Every batch worker and every gateway process with a batch store runs one, so that
+a deployment without batch workers still lets uploads go; ``Keys.store_expiry`` says what
+is due, and each item is taken by one sweeper only (the scripts of
+:mod:`sluice.core.uploads`, a ``ZREM`` for batches).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from sluice.core import uploads as u
 from sluice.core.batch_store import BatchStore
 from sluice.core.keys import Keys
 
-log = logging.getLogger("batch")
+log = logging.getLogger(__name__)
 
 _PER_SWEEP = 100
 
