@@ -33,6 +33,7 @@ from sluice.core.config import (
 from sluice.core.config.platforms import fallback_model_filename
 from sluice.core.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
 from sluice.core.errors import InvalidConfig
+from sluice.core.settings import CONFIG_NAME_PATTERN
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
 _VERSION_DIR = re.compile(r"[1-9][0-9]*")
@@ -40,9 +41,8 @@ _VERSION_DIR = re.compile(r"[1-9][0-9]*")
 CUSTOM_CONFIGS = "configs"
 """The folder of a model's custom configurations (``configs/<name>.pbtxt``)."""
 
-CONFIG_NAME = re.compile(r"[A-Za-z0-9_.-]{0,128}")
-"""A custom configuration's name: a file name with no folder and no space (Triton asks for no
-space); empty for none."""
+CONFIG_NAME = re.compile(CONFIG_NAME_PATTERN)
+"""A custom configuration's name (:data:`~sluice.core.settings.CONFIG_NAME_PATTERN`)."""
 
 
 @dataclass(frozen=True, slots=True)

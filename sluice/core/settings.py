@@ -98,6 +98,11 @@ def gateway_processes_value(value: object) -> object:
     return value
 
 
+CONFIG_NAME_PATTERN = r"[A-Za-z0-9_.-]{0,128}"
+"""A custom configuration's name (Triton's --model-config-name): a file name with no folder
+and no space (Triton asks for no space); empty for none."""
+
+
 class CommonSettings(BaseSettings):
     """What every process of one Sluice deployment must agree on."""
 
@@ -155,7 +160,7 @@ class CommonSettings(BaseSettings):
     otel_service_name: str = Field("sluice", validation_alias=AliasChoices("OTEL_SERVICE_NAME"))
     """The ``service.name`` of the exported spans (the standard OTEL_SERVICE_NAME)."""
 
-    model_config_name: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,128}$")
+    model_config_name: str = Field("", pattern=f"^{CONFIG_NAME_PATTERN}$")
     """Triton's --model-config-name: a model whose folder has ``configs/<name>.pbtxt`` is
     served with that configuration instead of its ``config.pbtxt`` (the others with theirs),
     so that hosts of different kinds share one repository. Empty: ``config.pbtxt`` alone."""
