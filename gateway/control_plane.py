@@ -18,6 +18,7 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import WatchError
 
 from sluice.core.clock import CLOCK
+from sluice.core.control import live_executors_async
 from sluice.core.errors import Unavailable
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import server_identity
@@ -68,7 +69,11 @@ class ControlPlane(Protocol):
         ...
 
     async def take_reply(self, reply_key: str) -> bytes | None:
-        """A command's reply, if its executor has answered (taken: read once)."""
+        """A command's next reply, if one has come (taken: read once)."""
+        ...
+
+    async def live_executors(self) -> frozenset[str]:
+        """The executors alive now (each answers every load and unload)."""
         ...
 
     async def rollout(self, model: str) -> bytes | None:
@@ -152,6 +157,9 @@ class RedisControlPlane:
     async def take_reply(self, reply_key: str) -> bytes | None:
         raw = await self.redis.lpop(reply_key)
         return raw if isinstance(raw, bytes) else None
+
+    async def live_executors(self) -> frozenset[str]:
+        return await live_executors_async(self.redis, self.keys)
 
     async def rollout(self, model: str) -> bytes | None:
         return cast(bytes | None, await self.redis.get(self.keys.rollout(model)))

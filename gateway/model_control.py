@@ -9,11 +9,8 @@ through Redis (:mod:`sluice.core.control`) and the caller waits until it is carr
 from __future__ import annotations
 
 import asyncio
-import time
 
-import orjson
-
-from sluice.core.control import NOT_ALLOWED, ControlCommand, encode_command
+from sluice.core.control import NOT_ALLOWED, ControlCommand, await_answers, encode_command
 from sluice.core.errors import InvalidInput, Unavailable
 from sluice.gateway.state import GatewayState
 
@@ -48,23 +45,27 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
         if command.files
         else (encode_command(command))
     )
+    # Every executor carries a load or unload out on its host; the controller alone
+    # answers what goes to its stream.
+    expected = frozenset() if stream else await state.control.live_executors()
     await state.control.send_command(stream or keys.control_requests, fields)
     reply_key = keys.control_reply(command.command_id)
-    deadline = time.monotonic() + state.settings.model_control_timeout_s
-    while time.monotonic() < deadline:
-        raw = await state.control.take_reply(reply_key)
-        if raw is not None:
-            error = orjson.loads(raw).get("error")
-            if error:
-                raise InvalidInput(str(error))
-            # This gateway sees the change at once, the other gateway processes of this
-            # host before their next request (the counter), other hosts' within a refresh.
-            await state.control.refresh_catalog(state.view)
-            await state.control.refresh_routing(state.view)
-            state.host_changes.bump()
-            return
-        await asyncio.sleep(_POLL_S)
-    raise Unavailable(
-        f"the {command.op} of '{command.model}' did not finish within "
-        f"{state.settings.model_control_timeout_s:.0f} s"
+    answers = await await_answers(
+        lambda: state.control.take_reply(reply_key),
+        state.control.live_executors,
+        expected,
+        state.settings.model_control_timeout_s,
+        _POLL_S,
     )
+    if answers is None:
+        raise Unavailable(
+            f"the {command.op} of '{command.model}' did not finish within "
+            f"{state.settings.model_control_timeout_s:.0f} s"
+        )
+    # This gateway sees the change at once, the other gateway processes of this host
+    # before their next request (the counter), other hosts' within a refresh.
+    await state.control.refresh_catalog(state.view)
+    await state.control.refresh_routing(state.view)
+    state.host_changes.bump()
+    if answers.error:
+        raise InvalidInput(answers.error)

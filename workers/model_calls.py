@@ -15,17 +15,21 @@ import asyncio
 import contextlib
 import os
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
-import orjson
 
 from sluice.core.clock import CLOCK
-from sluice.core.control import NOT_ALLOWED, ControlCommand, encode_command
+from sluice.core.control import (
+    NOT_ALLOWED,
+    ControlCommand,
+    await_answers,
+    encode_command,
+    live_executors_async,
+)
 from sluice.core.datatypes import from_numpy_dtype, to_buffer, to_numpy
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import (
@@ -218,21 +222,28 @@ class ModelCalls:
         if await redis.get(keys.control_mode) != b"explicit":
             raise Unavailable(f"{NOT_ALLOWED} (sluice up --model-control-mode explicit)")
         fields = await asyncio.to_thread(encode_command, command)
+        expected = await live_executors_async(redis, keys)
         await redis.xadd(keys.control_requests, fields)  # type: ignore[arg-type]
         reply_key = keys.control_reply(command.command_id)
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+
+        async def take() -> bytes | None:
             raw = await redis.lpop(reply_key)
-            if isinstance(raw, bytes):
-                error = orjson.loads(raw).get("error")
-                if error:
-                    raise InvalidInput(str(error))
-                self._targets.forget(command.model)
-                return
-            await asyncio.sleep(_CONTROL_POLL_S)
-        raise Unavailable(
-            f"the {command.op} of '{command.model}' did not finish within {timeout_s:.0f} s"
+            return raw if isinstance(raw, bytes) else None
+
+        answers = await await_answers(
+            take,
+            lambda: live_executors_async(redis, keys),
+            expected,
+            timeout_s,
+            _CONTROL_POLL_S,
         )
+        if answers is None:
+            raise Unavailable(
+                f"the {command.op} of '{command.model}' did not finish within {timeout_s:.0f} s"
+            )
+        self._targets.forget(command.model)
+        if answers.error:
+            raise InvalidInput(answers.error)
 
     def _sequence_stream(
         self,

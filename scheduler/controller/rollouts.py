@@ -25,7 +25,7 @@ from redis import Redis
 
 from sluice.core import histograms as hist
 from sluice.core import statistics as st
-from sluice.core.control import ControlCommand
+from sluice.core.control import Answers, ControlCommand, live_executors
 from sluice.core.errors import InvalidInput
 from sluice.core.keys import Keys
 from sluice.core.repository import available_versions
@@ -105,6 +105,8 @@ class RolloutManager:
     """Every write and load goes through it, fenced by the controller's lease."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _due: float = 0.0
+    _answers: dict[str, Answers] = field(default_factory=dict)
+    """The answers so far to each load a rollout waits for."""
 
     @property
     def fleet(self) -> Served:
@@ -207,9 +209,32 @@ class RolloutManager:
         active.load_id = self._load(name, (stable, candidate))
 
     def _load(self, model: str, versions: tuple[int, ...]) -> str:
+        """Have every executor load ``versions``; the command's id, whose answers the
+        rollout waits for (each executor alive now, :class:`~sluice.core.control.Answers`)."""
         command = ControlCommand("load", model, versions=versions)
+        self._answers[command.command_id] = Answers(live_executors(self.client, self.keys))
         self.sender.submit(command)
         return command.command_id
+
+    def _answered(self, load_id: str, now: float, since: float) -> tuple[bool, str | None]:
+        """Whether the load ``load_id`` is answered (by each executor expected, still
+        alive) or timed out, and its error if any."""
+        answers = self._answers.setdefault(load_id, Answers(frozenset()))
+        while (raw := self.client.lpop(self.keys.control_reply(load_id))) is not None:
+            answers.add(cast(bytes, raw))
+        done = answers.answered and (
+            not answers.waiting_for_others
+            or answers.complete(live_executors(self.client, self.keys))
+        )
+        if done:
+            return True, answers.error
+        if now - since > LOAD_ANSWER_S:
+            whom = "every executor" if answers.answered else "any executor"
+            return (
+                True,
+                answers.error or f"{whom} did not answer the load within {LOAD_ANSWER_S:.0f} s",
+            )
+        return False, None
 
     def tick(self) -> None:
         now = time.monotonic()
@@ -221,14 +246,11 @@ class RolloutManager:
             if state.phase in FINISHED:
                 continue
             if active.load_id:
-                raw = self.client.lpop(self.keys.control_reply(active.load_id))
                 active.waiting_since = active.waiting_since or now
-                if raw is not None:
-                    error = orjson.loads(cast(bytes, raw)).get("error")
-                elif now - active.waiting_since > LOAD_ANSWER_S:
-                    error = f"no executor answered the load within {LOAD_ANSWER_S:.0f} s"
-                else:
+                done, error = self._answered(active.load_id, now, active.waiting_since)
+                if not done:
                     continue
+                self._answers.pop(active.load_id, None)
                 active.load_id, active.waiting_since = "", 0.0
                 self._loaded(active, error, now)
             elif state.phase in ("canary", "shadow"):

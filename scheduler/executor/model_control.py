@@ -2,8 +2,10 @@
 
 Gateways put each ``POST /v2/repository/models/{m}/load`` or ``/unload`` on a Redis stream,
 and so does the leading controller for what it decides (poll mode, rollouts); each sender
-waits for the answer on a list of the command's own. ``sluice up`` carries commands out one
-at a time, from its main loop, without blocking it:
+waits for the answers on a list of the command's own. Every executor of the deployment (one
+per host) reads every command and carries it out on its host, and keeps its place among the
+live executors, whose answers a sender waits for (:mod:`sluice.core.control`). ``sluice up``
+carries commands out one at a time, from its main loop, without blocking it:
 
 - a command from a controller carries its fencing token; one older than a token already seen
   was sent by a controller that has been replaced since, and is refused;
@@ -31,11 +33,13 @@ An ensemble's load also loads the models it calls, and its unload with
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import socket
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -46,7 +50,15 @@ from redis.exceptions import RedisError
 
 from sluice.core.catalog import UNLOADED
 from sluice.core.clock import CLOCK
-from sluice.core.control import ControlCommand, read_commands, send_reply
+from sluice.core.control import (
+    EXECUTOR_TTL_S,
+    REGISTER_EXECUTOR,
+    ControlCommand,
+    newest_command,
+    read_commands,
+    send_reply,
+    trim_commands,
+)
 from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
@@ -107,7 +119,13 @@ class ModelControl:
     config_name: str = ""
     """The deployment's custom configuration name
     (:func:`~sluice.core.repository.config_source`)."""
+    executor_id: str = field(
+        default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
+    )
+    """This executor among the live ones (``Keys.executors``)."""
     _last_id: str = "0-0"
+    _present_due: float = 0.0
+    _trim_due: float = 0.0
     _newest_token: int = 0
     """The newest fencing token seen on a controller's command."""
     _queue: list[ControlCommand] = field(default_factory=list)
@@ -121,9 +139,29 @@ class ModelControl:
     (:mod:`.dependencies`: an ensemble and the models it calls)."""
 
     def start(self) -> None:
-        """Forget commands sent to an earlier run: their senders have given up."""
-        self.client.delete(self.keys.control_requests)
+        """Join the live executors, reading the commands sent from now on (those sent
+        before were answered by the others, or given up)."""
+        self._last_id = newest_command(self.client, self.keys.control_requests)
         self._files = {name: fingerprint(model.path) for name, (model, _) in self.loaded.items()}
+        self._present(time.monotonic())
+
+    def leave(self) -> None:
+        """No longer among the live executors (senders stop waiting for this one)."""
+        with contextlib.suppress(RedisError):
+            self.client.zrem(self.keys.executors, self.executor_id)
+
+    def _present(self, now: float) -> None:
+        """Renew this executor's place among the live ones; now and then, drop the
+        commands every sender has given up on."""
+        if now < self._present_due:
+            return
+        self._present_due = now + EXECUTOR_TTL_S / 3
+        self.client.eval(
+            REGISTER_EXECUTOR, 1, self.keys.executors, self.executor_id, EXECUTOR_TTL_S
+        )
+        if now >= self._trim_due:
+            self._trim_due = now + 60.0
+            trim_commands(self.client, self.keys.control_requests)
 
     @property
     def busy(self) -> bool:
@@ -141,6 +179,7 @@ class ModelControl:
 
     def tick(self) -> None:
         try:
+            self._present(time.monotonic())
             self._retire_drained()
             self._read()
             if self._current is None and self._queue:
@@ -168,7 +207,7 @@ class ModelControl:
             if settled is None:
                 return
             command, error = settled
-        send_reply(self.client, self.keys, command.command_id, error)
+        send_reply(self.client, self.keys, command.command_id, error, self.executor_id)
 
     def _in_group(self, command: ControlCommand, parts: list[ControlCommand]) -> None:
         """Carry ``command`` out as ``parts``, from the next tick on."""

@@ -134,6 +134,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             control.refresh = _refresher(settings)
             control.start()
+            stack.callback(control.leave)
             on_demand = start_on_demand(
                 settings, client, namespace, supervisor, demanded, models, repository, env, wake.set
             )

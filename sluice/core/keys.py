@@ -236,9 +236,17 @@ class Keys:
 
     @property
     def control_requests(self) -> str:
-        """Stream of model control commands (load, unload) to the executor (``sluice up``),
-        from gateways and from the controller."""
+        """Stream of model control commands (load, unload) to every executor (``sluice
+        up``), from gateways and from the controller; each executor reads it with a cursor
+        of its own."""
         return f"{{{self.namespace}}}:control:requests"
+
+    @property
+    def executors(self) -> str:
+        """Sorted set executor id -> until when it is alive (the deployment's clock): the
+        executors (``sluice up``) that carry out each model control command, whose answers
+        a sender waits for (:mod:`sluice.core.control`)."""
+        return f"{{{self.namespace}}}:control:executors"
 
     @property
     def custom_metrics(self) -> str:

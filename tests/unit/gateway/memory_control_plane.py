@@ -51,6 +51,9 @@ class MemoryControlPlane:
     async def take_reply(self, reply_key: str) -> bytes | None:
         return None  # (no executor answers: a command times out)
 
+    async def live_executors(self) -> frozenset[str]:
+        return frozenset()
+
     async def rollout(self, model: str) -> bytes | None:
         return self.rollouts.get(model)
 

@@ -1,0 +1,94 @@
+"""Several executors (``sluice up``, one per host) on one Redis: every load and unload is
+carried out by each of them, and answered once each executor alive when it was sent has
+answered; an executor killed meanwhile is waited for only until its place among the live
+executors runs out."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+from redis import Redis
+
+from sluice.core.control import EXECUTOR_TTL_S, live_executors
+from sluice.core.keys import Keys
+from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.onnx_models import write_identity
+from tests.support.stack import Stack
+
+
+def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def _second_executor(stack: Stack, repository: Path) -> subprocess.Popen[bytes]:
+    """``sluice up --no-gateway --no-controller`` on the stack's Redis and namespace: a
+    second worker host, as docs/operations/several-hosts.md lays it out."""
+    env = dict(
+        os.environ,
+        SLUICE_REDIS_URL=stack.redis_url or "",
+        SLUICE_NAMESPACE=stack.namespace,
+        SLUICE_BATCH_WORKERS="0",
+    )
+    argv = [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(repository)]
+    argv += ["--no-gateway", "--no-controller", "--model-control-mode=explicit"]
+    argv += ["--load-model=ident"]
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    repository = tmp_path / "repository"
+    write_identity(repository, "ident", ["FP32"])
+    write_identity(repository, "other", ["FP32"])
+    args = ["--model-control-mode=explicit", "--load-model=ident"]
+    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
+    stack.start()
+    keys = Keys(stack.namespace)
+    client = Redis.from_url(redis_server.url)
+    second = _second_executor(stack, repository)
+
+    def live_workers(model: str) -> int:
+        return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
+
+    try:
+        assert _wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
+        assert _wait_until(lambda: live_workers("ident") == 2, 60)
+        with httpx.Client(base_url=stack.url, timeout=120) as http:
+            loaded = http.post("/v2/repository/models/other/load")
+            assert loaded.status_code == 200, loaded.text
+            assert live_workers("other") == 2  # one on each executor's host, ready
+            unloaded = http.post("/v2/repository/models/other/unload")
+            assert unloaded.status_code == 200, unloaded.text
+            assert _wait_until(lambda: live_workers("other") == 0, 10)
+
+            os.killpg(second.pid, signal.SIGKILL)  # the host dies: it never leaves
+            second.wait()
+            assert len(live_executors(client, keys)) == 2  # (its place has not run out)
+            started = time.monotonic()
+            again = http.post("/v2/repository/models/other/load")
+            assert again.status_code == 200, again.text
+            # Answered once the dead executor's place ran out, not after the load's timeout.
+            assert time.monotonic() - started < 60
+            assert len(live_executors(client, keys)) == 1
+            assert _wait_until(lambda: live_workers("other") == 1, 3 * EXECUTOR_TTL_S)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGTERM)
+            second.wait(30)
+        client.close()
+        stack.stop()
