@@ -64,8 +64,12 @@ class ControlPlane(Protocol):
         """Whether ``sluice up`` runs with explicit model control (load / unload allowed)."""
         ...
 
-    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> None:
-        """Hand an encoded control command to its executor's stream."""
+    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
+        """Hand an encoded control command to its executors' stream; its entry's id."""
+        ...
+
+    async def drop_command(self, stream: str, entry_id: str) -> None:
+        """Remove a command every executor has answered (it may carry large files)."""
         ...
 
     async def take_reply(self, reply_key: str) -> bytes | None:
@@ -146,13 +150,17 @@ class RedisControlPlane:
     async def explicit_model_control(self) -> bool:
         return bool(await self.redis.get(self.keys.control_mode) == b"explicit")
 
-    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> None:
-        await self.redis.xadd(
+    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
+        entry_id = await self.redis.xadd(
             stream,
             fields,  # type: ignore[arg-type]
             maxlen=_COMMAND_STREAM_MAX_LEN,
             approximate=True,
         )
+        return entry_id.decode() if isinstance(entry_id, bytes) else str(entry_id)
+
+    async def drop_command(self, stream: str, entry_id: str) -> None:
+        await self.redis.xdel(stream, entry_id)
 
     async def take_reply(self, reply_key: str) -> bytes | None:
         raw = await self.redis.lpop(reply_key)

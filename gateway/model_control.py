@@ -48,7 +48,7 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
     # Every executor carries a load or unload out on its host; the controller alone
     # answers what goes to its stream.
     expected = frozenset() if stream else await state.control.live_executors()
-    await state.control.send_command(stream or keys.control_requests, fields)
+    entry_id = await state.control.send_command(stream or keys.control_requests, fields)
     reply_key = keys.control_reply(command.command_id)
     answers = await await_answers(
         lambda: state.control.take_reply(reply_key),
@@ -62,6 +62,8 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
             f"the {command.op} of '{command.model}' did not finish within "
             f"{state.settings.model_control_timeout_s:.0f} s"
         )
+    if not answers.waiting_for_others:  # (every executor has read it)
+        await state.control.drop_command(stream or keys.control_requests, entry_id)
     # This gateway sees the change at once, the other gateway processes of this host
     # before their next request (the counter), other hosts' within a refresh.
     await state.control.refresh_catalog(state.view)

@@ -45,8 +45,12 @@ class MemoryControlPlane:
     async def explicit_model_control(self) -> bool:
         return self.explicit
 
-    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> None:
+    async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         self.commands.append((stream, fields))
+        return f"{len(self.commands)}-0"
+
+    async def drop_command(self, stream: str, entry_id: str) -> None:
+        pass
 
     async def take_reply(self, reply_key: str) -> bytes | None:
         return None  # (no executor answers: a command times out)
