@@ -19,6 +19,7 @@ from sluice.core.settings import GatewaySettings
 from sluice.gateway.fast_path import InferFastPath
 from sluice.gateway.generate_routes import router as generate_router
 from sluice.gateway.guard import EdgeGuard, KeyRing
+from sluice.gateway.header_forwarding import compile_pattern
 from sluice.gateway.http_errors import add_error_handlers
 from sluice.gateway.infer_schema import describe_inference
 from sluice.gateway.lifespan import gateway_lifespan
@@ -74,6 +75,7 @@ def _guarded(settings: GatewaySettings, app: ASGIApp) -> ASGIApp:
         max_header_count=settings.max_header_count,
         max_header_bytes=settings.max_header_bytes,
         max_control_body_bytes=settings.max_control_body_bytes,
+        forward=compile_pattern(settings.http_header_forward_pattern),
     )
 
 

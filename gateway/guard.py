@@ -26,6 +26,7 @@ from sluice.core.errors import InvalidConfig, PayloadTooLarge, SluiceError
 from sluice.core.settings import ApiKeySettings
 from sluice.core.tenants import ADMIN, ANONYMOUS, CURRENT_TENANT, KeyEntry, parse_key_entry
 from sluice.gateway.body import check_declared_length
+from sluice.gateway.header_forwarding import FORWARDED, matching
 from sluice.gateway.infer_response import encode_error
 
 _OPEN = ("/v2/health/", "/ping")
@@ -174,9 +175,12 @@ class EdgeGuard:
         max_header_count: int,
         max_header_bytes: int,
         max_control_body_bytes: int,
+        forward: re.Pattern[str] | None = None,
     ):
         self.app = app
         self.keys = keys
+        self.forward = forward
+        """Headers that become request parameters (:mod:`sluice.gateway.header_forwarding`)."""
         self.max_header_count = max_header_count
         self.max_header_bytes = max_header_bytes
         self.max_control_body_bytes = max_control_body_bytes
@@ -212,6 +216,9 @@ class EdgeGuard:
             return
         scope.setdefault("state", {})[TENANT_STATE] = access.tenant
         CURRENT_TENANT.set(access.tenant)
+        if self.forward is not None:
+            pairs = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
+            FORWARDED.set(matching(self.forward, pairs))
         if (
             (
                 path.startswith("/v2/models/")

@@ -33,6 +33,7 @@ from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway import request_id
 from sluice.gateway.catalog_follow import asked_fresh, follow_changes, redis_back
 from sluice.gateway.demand_wake import wake_on_demand
+from sluice.gateway.header_forwarding import FORWARDED, add_forwarded
 from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
@@ -183,6 +184,9 @@ async def prepare_with(
         if not await state.regions.recover(miss):
             raise
         parsed = await _off_loop(heavy, lambda: parse(config))
+    forwarded = FORWARDED.get()
+    if forwarded:  # (Triton's --http- and --grpc-header-forward-pattern)
+        add_forwarded(parsed.parameters, forwarded)
     named = parsed.parameters.get(PARAMETER)
     if named is not None:
         late_label = parameter_label(named, version, label)

@@ -19,6 +19,7 @@ from typing import Any
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import Cancelled, InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.request_parameters import model_parameters
 from sluice.core.wire import ReplyMessage, TensorHeader
 from sluice.workers.backends.base import Backend, CancelSignal, RequestContext, SequenceFlags
 from sluice.workers.replies import Publisher
@@ -109,7 +110,8 @@ def compute_streaming(
     if contexts is not None:
         stream(inputs, output_names(batch), sizes, emit, contexts=contexts)
     elif getattr(backend, "follows_cancellation", False):
-        stream(inputs, output_names(batch), sizes, emit, cancellations, sequences)
+        own = [model_parameters(r.message.parameters) for r in batch]
+        stream(inputs, output_names(batch), sizes, emit, cancellations, sequences, own)
     else:
         stream(inputs, output_names(batch), sizes, emit)
     missing = InferenceFailed("the model sent no final response")

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, cast
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import DeadlineExceeded, InferenceFailed, InvalidInput, SluiceError
+from sluice.core.request_parameters import model_parameters
 from sluice.core.sequences import ensemble_response_parameters, request_sequence
 from sluice.core.wire import ReplyMessage, RequestMessage
 from sluice.workers.adaptive import BatchPolicy
@@ -334,6 +335,7 @@ class Execution:
                     request_sizes=[r.items for r in batch],
                     cancellations=signals,
                     sequences=[_sequence_flags(r.message) for r in batch],
+                    parameters=[model_parameters(r.message.parameters) for r in batch],
                 )
             elif self.concurrency == 1:
                 outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
@@ -406,4 +408,5 @@ def _context(message: RequestMessage, cancelled: CancelSignal | None) -> Request
         cancelled=cancelled,
         outputs=tuple(message.outputs),
         sequence=_sequence_flags(message),
+        parameters=model_parameters(message.parameters),
     )

@@ -16,8 +16,8 @@ import contextlib
 import os
 import threading
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Coroutine, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import numpy as np
@@ -76,6 +76,8 @@ class CallContext:
     sequence: tuple[int | str, int] = (0, 0)
     """The correlation id and flags the call carries (0, 0: none); a sequence model's call
     must name its sequence, and goes to the instance that holds it."""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    """The call's own request parameters (an ensemble's request's, a BLS request's)."""
 
 
 class ModelCalls:
@@ -177,7 +179,7 @@ class ModelCalls:
     ) -> tuple[str, RequestMessage, bytes, float]:
         """The stream, request, payload and timeout of a call."""
         target = await self._targets.resolve(model, version)
-        parameters = sequence_parameters(*context.sequence)
+        parameters = {**context.parameters, **sequence_parameters(*context.sequence)}
         stream = target.stream
         if target.config.sequence_batching is not None:
             stream = self._sequence_stream(target, parameters, inputs)

@@ -45,6 +45,7 @@ from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
 from sluice.gateway import request_id
 from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.header_forwarding import FORWARDED, compile_pattern, matching
 from sluice.gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
 from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.queue_turn import QueueTurn
@@ -95,6 +96,8 @@ class InferCalls:
         self.open_streams = 0
         self.tenant_streams: dict[str, int] = {}
         """Streams open per named tenant (none at 0)."""
+        self.forward = compile_pattern(state.settings.grpc_header_forward_pattern)
+        """Metadata that becomes request parameters (:mod:`sluice.gateway.header_forwarding`)."""
 
     async def model_infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
@@ -272,6 +275,8 @@ class InferCalls:
         if len(model) > self.state.limits.max_string_length or len(version or "") > 64:
             raise InvalidInput("'model_name' or 'model_version' is too long")
         request_id.from_header(metadata.get("x-request-id"))
+        if self.forward is not None:
+            FORWARDED.set(matching(self.forward, metadata.items()))
         label = metadata.get(_LABEL_METADATA) or None
         trace = _trace_of(metadata)
         tracing = self.state.tracing

@@ -24,6 +24,7 @@ flag; a refused flag, and an option neither Sluice nor Triton has (``No such opt
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -221,6 +222,17 @@ def _poll_secs(flag: TritonFlag, text: str, out: TritonArgs) -> None:
     if seconds < 1:
         raise bad_value(flag, f"{text}: seconds between polls, 1 or more")
     out.overrides["repository_poll_s"] = float(seconds)
+
+
+def _forward_pattern(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        try:
+            re.compile(text.removeprefix("(?-i)"))
+        except re.error as exc:
+            raise bad_value(flag, f"{text!r} is not a regular expression: {exc}") from None
+        out.environment[variable] = text
+
+    return apply
 
 
 def _load_retries(flag: TritonFlag, text: str, out: TritonArgs) -> None:
@@ -500,9 +512,11 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "http-header-forward-pattern",
         "text",
-        "refused",
-        "Sluice does not forward HTTP headers as request parameters; send them as "
-        "parameters in the request body.",
+        "mapped",
+        "SLUICE_HTTP_HEADER_FORWARD_PATTERN: headers whose names match become string "
+        "parameters of each inference request (ignoring case unless the pattern starts with "
+        "(?-i)); Authorization never does.",
+        _forward_pattern("SLUICE_HTTP_HEADER_FORWARD_PATTERN"),
     ),
     TritonFlag("http-thread-count", "int", "ignored", _IGNORED_TUNING + "."),
     TritonFlag(
@@ -539,9 +553,10 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "grpc-header-forward-pattern",
         "text",
-        "refused",
-        "Sluice does not forward gRPC metadata as request parameters; send them as "
-        "parameters of the request.",
+        "mapped",
+        "SLUICE_GRPC_HEADER_FORWARD_PATTERN: metadata whose names match become string "
+        "parameters of each inference request, as --http-header-forward-pattern.",
+        _forward_pattern("SLUICE_GRPC_HEADER_FORWARD_PATTERN"),
     ),
     TritonFlag("grpc-infer-allocation-pool-size", "int", "ignored", _IGNORED_TUNING + "."),
     TritonFlag("grpc-infer-thread-count", "int", "ignored", _IGNORED_TUNING + "."),

@@ -98,6 +98,15 @@ def gateway_processes_value(value: object) -> object:
     return value
 
 
+def _regular_expression(value: str) -> str:
+    """A forward pattern must compile (``(?-i)`` first: case-sensitive, as in Triton)."""
+    try:
+        re.compile(value.removeprefix("(?-i)"))
+    except re.error as exc:
+        raise ValueError(f"not a regular expression: {exc}") from None
+    return value
+
+
 CONFIG_NAME_PATTERN = r"[A-Za-z0-9_.-]{0,128}"
 """A custom configuration's name (Triton's --model-config-name): a file name with no folder
 and no space (Triton asks for no space); empty for none."""
@@ -388,6 +397,19 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
 
     grpc_max_send_message_bytes: int = Field((1 << 31) - 1, ge=1024, le=(1 << 31) - 1)
     """Largest gRPC response message (gRPC's max_send_message_length; Triton's default)."""
+
+    http_header_forward_pattern: str = ""
+    """Triton's --http-header-forward-pattern: request headers whose names match this
+    regular expression (anywhere in the name, ignoring case unless it starts with
+    ``(?-i)``) become string parameters of each inference request; Authorization never
+    does. Empty: none."""
+
+    grpc_header_forward_pattern: str = ""
+    """Triton's --grpc-header-forward-pattern: the same for gRPC metadata."""
+
+    _forward_patterns = field_validator(
+        "http_header_forward_pattern", "grpc_header_forward_pattern"
+    )(_regular_expression)
 
     grpc_response_compression: Literal["none", "gzip", "deflate"] = "none"
     """Compression of gRPC responses (requests are accepted compressed or not, as the

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -69,6 +69,9 @@ class RequestContext:
     sequence: SequenceFlags = (0, 0)
     """The request's correlation id and flags, which the requests made on its behalf carry
     (Triton's ensemble gives them to every step)."""
+    parameters: Mapping[str, Any] = field(default_factory=dict)
+    """The request's own parameters (:func:`sluice.core.request_parameters.model_parameters`),
+    which an ensemble passes on to each step, as Triton's does."""
 
 
 Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]
@@ -133,6 +136,7 @@ class FollowsCancellation(Protocol):
         request_sizes: Sequence[int] | None = None,
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]: ...
 
 

@@ -385,7 +385,9 @@ def _last_response(
 
 
 def _call_context(context: RequestContext) -> CallContext:
-    return CallContext(context.request_id, context.deadline_ns, context.trace, context.sequence)
+    return CallContext(
+        context.request_id, context.deadline_ns, context.trace, context.sequence, context.parameters
+    )
 
 
 def _batch_of(tensors: Mapping[str, np.ndarray]) -> int:

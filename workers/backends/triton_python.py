@@ -121,9 +121,10 @@ class TritonPythonBackend:
         request_sizes: Sequence[int] | None = None,
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]:
         sizes = self._sizes(inputs, request_sizes)
-        requests = self._requests(inputs, outputs, sizes, sequences)
+        requests = self._requests(inputs, outputs, sizes, sequences, parameters)
         cancellations = _follow(requests, cancellations)
         pb.executing(cancellations)
         try:
@@ -159,6 +160,7 @@ class TritonPythonBackend:
         emit: Emit,
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         """A decoupled model: ``execute`` answers through each request's response sender,
         now or later from threads of its own; this returns once every request had its final
@@ -166,7 +168,7 @@ class TritonPythonBackend:
         its sequence's correlation id and flags, as in :meth:`infer` (a streaming model
         stops once ``request.is_cancelled()``)."""
         sizes = self._sizes(inputs, request_sizes)
-        requests = self._requests(inputs, outputs, sizes, sequences)
+        requests = self._requests(inputs, outputs, sizes, sequences, parameters)
         cancellations = _follow(requests, cancellations)
         finished = [threading.Event() for _ in requests]
         for index, (request, items) in enumerate(zip(requests, sizes, strict=True)):
@@ -214,15 +216,18 @@ class TritonPythonBackend:
         outputs: Sequence[str],
         sizes: Sequence[int],
         sequences: Sequence[SequenceFlags] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> list[pb.InferenceRequest]:
         """One request per client request; ``sequences``: each one's correlation id and
-        flags (none: 0 and 0)."""
+        flags (none: 0 and 0); ``parameters``: each one's own (``request.parameters()``)."""
         batched = self._config.max_batch_size > 0
         if sequences is None or len(sequences) != len(sizes):
             sequences = [(0, 0)] * len(sizes)
+        if parameters is None or len(parameters) != len(sizes):
+            parameters = [{}] * len(sizes)
         requests: list[pb.InferenceRequest] = []
         start = 0
-        for items, (correlation_id, flags) in zip(sizes, sequences, strict=True):
+        for items, (correlation_id, flags), own in zip(sizes, sequences, parameters, strict=True):
             tensors = [
                 pb.Tensor(name, array[start : start + items] if batched else array)
                 for name, array in inputs.items()
@@ -235,6 +240,7 @@ class TritonPythonBackend:
                     model_version=self._version,
                     correlation_id=correlation_id,
                     flags=flags,
+                    parameters=own,
                 )
             )
             start += items

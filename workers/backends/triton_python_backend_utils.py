@@ -55,6 +55,7 @@ from sluice.core.errors import (
     Unavailable,
     Unsupported,
 )
+from sluice.core.request_parameters import model_parameters
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
 
@@ -249,9 +250,29 @@ class InferenceRequest:
         deadline_ns = CLOCK.now_ns() + self._timeout_us * 1000 if self._timeout_us else 0
         inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
         context = CallContext(
-            self._request_id, deadline_ns, sequence=(self._correlation_id, self._flags)
+            self._request_id,
+            deadline_ns,
+            sequence=(self._correlation_id, self._flags),
+            parameters=self._call_parameters(),
         )
         return self._model_name, self._model_version, inputs, self._requested, context
+
+    def _call_parameters(self) -> dict[str, Any]:
+        """The parameters a BLS request carries to the model it calls (Triton's types:
+        strings, integers, booleans; a float is taken too)."""
+        try:
+            parameters = json.loads(self._parameters)
+        except ValueError:
+            raise TritonModelException(
+                "InferenceRequest parameters must be a JSON object"
+            ) from None
+        if not isinstance(parameters, dict) or not all(
+            isinstance(v, str | int | float) for v in parameters.values()
+        ):
+            raise TritonModelException(
+                "InferenceRequest parameters must map names to strings, integers or booleans"
+            )
+        return model_parameters(parameters)
 
     def _call(self) -> Future[Mapping[str, np.ndarray]]:
         """The call, started on the calls' loop (withdrawn with the executing batch)."""

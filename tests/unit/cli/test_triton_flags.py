@@ -152,6 +152,16 @@ def test_the_issues_command_line() -> None:
         (["--response-cache-byte-size=0"], {}, {"SLUICE_RESPONSE_CACHE_BYTES": "0"}),
         (["--model-config-name=h100"], {}, {"SLUICE_MODEL_CONFIG_NAME": "h100"}),
         (["--model-load-retry-count=2"], {"model_load_retry_count": 2}, {}),
+        (
+            ["--http-header-forward-pattern=my_header.*"],
+            {},
+            {"SLUICE_HTTP_HEADER_FORWARD_PATTERN": "my_header.*"},
+        ),
+        (
+            ["--grpc-header-forward-pattern", "(?-i)PREFIX_.*"],
+            {},
+            {"SLUICE_GRPC_HEADER_FORWARD_PATTERN": "(?-i)PREFIX_.*"},
+        ),
         (["--model-load-retry-count", "0"], {"model_load_retry_count": 0}, {}),
         (["--model-config-name", "a100_80g.v2"], {}, {"SLUICE_MODEL_CONFIG_NAME": "a100_80g.v2"}),
     ],
@@ -370,16 +380,6 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
         (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
         (["--allow-vertex-ai=1"], "--allow-vertex-ai=1", "Vertex AI"),
         (
-            ["--http-header-forward-pattern=.*"],
-            "--http-header-forward-pattern=.*",
-            "parameters",
-        ),
-        (
-            ["--grpc-header-forward-pattern=x-.*"],
-            "--grpc-header-forward-pattern=x-.*",
-            "parameters",
-        ),
-        (
             ["--grpc-keepalive-permit-without-calls=true"],
             "--grpc-keepalive-permit-without-calls=true",
             "SLUICE_GRPC_MAX_CONNECTION_IDLE_S",
@@ -459,6 +459,7 @@ def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> 
         (["--disable-auto-complete-config=true"], "--disable-auto-complete-config", "no value"),
         (["--model-config-name=../h100"], "--model-config-name", "'../h100'"),
         (["--model-load-retry-count=-1"], "--model-load-retry-count", "0 to 100"),
+        (["--http-header-forward-pattern=my_(.*"], "--http-header-forward-pattern", "my_(.*"),
         (["--model-load-retry-count=twice"], "--model-load-retry-count", "not an integer"),
         (["--model-config-name=h 100"], "--model-config-name", "no space"),
         (["--model-config-name=configs/h100"], "--model-config-name", "configs/"),

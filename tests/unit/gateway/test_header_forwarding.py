@@ -1,0 +1,49 @@
+"""Triton's header forwarding (:mod:`sluice.gateway.header_forwarding`): which names a
+pattern takes, Triton's case rule, and what may never be forwarded."""
+
+from __future__ import annotations
+
+import pytest
+
+from sluice.core.errors import InvalidInput
+from sluice.gateway.header_forwarding import add_forwarded, compile_pattern, matching
+
+HEADERS = [
+    ("my_header_1", "one"),
+    ("My_Header_2", 'a "quoted" value\\'),
+    ("header_3", "three"),
+    ("my_header_1", "repeated"),
+    ("Authorization", "Bearer secret"),
+]
+
+
+def test_a_pattern_matches_anywhere_in_the_name_ignoring_case() -> None:
+    pattern = compile_pattern("MY_HEADER.*")
+    assert pattern is not None
+    assert matching(pattern, HEADERS) == (
+        ("my_header_1", "one"),
+        ("My_Header_2", 'a "quoted" value\\'),
+    )
+    anywhere = compile_pattern("header_3")
+    assert anywhere is not None and matching(anywhere, HEADERS) == (("header_3", "three"),)
+
+
+def test_a_leading_case_sensitive_flag_keeps_case_and_authorization_never_goes() -> None:
+    pattern = compile_pattern("(?-i)my_.*")
+    assert pattern is not None and [n for n, _ in matching(pattern, HEADERS)] == ["my_header_1"]
+    everything = compile_pattern(".*")
+    assert everything is not None
+    assert "Authorization" not in dict(matching(everything, HEADERS))
+    assert compile_pattern("") is None
+
+
+@pytest.mark.parametrize("name", ["priority", "Timeout", "sequence_id", "triton_anything"])
+def test_a_reserved_name_is_refused(name: str) -> None:
+    with pytest.raises(InvalidInput, match="reserved for Triton usage"):
+        add_forwarded({}, ((name, "1"),))
+
+
+def test_a_forwarded_header_replaces_a_request_parameter_of_its_name() -> None:
+    parameters: dict[str, object] = {"my_header_1": 5, "other": True}
+    add_forwarded(parameters, (("my_header_1", "one"),))
+    assert parameters == {"my_header_1": "one", "other": True}
