@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from sluice.core.restricted_api import parse_restrictions
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.fast_path import InferFastPath
 from sluice.gateway.generate_routes import router as generate_router
@@ -76,6 +77,7 @@ def _guarded(settings: GatewaySettings, app: ASGIApp) -> ASGIApp:
         max_header_bytes=settings.max_header_bytes,
         max_control_body_bytes=settings.max_control_body_bytes,
         forward=compile_pattern(settings.http_header_forward_pattern),
+        restricted=parse_restrictions(settings.http_restricted_api),
     )
 
 

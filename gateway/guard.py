@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import hmac
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.core.errors import InvalidConfig, PayloadTooLarge, SluiceError
+from sluice.core.restricted_api import Restriction, denial, http_category
 from sluice.core.settings import ApiKeySettings
 from sluice.core.tenants import ADMIN, ANONYMOUS, CURRENT_TENANT, KeyEntry, parse_key_entry
 from sluice.gateway.body import check_declared_length
@@ -176,9 +177,12 @@ class EdgeGuard:
         max_header_bytes: int,
         max_control_body_bytes: int,
         forward: re.Pattern[str] | None = None,
+        restricted: Mapping[str, Restriction] | None = None,
     ):
         self.app = app
         self.keys = keys
+        self.restricted = restricted or {}
+        """Triton's restricted APIs (:mod:`sluice.core.restricted_api`), by category."""
         self.forward = forward
         """Headers that become request parameters (:mod:`sluice.gateway.header_forwarding`)."""
         self.max_header_count = max_header_count
@@ -209,6 +213,12 @@ class EdgeGuard:
             elif name == b"content-length":
                 length = value
         path = scope["path"]
+        if self.restricted:
+            lowered = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
+            refused = denial(self.restricted, http_category(path), lowered)
+            if refused is not None:
+                await _reject(send, 403, refused)
+                return
         access = self.keys.access(path, token)
         if access.status:
             extra = [(b"www-authenticate", b"Bearer")] if access.status == 401 else []

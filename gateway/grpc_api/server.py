@@ -26,6 +26,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
+from sluice.core.restricted_api import GRPC_PREFIX, denial, grpc_category, parse_restrictions
 from sluice.core.tenants import CURRENT_TENANT
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import KeyRing, bearer_token
@@ -74,6 +75,8 @@ class GrpcServer:
         self.state = state
         self.limits = GrpcLimits.from_settings(state.settings)
         self.keys = KeyRing.from_settings(state.settings)
+        self.restricted = parse_restrictions(state.settings.grpc_restricted_protocol)
+        """Triton's restricted protocols (:mod:`sluice.core.restricted_api`), by category."""
         self.health = health.aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self._watcher: asyncio.Task[None] | None = None
@@ -174,6 +177,9 @@ class GrpcServer:
 
     def _infer_denied(self, metadata: dict[str, str]) -> tuple[grpc.StatusCode, str] | None:
         """Why an inference call with ``metadata`` is refused (None: it is not)."""
+        restricted = denial(self.restricted, "inference", metadata, GRPC_PREFIX)
+        if restricted is not None:
+            return grpc.StatusCode.UNAVAILABLE, restricted
         keys = self.keys
         if not keys.configured:
             return None
@@ -187,6 +193,14 @@ class GrpcServer:
         return _DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1]
 
     async def _check_key(self, method: str, context: Context) -> None:
+        if self.restricted:
+            metadata = {
+                k: v if isinstance(v, str) else v.decode("latin-1")
+                for k, v in context.invocation_metadata() or ()
+            }
+            refused = denial(self.restricted, grpc_category(method), metadata, GRPC_PREFIX)
+            if refused is not None:  # (Triton answers UNAVAILABLE)
+                await context.abort(grpc.StatusCode.UNAVAILABLE, refused)
         if method in _HEALTH:
             return  # open, as HTTP's /v2/health/*
         token: bytes | None = None

@@ -10,6 +10,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +18,7 @@ from sluice.core.catalog import UNLOADED
 from sluice.core.errors import StartupFailed
 from sluice.core.placement import placements, visible_gpus
 from sluice.core.repository import RepositoryModel
+from sluice.core.restricted_api import parse_restrictions
 from sluice.core.settings import ApiKeySettings, UpSettings
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.scheduler.executor.supervisor import Supervisor
@@ -48,11 +50,15 @@ def with_probe_key(env: dict[str, str], probe: str | None) -> dict[str, str]:
     return {**env, "SLUICE_ADMIN_KEYS": f"{admin},{entry}" if admin.strip() else entry}
 
 
-def _repository_index(url: str, token: str | None) -> list[dict[str, Any]] | None:
+def _repository_index(
+    url: str, token: str | None, headers: Mapping[str, str]
+) -> list[dict[str, Any]] | None:
     """The gateway's ``POST /v2/repository/index``; None while it cannot answer."""
     request = urllib.request.Request(f"{url}/v2/repository/index", data=b"{}", method="POST")
     if token is not None:
         request.add_header("Authorization", f"Bearer {token}")
+    for name, value in headers.items():
+        request.add_header(name, value)
     # The probe talks to our own gateway on loopback: its certificate may be self-signed.
     context = ssl._create_unverified_context() if url.startswith("https") else None
     try:
@@ -74,6 +80,8 @@ class Announcer:
     expected: set[str]
     """The repository's models: the gateway knows the catalog once it lists them all."""
     instances: dict[str, int]
+    headers: Mapping[str, str] = field(default_factory=dict)
+    """What else the probe sends: Triton's restricted-API header of the repository index."""
     announced: set[tuple[str, str]] = field(default_factory=set)
     loading: list[str] = field(default_factory=list)
     unavailable: list[str] = field(default_factory=list)
@@ -81,7 +89,7 @@ class Announcer:
 
     def settled(self) -> bool:
         """Whether every model version is ready or unavailable (announcing what is new)."""
-        rows = _repository_index(self.url, self.token)
+        rows = _repository_index(self.url, self.token, self.headers)
         if rows is None or not self.expected <= {row.get("name") for row in rows}:
             return False
         self.loading = []
@@ -131,7 +139,11 @@ def wait_ready(
     when one failed to load and ``exit_on_error`` is set."""
     scheme = "https" if settings.ssl_certfile else "http"
     url = f"{scheme}://{settings.http_host}:{settings.http_port}"
-    announcer = Announcer(url, probe, {m.name for m in models}, instances_per_version(models))
+    restricted = parse_restrictions(settings.http_restricted_api).get("model-repository")
+    headers = {restricted.header: restricted.value} if restricted is not None else {}
+    announcer = Announcer(
+        url, probe, {m.name for m in models}, instances_per_version(models), headers
+    )
     deadline = time.monotonic() + settings.ready_timeout_s
     gateway_child = supervisor.children[0]
     while not stop.is_set() and not announcer.settled():

@@ -33,6 +33,7 @@ import typer
 
 from sluice.core.dispatch import STREAM_BACKLOG
 from sluice.core.repository import CONFIG_NAME
+from sluice.core.restricted_api import parse_restrictions
 
 Kind = Literal["option", "mapped", "ignored", "refused"]
 ValueKind = Literal["bool", "int", "float", "text", "none"]
@@ -231,6 +232,20 @@ def _forward_pattern(variable: str) -> Callable[[TritonFlag, str, TritonArgs], N
         except re.error as exc:
             raise bad_value(flag, f"{text!r} is not a regular expression: {exc}") from None
         out.environment[variable] = text
+
+    return apply
+
+
+def _restricted(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    """A restricted-API group (repeatable: the groups join with ';')."""
+
+    def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        joined = ";".join(filter(None, (out.environment.get(variable, ""), text)))
+        try:
+            parse_restrictions(joined)
+        except ValueError as exc:
+            raise bad_value(flag, str(exc)) from None
+        out.environment[variable] = joined
 
     return apply
 
@@ -522,9 +537,10 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "http-restricted-api",
         "text",
-        "refused",
-        "Sluice restricts management APIs with admin keys instead of a header: set "
-        "SLUICE_ADMIN_KEYS (see the tenants and security page).",
+        "mapped",
+        "SLUICE_HTTP_RESTRICTED_API (repeatable; groups joined by ';'): the endpoints of "
+        "the categories named answer 403 without the header; beside Sluice's API keys.",
+        _restricted("SLUICE_HTTP_RESTRICTED_API"),
     ),
     # GRPC
     TritonFlag(
@@ -668,9 +684,10 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "grpc-restricted-protocol",
         "text",
-        "refused",
-        "Sluice restricts management calls with admin keys instead of a header: set "
-        "SLUICE_ADMIN_KEYS (see the tenants and security page).",
+        "mapped",
+        "SLUICE_GRPC_RESTRICTED_PROTOCOL (repeatable): the methods of the categories named "
+        "answer UNAVAILABLE without the triton-grpc-protocol-<header> metadata.",
+        _restricted("SLUICE_GRPC_RESTRICTED_PROTOCOL"),
     ),
     # SageMaker and Vertex AI
     TritonFlag(

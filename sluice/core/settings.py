@@ -18,12 +18,17 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.core.errors import StartupFailed
 from sluice.core.memory_budget import parse_gpu_budgets, parse_size
+from sluice.core.restricted_api import parse_restrictions
 from sluice.core.torchserve_ports import parse_ports
 
 MIB = 1 << 20
 GIB = 1 << 30
 
 S = TypeVar("S", bound=BaseSettings)
+
+
+_SECRETS = frozenset(("api_keys", "admin_keys", "http_restricted_api", "grpc_restricted_protocol"))
+"""Settings whose values are never shown in an error."""
 
 
 def settings_problems(exc: ValidationError) -> str:
@@ -35,7 +40,8 @@ def settings_problems(exc: ValidationError) -> str:
         field = "_".join(str(part) for part in error["loc"] if isinstance(part, str))
         name = f"SLUICE_{field.upper()}" if field else "the settings"
         message = str(error["msg"]).removeprefix("Value error, ")
-        clauses.append(f"invalid setting {name}={error.get('input')!r}: {message}")
+        shown = "<hidden>" if field in _SECRETS else repr(error.get("input"))
+        clauses.append(f"invalid setting {name}={shown}: {message}")
     return "; ".join(clauses)
 
 
@@ -104,6 +110,12 @@ def _regular_expression(value: str) -> str:
         re.compile(value.removeprefix("(?-i)"))
     except re.error as exc:
         raise ValueError(f"not a regular expression: {exc}") from None
+    return value
+
+
+def _restrictions_value(value: str) -> str:
+    """A restricted-API setting must parse (:mod:`sluice.core.restricted_api`)."""
+    parse_restrictions(value)
     return value
 
 
@@ -397,6 +409,20 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
 
     grpc_max_send_message_bytes: int = Field((1 << 31) - 1, ge=1024, le=(1 << 31) - 1)
     """Largest gRPC response message (gRPC's max_send_message_length; Triton's default)."""
+
+    http_restricted_api: str = Field("", repr=False)
+    """Triton's --http-restricted-api: groups ``<category>[,...]:<header>=<value>`` joined
+    by ``;``; an endpoint of a listed category (Triton's: health, metadata, inference,
+    shared-memory, model-config, model-repository, statistics, trace, logging) answers 403
+    unless the request has that header with that value. Beside the API keys, not instead."""
+
+    grpc_restricted_protocol: str = Field("", repr=False)
+    """Triton's --grpc-restricted-protocol: the same for gRPC methods, the header sent as
+    ``triton-grpc-protocol-<header>`` metadata (UNAVAILABLE without it, as in Triton)."""
+
+    _restrictions = field_validator("http_restricted_api", "grpc_restricted_protocol")(
+        _restrictions_value
+    )
 
     http_header_forward_pattern: str = ""
     """Triton's --http-header-forward-pattern: request headers whose names match this
@@ -839,6 +865,13 @@ class UpSettings(RepositorySourceSettings, CommonSettings):
 
     model_control_timeout_s: float = Field(120.0, gt=0)
     """How long a load may take (workers started and ready) before it counts as failed."""
+
+    http_restricted_api: str = Field("", repr=False)
+    """Passed to the gateways as it is (SLUICE_HTTP_RESTRICTED_API, Triton's
+    --http-restricted-api); ``sluice up``'s readiness probe sends the repository index's
+    header."""
+
+    _restrictions = field_validator("http_restricted_api")(_restrictions_value)
 
     model_load_retry_count: int = Field(0, ge=0, le=100)
     """Triton's --model-load-retry-count: how many more times a worker that failed to load

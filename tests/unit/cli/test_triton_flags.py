@@ -153,6 +153,23 @@ def test_the_issues_command_line() -> None:
         (["--model-config-name=h100"], {}, {"SLUICE_MODEL_CONFIG_NAME": "h100"}),
         (["--model-load-retry-count=2"], {"model_load_retry_count": 2}, {}),
         (
+            [
+                "--http-restricted-api=model-repository,shared-memory:admin-key=secret",
+                "--http-restricted-api=inference:infer-key=v",
+            ],
+            {},
+            {
+                "SLUICE_HTTP_RESTRICTED_API": (
+                    "model-repository,shared-memory:admin-key=secret;inference:infer-key=v"
+                )
+            },
+        ),
+        (
+            ["--grpc-restricted-protocol", "health:k=v"],
+            {},
+            {"SLUICE_GRPC_RESTRICTED_PROTOCOL": "health:k=v"},
+        ),
+        (
             ["--http-header-forward-pattern=my_header.*"],
             {},
             {"SLUICE_HTTP_HEADER_FORWARD_PATTERN": "my_header.*"},
@@ -364,16 +381,6 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
     [
         (["--grpc-use-ssl=true"], "--grpc-use-ssl=true", "SLUICE_SSL_CERTFILE"),
         (["--grpc-use-ssl-mutual", "on"], "--grpc-use-ssl-mutual=on", "API keys"),
-        (
-            ["--http-restricted-api=model-repository:admin-key=secret"],
-            "--http-restricted-api=model-repository:admin-key=secret",
-            "SLUICE_ADMIN_KEYS",
-        ),
-        (
-            ["--grpc-restricted-protocol=model-repository:admin-key=secret"],
-            "--grpc-restricted-protocol=model-repository:admin-key=secret",
-            "SLUICE_ADMIN_KEYS",
-        ),
         (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
         (["--model-namespacing=true"], "--model-namespacing=true", "one repository"),
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
@@ -459,6 +466,13 @@ def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> 
         (["--disable-auto-complete-config=true"], "--disable-auto-complete-config", "no value"),
         (["--model-config-name=../h100"], "--model-config-name", "'../h100'"),
         (["--model-load-retry-count=-1"], "--model-load-retry-count", "0 to 100"),
+        (["--http-restricted-api=models:k=v"], "--http-restricted-api", "unknown API category"),
+        (["--grpc-restricted-protocol=health"], "--grpc-restricted-protocol", "<header>=<value>"),
+        (
+            ["--http-restricted-api=health:a=1", "--http-restricted-api=health:b=2"],
+            "--http-restricted-api",
+            "more than one group",
+        ),
         (["--http-header-forward-pattern=my_(.*"], "--http-header-forward-pattern", "my_(.*"),
         (["--model-load-retry-count=twice"], "--model-load-retry-count", "not an integer"),
         (["--model-config-name=h 100"], "--model-config-name", "no space"),

@@ -73,3 +73,14 @@ def test_each_service_entry_point_says_which_setting_is_bad(module: str) -> None
 def test_good_settings_are_read_as_given() -> None:
     settings = read_settings(GatewaySettings, namespace="tenant-a")
     assert settings.namespace == "tenant-a"
+
+
+def test_a_bad_secret_setting_is_named_but_its_value_is_not_shown(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("SLUICE_HTTP_RESTRICTED_API", "models:admin-key=top-secret")
+    with pytest.raises(StartupFailed) as caught:
+        read_settings(GatewaySettings)
+    message = caught.value.message
+    assert "SLUICE_HTTP_RESTRICTED_API=<hidden>" in message and "unknown API category" in message
+    assert "top-secret" not in message
