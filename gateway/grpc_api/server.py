@@ -27,6 +27,7 @@ from grpc_reflection.v1alpha import reflection
 
 from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
 from sluice.core.restricted_api import GRPC_PREFIX, denial, grpc_category, parse_restrictions
+from sluice.core.settings import GatewaySettings
 from sluice.core.tenants import CURRENT_TENANT
 from sluice.gateway.catalog_follow import follow_changes
 from sluice.gateway.guard import KeyRing, bearer_token
@@ -102,10 +103,9 @@ class GrpcServer:
         )
         address = f"{_bracketed(settings.http_host)}:{settings.grpc_port}"
         try:
-            if settings.ssl_certfile:
-                server.add_secure_port(
-                    address, _credentials(settings.ssl_certfile, settings.ssl_keyfile)
-                )
+            credentials = _credentials(settings)
+            if credentials is not None:
+                server.add_secure_port(address, credentials)
             else:
                 server.add_insecure_port(address)
         except RuntimeError as exc:
@@ -273,10 +273,26 @@ def _bracketed(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def _credentials(certfile: str, keyfile: str) -> grpc.ServerCredentials:
+def _credentials(settings: GatewaySettings) -> grpc.ServerCredentials | None:
+    """The gRPC port's TLS (None: plain): its own certificate (Triton's --grpc-use-ssl,
+    --grpc-server-cert, --grpc-server-key) or the HTTP one, and with
+    --grpc-use-ssl-mutual the authorities whose client certificates are required."""
+    mutual = settings.grpc_use_ssl_mutual
+    if settings.grpc_server_cert and (settings.grpc_use_ssl or mutual):
+        names = "SLUICE_GRPC_SERVER_CERT / SLUICE_GRPC_SERVER_KEY"
+        certfile, keyfile = settings.grpc_server_cert, settings.grpc_server_key
+    elif settings.ssl_certfile:
+        names = "SLUICE_SSL_CERTFILE / SLUICE_SSL_KEYFILE"
+        certfile, keyfile = settings.ssl_certfile, settings.ssl_keyfile
+    else:
+        return None
     try:
         certificate = Path(certfile).read_bytes()
         key = Path(keyfile or certfile).read_bytes()
+        roots = Path(settings.grpc_root_cert).read_bytes() if mutual else None
     except OSError as exc:
-        raise InvalidConfig(f"SLUICE_SSL_CERTFILE / SLUICE_SSL_KEYFILE: {exc}") from None
-    return grpc.ssl_server_credentials(((key, certificate),))
+        what = f"{names} / SLUICE_GRPC_ROOT_CERT" if mutual else names
+        raise InvalidConfig(f"{what}: {exc}") from None
+    return grpc.ssl_server_credentials(
+        ((key, certificate),), root_certificates=roots, require_client_auth=mutual
+    )

@@ -586,36 +586,40 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "grpc-use-ssl",
         "bool",
-        "refused",
-        "Sluice serves gRPC over TLS with the HTTP server's certificate: set "
-        "SLUICE_SSL_CERTFILE and SLUICE_SSL_KEYFILE instead.",
-        fine=_is(False),
+        "mapped",
+        "SLUICE_GRPC_USE_SSL: gRPC over TLS with --grpc-server-cert and --grpc-server-key "
+        "(else the HTTP certificate, SLUICE_SSL_CERTFILE).",
+        _env_bool("SLUICE_GRPC_USE_SSL"),
     ),
     TritonFlag(
         "grpc-use-ssl-mutual",
         "bool",
-        "refused",
-        "Sluice does not check client certificates; authenticate clients with API keys "
-        "(SLUICE_API_KEYS), or put a proxy that checks them in front.",
-        fine=_is(False),
+        "mapped",
+        "SLUICE_GRPC_USE_SSL_MUTUAL: gRPC over TLS, accepting only clients whose "
+        "certificate --grpc-root-cert signed.",
+        _env_bool("SLUICE_GRPC_USE_SSL_MUTUAL"),
     ),
     TritonFlag(
         "grpc-server-cert",
         "text",
-        "ignored",
-        "used by Triton only with --grpc-use-ssl; Sluice's TLS certificate is SLUICE_SSL_CERTFILE.",
+        "mapped",
+        "SLUICE_GRPC_SERVER_CERT: the gRPC port's certificate (with --grpc-use-ssl).",
+        _env_text("SLUICE_GRPC_SERVER_CERT"),
     ),
     TritonFlag(
         "grpc-server-key",
         "text",
-        "ignored",
-        "used by Triton only with --grpc-use-ssl; Sluice's TLS key is SLUICE_SSL_KEYFILE.",
+        "mapped",
+        "SLUICE_GRPC_SERVER_KEY: the private key of --grpc-server-cert.",
+        _env_text("SLUICE_GRPC_SERVER_KEY"),
     ),
     TritonFlag(
         "grpc-root-cert",
         "text",
-        "ignored",
-        "used by Triton only with --grpc-use-ssl-mutual, which Sluice refuses.",
+        "mapped",
+        "SLUICE_GRPC_ROOT_CERT: the authorities whose client certificates "
+        "--grpc-use-ssl-mutual accepts.",
+        _env_text("SLUICE_GRPC_ROOT_CERT"),
     ),
     TritonFlag(
         "grpc-infer-response-compression-level",

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import AliasChoices, Field, ValidationError, field_validator
+from pydantic import AliasChoices, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.core.errors import StartupFailed
@@ -620,6 +620,40 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
 
     ssl_keyfile: str = ""
     """PEM private key of ``ssl_certfile``."""
+
+    grpc_use_ssl: bool = False
+    """Triton's --grpc-use-ssl: gRPC over TLS with ``grpc_server_cert`` and
+    ``grpc_server_key`` (else the HTTP certificate, ``ssl_certfile``). gRPC is also over TLS
+    whenever HTTP is."""
+
+    grpc_use_ssl_mutual: bool = False
+    """Triton's --grpc-use-ssl-mutual: gRPC over TLS, and only clients whose certificate
+    ``grpc_root_cert`` signed may connect."""
+
+    grpc_server_cert: str = ""
+    """Triton's --grpc-server-cert: PEM certificate of the gRPC port."""
+
+    grpc_server_key: str = ""
+    """Triton's --grpc-server-key: PEM private key of ``grpc_server_cert``."""
+
+    grpc_root_cert: str = ""
+    """Triton's --grpc-root-cert: PEM certificates of the authorities that sign clients'
+    certificates (``grpc_use_ssl_mutual``)."""
+
+    @model_validator(mode="after")
+    def _grpc_tls_complete(self) -> GatewaySettings:
+        tls = self.grpc_use_ssl or self.grpc_use_ssl_mutual
+        if tls and not (self.grpc_server_cert or self.ssl_certfile):
+            raise ValueError(
+                "gRPC over TLS (SLUICE_GRPC_USE_SSL) needs SLUICE_GRPC_SERVER_CERT and "
+                "SLUICE_GRPC_SERVER_KEY, or the HTTP certificate (SLUICE_SSL_CERTFILE)"
+            )
+        if self.grpc_use_ssl_mutual and not self.grpc_root_cert:
+            raise ValueError(
+                "SLUICE_GRPC_USE_SSL_MUTUAL needs SLUICE_GRPC_ROOT_CERT: the authorities "
+                "whose client certificates are accepted"
+            )
+        return self
 
     shutdown_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping gateway waits for in-flight requests."""

@@ -153,6 +153,20 @@ def test_the_issues_command_line() -> None:
         (["--model-config-name=h100"], {}, {"SLUICE_MODEL_CONFIG_NAME": "h100"}),
         (["--model-load-retry-count=2"], {"model_load_retry_count": 2}, {}),
         (
+            ["--grpc-use-ssl=true", "--grpc-server-cert=c.pem", "--grpc-server-key", "k.pem"],
+            {},
+            {
+                "SLUICE_GRPC_USE_SSL": "true",
+                "SLUICE_GRPC_SERVER_CERT": "c.pem",
+                "SLUICE_GRPC_SERVER_KEY": "k.pem",
+            },
+        ),
+        (
+            ["--grpc-use-ssl-mutual=1", "--grpc-root-cert=ca.pem"],
+            {},
+            {"SLUICE_GRPC_USE_SSL_MUTUAL": "true", "SLUICE_GRPC_ROOT_CERT": "ca.pem"},
+        ),
+        (
             [
                 "--http-restricted-api=model-repository,shared-memory:admin-key=secret",
                 "--http-restricted-api=inference:infer-key=v",
@@ -379,8 +393,6 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
 @pytest.mark.parametrize(
     ("args", "shown", "instead"),
     [
-        (["--grpc-use-ssl=true"], "--grpc-use-ssl=true", "SLUICE_SSL_CERTFILE"),
-        (["--grpc-use-ssl-mutual", "on"], "--grpc-use-ssl-mutual=on", "API keys"),
         (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
         (["--model-namespacing=true"], "--model-namespacing=true", "one repository"),
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
@@ -417,8 +429,6 @@ def test_refused_flags_name_the_flag_and_say_what_to_do(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--grpc-use-ssl=false"],
-        ["--grpc-use-ssl-mutual=off"],
         ["--rate-limit=off"],
         ["--rate-limit", "OFF"],
         ["--model-namespacing=false"],
@@ -539,7 +549,7 @@ def _flat(text: str) -> str:
     ("args", "text"),
     [
         (["--no-such-flag"], "No such option: --no-such-flag"),
-        (["--grpc-use-ssl=true"], "--grpc-use-ssl=true is refused"),
+        (["--rate-limit=execution_count"], "--rate-limit=execution_count is refused"),
         (["--repository-poll-secs", "x"], "Invalid value for '--repository-poll-secs'"),
         (["--model-repository", "/a", "--model-store=/b"], "given 2 times (/a, /b)"),
         (["--grpc-address=10.0.0.1"], "--grpc-address=10.0.0.1: Sluice serves"),
