@@ -9,7 +9,8 @@ from starlette.requests import Request
 
 from sluice.core.errors import InvalidInput, PayloadTooLarge
 
-_WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
+"""zlib's window bits of each HTTP content coding Sluice reads and writes."""
 _MAX_DIGITS = 18
 """More digits than any size we could accept (and int() refuses beyond 4,300)."""
 
@@ -83,7 +84,7 @@ def _encoding(content_encoding: str | None) -> str | None:
     encoding = (content_encoding or "identity").strip().lower()
     if encoding in ("", "identity"):
         return None
-    if encoding not in _WBITS:
+    if encoding not in WBITS:
         raise InvalidInput(f"header 'Content-Encoding': unsupported encoding '{encoding}'")
     return encoding
 
@@ -95,7 +96,7 @@ class _Inflater:
     def __init__(self, encoding: str, limit: int) -> None:
         self.encoding = encoding
         self.limit = limit
-        self.decompressor = zlib.decompressobj(_WBITS[encoding])
+        self.decompressor = zlib.decompressobj(WBITS[encoding])
 
     def inflate(self, data: bytes, max_length: int) -> bytes:
         try:

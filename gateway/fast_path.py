@@ -43,6 +43,7 @@ from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED, can
 from sluice.gateway.infer import refuse_early, run_infer
 from sluice.gateway.infer_response import encode_error
 from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
+from sluice.gateway.response_compression import accepted, compressed
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
@@ -67,6 +68,7 @@ _WANTED = frozenset(
         b"prefer",
         b"idempotency-key",
         b"authorization",
+        b"accept-encoding",
     )
 )
 
@@ -162,6 +164,11 @@ class InferFastPath:
                 else:
                     length = str(response_json_length).encode()
                     response_headers = [_BINARY, (b"inference-header-content-length", length)]
+                content, encoding = await compressed(
+                    content, accepted(headers.get(b"accept-encoding"))
+                )
+                if encoding is not None:
+                    response_headers.append((b"content-encoding", encoding.encode()))
         except ClientDisconnected:
             if span is not None:
                 span.end(0, request_id.current(), "the client went away")
