@@ -16,7 +16,7 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
@@ -208,7 +208,8 @@ class Execution:
                         request.message.request_key,
                         self.version,
                         headers,
-                        parameters=parameters.get(request.entry_id, {}),
+                        parameters=parameters.get(request.entry_id)
+                        or timing.response_parameters.get(request.entry_id, {}),
                     )
                     outcomes.append(Outcome(request, reply, payload))
             except Exception as exc:
@@ -329,14 +330,21 @@ class Execution:
             if self.concurrency == 1 and getattr(backend, "follows_cancellation", False):
                 # A Triton-style Python model: each request's cancellation, correlation id
                 # and flags (``request.is_cancelled()``, ``correlation_id()``, ``flags()``).
-                outputs = cast(FollowsCancellation, backend).infer(
-                    inputs,
-                    wanted,
-                    request_sizes=[r.items for r in batch],
-                    cancellations=signals,
-                    sequences=[_sequence_flags(r.message) for r in batch],
-                    parameters=[model_parameters(r.message.parameters) for r in batch],
-                )
+                replied: list[dict[str, Any]] = []
+                try:
+                    outputs = cast(FollowsCancellation, backend).infer(
+                        inputs,
+                        wanted,
+                        request_sizes=[r.items for r in batch],
+                        cancellations=signals,
+                        sequences=[_sequence_flags(r.message) for r in batch],
+                        parameters=[model_parameters(r.message.parameters) for r in batch],
+                        response_parameters=replied,
+                    )
+                finally:
+                    for request, own in zip(batch, replied, strict=False):
+                        if own:
+                            timing.response_parameters[request.entry_id] = own
             elif self.concurrency == 1:
                 outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
             else:

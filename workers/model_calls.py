@@ -275,11 +275,19 @@ def sequence_parameters(correlation_id: int | str, flags: int) -> dict[str, Any]
     }
 
 
-def _answer(reply: ReplyMessage, data: memoryview) -> dict[str, np.ndarray]:
+class CallAnswer(dict[str, np.ndarray]):
+    """A called model's output tensors, with the parameters its response carried."""
+
+    parameters: dict[str, Any]
+
+
+def _answer(reply: ReplyMessage, data: memoryview) -> CallAnswer:
     """The tensors of a called model's answer; raises the error it answered instead."""
     if reply.error_kind:
         raise error_from_kind(reply.error_kind, reply.error)
-    return answer_tensors(reply.outputs, data)
+    answer = CallAnswer(answer_tensors(reply.outputs, data))
+    answer.parameters = dict(reply.parameters)
+    return answer
 
 
 def answer_tensors(outputs: Sequence[TensorHeader], data: memoryview) -> dict[str, np.ndarray]:

@@ -45,6 +45,8 @@ class Timing:
     output_ns: int = 0
     responses: dict[str, int] = field(default_factory=dict)
     """A decoupled model's responses (:class:`sluice.workers.response_stats.ResponseTally`)."""
+    response_parameters: dict[bytes, dict[str, Any]] = field(default_factory=dict)
+    """The parameters a model put on each request's response (by entry id)."""
 
 
 @dataclass(slots=True)

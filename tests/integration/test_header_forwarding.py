@@ -33,7 +33,8 @@ class TritonPythonModel:
             values = np.array([json.dumps(v).encode() for v in seen.values()], dtype=object)
             responses.append(
                 pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("key", keys), pb_utils.Tensor("value", values)]
+                    [pb_utils.Tensor("key", keys), pb_utils.Tensor("value", values)],
+                    parameters={"seen": len(seen), "model": "parameter", "ok": True},
                 )
             )
         return responses
@@ -57,7 +58,13 @@ class TritonPythonModel:
             answer = call.exec()
             if answer.has_error():
                 raise pb_utils.TritonModelException(answer.error().message())
-            responses.append(pb_utils.InferenceResponse(answer.output_tensors()))
+            # The called model's response parameters, passed on with a name of its own.
+            responses.append(
+                pb_utils.InferenceResponse(
+                    answer.output_tensors(),
+                    parameters={"called": answer.parameters()},
+                )
+            )
         return responses
 """
 """Calls ``parameter`` with parameters of its own (BLS), as Triton's models may."""
@@ -158,6 +165,10 @@ def test_grpc_metadata_that_matches_case_sensitively_reaches_the_model(stack: St
         "my_header_1": "my_value_1",
         "my_header_2": 'a "quoted" string with a backslash\\',
     }
+    # The model's response parameters reach the client, as in Triton.
+    parameters = result.get_response().parameters
+    assert parameters["seen"].int64_param == 2 and parameters["ok"].bool_param
+    assert parameters["model"].string_param == "parameter"
 
 
 def test_a_forwarded_reserved_name_is_refused(stack: Stack) -> None:
@@ -177,3 +188,5 @@ def test_a_bls_request_carries_its_own_parameters(stack: Stack) -> None:
     finally:
         client.close()
     assert _seen(result) == {"from_bls": "yes", "count": 2}
+    called = json.loads(result.get_response()["parameters"]["called"])
+    assert called == {"seen": 2, "model": "parameter", "ok": True}

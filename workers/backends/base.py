@@ -137,6 +137,7 @@ class FollowsCancellation(Protocol):
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
+        response_parameters: list[dict[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]: ...
 
 

@@ -122,7 +122,10 @@ class TritonPythonBackend:
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
+        response_parameters: list[dict[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]:
+        """``response_parameters``: filled with each request's response parameters (the
+        ``parameters`` of its ``InferenceResponse``)."""
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes, sequences, parameters)
         cancellations = _follow(requests, cancellations)
@@ -141,6 +144,8 @@ class TritonPythonBackend:
         failures: dict[int, SluiceError] = {}
         for index, (response, items) in enumerate(zip(responses, sizes, strict=True)):
             answer = self._answer(response, outputs, items)
+            if response_parameters is not None and isinstance(response, pb.InferenceResponse):
+                response_parameters.append(json.loads(response.parameters()))
             if isinstance(answer, SluiceError):
                 failures[index] = answer
                 answers.append(None)

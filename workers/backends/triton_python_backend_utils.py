@@ -340,9 +340,14 @@ class InferenceResponse:
     ) -> None:
         self._outputs = list(output_tensors)
         self._error = TritonError(error) if isinstance(error, str) else error
+        self._parameters = _response_parameters(parameters)
 
     def output_tensors(self) -> list[Tensor]:
         return list(self._outputs)
+
+    def parameters(self) -> str:
+        """The response's parameters as a JSON string (as in Triton)."""
+        return json.dumps(self._parameters)
 
     def has_error(self) -> bool:
         return self._error is not None
@@ -351,8 +356,45 @@ class InferenceResponse:
         return self._error
 
 
+def _response_parameters(parameters: Mapping[str, Any] | str | None) -> dict[str, Any]:
+    """A response's parameters, checked as Triton's Python backend checks them: names to
+    booleans, integers or strings (a JSON object given as text too); ``triton_`` names are
+    the server's."""
+    if parameters is None:
+        return {}
+    if isinstance(parameters, str):
+        try:
+            parameters = json.loads(parameters)
+        except ValueError:
+            raise TritonModelException("response parameters must be a JSON object") from None
+    if not isinstance(parameters, Mapping):
+        raise TritonModelException("response parameters must be a dict")
+    checked: dict[str, Any] = {}
+    for name, value in parameters.items():
+        if not isinstance(name, str) or name.startswith("triton_"):
+            raise TritonModelException(
+                f"response parameter {name!r}: names are strings, and triton_ ones are reserved"
+            )
+        if not isinstance(value, bool | int | str):
+            raise TritonModelException(
+                f"response parameter '{name}' must be a bool, int or str, "
+                f"not {type(value).__name__}"
+            )
+        checked[name] = value
+    return checked
+
+
 def _answer(answer: Mapping[str, np.ndarray]) -> InferenceResponse:
-    return InferenceResponse([Tensor(name, array) for name, array in answer.items()])
+    """A called model's answer as BLS gives it: its tensors and its response's parameters."""
+    carried = getattr(answer, "parameters", None) or {}
+    parameters = {
+        name: value
+        for name, value in carried.items()
+        if not name.startswith("triton_") and isinstance(value, bool | int | str)
+    }
+    return InferenceResponse(
+        [Tensor(name, array) for name, array in answer.items()], parameters=parameters
+    )
 
 
 _CODES: tuple[tuple[type[SluiceError], int], ...] = (

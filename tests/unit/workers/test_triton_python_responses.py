@@ -1,0 +1,34 @@
+"""A Triton Python model's response parameters (``InferenceResponse(parameters=...)``), as
+Triton's Python backend checks them."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sluice.workers.backends import triton_python_backend_utils as pb_utils
+
+
+def test_parameters_are_kept_and_read_back_as_json() -> None:
+    response = pb_utils.InferenceResponse([], parameters={"n": 3, "ok": False, "s": "x"})
+    assert json.loads(response.parameters()) == {"n": 3, "ok": False, "s": "x"}
+    assert json.loads(pb_utils.InferenceResponse([], parameters='{"a": 1}').parameters()) == {
+        "a": 1
+    }
+    assert pb_utils.InferenceResponse([]).parameters() == "{}"
+
+
+@pytest.mark.parametrize(
+    ("parameters", "text"),
+    [
+        ({"f": 1.5}, "must be a bool, int or str"),
+        ({"l": [1]}, "must be a bool, int or str"),
+        ({"triton_final_response": True}, "reserved"),
+        ("not json", "JSON object"),
+        ([("a", 1)], "must be a dict"),
+    ],
+)
+def test_what_triton_refuses_raises(parameters: object, text: str) -> None:
+    with pytest.raises(pb_utils.TritonModelException, match=text):
+        pb_utils.InferenceResponse([], parameters=parameters)  # type: ignore[arg-type]
