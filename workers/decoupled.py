@@ -64,13 +64,15 @@ def compute_streaming(
     sequences: list[SequenceFlags] | None = None,
     contexts: list[RequestContext] | None = None,
     tally: ResponseTally | None = None,
+    response_parameters: dict[bytes, dict[str, Any]] | None = None,
 ) -> list[Answer]:
     """A decoupled model's batch: each request's final answer (its partial ones are sent
     as they come). A request whose final response carries no outputs is answered with none
     (clients see the stream end). A backend that follows cancellation (a Triton-style
     Python model) also gets each request's cancellation and sequence flags; a concurrent
     one (a decoupled ensemble) each request's ``contexts``. ``tally`` counts each response
-    (Triton's ``response_stats``)."""
+    (Triton's ``response_stats``); ``response_parameters`` gets the parameters of each
+    request's final response (by entry id; its other responses carry theirs)."""
     finals: dict[int, Answer] = {}
     sent = [0] * len(batch)
     """Each request's partial responses so far: the next one's index."""
@@ -91,15 +93,25 @@ def compute_streaming(
                 result, final = exc, True
         if index in finals:
             return  # the request was answered already
+        carried: dict[str, Any] = getattr(outputs, "parameters", None) or {}
         if final:
             finals[index] = result
+            if carried and response_parameters is not None:
+                response_parameters[request.entry_id] = carried
             if tally is not None:
                 tally.add(sent[index], _outcome(result, outputs), *clocks[index].lap(made_at))
             return
         assert not isinstance(result, SluiceError)
         headers, payload = result
         at = sent[index]
-        reply = ReplyMessage(request.message.request_key, version, headers, final=False, index=at)
+        reply = ReplyMessage(
+            request.message.request_key,
+            version,
+            headers,
+            final=False,
+            index=at,
+            parameters=carried,
+        )
         sent[index] += 1
         send_partial(request, reply, payload)
         if tally is not None:

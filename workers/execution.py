@@ -311,6 +311,7 @@ class Execution:
                 [_sequence_flags(r.message) for r in batch],
                 self._contexts(batch, signals) if self.concurrency > 1 else None,
                 ResponseTally(timing.responses),
+                timing.response_parameters,
             )
             timing.infer_ns = time.perf_counter_ns() - t0
             return answers

@@ -51,6 +51,7 @@ from sluice.core.settings import WorkerSettings
 from sluice.core.targets import Target, TargetResolver
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
+from sluice.workers.backends.base import Answered
 
 _STREAM_MAX_LEN = 100_000
 """Approximate cap on a request stream (the gateway's default ``SLUICE_STREAM_MAX_LEN``),
@@ -275,19 +276,12 @@ def sequence_parameters(correlation_id: int | str, flags: int) -> dict[str, Any]
     }
 
 
-class CallAnswer(dict[str, np.ndarray]):
-    """A called model's output tensors, with the parameters its response carried."""
-
-    parameters: dict[str, Any]
-
-
-def _answer(reply: ReplyMessage, data: memoryview) -> CallAnswer:
-    """The tensors of a called model's answer; raises the error it answered instead."""
+def _answer(reply: ReplyMessage, data: memoryview) -> Answered:
+    """The tensors of a called model's answer, with its response's parameters; raises the
+    error it answered instead."""
     if reply.error_kind:
         raise error_from_kind(reply.error_kind, reply.error)
-    answer = CallAnswer(answer_tensors(reply.outputs, data))
-    answer.parameters = dict(reply.parameters)
-    return answer
+    return Answered(answer_tensors(reply.outputs, data), reply.parameters)
 
 
 def answer_tensors(outputs: Sequence[TensorHeader], data: memoryview) -> dict[str, np.ndarray]:

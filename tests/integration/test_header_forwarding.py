@@ -6,7 +6,9 @@ a forwarded reserved name is a 400."""
 from __future__ import annotations
 
 import json
+import queue
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import numpy as np
@@ -69,6 +71,29 @@ class TritonPythonModel:
 """
 """Calls ``parameter`` with parameters of its own (BLS), as Triton's models may."""
 
+STREAMER = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        for request in requests:
+            sender = request.get_response_sender()
+            for index in range(2):
+                keys = np.array([b"index"], dtype=object)
+                values = np.array([str(index).encode()], dtype=object)
+                sender.send(
+                    pb_utils.InferenceResponse(
+                        [pb_utils.Tensor("key", keys), pb_utils.Tensor("value", values)],
+                        parameters={"index": index},
+                    )
+                )
+            sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        return None
+"""
+"""A decoupled model whose every response carries its index as a parameter."""
+
 ENSEMBLE = """
 platform: "ensemble"
 max_batch_size: 0
@@ -102,6 +127,8 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     write_model(root, "parameter", config, {"1/model.py": PARAMETERS})
     write_model(root, "ensemble", ENSEMBLE, {"1/.keep": ""})
     write_model(root, "caller", config, {"1/model.py": CALLER})
+    decoupled = config + "model_transaction_policy { decoupled: true }\n"
+    write_model(root, "streamer", decoupled, {"1/model.py": STREAMER})
     args = [
         "--http-header-forward-pattern=(my_header.*|priority|authorization)",
         "--grpc-header-forward-pattern",
@@ -190,3 +217,25 @@ def test_a_bls_request_carries_its_own_parameters(stack: Stack) -> None:
     assert _seen(result) == {"from_bls": "yes", "count": 2}
     called = json.loads(result.get_response()["parameters"]["called"])
     assert called == {"seen": 2, "model": "parameter", "ok": True}
+
+
+def test_a_decoupled_models_responses_carry_their_parameters(stack: Stack) -> None:
+    answers: queue.Queue[Any] = queue.Queue()
+    client = grpcclient.InferenceServerClient(stack.grpc_address)
+    try:
+        client.start_stream(
+            callback=lambda result, error: answers.put((result, error)),
+            headers={"authorization": "Bearer key-a"},
+        )
+        tensor_in = grpcclient.InferInput("INPUT0", [1], "FP32")
+        tensor_in.set_data_from_numpy(np.array([1.0], dtype=np.float32))
+        client.async_stream_infer("streamer", [tensor_in])
+        indexes = []
+        for _ in range(2):
+            result, error = answers.get(timeout=30)
+            assert error is None, error
+            indexes.append(result.get_response().parameters["index"].int64_param)
+        assert indexes == [0, 1]
+    finally:
+        client.stop_stream()
+        client.close()

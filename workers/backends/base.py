@@ -74,6 +74,17 @@ class RequestContext:
     which an ensemble passes on to each step, as Triton's does."""
 
 
+class Answered(dict[str, np.ndarray]):
+    """A response's output tensors, with the parameters the response carries (Triton's
+    response parameters: a Python model's, or a called model's)."""
+
+    parameters: dict[str, Any]
+
+    def __init__(self, tensors: Mapping[str, np.ndarray], parameters: Mapping[str, Any]):
+        super().__init__(tensors)
+        self.parameters = dict(parameters)
+
+
 Emit = Callable[[int, "Mapping[str, np.ndarray] | SluiceError | None", bool], None]
 """How a decoupled model's backend hands over a response: ``emit(index, outputs, final)``
 for the batch's request ``index``; outputs None (only with ``final``): no more responses;

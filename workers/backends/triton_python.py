@@ -33,6 +33,7 @@ from sluice.core.errors import (
 from sluice.core.placement import Placement
 from sluice.workers.backends import triton_python_backend_utils as pb
 from sluice.workers.backends.base import (
+    Answered,
     CancelSignal,
     Emit,
     PartialOutputs,
@@ -181,7 +182,7 @@ class TritonPythonBackend:
             def deliver(
                 response: pb.InferenceResponse | None, final: bool, i: int = index, n: int = items
             ) -> None:
-                emit(i, None if response is None else self._answer(response, outputs, n), final)
+                emit(i, None if response is None else self._streamed(response, outputs, n), final)
                 if final:
                     finished[i].set()
 
@@ -250,6 +251,17 @@ class TritonPythonBackend:
             )
             start += items
         return requests
+
+    def _streamed(
+        self, response: Any, outputs: Sequence[str], items: int
+    ) -> dict[str, np.ndarray] | SluiceError:
+        """A decoupled model's response: its tensors, with its parameters."""
+        answer = self._answer(response, outputs, items)
+        if isinstance(answer, dict) and isinstance(response, pb.InferenceResponse):
+            carried = json.loads(response.parameters())
+            if carried:
+                return Answered(answer, carried)
+        return answer
 
     def _answer(
         self, response: Any, outputs: Sequence[str], items: int
