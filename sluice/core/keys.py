@@ -250,8 +250,8 @@ class Keys:
 
     @property
     def custom_metrics(self) -> str:
-        """Hash worker id -> the metrics its model defines itself, with their expiry (JSON,
-        :mod:`sluice.core.custom_metrics`), written with each heartbeat."""
+        """Hash worker id -> the metrics its model defines itself (JSON,
+        :mod:`sluice.core.custom_metrics`), written with a heartbeat when they changed."""
         return f"{{{self.namespace}}}:custom-metrics"
 
     @property

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -20,16 +19,8 @@ from sluice.core.control import EXECUTOR_TTL_S, live_executors
 from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
+from tests.support.procs import wait_until
 from tests.support.stack import Stack
-
-
-def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.1)
-    return condition()
 
 
 def _second_executor(stack: Stack, repository: Path) -> subprocess.Popen[bytes]:
@@ -66,15 +57,15 @@ def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
         return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
 
     try:
-        assert _wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
-        assert _wait_until(lambda: live_workers("ident") == 2, 60)
+        assert wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
+        assert wait_until(lambda: live_workers("ident") == 2, 60)
         with httpx.Client(base_url=stack.url, timeout=120) as http:
             loaded = http.post("/v2/repository/models/other/load")
             assert loaded.status_code == 200, loaded.text
             assert live_workers("other") == 2  # one on each executor's host, ready
             unloaded = http.post("/v2/repository/models/other/unload")
             assert unloaded.status_code == 200, unloaded.text
-            assert _wait_until(lambda: live_workers("other") == 0, 10)
+            assert wait_until(lambda: live_workers("other") == 0, 10)
 
             os.killpg(second.pid, signal.SIGKILL)  # the host dies: it never leaves
             second.wait()
@@ -85,7 +76,7 @@ def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
             # Answered once the dead executor's place ran out, not after the load's timeout.
             assert time.monotonic() - started < 60
             assert len(live_executors(client, keys)) == 1
-            assert _wait_until(lambda: live_workers("other") == 1, 3 * EXECUTOR_TTL_S)
+            assert wait_until(lambda: live_workers("other") == 1, 3 * EXECUTOR_TTL_S)
     finally:
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGTERM)

@@ -144,7 +144,9 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
     ):
         client.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         client.register_system_shared_memory("out", key_of(objects["out"]), BYTES)
-        first = client.async_infer(FIRST, **http_request(rounds(8)))
+        # (12 s of compute by the calibration: a fresh clone's run under compose once saw
+        # the "8 s" one end before the second request held the region)
+        first = client.async_infer(FIRST, **http_request(rounds(12)))
         assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 1, 30)
 
         other.unregister_system_shared_memory()  # (every region) answers at once
@@ -158,7 +160,8 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
         assert "shared memory region 'in' already in manager" in str(taken.value.message())
         # A new request may still use it: now two hold it.
         second = client.async_infer(SECOND, **http_request(rounds(24)))
-        assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 2, 30)
+        held = procs.wait_until(lambda: in_flight(redis, stack, "in") == 2, 30)
+        assert held, f"{in_flight(redis, stack, 'in')} request(s) hold the region, not 2"
 
         result = first.get_result()
         assert result.get_output("OUT")["parameters"]["shared_memory_region"] == "out"

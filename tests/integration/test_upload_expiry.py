@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -15,18 +13,10 @@ import httpx
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
 from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.procs import wait_until
 from tests.support.stack import Stack
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "model_repository"
-
-
-def _wait_until(condition: Callable[[], bool], timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(0.2)
-    return condition()
 
 
 def test_an_upload_expires_with_no_batch_worker_running(
@@ -62,7 +52,7 @@ def test_an_upload_expires_with_no_batch_worker_running(
             def gone() -> bool:
                 return http.get(f"/v2/uploads/{upload_id}").status_code == 404
 
-            assert _wait_until(gone, 60), "the upload did not expire"
+            assert wait_until(gone, 60), "the upload did not expire"
         assert int(client.get(stored) or 0) == 0
         assert not [p for p in (store / "team-a" / "uploads").rglob("*") if p.is_file()]
     finally:
