@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from sluice.cli import app
@@ -84,3 +85,12 @@ def test_a_bad_secret_setting_is_named_but_its_value_is_not_shown(
     message = caught.value.message
     assert "SLUICE_HTTP_RESTRICTED_API=<hidden>" in message and "unknown API category" in message
     assert "top-secret" not in message
+
+
+def test_grpc_tls_without_its_certificate_or_roots_is_refused_naming_them() -> None:
+    with pytest.raises(ValidationError, match="SLUICE_GRPC_SERVER_CERT"):
+        GatewaySettings(grpc_use_ssl=True)
+    with pytest.raises(ValidationError, match="SLUICE_GRPC_ROOT_CERT"):
+        GatewaySettings(grpc_use_ssl_mutual=True, grpc_server_cert="c.pem")
+    taken = GatewaySettings(grpc_use_ssl=True, ssl_certfile="http.pem")
+    assert taken.grpc_use_ssl and not taken.grpc_server_cert  # (the HTTP certificate serves)
