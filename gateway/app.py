@@ -15,12 +15,12 @@ from typing import Any
 from fastapi import FastAPI
 from starlette.types import ASGIApp
 
+from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.fast_path import InferFastPath
 from sluice.gateway.generate_routes import router as generate_router
 from sluice.gateway.guard import EdgeGuard, KeyRing
-from sluice.gateway.header_forwarding import compile_pattern
 from sluice.gateway.http_errors import add_error_handlers
 from sluice.gateway.infer_schema import describe_inference
 from sluice.gateway.lifespan import gateway_lifespan
@@ -76,7 +76,7 @@ def _guarded(settings: GatewaySettings, app: ASGIApp) -> ASGIApp:
         max_header_count=settings.max_header_count,
         max_header_bytes=settings.max_header_bytes,
         max_control_body_bytes=settings.max_control_body_bytes,
-        forward=compile_pattern(settings.http_header_forward_pattern),
+        forward=forward_pattern(settings.http_header_forward_pattern),
         restricted=parse_restrictions(settings.http_restricted_api),
     )
 

@@ -24,17 +24,7 @@ Forwarded = tuple[tuple[str, str], ...]
 FORWARDED: ContextVar[Forwarded] = ContextVar("sluice_forwarded_headers", default=())
 """The current request's forwarded headers (set by the HTTP edge or the gRPC handler)."""
 
-_CASE_SENSITIVE = "(?-i)"
 _NEVER = frozenset({"authorization"})
-
-
-def compile_pattern(text: str) -> re.Pattern[str] | None:
-    """The pattern of a forward setting (None when empty); ``re.error`` when it is bad."""
-    if not text:
-        return None
-    if text.startswith(_CASE_SENSITIVE):
-        return re.compile(text[len(_CASE_SENSITIVE) :])
-    return re.compile(text, re.IGNORECASE)
 
 
 def matching(pattern: re.Pattern[str], headers: Iterable[tuple[str, str]]) -> Forwarded:

@@ -39,13 +39,14 @@ from google.protobuf.message import DecodeError
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, QuotaExceeded, ServerBusy, SluiceError
 from sluice.core.logs import TRACE_ID
+from sluice.core.request_parameters import forward_pattern
 from sluice.core.routing import HEADER
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
 from sluice.gateway import request_id
 from sluice.gateway.body_budget import BodyReservation
-from sluice.gateway.header_forwarding import FORWARDED, compile_pattern, matching
+from sluice.gateway.header_forwarding import FORWARDED, matching
 from sluice.gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
 from sluice.gateway.infer_request import InferRequest
 from sluice.gateway.queue_turn import QueueTurn
@@ -96,7 +97,7 @@ class InferCalls:
         self.open_streams = 0
         self.tenant_streams: dict[str, int] = {}
         """Streams open per named tenant (none at 0)."""
-        self.forward = compile_pattern(state.settings.grpc_header_forward_pattern)
+        self.forward = forward_pattern(state.settings.grpc_header_forward_pattern)
         """Metadata that becomes request parameters (:mod:`sluice.gateway.header_forwarding`)."""
 
     async def model_infer(

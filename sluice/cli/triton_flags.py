@@ -33,6 +33,7 @@ import typer
 
 from sluice.core.dispatch import STREAM_BACKLOG
 from sluice.core.repository import CONFIG_NAME
+from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 
 Kind = Literal["option", "mapped", "ignored", "refused"]
@@ -228,7 +229,7 @@ def _poll_secs(flag: TritonFlag, text: str, out: TritonArgs) -> None:
 def _forward_pattern(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
     def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
         try:
-            re.compile(text.removeprefix("(?-i)"))
+            forward_pattern(text)
         except re.error as exc:
             raise bad_value(flag, f"{text!r} is not a regular expression: {exc}") from None
         out.environment[variable] = text

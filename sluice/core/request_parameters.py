@@ -5,6 +5,7 @@ starting with ``triton_``), and an ensemble passes them on to each of its steps.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -21,6 +22,20 @@ RESERVED = frozenset(
 )
 """Triton's reserved request parameters (and every name starting with :data:`PREFIX`)."""
 PREFIX = "triton_"
+
+
+_CASE_SENSITIVE = "(?-i)"
+
+
+def forward_pattern(text: str) -> re.Pattern[str] | None:
+    """A header-forward pattern as Triton reads it (``--http-header-forward-pattern``):
+    matched ignoring case unless it starts with ``(?-i)``; None when empty; ``re.error``
+    when it is not a regular expression."""
+    if not text:
+        return None
+    if text.startswith(_CASE_SENSITIVE):
+        return re.compile(text[len(_CASE_SENSITIVE) :])
+    return re.compile(text, re.IGNORECASE)
 
 
 def is_reserved(name: str) -> bool:

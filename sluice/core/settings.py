@@ -18,6 +18,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.core.errors import StartupFailed
 from sluice.core.memory_budget import parse_gpu_budgets, parse_size
+from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 from sluice.core.torchserve_ports import parse_ports
 
@@ -105,9 +106,9 @@ def gateway_processes_value(value: object) -> object:
 
 
 def _regular_expression(value: str) -> str:
-    """A forward pattern must compile (``(?-i)`` first: case-sensitive, as in Triton)."""
+    """A forward pattern must compile (:func:`~sluice.core.request_parameters.forward_pattern`)."""
     try:
-        re.compile(value.removeprefix("(?-i)"))
+        forward_pattern(value)
     except re.error as exc:
         raise ValueError(f"not a regular expression: {exc}") from None
     return value

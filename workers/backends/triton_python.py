@@ -146,7 +146,7 @@ class TritonPythonBackend:
         for index, (response, items) in enumerate(zip(responses, sizes, strict=True)):
             answer = self._answer(response, outputs, items)
             if response_parameters is not None and isinstance(response, pb.InferenceResponse):
-                response_parameters.append(json.loads(response.parameters()))
+                response_parameters.append(response.parameters_dict())
             if isinstance(answer, SluiceError):
                 failures[index] = answer
                 answers.append(None)
@@ -258,7 +258,7 @@ class TritonPythonBackend:
         """A decoupled model's response: its tensors, with its parameters."""
         answer = self._answer(response, outputs, items)
         if isinstance(answer, dict) and isinstance(response, pb.InferenceResponse):
-            carried = json.loads(response.parameters())
+            carried = response.parameters_dict()
             if carried:
                 return Answered(answer, carried)
         return answer

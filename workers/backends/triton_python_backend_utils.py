@@ -349,6 +349,10 @@ class InferenceResponse:
         """The response's parameters as a JSON string (as in Triton)."""
         return json.dumps(self._parameters)
 
+    def parameters_dict(self) -> dict[str, Any]:
+        """The response's parameters, checked (what the worker puts on the reply)."""
+        return dict(self._parameters)
+
     def has_error(self) -> bool:
         return self._error is not None
 

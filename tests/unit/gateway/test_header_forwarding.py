@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from sluice.core.errors import InvalidInput
-from sluice.gateway.header_forwarding import add_forwarded, compile_pattern, matching
+from sluice.core.request_parameters import forward_pattern
+from sluice.gateway.header_forwarding import add_forwarded, matching
 
 HEADERS = [
     ("my_header_1", "one"),
@@ -18,23 +19,23 @@ HEADERS = [
 
 
 def test_a_pattern_matches_anywhere_in_the_name_ignoring_case() -> None:
-    pattern = compile_pattern("MY_HEADER.*")
+    pattern = forward_pattern("MY_HEADER.*")
     assert pattern is not None
     assert matching(pattern, HEADERS) == (
         ("my_header_1", "one"),
         ("My_Header_2", 'a "quoted" value\\'),
     )
-    anywhere = compile_pattern("header_3")
+    anywhere = forward_pattern("header_3")
     assert anywhere is not None and matching(anywhere, HEADERS) == (("header_3", "three"),)
 
 
 def test_a_leading_case_sensitive_flag_keeps_case_and_authorization_never_goes() -> None:
-    pattern = compile_pattern("(?-i)my_.*")
+    pattern = forward_pattern("(?-i)my_.*")
     assert pattern is not None and [n for n, _ in matching(pattern, HEADERS)] == ["my_header_1"]
-    everything = compile_pattern(".*")
+    everything = forward_pattern(".*")
     assert everything is not None
     assert "Authorization" not in dict(matching(everything, HEADERS))
-    assert compile_pattern("") is None
+    assert forward_pattern("") is None
 
 
 @pytest.mark.parametrize("name", ["priority", "Timeout", "sequence_id", "triton_anything"])
