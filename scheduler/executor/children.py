@@ -13,7 +13,7 @@ from sluice.core.celery_config import broker_url
 from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.placement import placements, threads_per_instance, visible_gpus
 from sluice.core.repository import RepositoryModel
-from sluice.core.settings import UpSettings
+from sluice.core.settings import UpSettings, locations_text
 from sluice.scheduler.executor.instances import InstanceSpec
 from sluice.scheduler.executor.listeners import Listeners
 from sluice.scheduler.executor.supervisor import ChildSpec
@@ -84,11 +84,13 @@ def batch_data_env(settings: UpSettings, repository: Path) -> dict[str, str]:
     store = settings.batch_store
     if store and not store.startswith("s3://"):
         store = os.path.abspath(store)
-    source = settings.model_repository
-    return {
-        "SLUICE_BATCH_STORE": store,
-        "SLUICE_MODEL_REPOSITORY": source if source.startswith("s3://") else str(repository),
-    }
+    locations = tuple(
+        location if location.startswith("s3://") else os.path.abspath(location)
+        for location in settings.model_repository
+    )
+    if len(locations) == 1 and not locations[0].startswith("s3://"):
+        locations = (str(repository),)
+    return {"SLUICE_BATCH_STORE": store, "SLUICE_MODEL_REPOSITORY": locations_text(locations)}
 
 
 def batch_worker_specs(settings: UpSettings, env: dict[str, str]) -> list[ChildSpec]:

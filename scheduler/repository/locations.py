@@ -1,20 +1,36 @@
-"""The source a ``--model-repository`` value names, and the local directory to serve it from."""
+"""The source the ``--model-repository`` values name, and the local directory to serve it from."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from pathlib import Path
 
 from sluice.core.errors import InvalidInput
 from sluice.core.settings import RepositorySourceSettings
 from sluice.scheduler.repository.local import LocalSource
 from sluice.scheduler.repository.sources import RepositorySource, SourceError, carry_over
+from sluice.scheduler.repository.union import UnionSource, view_folder
 
 log = logging.getLogger("sluice.sources")
 
 
-def open_source(location: str, settings: RepositorySourceSettings) -> RepositorySource:
-    """The source a ``--model-repository`` value names."""
+def open_source(
+    locations: str | Sequence[str], settings: RepositorySourceSettings
+) -> RepositorySource:
+    """The source the ``--model-repository`` values name: one repository, or several
+    joined in a view (:mod:`.union`)."""
+    if isinstance(locations, str):
+        locations = (locations,)
+    if len(locations) == 1:
+        return _one_source(locations[0], settings)
+    if not locations:
+        raise SourceError("no model repository is named")
+    sources = [_one_source(location, settings) for location in locations]
+    return UnionSource(sources, view_folder(settings.repository_cache_dir, locations))
+
+
+def _one_source(location: str, settings: RepositorySourceSettings) -> RepositorySource:
     if location.startswith("s3://"):
         try:
             from sluice.scheduler.repository.s3 import S3Source  # boto3 only where it is needed
@@ -38,11 +54,12 @@ def open_source(location: str, settings: RepositorySourceSettings) -> Repository
     return LocalSource(Path(location).resolve())
 
 
-def snapshot_repository(location: str, settings: RepositorySourceSettings) -> Path:
-    """The local directory to serve ``location`` from: the directory itself, or a cache
-    holding the complete versions of a remote repository, taken now. What is not taken is
-    logged (each model refused, each version incomplete), and serving goes on without it."""
-    source = open_source(location, settings)
+def snapshot_repository(locations: str | Sequence[str], settings: RepositorySourceSettings) -> Path:
+    """The local directory to serve ``locations`` from: the directory itself, a cache
+    holding the complete versions of a remote repository, or a view joining several, taken
+    now. What is not taken is logged (each model refused, each version incomplete), and
+    serving goes on without it."""
+    source = open_source(locations, settings)
     if isinstance(source, LocalSource):
         return source.root
     served = source.served()

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperGroup
 
 from sluice.cli.batch_command import batch_app
 from sluice.cli.infer_command import infer as infer_command
@@ -95,34 +95,23 @@ def _overrides(**values: Any) -> dict[str, Any]:
     return {key: value for key, value in values.items() if value is not None}
 
 
-_ARGV = "sluice.argv"
-
-
-class _UpCommand(TyperCommand):
-    """``sluice up`` keeps its whole command line (``ctx.meta``): Triton's flags may repeat
-    ``--model-repository``, which an option of one value would quietly reduce to the last."""
-
-    def parse_args(self, ctx: Any, args: list[str]) -> list[str]:
-        ctx.meta[_ARGV] = list(args)
-        result: list[str] = super().parse_args(ctx, args)
-        return result
-
-
 @app.command(
-    cls=_UpCommand,
     context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
 )
 def up(
     ctx: typer.Context,
     model_repository: Annotated[
-        str,
+        list[str] | None,
         typer.Option(
             "--model-repository",
             "--model-store",
             help="Triton-layout model repository: a local directory, or s3://bucket/prefix "
-            "(copied into SLUICE_REPOSITORY_CACHE_DIR at start).",
+            "(copied into SLUICE_REPOSITORY_CACHE_DIR at start). Give it more than once to "
+            "serve several together, as Triton does: a model name found in two or more is "
+            "unavailable. Default: model_repository.",
+            show_default=False,
         ),
-    ] = "model_repository",
+    ] = None,
     http_port: Annotated[int | None, typer.Option(help="HTTP port (default 8000).")] = None,
     http_host: Annotated[
         str | None,
@@ -220,7 +209,6 @@ def up(
     from sluice.scheduler.executor.up import up as run_up
 
     try:
-        triton_flags.check_one_repository(ctx.meta.get(_ARGV, []))
         own = [name for param in ctx.command.params for name in param.opts + param.secondary_opts]
         triton = triton_flags.parse(ctx.args, sluice_options=own)
     except typer.BadParameter as exc:
@@ -318,10 +306,11 @@ def gateway(
 @app.command()
 def controller(
     model_repository: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
             help="The repository the workers serve (a local directory or s3://bucket/prefix): "
-            "read for rollouts, and listed for changes in poll mode."
+            "read for rollouts, and listed for changes in poll mode. Give each one the "
+            "workers serve, in the same order."
         ),
     ] = None,
     redis_url: Annotated[

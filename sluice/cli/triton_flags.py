@@ -444,8 +444,8 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "model-repository",
         "text",
         "option",
-        "Sluice's option. Sluice serves one repository: given twice with different "
-        "values, it is refused.",
+        "Sluice's option; given more than once, the repositories are served together, as "
+        "in Triton.",
     ),
     TritonFlag(
         "exit-on-error",
@@ -503,8 +503,9 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "model-namespacing",
         "bool",
         "refused",
-        "Sluice serves one repository, where model names are unique; serve each namespace "
-        "with a sluice up of its own.",
+        "Sluice keeps model names unique across the repositories (a name found in two or "
+        "more is unavailable, as in Triton without namespacing); serve each namespace with "
+        "a sluice up of its own.",
         fine=_is(False),
     ),
     # HTTP
@@ -947,28 +948,3 @@ def _take(flag: TritonFlag, text: str, out: TritonArgs) -> None:
         raise FlagError(f"{shown} is refused: {flag.does}")
     elif flag.kind == "ignored":
         out.warnings.append(f"warning: {flag.option} ignored: {flag.does}")
-
-
-def repository_values(argv: Sequence[str]) -> list[str]:
-    """The values of ``--model-repository`` / ``--model-store`` in a command line, in order."""
-    names = ("--model-repository", "--model-store")
-    values = []
-    for index, token in enumerate(argv):
-        name, equals, text = token.partition("=")
-        if name in names:
-            if equals:
-                values.append(text)
-            elif index + 1 < len(argv):
-                values.append(argv[index + 1])
-    return values
-
-
-def check_one_repository(argv: Sequence[str]) -> None:
-    """Sluice serves one repository; Triton takes several (``--model-repository`` repeated)."""
-    values = list(dict.fromkeys(repository_values(argv)))
-    if len(values) > 1:
-        raise FlagError(
-            f"--model-repository given {len(values)} times ({', '.join(values)}): Sluice "
-            "serves one repository; put the models into one directory, or start one "
-            "sluice up per repository"
-        )

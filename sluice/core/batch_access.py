@@ -70,11 +70,11 @@ class LocationPolicy:
     def from_settings(cls, settings: BatchStoreSettings) -> LocationPolicy:
         paths = [_real(settings.repository_cache_dir), _real(sys.prefix), _real(sys.base_prefix)]
         s3: list[str] = []
-        repository = settings.model_repository
-        if repository.startswith("s3://"):
-            s3.append(repository)
-        elif repository:
-            paths.append(_real(repository))
+        for repository in settings.model_repository:
+            if repository.startswith("s3://"):
+                s3.append(repository)
+            else:
+                paths.append(_real(repository))
         store = settings.batch_store
         if store and not store.startswith("s3://"):
             store = str(_real(store))

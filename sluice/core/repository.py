@@ -13,6 +13,7 @@ as usual. Every reader of one deployment passes the same name.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -44,6 +45,13 @@ CUSTOM_CONFIGS = "configs"
 CONFIG_NAME = re.compile(CONFIG_NAME_PATTERN)
 """A custom configuration's name (:data:`~sluice.core.settings.CONFIG_NAME_PATTERN`)."""
 
+DUPLICATES_FILE = ".sluice-duplicates.json"
+"""In a repository that joins several (their view, made by ``sluice up``): a JSON list of
+the model names two or more of them hold, served from none."""
+
+DUPLICATE_REASON = "model appears in two or more repositories"
+"""Why such a model is unavailable (Triton's words)."""
+
 
 @dataclass(frozen=True, slots=True)
 class RepositoryModel:
@@ -65,7 +73,8 @@ class RepositoryModel:
 
 def scan_repository(root: Path, config_name: str = "") -> list[RepositoryModel]:
     """Every model under ``root``, sorted by name (hidden directories skipped), each with
-    its custom configuration ``config_name`` where it has one."""
+    its custom configuration ``config_name`` where it has one; in a view joining several
+    repositories, the names two or more of them hold come as unavailable models."""
     if not root.exists():
         raise InvalidConfig(f"model repository {root} does not exist")
     if not root.is_dir():
@@ -75,8 +84,25 @@ def scan_repository(root: Path, config_name: str = "") -> list[RepositoryModel]:
         key=lambda p: p.name,
     )
     models = [_read_one(p, config_name) for p in model_dirs]
+    models += [
+        RepositoryModel(name, root / name, None, (), DUPLICATE_REASON) for name in _duplicates(root)
+    ]
+    models.sort(key=lambda model: model.name)
     by_name = {model.name: model for model in models}
     return [_with_transaction_policy(model, by_name.get) for model in models]
+
+
+def _duplicates(root: Path) -> list[str]:
+    """The names :data:`DUPLICATES_FILE` lists (none where there is no such file)."""
+    try:
+        names = json.loads((root / DUPLICATES_FILE).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return []
+    except (OSError, ValueError) as exc:
+        raise InvalidConfig(f"cannot read {root / DUPLICATES_FILE}: {exc}") from None
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise InvalidConfig(f"{root / DUPLICATES_FILE} is not a list of model names")
+    return names
 
 
 def read_model(path: Path, config_name: str = "") -> RepositoryModel:

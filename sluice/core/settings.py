@@ -6,6 +6,7 @@ explicitly; nothing else reads the environment.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -238,6 +239,37 @@ def _default_cache_dir() -> str:
     return str(Path(base) / "sluice" / "repositories")
 
 
+def repository_locations(value: object) -> object:
+    """The model repositories a setting names: one location (``/models``,
+    ``s3://bucket/prefix``), or several as a JSON list (``["/a", "s3://b/c"]``), as Triton
+    takes ``--model-repository`` more than once. The same location named twice counts once;
+    an empty value names none."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            try:
+                value = json.loads(text)
+            except ValueError as exc:
+                raise ValueError(f"not a JSON list of locations: {exc}") from None
+        else:
+            value = [text] if text else []
+    if isinstance(value, (list, tuple)):
+        if not all(isinstance(item, str) and item.strip() for item in value):
+            raise ValueError("every model repository must be a non-empty string")
+        return tuple(dict.fromkeys(item.strip() for item in value))
+    return value
+
+
+def locations_text(locations: tuple[str, ...]) -> str:
+    """``locations`` as a ``SLUICE_MODEL_REPOSITORY`` value that :func:`repository_locations`
+    reads back: one location as it is, several as a JSON list."""
+    return locations[0] if len(locations) == 1 else json.dumps(list(locations))
+
+
+RepositoryLocations = Annotated[tuple[str, ...], NoDecode]
+"""A setting naming model repositories (see :func:`repository_locations`)."""
+
+
 class RepositorySourceSettings(BaseSettings):
     """Where a model repository comes from when it is not a local directory
     (``s3://bucket/prefix``), and the limits put on what the store sends."""
@@ -317,9 +349,11 @@ class BatchStoreSettings(RepositorySourceSettings):
                 raise ValueError(f"{pattern!r} is not a regular expression: {exc}") from None
         return value
 
-    model_repository: str = ""
-    """The model repository (a directory or ``s3://bucket/prefix``): no batch job may read
-    or write inside it. ``sluice up`` passes its own."""
+    model_repository: RepositoryLocations = ()
+    """The model repositories (directories or ``s3://bucket/prefix``, several as a JSON
+    list): no batch job may read or write inside them. ``sluice up`` passes its own."""
+
+    _locations = field_validator("model_repository", mode="before")(repository_locations)
 
     batch_retention_s: float = Field(7 * 86_400.0, gt=0)
     """How long a finished batch job (its record, listing entry and outputs in the store)
@@ -740,10 +774,13 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     controller_id: str = Field(default_factory=lambda: f"{socket.gethostname()}:{os.getpid()}")
     """Who holds the lease, as shown to the others (default: host:pid)."""
 
-    model_repository: str = ""
-    """The repository the executors serve (a local directory or ``s3://bucket/prefix``):
-    the controller reads it for rollouts and, in poll mode, lists it for changes. Empty:
-    no polling, and rollouts only of versions the catalog already knows."""
+    model_repository: RepositoryLocations = ()
+    """The repositories the executors serve (local directories or ``s3://bucket/prefix``;
+    several as a JSON list): the controller reads them for rollouts and, in poll mode, lists
+    them for changes. Empty: no polling, and rollouts only of versions the catalog already
+    knows."""
+
+    _locations = field_validator("model_repository", mode="before")(repository_locations)
 
     executor: Literal["local", "kubernetes"] = "local"
     """Who carries the wanted instance counts out: ``local``, ``sluice up`` (worker
@@ -809,9 +846,20 @@ def _default_memory_budget() -> int:
 class UpSettings(RepositorySourceSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
-    model_repository: str = "model_repository"
-    """Triton-layout model repository: a local directory, or ``s3://bucket/prefix`` (copied
-    into ``repository_cache_dir`` at start)."""
+    model_repository: RepositoryLocations = ("model_repository",)
+    """Triton-layout model repositories: a local directory, or ``s3://bucket/prefix``
+    (copied into ``repository_cache_dir`` at start); several as a JSON list (the command
+    line's ``--model-repository`` given more than once), served together as Triton serves
+    them: model names are unique across them, and a name found in two or more is
+    unavailable."""
+
+    @field_validator("model_repository", mode="before")
+    @classmethod
+    def _some_locations(cls, value: object) -> object:
+        value = repository_locations(value)
+        if value == ():
+            raise ValueError("name at least one model repository")
+        return value
 
     http_host: str = "127.0.0.1"
     """Address the gateways' HTTP server binds to (passed to them as SLUICE_HTTP_HOST)."""

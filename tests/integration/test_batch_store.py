@@ -3,6 +3,7 @@ server over HTTP, a real Redis for the runner's join."""
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -51,6 +52,22 @@ def test_the_model_repository_inside_the_batch_root_stays_out_of_reach(tmp_path:
     }
     assert len(words) == 1, words  # exists or not, allowed or forbidden: the same words
     assert str(tmp_path) not in words.pop()
+
+
+def test_every_repository_of_several_stays_out_of_reach(tmp_path: Path) -> None:
+    repositories = [str(tmp_path / "first"), "s3://models/second"]
+    rules = policy(
+        batch_allowed_locations=r"*=/.*,*=s3://.*",
+        model_repository=json.dumps(repositories),
+        repository_cache_dir=str(tmp_path / "cache"),
+    )
+    assert rules.check("a", str(tmp_path / "out"), "output") == str(tmp_path / "out")
+    for location in (
+        str(tmp_path / "first" / "iris" / "1" / "model.onnx"),
+        "s3://models/second/iris/1/model.onnx",
+        str(tmp_path / "cache" / "view-0123456789abcdef" / "iris"),
+    ):
+        refused(rules, "a", location)
 
 
 def test_rules_are_per_tenant_and_never_open_forbidden_areas(tmp_path: Path) -> None:

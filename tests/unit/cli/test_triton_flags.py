@@ -19,7 +19,6 @@ from sluice.cli.triton_flags import (
     FLAGS_LIST,
     FlagError,
     TritonArgs,
-    check_one_repository,
     parse,
 )
 from sluice.core.settings import GatewaySettings, UpSettings, WorkerSettings
@@ -394,7 +393,11 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
     ("args", "shown", "instead"),
     [
         (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
-        (["--model-namespacing=true"], "--model-namespacing=true", "one repository"),
+        (
+            ["--model-namespacing=true"],
+            "--model-namespacing=true",
+            "unique across the repositories",
+        ),
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
         (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
         (["--allow-vertex-ai=1"], "--allow-vertex-ai=1", "Vertex AI"),
@@ -513,28 +516,6 @@ def test_a_stray_argument_is_named() -> None:
     assert _error(["--log-verbose=1", "extra"]) == "Got unexpected extra argument (extra)"
 
 
-# --- one repository -----------------------------------------------------------------------
-
-
-def test_repeated_model_repository_is_refused_naming_both() -> None:
-    for argv in (
-        ["--model-repository=/a", "--model-repository=/b"],
-        ["--model-repository", "/a", "--model-store", "/b"],
-        ["--model-store=/a", "--http-port", "8000", "--model-repository", "/b"],
-    ):
-        with pytest.raises(FlagError) as caught:
-            check_one_repository(argv)
-        message = caught.value.format_message()
-        assert "--model-repository given 2 times (/a, /b)" in message
-        assert "one repository" in message
-
-
-def test_the_same_repository_twice_is_one_repository() -> None:
-    check_one_repository(["--model-repository=/a", "--model-store", "/a"])
-    check_one_repository(["--model-repository", "/a"])
-    check_one_repository([])
-
-
 # --- through the command line ----------------------------------------------------------------
 
 
@@ -551,7 +532,8 @@ def _flat(text: str) -> str:
         (["--no-such-flag"], "No such option: --no-such-flag"),
         (["--rate-limit=execution_count"], "--rate-limit=execution_count is refused"),
         (["--repository-poll-secs", "x"], "Invalid value for '--repository-poll-secs'"),
-        (["--model-repository", "/a", "--model-store=/b"], "given 2 times (/a, /b)"),
+        # Both repositories are taken (and the first, missing, stops it).
+        (["--model-repository", "/a", "--model-store=/b"], "cannot list the model repository /a"),
         (["--grpc-address=10.0.0.1"], "--grpc-address=10.0.0.1: Sluice serves"),
     ],
 )
