@@ -245,7 +245,7 @@ class EdgeGuard:
         try:
             check_declared_length(None if length is None else length.decode("latin-1"), limit)
         except SluiceError as exc:
-            await _reject(send, int(exc.status), exc.message)
+            await _reject(send, int(exc.status), exc.message, [(b"connection", b"close")])
             return
         await self.app(scope, _limited(receive, limit), send)
 

@@ -12,10 +12,14 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.errors import QUEUE_UNREACHABLE, Overloaded, SluiceError
+from sluice.core.errors import QUEUE_UNREACHABLE, Overloaded, PayloadTooLarge, SluiceError
 from sluice.gateway.infer_response import encode_error
 
 log = logging.getLogger(__name__)
+
+CLOSE = {"Connection": "close"}
+"""On an answer sent before the request's body was read: the server closes the connection
+once it is sent, instead of waiting for (and discarding) a body it refused."""
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -25,6 +29,8 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 async def _sluice_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, SluiceError)
     headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    if isinstance(exc, PayloadTooLarge):
+        headers = CLOSE  # the rest of the body is not read: the connection cannot go on
     return _error(int(exc.status), exc.message, headers)
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from sluice.core import logs
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack
@@ -28,6 +30,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         mark = _FOLDER_MARKS.get(relative.parts[0])
         if mark is not None:
             item.add_marker(mark)
+
+
+@pytest.fixture(autouse=True)
+def _log_handlers_do_not_outlive_their_test() -> Iterator[None]:
+    """A command run in-process (typer's CliRunner) may point the root logger at a stream
+    the runner closes when it returns; the handlers a test added go with it, so that a later
+    test's log lines are not written to a closed stream."""
+    root = logging.getLogger()
+    before = list(root.handlers)
+    yield
+    for handler in [h for h in root.handlers if h not in before]:
+        root.removeHandler(handler)
+    logs._control = None
 
 
 @pytest.fixture(scope="session")

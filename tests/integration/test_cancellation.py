@@ -1,7 +1,8 @@
 """Requests whose callers went away are not computed.
 
-A slow model computes one long request; a thousand HTTP clients queue requests behind it
-and disconnect; none of them is computed (the model's execution count), the queue is
+A model holds its only instance with one request (asleep until the test lets it go: no
+CPU is spent while the others wait); a thousand HTTP clients queue requests behind it and
+disconnect; none of them is computed (the model's execution count), the queue is
 empty again, Triton's ``CANCELED`` failure counts them, and the model's next request is
 answered as if they never came. A cancelled gRPC call is withdrawn the same way.
 """
@@ -23,11 +24,10 @@ import pytest
 import redis
 import tritonclient.grpc as grpcclient
 
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
 from tests.support.load import marker, slow_request
-from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
-ONE_INSTANCE = "instance_group [ { count: 1 kind: KIND_CPU } ]"
 CLIENTS = 1000
 GENERATE_CLIENTS = 10
 """Of them, clients of the generate route (a FastAPI route, not the inference fast path)."""
@@ -66,51 +66,45 @@ def _computing(client: redis.Redis, stack: Stack) -> bool:
     return int(pending["pending"]) >= 1
 
 
-def _calibrate(stack: Stack) -> float:
-    """Seconds one ITERS round of the slow model takes here."""
-    with httpx.Client(base_url=stack.url, timeout=120) as http:
-        started = time.monotonic()
-        response = http.post("/v2/models/slow/infer", content=orjson.dumps(slow_request(0, 20_000)))
-        assert response.status_code == 200, response.text
-    return max(time.monotonic() - started, 0.001) / 20_000
-
-
 @dataclass
 class SlowStack:
-    """A stack serving the slow model on one instance, and what the tests read of it."""
+    """A stack serving ``slow``, a gate model (tests.support.gate_model), and what the tests
+    read of it."""
 
     stack: Stack
     client: redis.Redis
-    per_iter: float
-    """Seconds one ITERS round takes here."""
+    gate: Path
     executions: int
-    """The slow model's execution count once calibrated."""
+    """The model's execution count at the start."""
+
+    def release(self) -> None:
+        """Let the blocker (and every later blocker) through."""
+        open_gate(self.gate, "slow")
 
 
 def _slow_stack(
     repository: Path, start_stack: Callable[..., Stack], env: dict[str, str] | None = None
 ) -> SlowStack:
-    write_slow(repository, "slow", max_batch_size=1, extra=ONE_INSTANCE)
-    stack = start_stack(repository, env=env)
+    write_gate(repository, "slow")
+    gate = repository.parent / f"{repository.name}-gate"
+    gate.mkdir()
+    stack = start_stack(repository, env={**(env or {}), "SLUICE_TEST_GATE": str(gate)})
     assert stack.redis_url is not None
-    per_iter = _calibrate(stack)
-    return SlowStack(
-        stack, redis.Redis.from_url(stack.redis_url), per_iter, _stats(stack)["execution_count"]
-    )
+    client = redis.Redis.from_url(stack.redis_url)
+    return SlowStack(stack, client, gate, _stats(stack)["execution_count"])
 
 
-def _block(slow: SlowStack, seconds: float) -> dict[str, Any]:
-    """Occupy the only instance for about ``seconds`` with one request over HTTP; returns
-    once the worker took it. The dict gets the answer's ``status`` and ``text``, then
-    ``done`` (an Event) is set."""
+def _block(slow: SlowStack) -> dict[str, Any]:
+    """Occupy the only instance with one request over HTTP until :meth:`SlowStack.release`;
+    returns once the worker took it. The dict gets the answer's ``status`` and ``text``,
+    then ``done`` (an Event) is set."""
     stack = slow.stack
     blocker: dict[str, Any] = {"done": threading.Event()}
-    iters = int(seconds / slow.per_iter)
 
     def block() -> None:
         with httpx.Client(base_url=stack.url, timeout=300) as http:
             response = http.post(
-                "/v2/models/slow/infer", content=orjson.dumps(slow_request(1, iters))
+                "/v2/models/slow/infer", content=orjson.dumps(slow_request(1, BLOCKER_ITERS))
             )
         blocker["status"], blocker["text"] = response.status_code, response.text
         blocker["done"].set()
@@ -148,7 +142,7 @@ def test_disconnected_clients_are_not_computed(
     slow = _slow_stack(tmp_path, start_stack)
     stack, client, before = slow.stack, slow.client, slow.executions
     # One long request occupies the only instance while the others queue behind it.
-    blocker = _block(slow, 30.0)
+    blocker = _block(slow)
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     sockets: list[socket.socket] = []
     deadline = time.monotonic() + 60
@@ -168,6 +162,7 @@ def test_disconnected_clients_are_not_computed(
     while _queued(client, f"{stack.namespace}:req:{{slow}}") > 1:
         assert time.monotonic() < deadline, "the cancelled requests stayed queued"
         time.sleep(0.05)
+    slow.release()
     assert blocker["done"].wait(300)
     assert blocker.get("status") == 200, blocker
 
@@ -195,7 +190,6 @@ def test_a_cancelled_grpc_call_is_withdrawn(
 ) -> None:
     slow = _slow_stack(tmp_path, start_stack)
     stack, before = slow.stack, slow.executions
-    blocker_iters = int(12.0 / slow.per_iter)
     grpc = grpcclient.InferenceServerClient(stack.grpc_address)
 
     def inputs(index: int, iters: int) -> list[grpcclient.InferInput]:
@@ -208,7 +202,7 @@ def test_a_cancelled_grpc_call_is_withdrawn(
     results: list[Any] = []
     blocked = threading.Event()
     blocker = grpc.async_infer(
-        "slow", inputs(1, blocker_iters), callback=lambda result, error: blocked.set()
+        "slow", inputs(1, BLOCKER_ITERS), callback=lambda result, error: blocked.set()
     )
     _wait_until_computing(slow)
     calls = [
@@ -224,6 +218,7 @@ def test_a_cancelled_grpc_call_is_withdrawn(
     # or the server's answer to it: whichever comes first on a busy machine).
     with pytest.raises(Exception, match=r"(?i)deadline"):
         grpc.infer("slow", inputs(99, 1), client_timeout=0.5)
+    slow.release()
     assert blocked.wait(300)
     del blocker
     answer = grpc.infer("slow", inputs(7, 1))
@@ -253,7 +248,7 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
     (tmp_path / "wrapped" / "config.pbtxt").write_text(ENSEMBLE)
     slow = _slow_stack(tmp_path, start_stack)
     stack, client, before = slow.stack, slow.client, slow.executions
-    blocker = _block(slow, 8.0)
+    blocker = _block(slow)
     deadline = time.monotonic() + 60
     host, port = stack.url.split("//", 1)[1].rsplit(":", 1)
     connection = socket.create_connection((host, int(port)), timeout=30)
@@ -271,6 +266,7 @@ def test_an_ensembles_steps_are_withdrawn_with_it(
     while int(client.xlen(stream)) > 1:
         assert time.monotonic() < deadline, "the step stayed queued"
         time.sleep(0.05)
+    slow.release()
     assert blocker["done"].wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
 
@@ -407,7 +403,7 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
     _wait_for(marks / "cancelled", "is_cancelled() never turned True")
 
     # A BLS call waiting behind another request is withdrawn with its caller.
-    blocker = _block(slow, 8.0)
+    blocker = _block(slow)
     deadline = time.monotonic() + 60
     connection = _send_and_keep(stack, "waiter", -1.0)
     _wait_for(marks / "calling", "the BLS call was never made")
@@ -417,12 +413,11 @@ def test_python_models_see_cancellation_and_their_bls_calls_are_withdrawn(
         time.sleep(0.05)
     connection.close()
     _wait_for(marks / "withdrawn", "the BLS call was not withdrawn")
-    # (Its entry leaves the stream just after: the withdrawal does not wait for Redis. The
-    # blocker's may be gone too on a machine faster now than when it was calibrated; the
-    # execution count below says the BLS call was not computed.)
+    # (Its entry leaves the stream just after: the withdrawal does not wait for Redis.)
     while int(client.xlen(stream)) > 1:
         assert time.monotonic() < deadline, "the BLS call's entry stayed queued"
         time.sleep(0.05)
+    slow.release()
     assert blocker["done"].wait(300)
     assert _stats(stack)["execution_count"] == before + 1  # the blocker alone
 

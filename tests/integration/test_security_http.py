@@ -220,7 +220,8 @@ CONTROL_ROUTES = [
 def test_every_route_refuses_a_declared_body_beyond_its_limit(
     edge_stack: Stack, method: str, path: str
 ) -> None:
-    """Content-Length beyond the limit: 413 before a byte of the body is read."""
+    """Content-Length beyond the limit: 413 before a byte of the body is read, and the
+    connection closed at once (the body it declared will never be read)."""
     with _connect(edge_stack) as sock:
         sock.sendall(
             f"{method} {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {200 << 20}\r\n\r\n".encode()
@@ -228,6 +229,7 @@ def test_every_route_refuses_a_declared_body_beyond_its_limit(
         answer = _read_all(sock)
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.split(b" ", 2)[1] == b"413", answer[:300]
+    assert b"\r\nconnection: close" in head.lower()
     assert b"exceeds the limit" in body
 
 

@@ -5,22 +5,21 @@ answers at once, the regions stay listed (and usable by new requests) while a re
 them, every request succeeds, and once the last one ended the regions are gone without
 another call.
 
-A slow model (an ONNX loop whose rounds the request sets) takes ``IN`` from a region and
-writes ``OUT`` into another; the rounds are calibrated to a few seconds of compute, tens of
-times what the checks made meanwhile take. A request is known to be in flight once its lease
-on the region is in Redis.
+A gate model (tests.support.gate_model) takes ``IN`` from a region and writes ``OUT`` into
+another; it holds each request until the test lets it go, so a request stays in flight for
+as long as the checks take, however busy the machine. A request is known to be in flight
+once its lease on the region is in Redis.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -33,7 +32,7 @@ from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
-from tests.support.slow_model import write_slow
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
 from tests.support.stack import Stack
 
 FIRST, SECOND = "slow_first", "slow_second"
@@ -43,14 +42,22 @@ BYTES = DATA.nbytes
 
 
 @pytest.fixture(scope="module")
-def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def gate(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Where the test opens the models' gates."""
+    return tmp_path_factory.mktemp("gates")
+
+
+@pytest.fixture(scope="module")
+def stack(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, gate: Path
+) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("unregister")
-    write_slow(root, FIRST)
-    write_slow(root, SECOND)
+    write_gate(root, FIRST)
+    write_gate(root, SECOND)
     stack = Stack(
         root,
         redis_server.url,
-        env={"SLUICE_SHM_SAME_HOST": "true"},
+        env={"SLUICE_SHM_SAME_HOST": "true", "SLUICE_TEST_GATE": str(gate)},
         args=["--gateway-processes", "2"],
     )
     stack.start()
@@ -58,28 +65,14 @@ def stack(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -
     stack.stop()
 
 
-@pytest.fixture(scope="module")
-def rounds(stack: Stack) -> Callable[[float], int]:
-    """Rounds of the slow model that compute for about so many seconds."""
-    probe = 50_000
-
-    def timed() -> float:
-        body = {
-            "inputs": [
-                {"name": "IN", "datatype": "FP32", "shape": [1, 4], "data": [0, 0, 0, 0]},
-                {"name": "ITERS", "datatype": "INT64", "shape": [1, 1], "data": [probe]},
-            ]
-        }
-        started = time.monotonic()
-        answer = httpx.post(f"{stack.url}/v2/models/{FIRST}/infer", json=body, timeout=120)
-        assert answer.status_code == 200, answer.text
-        return max(time.monotonic() - started, 0.01)
-
-    timed()  # (the first request warms the model up)
-    # The fastest of three: calibrated while the machine was busy, a request of "8 s" took
-    # under 2 s once it was not, and ended before the check that needs it in flight.
-    elapsed = min(timed() for _ in range(3))
-    return lambda seconds: max(probe, int(probe * seconds / elapsed))
+@pytest.fixture
+def gates(gate: Path) -> Iterator[Path]:
+    """The gates, closed for the test (and opened after it, whatever happened)."""
+    for name in (FIRST, SECOND):
+        (gate / name).unlink(missing_ok=True)
+    yield gate
+    for name in (FIRST, SECOND):
+        open_gate(gate, name)
 
 
 @pytest.fixture
@@ -136,7 +129,7 @@ def http_names(client: httpclient.InferenceServerClient) -> list[str]:
 
 
 def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
-    stack: Stack, rounds: Callable[[float], int], redis: Redis, objects: dict[str, Any]
+    stack: Stack, gates: Path, redis: Redis, objects: dict[str, Any]
 ) -> None:
     with (
         httpclient.InferenceServerClient(stack.address, concurrency=2) as client,
@@ -144,9 +137,7 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
     ):
         client.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         client.register_system_shared_memory("out", key_of(objects["out"]), BYTES)
-        # (12 s of compute by the calibration: a fresh clone's run under compose once saw
-        # the "8 s" one end before the second request held the region)
-        first = client.async_infer(FIRST, **http_request(rounds(12)))
+        first = client.async_infer(FIRST, **http_request(BLOCKER_ITERS))
         assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 1, 30)
 
         other.unregister_system_shared_memory()  # (every region) answers at once
@@ -159,16 +150,18 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
             other.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         assert "shared memory region 'in' already in manager" in str(taken.value.message())
         # A new request may still use it: now two hold it.
-        second = client.async_infer(SECOND, **http_request(rounds(24)))
+        second = client.async_infer(SECOND, **http_request(BLOCKER_ITERS))
         held = procs.wait_until(lambda: in_flight(redis, stack, "in") == 2, 30)
         assert held, f"{in_flight(redis, stack, 'in')} request(s) hold the region, not 2"
 
+        open_gate(gates, FIRST)
         result = first.get_result()
         assert result.get_output("OUT")["parameters"]["shared_memory_region"] == "out"
         np.testing.assert_array_equal(written(objects["out"]), DATA)
         assert in_flight(redis, stack, "in") == 1
         assert http_names(other) == ["in", "out"]  # the second still uses them
 
+        open_gate(gates, SECOND)
         second.get_result()
         assert in_flight(redis, stack, "in") == 0
         assert http_names(other) == []
@@ -193,7 +186,7 @@ def grpc_names(client: grpcclient.InferenceServerClient) -> list[str]:
 
 
 def test_a_region_unregistered_during_an_inference_over_grpc_goes_after_it(
-    stack: Stack, rounds: Callable[[float], int], redis: Redis, objects: dict[str, Any]
+    stack: Stack, gates: Path, redis: Redis, objects: dict[str, Any]
 ) -> None:
     client = grpcclient.InferenceServerClient(stack.grpc_address)
     other = grpcclient.InferenceServerClient(stack.grpc_address)
@@ -203,7 +196,7 @@ def test_a_region_unregistered_during_an_inference_over_grpc_goes_after_it(
         tensor = grpcclient.InferInput("IN", [1, 4], "FP32")
         tensor.set_shared_memory("in", BYTES)
         iters = grpcclient.InferInput("ITERS", [1, 1], "INT64")
-        iters.set_data_from_numpy(np.array([[rounds(3)]], dtype=np.int64))
+        iters.set_data_from_numpy(np.array([[BLOCKER_ITERS]], dtype=np.int64))
         output = grpcclient.InferRequestedOutput("OUT")
         output.set_shared_memory("out", BYTES)
         answers: list[Any] = []
@@ -219,6 +212,7 @@ def test_a_region_unregistered_during_an_inference_over_grpc_goes_after_it(
         other.unregister_system_shared_memory("in")
         other.unregister_system_shared_memory("out")
         assert grpc_names(other) == ["in", "out"]
+        open_gate(gates, FIRST)
         assert done.wait(120)
         (answer,) = answers
         assert not isinstance(answer, InferenceServerException), answer
