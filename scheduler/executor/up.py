@@ -19,15 +19,19 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
+from typing import cast
 
 from redis import Redis
 from redis.exceptions import RedisError
 
+from sluice.core.catalog import decode_entry
+from sluice.core.control import live_executors
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
 from sluice.core.repository import RepositoryModel, composing_models, scan_repository
 from sluice.core.settings import ApiKeySettings, UpSettings
+from sluice.core.wire import MalformedEntry
 from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
 from sluice.scheduler.executor.children import (
     batch_data_env,
@@ -97,7 +101,8 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             explicit = settings.model_control_mode == "explicit"
             models, demanded = split_on_demand(models, settings.model_control_mode)
-            loaded = _initially_loaded(settings, models) if explicit else models
+            joined = _loaded_by_others(client, namespace, redis_url) if explicit else set()
+            loaded = _initially_loaded(settings, models, joined) if explicit else models
             loaded = [m for m in loaded if m.name not in demanded]
             control: ModelControl | None = None
             catalog = CatalogKeeper(
@@ -249,10 +254,39 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
     return supervisor
 
 
-def _initially_loaded(settings: UpSettings, models: list[RepositoryModel]) -> list[RepositoryModel]:
-    """Explicit model control: the models named by --load-model (``*``: all), and the models
-    each named ensemble calls (as Triton loads them with it)."""
-    wanted = set(settings.load_model)
+def _loaded_by_others(client: Redis, namespace: Keys, redis_url: str) -> set[str]:
+    """Explicit model control, joining executors already serving (other hosts): the models
+    the catalog says they have loaded, so that this host serves them too instead of
+    publishing a catalog without them. Alone, an executor starts afresh, as Triton does."""
+    try:
+        if not live_executors(client, namespace):
+            return set()
+        raw = cast(dict[bytes, bytes], client.hgetall(namespace.catalog))
+    except RedisError as exc:
+        raise StartupFailed(f"cannot reach Redis at {_redacted(redis_url)}: {exc}") from None
+    names = set()
+    for value in raw.values():
+        try:
+            entry = decode_entry(value)
+        except MalformedEntry:
+            continue
+        if entry.available and not entry.on_demand:
+            names.add(entry.name)
+    if names:
+        log.info(
+            "joining the executors already serving: loading what they have loaded (%s)",
+            ", ".join(sorted(names)),
+        )
+    return names
+
+
+def _initially_loaded(
+    settings: UpSettings, models: list[RepositoryModel], joined: set[str] | None = None
+) -> list[RepositoryModel]:
+    """Explicit model control: the models named by --load-model (``*``: all) or loaded by
+    the executors this one joins, and the models each of them calls if an ensemble (as
+    Triton loads them with it)."""
+    wanted = set(settings.load_model) | (joined or set())
     if "*" in wanted:
         return models
     by_name = {model.name: model for model in models}

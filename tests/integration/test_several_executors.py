@@ -83,3 +83,44 @@ def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
             second.wait(30)
         client.close()
         stack.stop()
+
+
+def test_an_executor_that_joins_serves_what_the_others_loaded(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Explicit mode: a load made before a host joined is served by that host too (it
+    starts with what the catalog says is loaded, not only its --load-model), and the
+    catalog it publishes keeps the model ready."""
+    repository = tmp_path / "repository"
+    write_identity(repository, "ident", ["FP32"])
+    write_identity(repository, "other", ["FP32"])
+    write_identity(repository, "never", ["FP32"])
+    args = ["--model-control-mode=explicit", "--load-model=ident"]
+    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
+    stack.start()
+    keys = Keys(stack.namespace)
+    client = Redis.from_url(redis_server.url)
+    second: subprocess.Popen[bytes] | None = None
+
+    def live_workers(model: str) -> int:
+        return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
+
+    try:
+        with httpx.Client(base_url=stack.url, timeout=120) as http:
+            loaded = http.post("/v2/repository/models/other/load")
+            assert loaded.status_code == 200, loaded.text
+            second = _second_executor(stack, repository)
+            assert wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
+            assert wait_until(lambda: live_workers("other") == 2, 60)
+            assert live_workers("never") == 0
+            states = {
+                row["name"]: row.get("state") for row in http.post("/v2/repository/index").json()
+            }
+            assert states["other"] == "READY" and states["ident"] == "READY", states
+            assert http.get("/v2/models/other/ready").status_code == 200
+    finally:
+        if second is not None and second.poll() is None:
+            os.killpg(second.pid, signal.SIGTERM)
+            second.wait(30)
+        client.close()
+        stack.stop()
