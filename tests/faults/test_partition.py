@@ -17,6 +17,7 @@ failed switch.
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from typing import cast
@@ -232,6 +233,9 @@ def test_a_gateway_cut_off_from_redis_answers_503_quickly(
     assert figures["answered_503_while_cut"] > 0
     # No one waits for a deadline (60 s): at most a command's timeout and its one retry.
     assert figures["slowest_answer_while_cut_s"] <= 2 * REDIS_TIMEOUT_S + 1.5
-    # Once the gateway knows, it answers at once, without touching Redis.
-    assert after_detection and figures["slowest_answer_once_noticed_s"] < 1.0
+    # Once the gateway knows, it answers at once, without touching Redis: none waits a
+    # command's timeout (a busy machine's client may stall an answer by a second), and
+    # most are answered within milliseconds.
+    assert after_detection and figures["slowest_answer_once_noticed_s"] < REDIS_TIMEOUT_S
+    assert statistics.median(a.latency_s for a in after_detection) < 0.25
     assert serving_again_s is not None and serving_again_s < 5, deployment.logs()
