@@ -12,6 +12,7 @@ from starlette.requests import Request
 
 from sluice.core.dispatch import Dispatcher
 from sluice.core.keys import Keys
+from sluice.core.queue_streams import TenantStreams
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
@@ -25,7 +26,6 @@ from sluice.gateway.shm_store import ChangeCounter, LocalCounter
 from sluice.gateway.shm_transfer import TensorTransfer
 from sluice.gateway.tenant_limits_source import LimitsSource
 from sluice.gateway.tenant_quota import TenantQuota
-from sluice.gateway.tenant_streams import TenantStreams
 
 if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
     from sluice.core.otel import Tracing

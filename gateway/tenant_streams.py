@@ -10,67 +10,23 @@ wake-up entry in the level's base stream (:data:`sluice.core.queue_streams.REGIS
 workers' blocking read ends at once and they read the set again, so a new tenant's first
 request does not wait out their idle read.
 
-What the process made known is cached (every request of a known tenant costs nothing),
-forgotten every :data:`FORGET_S` and whenever Redis failed or restarted, so a Redis that lost
-its data is healed by the next request.
+What the process made known is cached (:class:`sluice.core.queue_streams.TenantStreams`:
+every request of a known tenant costs nothing), forgotten every thirty seconds and whenever
+Redis failed or restarted, so a Redis that lost its data is healed by the next request.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from redis.commands.core import AsyncScript
 from redis.exceptions import RedisError
 
 from sluice.core.errors import QUEUE_UNREACHABLE, Unavailable
-from sluice.core.keys import WORKER_GROUP, Keys, base_stream
-from sluice.core.queue_streams import REGISTER, register_keys
+from sluice.core.keys import base_stream
+from sluice.core.queue_streams import REGISTER
 
 if TYPE_CHECKING:
     from sluice.gateway.state import GatewayState
-
-FORGET_S = 30.0
-"""How long a process trusts that a tenant stream it made known is still there."""
-
-
-@dataclass
-class TenantStreams:
-    """What one gateway process made known (stream -> when to forget it, monotonic s)."""
-
-    known: dict[str, float] = field(default_factory=dict)
-    run_id: str = ""
-    """The Redis server the cache is about (another one: forgotten)."""
-
-    async def ensure(
-        self,
-        script: AsyncScript,
-        keys: Keys,
-        model: str,
-        version: int,
-        stream: str,
-        run_id: str = "",
-    ) -> None:
-        """Make ``stream`` known before the first entry of this process goes to it (a base
-        stream needs nothing). Raises RedisError like the append that follows would."""
-        if base_stream(stream) == stream:
-            return
-        now = time.monotonic()
-        if run_id != self.run_id:
-            self.known.clear()
-            self.run_id = run_id
-        until = self.known.get(stream)
-        if until is not None and until > now:
-            return
-        try:
-            await script(keys=register_keys(keys, model, version, stream), args=[WORKER_GROUP])
-        except RedisError:
-            self.known.clear()
-            raise
-        if len(self.known) > 10_000:
-            self.known = {s: t for s, t in self.known.items() if t > now}
-        self.known[stream] = now + FORGET_S
 
 
 async def make_known(state: GatewayState, model: str, version: int, stream: str) -> None:

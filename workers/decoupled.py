@@ -123,7 +123,8 @@ def compute_streaming(
         stream(inputs, output_names(batch), sizes, emit, contexts=contexts)
     elif getattr(backend, "follows_cancellation", False):
         own = [model_parameters(r.message.parameters) for r in batch]
-        stream(inputs, output_names(batch), sizes, emit, cancellations, sequences, own)
+        tenants = [r.message.tenant for r in batch]
+        stream(inputs, output_names(batch), sizes, emit, cancellations, sequences, own, tenants)
     else:
         stream(inputs, output_names(batch), sizes, emit)
     missing = InferenceFailed("the model sent no final response")

@@ -341,6 +341,7 @@ class Execution:
                         sequences=[_sequence_flags(r.message) for r in batch],
                         parameters=[model_parameters(r.message.parameters) for r in batch],
                         response_parameters=replied,
+                        tenants=[r.message.tenant for r in batch],
                     )
                 finally:
                     for request, own in zip(batch, replied, strict=False):
@@ -418,4 +419,5 @@ def _context(message: RequestMessage, cancelled: CancelSignal | None) -> Request
         outputs=tuple(message.outputs),
         sequence=_sequence_flags(message),
         parameters=model_parameters(message.parameters),
+        tenant=message.tenant,
     )

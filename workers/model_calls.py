@@ -39,7 +39,8 @@ from sluice.core.errors import (
     Unavailable,
     error_from_kind,
 )
-from sluice.core.keys import Keys
+from sluice.core.keys import Keys, tenant_stream
+from sluice.core.queue_streams import REGISTER, TenantStreams
 from sluice.core.redis_connect import connect_async
 from sluice.core.sequences import (
     FLAG_SEQUENCE_END,
@@ -68,7 +69,7 @@ T = TypeVar("T")
 
 @dataclass(frozen=True, slots=True)
 class CallContext:
-    """What a call inherits from the request it serves: its deadline and ids."""
+    """What a call inherits from the request it serves: its deadline, ids and tenant."""
 
     request_id: str = ""
     deadline_ns: int = 0
@@ -79,6 +80,8 @@ class CallContext:
     must name its sequence, and goes to the instance that holds it."""
     parameters: Mapping[str, Any] = field(default_factory=dict)
     """The call's own request parameters (an ensemble's request's, a BLS request's)."""
+    tenant: str = ""
+    """Whose request the call serves (empty: the anonymous tenant); the call is theirs."""
 
 
 class ModelCalls:
@@ -108,6 +111,8 @@ class ModelCalls:
             self._redis, self._reader, keys, stream_max_len=_STREAM_MAX_LEN, caller=self._caller
         )
         self._targets = TargetResolver(self._redis, keys)
+        self._tenant_streams = TenantStreams()
+        self._register = self._redis.register_script(REGISTER)
         await self._dispatcher.start()
         self._toucher = asyncio.create_task(self._touch())
 
@@ -184,6 +189,13 @@ class ModelCalls:
         stream = target.stream
         if target.config.sequence_batching is not None:
             stream = self._sequence_stream(target, parameters, inputs)
+        elif context.tenant:
+            # The tenant's own stream of the level, as the gateway appends its requests:
+            # the called model shares its time between tenants (workers.fair_share).
+            stream = tenant_stream(stream, context.tenant)
+            await self._tenant_streams.ensure(
+                self._register, self._keys, target.model, target.version, stream
+            )
         now_ns = CLOCK.now_ns()
         deadline_ns = context.deadline_ns or now_ns + int(DEFAULT_TIMEOUT_S * 1e9)
         timeout_s = (deadline_ns - now_ns) / 1e9
@@ -210,6 +222,7 @@ class ModelCalls:
             request_id=context.request_id or uuid.uuid4().hex,
             trace=context.trace,
             parameters=parameters,
+            tenant=context.tenant,
         )
         return stream, message, b"".join(buffers), timeout_s
 

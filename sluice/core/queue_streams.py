@@ -11,10 +11,14 @@ the set in the round trip it already makes where it can (one refresh late for a 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from redis import Redis as SyncRedis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 
@@ -47,6 +51,48 @@ def register_sync(client: SyncRedis, keys: Keys, model: str, version: int, strea
     """Run :data:`REGISTER` for ``stream`` if it is a tenant's (a base stream needs nothing)."""
     if base_stream(stream) != stream:
         client.eval(REGISTER, 3, *register_keys(keys, model, version, stream), WORKER_GROUP)
+
+
+FORGET_S = 30.0
+"""How long a process trusts that a tenant stream it made known is still there."""
+
+
+@dataclass
+class TenantStreams:
+    """What one gateway process made known (stream -> when to forget it, monotonic s)."""
+
+    known: dict[str, float] = field(default_factory=dict)
+    run_id: str = ""
+    """The Redis server the cache is about (another one: forgotten)."""
+
+    async def ensure(
+        self,
+        script: AsyncScript,
+        keys: Keys,
+        model: str,
+        version: int,
+        stream: str,
+        run_id: str = "",
+    ) -> None:
+        """Make ``stream`` known before the first entry of this process goes to it (a base
+        stream needs nothing). Raises RedisError like the append that follows would."""
+        if base_stream(stream) == stream:
+            return
+        now = time.monotonic()
+        if run_id != self.run_id:
+            self.known.clear()
+            self.run_id = run_id
+        until = self.known.get(stream)
+        if until is not None and until > now:
+            return
+        try:
+            await script(keys=register_keys(keys, model, version, stream), args=[WORKER_GROUP])
+        except RedisError:
+            self.known.clear()
+            raise
+        if len(self.known) > 10_000:
+            self.known = {s: t for s, t in self.known.items() if t > now}
+        self.known[stream] = now + FORGET_S
 
 
 Version = tuple[str, int]

@@ -72,6 +72,9 @@ class RequestContext:
     parameters: Mapping[str, Any] = field(default_factory=dict)
     """The request's own parameters (:func:`sluice.core.request_parameters.model_parameters`),
     which an ensemble passes on to each step, as Triton's does."""
+    tenant: str = ""
+    """Whose request it is (empty: the anonymous tenant): the requests made on its behalf
+    are that tenant's too, in the called models' fair shares and statistics."""
 
 
 class Answered(dict[str, np.ndarray]):
@@ -136,7 +139,7 @@ class ConcurrentBackend(Protocol):
 class FollowsCancellation(Protocol):
     """A backend that declares ``follows_cancellation = True`` (a Triton-style Python
     model), as the worker calls it: with each request's :class:`CancelSignal` (None when the
-    worker watches no cancellations) and its correlation id and flags."""
+    worker watches no cancellations), its correlation id and flags, and its tenant."""
 
     follows_cancellation: bool
 
@@ -149,6 +152,7 @@ class FollowsCancellation(Protocol):
         sequences: Sequence[SequenceFlags] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
         response_parameters: list[dict[str, Any]] | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]: ...
 
 

@@ -386,7 +386,12 @@ def _last_response(
 
 def _call_context(context: RequestContext) -> CallContext:
     return CallContext(
-        context.request_id, context.deadline_ns, context.trace, context.sequence, context.parameters
+        context.request_id,
+        context.deadline_ns,
+        context.trace,
+        context.sequence,
+        context.parameters,
+        context.tenant,
     )
 
 

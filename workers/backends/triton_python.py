@@ -124,13 +124,15 @@ class TritonPythonBackend:
         sequences: Sequence[SequenceFlags] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
         response_parameters: list[dict[str, Any]] | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> dict[str, np.ndarray]:
         """``response_parameters``: filled with each request's response parameters (the
-        ``parameters`` of its ``InferenceResponse``)."""
+        ``parameters`` of its ``InferenceResponse``). ``tenants``: whose each request is (the
+        BLS calls of a batch of one tenant's requests are that tenant's)."""
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes, sequences, parameters)
         cancellations = _follow(requests, cancellations)
-        pb.executing(cancellations)
+        pb.executing(cancellations, _one_tenant(tenants))
         try:
             responses = call_model(self._file, "execute", self._model.execute, requests)
         finally:
@@ -167,6 +169,7 @@ class TritonPythonBackend:
         cancellations: Sequence[CancelSignal] | None = None,
         sequences: Sequence[SequenceFlags] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
+        tenants: Sequence[str] | None = None,
     ) -> None:
         """A decoupled model: ``execute`` answers through each request's response sender,
         now or later from threads of its own; this returns once every request had its final
@@ -188,7 +191,7 @@ class TritonPythonBackend:
 
             sender = pb.InferenceResponseSender(deliver, request.is_cancelled)
             request._sender = sender  # type: ignore[attr-defined]
-        pb.executing(cancellations)
+        pb.executing(cancellations, _one_tenant(tenants))
         try:
             call_model(self._file, "execute", self._model.execute, requests)
         finally:
@@ -334,3 +337,10 @@ class TritonPythonBackend:
                 call_model(self._file, "finalize", finalize)
         finally:
             forget_module(self._module_name, self._file)
+
+
+def _one_tenant(tenants: Sequence[str] | None) -> str:
+    """The tenant every request of a batch belongs to; the anonymous one ("") for a batch
+    of several tenants' requests (a BLS call serves the whole batch)."""
+    distinct = set(tenants or ())
+    return distinct.pop() if len(distinct) == 1 else ""

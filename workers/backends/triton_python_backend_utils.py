@@ -254,6 +254,7 @@ class InferenceRequest:
             deadline_ns,
             sequence=(self._correlation_id, self._flags),
             parameters=self._call_parameters(),
+            tenant=getattr(_BATCH, "tenant", ""),
         )
         return self._model_name, self._model_version, inputs, self._requested, context
 
@@ -438,12 +439,15 @@ async def _async_response(call: Awaitable[Mapping[str, np.ndarray]]) -> Inferenc
 _BLS_CANCELLED = Cancelled("the BLS call was withdrawn: every request it served was cancelled")
 
 _BATCH = threading.local()
-"""The cancellation signals of the batch this compute thread executes (``signals``)."""
+"""The batch this compute thread executes: its cancellation signals (``signals``) and the
+tenant its requests belong to (``tenant``)."""
 
 
-def executing(signals: Sequence[CancelSignal] | None) -> None:
-    """Say which batch this thread executes now (None: none)."""
+def executing(signals: Sequence[CancelSignal] | None, tenant: str = "") -> None:
+    """Say which batch this thread executes now (None: none), and whose its requests are
+    (the BLS calls made meanwhile are that tenant's)."""
     _BATCH.signals = signals
+    _BATCH.tenant = tenant
 
 
 def stop_with_batch(future: Future[Any]) -> None:

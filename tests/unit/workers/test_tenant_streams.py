@@ -16,6 +16,7 @@ from sluice.core.config.parse import parse_config_text
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 from sluice.core.queue_streams import (
     REGISTER,
+    TenantStreams,
     base_streams,
     levels_of,
     register_sync,
@@ -24,7 +25,6 @@ from sluice.core.queue_streams import (
 )
 from sluice.core.settings import WorkerSettings
 from sluice.core.wire import RequestMessage, TensorHeader, encode_request
-from sluice.gateway.tenant_streams import TenantStreams
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.workers.adaptive import ArrivalRate
 from sluice.workers.fair_share import FairShare
