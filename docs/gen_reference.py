@@ -58,6 +58,8 @@ ROLES: dict[str, str] = {
     "BatchStoreSettings": "`sluice gateway` (uploads, downloads, checks at submission) and "
     "`sluice batch-worker` (reads, writes, expiry), through their own classes.",
     "GatewaySettings": "`sluice gateway`, and each gateway process `sluice up` starts.",
+    "RateLimitSettings": "`sluice worker` and each worker process `sluice up` starts "
+    "(through WorkerSettings), and `sluice up`, which checks the values at start.",
     "WorkerSettings": "`sluice worker`, and each worker process `sluice up` starts.",
     "ControllerSettings": "`sluice controller`, and the controller `sluice up` runs unless "
     "`--no-controller`.",
@@ -465,7 +467,7 @@ def triton_flags_section() -> str:
         "taken, with one warning line naming it;\n"
         "- **refused**: ignoring it would quietly change what the server does; `sluice up` "
         "stops at once, saying what to do instead.\n\n"
-        "A value for which Sluice already does what the flag asks (`--rate-limit=off`, "
+        "A value for which Sluice already does what the flag asks (`--model-namespacing=false`, "
         "`--grpc-use-ssl=false`, `--allow-http=true`, ...) is taken without a word, whatever "
         "the kind. An option neither Sluice nor Triton has is refused, naming it."
     )

@@ -52,6 +52,7 @@ from sluice.workers.tensors import PendingRequest, combine, output_names, split
 if TYPE_CHECKING:
     from sluice.core.otel import BatchSpan, Tracing
     from sluice.workers.cancellations import CancelWatch
+    from sluice.workers.rate_limiter import RateLimiter
 
 log = logging.getLogger(__name__)
 
@@ -81,11 +82,13 @@ class Execution:
         tracing: Tracing | None = None,
         send_partial: SendPartial | None = None,
         cancels: CancelWatch | None = None,
+        limiter: RateLimiter | None = None,
     ) -> None:
         """``labels``: each output's classification labels. ``book``: a sequence model's
         sequences. ``concurrency``: batches the backend computes at once. ``tracing``: record
         each batch's spans. ``send_partial``: a decoupled model's partial responses.
         ``cancels``: requests whose callers went away, dropped before they compute.
+        ``limiter``: the rate limiter's resources, held while a batch computes.
         (:meth:`compute` alone needs only the config and version.)"""
         self.config = config
         self.version = version
@@ -99,6 +102,7 @@ class Execution:
         self.tracing = tracing
         self.send_partial = send_partial
         self.cancels = cancels
+        self.limiter = limiter
         self._computes_inline = bool(getattr(backend, "computes_inline", False))
         self._publish_turn = asyncio.Lock()
         """Held while a batch's answers are published (one batch's at a time)."""
@@ -125,7 +129,12 @@ class Execution:
         policy = self.policy
         turn = False
         try:
-            outcomes, timing, items = await self._compute_batch(batch)
+            if self.limiter is None:
+                outcomes, timing, items = await self._compute_batch(batch)
+            else:
+                # (Waiting for the resources counts as the requests' queue time.)
+                async with self.limiter.holding():
+                    outcomes, timing, items = await self._compute_batch(batch)
             await self._publish_turn.acquire()
             turn = True
         finally:

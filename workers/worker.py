@@ -46,6 +46,7 @@ from sluice.workers.intake import StreamIntake
 from sluice.workers.lifecycle import install_signal_handlers, patiently
 from sluice.workers.liveness import Liveness
 from sluice.workers.loading import LoadedModel, load_model
+from sluice.workers.rate_limiter import rate_limiter_for
 from sluice.workers.replies import Publisher
 from sluice.workers.sequence_book import SequenceBook
 from sluice.workers.slots import ComputeGate, ComputeSlots
@@ -159,6 +160,16 @@ class Worker:
         publisher = self._publisher()
         book: SequenceBook | None = None
         try:
+            limiter = rate_limiter_for(
+                self.redis,
+                self.keys,
+                self.settings,
+                self.config,
+                self.slot,
+                self.placement,
+                self.host,
+                self.worker_id,
+            )
             if self.config.sequence_batching is not None:
                 book = SequenceBook(
                     self.config, self.model_path.parent.parent, self.redis, self.keys, self.version
@@ -226,6 +237,8 @@ class Worker:
         await patiently(intake.ensure_groups)
         await patiently(liveness.beat)
         background = [asyncio.create_task(liveness.beat_forever(), name="heartbeat")]
+        if limiter is not None:
+            background.append(asyncio.create_task(limiter.keep_registered(), name="rate-limit"))
         following: asyncio.Task[None] | None = None  # (cancellation notices)
         try:
             if book is not None:
@@ -250,6 +263,7 @@ class Worker:
                 tracing=self.tracing,
                 send_partial=partial_sender(publisher, asyncio.get_running_loop()),
                 cancels=cancels,
+                limiter=limiter,
             )
             gate: ComputeGate
             if model.concurrency == 1:

@@ -8,10 +8,10 @@
   which the gateways and workers ``sluice up`` starts inherit;
 - ``ignored``: tuning of Triton's own internals that means nothing here; accepted with one
   warning line naming it;
-- ``refused``: ignoring it would quietly change what the deployment does (TLS, restricted APIs,
-  the rate limiter, ...); an error says what to do instead.
+- ``refused``: ignoring it would quietly change what the deployment does (model namespacing,
+  turning HTTP off, ...); an error says what to do instead.
 
-A flag may also have values for which Sluice already does what they ask (``--rate-limit=off``,
+A flag may also have values for which Sluice already does what they ask (``--allow-http=true``,
 ``--grpc-use-ssl=false``): those are taken without a word, whatever its kind.
 
 :func:`parse` reads what click left over (``ctx.args`` of ``sluice up``), ``--flag=value`` or
@@ -32,6 +32,7 @@ from typing import Any, Literal
 import typer
 
 from sluice.core.dispatch import STREAM_BACKLOG
+from sluice.core.rate_limit import MODES, parse_resource_counts
 from sluice.core.repository import CONFIG_NAME
 from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
@@ -249,6 +250,23 @@ def _restricted(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
         out.environment[variable] = joined
 
     return apply
+
+
+def _rate_limit(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    mode = text.strip().lower()
+    if mode not in MODES:
+        raise bad_value(flag, f"invalid value for rate limit mode: {text} (off, execution_count)")
+    out.environment["SLUICE_RATE_LIMIT"] = mode
+
+
+def _rate_limit_resource(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+    """One resource's count (repeatable: the counts join with ',')."""
+    try:
+        parse_resource_counts(text)
+    except ValueError as exc:
+        raise bad_value(flag, str(exc)) from None
+    variable = "SLUICE_RATE_LIMIT_RESOURCES"
+    out.environment[variable] = ",".join(filter(None, (out.environment.get(variable), text)))
 
 
 def _load_retries(flag: TritonFlag, text: str, out: TritonArgs) -> None:
@@ -841,16 +859,18 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "rate-limit",
         "text",
-        "refused",
-        "execution_count: Sluice has no rate limiter over model instances; each instance "
-        "is a worker taking requests from its queue. Leave the flag out, or give off.",
-        fine=lambda text: text.strip().lower() == "off",
+        "mapped",
+        "SLUICE_RATE_LIMIT (off or execution_count): instances whose group lists "
+        "rate_limiter resources hold them while they compute.",
+        _rate_limit,
     ),
     TritonFlag(
         "rate-limit-resource",
         "text",
-        "ignored",
-        "used by Triton only with --rate-limit=execution_count, which Sluice refuses.",
+        "mapped",
+        "SLUICE_RATE_LIMIT_RESOURCES (repeatable; <name>:<count>[:<device>], joined by ','): "
+        "the copies of a rate limiter resource.",
+        _rate_limit_resource,
     ),
     # Memory and devices
     TritonFlag("pinned-memory-pool-byte-size", "int", "ignored", _IGNORED_TUNING + "."),

@@ -75,6 +75,14 @@ class Keys:
         tenant): a gateway adds one before its first entry, its workers read them all."""
         return f"{self.namespace}:req-tenants:{{{model}}}:{version}"
 
+    def rate_limit_resource(self, name: str, host: str = "", device: int | None = None) -> str:
+        """Hash of one rate limiter resource (:mod:`sluice.workers.rate_limiter`): a global
+        one (no host), or one device's on one host. Every resource shares one Redis Cluster
+        slot, so that an instance takes all of its resources in one script."""
+        if device is None:
+            return f"{self.namespace}:{{rate-limiter}}:global:{name}"
+        return f"{self.namespace}:{{rate-limiter}}:{host}:{device}:{name}"
+
     def cancellations(self, model: str) -> str:
         """Stream of the model's requests whose callers went away (client disconnected, call
         cancelled, job cancelled), by request key: workers drop them before computing, and

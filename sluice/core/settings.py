@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from sluice.core.errors import StartupFailed
 from sluice.core.memory_budget import parse_gpu_budgets, parse_size
+from sluice.core.rate_limit import parse_resource_counts
 from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 from sluice.core.torchserve_ports import parse_ports
@@ -726,7 +727,35 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     host, through any of its gateway processes; one more is refused with 429."""
 
 
-class WorkerSettings(CommonSettings):
+class RateLimitSettings(BaseSettings):
+    """Triton's rate limiter (:mod:`sluice.core.rate_limit`): read by the workers; ``sluice
+    up`` checks the values at start and its workers inherit them."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    rate_limit: Literal["off", "execution_count"] = "off"
+    """Triton's --rate-limit: ``execution_count`` makes each instance whose group lists
+    ``rate_limiter`` resources hold them while it computes a batch, and wait for them
+    while other instances hold too many; ``off``: instances compute as soon as they can."""
+
+    rate_limit_resources: str = ""
+    """Triton's --rate-limit-resource, comma separated: ``<name>:<count>`` (every device, and
+    a global resource) or ``<name>:<count>:<device>``; a resource not named has as many
+    copies as the most any instance using it needs."""
+
+    @field_validator("rate_limit", mode="before")
+    @classmethod
+    def _mode_any_case(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+    @field_validator("rate_limit_resources")
+    @classmethod
+    def _resources_parse(cls, value: str) -> str:
+        parse_resource_counts(value)
+        return value
+
+
+class WorkerSettings(RateLimitSettings, CommonSettings):
     """Settings of a worker process, one instance of one model version."""
 
     threads: int = Field(0, ge=0)
@@ -843,7 +872,7 @@ def _default_memory_budget() -> int:
     return max(MIB, physical * 3 // 4)
 
 
-class UpSettings(RepositorySourceSettings, CommonSettings):
+class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     """Settings of ``sluice up``; the gateway and worker settings pass through the environment."""
 
     model_repository: RepositoryLocations = ("model_repository",)

@@ -45,17 +45,20 @@ max_batch_size: {max_batch_size}
 input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }},
         {{ name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] }} ]
 output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
-instance_group [ {{ count: 1 kind: KIND_CPU }} ]
+instance_group [ {{ count: 1 kind: KIND_CPU {instance_extra} }} ]
 """
 
 
-def write_gate(repository: Path, name: str, *, max_batch_size: int = 1) -> Path:
-    """The gate model ``name`` (one instance) in ``repository``."""
+def write_gate(
+    repository: Path, name: str, *, max_batch_size: int = 1, instance_extra: str = ""
+) -> Path:
+    """The gate model ``name`` (one instance; ``instance_extra``: more of its instance group,
+    such as a ``rate_limiter``) in ``repository``."""
     model_dir = repository / name
     (model_dir / "1").mkdir(parents=True)
     (model_dir / "1" / "model.py").write_text(_MODEL.replace("BLOCKER_ITERS", str(BLOCKER_ITERS)))
     (model_dir / "config.pbtxt").write_text(
-        _CONFIG.format(name=name, max_batch_size=max_batch_size)
+        _CONFIG.format(name=name, max_batch_size=max_batch_size, instance_extra=instance_extra)
     )
     return model_dir
 

@@ -63,11 +63,31 @@ class DynamicBatching:
 
 
 @dataclass(frozen=True, slots=True)
+class RateLimiterResource:
+    """A resource an instance needs to execute under Triton's rate limiter."""
+
+    name: str
+    count: int
+    global_: bool = False
+    """One pool for the whole deployment; otherwise one per device of each host."""
+
+
+@dataclass(frozen=True, slots=True)
+class RateLimiter:
+    """An instance group's ``rate_limiter``: what each of its instances needs to execute
+    (``--rate-limit=execution_count``), and its priority among the instances that wait."""
+
+    resources: tuple[RateLimiterResource, ...] = ()
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class InstanceGroup:
     name: str
     count: int
     kind: str
     gpus: tuple[int, ...] = ()
+    rate_limiter: RateLimiter | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,8 @@ from .model import (
     FrozenMap,
     InstanceGroup,
     ModelConfig,
+    RateLimiter,
+    RateLimiterResource,
     TensorSpec,
     VersionPolicy,
     WarmupInput,
@@ -100,6 +102,15 @@ def _fill_defaults(msg: Any, model_name: str) -> None:
             group.count = 1
 
 
+def _rate_limiter(msg: Any) -> RateLimiter:
+    return RateLimiter(
+        resources=tuple(
+            RateLimiterResource(r.name, r.count, getattr(r, "global")) for r in msg.resources
+        ),
+        priority=msg.priority,
+    )
+
+
 def _build(msg: Any) -> ModelConfig:
     pb2 = model_config_pb2()
     accelerators = msg.optimization.execution_accelerators.gpu_execution_accelerator
@@ -119,6 +130,7 @@ def _build(msg: Any) -> ModelConfig:
                 count=g.count,
                 kind=pb2.ModelInstanceGroup.Kind.Name(g.kind),
                 gpus=tuple(g.gpus),
+                rate_limiter=_rate_limiter(g.rate_limiter) if g.HasField("rate_limiter") else None,
             )
             for g in msg.instance_group
         ),

@@ -146,6 +146,12 @@ def _instance_group_problem(group: Any) -> str | None:
     kind = model_config_pb2().ModelInstanceGroup.Kind.Name(group.kind)
     if kind == "KIND_CPU" and group.gpus:
         return "kind KIND_CPU cannot list gpus"
+    names = [resource.name for resource in group.rate_limiter.resources]
+    if any(not name for name in names):
+        return "rate_limiter: a resource's name must not be empty"
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        return f"rate_limiter: resource '{repeated[0]}' is listed more than once"
     return None
 
 

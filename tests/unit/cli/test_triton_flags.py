@@ -386,13 +386,22 @@ def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str])
     assert parse(args) == TritonArgs()
 
 
+def test_the_rate_limiter_and_its_resources_become_settings() -> None:
+    args = ["--rate-limit=EXECUTION_COUNT", "--rate-limit-resource=R1:10"]
+    args += ["--rate-limit-resource", "R2:5:0", "--rate-limit-resource=R2:8:1"]
+    assert parse(args).environment == {
+        "SLUICE_RATE_LIMIT": "execution_count",
+        "SLUICE_RATE_LIMIT_RESOURCES": "R1:10,R2:5:0,R2:8:1",
+    }
+    assert parse(["--rate-limit", "off"]).environment == {"SLUICE_RATE_LIMIT": "off"}
+
+
 # --- refused ------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
     ("args", "shown", "instead"),
     [
-        (["--rate-limit=execution_count"], "--rate-limit=execution_count", "give off"),
         (
             ["--model-namespacing=true"],
             "--model-namespacing=true",
@@ -432,8 +441,6 @@ def test_refused_flags_name_the_flag_and_say_what_to_do(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--rate-limit=off"],
-        ["--rate-limit", "OFF"],
         ["--model-namespacing=false"],
         ["--allow-http=true"],
         ["--allow-sagemaker=false"],
@@ -467,6 +474,10 @@ def test_refused_flags_with_values_sluice_follows_are_taken(args: list[str]) -> 
         (["--metrics-interval-ms=often"], "--metrics-interval-ms", "'often' is not a number"),
         (["--reuse-http-port=perhaps"], "--reuse-http-port", "invalid value for bool"),
         (["--rate-limit-resource"], "--rate-limit-resource", "requires a value"),
+        (["--rate-limit-resource=R1"], "--rate-limit-resource", "<name>:<count>"),
+        (["--rate-limit-resource=R1:x"], "--rate-limit-resource", "whole number"),
+        (["--rate-limit-resource=R1:1:gpu"], "--rate-limit-resource", "GPU number"),
+        (["--rate-limit=fast"], "--rate-limit", "off, execution_count"),
         (["--backend-config=,x=1"], "--backend-config", "<name>,<setting>=<value>"),
         (["--backend-config=onnxruntime,threads"], "--backend-config", "<setting>=<value>"),
         (["--backend-config=onnxruntime,threads="], "--backend-config", "<setting>=<value>"),
@@ -530,7 +541,7 @@ def _flat(text: str) -> str:
     ("args", "text"),
     [
         (["--no-such-flag"], "No such option: --no-such-flag"),
-        (["--rate-limit=execution_count"], "--rate-limit=execution_count is refused"),
+        (["--rate-limit=sometimes"], "invalid value for rate limit mode: sometimes"),
         (["--repository-poll-secs", "x"], "Invalid value for '--repository-poll-secs'"),
         # Both repositories are taken (and the first, missing, stops it).
         (["--model-repository", "/a", "--model-store=/b"], "cannot list the model repository /a"),
