@@ -58,6 +58,8 @@ ROLES: dict[str, str] = {
     "BatchStoreSettings": "`sluice gateway` (uploads, downloads, checks at submission) and "
     "`sluice batch-worker` (reads, writes, expiry), through their own classes.",
     "GatewaySettings": "`sluice gateway`, and each gateway process `sluice up` starts.",
+    "ResponseCacheSettings": "`sluice gateway` and `sluice worker` (through their own "
+    "classes), and each gateway and worker process `sluice up` starts.",
     "RateLimitSettings": "`sluice worker` and each worker process `sluice up` starts "
     "(through WorkerSettings), and `sluice up`, which checks the values at start.",
     "WorkerSettings": "`sluice worker`, and each worker process `sluice up` starts.",

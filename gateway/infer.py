@@ -24,6 +24,7 @@ from sluice.core.errors import (
     error_from_kind,
 )
 from sluice.core.keys import Keys
+from sluice.core.response_cache import CacheLookup, ResponseCache
 from sluice.core.routing import PARAMETER, parameter_label
 from sluice.core.sequences import batch_size_problem, sequence_of
 from sluice.core.shm import unlink
@@ -38,7 +39,6 @@ from sluice.gateway.infer_request import InferRequest, RequestedOutput
 from sluice.gateway.infer_response import encode_infer_response
 from sluice.gateway.queue_turn import QueueTurn
 from sluice.gateway.request_parsing import parse_infer_request
-from sluice.gateway.response_cache import CacheLookup, ResponseCache
 from sluice.gateway.shm_leases import holding_regions, holding_regions_stream
 from sluice.gateway.shm_registry import RegionMiss
 from sluice.gateway.shm_transfer import TensorTransfer

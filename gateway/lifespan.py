@@ -18,6 +18,7 @@ from sluice.core.dispatch import RedisDispatcher
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect_async
+from sluice.core.response_cache import ResponseCache
 from sluice.core.settings import GatewaySettings
 from sluice.core.tracing import tracing_from_settings
 from sluice.gateway.admission import Admission
@@ -28,7 +29,6 @@ from sluice.gateway.control_plane import RedisControlPlane
 from sluice.gateway.grpc_api.server import GrpcServer
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
-from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStore
 from sluice.gateway.shm_sweep import sweep_loop, sweep_now

@@ -13,6 +13,7 @@ from starlette.requests import Request
 from sluice.core.dispatch import Dispatcher
 from sluice.core.keys import Keys
 from sluice.core.queue_streams import TenantStreams
+from sluice.core.response_cache import ResponseCache
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
@@ -20,7 +21,6 @@ from sluice.gateway.catalog_view import CatalogView
 from sluice.gateway.control_plane import ControlPlane
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
-from sluice.gateway.response_cache import ResponseCache
 from sluice.gateway.shm_registry import RegionRegistry
 from sluice.gateway.shm_store import ChangeCounter, LocalCounter
 from sluice.gateway.shm_transfer import TensorTransfer

@@ -42,6 +42,7 @@ from sluice.core.errors import (
 from sluice.core.keys import Keys, tenant_stream
 from sluice.core.queue_streams import REGISTER, TenantStreams
 from sluice.core.redis_connect import connect_async
+from sluice.core.response_cache import CacheLookup, ResponseCache
 from sluice.core.sequences import (
     FLAG_SEQUENCE_END,
     FLAG_SEQUENCE_START,
@@ -59,6 +60,9 @@ _STREAM_MAX_LEN = 100_000
 a safety net only: workers delete entries once answered."""
 DEFAULT_TIMEOUT_S = 60.0
 """A call's deadline when the request it serves carries none (the gateway always gives one)."""
+_OFFLOAD_BYTES = 1 << 20
+"""A call's payload (or answer) larger than this is hashed (or packed) for the response
+cache off the calls' event loop."""
 _TOUCH_S = 60.0
 """How often the reply stream's time to live is renewed."""
 _CONTROL_POLL_S = 0.05
@@ -112,6 +116,13 @@ class ModelCalls:
         )
         self._targets = TargetResolver(self._redis, keys)
         self._tenant_streams = TenantStreams()
+        self._cache = (
+            ResponseCache(
+                self._redis, keys, settings.response_cache_bytes, settings.response_cache_ttl_s
+            )
+            if settings.response_cache_bytes
+            else None
+        )
         self._register = self._redis.register_script(REGISTER)
         await self._dispatcher.start()
         self._toucher = asyncio.create_task(self._touch())
@@ -151,10 +162,26 @@ class ModelCalls:
         """The ``outputs`` of ``model`` (``version`` -1: the latest ready; no outputs: all of
         them) for ``inputs`` ((name, datatype, array) each; datatype "": the one the model's
         config gives the input); raises the error the model answered."""
-        stream, message, payload, timeout_s = await self._request(
+        target, stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
-        return _answer(*await self._dispatcher.submit(model, stream, message, payload, timeout_s))
+        cache = self._cache if target.config.response_cache else None
+        if cache is None or target.config.sequence_batching is not None:
+            submitted = self._dispatcher.submit(model, stream, message, payload, timeout_s)
+            return _answer(*await submitted)
+        # Triton's response cache serves a model's calls as it serves its clients.
+        stats = self._keys.stats(target.model, target.version)
+        big = len(payload) > _OFFLOAD_BYTES
+        lookup = await CacheLookup.start(
+            cache, context.tenant, target.model, target.version, message, payload, big
+        )
+        if lookup.hit is not None:
+            await lookup.counted(stats)
+            return _answer(*lookup.hit)
+        reply, data = await self._dispatcher.submit(model, stream, message, payload, timeout_s)
+        if not reply.error_kind:
+            await lookup.keep(reply, data, _OFFLOAD_BYTES, stats)
+        return _answer(reply, data)
 
     async def submit_stream(
         self,
@@ -168,7 +195,7 @@ class ModelCalls:
         whether it is the final one, until the final one (another model's one answer);
         raises the error the model answered. Closing the iterator early withdraws the
         request."""
-        stream, message, payload, timeout_s = await self._request(
+        _target, stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
         replies = self._dispatcher.submit_stream(model, stream, message, payload, timeout_s)
@@ -182,8 +209,8 @@ class ModelCalls:
         inputs: Sequence[tuple[str, str, np.ndarray]],
         outputs: Sequence[str],
         context: CallContext,
-    ) -> tuple[str, RequestMessage, bytes, float]:
-        """The stream, request, payload and timeout of a call."""
+    ) -> tuple[Target, str, RequestMessage, bytes, float]:
+        """The target, stream, request, payload and timeout of a call."""
         target = await self._targets.resolve(model, version)
         parameters = {**context.parameters, **sequence_parameters(*context.sequence)}
         stream = target.stream
@@ -224,7 +251,7 @@ class ModelCalls:
             parameters=parameters,
             tenant=context.tenant,
         )
-        return stream, message, b"".join(buffers), timeout_s
+        return target, stream, message, b"".join(buffers), timeout_s
 
     async def model_ready(self, model: str, version: int) -> bool:
         """Whether ``model`` (``version`` -1: any version) has a live instance now."""

@@ -4,7 +4,7 @@ many requests under load, and a lone request still goes at once.
 
 :class:`Coalescer` is the mechanism (queueing, one flushing task, every waiter answered or
 failed whatever happens); :class:`AppendCoalescer` uses it for the request streams' XADDs,
-and the response cache (:mod:`sluice.gateway.response_cache`) for its lookups, insertions
+and the response cache (:mod:`sluice.core.response_cache`) for its lookups, insertions
 and statistics."""
 
 from __future__ import annotations

@@ -376,7 +376,23 @@ class BatchStoreSettings(RepositorySourceSettings):
     jobs (with their files)."""
 
 
-class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
+class ResponseCacheSettings(BaseSettings):
+    """Triton's response cache (:mod:`sluice.core.response_cache`): the gateways answer
+    clients' requests from it, the workers their models' calls (ensemble steps, BLS)."""
+
+    model_config = SettingsConfigDict(env_prefix="SLUICE_", extra="ignore")
+
+    response_cache_bytes: int = Field(0, ge=0)
+    """Room for the answers of models whose configuration enables Triton's
+    ``response_cache``, kept in Redis for every gateway and worker (0: no cache, as Triton
+    without ``--cache-config``). The least recently used answers go when a new one needs
+    room."""
+
+    response_cache_ttl_s: float = Field(3600.0, gt=0)
+    """How long a cached answer is kept after it was last used."""
+
+
+class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings, CommonSettings):
     """Settings of a gateway process: its listeners (HTTP, gRPC, metrics), the limits it puts
     on clients, and asynchronous jobs."""
 
@@ -694,14 +710,6 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, CommonSettings):
     shutdown_timeout_s: float = Field(10.0, gt=0)
     """How long a stopping gateway waits for in-flight requests."""
 
-    response_cache_bytes: int = Field(0, ge=0)
-    """Room for the answers of models whose configuration enables Triton's
-    ``response_cache``, kept in Redis for every gateway (0: no cache, as Triton without
-    ``--cache-config``). The least recently used answers go when a new one needs room."""
-
-    response_cache_ttl_s: float = Field(3600.0, gt=0)
-    """How long a cached answer is kept after it was last used."""
-
     shm_same_host: bool = False
     """The gateway and every worker share this host's /dev/shm: client shared memory
     regions are read and written by the workers themselves, and large tensors travel
@@ -755,7 +763,7 @@ class RateLimitSettings(BaseSettings):
         return value
 
 
-class WorkerSettings(RateLimitSettings, CommonSettings):
+class WorkerSettings(RateLimitSettings, ResponseCacheSettings, CommonSettings):
     """Settings of a worker process, one instance of one model version."""
 
     threads: int = Field(0, ge=0)

@@ -185,9 +185,9 @@ def test_stream_reads_route_without_asking_a_node(redis_cluster: LocalRedisClust
 def test_the_response_cache_works_on_a_cluster(redis_cluster: LocalRedisCluster) -> None:
     """Its scripts touch one slot (the cache's own), its scripts are loaded on every
     primary, and its pipelines mix that slot with a model's statistics."""
+    from sluice.core.response_cache import ResponseCache, pack_answer
     from sluice.core.statistics import count_field
     from sluice.core.wire import ReplyMessage, TensorHeader
-    from sluice.gateway.response_cache import ResponseCache, pack_answer
 
     keys = Keys(f"cache{time.monotonic_ns()}")
     reply = ReplyMessage("k", 1, [TensorHeader("OUT", "UINT8", (1, 4), 4)])

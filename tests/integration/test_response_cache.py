@@ -25,11 +25,51 @@ CACHE_BYTES = 16 * 1024
 WIDTH = 256
 
 
+_TENSORS = f"""max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {WIDTH} ] }} ]
+"""
+WRAPPED = (
+    'name: "wrapped_cached"\nplatform: "ensemble"\n'
+    + _TENSORS
+    + """ensemble_scheduling { step [ { model_name: "cached" model_version: -1
+  input_map { key: "IN_FP32" value: "X" } output_map { key: "OUT_FP32" value: "Y" } } ] }
+"""
+)
+"""An ensemble whose one step is the cached model."""
+BLS_CONFIG = 'name: "bls_cached"\nbackend: "python"\n' + _TENSORS
+BLS = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            answer = pb_utils.InferenceRequest(
+                model_name="cached",
+                requested_output_names=["OUT_FP32"],
+                inputs=[pb_utils.Tensor("IN_FP32", x)],
+            ).exec()
+            if answer.has_error():
+                raise pb_utils.TritonModelException(answer.error().message())
+            y = pb_utils.get_output_tensor_by_name(answer, "OUT_FP32").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y)]))
+        return responses
+"""
+"""A Triton Python model that calls the cached model (BLS)."""
+
+
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("response_cache")
     write_identity(root, "cached", ["FP32"], dims=(WIDTH,), extra="response_cache { enable: true }")
     write_identity(root, "plain", ["FP32"], dims=(WIDTH,))
+    for name, text in (("wrapped_cached", WRAPPED), ("bls_cached", BLS_CONFIG)):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(text)
+    (root / "bls_cached" / "1" / "model.py").write_text(BLS)
     env = {
         "SLUICE_RESPONSE_CACHE_BYTES": str(CACHE_BYTES),
         "SLUICE_API_KEYS": "team-a:key-a,team-b:key-b",
@@ -163,3 +203,32 @@ def test_hits_on_a_grpc_stream_let_the_next_request_go(stack: Stack) -> None:
         client.stop_stream()
         client.close()
     assert got == [[[7.5] * WIDTH]] * 4
+
+
+def _infer_x(stack: Stack, model: str, value: float, key: str) -> list[float]:
+    body = {
+        "inputs": [{"name": "X", "shape": [1, WIDTH], "datatype": "FP32", "data": [value] * WIDTH}]
+    }
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        response = http.post(
+            f"/v2/models/{model}/infer", json=body, headers={"Authorization": f"Bearer {key}"}
+        )
+    assert response.status_code == 200, response.text
+    return cast(list[float], response.json()["outputs"][0]["data"])
+
+
+def test_ensemble_steps_and_bls_calls_use_the_cache_of_the_model_they_call(
+    stack: Stack,
+) -> None:
+    """As in Triton, the cache of a composing model (or of a model a Python model calls)
+    answers those calls too; still per tenant."""
+    for model, value in (("wrapped_cached", 4.5), ("bls_cached", 5.5)):
+        before = _stats(stack, "cached")
+        assert _infer_x(stack, model, value, "key-a") == [value] * WIDTH
+        assert _infer_x(stack, model, value, "key-a") == [value] * WIDTH
+        after = _stats(stack, "cached")
+        assert after["execution_count"] == before["execution_count"] + 1, model
+        hits = after["inference_stats"]["cache_hit"]["count"]
+        assert hits == before["inference_stats"]["cache_hit"]["count"] + 1, model
+        assert _infer_x(stack, model, value, "key-b") == [value] * WIDTH
+        assert _stats(stack, "cached")["execution_count"] == after["execution_count"] + 1

@@ -14,8 +14,8 @@ answered before, without reaching the model.
   ``--cache-config local,size=N``); storing one evicts the least recently used until it
   fits, and an answer larger than the whole cache is not kept. An answer unused for
   ``SLUICE_RESPONSE_CACHE_TTL_S`` expires. The bookkeeping (last use, sizes, total) is
-  updated by Lua scripts, so every gateway process and host shares one bounded cache; its
-  keys share a Redis Cluster slot of their own.
+  updated by Lua scripts, so every gateway process, worker and host shares one bounded
+  cache; its keys share a Redis Cluster slot of their own.
 - **Statistics** as Triton counts them: a hit counts as a successful request and in
   ``cache_hit`` (its lookup's time), not in the inference or execution counts; a miss
   counts in ``cache_miss`` (lookup and insertion).

@@ -1,4 +1,4 @@
-"""The response cache's scripts on a real Redis (:mod:`sluice.gateway.response_cache`): a
+"""The response cache's scripts on a real Redis (:mod:`sluice.core.response_cache`): a
 kept answer comes back whole, the least recently used go first when room is needed, an
 answer larger than the cache is not kept, answers unused past their time expire, keeping
 the same key again replaces it, and the key tells tenants, inputs and outputs apart."""
@@ -15,9 +15,9 @@ from redis import Redis
 from redis.asyncio import Redis as AsyncRedis
 
 from sluice.core.keys import Keys
+from sluice.core.response_cache import ResponseCache, digest, pack_answer
 from sluice.core.settings import GatewaySettings
 from sluice.core.wire import ReplyMessage, TensorHeader
-from sluice.gateway.response_cache import ResponseCache, digest, pack_answer
 from sluice.scheduler.executor.redis_server import RedisServer
 
 
