@@ -26,8 +26,10 @@ import httpx
 import numpy as np
 import onnxruntime as ort
 import pytest
+from redis import Redis
 
 from sluice.client import Client
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import children, cmdline, wait_until
 from tests.support.stack import Stack
@@ -140,8 +142,18 @@ def test_the_cnn_job_survives_its_batch_worker_killed_mid_job(
         "cnn", str(root / "images.npy"), str(root / "images-out"), shard_rows=total // 8
     )
     batch_id = state["id"]
-    # Killed once a shard is done and others are under way.
+    # Killed once a shard is done and another one's attempt is under way (taken, not yet
+    # committed): a kill between two shards would leave nothing to try again.
+    redis = Redis.from_url(stack.redis_url or "")
+    keys = Keys(stack.namespace)
+
+    def one_under_way() -> bool:
+        attempted = set(redis.hkeys(keys.batch_attempts(batch_id)))
+        return bool(attempted - set(redis.hkeys(keys.batch_shards(batch_id))))
+
     assert wait_until(lambda: client.batch(batch_id)["rows_done"] >= total // 4, 120, 0.1)
+    assert wait_until(one_under_way, 60, 0.01)
+    redis.close()
     pid = batch_worker_pid(stack)
     assert pid is not None
     os.kill(pid, signal.SIGKILL)

@@ -24,7 +24,7 @@ import pytest
 import redis
 import tritonclient.grpc as grpcclient
 
-from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate, write_wrapper
 from tests.support.load import marker, slow_request
 from tests.support.stack import Stack
 
@@ -227,25 +227,12 @@ def test_a_cancelled_grpc_call_is_withdrawn(
     grpc.close()
 
 
-ENSEMBLE = """name: "wrapped"
-platform: "ensemble"
-max_batch_size: 1
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] },
-        { name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "slow" model_version: -1
-  input_map { key: "IN" value: "IN" } input_map { key: "ITERS" value: "ITERS" }
-  output_map { key: "OUT" value: "OUT" } } ] }
-"""
-
-
 def test_an_ensembles_steps_are_withdrawn_with_it(
     tmp_path: Path, start_stack: Callable[..., Stack]
 ) -> None:
     """The client of an ensemble request goes away while its step waits behind another
     request: the step is withdrawn from the composing model's queue, never computed."""
-    (tmp_path / "wrapped" / "1").mkdir(parents=True)
-    (tmp_path / "wrapped" / "config.pbtxt").write_text(ENSEMBLE)
+    write_wrapper(tmp_path, "wrapped", "slow")
     slow = _slow_stack(tmp_path, start_stack)
     stack, client, before = slow.stack, slow.client, slow.executions
     blocker = _block(slow)

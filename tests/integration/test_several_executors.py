@@ -40,6 +40,10 @@ def _second_executor(stack: Stack, repository: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def _live_workers(client: Redis, keys: Keys, model: str) -> int:
+    return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
+
+
 def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
@@ -53,19 +57,16 @@ def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
     client = Redis.from_url(redis_server.url)
     second = _second_executor(stack, repository)
 
-    def live_workers(model: str) -> int:
-        return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
-
     try:
         assert wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
-        assert wait_until(lambda: live_workers("ident") == 2, 60)
+        assert wait_until(lambda: _live_workers(client, keys, "ident") == 2, 60)
         with httpx.Client(base_url=stack.url, timeout=120) as http:
             loaded = http.post("/v2/repository/models/other/load")
             assert loaded.status_code == 200, loaded.text
-            assert live_workers("other") == 2  # one on each executor's host, ready
+            assert _live_workers(client, keys, "other") == 2  # one on each executor's host, ready
             unloaded = http.post("/v2/repository/models/other/unload")
             assert unloaded.status_code == 200, unloaded.text
-            assert wait_until(lambda: live_workers("other") == 0, 10)
+            assert wait_until(lambda: _live_workers(client, keys, "other") == 0, 10)
 
             os.killpg(second.pid, signal.SIGKILL)  # the host dies: it never leaves
             second.wait()
@@ -76,7 +77,7 @@ def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
             # Answered once the dead executor's place ran out, not after the load's timeout.
             assert time.monotonic() - started < 60
             assert len(live_executors(client, keys)) == 1
-            assert wait_until(lambda: live_workers("other") == 1, 3 * EXECUTOR_TTL_S)
+            assert wait_until(lambda: _live_workers(client, keys, "other") == 1, 3 * EXECUTOR_TTL_S)
     finally:
         if second.poll() is None:
             os.killpg(second.pid, signal.SIGTERM)
@@ -102,17 +103,14 @@ def test_an_executor_that_joins_serves_what_the_others_loaded(
     client = Redis.from_url(redis_server.url)
     second: subprocess.Popen[bytes] | None = None
 
-    def live_workers(model: str) -> int:
-        return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
-
     try:
         with httpx.Client(base_url=stack.url, timeout=120) as http:
             loaded = http.post("/v2/repository/models/other/load")
             assert loaded.status_code == 200, loaded.text
             second = _second_executor(stack, repository)
             assert wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
-            assert wait_until(lambda: live_workers("other") == 2, 60)
-            assert live_workers("never") == 0
+            assert wait_until(lambda: _live_workers(client, keys, "other") == 2, 60)
+            assert _live_workers(client, keys, "never") == 0
             states = {
                 row["name"]: row.get("state") for row in http.post("/v2/repository/index").json()
             }

@@ -17,21 +17,10 @@ from sluice.core.keys import Keys, tenant_stream
 from sluice.core.queue_streams import WAKE_FIELD
 from sluice.core.wire import decode_request
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate, write_wrapper
 from tests.support.load import slow_request
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
-
-WRAPPED = """name: "wrapped"
-platform: "ensemble"
-max_batch_size: 1
-input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] },
-        { name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] } ]
-output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
-ensemble_scheduling { step [ { model_name: "slow" model_version: -1
-  input_map { key: "IN" value: "IN" } input_map { key: "ITERS" value: "ITERS" }
-  output_map { key: "OUT" value: "OUT" } } ] }
-"""
 
 CALLER = """
 import triton_python_backend_utils as pb_utils
@@ -57,9 +46,13 @@ class TritonPythonModel:
         return responses
 """
 
-CALLER_CONFIG = WRAPPED.split("ensemble_scheduling")[0].replace(
-    'name: "wrapped"\nplatform: "ensemble"', 'name: "caller"\nbackend: "python"'
-)
+CALLER_CONFIG = """name: "caller"
+backend: "python"
+max_batch_size: 1
+input [ { name: "IN" data_type: TYPE_FP32 dims: [ 4 ] },
+        { name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] } ]
+"""
 
 
 def test_ensemble_steps_and_bls_calls_are_their_tenants(
@@ -68,8 +61,7 @@ def test_ensemble_steps_and_bls_calls_are_their_tenants(
     repository, gate = tmp_path / "repository", tmp_path / "gate"
     gate.mkdir()
     write_gate(repository, "slow")
-    (repository / "wrapped" / "1").mkdir(parents=True)
-    (repository / "wrapped" / "config.pbtxt").write_text(WRAPPED)
+    write_wrapper(repository, "wrapped", "slow")
     (repository / "caller" / "1").mkdir(parents=True)
     (repository / "caller" / "1" / "model.py").write_text(CALLER)
     (repository / "caller" / "config.pbtxt").write_text(CALLER_CONFIG)

@@ -66,3 +66,24 @@ def write_gate(
 def open_gate(gate: Path, name: str) -> None:
     """Let the held request of model ``name`` (and every later one) through."""
     (gate / name).touch()
+
+
+_WRAPPER = """name: "{name}"
+platform: "ensemble"
+max_batch_size: 1
+input [ {{ name: "IN" data_type: TYPE_FP32 dims: [ 4 ] }},
+        {{ name: "ITERS" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+output [ {{ name: "OUT" data_type: TYPE_FP32 dims: [ 4 ] }} ]
+ensemble_scheduling {{ step [ {{ model_name: "{step}" model_version: -1
+  input_map {{ key: "IN" value: "IN" }} input_map {{ key: "ITERS" value: "ITERS" }}
+  output_map {{ key: "OUT" value: "OUT" }} }} ] }}
+"""
+
+
+def write_wrapper(repository: Path, name: str, step: str) -> Path:
+    """An ensemble ``name`` of one step, ``step`` (a gate model or the slow model): the same
+    inputs and output."""
+    model_dir = repository / name
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(_WRAPPER.format(name=name, step=step))
+    return model_dir
