@@ -47,11 +47,12 @@ MAX_WAIT_S = 0.05
 _ACQUIRE = """
 local clock = redis.call('TIME')
 local now = tonumber(clock[1]) * 1000 + math.floor(tonumber(clock[2]) / 1000)
-local hold, worker = ARGV[1], ARGV[2]
+local hold, worker, released = ARGV[1], ARGV[2], ARGV[5]
 local hold_until, registered_until = now + tonumber(ARGV[3]), now + tonumber(ARGV[4])
 local fits = true
 for i = 1, #KEYS do
-  local need, given = tonumber(ARGV[3 + 2 * i]), tonumber(ARGV[4 + 2 * i])
+  if released ~= '' then redis.call('HDEL', KEYS[i], 'h:' .. released) end
+  local need, given = tonumber(ARGV[4 + 2 * i]), tonumber(ARGV[5 + 2 * i])
   redis.call('HSET', KEYS[i], 'r:' .. worker, need .. ':' .. registered_until)
   local fields = redis.call('HGETALL', KEYS[i])
   local used, most = 0, 0
@@ -73,13 +74,14 @@ for i = 1, #KEYS do
 end
 if not fits then return 0 end
 for i = 1, #KEYS do
-  redis.call('HSET', KEYS[i], 'h:' .. hold, ARGV[3 + 2 * i] .. ':' .. hold_until)
+  redis.call('HSET', KEYS[i], 'h:' .. hold, ARGV[4 + 2 * i] .. ':' .. hold_until)
 end
 return 1
 """
 """KEYS: the resources' hashes. ARGV: the hold's id, the worker's id, the hold's and the
-registration's time to live (ms), then each resource's need and given count (-1: none).
--> 1 held, 0 not (too few free)."""
+registration's time to live (ms), the id of this worker's last hold (released: gone if its
+release has not arrived yet; '' for none), then each resource's need and given count (-1:
+none). -> 1 held, 0 not (too few free)."""
 
 _RENEW = """
 local clock = redis.call('TIME')
@@ -115,6 +117,9 @@ class RateLimiter:
         self._priority = max(1, priority)
         self._acquire = redis.register_script(_ACQUIRE)
         self._renew = redis.register_script(_RENEW)
+        self._released = ""
+        """The last hold given back (its release may still be on its way)."""
+        self._releasing: set[asyncio.Task[None]] = set()
 
     @contextlib.asynccontextmanager
     async def holding(self) -> AsyncIterator[None]:
@@ -128,8 +133,12 @@ class RateLimiter:
             renewing.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await renewing
-            with contextlib.suppress(RedisError):
-                await self._release(hold)
+            # Given back off the answer's path; this worker's next take removes it too,
+            # should its release not have arrived by then.
+            self._released = hold
+            release = asyncio.create_task(self._release(hold))
+            self._releasing.add(release)
+            release.add_done_callback(self._releasing.discard)
 
     async def keep_registered(self) -> None:
         """Renew this instance's registration until cancelled (a background task)."""
@@ -141,6 +150,7 @@ class RateLimiter:
             self._worker,
             int(HOLD_S * 1000),
             int(REGISTRATION_S * 1000),
+            self._released,
         ]
         for need in self._needs:
             args += [need.count, -1 if need.given is None else need.given]
@@ -161,10 +171,11 @@ class RateLimiter:
                 await self._renew(keys=self._keys, args=[field, int(ttl_s * 1000)])
 
     async def _release(self, hold: str) -> None:
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for key in self._keys:
-                pipe.hdel(key, f"h:{hold}")
-            await pipe.execute()
+        with contextlib.suppress(RedisError):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self._keys:
+                    pipe.hdel(key, f"h:{hold}")
+                await pipe.execute()
 
 
 def group_of(groups: Sequence[InstanceGroup], slot: int) -> InstanceGroup | None:

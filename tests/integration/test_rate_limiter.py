@@ -82,7 +82,7 @@ def test_instances_sharing_a_resource_take_turns(tmp_path: Path, redis_server: R
             assert answered["second"] >= opened
             queue_ns = _stats(http, "second")["inference_stats"]["queue"]["ns"]
             assert queue_ns >= 0.9e9  # its wait for R counts as queue time
-        assert _holders(client, stack.namespace) == 0
+        assert wait_until(lambda: _holders(client, stack.namespace) == 0, 10)
     finally:
         open_gate(gate, "first")
         client.close()
