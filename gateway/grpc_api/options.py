@@ -17,9 +17,12 @@ the limit itself: a connection holds at most twice the limit of streams, the fin
 without a flow-control window.
 
 Keepalive: the gateway pings connections that have calls open and closes those whose peer
-does not answer; connections without calls are closed after an idle time; clients that
-ping more often than every five minutes without sending anything are sent away after two
-such pings (grpc's and Triton's defaults, stated here).
+does not answer; connections without calls are closed after an idle time. By Triton's (and
+grpc's) defaults, clients that ping more often than every five minutes without sending
+anything, or ping a connection without calls, are sent away after two such pings; Triton's
+flags change the three (``SLUICE_GRPC_KEEPALIVE_PERMIT_WITHOUT_CALLS``,
+``SLUICE_GRPC_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS``,
+``SLUICE_GRPC_HTTP2_MAX_PING_STRIKES``).
 """
 
 from __future__ import annotations
@@ -29,8 +32,6 @@ from sluice.core.settings import GatewaySettings
 from .limits import GrpcLimits
 
 STREAM_WINDOW_BYTES = 64 * 1024
-MIN_CLIENT_PING_INTERVAL_MS = 300_000
-MAX_PING_STRIKES = 2
 
 
 def _ms(seconds: float) -> int:
@@ -48,9 +49,12 @@ def server_options(settings: GatewaySettings, limits: GrpcLimits) -> list[tuple[
         ("grpc.http2.lookahead_bytes", STREAM_WINDOW_BYTES),
         ("grpc.keepalive_time_ms", _ms(settings.grpc_keepalive_time_s)),
         ("grpc.keepalive_timeout_ms", _ms(settings.grpc_keepalive_timeout_s)),
-        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.keepalive_permit_without_calls", int(settings.grpc_keepalive_permit_without_calls)),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_ping_interval_without_data_ms", MIN_CLIENT_PING_INTERVAL_MS),
-        ("grpc.http2.max_ping_strikes", MAX_PING_STRIKES),
+        (
+            "grpc.http2.min_ping_interval_without_data_ms",
+            settings.grpc_http2_min_recv_ping_interval_without_data_ms,
+        ),
+        ("grpc.http2.max_ping_strikes", settings.grpc_http2_max_ping_strikes),
         ("grpc.max_connection_idle_ms", _ms(settings.grpc_max_connection_idle_s)),
     ]

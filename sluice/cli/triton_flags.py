@@ -146,16 +146,6 @@ def _is(wanted: bool) -> Callable[[str], bool]:
     return lambda text: text.strip().lower() in (_TRUE if wanted else _FALSE)
 
 
-def _equals(number: int) -> Callable[[str], bool]:
-    def fine(text: str) -> bool:
-        try:
-            return int(text.strip()) == number
-        except ValueError:
-            return False
-
-    return fine
-
-
 # --- what mapped flags do ----------------------------------------------------------------
 
 
@@ -169,6 +159,18 @@ def _env_bool(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
 def _env_text(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
     def apply(_flag: TritonFlag, text: str, out: TritonArgs) -> None:
         out.environment[variable] = text
+
+    return apply
+
+
+def _env_count(variable: str) -> Callable[[TritonFlag, str, TritonArgs], None]:
+    """A whole number, 0 or more."""
+
+    def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
+        number = parse_int(flag, text)
+        if number < 0:
+            raise bad_value(flag, f"{text}: a whole number, 0 or more")
+        out.environment[variable] = str(number)
 
     return apply
 
@@ -665,11 +667,10 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "grpc-keepalive-permit-without-calls",
         "bool",
-        "refused",
-        "Sluice keeps gRPC's default (false): clients pinging without calls would be sent "
-        "away. Let them ping only with calls open; idle connections close after "
-        "SLUICE_GRPC_MAX_CONNECTION_IDLE_S.",
-        fine=_is(False),
+        "mapped",
+        "SLUICE_GRPC_KEEPALIVE_PERMIT_WITHOUT_CALLS: clients may ping connections without "
+        "calls (idle connections still close after SLUICE_GRPC_MAX_CONNECTION_IDLE_S).",
+        _env_bool("SLUICE_GRPC_KEEPALIVE_PERMIT_WITHOUT_CALLS"),
     ),
     TritonFlag(
         "grpc-http2-max-pings-without-data",
@@ -680,18 +681,18 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "grpc-http2-min-recv-ping-interval-without-data",
         "int",
-        "refused",
-        "Sluice keeps Triton's default (300000 ms): clients pinging more often without data "
-        "would be sent away. Leave the flag out and let clients ping less often.",
-        fine=_equals(300_000),
+        "mapped",
+        "SLUICE_GRPC_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: a client ping sooner than "
+        "this without data between is a strike.",
+        _env_count("SLUICE_GRPC_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS"),
     ),
     TritonFlag(
         "grpc-http2-max-ping-strikes",
         "int",
-        "refused",
-        "Sluice keeps Triton's default (2): more frequent pings would be refused. Leave the "
-        "flag out and let clients ping less often.",
-        fine=_equals(2),
+        "mapped",
+        "SLUICE_GRPC_HTTP2_MAX_PING_STRIKES: a client past this many strikes is sent away "
+        "(0: never).",
+        _env_count("SLUICE_GRPC_HTTP2_MAX_PING_STRIKES"),
     ),
     TritonFlag(
         "grpc-max-connection-age",

@@ -535,6 +535,19 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     """A gRPC connection without any call for this long is closed (GOAWAY; clients
     reconnect on their next call)."""
 
+    grpc_keepalive_permit_without_calls: bool = False
+    """Triton's --grpc-keepalive-permit-without-calls: clients may send keepalive pings on a
+    connection without calls (and the gateway pings it too); false: such pings count as
+    strikes (``grpc_http2_max_ping_strikes``)."""
+
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(300_000, ge=0)
+    """Triton's --grpc-http2-min-recv-ping-interval-without-data: a client ping that comes
+    sooner than this after the last one, with no data sent between, counts as a strike."""
+
+    grpc_http2_max_ping_strikes: int = Field(2, ge=0)
+    """Triton's --grpc-http2-max-ping-strikes: a client past this many strikes is sent away
+    (GOAWAY, ``too_many_pings``); 0: never."""
+
     model_control_timeout_s: float = Field(125.0, gt=0)
     """How long a load / unload request waits for ``sluice up`` to carry it out."""
 

@@ -55,6 +55,19 @@ def test_server_options_bound_streams_windows_and_connections() -> None:
     assert options["grpc.http2.lookahead_bytes"] == 64 * 1024
     assert options["grpc.keepalive_time_ms"] == 60_000
     assert options["grpc.max_connection_idle_ms"] == 300_000
+    # Client pings: Triton's defaults, and what its flags make of them.
+    assert options["grpc.keepalive_permit_without_calls"] == 0
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 300_000
+    assert options["grpc.http2.max_ping_strikes"] == 2
+    lenient = settings(
+        grpc_keepalive_permit_without_calls=True,
+        grpc_http2_min_recv_ping_interval_without_data_ms=5000,
+        grpc_http2_max_ping_strikes=0,
+    )
+    options = dict(server_options(lenient, GrpcLimits.from_settings(lenient)))
+    assert options["grpc.keepalive_permit_without_calls"] == 1
+    assert options["grpc.http2.min_ping_interval_without_data_ms"] == 5000
+    assert options["grpc.http2.max_ping_strikes"] == 0
 
 
 @pytest.mark.parametrize(
