@@ -40,6 +40,18 @@ def _second_executor(stack: Stack, repository: Path) -> subprocess.Popen[bytes]:
     )
 
 
+def _first_executor(tmp_path: Path, redis_server: RedisServer, *more: str) -> tuple[Path, Stack]:
+    """A repository of ``ident``, ``other`` and ``more`` models, and ``sluice up`` serving it
+    in explicit mode with ``ident`` loaded (started)."""
+    repository = tmp_path / "repository"
+    for name in ("ident", "other", *more):
+        write_identity(repository, name, ["FP32"])
+    args = ["--model-control-mode=explicit", "--load-model=ident"]
+    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
+    stack.start()
+    return repository, stack
+
+
 def _live_workers(client: Redis, keys: Keys, model: str) -> int:
     return int(client.zcount(keys.live_workers(model, 1), time.time(), "+inf"))
 
@@ -47,12 +59,7 @@ def _live_workers(client: Redis, keys: Keys, model: str) -> int:
 def test_each_executor_loads_and_unloads_and_a_dead_one_is_not_waited_for(
     tmp_path: Path, redis_server: RedisServer
 ) -> None:
-    repository = tmp_path / "repository"
-    write_identity(repository, "ident", ["FP32"])
-    write_identity(repository, "other", ["FP32"])
-    args = ["--model-control-mode=explicit", "--load-model=ident"]
-    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
-    stack.start()
+    repository, stack = _first_executor(tmp_path, redis_server)
     keys = Keys(stack.namespace)
     client = Redis.from_url(redis_server.url)
     second = _second_executor(stack, repository)
@@ -92,13 +99,7 @@ def test_an_executor_that_joins_serves_what_the_others_loaded(
     """Explicit mode: a load made before a host joined is served by that host too (it
     starts with what the catalog says is loaded, not only its --load-model), and the
     catalog it publishes keeps the model ready."""
-    repository = tmp_path / "repository"
-    write_identity(repository, "ident", ["FP32"])
-    write_identity(repository, "other", ["FP32"])
-    write_identity(repository, "never", ["FP32"])
-    args = ["--model-control-mode=explicit", "--load-model=ident"]
-    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
-    stack.start()
+    repository, stack = _first_executor(tmp_path, redis_server, "never")
     keys = Keys(stack.namespace)
     client = Redis.from_url(redis_server.url)
     second: subprocess.Popen[bytes] | None = None
