@@ -165,8 +165,9 @@ class ModelCalls:
         target, stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
-        cache = self._cache if target.config.response_cache else None
-        if cache is None or target.config.sequence_batching is not None:
+        config = target.config
+        cache = self._cache if config.response_cache else None
+        if cache is None or config.sequence_batching is not None or config.decoupled:
             submitted = self._dispatcher.submit(model, stream, message, payload, timeout_s)
             return _answer(*await submitted)
         # Triton's response cache serves a model's calls as it serves its clients.
