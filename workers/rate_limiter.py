@@ -140,6 +140,11 @@ class RateLimiter:
             self._releasing.add(release)
             release.add_done_callback(self._releasing.discard)
 
+    async def settled(self) -> None:
+        """Wait for the holds given back to be gone from Redis (at a worker's stop)."""
+        if self._releasing:
+            await asyncio.gather(*self._releasing, return_exceptions=True)
+
     async def keep_registered(self) -> None:
         """Renew this instance's registration until cancelled (a background task)."""
         await self._keep(f"r:{self._worker}", REGISTRATION_S)

@@ -274,6 +274,8 @@ class Worker:
             await self._batcher(intake, model, book is not None).serve(execution.execute, gate)
         finally:
             await self._end(background, following)
+            if limiter is not None:
+                await limiter.settled()
             await liveness.leave()
             model.backend.close()
         return EXIT_SLOT_LOST if liveness.slot_lost else 0

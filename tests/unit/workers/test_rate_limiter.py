@@ -107,6 +107,7 @@ async def _holds(limiter: RateLimiter, entered: asyncio.Event, leave: asyncio.Ev
     async with limiter.holding():
         entered.set()
         await leave.wait()
+    await limiter.settled()
 
 
 async def test_an_instance_waits_while_others_hold_what_it_needs(redis: Redis) -> None:
@@ -120,13 +121,25 @@ async def test_an_instance_waits_while_others_hold_what_it_needs(redis: Redis) -
     entered = [asyncio.Event() for _ in small]
     leave = asyncio.Event()
     tasks = [asyncio.create_task(_holds(s, e, leave)) for s, e in zip(small, entered, strict=True)]
-    await asyncio.wait_for(entered[0].wait(), 5)
-    await asyncio.wait_for(entered[1].wait(), 5)
-    await asyncio.sleep(0.2)
-    assert not entered[2].is_set()
-    leave.set()
-    await asyncio.wait_for(asyncio.gather(*tasks), 5)
-    assert entered[2].is_set()
+
+    def inside() -> int:
+        return sum(event.is_set() for event in entered)
+
+    try:
+        deadline = asyncio.get_running_loop().time() + 5
+        while inside() < 2:  # (any two of the three: they ask at once)
+            assert asyncio.get_running_loop().time() < deadline, "two never held R together"
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.2)
+        assert inside() == 2
+        leave.set()
+        await asyncio.wait_for(asyncio.gather(*tasks), 5)
+        assert inside() == 3
+    finally:
+        leave.set()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_all_resources_are_taken_at_once_or_none(redis: Redis) -> None:
@@ -135,20 +148,29 @@ async def test_all_resources_are_taken_at_once_or_none(redis: Redis) -> None:
     only_b = _limiter(redis, namespace, {"B": (1, 1)})
     only_a = _limiter(redis, namespace, {"A": (1, 1)})
     leave_b, entered_b = asyncio.Event(), asyncio.Event()
-    holder = asyncio.create_task(_holds(only_b, entered_b, leave_b))
-    await asyncio.wait_for(entered_b.wait(), 5)
     entered_both, leave_both = asyncio.Event(), asyncio.Event()
-    waiter = asyncio.create_task(_holds(both, entered_both, leave_both))
-    await asyncio.sleep(0.2)
-    assert not entered_both.is_set()
-    # The waiter holds nothing meanwhile: A is free for another.
-    entered_a, leave_a = asyncio.Event(), asyncio.Event()
-    leave_a.set()
-    await asyncio.wait_for(_holds(only_a, entered_a, leave_a), 5)
-    leave_b.set()
-    await asyncio.wait_for(entered_both.wait(), 5)
-    leave_both.set()
-    await asyncio.gather(holder, waiter)
+    holder = asyncio.create_task(_holds(only_b, entered_b, leave_b))
+    waiter: asyncio.Task[None] | None = None
+    try:
+        await asyncio.wait_for(entered_b.wait(), 5)
+        waiter = asyncio.create_task(_holds(both, entered_both, leave_both))
+        await asyncio.sleep(0.2)
+        assert not entered_both.is_set()
+        # The waiter holds nothing meanwhile: A is free for another.
+        entered_a, leave_a = asyncio.Event(), asyncio.Event()
+        leave_a.set()
+        await asyncio.wait_for(_holds(only_a, entered_a, leave_a), 5)
+        leave_b.set()
+        await asyncio.wait_for(entered_both.wait(), 5)
+        leave_both.set()
+        await asyncio.gather(holder, waiter)
+    finally:
+        leave_b.set()
+        leave_both.set()
+        tasks = [task for task in (holder, waiter) if task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def test_a_holder_that_died_gives_its_resources_back_when_its_hold_runs_out(
