@@ -77,7 +77,7 @@ def instance_spec(env: dict[str, str]) -> InstanceSpec:
     return spec
 
 
-def batch_data_env(settings: UpSettings, repository: Path) -> dict[str, str]:
+def batch_data_env(settings: UpSettings) -> dict[str, str]:
     """What the gateways and batch workers learn of batch data: the store (a data directory
     of its own by default, never the directory ``sluice up`` started in) and the model
     repository, where no batch job may read or write."""
@@ -88,8 +88,6 @@ def batch_data_env(settings: UpSettings, repository: Path) -> dict[str, str]:
         location if location.startswith("s3://") else os.path.abspath(location)
         for location in settings.model_repository
     )
-    if len(locations) == 1 and not locations[0].startswith("s3://"):
-        locations = (str(repository),)
     return {"SLUICE_BATCH_STORE": store, "SLUICE_MODEL_REPOSITORY": locations_text(locations)}
 
 

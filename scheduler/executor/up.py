@@ -97,7 +97,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 os.environ,
                 SLUICE_REDIS_URL=redis_url,
                 SLUICE_NAMESPACE=settings.namespace,
-                **batch_data_env(settings, repository),
+                **batch_data_env(settings),
             )
             explicit = settings.model_control_mode == "explicit"
             models, demanded = split_on_demand(models, settings.model_control_mode)
