@@ -105,6 +105,11 @@ class ControlPlane(Protocol):
         (statistics hash, field, count)."""
         ...
 
+    async def withdraw_report(self, gateway_id: str) -> None:
+        """This process stops: it leaves the live processes (and its gauges go) at once,
+        instead of when its report expires."""
+        ...
+
     async def model_statistics(
         self, models: Sequence[tuple[str, int]]
     ) -> list[tuple[RawHash, RawHash, RawHash]]:
@@ -212,6 +217,12 @@ class RedisControlPlane:
             pipe.zremrangebyscore(keys.gateways, "-inf", now)
             for key, field_name, count in counts:
                 pipe.hincrby(key, field_name, count)
+            await pipe.execute()
+
+    async def withdraw_report(self, gateway_id: str) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self.keys.gateways, gateway_id)
+            pipe.delete(self.keys.gateway_report(gateway_id))
             await pipe.execute()
 
     async def model_statistics(

@@ -11,7 +11,10 @@ are added to the shared statistics hashes, where they survive the process.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
+
+from redis.exceptions import RedisError
 
 from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
@@ -19,6 +22,8 @@ from sluice.core.keys import base_stream
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenant_metrics import give_back_tenant_counts, take_tenant_counts
 from sluice.gateway.tenant_sync import demand_field, in_flight_field, queued_bytes_field
+
+log = logging.getLogger(__name__)
 
 REPORT_TTL_S = 5
 """A gateway's report outlives its last refresh by this much."""
@@ -90,6 +95,17 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
         state.torchserve_responses.update(responses)
         give_back_tenant_counts(state, tenant_counts)
         raise
+
+
+async def withdraw(state: GatewayState, gateway_id: str) -> None:
+    """This process stops: its last counters are handed over and it leaves the live
+    processes now. Until its report expired, the others would still divide the tenants'
+    rates by it (a gateway restarted, or one that could not take its port, halved them)."""
+    try:
+        await report(state, gateway_id, 0.0)
+        await state.control.withdraw_report(gateway_id)
+    except RedisError as exc:  # (its report expires in REPORT_TTL_S all the same)
+        log.info("could not withdraw this gateway's report: %s", exc)
 
 
 def _owner(owners: dict[str, tuple[str, int]], stream: str) -> tuple[str, int] | None:

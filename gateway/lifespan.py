@@ -26,6 +26,7 @@ from sluice.gateway.body_budget import BodyBudget
 from sluice.gateway.catalog_refresh import refresh, refresh_loop
 from sluice.gateway.catalog_view import CatalogView
 from sluice.gateway.control_plane import RedisControlPlane
+from sluice.gateway.gateway_report import withdraw
 from sluice.gateway.grpc_api.server import GrpcServer
 from sluice.gateway.infer_request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
@@ -135,6 +136,7 @@ def gateway_lifespan(
             for task in (refresher, sweeper, store_sweeper):
                 task.cancel()
             await asyncio.gather(refresher, sweeper, store_sweeper, return_exceptions=True)
+            await withdraw(state, dispatcher.gateway_id)
             await dispatcher.stop()
             state.regions.close_local()  # (the host's records stay, for its other gateways)
             state.regions.counter.close()

@@ -13,7 +13,8 @@ import json
 import uuid
 from collections.abc import Iterator
 from contextlib import ExitStack
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
 
 import httpx
 import numpy as np
@@ -21,8 +22,10 @@ import psutil
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.utils.shared_memory as shm
+from redis import Redis
 from tritonclient.utils import InferenceServerException
 
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
 from tests.support.onnx_models import write_identity
@@ -280,3 +283,22 @@ def test_a_load_through_one_process_is_served_by_all_at_once(explicit_two: Stack
                 status, _ = post(conn, "/v2/models/later/infer", body)
                 assert status != 200
                 assert ready_status(conn, "later") != 200
+
+
+def test_a_stopped_gateway_leaves_the_live_processes_at_once(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The live processes divide the tenants' rates: one that stopped (restarted, or that
+    could not take its port) must not count until its report expires."""
+    write_identity(tmp_path, "ident", ["FP32"])
+    stack = Stack(tmp_path, redis_server.url)
+    keys = Keys(stack.namespace)
+    with Redis.from_url(redis_server.url) as redis:
+        stack.start()
+        try:
+            assert procs.wait_until(lambda: redis.zcard(keys.gateways) == 1, 30)
+            [member] = cast(list[bytes], redis.zrange(keys.gateways, 0, -1))
+        finally:
+            stack.stop()
+        assert redis.zcard(keys.gateways) == 0
+        assert not redis.exists(keys.gateway_report(member.decode()))

@@ -78,6 +78,9 @@ class MemoryControlPlane:
     ) -> None:
         pass
 
+    async def withdraw_report(self, gateway_id: str) -> None:
+        pass
+
     async def model_statistics(
         self, models: Sequence[tuple[str, int]]
     ) -> list[tuple[RawHash, RawHash, RawHash]]:
