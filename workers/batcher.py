@@ -274,6 +274,10 @@ class Batcher:
                 task = asyncio.create_task(execute(batch, close, gate))
                 running.add(task)
                 task.add_done_callback(running.discard)
+                # The batch starts before the next read goes out: one that computes on
+                # the event loop sends its answers first, instead of after a read that
+                # has nothing to wait for (a lone request at a low rate waited for it).
+                await asyncio.sleep(0)
             elif self.stopping.is_set() or (self.drain and not running and not carry):
                 break
         if running:

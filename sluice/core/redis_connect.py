@@ -32,6 +32,8 @@ from redis.exceptions import (
     RedisClusterException,
 )
 
+from sluice.core.redis_prompt import prompt_class, prompt_class_for
+
 T = TypeVar("T")
 
 
@@ -115,6 +117,15 @@ class _Cluster(RedisCluster):
 
 
 class _AsyncCluster(AsyncRedisCluster):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # Commands written at once (sluice.core.redis_prompt), on the nodes known now and
+        # those found later (made with these arguments).
+        options = self.connection_kwargs
+        options["connection_class"] = prompt_class(options.get("connection_class"))
+        for node in self.nodes_manager.startup_nodes.values():
+            node.connection_class = prompt_class(node.connection_class)
+
     async def _determine_slot(self, command: str, *args: Any) -> int:
         keys = stream_read_keys(args) if command.upper() in _STREAM_READS else None
         slot = _same_slot(self, keys) if keys else None
@@ -173,7 +184,7 @@ def connect_async(url: str, **options: Any) -> AsyncRedis:
     """An asyncio client for ``url``."""
     plain, cluster = split_url(url)
     if not cluster:
-        return AsyncRedis.from_url(plain, **options)
+        return AsyncRedis.from_url(plain, connection_class=prompt_class_for(plain), **options)
     client = _AsyncCluster.from_url(_without_db(plain), **_cluster_options(options))
     return cast(AsyncRedis, client)
 

@@ -426,3 +426,28 @@ async def test_serving_stops_when_asked_and_nothing_is_left() -> None:
 
     await batcher.serve(execute, free_gate())
     assert ran == []
+
+
+async def test_a_batch_starts_before_the_next_read_goes_out() -> None:
+    """A batch that computes on the event loop sends its answers at once; the read for the
+    next batch (which may wait, blocking, for a long time) comes after, not before."""
+    intake = MemoryIntake(Clock())
+    intake.arrive(request())
+    batcher = dynamic(intake, limit=1, drain=True)
+    events: list[str] = []
+    read = intake.read
+
+    async def logged_read(
+        count: int, block_ms: int | None, *, background: bool = True
+    ) -> list[PendingRequest]:
+        events.append("read")
+        return await read(count, block_ms, background=background)
+
+    intake.read = logged_read  # type: ignore[method-assign]
+
+    async def execute(batch: list[PendingRequest], close: BatchClose, gate: ComputeGate) -> None:
+        events.append("answers sent")  # (computed inline: no wait before its answers go)
+        gate.set()
+
+    await batcher.serve(execute, free_gate())
+    assert events[:3] == ["read", "answers sent", "read"]
