@@ -47,7 +47,11 @@ def worker_for(
     # Absolute from here on: a backend may change the working directory (TorchServe's runs
     # the handler in the model's folder).
     repository = repository.resolve()
-    entry = read_model(repository / model, settings.model_config_name)
+    entry = read_model(
+        repository / model,
+        settings.model_config_name,
+        default_max_batch_size=settings.default_max_batch_size,
+    )
     if entry.config is None or entry.error:
         raise InvalidConfig(f"model '{model}' is unavailable: {entry.error}")
     if version is None:

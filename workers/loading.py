@@ -12,6 +12,7 @@ from sluice.core.classification import read_labels
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidConfig
 from sluice.core.placement import Placement
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.workers.adaptive import BatchPolicy, batch_policy
 from sluice.workers.backends import load_backend
 from sluice.workers.backends.base import Backend
@@ -36,13 +37,20 @@ class LoadedModel:
 
 
 def load_model(
-    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+    config: ModelConfig,
+    model_path: Path,
+    placement: Placement,
+    config_name: str = "",
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> LoadedModel:
-    """``config_name``: the deployment's custom configuration name, with which an ensemble
+    """``config_name`` and ``default_max_batch_size``: how the deployment reads model
+    folders (its custom configuration name, autocomplete's batch size), as an ensemble
     reads its composing models."""
     labels = read_output_labels(config, model_path.parent.parent)
     policy, deadline_order = batching_of(config)
-    backend = load_backend(config, model_path, placement, config_name)
+    backend = load_backend(
+        config, model_path, placement, config_name, default_max_batch_size=default_max_batch_size
+    )
     try:
         check_streams(config, backend)
         concurrency = backend_concurrency(backend)

@@ -183,6 +183,7 @@ class Worker:
                 self.model_path,
                 self.placement,
                 self.settings.model_config_name,
+                self.settings.default_max_batch_size,
             )
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"

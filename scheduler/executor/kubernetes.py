@@ -37,7 +37,7 @@ from redis.exceptions import RedisError
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.repository import scan_repository
-from sluice.core.settings import ControllerSettings
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE, ControllerSettings
 from sluice.scheduler.executor.catalog_publisher import publish_catalog
 
 log = logging.getLogger("sluice.scheduler.kubernetes")
@@ -138,6 +138,8 @@ class KubernetesExecutor:
     config_name: str = ""
     """The deployment's custom configuration name
     (:func:`~sluice.core.repository.config_source`)."""
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    """What autocomplete gives a model that can batch (SLUICE_DEFAULT_MAX_BATCH_SIZE)."""
     _published: bool = False
     _unlabelled: set[str] = field(default_factory=set)
 
@@ -197,7 +199,11 @@ class KubernetesExecutor:
             return
         if self._published:
             log.warning("the model catalog is gone from Redis (restarted?); publishing it again")
-        models = scan_repository(self.repository, self.config_name)
+        models = scan_repository(
+            self.repository,
+            self.config_name,
+            default_max_batch_size=self.default_max_batch_size,
+        )
         self.client.set(self.keys.control_mode, "none")
         publish_catalog(self.client, self.keys, models)
         self._published = True
@@ -233,6 +239,7 @@ def start_executor(
         settings.kubernetes_selector,
         repository,
         config_name=settings.model_config_name,
+        default_max_batch_size=settings.default_max_batch_size,
     )
     log.info(
         "Kubernetes executor: scaling Deployments in '%s' selected by '%s'",

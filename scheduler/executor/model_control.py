@@ -63,6 +63,7 @@ from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
 from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.scheduler.executor.dependencies import Groups, loads_first, unloads_after
 from sluice.scheduler.executor.instance_update import (
     Fingerprint,
@@ -119,6 +120,8 @@ class ModelControl:
     config_name: str = ""
     """The deployment's custom configuration name
     (:func:`~sluice.core.repository.config_source`)."""
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    """What autocomplete gives a model that can batch (SLUICE_DEFAULT_MAX_BATCH_SIZE)."""
     executor_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
     )
@@ -222,7 +225,11 @@ class ModelControl:
 
     def _repository_model(self, name: str) -> RepositoryModel | None:
         folder = self.repository / name
-        return read_model(folder, self.config_name) if folder.is_dir() else None
+        if not folder.is_dir():
+            return None
+        return read_model(
+            folder, self.config_name, default_max_batch_size=self.default_max_batch_size
+        )
 
     def _begin(self, command: ControlCommand) -> None:
         deadline = time.monotonic() + self.timeout_s
@@ -281,7 +288,9 @@ class ModelControl:
             command.files,
             keep=command.keep_files,
         )
-        model = read_model(model_dir, self.config_name)
+        model = read_model(
+            model_dir, self.config_name, default_max_batch_size=self.default_max_batch_size
+        )
         if model.error is not None or model.config is None:
             self._reply(command, f"failed to load '{name}', {model.error}")
             return

@@ -136,6 +136,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 fleet,
                 catalog.publish,
                 config_name=settings.model_config_name,
+                default_max_batch_size=settings.default_max_batch_size,
             )
             control.refresh = _refresher(settings)
             control.start()
@@ -186,7 +187,11 @@ def _read_repository(settings: UpSettings) -> tuple[Path, list[RepositoryModel]]
     first) and its models; warns when there are none."""
     try:
         repository = snapshot_repository(settings.model_repository, settings)
-        models = scan_repository(repository, settings.model_config_name)
+        models = scan_repository(
+            repository,
+            settings.model_config_name,
+            default_max_batch_size=settings.default_max_batch_size,
+        )
     except (InvalidConfig, SourceError) as exc:
         raise StartupFailed(exc.message) from None
     if not models:

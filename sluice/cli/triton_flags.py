@@ -40,9 +40,9 @@ from sluice.core.restricted_api import parse_restrictions
 Kind = Literal["option", "mapped", "ignored", "refused"]
 ValueKind = Literal["bool", "int", "float", "text", "none"]
 
-AUTOCOMPLETE_MAX_BATCH_SIZE = 4
-"""The ``max_batch_size`` Sluice's autocomplete gives a batchable model whose configuration
-names none: Triton's default for ``--backend-config=default-max-batch-size``."""
+_DEFAULT_MAX_BATCH_SIZE = "SLUICE_DEFAULT_MAX_BATCH_SIZE"
+_AUTOCOMPLETING_BACKENDS = ("", "onnxruntime")
+"""The backends whose models Sluice completes from the model file ("": every backend)."""
 
 
 class FlagError(typer.BadParameter):
@@ -330,15 +330,11 @@ def _setting(flag: TritonFlag, text: str, *, group_required: bool) -> tuple[str,
 
 def _backend_config(flag: TritonFlag, text: str, out: TritonArgs) -> None:
     backend, setting, value = _setting(flag, text, group_required=False)
-    if setting == "default-max-batch-size":
+    if setting == "default-max-batch-size" and backend in _AUTOCOMPLETING_BACKENDS:
         size = parse_int(flag, value)
-        if size != AUTOCOMPLETE_MAX_BATCH_SIZE:
-            raise FlagError(
-                f"{flag.option}={text}: Sluice completes a configuration without "
-                f"max_batch_size with {AUTOCOMPLETE_MAX_BATCH_SIZE} (Triton's default), "
-                "which is not configurable; write max_batch_size in those models' "
-                "config.pbtxt and leave this setting out"
-            )
+        if not 0 <= size <= 2**31 - 1:
+            raise bad_value(flag, f"{text}: the default max batch size is 0 or more")
+        out.environment[_DEFAULT_MAX_BATCH_SIZE] = str(size)
         return
     where = f"backend {backend}" if backend else "every backend"
     out.warnings.append(
@@ -833,9 +829,9 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "backend-config",
         "text",
         "ignored",
-        "Sluice's backends take no such settings: one warning per setting. "
-        "default-max-batch-size is taken when it is 4 (what Sluice's autocomplete gives) "
-        "and refused otherwise: write max_batch_size in the models' config.pbtxt.",
+        "Sluice's backends take no such settings: one warning per setting, but for "
+        "default-max-batch-size (global or onnxruntime's), which is "
+        "SLUICE_DEFAULT_MAX_BATCH_SIZE, the max_batch_size of autocompleted models.",
         _backend_config,
     ),
     TritonFlag("repoagent-directory", "text", "ignored", "Sluice has no repository agents."),

@@ -34,7 +34,7 @@ from sluice.core.config import (
 from sluice.core.config.platforms import fallback_model_filename
 from sluice.core.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
 from sluice.core.errors import InvalidConfig
-from sluice.core.settings import CONFIG_NAME_PATTERN
+from sluice.core.settings import CONFIG_NAME_PATTERN, DEFAULT_MAX_BATCH_SIZE
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
 _VERSION_DIR = re.compile(r"[1-9][0-9]*")
@@ -71,10 +71,14 @@ class RepositoryModel:
         return self.path / str(version) / self.config.default_model_filename
 
 
-def scan_repository(root: Path, config_name: str = "") -> list[RepositoryModel]:
+def scan_repository(
+    root: Path, config_name: str = "", *, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+) -> list[RepositoryModel]:
     """Every model under ``root``, sorted by name (hidden directories skipped), each with
     its custom configuration ``config_name`` where it has one; in a view joining several
-    repositories, the names two or more of them hold come as unavailable models."""
+    repositories, the names two or more of them hold come as unavailable models.
+    ``default_max_batch_size``: what autocomplete gives a model that can batch
+    (:func:`autocomplete_from_onnx`)."""
     if not root.exists():
         raise InvalidConfig(f"model repository {root} does not exist")
     if not root.is_dir():
@@ -83,7 +87,7 @@ def scan_repository(root: Path, config_name: str = "") -> list[RepositoryModel]:
         (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
         key=lambda p: p.name,
     )
-    models = [_read_one(p, config_name) for p in model_dirs]
+    models = [_read_one(p, config_name, default_max_batch_size) for p in model_dirs]
     models += [
         RepositoryModel(name, root / name, None, (), DUPLICATE_REASON) for name in _duplicates(root)
     ]
@@ -105,11 +109,13 @@ def _duplicates(root: Path) -> list[str]:
     return names
 
 
-def read_model(path: Path, config_name: str = "") -> RepositoryModel:
+def read_model(
+    path: Path, config_name: str = "", *, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+) -> RepositoryModel:
     """One model directory (with its custom configuration ``config_name`` where it has
     one); model-level problems end up in ``error``. An ensemble's composing models are read
     from the same repository (for its transaction policy)."""
-    model = _read_one(path, config_name)
+    model = _read_one(path, config_name, default_max_batch_size)
     if model.config is None or not model.config.is_ensemble:
         return model
     read: dict[str, RepositoryModel | None] = {}
@@ -117,15 +123,19 @@ def read_model(path: Path, config_name: str = "") -> RepositoryModel:
     def sibling(name: str) -> RepositoryModel | None:
         if name not in read:
             folder = path.parent / name
-            read[name] = _read_one(folder, config_name) if name and folder.is_dir() else None
+            read[name] = (
+                _read_one(folder, config_name, default_max_batch_size)
+                if name and folder.is_dir()
+                else None
+            )
         return read[name]
 
     return _with_transaction_policy(model, sibling)
 
 
-def _read_one(path: Path, config_name: str) -> RepositoryModel:
+def _read_one(path: Path, config_name: str, default_max_batch_size: int) -> RepositoryModel:
     try:
-        config, versions = _load(path, config_name)
+        config, versions = _load(path, config_name, default_max_batch_size)
     except InvalidConfig as exc:
         return RepositoryModel(path.name, path, None, (), exc.message)
     return RepositoryModel(path.name, path, config, versions)
@@ -216,7 +226,9 @@ def config_source(path: Path, config_name: str = "") -> str:
     return CONFIG_FILENAME
 
 
-def _load(path: Path, config_name: str) -> tuple[ModelConfig, tuple[int, ...]]:
+def _load(
+    path: Path, config_name: str, default_max_batch_size: int
+) -> tuple[ModelConfig, tuple[int, ...]]:
     name = path.name
     config = _read_config(path, config_source(path, config_name))
     available = available_versions(path)
@@ -244,7 +256,12 @@ def _load(path: Path, config_name: str) -> tuple[ModelConfig, tuple[int, ...]]:
             raise InvalidConfig(
                 f"{CONFIG_FILENAME} is missing and the model cannot be auto-completed"
             )
-        config = autocomplete_from_onnx(None, newest / ONNX_FILENAME, model_name=name)
+        config = autocomplete_from_onnx(
+            None,
+            newest / ONNX_FILENAME,
+            model_name=name,
+            default_max_batch_size=default_max_batch_size,
+        )
     elif not config.platform and not config.backend:
         config = _infer_platform(config, newest)
     python_file = newest / (config.default_model_filename or "model.py")

@@ -126,6 +126,10 @@ CONFIG_NAME_PATTERN = r"[A-Za-z0-9_.-]{0,128}"
 """A custom configuration's name (Triton's --model-config-name): a file name with no folder
 and no space (Triton asks for no space); empty for none."""
 
+DEFAULT_MAX_BATCH_SIZE = 4
+"""The ``max_batch_size`` autocomplete gives a model that can batch (Triton's default for
+``--backend-config=default-max-batch-size``)."""
+
 
 class CommonSettings(BaseSettings):
     """What every process of one Sluice deployment must agree on."""
@@ -188,6 +192,12 @@ class CommonSettings(BaseSettings):
     """Triton's --model-config-name: a model whose folder has ``configs/<name>.pbtxt`` is
     served with that configuration instead of its ``config.pbtxt`` (the others with theirs),
     so that hosts of different kinds share one repository. Empty: ``config.pbtxt`` alone."""
+
+    default_max_batch_size: int = Field(DEFAULT_MAX_BATCH_SIZE, ge=0, le=2**31 - 1)
+    """Triton's --backend-config=default-max-batch-size: the ``max_batch_size`` autocomplete
+    gives an ONNX model without ``config.pbtxt`` whose inputs and outputs all have a
+    variable first dimension (0: such models do not batch); over 1, with the dynamic
+    batcher. Every process reads the repository with it, so all of a deployment's share it."""
 
 
 class ApiKeySettings(BaseSettings):

@@ -182,3 +182,37 @@ def test_model_config_name_refuses_a_path(tmp_path: Path, redis_server: RedisSer
         stack.start()
     assert stack.process is not None and stack.process.returncode == 2
     assert any("--model-config-name" in line for line in stack.stderr_lines), stack.stderr_lines
+
+
+def test_default_max_batch_size_is_every_readers(tmp_path: Path, redis_server: RedisServer) -> None:
+    """--backend-config=onnxruntime,default-max-batch-size=16: ``auto`` has no config.pbtxt
+    and batches up to 16 with the dynamic batcher; the ensemble ``pipe`` (batches of up to
+    16, which its composing model must take) is served only if its worker reads ``auto``
+    with the same default (with Triton's 4 it would refuse it)."""
+    repository = tmp_path / "repository"
+    auto = write_identity(repository, "auto", ["FP32"])
+    (auto / "config.pbtxt").unlink()
+    (repository / "pipe" / "1").mkdir(parents=True)
+    pipe = _PIPE.replace('"tuned"', '"auto"').replace("max_batch_size: 4", "max_batch_size: 16")
+    (repository / "pipe" / "config.pbtxt").write_text(pipe)
+    args = ["--backend-config=onnxruntime,default-max-batch-size=16"]
+    stack = Stack(repository, redis_server.url, grpc_port=0, args=args)
+    stack.start()
+    try:
+        with httpx.Client(base_url=stack.url, timeout=30) as http:
+            rows = http.post("/v2/repository/index").json()
+            assert {row["name"]: row["state"] for row in rows} == {
+                "auto": "READY",
+                "pipe": "READY",
+            }, rows
+            config = http.get("/v2/models/auto/config").json()
+            assert config["max_batch_size"] == 16
+            assert "dynamic_batching" in config
+            body = {
+                "inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 1], "data": [1.0, 2.0]}]
+            }
+            answer = http.post("/v2/models/pipe/infer", json=body)
+            assert answer.status_code == 200, answer.text
+            assert answer.json()["outputs"][0]["data"] == [1.0, 2.0]
+    finally:
+        stack.stop()

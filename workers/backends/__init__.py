@@ -12,6 +12,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.config.platforms import TREE_BACKEND, is_torch
 from sluice.core.errors import InvalidConfig, Unsupported
 from sluice.core.placement import Placement
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.workers.backends.base import Backend
 
 _ONNX = {"onnxruntime_onnx", "onnxruntime"}
@@ -25,7 +26,12 @@ _SUPPORTED = (
 
 
 def load_backend(
-    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+    config: ModelConfig,
+    model_path: Path,
+    placement: Placement,
+    config_name: str = "",
+    *,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> Backend:
     """The backend of ``config``; ``config_name``: the deployment's custom configuration
     name (an ensemble reads its composing models' configurations with it)."""
@@ -65,7 +71,9 @@ def load_backend(
     if config.is_ensemble:
         from sluice.workers.backends.ensemble_backend import load_ensemble_backend
 
-        return load_ensemble_backend(config, model_path, placement, config_name)
+        return load_ensemble_backend(
+            config, model_path, placement, config_name, default_max_batch_size
+        )
     if config.backend == "python":
         from sluice.workers.backends.python_backend import load_python_backend
 

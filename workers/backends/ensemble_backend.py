@@ -50,6 +50,7 @@ from sluice.core.errors import (
     SluiceError,
 )
 from sluice.core.placement import Placement
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.workers.backends.base import Emit, RequestContext, RequestsFailed
 from sluice.workers.backends.ensemble_check import composing_configs
 from sluice.workers.backends.ensemble_graph import Carried, fit_shape, live_steps
@@ -88,12 +89,22 @@ class EnsembleBackend:
     concurrency = CONCURRENCY
 
     def __init__(
-        self, config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+        self,
+        config: ModelConfig,
+        model_path: Path,
+        placement: Placement,
+        config_name: str = "",
+        default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
     ) -> None:
         """``model_path`` is the version folder (``<repository>/<ensemble>/<version>``);
-        the composing models are read with the custom configuration ``config_name``."""
+        the composing models are read with the custom configuration ``config_name`` and
+        autocomplete's ``default_max_batch_size``."""
         del placement  # an ensemble computes nothing itself
-        self.setup(config, composing_configs(config, model_path.parent.parent, config_name))
+        repository = model_path.parent.parent
+        steps = composing_configs(
+            config, repository, config_name, default_max_batch_size=default_max_batch_size
+        )
+        self.setup(config, steps)
         self._calls = ModelCalls(f"ensemble-{config.name}-")
 
     def setup(self, config: ModelConfig, step_configs: list[ModelConfig]) -> None:
@@ -428,8 +439,12 @@ def _missing_inputs(
 
 
 def load_ensemble_backend(
-    config: ModelConfig, model_path: Path, placement: Placement, config_name: str = ""
+    config: ModelConfig,
+    model_path: Path,
+    placement: Placement,
+    config_name: str = "",
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> EnsembleBackend:
     if not config.ensemble_steps:
         raise InvalidConfig(f"ensemble '{config.name}' has no steps")
-    return EnsembleBackend(config, model_path, placement, config_name)
+    return EnsembleBackend(config, model_path, placement, config_name, default_max_batch_size)

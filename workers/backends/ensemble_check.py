@@ -12,23 +12,29 @@ from pathlib import Path
 from sluice.core.config import LATEST, ModelConfig
 from sluice.core.errors import InvalidConfig
 from sluice.core.repository import read_model
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 
 _MAX_NESTING = 16
 """Ensembles within ensembles followed when looking for a cycle."""
 
 
 def composing_configs(
-    config: ModelConfig, repository: Path, config_name: str = ""
+    config: ModelConfig,
+    repository: Path,
+    config_name: str = "",
+    *,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> list[ModelConfig]:
     """Each step's model configuration (custom configuration ``config_name`` where a model
-    has one), in step order; raises :class:`InvalidConfig`."""
+    has one, and autocomplete's ``default_max_batch_size``), in step order; raises
+    :class:`InvalidConfig`."""
     configs: list[ModelConfig] = []
     for index, step in enumerate(config.ensemble_steps):
         where = f"in ensemble '{config.name}', step {index} (model '{step.model_name}')"
         model_dir = repository / step.model_name
         if not model_dir.is_dir():
             raise InvalidConfig(f"{where}: model '{step.model_name}' is not in the repository")
-        model = read_model(model_dir, config_name)
+        model = read_model(model_dir, config_name, default_max_batch_size=default_max_batch_size)
         if model.config is None or model.error:
             raise InvalidConfig(f"{where}: model '{step.model_name}' is unusable: {model.error}")
         if step.model_version != LATEST and step.model_version not in model.versions:
@@ -38,7 +44,7 @@ def composing_configs(
             )
         _check_mapping(config, index, model.config)
         configs.append(model.config)
-    _check_nesting(config, repository, config_name)
+    _check_nesting(config, repository, config_name, default_max_batch_size)
     _check_decoupled_flow(config, configs)
     return configs
 
@@ -105,7 +111,9 @@ def _check_mapping(ensemble: ModelConfig, index: int, model: ModelConfig) -> Non
         )
 
 
-def _check_nesting(config: ModelConfig, repository: Path, config_name: str) -> None:
+def _check_nesting(
+    config: ModelConfig, repository: Path, config_name: str, default_max_batch_size: int
+) -> None:
     """No ensemble among the composing models (at any depth) calls this one again: such
     a request would wait on itself until its deadline."""
     seen: set[str] = set()
@@ -121,7 +129,9 @@ def _check_nesting(config: ModelConfig, repository: Path, config_name: str) -> N
             if name in seen:
                 continue
             seen.add(name)
-            model = read_model(repository / name, config_name)
+            model = read_model(
+                repository / name, config_name, default_max_batch_size=default_max_batch_size
+            )
             if model.config is not None and model.config.is_ensemble:
                 following.extend(step.model_name for step in model.config.ensemble_steps)
         if not following:

@@ -8,6 +8,7 @@ from typing import Any
 
 from sluice.core.datatypes import to_config_type
 from sluice.core.errors import InvalidConfig
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 
 from ._schema import model_config_pb2, new_model_config
 from .model import ModelConfig
@@ -49,9 +50,12 @@ def autocomplete_from_onnx(
     model_path: Path,
     *,
     model_name: str,
-    default_max_batch_size: int = 4,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> ModelConfig:
-    """Complete (or create) a config from the inputs and outputs of an ONNX model."""
+    """Complete (or create) a config from the inputs and outputs of an ONNX model. A
+    created one batches, as in Triton, when every input and output has a variable first
+    dimension: up to ``default_max_batch_size`` (0: no batching), with the dynamic batcher
+    when that is over 1."""
     inputs, outputs = _read_onnx(model_path)
     if cfg_or_none is None:
         msg = new_model_config()
@@ -60,7 +64,8 @@ def autocomplete_from_onnx(
         batchable = all(t.batchable for t in (*inputs, *outputs))
         if batchable and default_max_batch_size > 0:
             msg.max_batch_size = default_max_batch_size
-            msg.dynamic_batching.SetInParent()
+            if default_max_batch_size > 1:
+                msg.dynamic_batching.SetInParent()
     else:
         msg = config_to_proto(cfg_or_none)
     label = model_path.name

@@ -378,8 +378,6 @@ def test_a_global_backend_setting_is_named_as_one() -> None:
         ["--allow-gpu-metrics=true"],
         ["--allow-cpu-metrics=on"],
         ["--strict-model-config=false"],
-        ["--backend-config=default-max-batch-size=4"],
-        ["--backend-config=onnxruntime,default-max-batch-size=4"],
     ],
 )
 def test_values_sluice_already_follows_are_taken_without_a_word(args: list[str]) -> None:
@@ -394,6 +392,20 @@ def test_the_rate_limiter_and_its_resources_become_settings() -> None:
         "SLUICE_RATE_LIMIT_RESOURCES": "R1:10,R2:5:0,R2:8:1",
     }
     assert parse(["--rate-limit", "off"]).environment == {"SLUICE_RATE_LIMIT": "off"}
+
+
+def test_the_default_max_batch_size_becomes_a_setting() -> None:
+    """Globally or for the onnxruntime backend (whose models Sluice completes from their
+    files); another backend's is ignored with a warning, as its other settings are."""
+    variable = "SLUICE_DEFAULT_MAX_BATCH_SIZE"
+    assert parse(["--backend-config=default-max-batch-size=0"]).environment == {variable: "0"}
+    onnx = parse(["--backend-config=onnxruntime,default-max-batch-size=16"])
+    assert onnx.environment == {variable: "16"}
+    other = parse(["--backend-config=tensorflow,default-max-batch-size=16"])
+    assert other.environment == {}
+    assert "'default-max-batch-size' (backend tensorflow)" in other.warnings[0]
+    with pytest.raises(typer.BadParameter, match="0 or more"):
+        parse(["--backend-config=default-max-batch-size=-1"])
 
 
 def test_grpc_ping_policies_become_settings() -> None:
@@ -422,11 +434,6 @@ def test_grpc_ping_policies_become_settings() -> None:
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
         (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
         (["--allow-vertex-ai=1"], "--allow-vertex-ai=1", "Vertex AI"),
-        (
-            ["--backend-config=default-max-batch-size=0"],
-            "--backend-config=default-max-batch-size=0",
-            "max_batch_size in those models' config.pbtxt",
-        ),
     ],
 )
 def test_refused_flags_name_the_flag_and_say_what_to_do(

@@ -164,6 +164,24 @@ def test_autocomplete_without_config(tmp_path: Path) -> None:
     assert model.config.version_policy == VersionPolicy()
 
 
+@pytest.mark.parametrize(("default", "batcher"), [(0, False), (1, False), (16, True)])
+def test_autocomplete_takes_the_deployments_default_max_batch_size(
+    tmp_path: Path, default: int, batcher: bool
+) -> None:
+    """Triton's --backend-config=default-max-batch-size: 0 leaves a model that can batch
+    without batching; over 1 it batches with the dynamic batcher, in the scan and in a
+    single read (an ensemble's, a worker's) alike."""
+    _model(tmp_path, "auto", None)
+    [scanned] = scan_repository(tmp_path, default_max_batch_size=default)
+    read = read_model(tmp_path / "auto", default_max_batch_size=default)
+    for model in (scanned, read):
+        assert model.config is not None
+        assert model.config.max_batch_size == default
+        assert (model.config.dynamic_batching is not None) is batcher
+        dims = [4] if default else [-1, 4]
+        assert model.config.raw["input"][0]["dims"] == dims
+
+
 def test_missing_config_without_onnx(tmp_path: Path) -> None:
     model_dir = tmp_path / "m"
     (model_dir / "1").mkdir(parents=True)
