@@ -71,6 +71,7 @@ from sluice.scheduler.executor.instance_update import (
     instances_only,
     plan,
 )
+from sluice.scheduler.executor.loaded_as import forget_load, remember_load
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
 from sluice.scheduler.repository.staging import check_model_name, stage
 
@@ -430,7 +431,20 @@ class ModelControl:
         if work.errors_key:
             self.client.delete(work.errors_key)
         self._current = None
+        if error is None:
+            self._remember(work.command)
         self._reply(work.command, error)
+
+    def _remember(self, command: ControlCommand) -> None:
+        """How the model is now loaded, for the executors that join later."""
+        try:
+            if command.op == "unload":
+                forget_load(self.client, self.keys, command.model)
+            elif command.op == "load":
+                outside = not (self.repository / command.model).is_dir()
+                remember_load(self.client, self.keys, command, files_of_previous=outside)
+        except RedisError as exc:
+            log.warning("cannot record how '%s' is loaded: %s", command.model, exc)
 
     def _load_error(self, work: _InProgress) -> str | None:
         assert work.model is not None

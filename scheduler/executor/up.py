@@ -43,6 +43,7 @@ from sluice.scheduler.executor.children import (
 from sluice.scheduler.executor.controller_thread import start_controller
 from sluice.scheduler.executor.instances import Fleet, InstanceReconciler
 from sluice.scheduler.executor.listeners import ListenError, open_listeners, reserve_grpc_port
+from sluice.scheduler.executor.loaded_as import loads_of_others
 from sluice.scheduler.executor.model_control import ModelControl
 from sluice.scheduler.executor.on_demand_start import (
     split_on_demand,
@@ -103,6 +104,11 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             models, demanded = split_on_demand(models, settings.model_control_mode)
             joined = _loaded_by_others(client, namespace, redis_url) if explicit else set()
             loaded = _initially_loaded(settings, models, joined) if explicit else models
+            if joined:  # (as the executors already serving loaded them)
+                loaded = _as_loaded_by_others(
+                    loaded,
+                    _loads_of_others(client, namespace, joined, repository, staging, settings),
+                )
             loaded = [m for m in loaded if m.name not in demanded]
             control: ModelControl | None = None
             catalog = CatalogKeeper(
@@ -119,7 +125,9 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             probe = probe_key(keys)
             supervisor = _supervisor(settings, with_probe_key(env, probe), stack)
             supervisor.add(batch_worker_specs(settings, env))
-            children = {m.name: supervisor.add(worker_specs([m], repository, env)) for m in loaded}
+            children = {
+                m.name: supervisor.add(worker_specs([m], m.path.parent, env)) for m in loaded
+            }
             fleet: Fleet = {m.name: (m, children[m.name]) for m in loaded}
             instances = InstanceReconciler(client, namespace, supervisor, fleet, instance_spec(env))
             # Model control runs in every mode: load / unload requests only in explicit mode
@@ -283,6 +291,39 @@ def _loaded_by_others(client: Redis, namespace: Keys, redis_url: str) -> set[str
             ", ".join(sorted(names)),
         )
     return names
+
+
+def _loads_of_others(
+    client: Redis,
+    namespace: Keys,
+    joined: set[str],
+    repository: Path,
+    staging: Path,
+    settings: UpSettings,
+) -> dict[str, RepositoryModel]:
+    try:
+        return loads_of_others(
+            client,
+            namespace,
+            joined,
+            repository,
+            staging,
+            settings.model_config_name,
+            default_max_batch_size=settings.default_max_batch_size,
+        )
+    except RedisError as exc:
+        raise StartupFailed(f"cannot read how the other hosts loaded their models: {exc}") from None
+
+
+def _as_loaded_by_others(
+    loaded: list[RepositoryModel], others: dict[str, RepositoryModel]
+) -> list[RepositoryModel]:
+    """``loaded``, each model the others loaded with a command of their own as they did
+    (and those they loaded from files alone, which the repository lacks)."""
+    names = {model.name for model in loaded}
+    return [others.get(m.name, m) for m in loaded] + [
+        model for name, model in sorted(others.items()) if name not in names
+    ]
 
 
 def _initially_loaded(

@@ -250,6 +250,13 @@ class Keys:
         return f"{{{self.namespace}}}:control:requests"
 
     @property
+    def loaded_as(self) -> str:
+        """Hash model name -> the load command (msgpack) that the executors carried out for
+        it, where it named a configuration, files or versions of its own: an executor that
+        joins later loads the model the same way (:mod:`sluice.scheduler.executor.loaded_as`)."""
+        return f"{{{self.namespace}}}:control:loaded-as"
+
+    @property
     def executors(self) -> str:
         """Sorted set executor id -> until when it is alive (the deployment's clock): the
         executors (``sluice up``) that carry out each model control command, whose answers

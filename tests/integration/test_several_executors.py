@@ -5,6 +5,8 @@ executors runs out."""
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import signal
 import subprocess
@@ -117,6 +119,56 @@ def test_an_executor_that_joins_serves_what_the_others_loaded(
             }
             assert states["other"] == "READY" and states["ident"] == "READY", states
             assert http.get("/v2/models/other/ready").status_code == 200
+    finally:
+        if second is not None and second.poll() is None:
+            os.killpg(second.pid, signal.SIGTERM)
+            second.wait(30)
+        client.close()
+        stack.stop()
+
+
+def test_an_executor_that_joins_loads_each_model_as_the_others_did(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """Explicit mode: ``other`` was loaded with a configuration of its own (two instances)
+    and ``uploaded`` from a request's files alone (the repository has no such model); a
+    host that joins later serves both as the first host does. An unload forgets how."""
+    repository, stack = _first_executor(tmp_path, redis_server)
+    keys = Keys(stack.namespace)
+    client = Redis.from_url(redis_server.url)
+    second: subprocess.Popen[bytes] | None = None
+    onnx = (repository / "ident" / "1" / "model.onnx").read_bytes()
+
+    def config(name: str, count: int) -> str:
+        template = http.get("/v2/models/ident/config").json()
+        template.update(name=name, instance_group=[{"count": count, "kind": "KIND_CPU"}])
+        return json.dumps(template)
+
+    try:
+        with httpx.Client(base_url=stack.url, timeout=120) as http:
+            two = {"parameters": {"config": config("other", 2)}}
+            loaded = http.post("/v2/repository/models/other/load", json=two)
+            assert loaded.status_code == 200, loaded.text
+            files = {
+                "config": config("uploaded", 1),
+                "file:1/model.onnx": base64.b64encode(onnx).decode(),
+            }
+            uploaded = http.post("/v2/repository/models/uploaded/load", json={"parameters": files})
+            assert uploaded.status_code == 200, uploaded.text
+            second = _second_executor(stack, repository)
+            assert wait_until(lambda: len(live_executors(client, keys)) == 2, 60)
+            assert wait_until(lambda: _live_workers(client, keys, "other") == 4, 60)
+            assert wait_until(lambda: _live_workers(client, keys, "uploaded") == 2, 60)
+            body = {
+                "inputs": [{"name": "IN_FP32", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]
+            }
+            for _ in range(8):  # (either host's worker answers)
+                answer = http.post("/v2/models/uploaded/infer", json=body)
+                assert answer.status_code == 200, answer.text
+
+            assert http.post("/v2/repository/models/other/unload").status_code == 200
+            assert client.hget(keys.loaded_as, "other") is None
+            assert client.hget(keys.loaded_as, "uploaded") is not None
     finally:
         if second is not None and second.poll() is None:
             os.killpg(second.pid, signal.SIGTERM)

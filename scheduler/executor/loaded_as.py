@@ -1,0 +1,102 @@
+"""How each model was loaded, kept for the executors that join later.
+
+With explicit model control, every executor of the deployment (one per host) carries out
+each load. A load may bring its own configuration, files or versions (``POST
+.../load`` with ``config`` or ``file:`` parameters, a rollout's versions); an executor that
+started later used to load such a model from its own repository as it stands, so its host
+served another configuration than the others. Each executor that carries out such a load
+now records the command (:attr:`Keys.loaded_as`), a plain load or an unload clears it, and an
+executor that joins stages the model from the record as the others did.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import replace
+from pathlib import Path
+from typing import cast
+
+from redis import Redis
+
+from sluice.core.control import ControlCommand, decode_command, encode_command
+from sluice.core.errors import SluiceError
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel, read_model
+from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
+from sluice.scheduler.repository.staging import stage
+
+log = logging.getLogger(__name__)
+
+_FIELD = b"c"
+"""The field of :func:`encode_command`'s entry that holds the command."""
+
+
+def remember_load(
+    client: Redis, keys: Keys, command: ControlCommand, *, files_of_previous: bool = False
+) -> None:
+    """``command`` was carried out: record it if it brought what the repository lacks.
+    ``files_of_previous``: it applied to the files of the previous load (a model not in the
+    repository), which the record keeps."""
+    if files_of_previous and not command.files:
+        previous = _recorded(client, keys, command.model)
+        if previous is not None:
+            command = replace(command, files=previous.files, keep_files=previous.keep_files)
+    if command.config is None and not command.files and not command.versions:
+        client.hdel(keys.loaded_as, command.model)
+    else:
+        client.hset(keys.loaded_as, command.model, encode_command(command)[_FIELD])
+
+
+def _recorded(client: Redis, keys: Keys, model: str) -> ControlCommand | None:
+    value = cast(bytes | None, client.hget(keys.loaded_as, model))
+    return decode_command({_FIELD: value}) if value is not None else None
+
+
+def forget_load(client: Redis, keys: Keys, model: str) -> None:
+    """``model`` was unloaded: a later load starts from the repository again."""
+    client.hdel(keys.loaded_as, model)
+
+
+def loads_of_others(
+    client: Redis,
+    keys: Keys,
+    names: set[str],
+    repository: Path,
+    staging_root: Path,
+    config_name: str = "",
+    *,
+    default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
+) -> dict[str, RepositoryModel]:
+    """The models among ``names`` that the other executors loaded with a command of their
+    own, staged as they staged them (under ``staging_root``). One that cannot be staged or
+    read again is left out, with a warning: it is then loaded from the repository."""
+    raw = cast(dict[bytes, bytes], client.hgetall(keys.loaded_as))
+    models: dict[str, RepositoryModel] = {}
+    for name_bytes, value in raw.items():
+        name = name_bytes.decode(errors="replace")
+        if name not in names:
+            continue
+        command = decode_command({_FIELD: value})
+        if command is None or command.op != "load" or command.model != name:
+            log.warning("ignoring the malformed record of how '%s' was loaded", name)
+            continue
+        try:
+            model_dir = stage(
+                repository / name,
+                staging_root / f"joined-{uuid.uuid4().hex}",
+                command.config,
+                command.files,
+                keep=command.keep_files,
+            )
+        except (SluiceError, OSError) as exc:
+            log.warning("cannot load '%s' as the other hosts did: %s", name, exc)
+            continue
+        model = read_model(model_dir, config_name, default_max_batch_size=default_max_batch_size)
+        if model.error is not None or model.config is None:
+            log.warning("cannot load '%s' as the other hosts did: %s", name, model.error)
+            continue
+        if command.versions:
+            model = replace(model, versions=command.versions)
+        models[name] = model
+    return models

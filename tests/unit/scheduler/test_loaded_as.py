@@ -1,0 +1,107 @@
+"""How each model was loaded, recorded in a real Redis and staged again for an executor
+that joins: a configuration of its own, files alone, versions; cleared by a plain load and
+an unload; a record that cannot be used leaves the model to the repository."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from sluice.core.control import ControlCommand
+from sluice.core.keys import Keys
+from sluice.core.repository import read_model
+from sluice.scheduler.executor.loaded_as import forget_load, loads_of_others, remember_load
+from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.onnx_models import write_identity
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[Redis]:
+    with Redis.from_url(redis_server.url) as redis:
+        yield redis
+
+
+@pytest.fixture
+def keys() -> Keys:
+    return Keys(f"t{uuid.uuid4().hex[:8]}")
+
+
+def config_of(model_dir: Path, **changes: object) -> str:
+    config = read_model(model_dir).config
+    assert config is not None
+    return json.dumps({**dict(config.raw), **changes})
+
+
+def test_a_joining_executor_stages_each_load_as_it_was_carried_out(
+    tmp_path: Path, client: Redis, keys: Keys
+) -> None:
+    repository = tmp_path / "repository"
+    source = write_identity(repository, "tuned", ["FP32"])
+    (source / "2").mkdir()
+    (source / "2" / "model.onnx").write_bytes((source / "1" / "model.onnx").read_bytes())
+    tuned = ControlCommand("load", "tuned", config=config_of(source, max_batch_size=2))
+    onnx = (source / "1" / "model.onnx").read_bytes()
+    files = {"1/model.onnx": onnx}
+    uploaded_config = config_of(source, name="uploaded")
+    uploaded = ControlCommand("load", "uploaded", config=uploaded_config, files=files)
+    remember_load(client, keys, tuned)
+    remember_load(client, keys, uploaded)
+    remember_load(client, keys, ControlCommand("load", "rolled", versions=(1,)))
+
+    staged = loads_of_others(client, keys, {"tuned", "uploaded"}, repository, tmp_path / "s")
+    assert set(staged) == {"tuned", "uploaded"}  # ("rolled" was not asked for)
+    assert staged["tuned"].config is not None and staged["tuned"].config.max_batch_size == 2
+    assert staged["tuned"].path != source  # (a staged copy: the repository is untouched)
+    assert staged["uploaded"].versions == (1,)
+    assert (staged["uploaded"].path / "1" / "model.onnx").read_bytes() == onnx
+
+    write_identity(repository, "rolled", ["FP32"])
+    (repository / "rolled" / "2").mkdir()
+    (repository / "rolled" / "2" / "model.onnx").write_bytes(onnx)
+    rolled = loads_of_others(client, keys, {"rolled"}, repository, tmp_path / "s")["rolled"]
+    assert rolled.versions == (1,)  # (the versions it was loaded with, not the newest)
+
+
+def test_a_plain_load_and_an_unload_clear_the_record(client: Redis, keys: Keys) -> None:
+    remember_load(client, keys, ControlCommand("load", "m", config="{}"))
+    assert client.hget(keys.loaded_as, "m") is not None
+    remember_load(client, keys, ControlCommand("load", "m"))
+    assert client.hget(keys.loaded_as, "m") is None
+    remember_load(client, keys, ControlCommand("load", "m", versions=(3,)))
+    forget_load(client, keys, "m")
+    assert client.hlen(keys.loaded_as) == 0
+
+
+def test_a_new_configuration_of_uploaded_files_keeps_the_files(
+    tmp_path: Path, client: Redis, keys: Keys
+) -> None:
+    """A model loaded from files alone, then loaded with a new configuration only (which
+    applies to those files): the record keeps the files."""
+    source = write_identity(tmp_path / "repository", "m", ["FP32"])
+    files = {"1/model.onnx": (source / "1" / "model.onnx").read_bytes()}
+    first = ControlCommand("load", "up", config=config_of(source, name="up"), files=files)
+    remember_load(client, keys, first)
+    again = ControlCommand("load", "up", config=config_of(source, name="up", max_batch_size=2))
+    remember_load(client, keys, again, files_of_previous=True)
+    [model] = loads_of_others(client, keys, {"up"}, tmp_path / "empty", tmp_path / "s").values()
+    assert model.config is not None and model.config.max_batch_size == 2
+    assert (model.path / "1" / "model.onnx").read_bytes() == files["1/model.onnx"]
+
+
+def test_a_record_that_cannot_be_used_leaves_the_model_to_the_repository(
+    tmp_path: Path, client: Redis, keys: Keys, caplog: pytest.LogCaptureFixture
+) -> None:
+    client.hset(keys.loaded_as, "garbled", b"\x00not msgpack")
+    missing = ControlCommand("load", "missing", config="{}")  # no folder, no files
+    remember_load(client, keys, missing)
+    broken = write_identity(tmp_path / "repository", "broken", ["FP32"])
+    remember_load(client, keys, ControlCommand("load", "broken", config='{"max_batch_size": -1}'))
+    names = {"garbled", "missing", "broken"}
+    assert loads_of_others(client, keys, names, broken.parent, tmp_path / "s") == {}
+    warned = " ".join(record.getMessage() for record in caplog.records)
+    assert "'garbled'" in warned and "'missing'" in warned and "'broken'" in warned
