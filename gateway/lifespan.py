@@ -96,10 +96,7 @@ def _state(
         ),
         limits_source=limits,
     )
-    if settings.response_cache_bytes:
-        state.cache = ResponseCache(
-            redis, keys, settings.response_cache_bytes, settings.response_cache_ttl_s
-        )
+    state.cache = ResponseCache.from_settings(redis, keys, settings, settings.redis_url)
     state.host_seen = state.host_changes.value()
     return state, dispatcher
 

@@ -116,13 +116,7 @@ class ModelCalls:
         )
         self._targets = TargetResolver(self._redis, keys)
         self._tenant_streams = TenantStreams()
-        self._cache = (
-            ResponseCache(
-                self._redis, keys, settings.response_cache_bytes, settings.response_cache_ttl_s
-            )
-            if settings.response_cache_bytes
-            else None
-        )
+        self._cache = ResponseCache.from_settings(self._redis, keys, settings, settings.redis_url)
         self._register = self._redis.register_script(REGISTER)
         await self._dispatcher.start()
         self._toucher = asyncio.create_task(self._touch())

@@ -13,6 +13,8 @@ multi-key command or script touches one slot:
   acknowledgement, statistics and checkpoint go in one transaction on one shard.
 - ``<namespace>:reply:{<gateway>}``: one gateway's answers; ``<namespace>:batch:{<id>}…``
   one offline batch.
+- ``<namespace>:cache…:{<namespace>-cache-<shard>}…``: one shard of the response cache
+  (its answers, their sizes and order of use, updated together by one script).
 
 A model name containing ``}`` still maps all its keys to one slot: the tag is always what
 lies between the first ``{`` (right after the fixed prefix) and the next ``}``.
@@ -117,16 +119,19 @@ class Keys:
         that :meth:`job_room` does not keep counting them (:mod:`sluice.core.jobs`)."""
         return f"{self.namespace}:queued-jobs:{{{model}}}"
 
-    def cached_answer(self, digest: str) -> str:
-        """One answer of the response cache (gateways; expires once unused for
-        ``SLUICE_RESPONSE_CACHE_TTL_S``). The cache's keys share a slot of their own."""
-        return f"{self.namespace}:cache:{{{self.namespace}-cache}}:{digest}"
+    def cached_answer(self, digest: str, shard: int = 0) -> str:
+        """One answer of the response cache (expires once unused for
+        ``SLUICE_RESPONSE_CACHE_TTL_S``), in one of its shards: each shard's keys share a
+        slot of their own (``SLUICE_RESPONSE_CACHE_SHARDS``)."""
+        return f"{self.namespace}:cache:{{{self._cache_tag(shard)}}}:{digest}"
 
-    @property
-    def cache_index(self) -> str:
-        """The response cache's answers by last use (zset) and their sizes (hash ``:sizes``,
-        with the total under ``:total``)."""
-        return f"{self.namespace}:cache-index:{{{self.namespace}-cache}}"
+    def cache_index(self, shard: int = 0) -> str:
+        """A shard of the response cache: its answers by last use (zset) and their sizes
+        (hash ``:sizes``, with the total under ``:total``)."""
+        return f"{self.namespace}:cache-index:{{{self._cache_tag(shard)}}}"
+
+    def _cache_tag(self, shard: int) -> str:
+        return f"{self.namespace}-cache" + (f"-{shard}" if shard else "")
 
     def job_room(self, model: str) -> str:
         """Hash of what each tenant's queued jobs of a model hold: ``n:<tenant>`` (jobs),

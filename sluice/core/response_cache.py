@@ -15,7 +15,9 @@ answered before, without reaching the model.
   fits, and an answer larger than the whole cache is not kept. An answer unused for
   ``SLUICE_RESPONSE_CACHE_TTL_S`` expires. The bookkeeping (last use, sizes, total) is
   updated by Lua scripts, so every gateway process, worker and host shares one bounded
-  cache; its keys share a Redis Cluster slot of their own.
+  cache. On a Redis Cluster the cache is split in shards by key (``SLUICE_RESPONSE_CACHE_SHARDS``,
+  16 by default there), each in a slot of its own with an equal part of the room and its own
+  eviction order, so that a cached model's lookups do not all go to one node.
 - **Statistics** as Triton counts them: a hit counts as a successful request and in
   ``cache_hit`` (its lookup's time), not in the inference or execution counts; a miss
   counts in ``cache_miss`` (lookup and insertion).
@@ -41,6 +43,8 @@ from redis.exceptions import RedisError
 
 from sluice.core.coalescer import Coalescer
 from sluice.core.keys import Keys
+from sluice.core.redis_connect import is_cluster_url
+from sluice.core.settings import ResponseCacheSettings
 from sluice.core.statistics import count_field, ns_field
 from sluice.core.wire import (
     DATA_FIELD,
@@ -57,6 +61,9 @@ log = logging.getLogger(__name__)
 
 _MAX_EVICTIONS = 64
 """Answers one insertion may evict; beyond that it is not kept (the cache stays bounded)."""
+
+CLUSTER_SHARDS = 16
+"""The cache's shards on a Redis Cluster when ``SLUICE_RESPONSE_CACHE_SHARDS`` is 0."""
 
 _REMOVE = """
 local function remove(member)
@@ -180,15 +187,41 @@ class ResponseCache(Coalescer[_Op, Any]):
 
     what = "the response cache"
 
-    def __init__(self, redis: Redis, keys: Keys, limit_bytes: int, ttl_s: float) -> None:
+    def __init__(
+        self, redis: Redis, keys: Keys, limit_bytes: int, ttl_s: float, shards: int = 1
+    ) -> None:
         super().__init__()
         self._redis = redis
         self._keys = keys
         self.limit_bytes = limit_bytes
+        self.shards = max(1, shards)
+        self._shard_bytes = limit_bytes // self.shards
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._get_sha = hashlib.sha1(_GET.encode()).hexdigest()
         self._put_sha = hashlib.sha1(_PUT.encode()).hexdigest()
         self._loaded = False
+
+    @classmethod
+    def from_settings(
+        cls, redis: Redis, keys: Keys, settings: ResponseCacheSettings, redis_url: str
+    ) -> ResponseCache | None:
+        """The cache ``settings`` ask for (None: no room, no cache)."""
+        if not settings.response_cache_bytes:
+            return None
+        shards = settings.response_cache_shards or (
+            CLUSTER_SHARDS if is_cluster_url(redis_url) else 1
+        )
+        return cls(
+            redis,
+            keys,
+            settings.response_cache_bytes,
+            settings.response_cache_ttl_s,
+            shards,
+        )
+
+    def shard_of(self, key: str) -> int:
+        """The shard that keeps the answer of ``key`` (a hex digest)."""
+        return int(key[:8], 16) % self.shards if self.shards > 1 else 0
 
     async def get(self, key: str) -> tuple[ReplyMessage, memoryview] | None:
         """The answer kept under ``key``; None on a miss (or when Redis cannot say)."""
@@ -237,7 +270,6 @@ class ResponseCache(Coalescer[_Op, Any]):
             await self._redis.script_load(_PUT)
             self._loaded = True
         keys = self._keys
-        index = keys.cache_index
         totals: dict[str, dict[str, int]] = {}
         places: list[int | None] = []
         queued = 0
@@ -252,30 +284,31 @@ class ResponseCache(Coalescer[_Op, Any]):
                     continue
                 places.append(queued)
                 queued += 1
+                key = args[0]
+                shard = self.shard_of(key)
+                index = keys.cache_index(shard)
                 if kind == "get":
-                    (key,) = args
                     pipe.evalsha(
                         self._get_sha,
                         2,
-                        keys.cached_answer(key),
+                        keys.cached_answer(key, shard),
                         index,
                         key,
                         self._ttl_ms,
                     )
                 else:
-                    key, value = args
                     pipe.evalsha(
                         self._put_sha,
                         4,
-                        keys.cached_answer(key),
+                        keys.cached_answer(key, shard),
                         index,
                         f"{index}:sizes",
                         f"{index}:total",
                         key,
                         self._ttl_ms,
-                        self.limit_bytes,
-                        value,
-                        keys.cached_answer(""),
+                        self._shard_bytes,
+                        args[1],
+                        keys.cached_answer("", shard),
                         _MAX_EVICTIONS,
                     )
             for stats_key, summed in totals.items():

@@ -401,6 +401,13 @@ class ResponseCacheSettings(BaseSettings):
     response_cache_ttl_s: float = Field(3600.0, gt=0)
     """How long a cached answer is kept after it was last used."""
 
+    response_cache_shards: int = Field(0, ge=0, le=1024)
+    """How many Redis Cluster slots the cache spreads over, each shard with an equal part of
+    the room and a least-recently-used order of its own, so that the lookups of a cached
+    model spread over the cluster's nodes (an answer larger than one part is not kept). 0:
+    one on a single Redis, 16 on a Redis Cluster. Every gateway and worker of a deployment
+    must use the same count."""
+
 
 class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings, CommonSettings):
     """Settings of a gateway process: its listeners (HTTP, gRPC, metrics), the limits it puts

@@ -20,6 +20,7 @@ from redis import Redis
 
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect, connect_async
+from sluice.core.settings import GatewaySettings
 from tests.support.load import answer_matches, slow_request
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.slow_model import write_slow
@@ -183,8 +184,9 @@ def test_stream_reads_route_without_asking_a_node(redis_cluster: LocalRedisClust
 
 
 def test_the_response_cache_works_on_a_cluster(redis_cluster: LocalRedisCluster) -> None:
-    """Its scripts touch one slot (the cache's own), its scripts are loaded on every
-    primary, and its pipelines mix that slot with a model's statistics."""
+    """Each script touches one slot (its shard's own: 16 shards by default on a cluster,
+    spread over the nodes), its scripts are loaded on every primary, and its pipelines mix
+    the shards with a model's statistics."""
     from sluice.core.response_cache import ResponseCache, pack_answer
     from sluice.core.statistics import count_field
     from sluice.core.wire import ReplyMessage, TensorHeader
@@ -195,12 +197,23 @@ def test_the_response_cache_works_on_a_cluster(redis_cluster: LocalRedisCluster)
     async def main() -> tuple[bool, bytes | None, bytes | None]:
         client = connect_async(redis_cluster.url)
         try:
-            cache = ResponseCache(client, keys, 1 << 20, 60)
-            kept = await cache.put("a", pack_answer(reply, b"\x01\x02\x03\x04"))
-            found, _ = await asyncio.gather(
+            settings = GatewaySettings(response_cache_bytes=1 << 20)
+            cache = ResponseCache.from_settings(client, keys, settings, redis_cluster.url)
+            assert cache is not None and cache.shards == 16
+            others = [f"{n:08x}" for n in range(1, 16)]  # (one in each other shard)
+            stored = [pack_answer(reply, bytes([n] * 4)) for n in range(1, 16)]
+            kept_all = await asyncio.gather(
+                cache.put("a", pack_answer(reply, b"\x01\x02\x03\x04")),
+                *(cache.put(key, value) for key, value in zip(others, stored, strict=True)),
+            )
+            kept = all(kept_all)
+            found, _, *rest = await asyncio.gather(
                 cache.get("a"),
                 cache.count(keys.stats("m", 1), hit=True, elapsed_ns=10, lookup_ns=5),
+                *(cache.get(key) for key in others),
             )
+            assert all(bytes(hit[1]) == bytes([n] * 4) for n, hit in enumerate(rest, 1) if hit)
+            assert all(rest), "an answer of another shard was lost"
             hits = cast(
                 bytes | None, await client.hget(keys.stats("m", 1), count_field("cache_hit"))
             )

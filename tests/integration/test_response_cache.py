@@ -160,12 +160,12 @@ def test_the_cache_stays_within_its_bytes(stack: Stack) -> None:
     assert stack.redis_url is not None
     redis = Redis.from_url(stack.redis_url)
     try:
-        total = int(cast(bytes, redis.get(f"{keys.cache_index}:total")))
-        entries = redis.zcard(keys.cache_index)
+        total = int(cast(bytes, redis.get(f"{keys.cache_index()}:total")))
+        entries = redis.zcard(keys.cache_index())
         sizes = [
             int(size)
             for size in cast(
-                dict[bytes, bytes], redis.hgetall(f"{keys.cache_index}:sizes")
+                dict[bytes, bytes], redis.hgetall(f"{keys.cache_index()}:sizes")
             ).values()
         ]
     finally:

@@ -51,7 +51,7 @@ def _run(redis_server: RedisServer, keys: Keys, limit: int, ttl_s: float, steps:
 
 
 def _total(sync_redis: Redis, keys: Keys) -> int:
-    return int(cast(bytes, sync_redis.get(f"{keys.cache_index}:total") or b"0"))
+    return int(cast(bytes, sync_redis.get(f"{keys.cache_index()}:total") or b"0"))
 
 
 def test_a_kept_answer_comes_back_whole(redis_server: RedisServer, keys: Keys) -> None:
@@ -85,7 +85,7 @@ def test_the_least_recently_used_go_first(
     kept = _run(redis_server, keys, 3 * size + 10, 60, steps)
     assert kept == {"a": True, "b": False, "c": True, "d": True}
     assert _total(sync_redis, keys) == 3 * size
-    assert sync_redis.zcard(keys.cache_index) == 3
+    assert sync_redis.zcard(keys.cache_index()) == 3
 
 
 def test_an_answer_larger_than_the_cache_is_not_kept(
@@ -114,7 +114,7 @@ def test_unused_answers_expire_and_their_room_comes_back(
 
     assert _run(redis_server, keys, 10_000, 0.3, steps) is True
     assert _total(sync_redis, keys) == len(value)
-    assert sync_redis.zrange(keys.cache_index, 0, -1) == [b"new"]
+    assert sync_redis.zrange(keys.cache_index(), 0, -1) == [b"new"]
 
 
 def test_keeping_a_key_again_replaces_it(
@@ -163,7 +163,12 @@ def test_the_key_tells_requests_apart() -> None:
 
 @pytest.mark.parametrize(
     ("variable", "value"),
-    [("SLUICE_RESPONSE_CACHE_BYTES", "-1"), ("SLUICE_RESPONSE_CACHE_TTL_S", "0")],
+    [
+        ("SLUICE_RESPONSE_CACHE_BYTES", "-1"),
+        ("SLUICE_RESPONSE_CACHE_TTL_S", "0"),
+        ("SLUICE_RESPONSE_CACHE_SHARDS", "-1"),
+        ("SLUICE_RESPONSE_CACHE_SHARDS", "4096"),
+    ],
 )
 def test_bad_cache_settings_name_the_setting(
     monkeypatch: pytest.MonkeyPatch, variable: str, value: str
@@ -171,3 +176,50 @@ def test_bad_cache_settings_name_the_setting(
     monkeypatch.setenv(variable, value)
     with pytest.raises(ValueError, match=variable.removeprefix("SLUICE_").lower()):
         GatewaySettings()
+
+
+def test_shards_split_the_room_and_each_keeps_its_own_order(
+    redis_server: RedisServer, keys: Keys, sync_redis: Redis
+) -> None:
+    """Four shards of 1,000 bytes: every answer is found in the shard of its key; a shard
+    that fills evicts its own least recently used, not another shard's; an answer larger
+    than one shard's part of the room is not kept."""
+    reply, payload = _answer(300)
+    names = [f"{n:08x}" for n in range(12)]  # (shard = the first 8 hex digits mod 4)
+
+    async def steps(cache: ResponseCache) -> Any:
+        assert cache.shards == 4
+        kept = [await cache.put(name, pack_answer(reply, payload)) for name in names]
+        found = [await cache.get(name) is not None for name in names]
+        too_large = await cache.put("0000000c", pack_answer(*_answer(1_000)))
+        return kept, found, too_large
+
+    async def main() -> Any:
+        client = AsyncRedis.from_url(redis_server.url)
+        try:
+            return await steps(ResponseCache(client, keys, 4_000, 60, shards=4))
+        finally:
+            await client.aclose()
+
+    kept, found, too_large = asyncio.run(main())
+    assert all(kept) and not too_large
+    # Three answers of about 330 bytes went to each shard of 1,000: two fit, so the first
+    # of each shard (names 0 to 3) was evicted by the third (names 8 to 11).
+    assert found == [False] * 4 + [True] * 8
+    for shard in range(4):
+        members = sync_redis.zrange(keys.cache_index(shard), 0, -1)
+        assert members == [names[shard + 4].encode(), names[shard + 8].encode()]
+    assert len({keys.cache_index(shard) for shard in range(4)}) == 4
+
+
+def test_the_shards_follow_the_redis_they_live_in() -> None:
+    settings = GatewaySettings(response_cache_bytes=1 << 20)
+    plain = ResponseCache.from_settings(None, Keys("n"), settings, "redis://h:6379/0")  # type: ignore[arg-type]
+    cluster = ResponseCache.from_settings(None, Keys("n"), settings, "redis+cluster://h:7000")  # type: ignore[arg-type]
+    assert plain is not None and plain.shards == 1
+    assert cluster is not None and cluster.shards == 16
+    chosen = GatewaySettings(response_cache_bytes=1 << 20, response_cache_shards=3)
+    three = ResponseCache.from_settings(None, Keys("n"), chosen, "redis+cluster://h:7000")  # type: ignore[arg-type]
+    assert three is not None and three.shards == 3
+    none = GatewaySettings(response_cache_bytes=0)
+    assert ResponseCache.from_settings(None, Keys("n"), none, "redis://h") is None  # type: ignore[arg-type]
