@@ -834,7 +834,12 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "SLUICE_DEFAULT_MAX_BATCH_SIZE, the max_batch_size of autocompleted models.",
         _backend_config,
     ),
-    TritonFlag("repoagent-directory", "text", "ignored", "Sluice has no repository agents."),
+    TritonFlag(
+        "repoagent-directory",
+        "text",
+        "ignored",
+        "Sluice loads no agent libraries: it carries out Triton's checksum agent itself.",
+    ),
     TritonFlag(
         "cache-config",
         "text",

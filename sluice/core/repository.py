@@ -34,6 +34,7 @@ from sluice.core.config import (
 from sluice.core.config.platforms import fallback_model_filename
 from sluice.core.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
 from sluice.core.errors import InvalidConfig
+from sluice.core.repository_agents import check_repository_agents
 from sluice.core.settings import CONFIG_NAME_PATTERN, DEFAULT_MAX_BATCH_SIZE
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
@@ -249,6 +250,7 @@ def _load(
     if config is not None and config.is_ensemble:
         # An ensemble's version folder holds no model file (Triton's layout: an empty 1/);
         # its composing models are checked when it loads.
+        check_repository_agents(config, path)
         return config, versions
 
     if config is None:
@@ -279,6 +281,7 @@ def _load(
             model_file = path / str(version) / config.default_model_filename
             if not model_file.exists():
                 raise InvalidConfig(f"model file {_relative(path, model_file)} is missing")
+    check_repository_agents(config, path)
     return config, versions
 
 
