@@ -1,8 +1,9 @@
 """Combining requests into one batch and splitting the outputs back.
 
 Requests are combined along the batch dimension (dim 0) only when every input
-has the same per-item shape; :func:`shape_key` says which requests can share
-a batch. Everything here is pure computation, run off the event loop.
+has the same per-item shape, but for ragged inputs (:mod:`sluice.workers.ragged`);
+:func:`shape_key` says which requests can share a batch. Everything here is pure
+computation, run off the event loop.
 
 Tensors passed by shared memory reference are read where they are (a client's region
 or a gateway's segment, see :mod:`sluice.workers.shm_io`); outputs the client wants in its
@@ -23,7 +24,7 @@ from sluice.core.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InferenceFailed, InvalidInput, Unavailable
 from sluice.core.shm import new_segment_name, unlink, write_segment
 from sluice.core.wire import RequestMessage, ShmRef, TensorHeader
-from sluice.workers import shm_io
+from sluice.workers import ragged, shm_io
 
 ShapeKey = tuple[tuple[str, tuple[int, ...]], ...]
 
@@ -53,6 +54,11 @@ def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
     """Requests with equal keys can be concatenated; non-batching models never share."""
     if config.max_batch_size == 0:
         return ((message.request_key, ()),)
+    ragged = config.ragged_inputs
+    if ragged:
+        return tuple(
+            sorted((t.name, () if t.name in ragged else t.shape[1:]) for t in message.inputs)
+        )
     return tuple(sorted((t.name, t.shape[1:]) for t in message.inputs))
 
 
@@ -116,12 +122,26 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
     total = sum(r.items for r in requests)
     arrays: dict[str, np.ndarray] = {}
     for name, parts in per_input.items():
+        if name in config.ragged_inputs:
+            arrays[name] = ragged.concatenated(parts)
+            continue
         array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         spec = config.input(name)
         assert spec is not None
         leading = (total,) if batched else ()
         arrays[name] = array.reshape(_model_shape(spec, leading, array.shape))
+    for made in config.batch_inputs:
+        arrays[made.target] = ragged.batch_input(made, _source_shapes(requests, made.source))
     return arrays
+
+
+def _source_shapes(requests: Sequence[PendingRequest], name: str) -> list[tuple[int, ...] | None]:
+    """Each request's shape of input ``name`` (None where it lacks it)."""
+    shapes: list[tuple[int, ...] | None] = []
+    for request in requests:
+        found = next((t.shape for t in request.message.inputs if t.name == name), None)
+        shapes.append(found)
+    return shapes
 
 
 def output_names(requests: Sequence[PendingRequest]) -> list[str]:
@@ -146,8 +166,17 @@ def split(
     answer, as Triton leaves it out."""
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
+    scatter = ragged.scatter_sources(config) if config.batch_outputs else {}
+    parts: dict[str, list[np.ndarray]] = {}
+    for name, source in scatter.items():
+        spec = config.output(name)
+        if name in outputs and spec is not None:
+            shapes = _source_shapes(requests, source)
+            parts[name] = ragged.scattered(name, outputs[name], spec.dims, source, shapes)
     if batched:
         for name, array in outputs.items():
+            if name in parts:
+                continue
             if array.ndim == 0 or array.shape[0] != total:
                 raise InferenceFailed(
                     f"output '{name}' has batch dimension {array.shape[:1]} for {total} batch items"
@@ -166,8 +195,12 @@ def split(
                     continue
                 spec = config.output(name)
                 assert spec is not None
-                array = outputs[name][start : start + request.items] if batched else outputs[name]
-                if spec.reshape is not None and all(d >= 0 for d in spec.dims):
+                array = _part(outputs, parts, name, index, start, request.items, batched)
+                if (
+                    name not in parts
+                    and spec.reshape is not None
+                    and all(d >= 0 for d in spec.dims)
+                ):
                     array = array.reshape(((request.items,) if batched else ()) + spec.dims)
                 buffer: bytes | memoryview
                 if classes and name in classes:
@@ -189,6 +222,22 @@ def split(
             unlink(segment)
         raise
     return results
+
+
+def _part(
+    outputs: Mapping[str, np.ndarray],
+    scattered: Mapping[str, list[np.ndarray]],
+    name: str,
+    index: int,
+    start: int,
+    items: int,
+    batched: bool,
+) -> np.ndarray:
+    """Request ``index``'s part of output ``name``: scattered by an input's shape (ragged
+    batching), its rows of the batch, or the whole output of a model that does not batch."""
+    if name in scattered:
+        return scattered[name][index]
+    return outputs[name][start : start + items] if batched else outputs[name]
 
 
 def _place(

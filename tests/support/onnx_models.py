@@ -81,3 +81,47 @@ def write_identity(
         identity_config(name, datatypes, dims, max_batch_size, extra)
     )
     return model_dir
+
+
+RAGGED_CONFIG = """name: "{name}"
+backend: "onnxruntime"
+max_batch_size: 8
+input [ {{ name: "INPUT" data_type: TYPE_FP32 dims: [ -1 ] allow_ragged_batch: true }} ]
+output [
+  {{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ] }},
+  {{ name: "LAST" data_type: TYPE_FP32 dims: [ 1 ] }}
+]
+batch_input [ {{ kind: BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX"
+                data_type: TYPE_FP32 source_input: "INPUT" }} ]
+batch_output [ {{ target_name: "OUT" kind: BATCH_SCATTER_WITH_INPUT_SHAPE source_input: "INPUT" }} ]
+dynamic_batching {{ preferred_batch_size: [ {batch} ] max_queue_delay_microseconds: 10000000 }}
+parameters {{ key: "adaptive_batching" value {{ string_value: "false" }} }}
+"""
+
+
+def write_ragged(repository: Path, name: str, batch: int = 3) -> Path:
+    """Triton's ragged batching example: ``INPUT`` (ragged, FP32) reaches the model as the
+    batch's elements in one dimension, with ``INDEX`` (BATCH_ACCUMULATED_ELEMENT_COUNT)
+    beside it. ``OUT`` = 2 x INPUT, scattered back by each request's INPUT shape; ``LAST`` =
+    the request's running element count in its batch. A batch closes at ``batch``
+    requests (its preferred size) or after 10 s."""
+    inputs = [
+        helper.make_tensor_value_info("INPUT", TensorProto.FLOAT, [None]),
+        helper.make_tensor_value_info("INDEX", TensorProto.FLOAT, [None]),
+    ]
+    outputs = [
+        helper.make_tensor_value_info("OUT", TensorProto.FLOAT, [None]),
+        helper.make_tensor_value_info("LAST", TensorProto.FLOAT, [None, 1]),
+    ]
+    two = helper.make_tensor("two", TensorProto.FLOAT, [], [2.0])
+    column = helper.make_tensor("column", TensorProto.INT64, [2], [-1, 1])
+    nodes = [
+        helper.make_node("Mul", ["INPUT", "two"], ["OUT"]),
+        helper.make_node("Reshape", ["INDEX", "column"], ["LAST"]),
+    ]
+    graph = helper.make_graph(nodes, "ragged", inputs, outputs, initializer=[two, column])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model_dir = repository / name
+    save(model, model_dir / "1" / "model.onnx")
+    (model_dir / "config.pbtxt").write_text(RAGGED_CONFIG.format(name=name, batch=batch))
+    return model_dir

@@ -6,6 +6,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .ragged import BatchInput, BatchOutput
 from .sequence import SequenceBatching
 
 
@@ -47,6 +48,9 @@ class TensorSpec:
     optional: bool = False
     label_filename: str = ""
     """Outputs only: labels for classification, one per line, in the model directory."""
+    allow_ragged_batch: bool = False
+    """Inputs only: requests of any shapes batch together, the model receiving their
+    elements concatenated (:mod:`sluice.core.config.ragged`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +167,12 @@ class ModelConfig:
     warmup: tuple[WarmupSample, ...] = ()
     sequence_batching: SequenceBatching | None = None
     ensemble_steps: tuple[EnsembleStep, ...] = ()
+    batch_inputs: tuple[BatchInput, ...] = ()
+    """Inputs the server makes for each batch (ragged batching)."""
+    batch_outputs: tuple[BatchOutput, ...] = ()
+    """Outputs scattered back by an input's shapes (ragged batching)."""
+    ragged_inputs: frozenset[str] = frozenset()
+    """The inputs with ``allow_ragged_batch`` (of a model that batches)."""
     """``ensemble_scheduling.step``, in config order (empty unless an ensemble)."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 

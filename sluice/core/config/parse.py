@@ -27,6 +27,7 @@ from .model import (
     WarmupSample,
 )
 from .platforms import default_model_filename
+from .ragged import build_batch_inputs, build_batch_outputs, ragged_inputs
 from .render import render_config
 from .sequence import build_sequence_batching
 from .validate import validate_config
@@ -119,7 +120,9 @@ def _build(msg: Any) -> ModelConfig:
         platform=msg.platform,
         backend=msg.backend,
         max_batch_size=msg.max_batch_size,
-        inputs=tuple(_tensor(t, optional=t.optional) for t in msg.input),
+        inputs=tuple(
+            _tensor(t, optional=t.optional, ragged=t.allow_ragged_batch) for t in msg.input
+        ),
         outputs=tuple(
             _tensor(t, optional=False, label_filename=t.label_filename) for t in msg.output
         ),
@@ -155,11 +158,16 @@ def _build(msg: Any) -> ModelConfig:
             )
             for step in msg.ensemble_scheduling.step
         ),
+        batch_inputs=build_batch_inputs(msg),
+        batch_outputs=build_batch_outputs(msg),
+        ragged_inputs=ragged_inputs(msg),
         raw=render_config(msg),
     )
 
 
-def _tensor(tensor: Any, *, optional: bool, label_filename: str = "") -> TensorSpec:
+def _tensor(
+    tensor: Any, *, optional: bool, label_filename: str = "", ragged: bool = False
+) -> TensorSpec:
     type_name = model_config_pb2().DataType.Name(tensor.data_type)
     return TensorSpec(
         name=tensor.name,
@@ -168,6 +176,7 @@ def _tensor(tensor: Any, *, optional: bool, label_filename: str = "") -> TensorS
         reshape=tuple(tensor.reshape.shape) if tensor.HasField("reshape") else None,
         optional=optional,
         label_filename=label_filename,
+        allow_ragged_batch=ragged,
     )
 
 

@@ -11,6 +11,7 @@ from sluice.core.errors import InvalidConfig
 
 from ._schema import model_config_pb2
 from .ensemble import ensemble_problem
+from .ragged import ragged_problem
 from .sequence import sequence_batching_problem
 
 
@@ -51,6 +52,9 @@ def validate_config(msg: Any, *, model_name: str, source: str) -> None:
     if reason:
         raise fail(f"version_policy: {reason}")
     reason = ensemble_problem(msg)
+    if reason:
+        raise fail(reason)
+    reason = ragged_problem(msg)
     if reason:
         raise fail(reason)
     for index, sample in enumerate(msg.model_warmup):

@@ -1,0 +1,124 @@
+"""Ragged batching in the worker, without a server: the batch inputs of every kind (the
+examples of Triton's documentation), a ragged input concatenated whatever the requests'
+shapes, and an output scattered back by each request's input shape."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sluice.core.config import ModelConfig, parse_config_text
+from sluice.core.config.ragged import BATCH_INPUT_KINDS, BatchInput
+from sluice.core.errors import InferenceFailed, InvalidConfig
+from sluice.core.wire import RequestMessage, TensorHeader
+from sluice.workers import ragged
+from sluice.workers.tensors import PendingRequest, combine, shape_key, split
+from tests.support.onnx_models import RAGGED_CONFIG
+
+CONFIG = parse_config_text(RAGGED_CONFIG.format(name="r", batch=3), model_name="r")
+
+
+def made(kind: str, shapes: list[tuple[int, ...] | None]) -> list[object]:
+    array = ragged.batch_input(BatchInput(kind, "T", "INT32", "S"), shapes)
+    assert array.dtype == np.int32
+    return [array.shape, array.tolist()]
+
+
+def test_every_kind_of_batch_input() -> None:
+    three = [(1, 3), (1, 4), (1, 5)]
+    assert made("BATCH_ELEMENT_COUNT", three) == [(3,), [3, 4, 5]]
+    assert made("BATCH_ACCUMULATED_ELEMENT_COUNT", three) == [(3,), [3, 7, 12]]
+    assert made("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", three) == [(4,), [0, 3, 7, 12]]
+    assert made("BATCH_MAX_ELEMENT_COUNT_AS_SHAPE", three)[0] == (5,)
+    # Triton's example: a batch-2 request [3, 1] and a batch-1 request [2, 2].
+    items = [(2, 3, 1), (1, 2, 2)]
+    assert made("BATCH_ITEM_SHAPE", items) == [(3, 2), [[3, 1], [3, 1], [2, 2]]]
+    assert made("BATCH_ITEM_SHAPE_FLATTEN", items) == [(6,), [3, 1, 3, 1, 2, 2]]
+    assert len(BATCH_INPUT_KINDS) == 6
+
+
+def request(number: int, values: list[float], config: ModelConfig = CONFIG) -> PendingRequest:
+    data = np.asarray(values, dtype=np.float32)
+    header = TensorHeader("INPUT", "FP32", (1, len(values)), data.nbytes)
+    message = RequestMessage(f"r{number}", "r", [header], ["OUT", "LAST"])
+    key = shape_key(message, config)
+    return PendingRequest(f"{number}-0".encode(), message, memoryview(data.tobytes()), 1, key)
+
+
+def test_requests_of_any_shapes_share_a_batch_and_get_their_own_part_back() -> None:
+    batch = [request(1, [1, 2, 3]), request(2, [4, 5, 6, 7]), request(3, [8, 9, 10, 11, 12])]
+    assert len({r.key for r in batch}) == 1
+    arrays = combine(batch, CONFIG)
+    assert arrays["INPUT"].shape == (12,)
+    assert arrays["INDEX"].tolist() == [3.0, 7.0, 12.0]
+    outputs = {"OUT": arrays["INPUT"] * 2, "LAST": arrays["INDEX"].reshape(-1, 1)}
+    answers = split(batch, outputs, CONFIG)
+    shapes = [[h.shape for h in headers] for headers, _ in answers]
+    assert shapes == [[(1, 3), (1, 1)], [(1, 4), (1, 1)], [(1, 5), (1, 1)]]
+    first, _ = answers[0]
+    out = np.frombuffer(answers[0][1][: first[0].nbytes], dtype=np.float32)
+    assert out.tolist() == [2.0, 4.0, 6.0]
+
+
+def test_an_output_that_does_not_add_up_fails_the_batch() -> None:
+    batch = [request(1, [1, 2]), request(2, [3])]
+    with pytest.raises(
+        InferenceFailed, match="has 4 elements; scattering it by input 'INPUT' needs 3"
+    ):
+        split(batch, {"OUT": np.zeros(4, dtype=np.float32)}, CONFIG)
+
+
+GOOD = RAGGED_CONFIG.format(name="r", batch=3)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "reason"),
+    [
+        ('target_name: "INDEX"', 'target_name: "INPUT"', "batch_input 'INPUT': target_name is"),
+        (
+            'source_input: "INPUT" } ]\nbatch_output',
+            'source_input: "NOPE" } ]\nbatch_output',
+            "batch_input 'INDEX': source_input must name one input",
+        ),
+        (
+            "data_type: TYPE_FP32 source_input",
+            "data_type: TYPE_STRING source_input",
+            "batch_input 'INDEX': data_type must be one of TYPE_INT32",
+        ),
+        (
+            'target_name: "OUT" kind',
+            'target_name: "NOPE" kind',
+            "batch_output #0: target_name 'NOPE' is not an output",
+        ),
+        (
+            "max_batch_size: 8",
+            "max_batch_size: 0",
+            "batch_input and batch_output need a model that batches",
+        ),
+        (
+            'backend: "onnxruntime"',
+            'backend: "python"',
+            "batch_input and batch_output are made for backends that take a batch as one "
+            "tensor per input, not for 'python'",
+        ),
+    ],
+)
+def test_bad_batch_inputs_and_outputs_are_refused_naming_them(
+    old: str, new: str, reason: str
+) -> None:
+    assert old in GOOD
+    text = GOOD.replace(old, new)
+    if new == "max_batch_size: 0":
+        text = text[: text.index("dynamic_batching")]
+    with pytest.raises(InvalidConfig, match=reason):
+        parse_config_text(text, model_name="r")
+
+
+def test_a_model_that_takes_each_request_alone_keeps_its_shapes_apart() -> None:
+    """A Triton Python model gets each request's own tensors: its ragged input is not
+    concatenated, and requests of different shapes go in different batches."""
+    text = GOOD[: GOOD.index("batch_input")].replace('"onnxruntime"', '"python"')
+    config = parse_config_text(text, model_name="r")
+    assert config.inputs[0].allow_ragged_batch and config.ragged_inputs == frozenset()
+    keys = {request(n, [0.0] * n, config).key for n in (3, 4)}
+    assert len(keys) == 2
