@@ -31,6 +31,11 @@ log = logging.getLogger(__name__)
 _FIELD = b"c"
 """The field of :func:`encode_command`'s entry that holds the command."""
 
+RECORDED_FILES_MAX_BYTES = 8 << 20
+"""The most file bytes one record keeps in Redis (for as long as the model stays loaded):
+a load with more (a TorchServe archive registered through the management API) is not
+recorded, and a host that joins later loads that model from its repository."""
+
 
 def remember_load(
     client: Redis, keys: Keys, command: ControlCommand, *, files_of_previous: bool = False
@@ -38,11 +43,22 @@ def remember_load(
     """``command`` was carried out: record it if it brought what the repository lacks.
     ``files_of_previous``: it applied to the files of the previous load (a model not in the
     repository), which the record keeps."""
-    if files_of_previous and not command.files:
+    if (files_of_previous and not command.files) or command.keep_files:
         previous = _recorded(client, keys, command.model)
-        if previous is not None:
-            command = replace(command, files=previous.files, keep_files=previous.keep_files)
-    if command.config is None and not command.files and not command.versions:
+        if previous is not None:  # (the files it added to, or applied to, are kept too)
+            files = {**previous.files, **command.files}
+            command = replace(command, files=files, keep_files=previous.keep_files)
+    size = sum(len(data) for data in command.files.values())
+    if size > RECORDED_FILES_MAX_BYTES:
+        log.warning(
+            "'%s' was loaded with %d MiB of files, more than the %d MiB kept for the hosts "
+            "that join later: they load it from their repository",
+            command.model,
+            size >> 20,
+            RECORDED_FILES_MAX_BYTES >> 20,
+        )
+        client.hdel(keys.loaded_as, command.model)
+    elif command.config is None and not command.files and not command.versions:
         client.hdel(keys.loaded_as, command.model)
     else:
         client.hset(keys.loaded_as, command.model, encode_command(command)[_FIELD])

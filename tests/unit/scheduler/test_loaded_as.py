@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from sluice.core.control import ControlCommand
+from sluice.core.control import ControlCommand, decode_command
 from sluice.core.keys import Keys
 from sluice.core.repository import read_model
+from sluice.scheduler.executor import loaded_as
 from sluice.scheduler.executor.loaded_as import forget_load, loads_of_others, remember_load
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
@@ -105,3 +106,32 @@ def test_a_record_that_cannot_be_used_leaves_the_model_to_the_repository(
     assert loads_of_others(client, keys, names, broken.parent, tmp_path / "s") == {}
     warned = " ".join(record.getMessage() for record in caplog.records)
     assert "'garbled'" in warned and "'missing'" in warned and "'broken'" in warned
+
+
+def test_files_added_to_a_model_are_kept_with_the_first_ones(client: Redis, keys: Keys) -> None:
+    """A TorchServe version registered beside another (keep_files): the record holds both
+    archives, so a joining host serves both versions."""
+    first = ControlCommand("load", "ts", config="{}", files={"1/model.mar": b"one"})
+    remember_load(client, keys, first)
+    added = ControlCommand(
+        "load", "ts", config="{}", files={"2/model.mar": b"two"}, keep_files=True
+    )
+    remember_load(client, keys, added)
+    value = client.hget(keys.loaded_as, "ts")
+    assert value is not None
+    recorded = decode_command({b"c": value})
+    assert recorded is not None
+    assert recorded.files == {"1/model.mar": b"one", "2/model.mar": b"two"}
+
+
+def test_a_load_with_too_many_file_bytes_is_not_recorded(
+    client: Redis, keys: Keys, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis keeps a record as long as its model is loaded: one whose files are larger than
+    the bound is left out (a joining host loads that model from its repository)."""
+    monkeypatch.setattr(loaded_as, "RECORDED_FILES_MAX_BYTES", 10)
+    remember_load(client, keys, ControlCommand("load", "big", config="{}", files={"f": b"x" * 5}))
+    assert client.hget(keys.loaded_as, "big") is not None
+    remember_load(client, keys, ControlCommand("load", "big", config="{}", files={"f": b"x" * 11}))
+    assert client.hget(keys.loaded_as, "big") is None
+    assert "'big' was loaded with 0 MiB of files, more than the 0 MiB" in caplog.text
