@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Iterable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import cast
@@ -45,9 +46,7 @@ def remember_load(
     repository), which the record keeps."""
     if (files_of_previous and not command.files) or command.keep_files:
         previous = _recorded(client, keys, command.model)
-        if previous is not None:  # (the files it added to, or applied to, are kept too)
-            files = {**previous.files, **command.files}
-            command = replace(command, files=files, keep_files=previous.keep_files)
+        command = merged(command, previous, files_of_previous=files_of_previous)
     size = sum(len(data) for data in command.files.values())
     if size > RECORDED_FILES_MAX_BYTES:
         log.warning(
@@ -64,6 +63,18 @@ def remember_load(
         client.hset(keys.loaded_as, command.model, encode_command(command)[_FIELD])
 
 
+def merged(
+    command: ControlCommand, previous: ControlCommand | None, *, files_of_previous: bool
+) -> ControlCommand:
+    """``command`` with the files of the ``previous`` load of its model that it keeps: those
+    it added to (``keep_files``), or applied to (``files_of_previous``: a new configuration
+    of a model loaded from files alone)."""
+    if previous is None or not ((files_of_previous and not command.files) or command.keep_files):
+        return command
+    files = {**previous.files, **command.files}
+    return replace(command, files=files, keep_files=previous.keep_files)
+
+
 def _recorded(client: Redis, keys: Keys, model: str) -> ControlCommand | None:
     value = cast(bytes | None, client.hget(keys.loaded_as, model))
     return decode_command({_FIELD: value}) if value is not None else None
@@ -74,43 +85,51 @@ def forget_load(client: Redis, keys: Keys, model: str) -> None:
     client.hdel(keys.loaded_as, model)
 
 
-def loads_of_others(
-    client: Redis,
-    keys: Keys,
-    names: set[str],
+def recorded_loads(client: Redis, keys: Keys, names: Iterable[str]) -> dict[str, ControlCommand]:
+    """The records of the models among ``names`` that were loaded with a command of their
+    own (a malformed record is left out, with a warning)."""
+    wanted = set(names)
+    raw = cast(dict[bytes, bytes], client.hgetall(keys.loaded_as))
+    commands: dict[str, ControlCommand] = {}
+    for name_bytes, value in raw.items():
+        name = name_bytes.decode(errors="replace")
+        if name not in wanted:
+            continue
+        command = decode_command({_FIELD: value})
+        if command is None or command.op != "load" or command.model != name:
+            log.warning("ignoring the malformed record of how '%s' was loaded", name)
+            continue
+        commands[name] = command
+    return commands
+
+
+def staged_loads(
+    commands: Mapping[str, ControlCommand],
     repository: Path,
     staging_root: Path,
     config_name: str = "",
     *,
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE,
 ) -> dict[str, RepositoryModel]:
-    """The models among ``names`` that the other executors loaded with a command of their
-    own, staged as they staged them (under ``staging_root``). One that cannot be staged or
-    read again is left out, with a warning: it is then loaded from the repository."""
-    raw = cast(dict[bytes, bytes], client.hgetall(keys.loaded_as))
+    """Each model of ``commands`` staged as its command staged it (under ``staging_root``).
+    One that cannot be staged or read again is left out, with a warning: it is then loaded
+    from the repository."""
     models: dict[str, RepositoryModel] = {}
-    for name_bytes, value in raw.items():
-        name = name_bytes.decode(errors="replace")
-        if name not in names:
-            continue
-        command = decode_command({_FIELD: value})
-        if command is None or command.op != "load" or command.model != name:
-            log.warning("ignoring the malformed record of how '%s' was loaded", name)
-            continue
+    for name, command in commands.items():
         try:
             model_dir = stage(
                 repository / name,
-                staging_root / f"joined-{uuid.uuid4().hex}",
+                staging_root / f"restored-{uuid.uuid4().hex}",
                 command.config,
                 command.files,
                 keep=command.keep_files,
             )
         except (SluiceError, OSError) as exc:
-            log.warning("cannot load '%s' as the other hosts did: %s", name, exc)
+            log.warning("cannot load '%s' as it was loaded before: %s", name, exc)
             continue
         model = read_model(model_dir, config_name, default_max_batch_size=default_max_batch_size)
         if model.error is not None or model.config is None:
-            log.warning("cannot load '%s' as the other hosts did: %s", name, model.error)
+            log.warning("cannot load '%s' as it was loaded before: %s", name, model.error)
             continue
         if command.versions:
             model = replace(model, versions=command.versions)

@@ -72,6 +72,7 @@ from sluice.scheduler.executor.instance_update import (
     plan,
 )
 from sluice.scheduler.executor.loaded_as import forget_load, remember_load
+from sluice.scheduler.executor.snapshot import Snapshots
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
 from sluice.scheduler.repository.staging import check_model_name, stage
 
@@ -123,6 +124,8 @@ class ModelControl:
     (:func:`~sluice.core.repository.config_source`)."""
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     """What autocomplete gives a model that can batch (SLUICE_DEFAULT_MAX_BATCH_SIZE)."""
+    snapshots: Snapshots | None = None
+    """Where the loaded models are kept for the next start (SLUICE_SNAPSHOT_DIR)."""
     executor_id: str = field(
         default_factory=lambda: f"{socket.gethostname()}-{uuid.uuid4().hex[:12]}"
     )
@@ -436,12 +439,20 @@ class ModelControl:
         self._reply(work.command, error)
 
     def _remember(self, command: ControlCommand) -> None:
-        """How the model is now loaded, for the executors that join later."""
+        """How the model is now loaded, for the executors that join later (and for this
+        one's next start, with a snapshot folder)."""
+        if command.op not in ("load", "unload"):
+            return
+        outside = not (self.repository / command.model).is_dir()
+        if self.snapshots is not None:
+            try:
+                self.snapshots.save(self.loaded, command, files_of_previous=outside)
+            except OSError as exc:
+                log.warning("cannot write the model snapshot: %s", exc)
         try:
             if command.op == "unload":
                 forget_load(self.client, self.keys, command.model)
-            elif command.op == "load":
-                outside = not (self.repository / command.model).is_dir()
+            else:
                 remember_load(self.client, self.keys, command, files_of_previous=outside)
         except RedisError as exc:
             log.warning("cannot record how '%s' is loaded: %s", command.model, exc)

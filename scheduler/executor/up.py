@@ -19,19 +19,15 @@ import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
-from typing import cast
 
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sluice.core.catalog import decode_entry
-from sluice.core.control import live_executors
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import connect
-from sluice.core.repository import RepositoryModel, composing_models, scan_repository
+from sluice.core.repository import RepositoryModel, scan_repository
 from sluice.core.settings import ApiKeySettings, UpSettings
-from sluice.core.wire import MalformedEntry
 from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
 from sluice.scheduler.executor.children import (
     batch_data_env,
@@ -43,7 +39,6 @@ from sluice.scheduler.executor.children import (
 from sluice.scheduler.executor.controller_thread import start_controller
 from sluice.scheduler.executor.instances import Fleet, InstanceReconciler
 from sluice.scheduler.executor.listeners import ListenError, open_listeners, reserve_grpc_port
-from sluice.scheduler.executor.loaded_as import loads_of_others
 from sluice.scheduler.executor.model_control import ModelControl
 from sluice.scheduler.executor.on_demand_start import (
     split_on_demand,
@@ -54,6 +49,8 @@ from sluice.scheduler.executor.open_listener import warn_if_open_beyond_loopback
 from sluice.scheduler.executor.readiness import probe_key, wait_ready, with_probe_key
 from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServer, new_password
 from sluice.scheduler.executor.segment_sweeper import SegmentSweeper
+from sluice.scheduler.executor.snapshot import Snapshots
+from sluice.scheduler.executor.start_loads import StartLoads
 from sluice.scheduler.executor.supervisor import Supervisor
 from sluice.scheduler.executor.ticks import CommandWatch, Tick, Wakeup, run_ticks
 from sluice.scheduler.repository.local import LocalSource
@@ -102,13 +99,13 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             explicit = settings.model_control_mode == "explicit"
             models, demanded = split_on_demand(models, settings.model_control_mode)
-            joined = _loaded_by_others(client, namespace, redis_url) if explicit else set()
-            loaded = _initially_loaded(settings, models, joined) if explicit else models
-            if joined:  # (as the executors already serving loaded them)
-                loaded = _as_loaded_by_others(
-                    loaded,
-                    _loads_of_others(client, namespace, joined, repository, staging, settings),
+            snapshots = Snapshots(settings.snapshot_dir) if settings.snapshot_dir else None
+            if explicit:
+                loaded = StartLoads(client, namespace, settings, repository, staging).choose(
+                    models, snapshots
                 )
+            else:
+                loaded = models
             loaded = [m for m in loaded if m.name not in demanded]
             control: ModelControl | None = None
             catalog = CatalogKeeper(
@@ -145,6 +142,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 catalog.publish,
                 config_name=settings.model_config_name,
                 default_max_batch_size=settings.default_max_batch_size,
+                snapshots=snapshots if explicit else None,
             )
             control.refresh = _refresher(settings)
             control.start()
@@ -265,82 +263,6 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
     stack.callback(supervisor.stop)
     supervisor.start()
     return supervisor
-
-
-def _loaded_by_others(client: Redis, namespace: Keys, redis_url: str) -> set[str]:
-    """Explicit model control, joining executors already serving (other hosts): the models
-    the catalog says they have loaded, so that this host serves them too instead of
-    publishing a catalog without them. Alone, an executor starts afresh, as Triton does."""
-    try:
-        if not live_executors(client, namespace):
-            return set()
-        raw = cast(dict[bytes, bytes], client.hgetall(namespace.catalog))
-    except RedisError as exc:
-        raise StartupFailed(f"cannot reach Redis at {_redacted(redis_url)}: {exc}") from None
-    names = set()
-    for value in raw.values():
-        try:
-            entry = decode_entry(value)
-        except MalformedEntry:
-            continue
-        if entry.available and not entry.on_demand:
-            names.add(entry.name)
-    if names:
-        log.info(
-            "joining the executors already serving: loading what they have loaded (%s)",
-            ", ".join(sorted(names)),
-        )
-    return names
-
-
-def _loads_of_others(
-    client: Redis,
-    namespace: Keys,
-    joined: set[str],
-    repository: Path,
-    staging: Path,
-    settings: UpSettings,
-) -> dict[str, RepositoryModel]:
-    try:
-        return loads_of_others(
-            client,
-            namespace,
-            joined,
-            repository,
-            staging,
-            settings.model_config_name,
-            default_max_batch_size=settings.default_max_batch_size,
-        )
-    except RedisError as exc:
-        raise StartupFailed(f"cannot read how the other hosts loaded their models: {exc}") from None
-
-
-def _as_loaded_by_others(
-    loaded: list[RepositoryModel], others: dict[str, RepositoryModel]
-) -> list[RepositoryModel]:
-    """``loaded``, each model the others loaded with a command of their own as they did
-    (and those they loaded from files alone, which the repository lacks)."""
-    names = {model.name for model in loaded}
-    return [others.get(m.name, m) for m in loaded] + [
-        model for name, model in sorted(others.items()) if name not in names
-    ]
-
-
-def _initially_loaded(
-    settings: UpSettings, models: list[RepositoryModel], joined: set[str] | None = None
-) -> list[RepositoryModel]:
-    """Explicit model control: the models named by --load-model (``*``: all) or loaded by
-    the executors this one joins, and the models each of them calls if an ensemble (as
-    Triton loads them with it)."""
-    wanted = set(settings.load_model) | (joined or set())
-    if "*" in wanted:
-        return models
-    by_name = {model.name: model for model in models}
-    for name in list(wanted):
-        model = by_name.get(name)
-        if model is not None and model.config is not None and model.config.is_ensemble:
-            wanted.update(composing_models(model.config, by_name.get))
-    return [m for m in models if m.name in wanted]
 
 
 def _refresher(settings: UpSettings) -> Callable[[], None] | None:

@@ -1013,6 +1013,12 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     load_model: list[str] = Field(default_factory=list)
     """With ``explicit``: the models to load at start (Triton's --load-model; ``*``: all)."""
 
+    snapshot_dir: Path | None = None
+    """With ``explicit``: a folder where ``sluice up`` keeps a snapshot of the models it has
+    loaded and how (TorchServe's snapshots), written after every load and unload; a start
+    while no other executor is alive loads them again. None: no snapshot (Triton starts
+    afresh)."""
+
     model_control_timeout_s: float = Field(120.0, gt=0)
     """How long a load may take (workers started and ready) before it counts as failed."""
 

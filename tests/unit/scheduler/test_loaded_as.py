@@ -14,9 +14,14 @@ from redis import Redis
 
 from sluice.core.control import ControlCommand, decode_command
 from sluice.core.keys import Keys
-from sluice.core.repository import read_model
+from sluice.core.repository import RepositoryModel, read_model
 from sluice.scheduler.executor import loaded_as
-from sluice.scheduler.executor.loaded_as import forget_load, loads_of_others, remember_load
+from sluice.scheduler.executor.loaded_as import (
+    forget_load,
+    recorded_loads,
+    remember_load,
+    staged_loads,
+)
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import write_identity
 
@@ -36,6 +41,13 @@ def config_of(model_dir: Path, **changes: object) -> str:
     config = read_model(model_dir).config
     assert config is not None
     return json.dumps({**dict(config.raw), **changes})
+
+
+def loads_of_others(
+    client: Redis, keys: Keys, names: set[str], repository: Path, staging: Path
+) -> dict[str, RepositoryModel]:
+    """What a joining executor loads as the others did: their records, staged."""
+    return staged_loads(recorded_loads(client, keys, names), repository, staging)
 
 
 def test_a_joining_executor_stages_each_load_as_it_was_carried_out(

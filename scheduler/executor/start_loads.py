@@ -1,0 +1,133 @@
+"""What ``sluice up`` loads at start with explicit model control.
+
+The models named by ``--load-model`` (``*``: all), and:
+
+- joining executors already serving (other hosts): what the catalog says they have loaded,
+  each as they loaded it (:mod:`sluice.scheduler.executor.loaded_as`), so that this host
+  serves the same models instead of publishing a catalog without them;
+- alone, with a snapshot folder (``SLUICE_SNAPSHOT_DIR``): what its last snapshot says it
+  had loaded, as it loaded it (:mod:`sluice.scheduler.executor.snapshot`), whose records
+  then go to Redis for the executors that join later;
+- alone without one: nothing more, as Triton starts afresh.
+
+An ensemble brings the models it calls, as Triton loads them with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+from redis import Redis
+from redis.exceptions import RedisError
+
+from sluice.core.catalog import decode_entry
+from sluice.core.control import ControlCommand, live_executors
+from sluice.core.errors import StartupFailed
+from sluice.core.keys import Keys
+from sluice.core.repository import RepositoryModel, composing_models
+from sluice.core.settings import UpSettings
+from sluice.core.wire import MalformedEntry
+from sluice.scheduler.executor.loaded_as import recorded_loads, remember_load, staged_loads
+from sluice.scheduler.executor.snapshot import Snapshots
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StartLoads:
+    client: Redis
+    keys: Keys
+    settings: UpSettings
+    repository: Path
+    staging: Path
+
+    def choose(
+        self, models: list[RepositoryModel], snapshots: Snapshots | None
+    ) -> list[RepositoryModel]:
+        """The models to load now (``models``: the repository's), and the snapshot written
+        with them."""
+        try:
+            names, commands = self._from_others()
+            if names is None:
+                names, commands = self._from_snapshot(snapshots)
+        except RedisError as exc:
+            raise StartupFailed(f"cannot read from Redis what is loaded: {exc}") from None
+        wanted = initially_loaded(self.settings.load_model, models, names)
+        staged = staged_loads(
+            commands,
+            self.repository,
+            self.staging,
+            self.settings.model_config_name,
+            default_max_batch_size=self.settings.default_max_batch_size,
+        )
+        loaded = as_loaded(wanted, staged)
+        missing = sorted(names - {model.name for model in loaded})
+        if missing:
+            log.warning("not loading %s: not in the repository", ", ".join(missing))
+        if snapshots is not None:
+            snapshots.save(model.name for model in loaded)
+        return loaded
+
+    def _from_others(self) -> tuple[set[str] | None, dict[str, ControlCommand]]:
+        """What the live executors have loaded, and how; None when there are none."""
+        if not live_executors(self.client, self.keys):
+            return None, {}
+        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.catalog))
+        names = set()
+        for value in raw.values():
+            try:
+                entry = decode_entry(value)
+            except MalformedEntry:
+                continue
+            if entry.available and not entry.on_demand:
+                names.add(entry.name)
+        if names:
+            log.info(
+                "joining the executors already serving: loading what they have loaded (%s)",
+                ", ".join(sorted(names)),
+            )
+        return names, recorded_loads(self.client, self.keys, names)
+
+    def _from_snapshot(
+        self, snapshots: Snapshots | None
+    ) -> tuple[set[str], dict[str, ControlCommand]]:
+        restored = snapshots.restore() if snapshots is not None else None
+        if restored is None:
+            return set(), {}
+        names, commands = restored
+        if names:
+            log.info("loading the models of the snapshot (%s)", ", ".join(sorted(names)))
+        for command in commands.values():  # (for the executors that join later)
+            remember_load(self.client, self.keys, command)
+        return names, commands
+
+
+def initially_loaded(
+    load_model: Iterable[str], models: list[RepositoryModel], names: set[str]
+) -> list[RepositoryModel]:
+    """The repository's models named by ``load_model`` (``*``: all) or ``names``, and the
+    models each of them calls if an ensemble."""
+    wanted = set(load_model) | names
+    if "*" in wanted:
+        return models
+    by_name = {model.name: model for model in models}
+    for name in list(wanted):
+        model = by_name.get(name)
+        if model is not None and model.config is not None and model.config.is_ensemble:
+            wanted.update(composing_models(model.config, by_name.get))
+    return [m for m in models if m.name in wanted]
+
+
+def as_loaded(
+    loaded: list[RepositoryModel], staged: Mapping[str, RepositoryModel]
+) -> list[RepositoryModel]:
+    """``loaded``, each model that was loaded with a command of its own staged as it was
+    (and those loaded from files alone, which the repository lacks)."""
+    names = {model.name for model in loaded}
+    return [staged.get(m.name, m) for m in loaded] + [
+        model for name, model in sorted(staged.items()) if name not in names
+    ]
