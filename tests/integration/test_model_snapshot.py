@@ -6,7 +6,9 @@ after the next restart."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -18,7 +20,10 @@ from tests.support.stack import Stack
 BODY = {"inputs": [{"name": "IN_FP32", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 
 
-def _start(repository: Path, redis_server: RedisServer, snapshots: Path) -> Stack:
+@contextlib.contextmanager
+def _served(repository: Path, redis_server: RedisServer, snapshots: Path) -> Iterator[httpx.Client]:
+    """One start of ``sluice up`` (a namespace of its own: nothing of an earlier start is
+    in Redis), and a client of it; stopped at the end."""
     stack = Stack(
         repository,
         redis_server.url,
@@ -27,7 +32,11 @@ def _start(repository: Path, redis_server: RedisServer, snapshots: Path) -> Stac
         args=["--model-control-mode=explicit", "--load-model=ident"],
     )
     stack.start()
-    return stack
+    try:
+        with httpx.Client(base_url=stack.url, timeout=120) as http:
+            yield http
+    finally:
+        stack.stop()
 
 
 def _states(http: httpx.Client) -> dict[str, str]:
@@ -43,45 +52,32 @@ def test_a_restart_serves_what_was_loaded_as_it_was_loaded(
     onnx = (repository / "ident" / "1" / "model.onnx").read_bytes()
     snapshots = tmp_path / "snapshots"
 
-    stack = _start(repository, redis_server, snapshots)
-    try:
-        with httpx.Client(base_url=stack.url, timeout=120) as http:
-            config = http.get("/v2/models/ident/config").json()
-            tuned = dict(config, name="tuned", max_batch_size=2)
-            loaded = http.post(
-                "/v2/repository/models/tuned/load",
-                json={"parameters": {"config": json.dumps(tuned)}},
-            )
-            assert loaded.status_code == 200, loaded.text
-            files = {
-                "config": json.dumps(dict(config, name="uploaded")),
-                "file:1/model.onnx": base64.b64encode(onnx).decode(),
-            }
-            uploaded = http.post("/v2/repository/models/uploaded/load", json={"parameters": files})
-            assert uploaded.status_code == 200, uploaded.text
-            assert http.post("/v2/repository/models/plain/load").status_code == 200
-            assert http.post("/v2/repository/models/plain/unload").status_code == 200
-    finally:
-        stack.stop()
+    with _served(repository, redis_server, snapshots) as http:
+        config = http.get("/v2/models/ident/config").json()
+        tuned = dict(config, name="tuned", max_batch_size=2)
+        loaded = http.post(
+            "/v2/repository/models/tuned/load",
+            json={"parameters": {"config": json.dumps(tuned)}},
+        )
+        assert loaded.status_code == 200, loaded.text
+        files = {
+            "config": json.dumps(dict(config, name="uploaded")),
+            "file:1/model.onnx": base64.b64encode(onnx).decode(),
+        }
+        uploaded = http.post("/v2/repository/models/uploaded/load", json={"parameters": files})
+        assert uploaded.status_code == 200, uploaded.text
+        assert http.post("/v2/repository/models/plain/load").status_code == 200
+        assert http.post("/v2/repository/models/plain/unload").status_code == 200
 
-    # A new start (a new namespace: nothing of the first one is in Redis).
-    stack = _start(repository, redis_server, snapshots)
-    try:
-        with httpx.Client(base_url=stack.url, timeout=120) as http:
-            states = _states(http)
-            assert states["tuned"] == "READY" and states["uploaded"] == "READY", states
-            assert states["plain"] != "READY", states
-            assert http.get("/v2/models/tuned/config").json()["max_batch_size"] == 2
-            answer = http.post("/v2/models/uploaded/infer", json=BODY)
-            assert answer.status_code == 200, answer.text
-            assert http.post("/v2/repository/models/tuned/unload").status_code == 200
-    finally:
-        stack.stop()
+    with _served(repository, redis_server, snapshots) as http:
+        states = _states(http)
+        assert states["tuned"] == "READY" and states["uploaded"] == "READY", states
+        assert states["plain"] != "READY", states
+        assert http.get("/v2/models/tuned/config").json()["max_batch_size"] == 2
+        answer = http.post("/v2/models/uploaded/infer", json=BODY)
+        assert answer.status_code == 200, answer.text
+        assert http.post("/v2/repository/models/tuned/unload").status_code == 200
 
-    stack = _start(repository, redis_server, snapshots)
-    try:
-        with httpx.Client(base_url=stack.url, timeout=120) as http:
-            states = _states(http)
-            assert states["tuned"] != "READY" and states["uploaded"] == "READY", states
-    finally:
-        stack.stop()
+    with _served(repository, redis_server, snapshots) as http:
+        states = _states(http)
+        assert states["tuned"] != "READY" and states["uploaded"] == "READY", states
