@@ -1,5 +1,5 @@
 """``sluice up`` in place of ``tritonserver``, with Triton's flags as a Triton user writes
-them (see sluice/cli/triton_flags.py): one stack for the whole command line of the issue,
+them (see sluice/cli/triton_flags): one stack for the whole command line of the issue,
 and a short start that --exit-on-error=true ends."""
 
 from __future__ import annotations

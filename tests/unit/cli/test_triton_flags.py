@@ -1,4 +1,4 @@
-"""``sluice up`` takes tritonserver's flags (sluice/cli/triton_flags.py): mapped ones become
+"""``sluice up`` takes tritonserver's flags (sluice/cli/triton_flags): mapped ones become
 settings or SLUICE_* variables, ignored ones a warning naming them, refused ones an error
 saying what to do instead; bad values and unknown options are errors naming them."""
 
