@@ -69,7 +69,13 @@ class StartLoads:
         if missing:
             log.warning("not loading %s: not in the repository", ", ".join(missing))
         if snapshots is not None:
-            snapshots.save(model.name for model in loaded)
+            try:
+                snapshots.save(model.name for model in loaded)
+            except OSError as exc:
+                raise StartupFailed(
+                    f"SLUICE_SNAPSHOT_DIR: cannot write the model snapshot in "
+                    f"{snapshots.folder}: {exc.strerror or exc}"
+                ) from None
         return loaded
 
     def _from_others(self) -> tuple[set[str] | None, dict[str, ControlCommand]]:

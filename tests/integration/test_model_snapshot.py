@@ -8,6 +8,9 @@ from __future__ import annotations
 import base64
 import contextlib
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +84,30 @@ def test_a_restart_serves_what_was_loaded_as_it_was_loaded(
     with _served(repository, redis_server, snapshots) as http:
         states = _states(http)
         assert states["tuned"] != "READY" and states["uploaded"] == "READY", states
+
+
+def test_a_snapshot_folder_that_cannot_be_written_stops_the_start(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A misplaced SLUICE_SNAPSHOT_DIR (here a file) is said at start, naming the setting,
+    instead of losing every snapshot later."""
+    repository = tmp_path / "repository"
+    write_identity(repository, "ident", ["FP32"])
+    blocked = tmp_path / "a-file"
+    blocked.write_text("not a folder")
+    env = dict(
+        os.environ,
+        SLUICE_REDIS_URL=redis_server.url,
+        SLUICE_NAMESPACE=f"snap{os.getpid()}",
+        SLUICE_SNAPSHOT_DIR=str(blocked),
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(repository)]
+        + ["--model-control-mode=explicit", "--http-port=0", "--grpc-port=0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert result.returncode != 0
+    assert "SLUICE_SNAPSHOT_DIR: cannot write the model snapshot in" in result.stderr

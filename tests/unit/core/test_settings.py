@@ -21,11 +21,13 @@ def test_read_settings_names_each_bad_variable_and_its_value(
 ) -> None:
     monkeypatch.setenv("SLUICE_HEARTBEAT_S", "-1")
     monkeypatch.setenv("SLUICE_MODEL_CONFIG_NAME", "../h100")
+    monkeypatch.setenv("SLUICE_DEFAULT_MAX_BATCH_SIZE", "-4")
     with pytest.raises(StartupFailed) as info:
         read_settings(WorkerSettings)
     message = info.value.message
     assert "invalid setting SLUICE_HEARTBEAT_S='-1': Input should be greater than 0" in message
     assert "invalid setting SLUICE_MODEL_CONFIG_NAME='../h100'" in message
+    assert "invalid setting SLUICE_DEFAULT_MAX_BATCH_SIZE='-4'" in message
     assert info.value.exit_status == 2
 
 
