@@ -101,9 +101,9 @@ def test_a_snapshot_folder_that_cannot_be_written_stops_the_start(
         SLUICE_NAMESPACE=f"snap{os.getpid()}",
         SLUICE_SNAPSHOT_DIR=str(blocked),
     )
+    argv = [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(repository)]
     result = subprocess.run(
-        [sys.executable, "-m", "sluice.cli", "up", "--model-repository", str(repository)]
-        + ["--model-control-mode=explicit", "--http-port=0", "--grpc-port=0"],
+        [*argv, "--model-control-mode=explicit", "--http-port=0", "--grpc-port=0"],
         capture_output=True,
         text=True,
         timeout=120,
