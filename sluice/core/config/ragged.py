@@ -38,7 +38,6 @@ BATCH_INPUT_KINDS = (
     "BATCH_ITEM_SHAPE",
     "BATCH_ITEM_SHAPE_FLATTEN",
 )
-SCATTER_WITH_INPUT_SHAPE = "BATCH_SCATTER_WITH_INPUT_SHAPE"
 BATCH_INPUT_TYPES = ("INT32", "INT64", "FP32", "FP64")
 """The datatypes a batch input may take (its values are counts and sizes)."""
 
