@@ -21,7 +21,7 @@ from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import Cancelled, DeadlineExceeded, SluiceError, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys
-from sluice.core.wire import ReplyMessage, RequestMessage, encode_reply
+from sluice.core.wire import ReplyMessage, RequestMessage, encode_replies, encode_reply
 from sluice.workers.slot_lease import SlotLease, SlotLost
 from sluice.workers.tensors import PendingRequest
 
@@ -188,16 +188,28 @@ class Publisher:
             log.warning("acknowledging %d cancelled requests failed: %s", len(others), exc)
 
     def _send(self, pipe: Pipeline, outcomes: list[Outcome]) -> None:
-        """Queue the answers to the gateways waiting for them."""
+        """Queue the answers to the gateways waiting for them: one entry per reader for the
+        answers of readers that take them together, one per answer for the others."""
+        together: dict[str, list[tuple[ReplyMessage, bytes]]] = {}
         for outcome in outcomes:
-            reply_to = outcome.request.message.reply_to
-            if reply_to and not self.keys.is_job(reply_to):
-                pipe.xadd(
-                    reply_to,
-                    encode_reply(outcome.reply, outcome.payload),  # type: ignore[arg-type]
-                    maxlen=self.reply_max_len,
-                    approximate=True,
-                )
+            message = outcome.request.message
+            reply_to = message.reply_to
+            if not reply_to or self.keys.is_job(reply_to):
+                continue
+            if message.replies_together:
+                together.setdefault(reply_to, []).append((outcome.reply, outcome.payload))
+                continue
+            self._add(pipe, reply_to, encode_reply(outcome.reply, outcome.payload))
+        for reply_to, replies in together.items():
+            self._add(pipe, reply_to, encode_replies(replies))
+
+    def _add(self, pipe: Pipeline, reply_to: str, fields: dict[bytes, bytes]) -> None:
+        pipe.xadd(
+            reply_to,
+            fields,  # type: ignore[arg-type]
+            maxlen=self.reply_max_len,
+            approximate=True,
+        )
 
     def _settle(
         self,

@@ -37,7 +37,7 @@ from sluice.core.wire import (
     MalformedEntry,
     ReplyMessage,
     RequestMessage,
-    decode_reply,
+    decode_replies,
     encode_request,
 )
 
@@ -145,6 +145,7 @@ class RedisDispatcher:
         key = str(next(self._counter))
         message.request_key = key
         message.reply_to = self.reply_stream
+        message.replies_together = True  # (this reader takes a batch's answers in one entry)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Reply | SluiceError] = asyncio.Queue()
         self._streams[key] = queue
@@ -198,6 +199,7 @@ class RedisDispatcher:
         key = str(next(self._counter))
         message.request_key = key
         message.reply_to = self.reply_stream
+        message.replies_together = True  # (this reader takes a batch's answers in one entry)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Reply] = loop.create_future()
         appended: asyncio.Future[bytes] = loop.create_future()
@@ -293,10 +295,14 @@ class RedisDispatcher:
 
     def _resolve(self, fields: dict[bytes, bytes]) -> None:
         try:
-            reply = decode_reply(fields)
+            replies = decode_replies(fields)
         except MalformedEntry as exc:
             log.error("dropping malformed reply: %s", exc)
             return
+        for reply in replies:
+            self._resolve_one(reply)
+
+    def _resolve_one(self, reply: Reply) -> None:
         queue = self._streams.get(reply[0].request_key)
         if queue is not None:
             if queue.qsize() < STREAM_BACKLOG:

@@ -89,6 +89,10 @@ class RequestMessage:
     tenant: str = ""
     """Whose request it is (:mod:`sluice.core.tenants`); empty: the anonymous tenant, or a
     request from inside the deployment (an ensemble's step, a BLS call)."""
+    replies_together: bool = False
+    """Its reader takes several answers in one reply entry (:func:`encode_replies`): a
+    worker may send the answers of one batch to one reader together. Entries of older
+    readers lack it, and get one entry per answer."""
 
 
 @dataclass(slots=True)
@@ -205,6 +209,8 @@ def encode_request(message: RequestMessage, payload: bytes) -> dict[bytes, bytes
         header["ri"] = message.request_id
     if message.tenant:
         header["tn"] = message.tenant
+    if message.replies_together:
+        header["rt"] = True
     if message.trace is not None:
         header["tp"] = message.trace.header
         if message.trace.state:
@@ -236,6 +242,7 @@ def decode_request(fields: Mapping[bytes, bytes]) -> tuple[RequestMessage, memor
         message.host = _str(header.get("h", ""))
         message.request_id = _str(header.get("ri", ""))
         message.tenant = _str(header.get("tn", ""))
+        message.replies_together = header.get("rt") is True
         if "tp" in header:  # a malformed one is no trace context, as from a client
             message.trace = parse_traceparent(_str(header["tp"]), _str(header.get("ts", "")))
     except (KeyError, TypeError) as exc:
@@ -283,6 +290,33 @@ def encode_reply(message: ReplyMessage, payload: bytes = b"") -> dict[bytes, byt
     if message.parameters:
         header["p"] = message.parameters
     return {HEADER_FIELD: msgpack.packb(header), DATA_FIELD: payload}
+
+
+def encode_replies(replies: Sequence[tuple[ReplyMessage, bytes]]) -> dict[bytes, bytes]:
+    """Several answers in one reply entry, for a reader that takes them together: the
+    first as :func:`encode_reply` writes it, the next ones under ``h1``/``d1``, ``h2``/``d2``
+    and so on (one Redis command and one stream entry for a batch's answers to a reader,
+    instead of one each)."""
+    fields: dict[bytes, bytes] = {}
+    for index, (message, payload) in enumerate(replies):
+        one = encode_reply(message, payload)
+        suffix = str(index).encode() if index else b""
+        fields[HEADER_FIELD + suffix] = one[HEADER_FIELD]
+        fields[DATA_FIELD + suffix] = one[DATA_FIELD]
+    return fields
+
+
+def decode_replies(fields: Mapping[bytes, bytes]) -> list[tuple[ReplyMessage, memoryview]]:
+    """Every answer of a reply entry (one, or several: :func:`encode_replies`)."""
+    replies = [decode_reply(fields)]
+    index = 1
+    while (header := fields.get(HEADER_FIELD + str(index).encode())) is not None:
+        data = fields.get(DATA_FIELD + str(index).encode())
+        if data is None:
+            raise MalformedEntry(f"reply entry lacks the data of its answer {index}")
+        replies.append(decode_reply({HEADER_FIELD: header, DATA_FIELD: data}))
+        index += 1
+    return replies
 
 
 def decode_reply(fields: Mapping[bytes, bytes]) -> tuple[ReplyMessage, memoryview]:

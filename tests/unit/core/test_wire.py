@@ -10,8 +10,10 @@ from sluice.core.wire import (
     ReplyMessage,
     RequestMessage,
     TensorHeader,
+    decode_replies,
     decode_reply,
     decode_request,
+    encode_replies,
     encode_reply,
     encode_request,
 )
@@ -28,10 +30,36 @@ def test_request_round_trip() -> None:
         enqueued_ns=100,
         priority=2,
         parameters={"k": "v"},
+        replies_together=True,
     )
     decoded, payload = decode_request(encode_request(message, b"\x00" * 23))
     assert decoded == message
     assert len(payload) == 23
+
+
+def test_several_answers_travel_in_one_entry_and_one_reads_as_before() -> None:
+    answers = [
+        (ReplyMessage("1", 1, [TensorHeader("y", "UINT8", (1, 2), 2)]), b"\x01\x02"),
+        (ReplyMessage("2", 1, error_kind="InvalidInput", error="bad"), b""),
+        (ReplyMessage("3", 1, [TensorHeader("y", "UINT8", (1, 1), 1)]), b"\x03"),
+    ]
+    fields = encode_replies(answers)
+    decoded = decode_replies(fields)
+    assert [(m, bytes(p)) for m, p in decoded] == answers
+    assert decode_reply(fields)[0] == answers[0][0]  # (an older reader gets the first)
+    single = encode_reply(*answers[0])
+    assert encode_replies(answers[:1]) == single
+    assert [m for m, _ in decode_replies(single)] == [answers[0][0]]
+    del fields[DATA_FIELD + b"2"]
+    with pytest.raises(MalformedEntry, match="lacks the data of its answer 2"):
+        decode_replies(fields)
+
+
+def test_an_older_gateways_request_asks_for_one_entry_per_answer() -> None:
+    message = RequestMessage("7", "ns:reply:abc", [], ["y"])
+    fields = encode_request(message, b"")
+    assert b"rt" not in msgpack.unpackb(fields[HEADER_FIELD])
+    assert decode_request(fields)[0].replies_together is False
 
 
 def test_reply_round_trip_with_error() -> None:
