@@ -221,7 +221,8 @@ class Keys:
 
     def reply_stream(self, gateway_id: str) -> str:
         """Answers for one gateway process (workers XADD, the gateway's reader XREADs): an
-        entry holds one answer, or a batch's answers to it (:func:`sluice.core.wire.encode_replies`)."""
+        entry holds one answer, or a batch's answers to that process
+        (:func:`sluice.core.wire.encode_replies`)."""
         return f"{self.namespace}:reply:{{{gateway_id}}}"
 
     @property
