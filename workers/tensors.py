@@ -54,10 +54,10 @@ def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
     """Requests with equal keys can be concatenated; non-batching models never share."""
     if config.max_batch_size == 0:
         return ((message.request_key, ()),)
-    ragged = config.ragged_inputs
-    if ragged:
+    concatenated = config.ragged_inputs  # (any shapes: their elements are concatenated)
+    if concatenated:
         return tuple(
-            sorted((t.name, () if t.name in ragged else t.shape[1:]) for t in message.inputs)
+            sorted((t.name, () if t.name in concatenated else t.shape[1:]) for t in message.inputs)
         )
     return tuple(sorted((t.name, t.shape[1:]) for t in message.inputs))
 

@@ -44,7 +44,7 @@ def remember_load(
     """``command`` was carried out: record it if it brought what the repository lacks.
     ``files_of_previous``: it applied to the files of the previous load (a model not in the
     repository), which the record keeps."""
-    if (files_of_previous and not command.files) or command.keep_files:
+    if keeps_previous_files(command, files_of_previous=files_of_previous):
         previous = _recorded(client, keys, command.model)
         command = merged(command, previous, files_of_previous=files_of_previous)
     size = sum(len(data) for data in command.files.values())
@@ -63,13 +63,19 @@ def remember_load(
         client.hset(keys.loaded_as, command.model, encode_command(command)[_FIELD])
 
 
+def keeps_previous_files(command: ControlCommand, *, files_of_previous: bool) -> bool:
+    """Whether ``command`` keeps the files of its model's previous load: those it adds to
+    (``keep_files``), or applies to (``files_of_previous``: a new configuration of a model
+    loaded from files alone)."""
+    return command.keep_files or (files_of_previous and not command.files)
+
+
 def merged(
     command: ControlCommand, previous: ControlCommand | None, *, files_of_previous: bool
 ) -> ControlCommand:
-    """``command`` with the files of the ``previous`` load of its model that it keeps: those
-    it added to (``keep_files``), or applied to (``files_of_previous``: a new configuration
-    of a model loaded from files alone)."""
-    if previous is None or not ((files_of_previous and not command.files) or command.keep_files):
+    """``command`` with the files of the ``previous`` load of its model that it keeps
+    (:func:`keeps_previous_files`)."""
+    if previous is None or not keeps_previous_files(command, files_of_previous=files_of_previous):
         return command
     files = {**previous.files, **command.files}
     return replace(command, files=files, keep_files=previous.keep_files)
@@ -83,6 +89,12 @@ def _recorded(client: Redis, keys: Keys, model: str) -> ControlCommand | None:
 def forget_load(client: Redis, keys: Keys, model: str) -> None:
     """``model`` was unloaded: a later load starts from the repository again."""
     client.hdel(keys.loaded_as, model)
+
+
+def forget_all_loads(client: Redis, keys: Keys) -> None:
+    """An executor starts alone: what earlier executors recorded is not what is loaded now
+    (a Redis that outlived them keeps their records)."""
+    client.delete(keys.loaded_as)
 
 
 def recorded_loads(client: Redis, keys: Keys, names: Iterable[str]) -> dict[str, ControlCommand]:

@@ -10,6 +10,9 @@ The models named by ``--load-model`` (``*``: all), and:
   then go to Redis for the executors that join later;
 - alone without one: nothing more, as Triton starts afresh.
 
+Alone, it first clears the load records in Redis: those of earlier executors (a Redis that
+outlived them keeps them) would make a host that joins later load their configurations.
+
 An ensemble brings the models it calls, as Triton loads them with it.
 """
 
@@ -31,7 +34,12 @@ from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel, composing_models
 from sluice.core.settings import UpSettings
 from sluice.core.wire import MalformedEntry
-from sluice.scheduler.executor.loaded_as import recorded_loads, remember_load, staged_loads
+from sluice.scheduler.executor.loaded_as import (
+    forget_all_loads,
+    recorded_loads,
+    remember_load,
+    staged_loads,
+)
 from sluice.scheduler.executor.snapshot import Snapshots
 
 log = logging.getLogger(__name__)
@@ -101,6 +109,7 @@ class StartLoads:
     def _from_snapshot(
         self, snapshots: Snapshots | None
     ) -> tuple[set[str], dict[str, ControlCommand]]:
+        forget_all_loads(self.client, self.keys)
         restored = snapshots.restore() if snapshots is not None else None
         if restored is None:
             return set(), {}

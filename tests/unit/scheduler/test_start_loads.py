@@ -1,0 +1,50 @@
+"""What ``sluice up`` loads at start in explicit mode, against a real Redis: alone, the
+load records of earlier executors are cleared (and replaced by those of its snapshot), so
+that a host joining later does not take a configuration nobody serves any more."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from redis import Redis
+
+from sluice.core.control import ControlCommand
+from sluice.core.keys import Keys
+from sluice.core.repository import scan_repository
+from sluice.core.settings import UpSettings
+from sluice.scheduler.executor.loaded_as import remember_load
+from sluice.scheduler.executor.redis_server import RedisServer
+from sluice.scheduler.executor.snapshot import Snapshots
+from sluice.scheduler.executor.start_loads import StartLoads
+from tests.support.onnx_models import write_identity
+
+
+@pytest.fixture
+def client(redis_server: RedisServer) -> Iterator[Redis]:
+    with Redis.from_url(redis_server.url) as redis:
+        yield redis
+
+
+def start(client: Redis, keys: Keys, tmp_path: Path, snapshots: Snapshots | None) -> list[str]:
+    repository = tmp_path / "repository"
+    settings = UpSettings(model_repository=(str(repository),), load_model=["plain"])
+    loads = StartLoads(client, keys, settings, repository, tmp_path / "staging")
+    return [m.name for m in loads.choose(scan_repository(repository), snapshots)]
+
+
+def test_alone_the_records_of_earlier_executors_are_cleared(tmp_path: Path, client: Redis) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    for name in ("plain", "tuned"):
+        write_identity(tmp_path / "repository", name, ["FP32"])
+    remember_load(client, keys, ControlCommand("load", "plain", config="{}"))  # (stale)
+    assert start(client, keys, tmp_path, None) == ["plain"]
+    assert client.hlen(keys.loaded_as) == 0
+
+    snapshots = Snapshots(tmp_path / "snapshots")
+    snapshots.save(["tuned"], ControlCommand("load", "tuned", versions=(1,)))
+    remember_load(client, keys, ControlCommand("load", "plain", config="{}"))  # (stale)
+    assert sorted(start(client, keys, tmp_path, snapshots)) == ["plain", "tuned"]
+    assert client.hkeys(keys.loaded_as) == [b"tuned"]  # (the snapshot's, for joiners)
