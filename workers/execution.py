@@ -398,7 +398,8 @@ class Execution:
         self, batch: list[PendingRequest], backend: Backend, timing: Timing
     ) -> list[Answer]:
         """One request's bad input (a client region gone, shrunk or replaced by a link
-        since :func:`validate`) fails that request only: the batch runs request by request."""
+        since :func:`validate`, or a shape a batch input's type cannot hold) fails that
+        request only: the batch runs request by request."""
         results: list[Answer] = []
         for request in batch:
             try:

@@ -6,14 +6,14 @@ semantics: :mod:`sluice.core.config.ragged`)."""
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.config.ragged import BatchInput
 from sluice.core.datatypes import numpy_dtype
-from sluice.core.errors import InferenceFailed
+from sluice.core.errors import InferenceFailed, InvalidInput
 
 Shape = tuple[int, ...]
 
@@ -32,11 +32,11 @@ def batch_input(spec: BatchInput, shapes: Sequence[Shape | None]) -> np.ndarray:
     counts = [math.prod(shape) if shape is not None else 0 for shape in shapes]
     kind = spec.kind
     if kind == "BATCH_ELEMENT_COUNT":
-        return np.asarray(counts, dtype=dtype)
+        return _typed(np.asarray(counts, dtype=np.int64), spec)
     if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT":
-        return np.cumsum(counts).astype(dtype)
+        return _typed(np.cumsum(counts, dtype=np.int64), spec)
     if kind == "BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO":
-        return np.concatenate([[0], np.cumsum(counts)]).astype(dtype)
+        return _typed(np.cumsum([0, *counts], dtype=np.int64), spec)
     if kind == "BATCH_MAX_ELEMENT_COUNT_AS_SHAPE":
         return np.zeros(max(counts, default=0), dtype=dtype)
     rank = max((len(shape) - 1 for shape in shapes if shape is not None), default=0)
@@ -45,8 +45,22 @@ def batch_input(spec: BatchInput, shapes: Sequence[Shape | None]) -> np.ndarray:
         for shape in shapes
         for _ in range(shape[0] if shape else 1)
     ]
-    array = np.asarray(items, dtype=dtype).reshape(len(items), rank)
+    array = _typed(np.asarray(items, dtype=np.int64).reshape(len(items), rank), spec)
     return array.reshape(-1) if kind == "BATCH_ITEM_SHAPE_FLATTEN" else array
+
+
+def _typed(values: np.ndarray, spec: BatchInput) -> np.ndarray:
+    """``values`` in the batch input's datatype. A value an integer type cannot hold (a
+    client's empty tensor may have a dimension past 2**31) is refused, not wrapped into a
+    wrong size: as :class:`InvalidInput`, on which the worker runs the batch's requests
+    one by one, so that only the request whose shape it is fails."""
+    dtype = numpy_dtype(spec.datatype)
+    if dtype.kind == "i" and values.size and int(values.max()) > np.iinfo(dtype).max:
+        raise InvalidInput(
+            f"input '{spec.source}': its shape gives batch input '{spec.target}' the value "
+            f"{int(values.max())}, more than {spec.datatype} holds"
+        )
+    return values.astype(dtype)
 
 
 def scattered(
@@ -54,26 +68,32 @@ def scattered(
 ) -> list[np.ndarray]:
     """Each request's part of output ``name`` (config ``dims``) scattered by the shapes of
     input ``source``: the output's variable dimensions (the batch one first) take the
-    source's sizes, in order."""
+    source's sizes, in order. The sizes are checked against the output before any part is
+    cut: a model that returns the wrong size fails the batch, naming both sizes."""
     flat = array.reshape(-1)
-    parts: list[np.ndarray] = []
-    start = 0
-    for shape in shapes:
-        wanted = _scatter_shape((-1, *dims), shape or ())
-        if wanted is None:
-            raise InferenceFailed(
-                f"output '{name}' cannot be scattered by input '{source}': the input has "
-                f"fewer dimensions than the output's variable ones"
-            )
-        count = math.prod(wanted)
-        parts.append(flat[start : start + count].reshape(wanted))
-        start += count
-    if start != flat.size:
+    wanted = [_part_shape(name, dims, source, shape) for shape in shapes]
+    counts = [math.prod(shape) for shape in wanted]
+    if sum(counts) != flat.size:
         raise InferenceFailed(
             f"output '{name}' has {flat.size} elements; scattering it by input '{source}' "
-            f"needs {start}"
+            f"needs {sum(counts)}"
         )
+    parts: list[np.ndarray] = []
+    start = 0
+    for shape, count in zip(wanted, counts, strict=True):
+        parts.append(flat[start : start + count].reshape(shape))
+        start += count
     return parts
+
+
+def _part_shape(name: str, dims: Shape, source: str, shape: Shape | None) -> Shape:
+    wanted = _scatter_shape((-1, *dims), shape or ())
+    if wanted is None:
+        raise InferenceFailed(
+            f"output '{name}' cannot be scattered by input '{source}': the input has "
+            f"fewer dimensions than the output's variable ones"
+        )
+    return wanted
 
 
 def _scatter_shape(dims: Shape, source: Shape) -> Shape | None:
@@ -86,6 +106,15 @@ def _scatter_shape(dims: Shape, source: Shape) -> Shape | None:
         else:
             return None
     return tuple(shape)
+
+
+def missing_source(config: ModelConfig, names: Collection[str]) -> str | None:
+    """The first input that the model's batch inputs and outputs are made from and that a
+    request with inputs ``names`` lacks (an optional one), if any: Triton fails such a
+    request, where its counts would be zeros and its parts shapeless."""
+    sources = [made.source for made in config.batch_inputs]
+    sources += [entry.source for entry in config.batch_outputs]
+    return next((name for name in sources if name not in names), None)
 
 
 def scatter_sources(config: ModelConfig) -> dict[str, str]:

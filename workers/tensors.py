@@ -73,6 +73,13 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
     for name in message.outputs:
         if config.output(name) is None:
             raise InvalidInput(f"unknown output '{name}'")
+    if config.batch_inputs or config.batch_outputs:
+        missing = ragged.missing_source(config, {t.name for t in message.inputs})
+        if missing is not None:
+            raise InvalidInput(
+                f"input '{missing}' is required: the model's batch inputs and outputs are "
+                "made from its shape"
+            )
     if shm_io.MAPPINGS.elsewhere(message.host):
         if message.output_regions or any(t.shm is not None for t in message.inputs):
             raise Unavailable(

@@ -25,7 +25,7 @@ from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel, read_model
 from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
-from sluice.scheduler.repository.staging import stage
+from sluice.scheduler.repository.staging import check_model_name, stage
 
 log = logging.getLogger(__name__)
 
@@ -125,10 +125,12 @@ def staged_loads(
 ) -> dict[str, RepositoryModel]:
     """Each model of ``commands`` staged as its command staged it (under ``staging_root``).
     One that cannot be staged or read again is left out, with a warning: it is then loaded
-    from the repository."""
+    from the repository. A name that is not one folder of the repository (it comes from
+    Redis or a snapshot file) is left out too."""
     models: dict[str, RepositoryModel] = {}
     for name, command in commands.items():
         try:
+            check_model_name(name)
             model_dir = stage(
                 repository / name,
                 staging_root / f"restored-{uuid.uuid4().hex}",

@@ -57,7 +57,7 @@ class StartLoads:
         self, models: list[RepositoryModel], snapshots: Snapshots | None
     ) -> list[RepositoryModel]:
         """The models to load now (``models``: the repository's), and the snapshot written
-        with them."""
+        with them: each model as it is loaded now (joining, as the others loaded it)."""
         try:
             names, commands = self._from_others()
             if names is None:
@@ -78,7 +78,7 @@ class StartLoads:
             log.warning("not loading %s: not in the repository", ", ".join(missing))
         if snapshots is not None:
             try:
-                snapshots.save(model.name for model in loaded)
+                snapshots.save_all((model.name for model in loaded), commands)
             except OSError as exc:
                 raise StartupFailed(
                     f"SLUICE_SNAPSHOT_DIR: cannot write the model snapshot in "

@@ -87,6 +87,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             not isinstance(body, dict)
             or body.get("op") not in ("load", "unload", *ROLLOUT_OPS)
             or not isinstance(files, dict)
+            or not all(isinstance(k, str) and isinstance(v, bytes) for k, v in files.items())
             or not (config is None or isinstance(config, str))
             or not isinstance(versions, list)
             or not all(isinstance(v, int) and 0 < v < 1 << 63 for v in versions)
@@ -100,7 +101,7 @@ def decode_command(fields: dict[bytes, bytes]) -> ControlCommand | None:
             body["op"],
             str(body["model"]),
             config,
-            {str(k): bytes(v) for k, v in files.items()},
+            files,
             tuple(sorted(set(versions))),
             str(body["id"]),
             token,

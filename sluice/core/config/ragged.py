@@ -130,6 +130,7 @@ def ragged_problem(msg: Any) -> str | None:
         if type_name.removeprefix("TYPE_") not in BATCH_INPUT_TYPES:
             allowed = ", ".join(f"TYPE_{t}" for t in BATCH_INPUT_TYPES)
             return f"{where}: data_type must be one of {allowed}, not {type_name}"
+    scattered: set[str] = set()
     for index, entry in enumerate(msg.batch_output):
         where = f"batch_output #{index}"
         if not entry.target_name:
@@ -137,6 +138,9 @@ def ragged_problem(msg: Any) -> str | None:
         for name in entry.target_name:
             if name not in outputs:
                 return f"{where}: target_name '{name}' is not an output of the model"
+            if name in scattered:  # (by which source input would it be scattered?)
+                return f"{where}: target_name '{name}' is named twice"
+            scattered.add(name)
         if len(entry.source_input) != 1 or entry.source_input[0] not in inputs:
             return f"{where}: source_input must name one input of the model"
     return None

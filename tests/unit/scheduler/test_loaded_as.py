@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import msgpack
 import pytest
 from redis import Redis
 
@@ -147,3 +148,34 @@ def test_a_load_with_too_many_file_bytes_is_not_recorded(
     remember_load(client, keys, ControlCommand("load", "big", config="{}", files={"f": b"x" * 11}))
     assert client.hget(keys.loaded_as, "big") is None
     assert "'big' was loaded with 0 MiB of files, more than the 0 MiB" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["../outside", "/outside", "x/..", "a\0b", ".hidden", ""])
+def test_a_record_whose_name_leaves_the_repository_is_not_staged(
+    tmp_path: Path, name: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A record's name comes from Redis or a snapshot file: one that is not a model name of
+    the repository (a path out of it, a NUL byte) is left out with a warning; nothing
+    outside the repository is staged and the staging folder stays."""
+    repository = tmp_path / "repository"
+    write_identity(repository, "m", ["FP32"])
+    outside = write_identity(tmp_path, "outside", ["FP32"])
+    staging = tmp_path / "staging"
+    staging.mkdir()
+    (staging / "kept").touch()
+    command = ControlCommand("load", name, config=config_of(outside, name=""))
+    assert staged_loads({name: command}, repository, staging / "run") == {}
+    assert (staging / "kept").exists()
+    assert "invalid model name" in caplog.text
+
+
+@pytest.mark.parametrize("content", [2**64 - 1, 10**12, "text", None])
+def test_a_record_whose_files_are_not_bytes_is_left_out(
+    client: Redis, keys: Keys, content: object, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A number where a file's bytes belong made ``bytes(n)``: n zero bytes (memory for a
+    large one) or an OverflowError that ended the executor's start."""
+    body = {"id": "x", "op": "load", "model": "m", "config": "{}", "files": {"f": content}}
+    client.hset(keys.loaded_as, "m", msgpack.packb(body))
+    assert recorded_loads(client, keys, {"m"}) == {}
+    assert "ignoring the malformed record of how 'm' was loaded" in caplog.text

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from redis import Redis
 
-from sluice.core.control import ControlCommand
+from sluice.core.catalog import CatalogEntry, encode_entry
+from sluice.core.control import REGISTER_EXECUTOR, ControlCommand
 from sluice.core.keys import Keys
 from sluice.core.repository import scan_repository
 from sluice.core.settings import UpSettings
@@ -48,3 +49,30 @@ def test_alone_the_records_of_earlier_executors_are_cleared(tmp_path: Path, clie
     remember_load(client, keys, ControlCommand("load", "plain", config="{}"))  # (stale)
     assert sorted(start(client, keys, tmp_path, snapshots)) == ["plain", "tuned"]
     assert client.hkeys(keys.loaded_as) == [b"tuned"]  # (the snapshot's, for joiners)
+
+
+def test_joining_the_snapshot_takes_how_the_others_loaded_each_model(
+    tmp_path: Path, client: Redis
+) -> None:
+    """The models of a joining executor are the others', each as they loaded it: its
+    snapshot says so too, else its next start alone restores how it had loaded them before
+    (a configuration nobody serves any more)."""
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    for name in ("plain", "tuned", "rolled"):
+        write_identity(tmp_path / "repository", name, ["FP32"])
+    snapshots = Snapshots(tmp_path / "snapshots")
+    snapshots.save(["tuned"], ControlCommand("load", "tuned", versions=(1,)))
+    snapshots.save(["tuned", "rolled"], ControlCommand("load", "rolled", versions=(1,)))
+    client.eval(REGISTER_EXECUTOR, 1, keys.executors, "other-host", 60)
+    for model in scan_repository(tmp_path / "repository"):
+        entry = CatalogEntry(model.name, model.versions, model.config)
+        client.hset(keys.catalog, model.name, encode_entry(entry))
+    remember_load(client, keys, ControlCommand("load", "rolled", versions=(1,)))
+    remember_load(client, keys, ControlCommand("load", "plain", config="{}"))
+    client.hdel(keys.catalog, "plain")  # (recorded, but not loaded)
+
+    assert sorted(start(client, keys, tmp_path, snapshots)) == ["plain", "rolled", "tuned"]
+    restored = snapshots.restore()
+    assert restored is not None
+    assert restored[0] == {"plain", "rolled", "tuned"}
+    assert {name: c.versions for name, c in restored[1].items()} == {"rolled": (1,)}

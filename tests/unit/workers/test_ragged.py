@@ -1,18 +1,26 @@
 """Ragged batching in the worker, without a server: the batch inputs of every kind (the
 examples of Triton's documentation), a ragged input concatenated whatever the requests'
-shapes, and an output scattered back by each request's input shape."""
+shapes, and an output scattered back by each request's input shape; a shape that a batch
+input's type cannot hold, a request without a batch input's source, or an output of the
+wrong size fails cleanly, and no request gets another's part."""
 
 from __future__ import annotations
+
+import math
+from typing import cast
 
 import numpy as np
 import pytest
 
 from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.config.ragged import BATCH_INPUT_KINDS, BatchInput
-from sluice.core.errors import InferenceFailed, InvalidConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig, InvalidInput
 from sluice.core.wire import RequestMessage, TensorHeader
 from sluice.workers import ragged
-from sluice.workers.tensors import PendingRequest, combine, shape_key, split
+from sluice.workers.backends.base import Backend
+from sluice.workers.execution import Execution
+from sluice.workers.replies import Timing
+from sluice.workers.tensors import PendingRequest, combine, shape_key, split, validate
 from tests.support.onnx_models import RAGGED_CONFIG
 
 CONFIG = parse_config_text(RAGGED_CONFIG.format(name="r", batch=3), model_name="r")
@@ -96,6 +104,16 @@ GOOD = RAGGED_CONFIG.format(name="r", batch=3)
             "batch_input and batch_output need a model that batches",
         ),
         (
+            'target_name: "OUT" kind',
+            'target_name: [ "OUT", "OUT" ] kind',
+            "batch_output #0: target_name 'OUT' is named twice",
+        ),
+        (
+            'source_input: "INPUT" } ]\ndynamic',
+            'source_input: "INPUT" }, { target_name: "OUT" source_input: "INPUT" } ]\ndynamic',
+            "batch_output #1: target_name 'OUT' is named twice",
+        ),
+        (
             'backend: "onnxruntime"',
             'backend: "python"',
             "batch_input and batch_output are made for backends that take a batch as one "
@@ -122,3 +140,106 @@ def test_a_model_that_takes_each_request_alone_keeps_its_shapes_apart() -> None:
     assert config.inputs[0].allow_ragged_batch and config.ragged_inputs == frozenset()
     keys = {request(n, [0.0] * n, config).key for n in (3, 4)}
     assert len(keys) == 2
+
+
+def test_an_output_with_too_few_elements_fails_the_batch_naming_it() -> None:
+    """A model that returns fewer elements than the requests' shapes need fails the batch
+    with the sizes named (no request gets a short or shifted part)."""
+    batch = [request(1, [1, 2, 3, 4, 5]), request(2, [6])]
+    with pytest.raises(
+        InferenceFailed, match="has 4 elements; scattering it by input 'INPUT' needs 6"
+    ):
+        split(batch, {"OUT": np.zeros(4, dtype=np.float32)}, CONFIG)
+
+
+def test_a_scatter_size_past_the_output_is_refused_before_slicing() -> None:
+    """An empty input with a huge dimension asks for a part far larger than the output."""
+    huge = [(1, 2**62, 0)]
+    with pytest.raises(InferenceFailed, match="has 0 elements; scattering it by input 'IN'"):
+        ragged.scattered("OUT", np.zeros(0, dtype=np.float32), (-1,), "IN", huge)
+
+
+@pytest.mark.parametrize(
+    ("kind", "shapes"),
+    [
+        ("BATCH_ITEM_SHAPE", [(1, 0, 3_000_000_000)]),
+        ("BATCH_ITEM_SHAPE_FLATTEN", [(1, 0, 3_000_000_000)]),
+        ("BATCH_ELEMENT_COUNT", [(1, 3_000_000_000)]),
+        ("BATCH_ACCUMULATED_ELEMENT_COUNT", [(1, 2_000_000_000), (1, 2_000_000_000)]),
+        ("BATCH_ACCUMULATED_ELEMENT_COUNT_WITH_ZERO", [(1, 2_000_000_000), (1, 2**31)]),
+    ],
+)
+def test_a_value_the_batch_input_type_cannot_hold_is_the_requests_error(
+    kind: str, shapes: list[tuple[int, ...] | None]
+) -> None:
+    """An INT32 batch input never wraps: the error is InvalidInput, on which the worker
+    runs the batch's requests one by one, so only the request whose shape it is fails."""
+    with pytest.raises(InvalidInput, match="input 'S': its shape gives batch input 'T' "):
+        ragged.batch_input(BatchInput(kind, "T", "INT32", "S"), shapes)
+    as_float = ragged.batch_input(BatchInput(kind, "T", "FP32", "S"), shapes)
+    assert as_float.dtype == np.float32 and as_float.max() >= 2**31
+
+
+OPTIONAL_SOURCE = parse_config_text(
+    GOOD.replace("allow_ragged_batch: true", "allow_ragged_batch: true optional: true").replace(
+        'input [ { name: "INPUT"',
+        'input [ { name: "OTHER" data_type: TYPE_FP32 dims: [ 1 ] },\n  { name: "INPUT"',
+    ),
+    model_name="r",
+)
+
+
+def test_a_request_without_the_source_of_a_batch_input_is_refused() -> None:
+    """Triton fails a request whose batch input's source it cannot find; made from nothing,
+    the counts would be zeros and the item shapes one row per request."""
+    data = np.zeros((1, 1), dtype=np.float32)
+    header = TensorHeader("OTHER", "FP32", (1, 1), data.nbytes)
+    message = RequestMessage("r1", "r", [header], ["LAST"])
+    with pytest.raises(InvalidInput, match="input 'INPUT' is required: the model's batch"):
+        validate(message, OPTIONAL_SOURCE)
+    present = TensorHeader("INPUT", "FP32", (1, 2), 8)
+    validate(RequestMessage("r2", "r", [header, present], ["LAST"]), OPTIONAL_SOURCE)
+
+
+class Doubling:
+    """A ragged model: OUT is twice the concatenated INPUT, LAST one row per item."""
+
+    def infer(
+        self, inputs: dict[str, np.ndarray], wanted: list[str], request_sizes: list[int]
+    ) -> dict[str, np.ndarray]:
+        assert inputs["SHAPES"].dtype == np.int32
+        return {"OUT": inputs["INPUT"] * 2, "LAST": np.zeros((sum(request_sizes), 1), np.float32)}
+
+
+def test_a_shape_the_batch_input_cannot_hold_fails_only_its_own_request() -> None:
+    """An empty tensor whose dimension is past 2**31 (a client's choice) in a batch of
+    others: the batch runs request by request, and only that one is refused."""
+    text = (
+        GOOD.replace("dims: [ -1 ] allow", "dims: [ -1, -1 ] allow")
+        .replace(
+            '{ name: "OUT" data_type: TYPE_FP32 dims: [ -1 ]',
+            '{ name: "OUT" data_type: TYPE_FP32 dims: [ -1, -1 ]',
+        )
+        .replace(
+            'BATCH_ACCUMULATED_ELEMENT_COUNT target_name: "INDEX"',
+            'BATCH_ITEM_SHAPE target_name: "SHAPES"',
+        )
+        .replace("data_type: TYPE_FP32 source_input", "data_type: TYPE_INT32 source_input")
+    )
+    config = parse_config_text(text, model_name="r")
+
+    def shaped(number: int, shape: tuple[int, ...]) -> PendingRequest:
+        data = np.arange(math.prod(shape), dtype=np.float32)
+        header = TensorHeader("INPUT", "FP32", shape, data.nbytes)
+        message = RequestMessage(f"r{number}", "r", [header], ["OUT"])
+        key = shape_key(message, config)
+        return PendingRequest(f"{number}-0".encode(), message, memoryview(data.tobytes()), 1, key)
+
+    batch = [shaped(1, (1, 2, 3)), shaped(2, (1, 0, 3_000_000_000)), shaped(3, (1, 1, 2))]
+    answers = Execution(config, 1).compute(batch, cast(Backend, Doubling()), Timing())
+    assert isinstance(answers[1], InvalidInput)
+    assert "batch input 'SHAPES' the value 3000000000" in answers[1].message
+    first, third = answers[0], answers[2]
+    assert not isinstance(first, Exception) and not isinstance(third, Exception)
+    assert [h.shape for h in first[0]] == [(1, 2, 3)]
+    assert np.frombuffer(third[1], dtype=np.float32).tolist() == [0.0, 2.0]

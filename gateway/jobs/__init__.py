@@ -1,0 +1,1 @@
+"""Asynchronous jobs, offline batch jobs and the uploads they read, over HTTP."""
