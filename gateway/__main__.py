@@ -17,7 +17,7 @@ from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import GatewaySettings, settings_at_start
 from sluice.core.torchserve_ports import API_NAMES, parse_ports
 from sluice.gateway.app import GatewayApp, create_app
-from sluice.gateway.http_protocol import bounded_protocol
+from sluice.gateway.http.protocol import bounded_protocol
 
 
 def _raise_open_file_limit(wanted: int) -> None:

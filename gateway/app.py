@@ -1,10 +1,11 @@
 """The gateway application: one composition of the HTTP port, the metrics port and
 TorchServe's ports.
 
-A request passes the edge checks (:mod:`sluice.gateway.guard`), then inference goes to the plain
-ASGI handler (:mod:`sluice.gateway.fast_path`) and every other route to the FastAPI application,
+A request passes the edge checks (:mod:`sluice.gateway.http.guard`), then inference goes to
+the plain ASGI handler (:mod:`sluice.gateway.http.fast_path`) and every other route to the
+FastAPI application,
 which owns the one lifespan (:mod:`sluice.gateway.lifespan`) and the OpenAPI schema (inference
-described there by :mod:`sluice.gateway.infer_schema`). The metrics port answers ``GET /metrics``
+described there by :mod:`sluice.gateway.http.schema`). The metrics port answers ``GET /metrics``
 from the same process state."""
 
 from __future__ import annotations
@@ -18,22 +19,23 @@ from starlette.types import ASGIApp
 from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 from sluice.core.settings import GatewaySettings
-from sluice.gateway.fast_path import InferFastPath
-from sluice.gateway.generate_routes import router as generate_router
-from sluice.gateway.guard import EdgeGuard, KeyRing
-from sluice.gateway.http_errors import add_error_handlers
-from sluice.gateway.infer_schema import describe_inference
+from sluice.gateway.http.errors import add_error_handlers
+from sluice.gateway.http.fast_path import InferFastPath
+from sluice.gateway.http.generate_routes import router as generate_router
+from sluice.gateway.http.guard import EdgeGuard
+from sluice.gateway.http.routes import router
+from sluice.gateway.http.schema import describe_inference
 from sluice.gateway.lifespan import gateway_lifespan
-from sluice.gateway.metrics_port import MetricsOnly
-from sluice.gateway.routes import router
-from sluice.gateway.torchserve_management import router as torchserve_management
-from sluice.gateway.torchserve_ports import (
+from sluice.gateway.metrics.port import MetricsOnly
+from sluice.gateway.tenants.keys import KeyRing
+from sluice.gateway.torchserve.management import router as torchserve_management
+from sluice.gateway.torchserve.ports import (
     TorchServeMetrics,
     TorchServePort,
     inference_path,
     management_path,
 )
-from sluice.gateway.torchserve_routes import router as torchserve_router
+from sluice.gateway.torchserve.routes import router as torchserve_router
 
 
 @dataclass(frozen=True)
@@ -44,7 +46,7 @@ class GatewayApp:
     """The metrics port's (no lifespan of its own: it reads the HTTP port's state)."""
     torchserve_inference: ASGIApp
     """TorchServe's inference port (its 8080), management port (8081) and metrics port
-    (8082), when served (:mod:`sluice.gateway.torchserve_ports`); none has a lifespan."""
+    (8082), when served (:mod:`sluice.gateway.torchserve.ports`); none has a lifespan."""
     torchserve_management: ASGIApp
     torchserve_metrics: ASGIApp
 

@@ -23,21 +23,21 @@ from sluice.core.settings import GatewaySettings
 from sluice.core.tracing import tracing_from_settings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
-from sluice.gateway.catalog_refresh import refresh, refresh_loop
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.control_plane import RedisControlPlane
-from sluice.gateway.gateway_report import withdraw
+from sluice.gateway.control.catalog_refresh import refresh, refresh_loop
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.gateway_report import withdraw
+from sluice.gateway.control.store import RedisControlPlane
 from sluice.gateway.grpc_api.server import GrpcServer
-from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.inference.request import RequestLimits
+from sluice.gateway.jobs.store_sweep import store_sweep_loop
 from sluice.gateway.redis_room import RedisRoom
-from sluice.gateway.shm_registry import RegionRegistry
-from sluice.gateway.shm_store import REGIONS_TTL_S, HostCounter, RedisRegionStore
-from sluice.gateway.shm_sweep import sweep_loop, sweep_now
-from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.shm.registry import RegionRegistry
+from sluice.gateway.shm.store import REGIONS_TTL_S, HostCounter, RedisRegionStore
+from sluice.gateway.shm.sweep import sweep_loop, sweep_now
+from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
-from sluice.gateway.store_sweep import store_sweep_loop
-from sluice.gateway.tenant_limits_source import LimitsSource, load_at_start
-from sluice.gateway.tenant_quota import TenantQuota
+from sluice.gateway.tenants.limits_source import LimitsSource, load_at_start
+from sluice.gateway.tenants.quota import TenantQuota
 
 _READER_EXTRA_TIMEOUT_S = 5
 """The reader blocks up to 4 s in XREAD (``sluice.core.dispatch``), so its socket timeout

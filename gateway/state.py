@@ -17,15 +17,15 @@ from sluice.core.response_cache import ResponseCache
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.control_plane import ControlPlane
-from sluice.gateway.infer_request import RequestLimits
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.store import ControlPlane
+from sluice.gateway.inference.request import RequestLimits
 from sluice.gateway.redis_room import RedisRoom
-from sluice.gateway.shm_registry import RegionRegistry
-from sluice.gateway.shm_store import ChangeCounter, LocalCounter
-from sluice.gateway.shm_transfer import TensorTransfer
-from sluice.gateway.tenant_limits_source import LimitsSource
-from sluice.gateway.tenant_quota import TenantQuota
+from sluice.gateway.shm.registry import RegionRegistry
+from sluice.gateway.shm.store import ChangeCounter, LocalCounter
+from sluice.gateway.shm.transfer import TensorTransfer
+from sluice.gateway.tenants.limits_source import LimitsSource
+from sluice.gateway.tenants.quota import TenantQuota
 
 if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
     from sluice.core.otel import Tracing
@@ -68,7 +68,7 @@ class GatewayState:
     host_changes: ChangeCounter = field(default_factory=LocalCounter)
     """Moved by the gateway process that carried out a model-control change (a load, an
     unload) or a log-settings change, so that the other gateway processes of its host catch
-    up before their next request (:func:`sluice.gateway.catalog_follow.follow_changes`)."""
+    up before their next request (:func:`sluice.gateway.control.catalog_follow.follow_changes`)."""
     host_seen: int = 0
     """``host_changes`` when this process last caught up."""
     host_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -80,9 +80,9 @@ class GatewayState:
     """That look, while it runs."""
     torchserve_responses: Counter[str] = field(default_factory=Counter)
     """Answers of this process's TorchServe ports by class (``2XX``, ``4XX``, ``5XX``)
-    since its last report (:mod:`sluice.gateway.torchserve_ports`)."""
+    since its last report (:mod:`sluice.gateway.torchserve.ports`)."""
     tenant_streams: TenantStreams = field(default_factory=TenantStreams)
-    """The tenant streams this process made known (:mod:`sluice.gateway.tenant_streams`)."""
+    """The tenant streams this process made known (:mod:`sluice.gateway.tenants.streams`)."""
     cache: ResponseCache | None = None
     """Triton's response cache, where the deployment has one (:mod:`.response_cache`)."""
 

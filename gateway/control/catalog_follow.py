@@ -15,9 +15,9 @@ from redis.exceptions import RedisError
 
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import NotFound, Unavailable
-from sluice.gateway.catalog_refresh import refresh
-from sluice.gateway.log_settings import follow_log_settings
-from sluice.gateway.routing_view import UnknownLabel
+from sluice.gateway.control.catalog_refresh import refresh
+from sluice.gateway.control.log_settings import follow_log_settings
+from sluice.gateway.control.routing_view import UnknownLabel
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)

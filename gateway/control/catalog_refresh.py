@@ -15,10 +15,10 @@ from redis.exceptions import RedisError
 
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import Unavailable
-from sluice.gateway.gateway_report import report
-from sluice.gateway.log_settings import follow_log_settings
+from sluice.gateway.control.gateway_report import report
+from sluice.gateway.control.log_settings import follow_log_settings
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_sync import follow_tenant_limits
+from sluice.gateway.tenants.sync import follow_tenant_limits
 
 log = logging.getLogger(__name__)
 

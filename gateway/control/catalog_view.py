@@ -20,7 +20,7 @@ from sluice.core.keys import Keys, load_error_field
 from sluice.core.on_demand import version_states
 from sluice.core.queue_streams import with_tenants
 from sluice.core.wire import MalformedEntry
-from sluice.gateway.routing_view import RoutingView
+from sluice.gateway.control.routing_view import RoutingView
 
 log = logging.getLogger(__name__)
 

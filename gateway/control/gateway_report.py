@@ -20,8 +20,8 @@ from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.keys import base_stream
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_metrics import give_back_tenant_counts, take_tenant_counts
-from sluice.gateway.tenant_sync import demand_field, in_flight_field, queued_bytes_field
+from sluice.gateway.tenants.metrics import give_back_tenant_counts, take_tenant_counts
+from sluice.gateway.tenants.sync import demand_field, in_flight_field, queued_bytes_field
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +33,7 @@ BODY_BUDGET_REJECTS = "body_budget.rejects"
 
 TORCHSERVE_RESPONSES = "torchserve.requests_"
 """Fields of the gateway counters: the answers of TorchServe's ports by class,
-``torchserve.requests_2XX`` and so on (:mod:`sluice.gateway.torchserve_ports`)."""
+``torchserve.requests_2XX`` and so on (:mod:`sluice.gateway.torchserve.ports`)."""
 
 IN_FLIGHT, ROUND_TRIP_US, CLIENT_SHM_BYTES = "in_flight", "redis_rtt_us", "client_shm_bytes"
 CLIENT_SHM_HOST = "client_shm_host"

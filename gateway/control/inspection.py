@@ -1,6 +1,7 @@
 """What the health, metadata, repository and statistics endpoints answer, whatever the wire:
-the REST routes (:mod:`sluice.gateway.routes`) and the gRPC service (:mod:`sluice.gateway.grpc_api`)
-render the same documents, in Triton's JSON form (which is also its protobuf's)."""
+the REST routes (:mod:`sluice.gateway.http.routes`) and the gRPC service
+(:mod:`sluice.gateway.grpc_api`) render the same documents, in Triton's JSON form (which is
+also its protobuf's)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sluice.core.fields import json_type
 from sluice.core.on_demand import LOADING
 from sluice.core.on_demand import UNLOADED as ON_DEMAND_UNLOADED
 from sluice.core.statistics import render_model_stats
-from sluice.gateway.metadata import model_metadata
+from sluice.gateway.control.metadata import model_metadata
 from sluice.gateway.state import GatewayState
 
 

@@ -18,7 +18,7 @@ from sluice.core.routing import Routing, Split, check_label, decode_routing
 
 class UnknownLabel(InvalidInput):
     """A label the model does not have (as far as this process knows: see
-    :func:`sluice.gateway.catalog_follow.asked_fresh`)."""
+    :func:`sluice.gateway.control.catalog_follow.asked_fresh`)."""
 
 
 @dataclass

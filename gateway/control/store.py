@@ -23,9 +23,9 @@ from sluice.core.errors import Unavailable
 from sluice.core.keys import Keys
 from sluice.core.redis_connect import server_identity
 from sluice.core.routing import Routing, decode_routing, encode_routing
-from sluice.gateway import metric_snapshot
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.metrics import snapshot as metric_snapshot
+from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.redis_room import RedisRoom
 
 RawHash = dict[bytes, bytes]

@@ -3,7 +3,7 @@
 exported to ``SLUICE_OTLP_ENDPOINT`` when one is set (see :mod:`sluice.core.tracing`). The
 settings are reported under Triton's names and values; they are fixed by the process's
 configuration, so a request to change one is refused (Triton without its tracing build
-refuses the same way). The REST routes are in :mod:`sluice.gateway.trace_routes`."""
+refuses the same way). The REST routes are in :mod:`sluice.gateway.http.trace_routes`."""
 
 from __future__ import annotations
 

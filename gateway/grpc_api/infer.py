@@ -3,10 +3,10 @@
 Both take the request message as bytes and decode it here, on a thread when it is large, and
 answer bytes encoded the same way, so that no work proportional to a tensor's size runs on
 the event loop (gRPC's own deserializer would run there). From the decoded message on, a
-request takes :func:`sluice.gateway.infer.prepare_with` and
-:func:`sluice.gateway.infer.execute`, as a REST one does: the same validation, admission
-control, deadlines, priorities, version labels, shared memory and shadow traffic. A gRPC
-deadline caps the request's timeout.
+request takes :func:`sluice.gateway.inference.data_plane.prepare_with` and
+:func:`sluice.gateway.inference.data_plane.execute`, as a REST one does: the same
+validation, admission control, deadlines, priorities, version labels, shared memory and
+shadow traffic. A gRPC deadline caps the request's timeout.
 
 On a stream, requests are handled concurrently, each answered when its answer arrives
 (matched by its ``id``, as Triton's clients do), and at most
@@ -44,14 +44,20 @@ from sluice.core.routing import HEADER
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
-from sluice.gateway import request_id
 from sluice.gateway.body_budget import BodyReservation
-from sluice.gateway.header_forwarding import FORWARDED, matching
-from sluice.gateway.infer import OFFLOAD_BYTES, Prepared, execute, execute_stream, prepare_with
-from sluice.gateway.infer_request import InferRequest
-from sluice.gateway.queue_turn import QueueTurn
-from sluice.gateway.request_parsing import parse_infer_document
-from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.inference import request_id
+from sluice.gateway.inference.data_plane import (
+    OFFLOAD_BYTES,
+    Prepared,
+    execute,
+    execute_stream,
+    prepare_with,
+)
+from sluice.gateway.inference.header_forwarding import FORWARDED, matching
+from sluice.gateway.inference.parsing import parse_infer_document
+from sluice.gateway.inference.queue_turn import QueueTurn
+from sluice.gateway.inference.request import InferRequest
+from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 
 from .limits import GrpcLimits
@@ -98,7 +104,8 @@ class InferCalls:
         self.tenant_streams: dict[str, int] = {}
         """Streams open per named tenant (none at 0)."""
         self.forward = forward_pattern(state.settings.grpc_header_forward_pattern)
-        """Metadata that becomes request parameters (:mod:`sluice.gateway.header_forwarding`)."""
+        """Metadata that becomes request parameters
+        (:mod:`sluice.gateway.inference.header_forwarding`)."""
 
     async def model_infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]

@@ -1,8 +1,8 @@
 """What bounds the gRPC server's memory and streams, worked out once from the settings.
 
 grpcio reads a whole request message into memory before a handler sees it, so the body
-budget (:class:`sluice.gateway.body_budget.BodyBudget`, shared with HTTP) can only be charged once
-a message has arrived. What may be arriving at once is bounded apart:
+budget (:class:`sluice.gateway.body_budget.BodyBudget`, shared with HTTP) can only be
+charged once a message has arrived. What may be arriving at once is bounded apart:
 
 - a ModelInfer call takes one of ``concurrent_receives`` turns before its message is read
   (HTTP/2 flow control holds the bytes of the calls waiting for one at the client);

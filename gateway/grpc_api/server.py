@@ -5,7 +5,7 @@ Keys as for REST: metadata ``authorization: Bearer <key>``; the repository, shar
 trace and log calls are management calls (admin keys), the others inference calls; health
 and reflection are open. TLS with the HTTP API's certificate when one is set. Health answers
 SERVING for the whole server ("") and for the inference service while the server is ready
-(:func:`sluice.gateway.inspection.server_not_ready`), re-checked at every catalog refresh.
+(:func:`sluice.gateway.control.inspection.server_not_ready`), re-checked at every catalog refresh.
 
 Memory and streams are bounded before grpcio buffers anything a handler could refuse:
 see :mod:`sluice.gateway.grpc_api.limits` (what may arrive at once) and
@@ -29,10 +29,10 @@ from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
 from sluice.core.restricted_api import GRPC_PREFIX, denial, grpc_category, parse_restrictions
 from sluice.core.settings import GatewaySettings
 from sluice.core.tenants import CURRENT_TENANT
-from sluice.gateway.catalog_follow import follow_changes
-from sluice.gateway.guard import KeyRing, bearer_token
-from sluice.gateway.inspection import server_not_ready
+from sluice.gateway.control.catalog_follow import follow_changes
+from sluice.gateway.control.inspection import server_not_ready
 from sluice.gateway.state import GatewayState
+from sluice.gateway.tenants.keys import KeyRing, bearer_token
 
 from .infer import InferCalls
 from .limits import GrpcLimits

@@ -1,9 +1,10 @@
 """The gRPC service's calls other than inference: health, metadata, configuration,
 statistics, repository, shared memory, trace and log settings.
 
-Each renders what its REST route renders (:mod:`sluice.gateway.inspection` and the route modules'
-shared functions) into the protobuf message Triton answers; errors are raised as Sluice's
-errors and turned into gRPC statuses by the server (:mod:`sluice.gateway.grpc_api.status`).
+Each renders what its REST route renders (:mod:`sluice.gateway.control.inspection` and the
+route modules' shared functions) into the protobuf message Triton answers; errors are raised
+as Sluice's errors and turned into gRPC statuses by the server
+(:mod:`sluice.gateway.grpc_api.status`).
 """
 
 from __future__ import annotations
@@ -15,9 +16,8 @@ from google.protobuf import json_format
 from sluice import __version__
 from sluice.core.control import ControlCommand
 from sluice.core.errors import InvalidInput, NotFound, Unsupported
-from sluice.gateway.catalog_follow import asked_fresh, is_problem
-from sluice.gateway.cuda_shm import checked_raw_handle
-from sluice.gateway.inspection import (
+from sluice.gateway.control.catalog_follow import asked_fresh, is_problem
+from sluice.gateway.control.inspection import (
     config_document,
     metadata_document,
     model_not_ready,
@@ -26,11 +26,12 @@ from sluice.gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from sluice.gateway.log_settings import change_log_settings, log_changes
-from sluice.gateway.model_control import NAMED_REPOSITORY, carry_out, require_explicit
-from sluice.gateway.server_extensions import EXTENSIONS
+from sluice.gateway.control.log_settings import change_log_settings, log_changes
+from sluice.gateway.control.model_control import NAMED_REPOSITORY, carry_out, require_explicit
+from sluice.gateway.control.server_extensions import EXTENSIONS
+from sluice.gateway.control.trace_settings import refuse_changes, trace_settings
+from sluice.gateway.shm.cuda import checked_raw_handle
 from sluice.gateway.state import GatewayState
-from sluice.gateway.trace_settings import refuse_changes, trace_settings
 
 from .protocol import model_config_pb2, service_pb2
 from .tensors import parameter_value

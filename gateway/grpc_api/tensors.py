@@ -3,7 +3,7 @@
 A request becomes the JSON document the REST path parses (``inputs`` with ``parameters``)
 plus its tensors' bytes one after the other, each input announced by the
 ``binary_data_size`` of its raw or typed contents: from there both wires share one parser
-(:func:`sluice.gateway.request_parsing.parse_infer_document`) and so every check and message.
+(:func:`sluice.gateway.inference.parsing.parse_infer_document`) and so every check and message.
 Typed ``contents`` are turned into Triton's binary layout here, as Triton's own gRPC
 handler does (``int_contents`` narrowed to INT8 / INT16, ``bytes_contents`` length-prefixed),
 with Triton's texts when they do not fit the input's datatype.
@@ -22,7 +22,7 @@ import numpy as np
 from google.protobuf.message import Message
 
 from sluice.core.errors import InvalidInput
-from sluice.gateway.infer_response import OutputTensor, checked_nbytes
+from sluice.gateway.inference.response import OutputTensor, checked_nbytes
 
 from .protocol import service_pb2
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import zlib
 
-from sluice.gateway.body import WBITS
+from sluice.gateway.http.body import WBITS
 
 MIN_BYTES = 1024
 _OFF_LOOP_BYTES = 64 * 1024

@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import QUEUE_UNREACHABLE, Overloaded, PayloadTooLarge, SluiceError
-from sluice.gateway.infer_response import encode_error
+from sluice.gateway.inference.response import encode_error
 
 log = logging.getLogger(__name__)
 

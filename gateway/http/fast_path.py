@@ -5,10 +5,12 @@ costing more CPU per request than the request's own work, so
 ``POST /v2/models/{m}[/versions/{v} | /labels/{l}]/infer`` is served here directly; every
 other route goes to the FastAPI application, which also owns the lifespan. It is the only
 HTTP handler of inference: the FastAPI schema describes these routes without handling them
-(:mod:`sluice.gateway.infer_schema`); validation, queueing and encoding are the data plane's
-(:mod:`sluice.gateway.infer`), shared with gRPC, jobs, generate and TorchServe's routes.
+(:mod:`sluice.gateway.http.schema`); validation, queueing and encoding are the data plane's
+(:mod:`sluice.gateway.inference.data_plane`), shared with gRPC, jobs, generate and
+TorchServe's routes.
 
-Every answer carries the request's id as ``X-Request-ID`` (see :mod:`sluice.gateway.request_id`).
+Every answer carries the request's id as ``X-Request-ID`` (see
+:mod:`sluice.gateway.inference.request_id`).
 A valid W3C ``traceparent`` travels on to the worker in the stream entry; with tracing on
 (an OTLP endpoint configured, see :mod:`sluice.core.tracing`; set up by the lifespan) the
 request gets a ``receive`` span, whose context goes to the worker instead and back to the
@@ -29,28 +31,29 @@ from sluice.core.errors import Overloaded, SluiceError
 from sluice.core.logs import TRACE_ID
 from sluice.core.routing import requested_label
 from sluice.core.trace_context import TraceParent, parse_traceparent
-from sluice.gateway import request_id
-from sluice.gateway.body import (
+from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.control.catalog_follow import follow_changes
+from sluice.gateway.http.body import (
     check_declared_length,
     decoded_body,
     parse_header_length,
     too_large,
 )
-from sluice.gateway.body_budget import BodyReservation
-from sluice.gateway.catalog_follow import follow_changes
-from sluice.gateway.guard import tenant_of
-from sluice.gateway.http_protocol import CANCEL_ON_DISCONNECT, DISCONNECTED, cancel_on_disconnect
-from sluice.gateway.infer import refuse_early, run_infer
-from sluice.gateway.infer_response import encode_error
-from sluice.gateway.jobs import job_record, prefers_async, status_body, submit_job
-from sluice.gateway.response_compression import accepted, compressed
+from sluice.gateway.http.compression import accepted, compressed
+from sluice.gateway.http.guard import tenant_of
+from sluice.gateway.http.protocol import CANCEL_ON_DISCONNECT, DISCONNECTED, cancel_on_disconnect
+from sluice.gateway.inference import request_id
+from sluice.gateway.inference.data_plane import refuse_early, run_infer
+from sluice.gateway.inference.response import encode_error
+from sluice.gateway.jobs.async_jobs import job_record, prefers_async, status_body, submit_job
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
 EARLY_REFUSAL_BYTES = 64 * 1024
 """A request with a body at least this large is checked against its tenant's limits and
-its model's queue before the body is read (:func:`~sluice.gateway.infer.refuse_early`)."""
+its model's queue before the body is read
+(:func:`~sluice.gateway.inference.data_plane.refuse_early`)."""
 
 _INFER_PATH = re.compile(r"^/v2/models/([^/]+)(?:/versions/([^/]+)|/labels/([^/]+))?/infer$")
 _JSON = (b"content-type", b"application/json")

@@ -26,9 +26,10 @@ from fastapi.responses import StreamingResponse
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidInput, SluiceError
 from sluice.core.wire import ReplyMessage
-from sluice.gateway.body import read_body
-from sluice.gateway.http_protocol import cancel_on_disconnect
-from sluice.gateway.infer import (
+from sluice.gateway.http.body import read_body
+from sluice.gateway.http.json_body import json_object
+from sluice.gateway.http.protocol import cancel_on_disconnect
+from sluice.gateway.inference.data_plane import (
     OFFLOAD_BYTES,
     Prepared,
     encode_reply,
@@ -36,9 +37,8 @@ from sluice.gateway.infer import (
     execute_stream,
     prepare_with,
 )
-from sluice.gateway.infer_request import InferRequest
-from sluice.gateway.json_body import json_object
-from sluice.gateway.request_parsing import parse_infer_document
+from sluice.gateway.inference.parsing import parse_infer_document
+from sluice.gateway.inference.request import InferRequest
 from sluice.gateway.state import state_of
 
 router = APIRouter()

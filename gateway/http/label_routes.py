@@ -1,6 +1,6 @@
 """Routes addressing a model version by label, as TensorFlow Serving's
 ``/models/{m}/labels/{label}``: metadata and readiness (inference by label is served by
-:mod:`sluice.gateway.fast_path`). Inference endpoints for the edge guard."""
+:mod:`sluice.gateway.http.fast_path`). Inference endpoints for the edge guard."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import Unavailable
-from sluice.gateway.json_body import json_response
-from sluice.gateway.metadata import model_metadata
+from sluice.gateway.control.metadata import model_metadata
+from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import state_of
 
 label_router = APIRouter()

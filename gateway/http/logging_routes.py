@@ -8,7 +8,7 @@ and wrong types and malformed bodies are 400s (Triton answers 500); an unknown f
 a 400 too (Triton: 503). ``log_format`` takes Triton's ``default`` and ``ISO8601``, and
 Sluice's ``json``. A change applies to every gateway process of the deployment (the one
 that answers at once, the others at their next catalog refresh: see
-:mod:`sluice.gateway.log_settings`), not to the workers or ``sluice up``; the path is a
+:mod:`sluice.gateway.control.log_settings`), not to the workers or ``sluice up``; the path is a
 management one for the edge guard (admin keys).
 """
 
@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core.errors import InvalidInput
-from sluice.gateway.json_body import json_response
-from sluice.gateway.log_settings import change_log_settings, log_changes
+from sluice.gateway.control.log_settings import change_log_settings, log_changes
+from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import state_of
 
 logging_router = APIRouter()

@@ -23,8 +23,8 @@ from starlette.responses import Response
 
 from sluice.core.control import ControlCommand
 from sluice.core.errors import InvalidInput, Unsupported
-from sluice.gateway.json_body import json_object
-from sluice.gateway.model_control import NAMED_REPOSITORY, carry_out, require_explicit
+from sluice.gateway.control.model_control import NAMED_REPOSITORY, carry_out, require_explicit
+from sluice.gateway.http.json_body import json_object
 from sluice.gateway.state import GatewayState, state_of
 
 model_control_router = APIRouter()

@@ -41,7 +41,7 @@ from typing import Any, cast
 from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from sluice.gateway.infer_response import encode_error
+from sluice.gateway.inference.response import encode_error
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from starlette.responses import Response
 from sluice.core.control import ControlCommand
 from sluice.core.errors import NotFound
 from sluice.core.rollout import PROMOTE, ROLLBACK, START
-from sluice.gateway.json_body import json_object
-from sluice.gateway.model_control import carry_out
+from sluice.gateway.control.model_control import carry_out
+from sluice.gateway.http.json_body import json_object
 from sluice.gateway.state import state_of
 
 rollout_router = APIRouter()

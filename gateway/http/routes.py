@@ -1,6 +1,6 @@
 """The HTTP routes: health, metadata, configuration, repository index, statistics (inference
-is served by :mod:`sluice.gateway.fast_path` and described by
-:mod:`sluice.gateway.infer_schema`)."""
+is served by :mod:`sluice.gateway.http.fast_path` and described by
+:mod:`sluice.gateway.http.schema`)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice import __version__
-from sluice.gateway.batch_routes import batch_router
-from sluice.gateway.catalog_follow import asked_fresh, is_problem
-from sluice.gateway.inspection import (
+from sluice.gateway.control.catalog_follow import asked_fresh, is_problem
+from sluice.gateway.control.inspection import (
     config_document,
     metadata_document,
     model_not_ready,
@@ -22,19 +21,20 @@ from sluice.gateway.inspection import (
     stats_document,
     stats_targets,
 )
-from sluice.gateway.job_routes import job_router
-from sluice.gateway.json_body import json_object, json_response
-from sluice.gateway.label_routes import label_router
-from sluice.gateway.logging_routes import logging_router
-from sluice.gateway.metrics import CONTENT_TYPE, metrics_text
-from sluice.gateway.model_control_routes import model_control_router
-from sluice.gateway.rollout_routes import rollout_router
-from sluice.gateway.routing_routes import routing_router
-from sluice.gateway.server_extensions import EXTENSIONS
-from sluice.gateway.shm_routes import shm_router
+from sluice.gateway.control.server_extensions import EXTENSIONS
+from sluice.gateway.http.json_body import json_object, json_response
+from sluice.gateway.http.label_routes import label_router
+from sluice.gateway.http.logging_routes import logging_router
+from sluice.gateway.http.model_control_routes import model_control_router
+from sluice.gateway.http.rollout_routes import rollout_router
+from sluice.gateway.http.routing_routes import routing_router
+from sluice.gateway.http.shm_routes import shm_router
+from sluice.gateway.http.trace_routes import trace_router
+from sluice.gateway.jobs.batch_routes import batch_router
+from sluice.gateway.jobs.job_routes import job_router
+from sluice.gateway.jobs.upload_routes import upload_router
+from sluice.gateway.metrics.exposition import CONTENT_TYPE, metrics_text
 from sluice.gateway.state import state_of
-from sluice.gateway.trace_routes import trace_router
-from sluice.gateway.upload_routes import upload_router
 
 router = APIRouter()
 router.include_router(shm_router)
@@ -67,7 +67,7 @@ async def ready(request: Request) -> Response:
 
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
-    """Triton's metric families (see gateway.metrics), for Prometheus."""
+    """Triton's metric families (see sluice.gateway.metrics.exposition), for Prometheus."""
     state = state_of(request)
     if not state.settings.allow_metrics:
         return json_response({"error": "metrics are turned off (SLUICE_ALLOW_METRICS=false)"}, 404)

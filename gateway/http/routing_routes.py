@@ -31,7 +31,7 @@ from sluice.core.routing import (
     parse_version,
     parse_weights,
 )
-from sluice.gateway.json_body import json_object
+from sluice.gateway.http.json_body import json_object
 from sluice.gateway.state import GatewayState, state_of
 
 routing_router = APIRouter()

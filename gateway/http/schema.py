@@ -1,7 +1,7 @@
 """The OpenAPI description of the inference routes.
 
 ``POST /v2/models/{model}[/versions/{version} | /labels/{label}]/infer`` is served by the
-plain ASGI handler in :mod:`sluice.gateway.fast_path`, ahead of the FastAPI routes, so FastAPI
+plain ASGI handler in :mod:`sluice.gateway.http.fast_path`, ahead of the FastAPI routes, so FastAPI
 does not know these routes; they are added to its schema here, described and not handled,
 so that the schema lists every route the gateway answers."""
 

@@ -5,7 +5,7 @@ register ``{"key", "offset", "byte_size"}`` (CUDA: ``{"raw_handle": {"b64"}, "de
 "byte_size"}``), unregister with an empty body (no region name: all regions), status as a
 list of regions. The edge guard asks for an admin key here when admin keys are set.
 Unregistering a region that requests in flight use answers at once, as Triton's does; the
-region goes when the last of them ends (:mod:`sluice.gateway.shm_leases`).
+region goes when the last of them ends (:mod:`sluice.gateway.shm.leases`).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from starlette.responses import Response
 
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.cuda_shm import decode_raw_handle
-from sluice.gateway.json_body import json_response
-from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.http.json_body import json_response
+from sluice.gateway.shm.cuda import decode_raw_handle
+from sluice.gateway.shm.registry import RegionRegistry
 from sluice.gateway.state import state_of
 
 shm_router = APIRouter()

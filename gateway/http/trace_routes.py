@@ -1,5 +1,5 @@
 """``GET`` / ``POST /v2[/models/{m}]/trace/setting``: Triton's trace extension over REST
-(the settings themselves: :mod:`sluice.gateway.trace_settings`)."""
+(the settings themselves: :mod:`sluice.gateway.control.trace_settings`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.gateway.json_body import json_object, json_response
+from sluice.gateway.control.trace_settings import refuse_changes, trace_settings
+from sluice.gateway.http.json_body import json_object, json_response
 from sluice.gateway.state import state_of
-from sluice.gateway.trace_settings import refuse_changes, trace_settings
 
 trace_router = APIRouter()
 

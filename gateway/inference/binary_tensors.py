@@ -9,10 +9,19 @@ from typing import TYPE_CHECKING
 
 from sluice.core.datatypes import BYTES, ELEMENT_SIZE, count_bytes_elements, element_count
 from sluice.core.errors import InvalidInput
-from sluice.gateway.infer_request import InferRequest, InputTensor, RequestedOutput, RequestLimits
-from sluice.gateway.json_tensors import fmt_shape
-from sluice.gateway.pending_input import PendingInput
-from sluice.gateway.request_errors import byte_size_message, log_request, string_count_message
+from sluice.gateway.inference.json_tensors import fmt_shape
+from sluice.gateway.inference.pending_input import PendingInput
+from sluice.gateway.inference.request import (
+    InferRequest,
+    InputTensor,
+    RequestedOutput,
+    RequestLimits,
+)
+from sluice.gateway.inference.request_errors import (
+    byte_size_message,
+    log_request,
+    string_count_message,
+)
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

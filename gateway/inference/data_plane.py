@@ -1,6 +1,6 @@
 """The data plane's inference path, whatever the transport: route, parse and check a
 request against the model (:func:`prepare`, :func:`prepare_with`), queue it and await its
-answer (:func:`execute`, :func:`execute_stream`). REST (:mod:`sluice.gateway.fast_path`), gRPC,
+answer (:func:`execute`, :func:`execute_stream`). REST (:mod:`sluice.gateway.http.fast_path`), gRPC,
 jobs, generate and TorchServe's routes all go through here. A label may come in the URL,
 the ``Sluice-Version-Label`` header or the ``version_label`` request parameter (see
 :mod:`sluice.core.routing`)."""
@@ -31,19 +31,19 @@ from sluice.core.shm import unlink
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
-from sluice.gateway import request_id
-from sluice.gateway.catalog_follow import asked_fresh, follow_changes, redis_back
-from sluice.gateway.demand_wake import wake_on_demand
-from sluice.gateway.header_forwarding import FORWARDED, add_forwarded
-from sluice.gateway.infer_request import InferRequest, RequestedOutput
-from sluice.gateway.infer_response import encode_infer_response
-from sluice.gateway.queue_turn import QueueTurn
-from sluice.gateway.request_parsing import parse_infer_request
-from sluice.gateway.shm_leases import holding_regions, holding_regions_stream
-from sluice.gateway.shm_registry import RegionMiss
-from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, redis_back
+from sluice.gateway.control.demand_wake import wake_on_demand
+from sluice.gateway.inference import request_id
+from sluice.gateway.inference.header_forwarding import FORWARDED, add_forwarded
+from sluice.gateway.inference.parsing import parse_infer_request
+from sluice.gateway.inference.queue_turn import QueueTurn
+from sluice.gateway.inference.request import InferRequest, RequestedOutput
+from sluice.gateway.inference.response import encode_infer_response
+from sluice.gateway.shm.leases import holding_regions, holding_regions_stream
+from sluice.gateway.shm.registry import RegionMiss
+from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_streams import make_known
+from sluice.gateway.tenants.streams import make_known
 
 if TYPE_CHECKING:
     from sluice.core.otel import RequestSpan
@@ -324,7 +324,7 @@ async def execute(
     answer is large), whatever the wire form: REST and gRPC share this path. ``big``: the
     request's bytes are many (packed on a thread). ``endpoint`` names the route in
     Triton's refusal of decoupled models (which answer on streaming routes only); ``turn``:
-    the request's place among its gRPC stream's (see :mod:`sluice.gateway.queue_turn`)."""
+    the request's place among its gRPC stream's (see :mod:`sluice.gateway.inference.queue_turn`)."""
     if request.decoupled:
         raise Unsupported(f"{endpoint} doesn't support models with decoupled transaction policy")
     parsed, model, number, level = request.parsed, request.model, request.number, request.level

@@ -8,8 +8,8 @@ from typing import Any
 from sluice.core.datatypes import ELEMENT_SIZE
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.infer_request import RequestLimits
-from sluice.gateway.json_tensors import fmt_shape
+from sluice.gateway.inference.json_tensors import fmt_shape
+from sluice.gateway.inference.request import RequestLimits
 
 _RESERVED_PREFIX = "triton_"
 

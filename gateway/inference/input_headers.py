@@ -8,16 +8,16 @@ from typing import TYPE_CHECKING, Any
 from sluice.core.datatypes import DATATYPES
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.infer_request import RequestLimits
-from sluice.gateway.pending_input import PendingInput, ShmParameters
-from sluice.gateway.request_errors import input_count_message, log_request
-from sluice.gateway.request_fields import (
+from sluice.gateway.inference.fields import (
     check_size_fits,
     natural_parameter,
     parse_shape,
     tensor_entry,
 )
-from sluice.gateway.shm_references import SHM_REGION, parse_shm_parameters
+from sluice.gateway.inference.pending_input import PendingInput, ShmParameters
+from sluice.gateway.inference.request import RequestLimits
+from sluice.gateway.inference.request_errors import input_count_message, log_request
+from sluice.gateway.shm.references import SHM_REGION, parse_shm_parameters
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

@@ -8,10 +8,10 @@ from typing import TYPE_CHECKING
 
 from sluice.core.datatypes import element_count
 from sluice.core.errors import InvalidInput
-from sluice.gateway.infer_request import RequestLimits
-from sluice.gateway.json_tensors import fmt_shape
-from sluice.gateway.pending_input import PendingInput
-from sluice.gateway.request_errors import log_request
+from sluice.gateway.inference.json_tensors import fmt_shape
+from sluice.gateway.inference.pending_input import PendingInput
+from sluice.gateway.inference.request import RequestLimits
+from sluice.gateway.inference.request_errors import log_request
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

@@ -1,18 +1,18 @@
 """Parse and validate a KServe v2 / Triton inference request.
 
 The HTTP body is a JSON header optionally followed by binary tensor data (Triton's binary
-tensor data extension, :mod:`sluice.gateway.binary_tensors`);
+tensor data extension, :mod:`sluice.gateway.inference.binary_tensors`);
 ``Inference-Header-Content-Length`` gives the header length. Every input ends up in Triton's
 binary layout: binary inputs as zero-copy slices of the body, JSON ``data`` converted once
-through numpy (:mod:`sluice.gateway.json_tensors`). An input or output may instead live in a
-registered shared memory region (:mod:`sluice.gateway.shm_references`).
+through numpy (:mod:`sluice.gateway.inference.json_tensors`). An input or output may instead
+live in a registered shared memory region (:mod:`sluice.gateway.shm.references`).
 
 Every problem raises :class:`~sluice.core.errors.InvalidInput` with a message that names the
 offending field. Checks run cheapest first: the request's structure, input names
-(:mod:`sluice.gateway.input_headers`), datatypes and shapes
-(:mod:`sluice.gateway.metadata_checks`), requested outputs
-(:mod:`sluice.gateway.requested_outputs`), then the tensor data. Where Triton refuses the
-same request, the message is Triton's own (:mod:`sluice.gateway.request_errors`).
+(:mod:`sluice.gateway.inference.input_headers`), datatypes and shapes
+(:mod:`sluice.gateway.inference.metadata_checks`), requested outputs
+(:mod:`sluice.gateway.inference.requested_outputs`), then the tensor data. Where Triton refuses the
+same request, the message is Triton's own (:mod:`sluice.gateway.inference.request_errors`).
 """
 
 from __future__ import annotations
@@ -23,16 +23,25 @@ import orjson
 
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.binary_tensors import parse_raw, slice_binary
-from sluice.gateway.infer_request import DEFAULT_LIMITS, InferRequest, InputTensor, RequestLimits
-from sluice.gateway.input_headers import parse_input_headers
-from sluice.gateway.json_tensors import BytesCountMismatch, json_to_buffer, nesting_message
-from sluice.gateway.metadata_checks import check_input_specs
-from sluice.gateway.pending_input import PendingInput
-from sluice.gateway.request_errors import string_count_message
-from sluice.gateway.request_fields import parse_id, parse_request_parameters
-from sluice.gateway.requested_outputs import parse_outputs
-from sluice.gateway.shm_references import NoRegions, RegionLookup, shm_input
+from sluice.gateway.inference.binary_tensors import parse_raw, slice_binary
+from sluice.gateway.inference.fields import parse_id, parse_request_parameters
+from sluice.gateway.inference.input_headers import parse_input_headers
+from sluice.gateway.inference.json_tensors import (
+    BytesCountMismatch,
+    json_to_buffer,
+    nesting_message,
+)
+from sluice.gateway.inference.metadata_checks import check_input_specs
+from sluice.gateway.inference.pending_input import PendingInput
+from sluice.gateway.inference.request import (
+    DEFAULT_LIMITS,
+    InferRequest,
+    InputTensor,
+    RequestLimits,
+)
+from sluice.gateway.inference.request_errors import string_count_message
+from sluice.gateway.inference.requested_outputs import parse_outputs
+from sluice.gateway.shm.references import NoRegions, RegionLookup, shm_input
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

@@ -1,4 +1,4 @@
-"""An input between the parsing steps (see :mod:`sluice.gateway.request_parsing`): its header
+"""An input between the parsing steps (see :mod:`sluice.gateway.inference.parsing`): its header
 passed the structural checks, its data is not read yet."""
 
 from __future__ import annotations

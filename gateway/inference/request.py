@@ -1,7 +1,7 @@
 """An inference request as the data plane holds it once checked, whatever its wire form
 (REST JSON and binary tensors, gRPC): its inputs in Triton's binary layout (or references
 to shared memory), the outputs asked for, its parameters; and the limits a request must
-keep. Parsing and checking: :mod:`sluice.gateway.request_parsing`."""
+keep. Parsing and checking: :mod:`sluice.gateway.inference.parsing`."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from sluice.gateway.pending_input import PendingInput
+from sluice.gateway.inference.pending_input import PendingInput
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

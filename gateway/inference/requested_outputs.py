@@ -8,11 +8,11 @@ from typing import TYPE_CHECKING, Any
 from sluice.core.classification import CLASSIFIABLE, unsupported_message
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.infer_request import RequestedOutput, RequestLimits
-from sluice.gateway.pending_input import ShmParameters
-from sluice.gateway.request_errors import log_request
-from sluice.gateway.request_fields import tensor_entry
-from sluice.gateway.shm_references import SHM_REGION, RegionLookup, parse_shm_parameters
+from sluice.gateway.inference.fields import tensor_entry
+from sluice.gateway.inference.pending_input import ShmParameters
+from sluice.gateway.inference.request import RequestedOutput, RequestLimits
+from sluice.gateway.inference.request_errors import log_request
+from sluice.gateway.shm.references import SHM_REGION, RegionLookup, parse_shm_parameters
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig, TensorSpec

@@ -1,14 +1,15 @@
 """Asynchronous jobs in the gateway (see :mod:`sluice.core.jobs`): submission with
 ``Prefer: respond-async`` on the inference route, status, result and cancellation.
 
-A job goes through exactly the validation of a synchronous request (:func:`sluice.gateway.infer.
-prepare`), then its entry and its record are written by one script, which refuses it when
-the model version already has ``SLUICE_MAX_QUEUED_JOBS`` waiting (503), or when the tenant's
-waiting jobs of the model are ``SLUICE_TENANT_MAX_QUEUED_JOBS`` or would hold more than
+A job goes through exactly the validation of a synchronous request
+(:func:`sluice.gateway.inference.data_plane.prepare`), then its entry and its record are
+written by one script, which refuses it when the model version already has
+``SLUICE_MAX_QUEUED_JOBS`` waiting (503), or when the tenant's waiting jobs of the model are
+``SLUICE_TENANT_MAX_QUEUED_JOBS`` or would hold more than
 ``SLUICE_TENANT_MAX_QUEUED_JOB_BYTES`` (429, that tenant alone). A repeated
 ``Idempotency-Key`` (or request ``id``) of the tenant returns the earlier job when the
-request is the same (a digest of it is kept with the key), and 409 when it is another.
-Jobs queue on the model version's background stream, below every online request, unless the
+request is the same (a digest of it is kept with the key), and 409 when it is another. Jobs
+queue on the model version's background stream, below every online request, unless the
 request sets its ``priority``. Nothing is accepted while Redis is nearly full
 (:mod:`sluice.gateway.redis_room`).
 
@@ -48,11 +49,17 @@ from sluice.core.keys import base_stream
 from sluice.core.tenants import ANONYMOUS
 from sluice.core.trace_context import TraceParent
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
-from sluice.gateway.demand_wake import wake_on_demand
-from sluice.gateway.infer import OFFLOAD_BYTES, _off_loop, encode_reply, prepare, request_message
-from sluice.gateway.infer_request import RequestedOutput
+from sluice.gateway.control.demand_wake import wake_on_demand
+from sluice.gateway.inference.data_plane import (
+    OFFLOAD_BYTES,
+    _off_loop,
+    encode_reply,
+    prepare,
+    request_message,
+)
+from sluice.gateway.inference.request import RequestedOutput
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_streams import make_known
+from sluice.gateway.tenants.streams import make_known
 
 RESPOND_ASYNC = "respond-async"
 _WAIT = re.compile(r"(?:^|[;,\s])wait\s*=\s*(\d{1,9})(?:$|[;,\s])", re.IGNORECASE)

@@ -36,10 +36,10 @@ from sluice.core import uploads as u
 from sluice.core.batch_store import Tree, open_tree
 from sluice.core.celery_config import broker_url, celery_app, queue_name
 from sluice.core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unsupported
-from sluice.gateway.guard import tenant_of
-from sluice.gateway.json_body import json_object, json_response
+from sluice.gateway.http.guard import tenant_of
+from sluice.gateway.http.json_body import json_object, json_response
+from sluice.gateway.jobs.upload_routes import batch_data, quota_message, upload_record
 from sluice.gateway.state import GatewayState, state_of
-from sluice.gateway.upload_routes import batch_data, quota_message, upload_record
 
 batch_router = APIRouter()
 

@@ -1,4 +1,4 @@
-"""The job routes (see :mod:`sluice.gateway.jobs`):
+"""The job routes (see :mod:`sluice.gateway.jobs.async_jobs`):
 
 - ``GET /v2/jobs/{id}``: status and timestamps (and the error of a failed job);
 - ``GET /v2/jobs/{id}/result``: the answer, exactly as the synchronous request would have
@@ -19,8 +19,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from sluice.core import jobs
-from sluice.gateway.guard import tenant_of
-from sluice.gateway.jobs import (
+from sluice.gateway.http.guard import tenant_of
+from sluice.gateway.http.json_body import json_response
+from sluice.gateway.jobs.async_jobs import (
     cancel_job,
     encode_result,
     job_record,
@@ -30,7 +31,6 @@ from sluice.gateway.jobs import (
     status_body,
     wait_for_result,
 )
-from sluice.gateway.json_body import json_response
 from sluice.gateway.state import state_of
 
 job_router = APIRouter()

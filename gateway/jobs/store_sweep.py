@@ -10,8 +10,8 @@ import logging
 
 from sluice.core.redis_connect import connect
 from sluice.core.store_sweeper import StoreSweeper
+from sluice.gateway.jobs.upload_routes import batch_data
 from sluice.gateway.state import GatewayState
-from sluice.gateway.upload_routes import batch_data
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ from sluice.core.errors import (
     SluiceError,
     Unavailable,
 )
-from sluice.gateway.body import check_declared_length
-from sluice.gateway.guard import tenant_of
-from sluice.gateway.json_body import json_response
+from sluice.gateway.http.body import check_declared_length
+from sluice.gateway.http.guard import tenant_of
+from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import GatewayState, state_of
 
 log = logging.getLogger("gateway")

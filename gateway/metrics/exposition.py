@@ -4,8 +4,8 @@ Where the numbers come from: every worker adds to its model version's statistics
 Redis after each batch (:mod:`sluice.core.statistics`, the same counters as Triton's statistics
 extension, plus the histograms of :mod:`sluice.core.histograms`), and each gateway adds its
 refusals and deadline misses, and reports its gauges, every catalog refresh
-(:mod:`sluice.gateway.gateway_report`). A scrape reads all of it from Redis
-(:mod:`sluice.gateway.metric_snapshot`). So whichever gateway process answers, the numbers are the
+(:mod:`sluice.gateway.control.gateway_report`). A scrape reads all of it from Redis
+(:mod:`sluice.gateway.metrics.snapshot`). So whichever gateway process answers, the numbers are the
 same, cover workers on every host, and do not go back when a worker restarts (they live in
 Redis, not in the process that died), with no prometheus-client multiprocess directory to
 keep clean. CPU, memory and GPUs are this host's.
@@ -13,7 +13,8 @@ keep clean. CPU, memory and GPUs are this host's.
 Triton's families are written here rather than by prometheus-client, whose exposition
 renames a counter ``X`` to ``X_total``: Triton's counters have no suffix, and dashboards
 and alerts written for Triton must find them under the same names. Sluice's own families
-(:mod:`sluice.gateway.sluice_metrics`) follow Prometheus' conventions and use prometheus-client.
+(:mod:`sluice.gateway.metrics.sluice_families`) follow Prometheus' conventions and use
+prometheus-client.
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from sluice.core.statistics import (
     ns_field,
 )
 from sluice.core.tenant_limits import TenantLimits
-from sluice.gateway import gpu_metrics, sluice_metrics, tenant_metrics
-from sluice.gateway.host_metrics import HOST, escape_label, family
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.metrics import gpu, sluice_families
+from sluice.gateway.metrics.host import HOST, escape_label, family
+from sluice.gateway.metrics.snapshot import Snapshot
+from sluice.gateway.metrics.torchserve_families import torchserve_lines
 from sluice.gateway.state import GatewayState
-from sluice.gateway.torchserve_metrics import torchserve_lines
+from sluice.gateway.tenants import metrics as tenant_metrics
 
 log = logging.getLogger(__name__)
 
@@ -151,12 +153,12 @@ def _text(
     if settings.torchserve_metrics:
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
-    lines += gpu_metrics.GPUS.lines()
+    lines += gpu.GPUS.lines()
     lines += custom_metrics.render(custom_metrics.decode_reports(snapshot.custom.values()))
     text = ("\n".join(lines) + "\n").encode()
     return (
         text
-        + sluice_metrics.render(snapshot, segments)
+        + sluice_families.render(snapshot, segments)
         + tenant_metrics.render(snapshot, limits, tenants)
     )
 

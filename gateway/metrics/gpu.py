@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from sluice.gateway.host_metrics import family
+from sluice.gateway.metrics.host import family
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from sluice.gateway.infer_response import encode_error
-from sluice.gateway.metrics import CONTENT_TYPE, metrics_text
+from sluice.gateway.inference.response import encode_error
+from sluice.gateway.metrics.exposition import CONTENT_TYPE, metrics_text
 
 
 class MetricsOnly:

@@ -25,14 +25,14 @@ from prometheus_client.core import (
 from sluice.core import histograms as hist
 from sluice.core import statistics as st
 from sluice.core.on_demand import EVICTION_REASONS, eviction_field
-from sluice.gateway.gateway_report import (
+from sluice.gateway.control.gateway_report import (
     BODY_BUDGET_REJECTS,
     CLIENT_SHM_BYTES,
     CLIENT_SHM_HOST,
     IN_FLIGHT,
     ROUND_TRIP_US,
 )
-from sluice.gateway.metric_snapshot import Snapshot, VersionState
+from sluice.gateway.metrics.snapshot import Snapshot, VersionState
 
 _LABELS = ["model", "version"]
 _HISTOGRAMS = (

@@ -21,7 +21,7 @@ from redis.exceptions import RedisError
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.on_demand import HostMemory, host_memories
-from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.control.catalog_view import CatalogView
 
 ModelVersion = tuple[str, int]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import socket
 
 from sluice.core.statistics import count_field, ns_field
-from sluice.gateway.host_metrics import escape_label, family
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.metrics.host import escape_label, family
+from sluice.gateway.metrics.snapshot import Snapshot
 
 _FAMILIES = (
     ("ts_inference_requests_total", "Total number of inference requests.", None),

@@ -1,12 +1,13 @@
 """The client regions a request uses stay registered while it runs, as in Triton: a request
 holds a lease on each region its inputs and outputs name from the moment it is queued until
 it ends (answered, failed, timed out or cancelled), so that unregistering one of them only
-marks it draining, and its last user removes it (:mod:`sluice.gateway.shm_store`).
+marks it draining, and its last user removes it (:mod:`sluice.gateway.shm.store`).
 
 :func:`holding_regions` and :func:`holding_regions_stream` wrap the inference path's
-:func:`sluice.gateway.infer.execute` and :func:`sluice.gateway.infer.execute_stream`, which
-every route (REST, gRPC, generate, TorchServe's) goes through. A request that names no region
-costs nothing; one that does costs a Redis round trip as it starts and one as it ends.
+:func:`sluice.gateway.inference.data_plane.execute` and
+:func:`sluice.gateway.inference.data_plane.execute_stream`, which every route (REST, gRPC,
+generate, TorchServe's) goes through. A request that names no region costs nothing; one that
+does costs a Redis round trip as it starts and one as it ends.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ from typing import Any, Concatenate, ParamSpec, Protocol, TypeVar
 
 from redis.exceptions import RedisError
 
-from sluice.gateway.infer_request import InferRequest
-from sluice.gateway.shm_registry import Lease, RegionRegistry, RegionUse
+from sluice.gateway.inference.request import InferRequest
+from sluice.gateway.shm.registry import Lease, RegionRegistry, RegionUse
 from sluice.gateway.state import GatewayState
 
 log = logging.getLogger(__name__)
 
 
 class RunningRequest(Protocol):
-    """A request on its way to the workers (:class:`sluice.gateway.infer.Prepared`)."""
+    """A request on its way to the workers
+    (:class:`sluice.gateway.inference.data_plane.Prepared`)."""
 
     parsed: InferRequest
     timeout_us: int

@@ -10,11 +10,11 @@ from sluice.core.datatypes import ELEMENT_SIZE, count_bytes_elements
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
 from sluice.core.wire import ShmRef
-from sluice.gateway.infer_request import InputTensor
-from sluice.gateway.json_tensors import fmt_shape
-from sluice.gateway.pending_input import PendingInput, ShmParameters
-from sluice.gateway.request_errors import byte_size_message, string_count_message
-from sluice.gateway.request_fields import natural_parameter
+from sluice.gateway.inference.fields import natural_parameter
+from sluice.gateway.inference.json_tensors import fmt_shape
+from sluice.gateway.inference.pending_input import PendingInput, ShmParameters
+from sluice.gateway.inference.request import InputTensor
+from sluice.gateway.inference.request_errors import byte_size_message, string_count_message
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig

@@ -1,7 +1,7 @@
 """Shared memory regions clients registered (Triton's system and CUDA extensions).
 
 A region belongs to its host, not to the gateway process that registered it: the records
-live in Redis for every gateway process of the host (:mod:`sluice.gateway.shm_store`), and
+live in Redis for every gateway process of the host (:mod:`sluice.gateway.shm.store`), and
 each process keeps a copy it reloads when the host's change counter moved. A system region
 is (key, offset, byte_size) of a POSIX shm object on this host; tensors reference it by
 region name with an offset and a size relative to the region. A CUDA region is an IPC
@@ -12,7 +12,7 @@ Triton has one; Sluice's detail follows it.
 
 A request resolves its references to (key, offset, size) when it is parsed, and holds a
 lease on the regions it names while it runs (:meth:`RegionRegistry.hold`, see
-:mod:`sluice.gateway.shm_leases`). As in Triton, unregistering a region that requests in
+:mod:`sluice.gateway.shm.leases`). As in Triton, unregistering a region that requests in
 flight use answers at once but takes effect when the last of them ends, in every process of
 the host: meanwhile the region stays listed, new requests may still name it, and its name
 cannot be registered again. The request's deadline bounds the wait.
@@ -47,8 +47,8 @@ from sluice.core.shm import (
     write_object,
 )
 from sluice.core.wire import ShmRef
-from sluice.gateway.cuda_shm import CudaRegion, close_cuda_region, open_cuda_region
-from sluice.gateway.shm_store import (
+from sluice.gateway.shm.cuda import CudaRegion, close_cuda_region, open_cuda_region
+from sluice.gateway.shm.store import (
     ChangeCounter,
     LocalCounter,
     MemoryRegionStore,
@@ -108,7 +108,8 @@ def client_shm_allowed(settings: GatewaySettings) -> bool:
 class RegionMiss(InvalidInput):
     """A request named a region this process's copy does not hold, or the host's records
     changed since the copy was made: :meth:`RegionRegistry.catch_up`, then parse again
-    (:func:`sluice.gateway.infer.prepare_with` does). Uncaught, it is the request's 400."""
+    (:func:`sluice.gateway.inference.data_plane.prepare_with` does). Uncaught, it is the
+    request's 400."""
 
 
 class RegionsChanged(RegionMiss):

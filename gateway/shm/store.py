@@ -19,7 +19,7 @@ expired. The leases live with the records rather than in each process because a 
 unregistered through one process must wait for the requests of all of them, and only a
 shared record outlives a process that died.
 
-Each gateway process keeps a copy (:class:`sluice.gateway.shm_registry.RegionRegistry`) and
+Each gateway process keeps a copy (:class:`sluice.gateway.shm.registry.RegionRegistry`) and
 must notice changes without a Redis round trip per request: the processes of one host share
 a change counter in a small file of its /dev/shm (:class:`HostCounter`), which the process
 that changed the records moves before it answers. A request compares it with the value its

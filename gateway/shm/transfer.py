@@ -27,10 +27,10 @@ from sluice.core.shm import (
     write_segment,
 )
 from sluice.core.wire import ReplyMessage, ShmRef, TensorHeader
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.infer_request import InputTensor, RequestedOutput
-from sluice.gateway.infer_response import OutputTensor
-from sluice.gateway.shm_registry import RegionRegistry
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.inference.request import InputTensor, RequestedOutput
+from sluice.gateway.inference.response import OutputTensor
+from sluice.gateway.shm.registry import RegionRegistry
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 At start, from ``SLUICE_TENANT_LIMITS_FILE`` (or, without a file, the inline
 ``SLUICE_TENANT_LIMITS``): anything wrong stops the gateway with the message. Then, from the
-periodic refresh (:mod:`sluice.gateway.catalog_refresh`), the file's ``(mtime_ns, size)`` is
+periodic refresh (:mod:`sluice.gateway.control.catalog_refresh`), the file's ``(mtime_ns, size)`` is
 looked at no more than once a second; when it changed the file is read again. A file that
 cannot be read or used is logged with the entry at fault and counted
 (``sluice_tenant_limits_reload_errors_total``), and the limits in force stay.
@@ -24,7 +24,7 @@ from sluice.core.errors import InvalidConfig
 from sluice.core.settings import GatewaySettings
 from sluice.core.tenant_limits import TenantLimits, TenantLimitsError, parse_tenant_limits
 from sluice.core.tenants import ANONYMOUS
-from sluice.gateway.guard import KeyRing
+from sluice.gateway.tenants.keys import KeyRing
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from sluice.core.tenant_limits import LIMIT_NAMES, WILDCARD, TenantLimit, TenantLimits
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.state import GatewayState
 
 REQUESTS = "tenant.requests:"

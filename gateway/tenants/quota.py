@@ -12,7 +12,7 @@
   after its traffic moved; before any demand is known the processes share equally.
 - ``max_in_flight`` and ``max_queued_bytes``: this process's own count plus the counts the
   other processes reported at their last refresh (every ``catalog_refresh_s``, see
-  :mod:`sluice.gateway.gateway_report`). A burst that reaches several processes within one
+  :mod:`sluice.gateway.control.gateway_report`). A burst that reaches several processes within one
   refresh may pass the limit by what each of them admitted meanwhile.
 
 A refusal is :class:`QuotaExceeded` (429, gRPC RESOURCE_EXHAUSTED) naming the tenant and
@@ -33,7 +33,7 @@ from types import TracebackType
 
 from sluice.core.errors import PayloadTooLarge, QuotaExceeded
 from sluice.core.tenant_limits import TenantLimit, TenantLimits
-from sluice.gateway.infer_request import InputTensor
+from sluice.gateway.inference.request import InputTensor
 
 _NOTHING: AbstractContextManager[None] = contextlib.nullcontext()
 

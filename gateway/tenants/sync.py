@@ -2,10 +2,10 @@
 force, their weights written for the workers, and what the other gateway processes hold.
 
 Each process reports its limited tenants' requests in flight, queued bytes and demand in
-its gateway report (:mod:`sluice.gateway.gateway_report`, fields :func:`in_flight_field`,
+its gateway report (:mod:`sluice.gateway.control.gateway_report`, fields :func:`in_flight_field`,
 :func:`queued_bytes_field` and :func:`demand_field`); here it reads the live processes'
 reports: their counts add to this process's own, and their number and demands divide the
-tenants' rates (:mod:`sluice.gateway.tenant_quota`).
+tenants' rates (:mod:`sluice.gateway.tenants.quota`).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.keys import Keys
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_quota import PeerUsage
+from sluice.gateway.tenants.quota import PeerUsage
 
 _IN_FLIGHT, _QUEUED_BYTES = "tenant_in_flight:", "tenant_queued_bytes:"
 _DEMAND = "tenant_demand_milli:"

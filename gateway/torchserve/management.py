@@ -5,7 +5,7 @@ with TorchServe's answers (its frontend's status codes and messages):
 - ``GET /models[?limit=&next_page_token=]``: the registered models (default versions);
 - ``GET /models/{m}[/{v}|/all]``: a model's description (its default version, the one
   named, or all), with its workers;
-- ``POST /models?url=...``: register an archive (:mod:`sluice.gateway.torchserve_archives`)
+- ``POST /models?url=...``: register an archive (:mod:`sluice.gateway.torchserve.archives`)
   and load it; ``model_name``, ``handler`` (instead of the manifest's), ``runtime``
   (python, python3), ``batch_size``, ``max_batch_delay``, ``initial_workers``,
   ``response_timeout``, ``startup_timeout`` and ``synchronous`` (default true), in the
@@ -51,14 +51,14 @@ from sluice.core.mar_config import MAX_WORKERS, check_model_name, triton_config
 from sluice.core.mar_settings import ArchiveSettings
 from sluice.core.mar_versions import VersionRecord, decimal_of, find, number_for, record_of
 from sluice.core.routing import Routing
-from sluice.gateway.body import read_body
-from sluice.gateway.catalog_follow import follow_changes
-from sluice.gateway.json_body import json_response
-from sluice.gateway.model_control import carry_out, require_explicit
-from sluice.gateway.routing_routes import update_routing
+from sluice.gateway.control.catalog_follow import follow_changes
+from sluice.gateway.control.model_control import carry_out, require_explicit
+from sluice.gateway.http.body import read_body
+from sluice.gateway.http.json_body import json_response
+from sluice.gateway.http.routing_routes import update_routing
 from sluice.gateway.state import GatewayState, state_of
-from sluice.gateway.torchserve_archives import Archive, find_archive
-from sluice.gateway.torchserve_config import (
+from sluice.gateway.torchserve.archives import Archive, find_archive
+from sluice.gateway.torchserve.config import (
     with_batching,
     with_versions,
     with_workers,

@@ -24,12 +24,12 @@ from urllib.parse import parse_qs
 from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from sluice.gateway.gateway_report import TORCHSERVE_RESPONSES
-from sluice.gateway.host_metrics import escape_label, family
-from sluice.gateway.metric_snapshot import Snapshot
-from sluice.gateway.metrics_port import answer
-from sluice.gateway.torchserve_metrics import torchserve_lines
-from sluice.gateway.torchserve_system import SystemGauges
+from sluice.gateway.control.gateway_report import TORCHSERVE_RESPONSES
+from sluice.gateway.metrics.host import escape_label, family
+from sluice.gateway.metrics.port import answer
+from sluice.gateway.metrics.snapshot import Snapshot
+from sluice.gateway.metrics.torchserve_families import torchserve_lines
+from sluice.gateway.torchserve.system import SystemGauges
 
 RESPONSE_CLASSES = ("2XX", "4XX", "5XX")
 

@@ -21,14 +21,14 @@ from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.mar_versions import find, record_of
 from sluice.core.wire import ReplyMessage
-from sluice.gateway.body import read_body
-from sluice.gateway.catalog_follow import asked_fresh, follow_changes, is_problem
-from sluice.gateway.http_protocol import cancel_on_disconnect
-from sluice.gateway.infer import OFFLOAD_BYTES, execute, prepare_with
-from sluice.gateway.infer_request import InferRequest
-from sluice.gateway.inspection import server_not_ready
-from sluice.gateway.json_body import json_response
-from sluice.gateway.request_parsing import parse_infer_document
+from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
+from sluice.gateway.control.inspection import server_not_ready
+from sluice.gateway.http.body import read_body
+from sluice.gateway.http.json_body import json_response
+from sluice.gateway.http.protocol import cancel_on_disconnect
+from sluice.gateway.inference.data_plane import OFFLOAD_BYTES, execute, prepare_with
+from sluice.gateway.inference.parsing import parse_infer_document
+from sluice.gateway.inference.request import InferRequest
 from sluice.gateway.state import GatewayState, state_of
 
 router = APIRouter()

@@ -24,8 +24,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sluice.gateway.gpu_metrics import GPUS, GpuUsage
-from sluice.gateway.host_metrics import HostUsage, escape_label, family, meminfo
+from sluice.gateway.metrics.gpu import GPUS, GpuUsage
+from sluice.gateway.metrics.host import HostUsage, escape_label, family, meminfo
 
 _MB, _GB = 1024**2, 1024**3
 _UNITS = {"percent": "Percent", "MB": "Megabytes", "GB": "Gigabytes"}

@@ -353,7 +353,7 @@ class Keys:
         """Hash region name -> record (JSON) of the client shared memory regions of one
         host (``kind``: ``system`` or ``cuda``), registered through any gateway process of
         that host; every one of them reads it. Expires unless a live gateway of the host
-        renews it (:mod:`sluice.gateway.shm_store`)."""
+        renews it (:mod:`sluice.gateway.shm.store`)."""
         return f"{{{self.namespace}}}:shm-regions:{host}:{kind}"
 
     def client_regions_revision(self, host: str) -> str:
@@ -369,7 +369,7 @@ class Keys:
     def client_region_users(self, host: str, name: str) -> str:
         """Sorted set of the requests in flight that use one client region of a host: lease
         id, scored by the time (ms) it expires, its request's deadline. ``name`` "" gives
-        the prefix of every region's set (the scripts of :mod:`sluice.gateway.shm_store`
+        the prefix of every region's set (the scripts of :mod:`sluice.gateway.shm.store`
         add the name)."""
         return f"{{{self.namespace}}}:shm-regions:{host}:users:{name}"
 

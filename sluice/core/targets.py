@@ -2,8 +2,8 @@
 gateway: an ensemble's worker calling its composing models, a Python model calling another
 (BLS).
 
-The same rules as the gateway's :class:`sluice.gateway.catalog_view.CatalogView` for a request
-that names a version or none (Triton's): the catalog entry says which versions are
+The same rules as the gateway's :class:`sluice.gateway.control.catalog_view.CatalogView` for
+a request that names a version or none (Triton's): the catalog entry says which versions are
 served, a version is ready while a worker of it beats (:meth:`sluice.core.keys.Keys.live_workers`),
 no version named (``-1``) means the highest ready one, and the stream is the version's
 default priority level (:meth:`sluice.core.keys.Keys.request_stream`). A model loaded on

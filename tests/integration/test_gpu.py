@@ -22,8 +22,8 @@ import numpy as np
 import pytest
 import torch
 
-from sluice.gateway.gpu_metrics import GPU_FAMILIES, GpuUsage
-from sluice.gateway.torchserve_system import SystemGauges
+from sluice.gateway.metrics.gpu import GPU_FAMILIES, GpuUsage
+from sluice.gateway.torchserve.system import SystemGauges
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.stack import Stack

@@ -88,9 +88,8 @@ def test_verbose_level_and_format_change_the_gateways_log(stack: Stack, http: ht
     [line] = logged(stack, refused(http))
     document = json.loads(line)
     assert document["level"] == "DEBUG" and document["role"] == "gateway"
-    assert document["logger"] == "sluice.gateway.fast_path" and document["request_id"].startswith(
-        "log-"
-    )
+    assert document["logger"] == "sluice.gateway.http.fast_path"
+    assert document["request_id"].startswith("log-")
 
     http.post("/v2/logging", json={"log_format": "ISO8601"})
     [line] = logged(stack, refused(http))

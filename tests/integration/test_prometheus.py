@@ -3,7 +3,7 @@
 Every target expression of the Grafana dashboard (deploy/grafana/dashboards/sluice.json)
 and every metric the alert rules name must give series from what Sluice exports: a name
 Sluice does not export fails here. The GPU row is evaluated only where a GPU exists;
-elsewhere its names are checked against ``gateway.gpu_metrics.GPU_FAMILIES`` instead.
+elsewhere its names are checked against ``sluice.gateway.metrics.gpu.GPU_FAMILIES`` instead.
 """
 
 from __future__ import annotations
@@ -293,10 +293,10 @@ def test_every_dashboard_target_gives_series(
             print(
                 "\nNo GPU on this machine: the dashboard's GPU row was not evaluated "
                 f"({', '.join(sorted(gpu_names))}); its names are checked against "
-                "gateway.gpu_metrics.GPU_FAMILIES instead"
+                "sluice.gateway.metrics.gpu.GPU_FAMILIES instead"
             )
         try:
-            from sluice.gateway.gpu_metrics import GPU_FAMILIES
+            from sluice.gateway.metrics.gpu import GPU_FAMILIES
         except ImportError as error:
             failures.append(f"the GPU row's names cannot be checked: {error}")
         else:

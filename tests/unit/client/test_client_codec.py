@@ -37,8 +37,8 @@ from sluice.core.errors import (
     Unavailable,
     Unsupported,
 )
-from sluice.gateway.infer_response import OutputTensor, encode_infer_response
-from sluice.gateway.request_parsing import parse_infer_request
+from sluice.gateway.inference.parsing import parse_infer_request
+from sluice.gateway.inference.response import OutputTensor, encode_infer_response
 from tests.support.samples import FIXED_TYPES, sample
 
 TEXTS = np.array([[b"hello", b"\xff\xfe not utf-8", b""], [b"w\xc3\xb6rld", b"a b", b"\x00z"]])

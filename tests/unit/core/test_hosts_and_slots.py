@@ -23,7 +23,7 @@ from sluice.core.redis_connect import (
 )
 from sluice.core.settings import CommonSettings
 from sluice.core.wire import RequestMessage, ShmRef, TensorHeader, decode_request, encode_request
-from sluice.gateway.catalog_view import CatalogView
+from sluice.gateway.control.catalog_view import CatalogView
 from sluice.scheduler.executor.redis_server import free_port
 from sluice.workers import shm_io
 from sluice.workers.tensors import validate

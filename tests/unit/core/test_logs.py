@@ -1,5 +1,5 @@
-"""Log lines (sluice.core.logs), request ids (gateway.request_id), the ``/v2/logging`` checks
-and the request id in the stream entry."""
+"""Log lines (sluice.core.logs), request ids (sluice.gateway.inference.request_id), the
+``/v2/logging`` checks and the request id in the stream entry."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from sluice.core.errors import InvalidInput, Unsupported
 from sluice.core.logs import REQUEST_ID, TRACE_ID, configure_logging, control
 from sluice.core.settings import CommonSettings
 from sluice.core.wire import HEADER_FIELD, RequestMessage, decode_request, encode_request
-from sluice.gateway import request_id
-from sluice.gateway.logging_routes import parse_log_settings
+from sluice.gateway.http.logging_routes import parse_log_settings
+from sluice.gateway.inference import request_id
 
 log = logging.getLogger("tests.unit.test_logs")
 UTC_TIME = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z"

@@ -26,8 +26,8 @@ from sluice.core.routing import (
     parse_weights,
     requested_label,
 )
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.routing_view import RoutingView
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.routing_view import RoutingView
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import identity_config
 

@@ -45,9 +45,9 @@ from sluice.core.wire import (
     encode_reply,
     encode_request,
 )
-from sluice.gateway.infer_request import InputTensor, RequestedOutput
-from sluice.gateway.shm_registry import RegionRegistry, client_shm_allowed, client_shm_refusal
-from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.inference.request import InputTensor, RequestedOutput
+from sluice.gateway.shm.registry import RegionRegistry, client_shm_allowed, client_shm_refusal
+from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.workers.execution import Execution
 from sluice.workers.replies import Timing
 from sluice.workers.shm_io import SharedObjects
@@ -405,7 +405,7 @@ def test_no_room_for_a_segment_means_inline(
     def full(*_: object) -> int:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("sluice.gateway.shm_transfer.write_segment", full)
+    monkeypatch.setattr("sluice.gateway.shm.transfer.write_segment", full)
     headers, payload, segment = transfer(namespace).pack(
         [tensor("a", 5000), tensor("b", 7)], local=True
     )
@@ -674,7 +674,7 @@ async def test_cuda_registration_errors_start_with_tritons_text(
             await registry.register_cuda("gpu", handle, 0, 1024)
     success = SimpleNamespace(cudaSuccess=0)
     one_gpu = SimpleNamespace(cudaError_t=success, cudaGetDeviceCount=lambda: (0, 1))
-    monkeypatch.setattr("sluice.gateway.cuda_shm._runtime", lambda: one_gpu)
+    monkeypatch.setattr("sluice.gateway.shm.cuda._runtime", lambda: one_gpu)
     with pytest.raises(
         InvalidInput,
         match=r"^failed to register shared memory region: invalid args: device_id 3 does not "

@@ -280,7 +280,8 @@ def test_nothing_of_the_tracing_sdk_is_imported_while_tracing_is_off() -> None:
     """(redis-py imports the SDK's metrics part by itself when it is installed.)"""
     code = (
         "import sys\n"
-        "import gateway.__main__, gateway.app, gateway.fast_path, workers.__main__, sluice.cli\n"
+        "import sluice.gateway.__main__, sluice.gateway.app, sluice.gateway.http.fast_path\n"
+        "import sluice.workers.__main__, sluice.cli\n"
         "from sluice.core.settings import CommonSettings\n"
         "from sluice.core.tracing import tracing_from_settings\n"
         "assert tracing_from_settings(CommonSettings(), 'gateway') is None\n"

@@ -20,13 +20,13 @@ from sluice.core.settings import GatewaySettings
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.fast_path import InferFastPath
-from sluice.gateway.http_errors import add_error_handlers
-from sluice.gateway.infer_request import RequestLimits
-from sluice.gateway.routes import router
-from sluice.gateway.shm_registry import RegionRegistry
-from sluice.gateway.shm_transfer import TensorTransfer
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.http.errors import add_error_handlers
+from sluice.gateway.http.fast_path import InferFastPath
+from sluice.gateway.http.routes import router
+from sluice.gateway.inference.request import RequestLimits
+from sluice.gateway.shm.registry import RegionRegistry
+from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 from tests.unit.gateway.memory_control_plane import MemoryControlPlane
 

@@ -1,4 +1,4 @@
-"""A :class:`sluice.gateway.control_plane.ControlPlane` in memory, for in-process tests of
+"""A :class:`sluice.gateway.control.store.ControlPlane` in memory, for in-process tests of
 control routes: rollouts, routing and the model-control mode are plain fields; what these
 tests do not reach (scripts, metrics, commands) says so."""
 
@@ -11,9 +11,9 @@ from redis.commands.core import AsyncScript
 
 from sluice.core.errors import Unsupported
 from sluice.core.routing import Routing
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.control_plane import RawHash
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.store import RawHash
+from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.redis_room import RedisRoom
 
 

@@ -12,7 +12,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice.core.errors import QUEUE_UNREACHABLE
 from sluice.gateway.grpc_api.status import status_of
-from sluice.gateway.http_errors import _redis_error
+from sluice.gateway.http.errors import _redis_error
 
 ERROR = RedisConnectionError("Error 111 connecting to 10.1.2.3:6379. Connection refused.")
 

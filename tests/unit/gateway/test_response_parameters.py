@@ -9,7 +9,7 @@ from tritonclient.grpc import service_pb2
 
 from sluice.core.datatypes import to_buffer
 from sluice.gateway.grpc_api.tensors import encode_response
-from sluice.gateway.infer_response import OutputTensor, encode_infer_response
+from sluice.gateway.inference.response import OutputTensor, encode_infer_response
 
 PARAMETERS = {"sequence_id": "s-1", "sequence_start": True, "sequence_end": False, "n": -4}
 

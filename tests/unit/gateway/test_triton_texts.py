@@ -23,9 +23,9 @@ from sluice.core.datatypes import serialize_bytes
 from sluice.core.errors import InvalidInput, PayloadTooLarge
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import SHM_DIR
-from sluice.gateway.body import INLINE_DECODED_BYTES, decode_body, decoded_body
-from sluice.gateway.http_protocol import bounded_protocol
-from sluice.gateway.model_control_routes import file_content
+from sluice.gateway.http.body import INLINE_DECODED_BYTES, decode_body, decoded_body
+from sluice.gateway.http.model_control_routes import file_content
+from sluice.gateway.http.protocol import bounded_protocol
 from tests.support.onnx_models import identity_config
 from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
 

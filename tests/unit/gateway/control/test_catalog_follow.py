@@ -12,10 +12,10 @@ import pytest
 
 from sluice.core.catalog import CatalogEntry
 from sluice.core.errors import NotFound
-from sluice.gateway.catalog_follow import asked_fresh, follow_changes, is_problem
-from sluice.gateway.catalog_view import CatalogView
-from sluice.gateway.inspection import model_not_ready
-from sluice.gateway.shm_store import HostCounter
+from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.inspection import model_not_ready
+from sluice.gateway.shm.store import HostCounter
 from sluice.gateway.state import GatewayState
 from tests.support.onnx_models import identity_config
 from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
@@ -62,7 +62,7 @@ async def test_misses_share_one_refresh_and_are_rate_limited(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # (a minute between refreshes: however slowly this machine runs the two rounds)
-    monkeypatch.setattr("sluice.gateway.catalog_follow.MISS_REFRESH_S", 60.0)
+    monkeypatch.setattr("sluice.gateway.control.catalog_follow.MISS_REFRESH_S", 60.0)
     control = PublishingControl()
     state = gateway_state(control)
 
@@ -81,7 +81,9 @@ async def test_a_change_counted_by_another_process_is_followed_once(
     async def no_log_settings(state: GatewayState) -> None:
         pass  # (they live in Redis, which this in-process gateway has none of)
 
-    monkeypatch.setattr("sluice.gateway.catalog_follow.follow_log_settings", no_log_settings)
+    monkeypatch.setattr(
+        "sluice.gateway.control.catalog_follow.follow_log_settings", no_log_settings
+    )
     control = PublishingControl()
     state = gateway_state(control)
     mine = HostCounter("unit", "host", tmp_path, topic="changes")

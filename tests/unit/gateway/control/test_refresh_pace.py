@@ -11,8 +11,8 @@ import pytest
 from pydantic import ValidationError
 
 from sluice.core.settings import GatewaySettings
-from sluice.gateway import catalog_refresh
 from sluice.gateway.admission import Admission
+from sluice.gateway.control import catalog_refresh
 
 
 class Stop(Exception):

@@ -8,7 +8,7 @@ from tritonclient.grpc import service_pb2
 
 from sluice.core.errors import InferenceFailed, InvalidInput
 from sluice.gateway.grpc_api.tensors import encode_response, request_document
-from sluice.gateway.infer_response import OutputTensor
+from sluice.gateway.inference.response import OutputTensor
 
 
 def _request() -> service_pb2.ModelInferRequest:

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import uvicorn
 
-from sluice.gateway.http_protocol import bounded_protocol
+from sluice.gateway.http.protocol import bounded_protocol
 
 BODY_TIMEOUT_S = 0.25
 SLOW_READ_S = 0.1

@@ -6,7 +6,7 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.errors import InvalidInput
-from sluice.gateway.generate_routes import generate_document
+from sluice.gateway.http.generate_routes import generate_document
 
 
 def _config(dims: str, max_batch_size: int = 4) -> object:

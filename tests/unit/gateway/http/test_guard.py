@@ -1,4 +1,4 @@
-"""Which endpoints need which key, and whose tenant a key is (gateway.guard.KeyRing),
+"""Which endpoints need which key, and whose tenant a key is (sluice.gateway.http.guard.KeyRing),
 without a server."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from sluice.core.errors import InvalidConfig
 from sluice.core.settings import ApiKeySettings
 from sluice.core.tenants import ANONYMOUS, parse_key_entry
-from sluice.gateway.guard import KeyRing, is_management
+from sluice.gateway.tenants.keys import KeyRing, is_management
 
 INFERENCE = "/v2/models/m/infer"
 MANAGEMENT = [

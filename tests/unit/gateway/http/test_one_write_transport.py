@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from sluice.gateway.http_protocol import OneWriteTransport
+from sluice.gateway.http.protocol import OneWriteTransport
 
 
 class RecordingTransport:

@@ -7,7 +7,7 @@ import zlib
 
 import pytest
 
-from sluice.gateway.response_compression import MIN_BYTES, accepted, compressed
+from sluice.gateway.http.compression import MIN_BYTES, accepted, compressed
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,4 @@
-"""Triton's header forwarding (:mod:`sluice.gateway.header_forwarding`): which names a
+"""Triton's header forwarding (:mod:`sluice.gateway.inference.header_forwarding`): which names a
 pattern takes, Triton's case rule, and what may never be forwarded."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 
 from sluice.core.errors import InvalidInput
 from sluice.core.request_parameters import forward_pattern
-from sluice.gateway.header_forwarding import add_forwarded, matching
+from sluice.gateway.inference.header_forwarding import add_forwarded, matching
 
 HEADERS = [
     ("my_header_1", "one"),

@@ -14,8 +14,8 @@ import tritonclient.http as httpclient
 
 from sluice.core.datatypes import serialize_bytes, to_numpy
 from sluice.core.errors import InvalidInput
-from sluice.gateway.infer_request import InferRequest, RequestedOutput, RequestLimits
-from sluice.gateway.request_parsing import parse_infer_request
+from sluice.gateway.inference.parsing import parse_infer_request
+from sluice.gateway.inference.request import InferRequest, RequestedOutput, RequestLimits
 from tests.support.samples import FIXED_TYPES, sample
 
 # --------------------------------------------------------------------- fakes

@@ -12,7 +12,7 @@ import tritonclient.http as httpclient
 
 from sluice.core.datatypes import serialize_bytes, to_buffer
 from sluice.core.errors import InferenceFailed
-from sluice.gateway.infer_response import OutputTensor, encode_error, encode_infer_response
+from sluice.gateway.inference.response import OutputTensor, encode_error, encode_infer_response
 from tests.support.samples import FIXED_TYPES, sample
 
 

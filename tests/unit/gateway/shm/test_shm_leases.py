@@ -1,4 +1,4 @@
-"""Client regions that requests in flight use (:mod:`sluice.gateway.shm_leases`): as in
+"""Client regions that requests in flight use (:mod:`sluice.gateway.shm.leases`): as in
 Triton, unregistering one answers at once, but it stays listed, usable and its name taken
 until the last request using it ends; a request's deadline bounds the wait. Two registries
 over one store and one host counter stand for two gateway processes; each store (in memory,
@@ -21,10 +21,10 @@ from sluice.core.errors import InvalidInput, NotFound
 from sluice.core.keys import Keys
 from sluice.core.shm import SHM_DIR
 from sluice.core.wire import RequestMessage, ShmRef
-from sluice.gateway.infer_request import InferRequest, InputTensor, RequestedOutput
-from sluice.gateway.shm_leases import holding_regions_stream, region_uses, regions_held
-from sluice.gateway.shm_registry import RegionRegistry, RegionUse
-from sluice.gateway.shm_store import HostCounter, MemoryRegionStore, RedisRegionStore, RegionStore
+from sluice.gateway.inference.request import InferRequest, InputTensor, RequestedOutput
+from sluice.gateway.shm.leases import holding_regions_stream, region_uses, regions_held
+from sluice.gateway.shm.registry import RegionRegistry, RegionUse
+from sluice.gateway.shm.store import HostCounter, MemoryRegionStore, RedisRegionStore, RegionStore
 from sluice.gateway.state import GatewayState
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import identity_config

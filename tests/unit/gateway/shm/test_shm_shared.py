@@ -1,5 +1,5 @@
 """Client shared memory regions shared by the gateway processes of a host
-(:mod:`sluice.gateway.shm_store`): two registries over one store and one host counter stand
+(:mod:`sluice.gateway.shm.store`): two registries over one store and one host counter stand
 for two processes; the Redis store on a real redis-server; ``--gateway-processes auto``."""
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from sluice.core.keys import Keys
 from sluice.core.settings import GatewaySettings, UpSettings, auto_gateway_processes
 from sluice.core.shm import SHM_DIR
 from sluice.core.wire import ShmRef
-from sluice.gateway.cuda_shm import CudaRegion
-from sluice.gateway.shm_registry import RegionMiss, RegionRegistry, RegionsChanged
-from sluice.gateway.shm_store import (
+from sluice.gateway.shm.cuda import CudaRegion
+from sluice.gateway.shm.registry import RegionMiss, RegionRegistry, RegionsChanged
+from sluice.gateway.shm.store import (
     HostCounter,
     MemoryRegionStore,
     RedisRegionStore,
@@ -211,8 +211,8 @@ async def test_cuda_handles_are_opened_where_used_and_closed_everywhere(
     def close_region(region: CudaRegion) -> None:
         events.append(("close", region.pointer, region.name))
 
-    monkeypatch.setattr("sluice.gateway.shm_registry.open_cuda_region", open_region)
-    monkeypatch.setattr("sluice.gateway.shm_registry.close_cuda_region", close_region)
+    monkeypatch.setattr("sluice.gateway.shm.registry.open_cuda_region", open_region)
+    monkeypatch.setattr("sluice.gateway.shm.registry.close_cuda_region", close_region)
     one, two = pair(MemoryRegionStore(), tmp_path)
     await one.register_cuda("gpu", b"\x01" * 64, 0, 1024)
     assert events == [("open", 1000, "gpu")]  # the registering process proves the handle

@@ -1,4 +1,4 @@
-"""The tenant limits at start and their reload (sluice.gateway.tenant_limits_source): a bad
+"""The tenant limits at start and their reload (sluice.gateway.tenants.limits_source): a bad
 value stops the start; a bad file on reload is logged and counted, the previous limits stay."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 
 from sluice.core.errors import InvalidConfig
 from sluice.core.settings import GatewaySettings
-from sluice.gateway.tenant_limits_source import LimitsSource, load_at_start
+from sluice.gateway.tenants.limits_source import LimitsSource, load_at_start
 
 KEYS = "team-a:key-a,team-b:key-b"
 

@@ -10,12 +10,12 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sluice.core.errors import QuotaExceeded
 from sluice.core.tenant_limits import TenantLimit, TenantLimits
-from sluice.gateway import tenant_metrics
 from sluice.gateway.admission import Admission
-from sluice.gateway.metric_snapshot import Snapshot
+from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.state import GatewayState
-from sluice.gateway.tenant_limits_source import LimitsSource
-from sluice.gateway.tenant_quota import TenantQuota
+from sluice.gateway.tenants import metrics as tenant_metrics
+from sluice.gateway.tenants.limits_source import LimitsSource
+from sluice.gateway.tenants.quota import TenantQuota
 
 
 def state() -> GatewayState:

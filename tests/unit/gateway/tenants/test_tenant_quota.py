@@ -1,4 +1,4 @@
-"""Each tenant's limits in one gateway process (sluice.gateway.tenant_quota), on a fake clock."""
+"""Each tenant's limits in one gateway process (sluice.gateway.tenants.quota), on a fake clock."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import pytest
 
 from sluice.core.errors import PayloadTooLarge, QuotaExceeded
 from sluice.core.tenant_limits import TenantLimit, TenantLimits
-from sluice.gateway.infer_request import InputTensor
-from sluice.gateway.tenant_quota import PeerUsage, TenantQuota, TokenBucket
+from sluice.gateway.inference.request import InputTensor
+from sluice.gateway.tenants.quota import PeerUsage, TenantQuota, TokenBucket
 
 TENANTS = ("team-a", "team-b")
 

@@ -1,4 +1,4 @@
-"""TorchServe's host gauges (sluice.gateway.torchserve_system) from a /proc of the test's
+"""TorchServe's host gauges (sluice.gateway.torchserve.system) from a /proc of the test's
 own, and against psutil's readings of this host (TorchServe reads them with psutil)."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from sluice.gateway.gpu_metrics import GpuUsage
-from sluice.gateway.torchserve_system import SystemGauges
+from sluice.gateway.metrics.gpu import GpuUsage
+from sluice.gateway.torchserve.system import SystemGauges
 from tests.support.fake_nvml import FakeNvml
 
 MEMINFO = """MemTotal:        8000000 kB
