@@ -86,8 +86,11 @@ class Runner:
         fields[b.F_FINISHED] = f"{now:.6f}"
         tenant = self._tenant(self.record(batch_id))
         member = u.expiry_member(u.BATCH, tenant, batch_id)
+        values = [item for pair in fields.items() for item in pair]
+        if not self.redis.eval(b.END, 1, self.keys.batch(batch_id), *values):
+            log.info("batch %s: cancelled before it ended; it stays cancelled", batch_id)
+            return
         with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(self.keys.batch(batch_id), mapping=cast(dict[Any, Any], fields))
             pipe.srem(self.keys.running_batches, batch_id)
             pipe.zadd(self.keys.store_expiry, {member: now + self.settings.batch_retention_s})
             pipe.execute()
@@ -234,6 +237,9 @@ class Runner:
             self.redis.hset(self.keys.batch(batch_id), b.F_SHARDS_FAILED, 0)
         waiting = [i for i in range(int(record[b.F_SHARDS])) if i not in committed]
         log.info("batch %s resumed: %d shard(s) to run", batch_id, len(waiting))
+        if not waiting:  # (cancelled while its outputs were written up: they are all there)
+            self._finish(batch_id)
+            return
         for index in waiting:
             self.send_shard(batch_id, index)
 

@@ -241,6 +241,16 @@ return 1
 """-> 1: the batch runs now; 0: it is no longer planning (cancelled while it was planned):
 nothing is written, so a cancel that came first is never undone."""
 
+END = """
+-- KEYS: batch hash; ARGV: field, value, ... (the final status and what goes with it)
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'planning' and status ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV))
+return 1
+"""
+"""-> 1: the batch ended so; 0: it had ended already (cancelled while its outputs were
+written up): nothing is written, so a cancel that came first is never undone."""
+
 COMMIT = """
 -- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)
 local status = redis.call('HGET', KEYS[1], 'status')

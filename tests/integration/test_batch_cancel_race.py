@@ -91,3 +91,52 @@ def test_an_uncancelled_job_starts_with_its_shards(
     assert record[b.F_STATUS.encode()] == b.RUNNING.encode()
     assert int(record[b.F_SHARDS.encode()]) == 1 and sent == [0]
     assert planning.sismember(Keys(NAMESPACE).running_batches, BATCH)
+
+
+@pytest.mark.parametrize("cancelled", [True, False])
+def test_a_cancel_while_the_outputs_are_written_up_is_never_undone(
+    redis_server: RedisServer, planning: Redis, monkeypatch: pytest.MonkeyPatch, cancelled: bool
+) -> None:
+    """The last shard committed, the runner writes the manifest; a cancel that lands then
+    used to be overwritten by ``completed`` (the client had its 200 ``cancelled``, and then
+    found the job completed)."""
+    keys = Keys(NAMESPACE)
+    planning.hset(keys.batch(BATCH), b.F_STATUS, b.RUNNING)
+    planning.sadd(keys.running_batches, BATCH)
+    runner = _runner(redis_server, [], monkeypatch)
+
+    def manifest(batch_id: str, record: dict[str, str]) -> tuple[str, list[object]]:
+        if cancelled:
+            planning.hset(keys.batch(BATCH), b.F_STATUS, b.CANCELLED)
+        return "_manifest.json", []
+
+    monkeypatch.setattr(runner, "_manifest", manifest)
+    try:
+        runner._finish(BATCH)
+    finally:
+        runner.close()
+    record = _record(planning)
+    ended = b.CANCELLED if cancelled else b.COMPLETED
+    assert record[b.F_STATUS.encode()] == ended.encode()
+    assert (b.F_MANIFEST.encode() in record) is not cancelled
+    if not cancelled:
+        assert not planning.sismember(keys.running_batches, BATCH)
+
+
+def test_a_job_cancelled_with_every_shard_done_ends_when_resumed(
+    redis_server: RedisServer, planning: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its shards are all committed, so none is sent again: resuming it writes its outputs
+    up (it stayed ``running`` for ever)."""
+    keys = Keys(NAMESPACE)
+    planning.hset(keys.batch(BATCH), mapping={b.F_STATUS: b.RUNNING, b.F_SHARDS: 2})
+    planning.hset(keys.batch_shards(BATCH), mapping={0: '{"committed": 1}', 1: '{"committed": 1}'})
+    sent: list[int] = []
+    runner = _runner(redis_server, sent, monkeypatch)
+    monkeypatch.setattr(runner, "_manifest", lambda batch_id, record: ("_manifest.json", []))
+    try:
+        runner.plan(BATCH, resume=True)
+    finally:
+        runner.close()
+    assert sent == []
+    assert _record(planning)[b.F_STATUS.encode()] == b.COMPLETED.encode()

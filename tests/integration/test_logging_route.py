@@ -94,7 +94,8 @@ def test_verbose_level_and_format_change_the_gateways_log(stack: Stack, http: ht
     http.post("/v2/logging", json={"log_format": "ISO8601"})
     [line] = logged(stack, refused(http))
     assert re.match(
-        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z gateway sluice\.gateway\.fast_path DEBUG ", line
+        r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z gateway sluice\.gateway\.http\.fast_path DEBUG ",
+        line,
     )
 
 

@@ -37,7 +37,7 @@ import time
 
 class Model:
     def execute(self, inputs):
-        time.sleep(0.3)
+        time.sleep(1.0)
         return {"y": inputs["x"] * 2}
 """
 REQUEST = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
@@ -123,7 +123,7 @@ def test_a_good_version_is_promoted_with_no_failed_request(stack: Stack) -> None
             # The latency rule out of the way (2 s of room, against the default's 10 ms):
             # the same code answers both versions, and on a loaded machine (the suite's two
             # streams beside compose) one p99 moved 150 ms above the other. The rule itself
-            # is tested with a version 300 ms slower, below.
+            # is tested with a version 1 s slower, below.
             json={"version": 2, **FAST_PLAN, "min_p99_increase_s": 2.0},
             timeout=30,
         )
@@ -143,12 +143,15 @@ def test_a_good_version_is_promoted_with_no_failed_request(stack: Stack) -> None
 
 @pytest.mark.parametrize(("model", "why"), [("erring", "error rate"), ("slow", "p99 latency")])
 def test_a_regression_is_rolled_back_by_itself(stack: Stack, model: str, why: str) -> None:
+    # Margins for a loaded machine: the slow version takes 1 s a request, so a p99 rule
+    # that compares it with 1.5x the stable version's holds while the stable one answers
+    # within 0.6 s (it takes milliseconds); it is judged in about 5 s, within a step of 60.
     with SteadyLoad(stack, model) as load:
         time.sleep(0.5)
-        plan = {"version": 2, "steps": [50], "step_s": 30, "min_samples": 10}
+        plan = {"version": 2, "steps": [50], "step_s": 60, "min_samples": 5}
         started = httpx.post(f"{stack.url}/v2/repository/models/{model}/rollout", json=plan)
         assert started.status_code == 200, started.text
-        assert wait_until(finished(stack, model), 60)
+        assert wait_until(finished(stack, model), 90)
         time.sleep(1.0)
         after = len(load.codes)
         time.sleep(1.0)
@@ -156,10 +159,10 @@ def test_a_regression_is_rolled_back_by_itself(stack: Stack, model: str, why: st
     assert state["phase"] == "rolled_back", state
     assert why in state["reason"]
     rollback = next(d for d in state["decisions"] if d["decision"] == "rollback")
-    assert rollback["candidate_answers"] >= 10  # the numbers it was decided on
+    assert rollback["candidate_answers"] >= 5  # the numbers it was decided on
     seconds = decision_time(state, "rollback") - decision_time(state, "step")
     print(f"{model}: rolled back {seconds:.1f} s after the candidate got traffic")
-    assert seconds < 30
+    assert seconds < 60  # (before the step's end: the rule, not the step, decided)
     assert set(load.codes[after:]) == {200}  # the stable version serves alone again
     assert served_versions(stack, model) == ["1"]
 
