@@ -36,6 +36,8 @@ from sluice.gateway.torchserve.ports import (
     management_path,
 )
 from sluice.gateway.torchserve.routes import router as torchserve_router
+from sluice.gateway.torchserve.workflow_run import router as workflow_predictions
+from sluice.gateway.torchserve.workflows import router as workflow_management
 
 
 @dataclass(frozen=True)
@@ -89,5 +91,7 @@ def _routes_app(settings: GatewaySettings) -> FastAPI:
     app.include_router(torchserve_router)
     app.include_router(generate_router)
     app.include_router(torchserve_management)
+    app.include_router(workflow_management)
+    app.include_router(workflow_predictions)
     add_error_handlers(app)
     return app

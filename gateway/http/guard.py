@@ -111,7 +111,7 @@ class EdgeGuard:
                 path.startswith("/v2/models/")
                 and path.endswith(("/infer", "/generate", "/generate_stream"))
             )
-            or path.startswith("/predictions/")
+            or path.startswith(("/predictions/", "/wfpredict/"))
             or is_upload(scope)
         ):
             # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves, uploads

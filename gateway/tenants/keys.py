@@ -24,6 +24,7 @@ _MANAGEMENT = (
     "/v2/logging",
     "/v2/trace",
     "/models",
+    "/workflows",
 )
 _MODEL_TRACE = re.compile(r"/v2/models/[^/]+(?:/versions/[^/]+)?/trace/setting/?")
 

@@ -9,6 +9,8 @@ store's forms (a .mar, a .tar.gz, a model folder: :mod:`sluice.core.mar_forms`);
 registered is a .mar. The answers: an empty ``url``, a path that climbs (``..``), a URL not
 allowed and an entry not in the store are 404 (TorchServe's ModelNotFoundException); a
 download that fails (the server answers 404, say) is 400 (its DownloadArchiveException).
+A workflow archive (``POST /workflows?url=``) is found the same way in the workflow store
+(``SLUICE_WORKFLOW_STORE``, else the model store), with TorchServe's texts for workflows.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from sluice.core.errors import InvalidInput, NotFound
 from sluice.core.mar import MarManifest, UnpackLimits
 from sluice.core.mar_forms import pack
 from sluice.core.mar_settings import ArchiveSettings, read_archive_settings
+from sluice.core.war import MAX_WAR_BYTES, WorkflowArchive, read_war
 
 MAX_REGISTER_BYTES = 256 << 20
 """A registered archive travels to ``sluice up`` in a control command; a larger one is laid
@@ -48,31 +51,59 @@ def _too_large(url: str) -> InvalidInput:
 
 async def find_archive(url: str, store: Path | None, allowed: str) -> Archive:
     """The archive ``url`` names, read and checked."""
+    with tempfile.TemporaryDirectory(prefix="sluice-register-") as scratch:
+        source = await _fetched(url, store, allowed, Path(scratch), "Model")
+        return await asyncio.to_thread(_read, source, Path(scratch) / "model.mar", url)
+
+
+async def find_workflow(url: str, store: Path | None, allowed: str) -> WorkflowArchive:
+    """The workflow archive (.war) ``url`` names, read and checked, as TorchServe's
+    ``POST /workflows?url=`` finds it: in the workflow store, or at a URL allowed."""
+    with tempfile.TemporaryDirectory(prefix="sluice-workflow-") as scratch:
+        source = await _fetched(url, store, allowed, Path(scratch), "Workflow")
+        if not source.is_file():
+            raise NotFound(f"Workflow not found at: {url}")
+        if source.stat().st_size > MAX_WAR_BYTES:
+            raise InvalidInput(f"'{url}' is larger than {MAX_WAR_BYTES >> 20} MiB")
+        return await asyncio.to_thread(read_war, source)
+
+
+def archive_of(data: bytes, url: str) -> Archive:
+    """A .mar made here (a workflow's function), read and checked as a registered one."""
+    with tempfile.TemporaryDirectory(prefix="sluice-register-") as scratch:
+        source = Path(scratch) / "made.mar"
+        source.write_bytes(data)
+        return _read(source, Path(scratch) / "model.mar", url)
+
+
+async def _fetched(url: str, store: Path | None, allowed: str, scratch: Path, kind: str) -> Path:
+    """Where the entry ``url`` names is: in ``store``, or downloaded into ``scratch``
+    (``kind``: "Model" or "Workflow", as TorchServe's answers name it)."""
     if not url:
         raise NotFound("empty url")
     if ".." in url:
         raise NotFound(f"Relative path is not allowed in url: {url}")
-    with tempfile.TemporaryDirectory(prefix="sluice-register-") as scratch:
-        if "://" in url:
-            source = Path(scratch) / "download"
-            await _download(url, allowed, source)
-        else:
-            source = _in_store(url, store)
-        return await asyncio.to_thread(_read, source, Path(scratch) / "model.mar", url)
+    if "://" in url:
+        source = scratch / "download"
+        await _download(url, allowed, source)
+        return source
+    return _in_store(url, store, kind)
 
 
-def _in_store(url: str, store: Path | None) -> Path:
-    """The entry of the model store named by the file name ``url`` ends with."""
+def _in_store(url: str, store: Path | None, kind: str) -> Path:
+    """The entry of the store named by the file name ``url`` ends with."""
     if store is None:
         raise NotFound(
-            "Model store has not been configured (SLUICE_MODEL_STORE): nothing to register"
+            f"{kind} store has not been configured (SLUICE_{kind.upper()}_STORE): nothing "
+            "to register"
         )
     name = url.rstrip("/").rsplit("/", 1)[-1]
     path = Path(store) / name
+    where = f"{kind} not found in {kind.lower()} store: {url}"
     if not name or name.startswith(".") or "\\" in name or not path.exists():
-        raise NotFound(f"Model not found in model store: {url}")
+        raise NotFound(where)
     if path.is_symlink() or not (path.is_file() or path.is_dir()):
-        raise NotFound(f"Model not found in model store: {url} (not a file or folder)")
+        raise NotFound(f"{where} (not a file or folder)")
     return path
 
 

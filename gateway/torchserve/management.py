@@ -64,6 +64,7 @@ from sluice.gateway.torchserve.config import (
     with_workers,
     workers_of,
 )
+from sluice.gateway.torchserve.routes import error_response
 
 log = logging.getLogger(__name__)
 
@@ -75,11 +76,6 @@ _MAX_REGISTER_JSON = 64 << 10
 
 class WorkersFailed(InferenceFailed):
     """TorchServe's 500 when a model's workers do not start (named in its body's ``type``)."""
-
-
-def _error(error: SluiceError) -> Response:
-    body = {"code": int(error.status), "type": type(error).__name__, "message": error.message}
-    return json_response(body, int(error.status))
 
 
 def _whole(params: dict[str, str], name: str) -> int | None:
@@ -105,7 +101,7 @@ def _flag(params: dict[str, str], name: str, default: bool) -> bool:
     return default if raw is None else raw.strip().lower() == "true"
 
 
-async def _current(request: Request) -> GatewayState:
+async def current_state(request: Request) -> GatewayState:
     """The gateway's state, caught up with what another gateway process of this host has
     changed (a registration through one connection is seen through the next)."""
     state = state_of(request)
@@ -159,7 +155,7 @@ async def _workers(state: GatewayState, model: str, version: int) -> list[dict[s
 
 @router.get("/models")
 async def list_models(request: Request) -> Response:
-    state = await _current(request)
+    state = await current_state(request)
     params = dict(request.query_params)
     limit = _whole(params, "limit")
     limit = 100 if limit is None or not 0 <= limit <= 100 else limit
@@ -183,7 +179,7 @@ async def list_models(request: Request) -> Response:
 @router.get("/models/{model}/{version}")
 async def describe(request: Request, model: str, version: str | None = None) -> Response:
     try:
-        state = await _current(request)
+        state = await current_state(request)
         entry = _registered(state, model)
         if not entry.versions:
             raise NotFound(f"Model not found: {model} ({entry.error})")
@@ -193,7 +189,7 @@ async def describe(request: Request, model: str, version: str | None = None) -> 
             numbers = (_default(state, entry) if version is None else _number(entry, version),)
         return json_response([await _description(state, entry, n) for n in numbers])
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 async def _description(state: GatewayState, entry: CatalogEntry, number: int) -> dict[str, Any]:
@@ -220,7 +216,7 @@ async def _description(state: GatewayState, entry: CatalogEntry, number: int) ->
     }
 
 
-async def _register_params(request: Request, state: GatewayState) -> dict[str, str]:
+async def register_params(request: Request, state: GatewayState) -> dict[str, str]:
     """The registration's parameters: the query's, or a JSON body's (as TorchServe takes
     them, by the same names)."""
     params = dict(request.query_params)
@@ -244,9 +240,9 @@ async def _register_params(request: Request, state: GatewayState) -> dict[str, s
 @router.post("/models")
 async def register(request: Request) -> Response:
     try:
-        state = await _current(request)
+        state = await current_state(request)
         await require_explicit(state)
-        params = await _register_params(request, state)
+        params = await register_params(request, state)
         url = params.get("url")
         if url is None:
             raise InvalidInput("Parameter url is required.")
@@ -258,9 +254,9 @@ async def register(request: Request) -> Response:
         archive = await find_archive(
             url, state.settings.model_store, state.settings.allowed_model_urls
         )
-        return await _register(state, params, url, archive)
+        return await register_archive(state, params, url, archive)
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @dataclass(frozen=True, slots=True)
@@ -285,9 +281,11 @@ class _Asked:
         )
 
 
-async def _register(
+async def register_archive(
     state: GatewayState, params: dict[str, str], url: str, archive: Archive
 ) -> Response:
+    """Register ``archive`` (found at ``url``) as ``params`` ask (a registration's query,
+    or a workflow's node); TorchServe's answer."""
     manifest, settings = archive.manifest, archive.settings
     name = params.get("model_name") or manifest.model_name
     check_model_name(name, f"model archive {url.rsplit('/', 1)[-1]}")
@@ -423,7 +421,7 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
     """Workers are per model here (every version served gets the same)."""
     params = dict(request.query_params)
     try:
-        state = await _current(request)
+        state = await current_state(request)
         minimum = _whole(params, "min_worker")
         minimum = 1 if minimum is None else minimum
         maximum = _whole(params, "max_worker")
@@ -452,14 +450,14 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
             message += f", version: {version}"
         return json_response({"status": message})
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)
 
 
 @router.delete("/models/{model}")
 @router.delete("/models/{model}/{version}")
 async def unregister(request: Request, model: str, version: str | None = None) -> Response:
     try:
-        state = await _current(request)
+        state = await current_state(request)
         await require_explicit(state)
         entry = _registered(state, model)
         default = _default(state, entry) if entry.versions else None
@@ -472,21 +470,26 @@ async def unregister(request: Request, model: str, version: str | None = None) -
             config = with_versions(config_to_json(entry.config), remaining, {}, number)
             await carry_out(state, ControlCommand("load", model, orjson.dumps(config).decode()))
         else:
-            await carry_out(state, ControlCommand("unload", model))
-            await update_routing(state, model, lambda current: Routing(current.labels))
+            await unload(state, model)
         return json_response({"status": f'Model "{model}" unregistered'})
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)
+
+
+async def unload(state: GatewayState, model: str) -> None:
+    """Unregister ``model`` with all its versions."""
+    await carry_out(state, ControlCommand("unload", model))
+    await update_routing(state, model, lambda current: Routing(current.labels))
 
 
 @router.put("/models/{model}/{version}/set-default")
 async def set_default(request: Request, model: str, version: str) -> Response:
     try:
-        state = await _current(request)
+        state = await current_state(request)
         entry = _registered(state, model)
         number = _number(entry, version)
         await update_routing(state, model, lambda current: Routing(current.labels, {number: 100}))
         message = f'Default version successfully updated for model "{model}" to "{version}"'
         return json_response({"status": message})
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)

@@ -41,19 +41,29 @@ _NOT_FOUND = json.dumps(
     }
 ).encode()
 
-_INFERENCE_PATHS = ("/predictions/", "/explanations/", "/v1/models/", "/v2/models/", "/v2/health/")
-_MANAGEMENT_PATHS = ("/models/",)
+_INFERENCE_PATHS = (
+    "/predictions/",
+    "/explanations/",
+    "/wfpredict/",
+    "/v1/models/",
+    "/v2/models/",
+    "/v2/health/",
+)
+_MANAGEMENT_PATHS = ("/models/", "/workflows/")
 
 
 def inference_path(path: str) -> bool:
-    """TorchServe's inference API: ``/ping``, predictions and explanations, KServe's v1 and
-    v2 inference, and the API description."""
+    """TorchServe's inference API: ``/ping``, predictions, explanations and workflow
+    predictions, KServe's v1 and v2 inference, and the API description."""
     return path in ("/", "/ping", "/api-description") or path.startswith(_INFERENCE_PATHS)
 
 
 def management_path(path: str) -> bool:
-    """TorchServe's management API: ``/models`` and below, and the API description."""
-    return path in ("/", "/models", "/api-description") or path.startswith(_MANAGEMENT_PATHS)
+    """TorchServe's management API: ``/models`` and ``/workflows`` and below, and the API
+    description."""
+    return path in ("/", "/models", "/workflows", "/api-description") or path.startswith(
+        _MANAGEMENT_PATHS
+    )
 
 
 def response_class(status: int) -> str | None:

@@ -35,10 +35,11 @@ router = APIRouter()
 
 BODY, CONTENT_TYPE = "body", "content_type"
 RESPONSE, RESPONSE_TYPE = "response", "response_type"
-_DEFAULT_TYPE = "application/octet-stream"
+DEFAULT_TYPE = "application/octet-stream"
 
 
-def _error(error: SluiceError) -> Response:
+def error_response(error: SluiceError) -> Response:
+    """TorchServe's error body, ``{"code", "type", "message"}``."""
     body = {"code": int(error.status), "type": type(error).__name__, "message": error.message}
     return json_response(body, int(error.status))
 
@@ -114,27 +115,37 @@ async def predictions(request: Request, model: str, version: str | None = None) 
         version = _numbered(state, model, version)
     try:
         body = await read_body(request, state.settings.max_body_bytes)
-        content_type = request.headers.get("content-type", _DEFAULT_TYPE).encode("latin-1")
-        big = len(body) > OFFLOAD_BYTES
-
-        def parse(config: ModelConfig) -> InferRequest:
-            # On a thread when the body is big: the tensors are a copy of it.
-            document = _document(config, body, content_type)
-            binary = memoryview(_element(body) + _element(content_type))
-            return parse_infer_document(document, binary, config, state.limits, state.regions)
-
-        prepared = await prepare_with(state, model, version, parse, heavy=big)
-        transfer = state.transfer
-        outputs = prepared.parsed.outputs
-
-        def encode(reply: ReplyMessage, data: memoryview) -> Response:
-            tensors = {t.name: t for t in transfer.unpack(reply.outputs, data, outputs)}
-            answer = tensors.get(RESPONSE)
-            kind = tensors.get(RESPONSE_TYPE)
-            media = _first_element(kind.data).decode("latin-1") if kind else _DEFAULT_TYPE
-            return Response(_first_element(answer.data) if answer else b"", media_type=media)
-
+        content_type = request.headers.get("content-type", DEFAULT_TYPE)
         cancel_on_disconnect(request.scope)
-        return await execute(state, prepared, big, encode)
+        answer, media = await predict(state, model, version, body, content_type)
+        return Response(answer, media_type=media)
     except SluiceError as exc:
-        return _error(exc)
+        return error_response(exc)
+
+
+async def predict(
+    state: GatewayState, model: str, version: str | None, body: bytes, content_type: str
+) -> tuple[bytes, str]:
+    """What TorchServe model ``model`` answers ``body`` of ``content_type``: the handler's
+    response and its content type (also a workflow's step: :mod:`.workflow_run`)."""
+    kind = content_type.encode("latin-1")
+    big = len(body) > OFFLOAD_BYTES
+
+    def parse(config: ModelConfig) -> InferRequest:
+        # On a thread when the body is big: the tensors are a copy of it.
+        document = _document(config, body, kind)
+        binary = memoryview(_element(body) + _element(kind))
+        return parse_infer_document(document, binary, config, state.limits, state.regions)
+
+    prepared = await prepare_with(state, model, version, parse, heavy=big)
+    transfer = state.transfer
+    outputs = prepared.parsed.outputs
+
+    def encode(reply: ReplyMessage, data: memoryview) -> tuple[bytes, str]:
+        tensors = {t.name: t for t in transfer.unpack(reply.outputs, data, outputs)}
+        answer = tensors.get(RESPONSE)
+        kind = tensors.get(RESPONSE_TYPE)
+        media = _first_element(kind.data).decode("latin-1") if kind else DEFAULT_TYPE
+        return (_first_element(answer.data) if answer else b""), media
+
+    return await execute(state, prepared, big, encode)

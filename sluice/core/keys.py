@@ -264,6 +264,13 @@ class Keys:
         return f"{{{self.namespace}}}:control:loaded-as"
 
     @property
+    def torchserve_workflows(self) -> str:
+        """Hash workflow name -> the workflow registered through TorchServe's
+        ``POST /workflows`` (JSON, :class:`sluice.core.war.Workflow`): its nodes, each served
+        as a model of its own, and who feeds whom."""
+        return f"{{{self.namespace}}}:torchserve:workflows"
+
+    @property
     def executors(self) -> str:
         """Sorted set executor id -> until when it is alive (the deployment's clock): the
         executors (``sluice up``) that carry out each model control command, whose answers

@@ -153,6 +153,23 @@ def read_member(path: Path, name: str, max_bytes: int) -> bytes:
         return _member(path, archive, name, max_bytes, missing)
 
 
+def read_small_archive(path: Path, limits: UnpackLimits) -> dict[str, bytes]:
+    """Every file of a small archive (a workflow archive), by its ``/``-separated path, with
+    the same checks as :func:`unpack` and within ``limits``."""
+    files: dict[str, bytes] = {}
+    with _open(path) as archive:
+        left = limits.total_bytes
+        for info, parts in _check_members(path, archive, limits.entries, limits):
+            if info.is_dir():
+                continue
+            name = "/".join(parts)
+            missing = f"entry {name!r} cannot be read"
+            data = _member(path, archive, info.filename, min(left, limits.largest_entry), missing)
+            left -= len(data)
+            files[name] = data
+    return files
+
+
 def member_parts(path: Path, raw: str, is_dir: bool) -> tuple[str, ...]:
     """A member's path inside the archive (``raw``: its name, ``/``-separated; a folder's
     may end in ``/``), part by part, or a refusal: a member must name a file or folder

@@ -467,6 +467,11 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     unarchived model folder) ``POST /models?url=`` registers (TorchServe's
     ``--model-store``; unset: registering is refused)."""
 
+    workflow_store: Path | None = None
+    """TorchServe's workflow store: the folder whose workflow archives (``.war``)
+    ``POST /workflows?url=`` registers (TorchServe's ``--workflow-store``; unset: the model
+    store)."""
+
     grpc_reuse_port: bool = False
     """Bind the gRPC port with SO_REUSEPORT, shared by the gateway processes of one
     ``sluice up`` (which sets it, having made sure no other server holds the port)."""

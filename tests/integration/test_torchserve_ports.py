@@ -62,7 +62,15 @@ def test_each_port_answers_its_own_api_only(stack: Stack, ports: tuple[int, int,
         listed = http.get(_url(management, "/models"))
         assert listed.status_code == 200, listed.text
         assert "ident" in {m["modelName"] for m in listed.json()["models"]}
-        for port, path in ((inference, "/models"), (management, "/ping"), (management, "/v2")):
+        assert http.get(_url(management, "/workflows")).json() == {"workflows": []}
+        unknown = http.post(_url(inference, "/wfpredict/none"), content=b"x")
+        assert unknown.json()["message"] == "Workflow not found: none"
+        for port, path in (
+            (inference, "/models"),
+            (inference, "/workflows"),
+            (management, "/ping"),
+            (management, "/v2"),
+        ):
             refused = http.get(_url(port, path))
             assert refused.status_code == 404, (port, path)
             assert refused.json() == {

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -75,3 +76,41 @@ def import_mar(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+WORKFLOW_ARCHIVER = Path(sys.executable).parent / "torch-workflow-archiver"
+
+
+def make_workflow(
+    store: Path, name: str, spec: str, handler: str, *, extra: dict[str, str] | None = None
+) -> Path:
+    """Archive a workflow with the real ``torch-workflow-archiver`` into ``store``: ``spec``
+    (its YAML), ``handler`` (the source of its functions), ``extra`` files (name -> text).
+    Returns the .war written."""
+    store.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="war-src-") as scratch:
+        source = Path(scratch)
+        (source / "spec.yaml").write_text(spec)
+        (source / "handler.py").write_text(handler)
+        command = [
+            str(WORKFLOW_ARCHIVER),
+            "--workflow-name",
+            name,
+            "--spec-file",
+            str(source / "spec.yaml"),
+            "--handler",
+            str(source / "handler.py"),
+            "--export-path",
+            str(source),
+        ]
+        if extra:
+            for file, text in extra.items():
+                (source / file).write_text(text)
+            command += ["--extra-files", ",".join(str(source / file) for file in extra)]
+        # (The archiver stages its files in $TMPDIR/<name>, removing what was there first.)
+        (source / "tmp").mkdir()
+        env = dict(os.environ, TMPDIR=str(source / "tmp"))
+        subprocess.run(command, check=True, capture_output=True, timeout=120, env=env)
+        target = store / f"{name}.war"
+        shutil.move(source / f"{name}.war", target)
+    return target

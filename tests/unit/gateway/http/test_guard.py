@@ -22,8 +22,17 @@ MANAGEMENT = [
     "/v2/models/m/trace/setting",
     "/models",
     "/models/m/1",
+    "/workflows",
+    "/workflows/w",
 ]
-NOT_MANAGEMENT = [INFERENCE, "/v2/models/m", "/v2/jobs/x", "/v2/batches", "/v2/models/trace"]
+NOT_MANAGEMENT = [
+    INFERENCE,
+    "/v2/models/m",
+    "/v2/jobs/x",
+    "/v2/batches",
+    "/v2/models/trace",
+    "/wfpredict/w",
+]
 
 
 def ring(inference: tuple[str, ...] = (), admin: tuple[str, ...] = ()) -> KeyRing:
