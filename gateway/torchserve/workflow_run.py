@@ -7,11 +7,12 @@ TorchServe's data flow:
 - a node with one parent receives the parent's answer as its body, as bytes; a node with
   several receives one part per parent, named after it;
 - nodes whose parents have all answered run at once, side by side;
-- a node's call that fails or passes the node's ``timeout-ms`` is tried again, up to its
-  ``retry-attempts`` more times; then the run fails with TorchServe's 500 naming the node
-  (and, beyond TorchServe's text, why);
+- a node's call that fails on the server's side (5xx) or passes the node's ``timeout-ms``
+  is tried again, up to its ``retry-attempts`` more times; then the run fails with
+  TorchServe's 500 naming the node (and, beyond TorchServe's text, why). A client's error
+  (a model gone, a tenant's limit: 4xx) fails the run at once with its status;
 - the answer is the one leaf's answer, or with several leaves a JSON object of each leaf's
-  answer by its name.
+  answer by its name (as it came where it is JSON, else as text).
 
 Every call goes through the model's queue as any prediction does: admission, the tenant's
 limits, batching. A client that goes away cancels the calls still running.
@@ -23,11 +24,16 @@ import asyncio
 import json
 import secrets
 from collections.abc import Awaitable
-from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from sluice.core.errors import InferenceFailed, SluiceError
+from sluice.core.errors import (
+    InferenceFailed,
+    PayloadTooLarge,
+    SluiceError,
+    error_from_kind,
+    error_kind,
+)
 from sluice.core.war import Workflow, WorkflowNode
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.protocol import cancel_on_disconnect
@@ -61,6 +67,7 @@ async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes
     answers: dict[str, Answer] = {}
     waiting = {node: len(workflow.parents(node)) for node in workflow.nodes}
     running: dict[asyncio.Task[Answer], str] = {}
+    limit = state.settings.max_body_bytes
 
     def start(node: str, given: Answer) -> None:
         call = _call(state, workflow.nodes[node], given)
@@ -76,40 +83,69 @@ async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes
                 for child in workflow.children[node]:
                     waiting[child] -= 1
                     if waiting[child] == 0:
-                        start(child, await _input_of(workflow, child, answers))
+                        start(child, await _input_of(workflow, child, answers, limit))
+                        _forget_answered(workflow, answers, waiting)
     finally:
         for task in running:
             task.cancel()
         if running:
             await asyncio.gather(*running, return_exceptions=True)
-    leaves = workflow.leaves
-    if len(leaves) == 1:
-        return answers[leaves[0]][0]
-    return json.dumps({leaf: _value(answers[leaf][0]) for leaf in leaves}).encode()
+    return await _answer(workflow, answers)
+
+
+def _forget_answered(
+    workflow: Workflow, answers: dict[str, Answer], waiting: dict[str, int]
+) -> None:
+    """Drop each answer every child of its node has been given (a leaf's is the run's)."""
+    for node in list(answers):
+        kids = workflow.children[node]
+        if kids and all(waiting[kid] == 0 for kid in kids):
+            del answers[node]
 
 
 async def _call(state: GatewayState, node: WorkflowNode, given: Answer) -> Answer:
-    """One node's answer to ``given``, tried again as the node's settings say."""
+    """One node's answer to ``given``, tried again as the node's settings say when the call
+    fails on the server's side or times out (as TorchServe, which does not try again a
+    model that is not found); a client's error (4xx) fails at once, with its status."""
     attempt = 0
     while True:
         try:
             call: Awaitable[Answer] = predict(state, node.model, None, *given)
             return await asyncio.wait_for(call, node.timeout_ms / 1000)
         except (SluiceError, TimeoutError) as exc:
-            if attempt >= node.retry_attempts:
-                why = exc.message if isinstance(exc, SluiceError) else "timed out"
-                raise InferenceFailed(f"Error executing {node.name} ({why})") from None
+            client_error = isinstance(exc, SluiceError) and exc.status < 500
+            if client_error or attempt >= node.retry_attempts:
+                raise _node_failed(node, exc) from None
             attempt += 1
 
 
-async def _input_of(workflow: Workflow, node: str, answers: dict[str, Answer]) -> Answer:
+def _node_failed(node: WorkflowNode, exc: SluiceError | TimeoutError) -> SluiceError:
+    """TorchServe's ``Error executing <node>``, with why; a client's error keeps its kind."""
+    if not isinstance(exc, SluiceError):
+        return InferenceFailed(f"Error executing {node.name} (timed out)")
+    message = f"Error executing {node.name} ({exc.message})"
+    return (
+        error_from_kind(error_kind(exc), message) if exc.status < 500 else InferenceFailed(message)
+    )
+
+
+async def _input_of(
+    workflow: Workflow, node: str, answers: dict[str, Answer], limit: int
+) -> Answer:
     """What ``node`` receives: its one parent's answer as bytes, or a form of its parents'
-    answers, one part each by the parent's name (built on a thread when large)."""
+    answers, one part each by the parent's name (built on a thread when large); no more
+    than a client's body may be (``limit``)."""
     parents = workflow.parents(node)
+    size = sum(len(answers[parent][0]) for parent in parents)
+    if size > limit:
+        raise PayloadTooLarge(
+            f"Error executing {node} (its parents answered {size} bytes, more than a "
+            f"request's body may hold, {limit})"
+        )
     if len(parents) == 1:
         return answers[parents[0]][0], DEFAULT_TYPE
     parts = [(parent, answers[parent][0]) for parent in parents]
-    if sum(len(data) for _, data in parts) > OFFLOAD_BYTES:
+    if size > OFFLOAD_BYTES:
         return await asyncio.to_thread(form, parts)
     return form(parts)
 
@@ -130,9 +166,44 @@ def form(parts: list[tuple[str, bytes]]) -> Answer:
     return b"".join(chunks), f"multipart/form-data; boundary={boundary}"
 
 
-def _value(data: bytes) -> Any:
-    """A leaf's answer in the JSON of several: its JSON, else its text."""
+async def _answer(workflow: Workflow, answers: dict[str, Answer]) -> bytes:
+    """The one leaf's answer, or the JSON object of every leaf's (made on a thread when
+    large)."""
+    leaves = workflow.leaves
+    if len(leaves) == 1:
+        return answers[leaves[0]][0]
+    parts = {leaf: answers[leaf][0] for leaf in leaves}
+    if sum(len(data) for data in parts.values()) > OFFLOAD_BYTES:
+        return await asyncio.to_thread(merged, parts)
+    return merged(parts)
+
+
+def merged(parts: dict[str, bytes]) -> bytes:
+    """A JSON object of each leaf's answer by the leaf's name: the answer as it came where
+    it is JSON (no number rounded, no key dropped), else its text as a JSON string."""
+    members = [
+        json.dumps(leaf).encode() + b": " + _value(leaf, data) for leaf, data in parts.items()
+    ]
+    return b"{" + b", ".join(members) + b"}"
+
+
+def _value(leaf: str, data: bytes) -> bytes:
+    """A leaf's answer in the JSON of several: its JSON, else its text; an answer that is
+    not even text would be changed: the run fails, as TorchServe's does."""
     try:
-        return json.loads(data)
-    except ValueError:
-        return data.decode(errors="replace")
+        text = data.decode()
+    except UnicodeDecodeError:
+        raise InferenceFailed(
+            f"Error executing {leaf} (its answer is neither JSON nor UTF-8 text, and the "
+            "answer of several leaves is a JSON object)"
+        ) from None
+    try:
+        json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        return json.dumps(text).encode()
+    return data
+
+
+def _no_constant(name: str) -> None:
+    """``NaN``, ``Infinity``: Python reads them, JSON has none."""
+    raise ValueError(f"{name} is not JSON")

@@ -21,11 +21,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable
 
 import orjson
 from fastapi import APIRouter, Request, Response
 
+from sluice.core.catalog import UNLOADED
 from sluice.core.errors import Conflict, InferenceFailed, InvalidInput, NotFound, SluiceError
 from sluice.core.war import (
     Workflow,
@@ -37,7 +39,7 @@ from sluice.core.war import (
 from sluice.gateway.control.model_control import require_explicit
 from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import GatewayState
-from sluice.gateway.torchserve.archives import archive_of, find_archive, find_workflow
+from sluice.gateway.torchserve.archives import Archive, archive_of, find_archive, find_workflow
 from sluice.gateway.torchserve.management import (
     current_state,
     register_archive,
@@ -51,12 +53,55 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 
 MAX_LIST = 100
+REGISTERING = "registering"
+"""What a workflow's name holds while its nodes are registered (``registering <until>``, Unix
+seconds): the name is claimed first, so that a registration of the same name through
+another gateway process is refused before it registers (or, failing, unregisters) the same
+models. A claim outlives its registration only when the process that made it died; once
+past its time another registration may take the name."""
+
+_TAKE_OVER = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
+return 1
+"""
+"""Replace a stale claim, unless another process replaced it first."""
+
+
+def _is_claim(raw: bytes | str) -> bool:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    return text.startswith(REGISTERING)
+
+
+def _claim_lapsed(raw: bytes | str) -> bool:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    _, _, until = text.partition(" ")
+    try:
+        return float(until) < time.time()
+    except ValueError:
+        return True  # (a claim without its time: an older gateway's, long gone)
+
+
+async def _claim(state: GatewayState, name: str) -> None:
+    """Claim ``name`` for a registration (409, TorchServe's, when it is taken)."""
+    key = state.keys.torchserve_workflows
+    until = time.time() + 2 * state.settings.model_control_timeout_s + 60
+    claim = f"{REGISTERING} {until:.0f}"
+    if await state.redis.hsetnx(key, name, claim):
+        return
+    held = await state.redis.hget(key, name)
+    taken = Conflict(f"Workflow {name} is already registered.")
+    if held is None or not _is_claim(held) or not _claim_lapsed(held):
+        raise taken
+    if not await state.redis.eval(_TAKE_OVER, 1, key, name, held, claim):
+        raise taken  # (another registration took it over first)
+    log.warning("workflow %s: took over a registration that never ended", name)
 
 
 async def registered(state: GatewayState, name: str) -> Workflow:
     """The workflow registered as ``name``; TorchServe's 404 when there is none."""
     raw = await state.redis.hget(state.keys.torchserve_workflows, name)
-    if raw is None:
+    if raw is None or _is_claim(raw):
         raise NotFound(f"Workflow not found: {name}")
     return Workflow.from_json(raw)
 
@@ -73,14 +118,16 @@ async def register(request: Request) -> Response:
         settings = state.settings
         store = settings.workflow_store or settings.model_store
         archive = await find_workflow(url, store, settings.allowed_model_urls)
-        workflow = parse_workflow(archive, url, params.get("workflow_name"))
+        name = params.get("workflow_name")
+        workflow = await asyncio.to_thread(parse_workflow, archive, url, name)
         key = state.keys.torchserve_workflows
-        if await state.redis.hexists(key, workflow.name):
-            raise Conflict(f"Workflow {workflow.name} is already registered.")
-        await _register_nodes(state, workflow, archive, params)
-        if not await state.redis.hsetnx(key, workflow.name, workflow.to_json()):
-            await _unregister_nodes(state, workflow.nodes.values())  # (another won the name)
-            raise Conflict(f"Workflow {workflow.name} is already registered.")
+        await _claim(state, workflow.name)
+        try:
+            await _register_nodes(state, workflow, archive, params)
+        except BaseException:
+            await state.redis.hdel(key, workflow.name)
+            raise
+        await state.redis.hset(key, workflow.name, workflow.to_json())
         message = f"Workflow {workflow.name} has been registered and scaled successfully."
         return json_response({"status": message})
     except SluiceError as exc:
@@ -117,9 +164,10 @@ async def _register_node(
     state: GatewayState, node: WorkflowNode, archive: WorkflowArchive, params: dict[str, str]
 ) -> None:
     settings = state.settings
+    _check_not_served(state, node)
     if node.url is None:
         url = f"{node.model}.mar"
-        model = await asyncio.to_thread(archive_of, function_archive(archive, node), url)
+        model = await asyncio.to_thread(_function_model, archive, node, url)
     else:
         url = node.url
         model = await find_archive(url, settings.model_store, settings.allowed_model_urls)
@@ -136,6 +184,20 @@ async def _register_node(
     response = await register_archive(state, asked, url, model)
     if response.status_code >= 300:
         raise InferenceFailed(bytes(response.body).decode(errors="replace"))
+
+
+def _check_not_served(state: GatewayState, node: WorkflowNode) -> None:
+    """A node's model is its workflow's own: one served already (registered by a client,
+    or by another workflow whose name and node make the same ``<workflow>__<node>``) would
+    get the node's archive as a version of its own, and go when the workflow goes."""
+    entry = state.view.models.get(node.model)
+    if entry is not None and entry.error != UNLOADED and entry.versions and entry.config:
+        raise Conflict(f"Model {node.model} is already registered.")
+
+
+def _function_model(archive: WorkflowArchive, node: WorkflowNode, url: str) -> Archive:
+    """The model archive serving function ``node``, made and read (work on a thread)."""
+    return archive_of(function_archive(archive, node), url)
 
 
 async def _unregister_nodes(state: GatewayState, nodes: Iterable[WorkflowNode]) -> list[str]:
@@ -169,7 +231,7 @@ async def list_workflows(request: Request) -> Response:
         answer["workflows"] = [
             {"workflowName": name, "workflowUrl": Workflow.from_json(data).url}
             for name, data in zip(page, raw, strict=True)
-            if data is not None
+            if data is not None and not _is_claim(data)
         ]
         return json_response(answer)
     except SluiceError as exc:

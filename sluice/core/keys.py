@@ -267,7 +267,8 @@ class Keys:
     def torchserve_workflows(self) -> str:
         """Hash workflow name -> the workflow registered through TorchServe's
         ``POST /workflows`` (JSON, :class:`sluice.core.war.Workflow`): its nodes, each served
-        as a model of its own, and who feeds whom."""
+        as a model of its own, and who feeds whom; ``registering <until>`` while a gateway
+        process registers its nodes (a claim that lapses at ``until``, Unix seconds)."""
         return f"{{{self.namespace}}}:torchserve:workflows"
 
     @property

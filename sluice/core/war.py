@@ -51,7 +51,8 @@ SETTINGS = {
     "timeout-ms": 10_000,
 }
 """Each setting of the specification's ``models`` section, with TorchServe's default."""
-_LARGEST = {"min-workers": 64, "max-workers": 64, "batch-size": 1_000_000}
+_LARGEST = {"min-workers": 64, "max-workers": 64, "batch-size": 1_000_000, "retry-attempts": 10}
+"""(Each try of a node that keeps failing is one more call of its model per request.)"""
 _LARGEST_DEFAULT = 86_400_000
 
 
@@ -153,9 +154,9 @@ def read_war(path: Path) -> WorkflowArchive:
     if not isinstance(name, str) or not name:
         raise InvalidInput("Workflow name is not defined.")
     if not isinstance(spec_file, str) or spec_file not in files:
-        raise InvalidInput(f"the manifest's specFile {spec_file!r} is not in the archive")
+        raise InvalidInput(f"the manifest's specFile {_shown(spec_file)} is not in the archive")
     if not isinstance(handler, str) or (handler and handler not in files):
-        raise InvalidInput(f"the manifest's handler {handler!r} is not in the archive")
+        raise InvalidInput(f"the manifest's handler {_shown(handler)} is not in the archive")
     spec = files[spec_file]
     if len(spec) > MAX_SPEC_BYTES:
         raise invalid(f"{spec_file} is larger than {MAX_SPEC_BYTES} bytes")
@@ -166,15 +167,29 @@ def read_war(path: Path) -> WorkflowArchive:
     return WorkflowArchive(name, text, handler, files)
 
 
+def _importable(handler: str) -> bool:
+    """Whether TorchServe's handler loader imports ``handler`` itself: it imports the
+    module named by the file's name from the archive's root, wherever the file is."""
+    return handler.endswith(".py") and handler.removesuffix(".py").isidentifier()
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error names it: a short text or number as it is, anything else (a
+    list or mapping an alias may make enormous) by its kind."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value) >= 10**30:
+        return "a huge number"
+    if value is None or isinstance(value, bool | int | float | str):
+        text = repr(value)
+        return text if len(text) <= 80 else text[:77] + "..."
+    return f"a {type(value).__name__}"
+
+
 def parse_workflow(archive: WorkflowArchive, url: str, name: str | None = None) -> Workflow:
     """The workflow ``archive`` specifies, registered from ``url`` as ``name`` (else the
     manifest's name)."""
     name = name or archive.name
     check_model_name(name, "workflow")
-    try:
-        spec = yaml.safe_load(archive.spec)
-    except yaml.YAMLError as exc:
-        raise invalid(f"the specification is not YAML ({exc})") from None
+    spec = _loaded(archive.spec)
     if not isinstance(spec, dict) or not isinstance(spec.get("dag"), dict):
         raise invalid("it needs a 'dag' section mapping each node to the nodes it feeds")
     models = spec.get("models", {})
@@ -185,12 +200,24 @@ def parse_workflow(archive: WorkflowArchive, url: str, name: str | None = None) 
     settings = {key: _setting(models, key, default) for key, default in SETTINGS.items()}
     children = _graph(spec["dag"])
     nodes = {
-        node: _node(name, node, models.get(node), settings, bool(archive.handler))
-        for node in children
+        node: _node(name, node, models.get(node), settings, archive.handler) for node in children
     }
     _check_graph(children)
     dag = "{" + ", ".join(f"{k}=[{', '.join(v)}]" for k, v in children.items()) + "}"
     return Workflow(name, url, nodes, children, settings, dag)
+
+
+def _loaded(text: str) -> Any:
+    """The specification's YAML; a refusal for what is no YAML, nests too deeply or holds a
+    value that cannot be made (a number of thousands of digits, a day 2020-13-45)."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise invalid(f"the specification is not YAML ({exc})") from None
+    except RecursionError:
+        raise invalid("the specification nests too deeply") from None
+    except (ValueError, OverflowError) as exc:
+        raise invalid(f"the specification holds a value that cannot be read ({exc})") from None
 
 
 def _setting(section: Mapping[str, Any], key: str, default: int) -> int:
@@ -198,7 +225,9 @@ def _setting(section: Mapping[str, Any], key: str, default: int) -> int:
     largest = _LARGEST.get(key, _LARGEST_DEFAULT)
     least = 1 if key in ("batch-size", "max-workers", "timeout-ms") else 0
     if isinstance(value, bool) or not isinstance(value, int) or not least <= value <= largest:
-        raise invalid(f"'{key}' must be a whole number from {least} to {largest}, not {value!r}")
+        raise invalid(
+            f"'{key}' must be a whole number from {least} to {largest}, not {_shown(value)}"
+        )
     return value
 
 
@@ -208,7 +237,7 @@ def _graph(dag: Mapping[Any, Any]) -> dict[str, tuple[str, ...]]:
     children: dict[str, tuple[str, ...]] = {}
     for node, kids in dag.items():
         if not isinstance(node, str) or not node:
-            raise invalid(f"a node of 'dag' must be named, not {node!r}")
+            raise invalid(f"a node of 'dag' must be named, not {_shown(node)}")
         if kids is None:
             kids = []
         if not isinstance(kids, list) or not all(k is None or isinstance(k, str) for k in kids):
@@ -225,15 +254,21 @@ def _graph(dag: Mapping[Any, Any]) -> dict[str, tuple[str, ...]]:
 
 
 def _node(
-    workflow: str, node: str, entry: Any, settings: Mapping[str, int], has_handler: bool
+    workflow: str, node: str, entry: Any, settings: Mapping[str, int], handler: str
 ) -> WorkflowNode:
     model = f"{workflow}{SEPARATOR}{node}"
     check_model_name(model, f"node '{node}' of workflow {workflow}")
     if entry is None:
-        if not has_handler:
+        if not handler:
             raise invalid(
                 f"node '{node}' is not a model of 'models', and the archive has no handler "
                 "file of functions"
+            )
+        if not _importable(handler):
+            raise invalid(
+                f"function '{node}' is in handler file {_shown(handler)}, which TorchServe "
+                "cannot import: it must be a Python file at the archive's root (as "
+                "torch-workflow-archiver puts it), named as a module"
             )
         if not node.isidentifier():
             raise invalid(f"node '{node}' names no Python function of the handler file")

@@ -88,6 +88,10 @@ def test_a_name_given_at_registration_names_the_workflow_and_its_models() -> Non
         ("dag:\n  1: [b]", "a node of 'dag' must be named"),
         ("models:\n  batch-size: 0\ndag:\n  a: [b]", "'batch-size' must be a whole number"),
         ("models:\n  timeout-ms: x\ndag:\n  a: [b]", "'timeout-ms' must be a whole number"),
+        (
+            "models:\n  retry-attempts: 11\ndag:\n  a: [b]",
+            "'retry-attempts' must be a whole number from 0 to 10",
+        ),
         ("models:\n  m: {batch-size: 2}\ndag:\n  m: [b]", "model 'm' needs a 'url'"),
         ("dag:\n  a-b: [c]", "node 'a-b' names no Python function"),
         ("dag: {a: [b", "is not YAML"),
@@ -184,3 +188,46 @@ def test_a_function_is_served_from_an_archive_of_its_own(tmp_path: Path) -> None
         model = json.loads(mar.read(MAR_MANIFEST))["model"]
         assert (model["modelName"], model["handler"]) == ("words__pre", "handler.py:pre")
         assert set(mar.namelist()) == {MAR_MANIFEST, "spec.yaml", "handler.py"}
+
+
+def _alias_bomb() -> str:
+    """YAML whose aliases make a list of 10**8 items from a few lines."""
+    lines = ["  a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"  a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 8)]
+    return "bombs:\n" + "\n".join(lines) + "\nmodels:\n  batch-size: *a7\ndag:\n  a: [b]\n"
+
+
+@pytest.mark.parametrize(
+    ("spec", "reason"),
+    [
+        ("dag: {a: [b]}\nx: " + "[" * 20_000 + "]" * 20_000, "nests too deeply"),
+        ("models:\n  batch-size: " + "9" * 5000 + "\ndag:\n  a: [b]", "cannot be read"),
+        ("models:\n  batch-size: 0x" + "f" * 5000 + "\ndag:\n  a: [b]", "not a huge number"),
+        ("models:\n  x: 2020-13-45\ndag:\n  a: [b]", "cannot be read"),
+        (_alias_bomb(), "'batch-size' must be a whole number from 1 to 1000000, not a list"),
+    ],
+)
+def test_hostile_yaml_is_refused_at_once_with_a_short_reason(spec: str, reason: str) -> None:
+    with pytest.raises(InvalidInput) as refused:
+        parse_workflow(archive(spec), "w.war")
+    assert reason in refused.value.message and len(refused.value.message) < 300
+
+
+@pytest.mark.parametrize("handler", ["funcs/handler.py", "handler.txt", "my-handler.py"])
+def test_a_handler_file_torchserve_cannot_import_is_refused_for_a_function(
+    handler: str,
+) -> None:
+    with pytest.raises(InvalidInput, match="cannot import: it must be a Python file at the"):
+        parse_workflow(archive("dag:\n  pre: [post]", handler=handler), "w.war")
+
+
+def test_an_archive_of_model_nodes_alone_needs_no_handler(tmp_path: Path) -> None:
+    path = write_war(
+        tmp_path / "m.war",
+        {
+            "WAR-INF/MANIFEST.json": manifest(workflowName="m", specFile="s.yaml"),
+            "s.yaml": "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n",
+        },
+    )
+    workflow = parse_workflow(read_war(path), "m.war")
+    assert [node.url for node in workflow.nodes.values()] == ["a.mar", "b.mar"]
