@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from sluice.batch.app import run_worker
-from sluice.core.logs import configure_logging
+from sluice.core.observability.logs import configure_logging
 from sluice.core.settings import BatchSettings, settings_at_start
 
 

@@ -8,7 +8,7 @@ as a new attempt (:mod:`sluice.batch.runner`); the broker's own redelivery, afte
 ``SLUICE_BATCH_VISIBILITY_TIMEOUT_S``, is the last resort. A transient failure (Redis, storage) is
 retried by Celery with a back-off; after ``max_retries`` the shard counts as failed. Every
 batch worker also removes expired uploads and batch jobs from the batch store
-(:mod:`sluice.core.store_sweeper`).
+(:mod:`sluice.core.batch_jobs.sweeper`).
 
 S3 credentials come from the standard AWS chain (``AWS_ACCESS_KEY_ID`` /
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, a role), read by this process alone: give the
@@ -26,10 +26,10 @@ from redis.exceptions import RedisError
 
 from sluice.batch.periodic import Periodic
 from sluice.batch.runner import Reaper, Runner
-from sluice.core import batches as b
-from sluice.core.celery_config import broker_url, celery_app, queue_name
+from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
+from sluice.core.batch_jobs.sweeper import StoreSweeper
 from sluice.core.settings import BatchSettings
-from sluice.core.store_sweeper import StoreSweeper
 
 log = logging.getLogger("batch")
 

@@ -1,5 +1,6 @@
 """What the batch tasks do: plan a job into shards, run one attempt of a shard, and finish
-the job once its last shard is in (see :mod:`sluice.core.batches` for the record and the rules).
+the job once its last shard is in (see :mod:`sluice.core.batch_jobs.batches` for the record
+and the rules).
 """
 
 from __future__ import annotations
@@ -29,17 +30,17 @@ from sluice.batch.formats import (
 )
 from sluice.batch.jsonl import answer_line, request_arrays
 from sluice.batch.storage import Storage
-from sluice.core import batches as b
-from sluice.core import statistics as st
-from sluice.core import uploads as u
-from sluice.core.batch_store import Tree
+from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import uploads as u
+from sluice.core.batch_jobs.store import Tree
 from sluice.core.catalog import decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
 from sluice.core.keys import Keys
+from sluice.core.observability import statistics as st
 from sluice.core.on_demand import wake_blocking
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.core.settings import BatchSettings
 from sluice.core.tenants import ANONYMOUS
 from sluice.core.wire import MalformedEntry
@@ -322,8 +323,8 @@ class Runner:
             self._finish(batch_id)
 
     def _shard_script(self, script: str, batch_id: str, index: int, *args: Any) -> int:
-        """One of :mod:`sluice.core.batches`' shard scripts (KEYS: the batch, its shard states,
-        attempts and leases; ARGV: the shard, then ``args``)."""
+        """One of :mod:`sluice.core.batch_jobs.batches`' shard scripts (KEYS: the batch, its shard
+        states, attempts and leases; ARGV: the shard, then ``args``)."""
         keys = self.keys
         return int(
             cast(

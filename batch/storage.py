@@ -2,10 +2,10 @@
 uploads in the batch store, or a location the operator allows the tenant) and the tree its
 outputs go to (``<output>/<batch id>/``, or the store's ``<tenant>/batches/<batch id>/``).
 
-Every location a client names is checked again here, where it is opened (links followed
-now, not when it was submitted): :mod:`sluice.core.batch_access`. An S3 input is downloaded once
-per worker into a scratch directory, within ``SLUICE_MAX_BATCH_INPUT_BYTES``; outputs are
-written to scratch files first and then put in place whole. Errors name the client's own
+Every location a client names is checked again here, where it is opened (links followed now,
+not when it was submitted): :mod:`sluice.core.batch_jobs.access`. An S3 input is downloaded
+once per worker into a scratch directory, within ``SLUICE_MAX_BATCH_INPUT_BYTES``; outputs
+are written to scratch files first and then put in place whole. Errors name the client's own
 locations only.
 """
 
@@ -15,9 +15,9 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from sluice.core import batches as b
-from sluice.core.batch_access import LocationPolicy
-from sluice.core.batch_store import (
+from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs.access import LocationPolicy
+from sluice.core.batch_jobs.store import (
     NO_STORE,
     BatchStore,
     S3Clients,

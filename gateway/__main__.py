@@ -15,7 +15,7 @@ from starlette.types import ASGIApp
 
 from sluice.core.runtime import tune_garbage_collector
 from sluice.core.settings import GatewaySettings, settings_at_start
-from sluice.core.torchserve_ports import API_NAMES, parse_ports
+from sluice.core.torchserve.ports import API_NAMES, parse_ports
 from sluice.gateway.app import GatewayApp, create_app
 from sluice.gateway.http.protocol import bounded_protocol
 
@@ -188,7 +188,7 @@ def _socket(fd: int, host: str, port: int, what: str) -> socket.socket | None:
 
 
 if __name__ == "__main__":
-    from sluice.core.logs import configure_logging
+    from sluice.core.observability.logs import configure_logging
 
     settings = settings_at_start(GatewaySettings)
     configure_logging("gateway", settings)

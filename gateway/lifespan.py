@@ -17,10 +17,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect_async
+from sluice.core.observability.tracing import tracing_from_settings
+from sluice.core.redis_client.connect import connect_async
 from sluice.core.response_cache import ResponseCache
 from sluice.core.settings import GatewaySettings
-from sluice.core.tracing import tracing_from_settings
 from sluice.gateway.admission import Admission
 from sluice.gateway.body_budget import BodyBudget
 from sluice.gateway.control.catalog_refresh import refresh, refresh_loop

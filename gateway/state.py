@@ -28,7 +28,7 @@ from sluice.gateway.tenants.limits_source import LimitsSource
 from sluice.gateway.tenants.quota import TenantQuota
 
 if TYPE_CHECKING:  # (the tracing SDK is imported only when tracing is on)
-    from sluice.core.otel import Tracing
+    from sluice.core.observability.otel import Tracing
 
 
 @dataclass

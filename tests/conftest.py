@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from sluice.core import logs
+from sluice.core.observability import logs
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.redis_cluster import LocalRedisCluster
 from tests.support.stack import Stack

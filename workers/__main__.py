@@ -15,11 +15,11 @@ from typing import Any, TextIO
 
 from sluice.core.errors import InvalidConfig
 from sluice.core.exits import EXIT_LOAD_FAILED
-from sluice.core.logs import configure_logging
+from sluice.core.observability.logs import configure_logging
+from sluice.core.observability.tracing import tracing_from_settings
 from sluice.core.placement import Placement
 from sluice.core.runtime import die_with_parent, tune_garbage_collector
 from sluice.core.settings import WorkerSettings, settings_at_start
-from sluice.core.tracing import tracing_from_settings
 from sluice.workers.inprocess import worker_for
 from sluice.workers.lifecycle import install_signal_handlers
 

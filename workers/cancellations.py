@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 
 from sluice.core.cancellation import parse_notice, request_identity
 from sluice.core.keys import Keys
-from sluice.core.redis_types import StreamRead
+from sluice.core.redis_client.types import StreamRead
 from sluice.core.wire import RequestMessage
 
 log = logging.getLogger(__name__)

@@ -50,7 +50,7 @@ from sluice.workers.slots import ComputeGate
 from sluice.workers.tensors import PendingRequest, combine, output_names, split
 
 if TYPE_CHECKING:
-    from sluice.core.otel import BatchSpan, Tracing
+    from sluice.core.observability.otel import BatchSpan, Tracing
     from sluice.workers.cancellations import CancelWatch
     from sluice.workers.rate_limiter import RateLimiter
 

@@ -28,7 +28,7 @@ from sluice.core.settings import WorkerSettings
 from sluice.workers.worker import Worker
 
 if TYPE_CHECKING:
-    from sluice.core.otel import Tracing
+    from sluice.core.observability.otel import Tracing
 
 
 def worker_for(

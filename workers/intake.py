@@ -23,7 +23,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.errors import SluiceError
 from sluice.core.keys import WORKER_GROUP, Keys, base_stream
 from sluice.core.queue_streams import WAKE_FIELD, levels_of, with_tenants
-from sluice.core.redis_types import StreamRead
+from sluice.core.redis_client.types import StreamRead
 from sluice.core.settings import WorkerSettings
 from sluice.core.wire import MalformedEntry, decode_request
 from sluice.workers.adaptive import ArrivalRate

@@ -18,9 +18,9 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster as AsyncRedisCluster
 from redis.exceptions import RedisError
 
-from sluice.core import custom_metrics
 from sluice.core.clock import CLOCK
 from sluice.core.keys import Keys
+from sluice.core.observability import custom_metrics
 from sluice.core.settings import WorkerSettings
 from sluice.workers.slot_lease import SlotLease
 
@@ -93,10 +93,11 @@ class Liveness:
             self.stopping.set()  # another worker serves the slot now
 
     def _custom_report(self, pipe: Any) -> bytes | None:
-        """Queue this worker's custom metrics report (:mod:`sluice.core.custom_metrics`) on
-        ``pipe``, with its new expiry; None when the model defines none. An unchanged report
-        is not written again: the pipeline then asks whether Redis still holds it (after a
-        restart it does not, and the next beat writes it)."""
+        """Queue this worker's custom metrics report
+        (:mod:`sluice.core.observability.custom_metrics`) on ``pipe``, with its new expiry; None
+        when the model defines none. An unchanged report is not written again: the pipeline then
+        asks whether Redis still holds it (after a restart it does not, and the next beat writes
+        it)."""
         if not custom_metrics.REGISTRY:
             return None
         report = custom_metrics.encode_report(custom_metrics.REGISTRY.snapshot())

@@ -40,8 +40,9 @@ from sluice.core.errors import (
     error_from_kind,
 )
 from sluice.core.keys import Keys, tenant_stream
+from sluice.core.observability.trace_context import TraceParent
 from sluice.core.queue_streams import REGISTER, TenantStreams
-from sluice.core.redis_connect import connect_async
+from sluice.core.redis_client.connect import connect_async
 from sluice.core.response_cache import CacheLookup, ResponseCache
 from sluice.core.sequences import (
     FLAG_SEQUENCE_END,
@@ -51,7 +52,6 @@ from sluice.core.sequences import (
 )
 from sluice.core.settings import WorkerSettings
 from sluice.core.targets import Target, TargetResolver
-from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.workers.backends.base import Answered
 

@@ -18,11 +18,11 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import InferenceFailed
 from sluice.core.keys import WORKER_GROUP, Keys
-from sluice.core.redis_types import StreamEntry
+from sluice.core.observability import statistics as st
+from sluice.core.redis_client.types import StreamEntry
 from sluice.core.settings import WorkerSettings
 from sluice.workers.replies import Outcome, Publisher, error_outcome
 from sluice.workers.tensors import PendingRequest

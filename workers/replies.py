@@ -15,12 +15,12 @@ from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 
-from sluice.core import histograms as hist
 from sluice.core import jobs
-from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import Cancelled, DeadlineExceeded, SluiceError, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.observability import histograms as hist
+from sluice.core.observability import statistics as st
 from sluice.core.wire import ReplyMessage, RequestMessage, encode_replies, encode_reply
 from sluice.workers.slot_lease import SlotLease, SlotLost
 from sluice.workers.tensors import PendingRequest
@@ -54,7 +54,7 @@ class BatchClose:
     """How a batch was formed (see :mod:`sluice.workers.adaptive`), for the metrics."""
 
     reason: str
-    """One of :data:`sluice.core.statistics.BATCH_CLOSE_REASONS`."""
+    """One of :data:`sluice.core.observability.statistics.BATCH_CLOSE_REASONS`."""
     opened: float
     """When the batch's first request was held (monotonic seconds)."""
     waited_ns: int = 0
@@ -89,7 +89,7 @@ def log_failures(outcomes: list[Outcome]) -> None:
 
 
 def _log_ids(message: RequestMessage) -> dict[str, Any]:
-    """The ids a request's log lines carry (see :mod:`sluice.core.logs`)."""
+    """The ids a request's log lines carry (see :mod:`sluice.core.observability.logs`)."""
     trace_id = message.trace.trace_id if message.trace is not None else None
     return {"request_id": message.request_id or message.client_id or None, "trace_id": trace_id}
 

@@ -5,7 +5,7 @@ its compute began) and to send (``compute_output``), and how it ended (``success
 
 The worker counts a batch's responses here while the model streams, and adds them to the
 model version's statistics hash with the batch's other counters
-(:func:`sluice.core.statistics.response_field`).
+(:func:`sluice.core.observability.statistics.response_field`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from sluice.core import statistics as st
+from sluice.core.observability import statistics as st
 
 
 @dataclass(slots=True)
@@ -24,9 +24,10 @@ class ResponseTally:
 
     def add(self, index: int, outcome: str, made_ns: int, sent_ns: int) -> None:
         """Response ``index`` of a request ended as ``outcome`` (one of
-        :data:`sluice.core.statistics.RESPONSE_OUTCOMES`), after ``made_ns`` of compute
-        and ``sent_ns`` of sending. Indexes past :data:`~sluice.core.statistics.
-        MAX_RESPONSE_INDEX` are not counted (a hash field per index must stay bounded)."""
+        :data:`sluice.core.observability.statistics.RESPONSE_OUTCOMES`), after ``made_ns`` of
+        compute and ``sent_ns`` of sending. Indexes past
+        :data:`~sluice.core.observability.statistics.MAX_RESPONSE_INDEX` are not counted (a
+        hash field per index must stay bounded)."""
         if index > st.MAX_RESPONSE_INDEX:
             return
         for kind, ns in (

@@ -33,7 +33,7 @@ from sluice.core.exits import EXIT_LOAD_FAILED, EXIT_SLOT_LOST
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.placement import Placement
-from sluice.core.redis_connect import connect_async
+from sluice.core.redis_client.connect import connect_async
 from sluice.core.settings import WorkerSettings
 from sluice.workers import shm_io
 from sluice.workers.batcher import Batcher, DynamicBatcher, SequenceBatcher
@@ -52,7 +52,7 @@ from sluice.workers.sequence_book import SequenceBook
 from sluice.workers.slots import ComputeGate, ComputeSlots
 
 if TYPE_CHECKING:
-    from sluice.core.otel import Tracing
+    from sluice.core.observability.otel import Tracing
 
 __all__ = ["Worker", "install_signal_handlers"]
 
@@ -78,9 +78,9 @@ class Worker:
         slot: int = 0,
     ) -> None:
         """``drain``: :meth:`run` returns once the streams are empty (tests, batch runs).
-        ``tracing``: record each batch's spans (see :mod:`sluice.core.otel`); None: no spans.
-        ``slot``: which instance of the model this is (a sequence model's instance reads
-        the requests of the sequences routed to its slot)."""
+        ``tracing``: record each batch's spans (see :mod:`sluice.core.observability.otel`); None: no
+        spans. ``slot``: which instance of the model this is (a sequence model's instance reads the
+        requests of the sequences routed to its slot)."""
         self.tracing = tracing
         self.settings = settings
         self.config = config

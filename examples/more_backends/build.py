@@ -159,7 +159,7 @@ def build_tensorflow(repository: Path) -> None:
 
 
 def build_torchserve(repository: Path) -> None:
-    from sluice.core.mar import triton_config
+    from sluice.core.torchserve.archives import triton_config
 
     with tempfile.TemporaryDirectory() as scratch:
         handler = Path(scratch) / "shout_handler.py"

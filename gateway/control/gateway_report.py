@@ -16,9 +16,9 @@ from collections import Counter
 
 from redis.exceptions import RedisError
 
-from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.keys import base_stream
+from sluice.core.observability import statistics as st
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenants.metrics import give_back_tenant_counts, take_tenant_counts
 from sluice.gateway.tenants.sync import demand_field, in_flight_field, queued_bytes_field

@@ -9,9 +9,9 @@ from typing import Any
 
 from sluice.core.errors import InvalidInput, Unavailable
 from sluice.core.fields import json_type
+from sluice.core.observability.statistics import render_model_stats
 from sluice.core.on_demand import LOADING
 from sluice.core.on_demand import UNLOADED as ON_DEMAND_UNLOADED
-from sluice.core.statistics import render_model_stats
 from sluice.gateway.control.metadata import model_metadata
 from sluice.gateway.state import GatewayState
 

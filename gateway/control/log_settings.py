@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sluice.core.errors import InvalidInput, Unsupported
-from sluice.core.logs import FORMATS, LogOptions, control
+from sluice.core.observability.logs import FORMATS, LogOptions, control
 from sluice.gateway.state import GatewayState
 
 _BOOLEAN = "attempt to access JSON non-boolean as boolean"

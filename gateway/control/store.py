@@ -21,7 +21,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.control import live_executors_async
 from sluice.core.errors import Unavailable
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import server_identity
+from sluice.core.redis_client.connect import server_identity
 from sluice.core.routing import Routing, decode_routing, encode_routing
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.metrics import snapshot as metric_snapshot

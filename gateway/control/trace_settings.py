@@ -1,16 +1,17 @@
 """Triton's trace extension (``GET`` / ``POST /v2[/models/{m}]/trace/setting``, gRPC
 ``TraceSetting``), answered from Sluice's tracing: OpenTelemetry spans of every request,
-exported to ``SLUICE_OTLP_ENDPOINT`` when one is set (see :mod:`sluice.core.tracing`). The
-settings are reported under Triton's names and values; they are fixed by the process's
-configuration, so a request to change one is refused (Triton without its tracing build
-refuses the same way). The REST routes are in :mod:`sluice.gateway.http.trace_routes`."""
+exported to ``SLUICE_OTLP_ENDPOINT`` when one is set (see
+:mod:`sluice.core.observability.tracing`). The settings are reported under Triton's names
+and values; they are fixed by the process's configuration, so a request to change one is
+refused (Triton without its tracing build refuses the same way). The REST routes are in
+:mod:`sluice.gateway.http.trace_routes`."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from sluice.core.errors import Unsupported
-from sluice.core.tracing import traces_endpoint
+from sluice.core.observability.tracing import traces_endpoint
 from sluice.gateway.state import GatewayState
 
 FIXED = (

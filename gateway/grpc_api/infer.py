@@ -38,11 +38,11 @@ from google.protobuf.message import DecodeError
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, QuotaExceeded, ServerBusy, SluiceError
-from sluice.core.logs import TRACE_ID
+from sluice.core.observability.logs import TRACE_ID
+from sluice.core.observability.trace_context import TraceParent, parse_traceparent
 from sluice.core.request_parameters import forward_pattern
 from sluice.core.routing import HEADER
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
-from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.inference import request_id
@@ -69,7 +69,7 @@ from .tensors import encode_response, request_document
 from .wire_id import request_id_of
 
 if TYPE_CHECKING:
-    from sluice.core.otel import RequestSpan
+    from sluice.core.observability.otel import RequestSpan
 
 log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class InferCalls:
         stream's ``sink``: the ``ModelStreamInferResponse`` bytes holding it, or, for a
         decoupled model, each of its responses given to ``sink`` and b""); raises what the
         client is to see. With tracing on, the call is a ``receive`` span of its own
-        (:mod:`sluice.core.otel`), the parent of what the request makes."""
+        (:mod:`sluice.core.observability.otel`), the parent of what the request makes."""
         model, version = request.model_name, request.model_version or None
         if len(model) > self.state.limits.max_string_length or len(version or "") > 64:
             raise InvalidInput("'model_name' or 'model_version' is too long")

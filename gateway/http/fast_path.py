@@ -10,11 +10,11 @@ HTTP handler of inference: the FastAPI schema describes these routes without han
 TorchServe's routes.
 
 Every answer carries the request's id as ``X-Request-ID`` (see
-:mod:`sluice.gateway.inference.request_id`).
-A valid W3C ``traceparent`` travels on to the worker in the stream entry; with tracing on
-(an OTLP endpoint configured, see :mod:`sluice.core.tracing`; set up by the lifespan) the
-request gets a ``receive`` span, whose context goes to the worker instead and back to the
-client as ``traceparent``.
+:mod:`sluice.gateway.inference.request_id`). A valid W3C ``traceparent`` travels on to the
+worker in the stream entry; with tracing on (an OTLP endpoint configured, see
+:mod:`sluice.core.observability.tracing`; set up by the lifespan) the request gets a
+``receive`` span, whose context goes to the worker instead and back to the client as
+``traceparent``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from fastapi import FastAPI
 from starlette.types import Message, Receive, Scope, Send
 
 from sluice.core.errors import Overloaded, SluiceError
-from sluice.core.logs import TRACE_ID
+from sluice.core.observability.logs import TRACE_ID
+from sluice.core.observability.trace_context import TraceParent, parse_traceparent
 from sluice.core.routing import requested_label
-from sluice.core.trace_context import TraceParent, parse_traceparent
 from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.control.catalog_follow import follow_changes
 from sluice.gateway.http.body import (

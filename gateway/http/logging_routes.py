@@ -41,8 +41,9 @@ async def update_log_settings(request: Request) -> Response:
 
 
 def parse_log_settings(body: bytes) -> dict[str, Any]:
-    """The changes a POST body asks for, as :meth:`sluice.core.logs.LogControl.update`'s
-    arguments; checked in Triton's order, so the first error is the one Triton reports."""
+    """The changes a POST body asks for, as
+    :meth:`sluice.core.observability.logs.LogControl.update`'s arguments; checked in Triton's order,
+    so the first error is the one Triton reports."""
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

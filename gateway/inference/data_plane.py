@@ -24,12 +24,12 @@ from sluice.core.errors import (
     error_from_kind,
 )
 from sluice.core.keys import Keys
+from sluice.core.observability.trace_context import TraceParent
 from sluice.core.response_cache import CacheLookup, ResponseCache
 from sluice.core.routing import PARAMETER, parameter_label
 from sluice.core.sequences import batch_size_problem, sequence_of
 from sluice.core.shm import unlink
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
-from sluice.core.trace_context import TraceParent
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, redis_back
 from sluice.gateway.control.demand_wake import wake_on_demand
@@ -46,7 +46,7 @@ from sluice.gateway.state import GatewayState
 from sluice.gateway.tenants.streams import make_known
 
 if TYPE_CHECKING:
-    from sluice.core.otel import RequestSpan
+    from sluice.core.observability.otel import RequestSpan
 
 _NS_PER_US = 1_000
 OFFLOAD_BYTES = 64 * 1024

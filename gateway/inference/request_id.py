@@ -1,7 +1,8 @@
 """The id a request is known by in logs, traces, the stream entry and the ``X-Request-ID``
 response header: the client's KServe ``id`` when it sent one, else its ``X-Request-ID``
-header, else one made up here. It lives in :data:`sluice.core.logs.REQUEST_ID`, a context
-variable, so every log line of the request's task carries it.
+header, else one made up here. It lives in
+:data:`sluice.core.observability.logs.REQUEST_ID`, a context variable, so every log line of
+the request's task carries it.
 
 An id is used only when it can travel as a header value unchanged: 1 to 256 printable
 ASCII characters, not starting or ending with a space. Anything else (a KServe id with a
@@ -14,7 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 
-from sluice.core.logs import REQUEST_ID
+from sluice.core.observability.logs import REQUEST_ID
 
 MAX_LENGTH = 256
 

@@ -46,8 +46,8 @@ from sluice.core.errors import (
     error_from_kind,
 )
 from sluice.core.keys import base_stream
+from sluice.core.observability.trace_context import TraceParent
 from sluice.core.tenants import ANONYMOUS
-from sluice.core.trace_context import TraceParent
 from sluice.core.wire import DATA_FIELD, HEADER_FIELD, decode_reply, encode_request
 from sluice.gateway.control.demand_wake import wake_on_demand
 from sluice.gateway.inference.data_plane import (

@@ -1,10 +1,10 @@
-"""Offline batch jobs over HTTP (see :mod:`sluice.core.batches`):
+"""Offline batch jobs over HTTP (see :mod:`sluice.core.batch_jobs.batches`):
 
 - ``POST /v2/batches`` ``{"model", "input", "output"?, "version"?, "options"?}``: 201, the
   job's status, and its URL in ``Location``; the request is checked field by field (400
   naming the field), the model must be served. ``input`` is ``upload:<id>`` (one of the
   tenant's uploads) or a location the operator allows the tenant (403 otherwise, see
-  :mod:`sluice.core.batch_access`); ``output`` left out: the batch store;
+  :mod:`sluice.core.batch_jobs.access`); ``output`` left out: the batch store;
 - ``GET /v2/batches/{id}``: status, rows done of the total, rate, ETA, shards, each failed
   shard's error, and the manifest once complete;
 - ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume``;
@@ -31,10 +31,10 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
-from sluice.core import batches as b
-from sluice.core import uploads as u
-from sluice.core.batch_store import Tree, open_tree
-from sluice.core.celery_config import broker_url, celery_app, queue_name
+from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import uploads as u
+from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
+from sluice.core.batch_jobs.store import Tree, open_tree
 from sluice.core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unsupported
 from sluice.gateway.http.guard import tenant_of
 from sluice.gateway.http.json_body import json_object, json_response

@@ -1,5 +1,5 @@
 """Expired uploads and batch jobs leave the batch store from every gateway process too
-(:class:`sluice.core.store_sweeper.StoreSweeper`, every ``SLUICE_STORE_SWEEP_S``), not only
+(:class:`sluice.core.batch_jobs.sweeper.StoreSweeper`, every ``SLUICE_STORE_SWEEP_S``), not only
 from the batch workers: a deployment without batch workers still gets its uploads' room
 back. Each item is taken by one sweeper only, however many run."""
 
@@ -8,8 +8,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sluice.core.redis_connect import connect
-from sluice.core.store_sweeper import StoreSweeper
+from sluice.core.batch_jobs.sweeper import StoreSweeper
+from sluice.core.redis_client.connect import connect
 from sluice.gateway.jobs.upload_routes import batch_data
 from sluice.gateway.state import GatewayState
 

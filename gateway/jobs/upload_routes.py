@@ -1,5 +1,5 @@
 """Uploads: a tenant's data for its batch jobs, sent through the gateway into the batch
-store (see :mod:`sluice.core.uploads`):
+store (see :mod:`sluice.core.batch_jobs.uploads`):
 
 - ``POST /v2/uploads?name=<file name>``: the body is the file, streamed to the store as it
   arrives (never whole in memory), within ``SLUICE_MAX_UPLOAD_BYTES`` (413) and the tenant's
@@ -24,9 +24,16 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core import uploads as u
-from sluice.core.batch_access import LocationPolicy
-from sluice.core.batch_store import CHUNK_BYTES, NO_STORE, BatchStore, S3Clients, Writer, open_store
+from sluice.core.batch_jobs import uploads as u
+from sluice.core.batch_jobs.access import LocationPolicy
+from sluice.core.batch_jobs.store import (
+    CHUNK_BYTES,
+    NO_STORE,
+    BatchStore,
+    S3Clients,
+    Writer,
+    open_store,
+)
 from sluice.core.errors import (
     Conflict,
     InvalidInput,

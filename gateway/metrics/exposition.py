@@ -1,14 +1,15 @@
 """``GET /metrics``: Triton's metric families, then Sluice's, in Prometheus' text format.
 
 Where the numbers come from: every worker adds to its model version's statistics hash in
-Redis after each batch (:mod:`sluice.core.statistics`, the same counters as Triton's statistics
-extension, plus the histograms of :mod:`sluice.core.histograms`), and each gateway adds its
-refusals and deadline misses, and reports its gauges, every catalog refresh
+Redis after each batch (:mod:`sluice.core.observability.statistics`, the same counters as
+Triton's statistics extension, plus the histograms of
+:mod:`sluice.core.observability.histograms`), and each gateway adds its refusals and
+deadline misses, and reports its gauges, every catalog refresh
 (:mod:`sluice.gateway.control.gateway_report`). A scrape reads all of it from Redis
-(:mod:`sluice.gateway.metrics.snapshot`). So whichever gateway process answers, the numbers are the
-same, cover workers on every host, and do not go back when a worker restarts (they live in
-Redis, not in the process that died), with no prometheus-client multiprocess directory to
-keep clean. CPU, memory and GPUs are this host's.
+(:mod:`sluice.gateway.metrics.snapshot`). So whichever gateway process answers, the numbers
+are the same, cover workers on every host, and do not go back when a worker restarts (they
+live in Redis, not in the process that died), with no prometheus-client multiprocess
+directory to keep clean. CPU, memory and GPUs are this host's.
 
 Triton's families are written here rather than by prometheus-client, whose exposition
 renames a counter ``X`` to ``X_total``: Triton's counters have no suffix, and dashboards
@@ -22,10 +23,8 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from sluice.core import custom_metrics
-from sluice.core.settings import GatewaySettings
-from sluice.core.shm import segment_bytes
-from sluice.core.statistics import (
+from sluice.core.observability import custom_metrics
+from sluice.core.observability.statistics import (
     EXECUTION_COUNT,
     FAILURE_REASONS,
     INFERENCE_COUNT,
@@ -33,6 +32,8 @@ from sluice.core.statistics import (
     failure_field,
     ns_field,
 )
+from sluice.core.settings import GatewaySettings
+from sluice.core.shm import segment_bytes
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.metrics import gpu, sluice_families
 from sluice.gateway.metrics.host import HOST, escape_label, family

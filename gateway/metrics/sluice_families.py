@@ -22,8 +22,8 @@ from prometheus_client.core import (
     Metric,
 )
 
-from sluice.core import histograms as hist
-from sluice.core import statistics as st
+from sluice.core.observability import histograms as hist
+from sluice.core.observability import statistics as st
 from sluice.core.on_demand import EVICTION_REASONS, eviction_field
 from sluice.gateway.control.gateway_report import (
     BODY_BUDGET_REJECTS,

@@ -65,7 +65,8 @@ class Snapshot:
     """The memory budget and use of each host that loads models on demand."""
     custom: dict[bytes, bytes] = field(default_factory=dict)
     """The metrics models define themselves, one report per live worker, as written
-    (:mod:`sluice.core.custom_metrics`: decoded where the text is rendered, off the loop)."""
+    (:mod:`sluice.core.observability.custom_metrics`: decoded where the text is rendered, off the
+    loop)."""
 
 
 async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:

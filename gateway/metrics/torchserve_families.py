@@ -3,13 +3,13 @@
 API (``metrics_mode=prometheus``) find ``ts_inference_requests_total``,
 ``ts_inference_latency_microseconds`` and ``ts_queue_latency_microseconds`` with their
 ``model_name``, ``model_version`` and ``hostname`` labels. The numbers are the same
-counters Triton's families read (:mod:`sluice.core.statistics`)."""
+counters Triton's families read (:mod:`sluice.core.observability.statistics`)."""
 
 from __future__ import annotations
 
 import socket
 
-from sluice.core.statistics import count_field, ns_field
+from sluice.core.observability.statistics import count_field, ns_field
 from sluice.gateway.metrics.host import escape_label, family
 from sluice.gateway.metrics.snapshot import Snapshot
 

@@ -5,7 +5,7 @@ with TorchServe's answers when it cannot be.
 ``--model-store``) by its file name, or is a URL the operator allows
 (``SLUICE_ALLOWED_MODEL_URLS``: regular expressions, comma-separated, matched against the
 whole URL; none by default, where TorchServe allows every URL). The entry may be any of the
-store's forms (a .mar, a .tar.gz, a model folder: :mod:`sluice.core.mar_forms`); what is
+store's forms (a .mar, a .tar.gz, a model folder: :mod:`sluice.core.torchserve.forms`); what is
 registered is a .mar. The answers: an empty ``url``, a path that climbs (``..``), a URL not
 allowed and an entry not in the store are 404 (TorchServe's ModelNotFoundException); a
 download that fails (the server answers 404, say) is 400 (its DownloadArchiveException).
@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sluice.core.errors import InvalidInput, NotFound
-from sluice.core.mar import MarManifest, UnpackLimits
-from sluice.core.mar_forms import pack
-from sluice.core.mar_settings import ArchiveSettings, read_archive_settings
-from sluice.core.war import MAX_WAR_BYTES, WorkflowArchive, read_war
+from sluice.core.torchserve.archives import MarManifest, UnpackLimits
+from sluice.core.torchserve.forms import pack
+from sluice.core.torchserve.settings import ArchiveSettings, read_archive_settings
+from sluice.core.torchserve.workflows import MAX_WAR_BYTES, WorkflowArchive, read_war
 
 MAX_REGISTER_BYTES = 256 << 20
 """A registered archive travels to ``sluice up`` in a control command; a larger one is laid

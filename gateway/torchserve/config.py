@@ -2,7 +2,7 @@
 form, :func:`sluice.core.config.config_to_json`): the versions served, the workers, the
 batching. Everything else in the configuration stays as it is.
 
-Workers follow :mod:`sluice.core.mar_config`: ``min`` instances start (at least one), and
+Workers follow :mod:`sluice.core.torchserve.config`: ``min`` instances start (at least one), and
 the controller's autoscaling keeps them between ``min`` and ``max`` when ``max`` is above
 them or ``min`` is 0.
 """
@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from sluice.core.config import ModelConfig
-from sluice.core.mar_config import MAX_INSTANCES, MIN_INSTANCES
-from sluice.core.mar_versions import VersionRecord, without_version
+from sluice.core.torchserve.config import MAX_INSTANCES, MIN_INSTANCES
+from sluice.core.torchserve.versions import VersionRecord, without_version
 
 Json = dict[str, Any]
 

@@ -23,7 +23,7 @@ answers plainly wrong (500 for a negative ``min_worker``) Sluice answers 400. Sl
 batching and workers are per model, shared by its versions; a model always has a worker
 when it is registered (``initial_workers`` 0: it stops when idle, and starts again on
 demand), so a handler that cannot load fails the registration. TorchServe versions are
-Sluice's numbered ones: :mod:`sluice.core.mar_versions`.
+Sluice's numbered ones: :mod:`sluice.core.torchserve.versions`.
 """
 
 from __future__ import annotations
@@ -47,10 +47,10 @@ from sluice.core.errors import (
     NotFound,
     SluiceError,
 )
-from sluice.core.mar_config import MAX_WORKERS, check_model_name, triton_config
-from sluice.core.mar_settings import ArchiveSettings
-from sluice.core.mar_versions import VersionRecord, decimal_of, find, number_for, record_of
 from sluice.core.routing import Routing
+from sluice.core.torchserve.config import MAX_WORKERS, check_model_name, triton_config
+from sluice.core.torchserve.settings import ArchiveSettings
+from sluice.core.torchserve.versions import VersionRecord, decimal_of, find, number_for, record_of
 from sluice.gateway.control.catalog_follow import follow_changes
 from sluice.gateway.control.model_control import carry_out, require_explicit
 from sluice.gateway.http.body import read_body

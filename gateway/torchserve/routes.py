@@ -1,7 +1,7 @@
 """TorchServe's inference API beside the KServe v2 routes: ``POST /predictions/{model}
 [/{version}]`` and ``GET /ping``.
 
-The version may be TorchServe's (``1.0``: :mod:`sluice.core.mar_versions`). A prediction
+The version may be TorchServe's (``1.0``: :mod:`sluice.core.torchserve.versions`). A prediction
 carries the request's body and content type as the model's ``body`` and
 ``content_type`` BYTES inputs (:mod:`sluice.workers.backends.torchserve_backend`): through the
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request, Response
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, SluiceError
-from sluice.core.mar_versions import find, record_of
+from sluice.core.torchserve.versions import find, record_of
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
 from sluice.gateway.control.inspection import server_not_ready

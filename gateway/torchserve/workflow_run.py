@@ -34,7 +34,7 @@ from sluice.core.errors import (
     error_from_kind,
     error_kind,
 )
-from sluice.core.war import Workflow, WorkflowNode
+from sluice.core.torchserve.workflows import Workflow, WorkflowNode
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.protocol import cancel_on_disconnect
 from sluice.gateway.inference.data_plane import OFFLOAD_BYTES

@@ -29,7 +29,7 @@ from fastapi import APIRouter, Request, Response
 
 from sluice.core.catalog import UNLOADED
 from sluice.core.errors import Conflict, InferenceFailed, InvalidInput, NotFound, SluiceError
-from sluice.core.war import (
+from sluice.core.torchserve.workflows import (
     Workflow,
     WorkflowArchive,
     WorkflowNode,

@@ -19,9 +19,9 @@ from typing import Any, cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sluice.core import statistics as st
 from sluice.core.errors import InvalidConfig
 from sluice.core.keys import WORKER_GROUP, Keys
+from sluice.core.observability import statistics as st
 from sluice.core.placement import placements, visible_gpus
 from sluice.core.queue_streams import base_streams, with_tenants
 from sluice.core.repository import RepositoryModel

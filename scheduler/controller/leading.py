@@ -11,7 +11,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.core.settings import ControllerSettings
 from sluice.scheduler.controller.leadership import Lease
 

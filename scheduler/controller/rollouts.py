@@ -23,11 +23,11 @@ from typing import Any, cast
 import orjson
 from redis import Redis
 
-from sluice.core import histograms as hist
-from sluice.core import statistics as st
 from sluice.core.control import Answers, ControlCommand, live_executors
 from sluice.core.errors import InvalidInput
 from sluice.core.keys import Keys
+from sluice.core.observability import histograms as hist
+from sluice.core.observability import statistics as st
 from sluice.core.repository import available_versions
 from sluice.core.rollout import (
     FINISHED,

@@ -25,7 +25,7 @@ from redis import Redis
 from sluice.core.control import ControlCommand, read_commands, send_reply
 from sluice.core.errors import SluiceError, StartupFailed
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.core.rollout import OPS as ROLLOUT_OPS
 from sluice.core.settings import ControllerSettings
 from sluice.scheduler.controller.autoscaler import Autoscaler

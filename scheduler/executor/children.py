@@ -9,7 +9,7 @@ import os
 import sys
 from pathlib import Path
 
-from sluice.core.celery_config import broker_url
+from sluice.core.batch_jobs.celery_config import broker_url
 from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.placement import placements, threads_per_instance, visible_gpus
 from sluice.core.repository import RepositoryModel

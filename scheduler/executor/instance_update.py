@@ -22,8 +22,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from sluice.core.config import CONFIG_FILENAME, ModelConfig
-from sluice.core.mar_config import MAX_INSTANCES, MIN_INSTANCES
 from sluice.core.repository import CUSTOM_CONFIGS, RepositoryModel
+from sluice.core.torchserve.config import MAX_INSTANCES, MIN_INSTANCES
 from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
 Fingerprint = frozenset[tuple[str, int, int]]

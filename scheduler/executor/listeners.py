@@ -7,7 +7,7 @@ import socket
 from dataclasses import dataclass
 
 from sluice.core.settings import UpSettings
-from sluice.core.torchserve_ports import API_NAMES, parse_ports
+from sluice.core.torchserve.ports import API_NAMES, parse_ports
 
 
 class ListenError(Exception):

@@ -54,13 +54,13 @@ from typing import Any, cast
 import orjson
 from redis import Redis
 
-from sluice.core import histograms as hist
 from sluice.core import jobs
-from sluice.core import statistics as st
 from sluice.core.clock import CLOCK
 from sluice.core.errors import Unavailable, error_kind
 from sluice.core.keys import WORKER_GROUP, Keys, load_error_field
 from sluice.core.memory_budget import HOST, format_size
+from sluice.core.observability import histograms as hist
+from sluice.core.observability import statistics as st
 from sluice.core.on_demand import (
     LOADING,
     READY,

@@ -25,7 +25,7 @@ from redis.exceptions import RedisError
 
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.core.repository import RepositoryModel, scan_repository
 from sluice.core.settings import ApiKeySettings, UpSettings
 from sluice.scheduler.executor.catalog_keeper import CatalogKeeper

@@ -70,9 +70,9 @@ def _main(
 
 
 def _logging(verbose: bool) -> None:
-    """Log lines as SLUICE_LOG_* say (sluice.core.logs); their role is the name of the command
-    function calling this (``up``, ``gateway``, ``worker``)."""
-    from sluice.core.logs import configure_logging
+    """Log lines as SLUICE_LOG_* say (sluice.core.observability.logs); their role is the name of the
+    command function calling this (``up``, ``gateway``, ``worker``)."""
+    from sluice.core.observability.logs import configure_logging
     from sluice.core.settings import CommonSettings
 
     caller = sys._getframe(1).f_code.co_name
@@ -249,7 +249,7 @@ def _torchserve_ports(enabled: bool, ports: str | None, config: Path | None) -> 
     """SLUICE_TORCHSERVE_PORTS from ``--torchserve-ports``, else ``--ts-config``'s addresses,
     else TorchServe's own ports with ``--torchserve`` (None: the settings decide)."""
     from sluice.cli.mar_import import parse_properties
-    from sluice.core.torchserve_ports import TORCHSERVE_DEFAULT, from_properties, parse_ports
+    from sluice.core.torchserve.ports import TORCHSERVE_DEFAULT, from_properties, parse_ports
 
     if ports is not None:
         try:

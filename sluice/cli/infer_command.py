@@ -70,7 +70,7 @@ def infer(
     from sluice.client import Client, SluiceError
 
     if verbose:
-        from sluice.core.logs import configure_logging
+        from sluice.core.observability.logs import configure_logging
 
         configure_logging("infer", verbose=True, stream=sys.stderr)
     if request is not None and (inputs or outputs):

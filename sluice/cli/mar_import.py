@@ -2,12 +2,12 @@
 ``config.properties``) laid out as a Triton repository Sluice serves.
 
 A store holds models in three forms: ``.mar`` archives, ``.tar.gz`` archives and unarchived
-folders (:mod:`sluice.core.mar_forms`); each becomes ``<repository>/<modelName>/<version>/
+folders (:mod:`sluice.core.torchserve.forms`); each becomes ``<repository>/<modelName>/<version>/
 model.mar`` (the other forms packed into one), and the archives of one model name are its
-versions (the manifest's ``modelVersion``: :mod:`sluice.core.mar_versions`). Each model gets
-a config.pbtxt for the ``torchserve`` backend (:func:`sluice.core.mar_config.triton_config`).
+versions (the manifest's ``modelVersion``: :mod:`sluice.core.torchserve.versions`). Each model gets
+a config.pbtxt for the ``torchserve`` backend (:func:`sluice.core.torchserve.config.triton_config`).
 Its settings, in order of precedence: the archive's own ``model-config.yaml``
-(:mod:`sluice.core.mar_settings`; of the default version when there are several), then from
+(:mod:`sluice.core.torchserve.settings`; of the default version when there are several), then from
 ``config.properties`` per model (``models=`` JSON) ``batchSize``, ``maxBatchDelay``,
 ``minWorkers``, ``maxWorkers`` and ``responseTimeout``, then ``default_workers_per_model``,
 ``job_queue_size`` and ``default_response_timeout``. Every other key is reported as ignored,
@@ -26,11 +26,11 @@ from pathlib import Path
 from typing import Any
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST, MarManifest, UnpackLimits, read_manifest
-from sluice.core.mar_config import check_model_name, triton_config
-from sluice.core.mar_forms import form_of, is_model_entry, pack
-from sluice.core.mar_settings import ArchiveSettings, read_archive_settings
-from sluice.core.mar_versions import VersionRecord, decimal_of, find, number_for
+from sluice.core.torchserve.archives import MANIFEST, MarManifest, UnpackLimits, read_manifest
+from sluice.core.torchserve.config import check_model_name, triton_config
+from sluice.core.torchserve.forms import form_of, is_model_entry, pack
+from sluice.core.torchserve.settings import ArchiveSettings, read_archive_settings
+from sluice.core.torchserve.versions import VersionRecord, decimal_of, find, number_for
 
 log = logging.getLogger("sluice.import_mar")
 

@@ -23,7 +23,6 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from sluice.core.cancellation import Withdrawals
-from sluice.core.coalescer import AppendCoalescer
 from sluice.core.errors import (
     QUEUE_UNREACHABLE,
     DeadlineExceeded,
@@ -32,7 +31,8 @@ from sluice.core.errors import (
     Unavailable,
 )
 from sluice.core.keys import Keys
-from sluice.core.redis_types import StreamRead
+from sluice.core.redis_client.coalescer import AppendCoalescer
+from sluice.core.redis_client.types import StreamRead
 from sluice.core.wire import (
     MalformedEntry,
     ReplyMessage,

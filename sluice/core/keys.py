@@ -155,7 +155,7 @@ class Keys:
         return f"{self.namespace}:finished-jobs:{{{model}}}"
 
     def batch(self, batch_id: str) -> str:
-        """Hash of one offline batch job (:mod:`sluice.core.batches`)."""
+        """Hash of one offline batch job (:mod:`sluice.core.batch_jobs.batches`)."""
         return f"{self.namespace}:batch:{{{batch_id}}}"
 
     def batch_shards(self, batch_id: str) -> str:
@@ -186,8 +186,8 @@ class Keys:
         return f"{{{self.namespace}}}:batches:{tenant}"
 
     def upload(self, tenant: str, upload_id: str) -> str:
-        """Hash of one upload (:mod:`sluice.core.uploads`): its name, size, digest, expiry, and
-        how many batch jobs use it; the file itself is in the batch store."""
+        """Hash of one upload (:mod:`sluice.core.batch_jobs.uploads`): its name, size, digest,
+        expiry, and how many batch jobs use it; the file itself is in the batch store."""
         return f"{{{self.namespace}}}:upload:{tenant}:{upload_id}"
 
     def uploads(self, tenant: str) -> str:
@@ -265,10 +265,10 @@ class Keys:
 
     @property
     def torchserve_workflows(self) -> str:
-        """Hash workflow name -> the workflow registered through TorchServe's
-        ``POST /workflows`` (JSON, :class:`sluice.core.war.Workflow`): its nodes, each served
-        as a model of its own, and who feeds whom; ``registering <until>`` while a gateway
-        process registers its nodes (a claim that lapses at ``until``, Unix seconds)."""
+        """Hash workflow name -> the workflow registered through TorchServe's ``POST /workflows``
+        (JSON, :class:`sluice.core.torchserve.workflows.Workflow`): its nodes, each served as a
+        model of its own, and who feeds whom; ``registering <until>`` while a gateway process
+        registers its nodes (a claim that lapses at ``until``, Unix seconds)."""
         return f"{{{self.namespace}}}:torchserve:workflows"
 
     @property
@@ -281,7 +281,8 @@ class Keys:
     @property
     def custom_metrics(self) -> str:
         """Hash worker id -> the metrics its model defines itself (JSON,
-        :mod:`sluice.core.custom_metrics`), written with a heartbeat when they changed."""
+        :mod:`sluice.core.observability.custom_metrics`), written with a heartbeat when they
+        changed."""
         return f"{{{self.namespace}}}:custom-metrics"
 
     @property

@@ -41,11 +41,11 @@ import orjson
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from sluice.core.coalescer import Coalescer
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import is_cluster_url
+from sluice.core.observability.statistics import count_field, ns_field
+from sluice.core.redis_client.coalescer import Coalescer
+from sluice.core.redis_client.connect import is_cluster_url
 from sluice.core.settings import ResponseCacheSettings
-from sluice.core.statistics import count_field, ns_field
 from sluice.core.wire import (
     DATA_FIELD,
     HEADER_FIELD,
@@ -181,7 +181,7 @@ _Op = tuple[str, tuple[Any, ...]]
 
 class ResponseCache(Coalescer[_Op, Any]):
     """The cache's commands of all the requests that arrive while one pipeline is in
-    flight go together in the next (:class:`sluice.core.coalescer.Coalescer`, as the
+    flight go together in the next (:class:`sluice.core.redis_client.coalescer.Coalescer`, as the
     appends do), and the statistics they add are summed per counter first: under load a
     hit costs a share of one round trip, not two round trips of its own."""
 

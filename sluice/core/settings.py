@@ -22,7 +22,7 @@ from sluice.core.memory_budget import parse_gpu_budgets, parse_size
 from sluice.core.rate_limit import parse_resource_counts
 from sluice.core.request_parameters import forward_pattern
 from sluice.core.restricted_api import parse_restrictions
-from sluice.core.torchserve_ports import parse_ports
+from sluice.core.torchserve.ports import parse_ports
 
 MIB = 1 << 20
 GIB = 1 << 30
@@ -139,7 +139,7 @@ class CommonSettings(BaseSettings):
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis that carries the request streams, reply streams and the model catalog. A Redis
     Cluster is named ``redis+cluster://host:port`` (or ``rediss+cluster://``): any node,
-    the others are discovered (:mod:`sluice.core.redis_connect`)."""
+    the others are discovered (:mod:`sluice.core.redis_client.connect`)."""
 
     namespace: str = Field("sluice", pattern=r"^[A-Za-z0-9_.-]{1,64}$")
     """Prefix of every Redis key, so that several deployments can share one Redis (letters,
@@ -233,7 +233,7 @@ class ApiKeySettings(BaseSettings):
 
 
 def torchserve_ports_value(value: str) -> str:
-    """``torchserve_ports`` checked (:func:`sluice.core.torchserve_ports.parse_ports`)."""
+    """``torchserve_ports`` checked (:func:`sluice.core.torchserve.ports.parse_ports`)."""
     parse_ports(value)
     return value
 
@@ -438,7 +438,7 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     """TorchServe's inference, management and metrics ports (its ``8080,8081,8082``),
     comma-separated, each ``port`` (on ``http_host``) or ``host:port``; 0 leaves one out,
     empty serves none. Each answers only its own API, as TorchServe's do
-    (:mod:`sluice.core.torchserve_ports`)."""
+    (:mod:`sluice.core.torchserve.ports`)."""
 
     _torchserve_ports_valid = field_validator("torchserve_ports")(torchserve_ports_value)
 

@@ -17,9 +17,9 @@ from typing import Any
 import msgpack
 
 from sluice.core.datatypes import DATATYPES
+from sluice.core.observability.trace_context import TraceParent, parse_traceparent
 from sluice.core.shm import ShmKeyError, is_segment_prefix, object_name
 from sluice.core.tenants import is_tenant_name
-from sluice.core.trace_context import TraceParent, parse_traceparent
 
 SCHEMA_VERSION = 2
 _READABLE_VERSIONS = (1, 2)  # version 1 is version 2 without shared memory references

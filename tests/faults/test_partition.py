@@ -25,7 +25,7 @@ from typing import cast
 import pytest
 
 from sluice.core.keys import WORKER_GROUP
-from sluice.core.redis_types import StreamEntry
+from sluice.core.redis_client.types import StreamEntry
 from sluice.core.settings import GatewaySettings
 from sluice.core.wire import decode_request
 from tests.faults.conftest import Report

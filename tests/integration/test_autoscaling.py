@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.procs import wait_until, worker_pids

@@ -11,7 +11,7 @@ import pytest
 from redis import Redis
 
 from sluice.batch.runner import Runner
-from sluice.core import batches as b
+from sluice.core.batch_jobs import batches as b
 from sluice.core.keys import Keys
 from sluice.core.settings import BatchSettings
 from sluice.scheduler.executor.redis_server import RedisServer

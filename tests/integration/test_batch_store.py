@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from sluice.batch.runner import Runner
-from sluice.core.batch_access import LocationPolicy
-from sluice.core.batch_store import LocalTree, S3Clients, open_tree
+from sluice.core.batch_jobs.access import LocationPolicy
+from sluice.core.batch_jobs.store import LocalTree, S3Clients, open_tree
 from sluice.core.errors import Forbidden, InvalidInput, PayloadTooLarge
 from sluice.core.settings import BatchSettings, BatchStoreSettings
 from sluice.scheduler.executor.redis_server import RedisServer

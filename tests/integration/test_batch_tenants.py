@@ -24,11 +24,11 @@ import onnxruntime as ort
 import pytest
 from redis import Redis
 
-from sluice.core.batch_store import open_store
+from sluice.core.batch_jobs.store import open_store
+from sluice.core.batch_jobs.sweeper import StoreSweeper
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.core.settings import BatchSettings
-from sluice.core.store_sweeper import StoreSweeper
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stack import Stack

@@ -18,8 +18,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis import Redis
 
-from sluice.core.custom_metrics import encode_report
 from sluice.core.keys import Keys
+from sluice.core.observability.custom_metrics import encode_report
 from sluice.core.settings import auto_gateway_processes
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request

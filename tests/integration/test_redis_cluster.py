@@ -19,7 +19,7 @@ import tritonclient.grpc as grpcclient
 from redis import Redis
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect, connect_async
+from sluice.core.redis_client.connect import connect, connect_async
 from sluice.core.settings import GatewaySettings
 from tests.support.load import answer_matches, slow_request
 from tests.support.redis_cluster import LocalRedisCluster
@@ -187,8 +187,8 @@ def test_the_response_cache_works_on_a_cluster(redis_cluster: LocalRedisCluster)
     """Each script touches one slot (its shard's own: 16 shards by default on a cluster,
     spread over the nodes), its scripts are loaded on every primary, and its pipelines mix
     the shards with a model's statistics."""
+    from sluice.core.observability.statistics import count_field
     from sluice.core.response_cache import ResponseCache, pack_answer
-    from sluice.core.statistics import count_field
     from sluice.core.wire import ReplyMessage, TensorHeader
 
     keys = Keys(f"cache{time.monotonic_ns()}")

@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect
+from sluice.core.redis_client.connect import connect
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.procs import wait_until
 from tests.support.stack import Stack

@@ -12,8 +12,8 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.observability.trace_context import TraceParent
 from sluice.core.placement import Placement
-from sluice.core.trace_context import TraceParent
 
 
 class CancelSignal:

@@ -1,14 +1,15 @@
 """TorchServe model archives (``backend: "torchserve"``, ``<version>/model.mar``): the
 archive's handler runs as TorchServe runs it, on Sluice's batches.
 
-The archive is unpacked into a private folder (:mod:`sluice.core.mar`), and TorchServe's own
-model loader (the ``ts`` package of ``torchserve``, in the ``torchserve`` extra) imports the
-handler: a handler file of the archive (a ``BaseHandler`` subclass with ``initialize`` /
-``preprocess`` / ``inference`` / ``postprocess`` / ``handle``, or a module with a ``handle``
-function), a built-in handler's name, or the handler a registration named instead of the
-manifest's (:mod:`sluice.core.mar_versions`). Its ``context`` is TorchServe's: the
-manifest, ``system_properties`` (``model_dir``, ``gpu_id``, ``batch_size``), the archive's
-``model-config.yaml`` (``model_yaml_config``), and each request's headers.
+The archive is unpacked into a private folder (:mod:`sluice.core.torchserve.archives`), and
+TorchServe's own model loader (the ``ts`` package of ``torchserve``, in the ``torchserve``
+extra) imports the handler: a handler file of the archive (a ``BaseHandler`` subclass with
+``initialize`` / ``preprocess`` / ``inference`` / ``postprocess`` / ``handle``, or a module
+with a ``handle`` function), a built-in handler's name, or the handler a registration named
+instead of the manifest's (:mod:`sluice.core.torchserve.versions`). Its ``context`` is
+TorchServe's: the manifest, ``system_properties`` (``model_dir``, ``gpu_id``,
+``batch_size``), the archive's ``model-config.yaml`` (``model_yaml_config``), and each
+request's headers.
 
 As TorchServe runs a worker, the model's folder is the process's working directory and is
 on ``sys.path``, so that a handler opens the files of its archive (``--extra-files``) by
@@ -44,9 +45,9 @@ import numpy as np
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
-from sluice.core.mar import unpack
-from sluice.core.mar_versions import record_of
 from sluice.core.placement import Placement
+from sluice.core.torchserve.archives import unpack
+from sluice.core.torchserve.versions import record_of
 from sluice.workers.backends.base import RequestsFailed, missing_extra
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ its responses as they come, the last possibly without outputs, which ``cancel()`
 withdraws.
 
 Custom metrics (``MetricFamily``, its ``Metric``) show on ``GET /metrics``
-(:mod:`sluice.core.custom_metrics`).
+(:mod:`sluice.core.observability.custom_metrics`).
 
 Not provided: GPU tensors (every tensor is a CPU numpy array).
 """
@@ -42,7 +42,6 @@ from typing import Any, cast
 
 import numpy as np
 
-from sluice.core import custom_metrics as metrics
 from sluice.core import datatypes
 from sluice.core.clock import CLOCK
 from sluice.core.config import model_config_pb2
@@ -55,6 +54,7 @@ from sluice.core.errors import (
     Unavailable,
     Unsupported,
 )
+from sluice.core.observability import custom_metrics as metrics
 from sluice.core.request_parameters import model_parameters
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
@@ -564,7 +564,7 @@ class MetricFamily:
     """Triton's custom metrics: ``MetricFamily(name, description, kind)`` then
     ``family.Metric(labels={...})`` (a histogram's with ``buckets=[...]``), whose
     ``increment``, ``set``, ``observe`` and ``value`` show on ``GET /metrics``
-    (:mod:`sluice.core.custom_metrics`). A bad name, label or value raises
+    (:mod:`sluice.core.observability.custom_metrics`). A bad name, label or value raises
     :class:`TritonModelException`."""
 
     COUNTER = 0

@@ -9,7 +9,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from sluice.batch.app import create_app
-from sluice.core import batches as b
+from sluice.core.batch_jobs import batches as b
 from sluice.core.settings import BatchSettings
 
 

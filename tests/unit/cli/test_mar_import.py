@@ -19,8 +19,8 @@ from sluice.cli.mar_import import (
 )
 from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST, triton_config
-from sluice.core.mar_versions import record_of
+from sluice.core.torchserve.archives import MANIFEST, triton_config
+from sluice.core.torchserve.versions import record_of
 from sluice.workers.backends.torchserve_backend import encode_response, request_entry
 
 

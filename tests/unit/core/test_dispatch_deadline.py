@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from redis.exceptions import RedisError
 
-from sluice.core.coalescer import AppendCoalescer
 from sluice.core.dispatch import RedisDispatcher
 from sluice.core.errors import DeadlineExceeded, Unavailable
 from sluice.core.keys import Keys
+from sluice.core.redis_client.coalescer import AppendCoalescer
 from sluice.core.wire import RequestMessage
 
 

@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from sluice.core.errors import Unavailable
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import (
+from sluice.core.redis_client.connect import (
     ClusterUnavailable,
     connect,
     connect_async,
@@ -101,7 +101,7 @@ def test_cluster_urls() -> None:
 
 
 def test_a_cluster_url_with_another_database_is_refused() -> None:
-    from sluice.core.redis_connect import connect
+    from sluice.core.redis_client.connect import connect
 
     with pytest.raises(ValueError, match="only database 0"):
         connect("redis+cluster://127.0.0.1:1/3")

@@ -7,7 +7,7 @@ import uuid
 from typing import Any
 
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import connect_async
+from sluice.core.redis_client.connect import connect_async
 from sluice.core.wire import RequestMessage
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.workers.backends.base import CancelSignal

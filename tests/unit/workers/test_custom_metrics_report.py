@@ -1,6 +1,6 @@
-"""A worker's custom metrics report (:mod:`sluice.core.custom_metrics`) goes to Redis with
-its heartbeat: written when it changed, its expiry moved on every beat, and written again
-once Redis no longer holds it."""
+"""A worker's custom metrics report (:mod:`sluice.core.observability.custom_metrics`) goes
+to Redis with its heartbeat: written when it changed, its expiry moved on every beat, and
+written again once Redis no longer holds it."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from collections.abc import Iterator
 import pytest
 from redis.asyncio import Redis
 
-from sluice.core import custom_metrics as cm
 from sluice.core.keys import Keys
+from sluice.core.observability import custom_metrics as cm
 from sluice.core.settings import WorkerSettings
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.workers.backends import triton_python_backend_utils as pb_utils

@@ -7,9 +7,9 @@ from typing import Any
 
 import numpy as np
 
-from sluice.core import statistics as st
 from sluice.core.config import parse_config_text
 from sluice.core.errors import Cancelled, InferenceFailed
+from sluice.core.observability import statistics as st
 from sluice.core.wire import ReplyMessage, RequestMessage
 from sluice.workers.decoupled import compute_streaming
 from sluice.workers.response_stats import ResponseTally

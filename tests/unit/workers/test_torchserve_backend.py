@@ -15,10 +15,10 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST
-from sluice.core.mar_config import triton_config
-from sluice.core.mar_versions import VersionRecord
 from sluice.core.placement import Placement
+from sluice.core.torchserve.archives import MANIFEST
+from sluice.core.torchserve.config import triton_config
+from sluice.core.torchserve.versions import VersionRecord
 from sluice.workers.backends.torchserve_backend import TorchServeBackend
 
 pytest.importorskip("ts")

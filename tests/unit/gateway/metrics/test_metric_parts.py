@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from sluice.core import histograms as hist
+from sluice.core.observability import histograms as hist
 from sluice.gateway.metrics.gpu import GPU_FAMILIES, GpuUsage
 from sluice.gateway.metrics.sluice_families import DrainRate
 from tests.support.fake_nvml import FakeNvml

@@ -13,7 +13,7 @@ from typing import Any, cast
 import pytest
 from fastapi import Request, Response
 
-from sluice.core.war import WorkflowArchive
+from sluice.core.torchserve.workflows import WorkflowArchive
 from sluice.gateway.torchserve import workflows
 
 SPEC = "models:\n  a: {url: a.mar}\n  b: {url: b.mar}\ndag:\n  a: [b]\n"

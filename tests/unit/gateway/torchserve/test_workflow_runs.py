@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from sluice.core.errors import InferenceFailed, NotFound, PayloadTooLarge, SluiceError
-from sluice.core.war import Workflow, WorkflowArchive, parse_workflow
+from sluice.core.torchserve.workflows import Workflow, WorkflowArchive, parse_workflow
 from sluice.gateway.state import GatewayState
 from sluice.gateway.torchserve import workflow_run
 

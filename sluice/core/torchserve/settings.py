@@ -20,7 +20,7 @@ from typing import Any
 import yaml
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MarManifest, read_member
+from sluice.core.torchserve.archives import MarManifest, read_member
 
 MAX_CONFIG_BYTES = 1 << 20
 HANDLER_SECTION = "handler"

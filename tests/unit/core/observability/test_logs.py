@@ -1,5 +1,6 @@
-"""Log lines (sluice.core.logs), request ids (sluice.gateway.inference.request_id), the
-``/v2/logging`` checks and the request id in the stream entry."""
+"""Log lines (sluice.core.observability.logs), request ids
+(sluice.gateway.inference.request_id), the ``/v2/logging`` checks and the request id in the
+stream entry."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from typing import Any
 import msgpack
 import pytest
 
-from sluice.core import logs
 from sluice.core.errors import InvalidInput, Unsupported
-from sluice.core.logs import REQUEST_ID, TRACE_ID, configure_logging, control
+from sluice.core.observability import logs
+from sluice.core.observability.logs import REQUEST_ID, TRACE_ID, configure_logging, control
 from sluice.core.settings import CommonSettings
 from sluice.core.wire import HEADER_FIELD, RequestMessage, decode_request, encode_request
 from sluice.gateway.http.logging_routes import parse_log_settings

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from sluice.core.batch_store import split_s3
+from sluice.core.batch_jobs.store import split_s3
 from sluice.core.errors import Forbidden
 from sluice.core.settings import BatchStoreSettings
 

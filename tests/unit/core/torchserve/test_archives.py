@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST, UnpackLimits, read_manifest, unpack
+from sluice.core.torchserve.archives import MANIFEST, UnpackLimits, read_manifest, unpack
 
 MANIFEST_DOC = {
     "createdOn": "25/11/2026 08:00:00",

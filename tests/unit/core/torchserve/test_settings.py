@@ -10,8 +10,12 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST, read_manifest
-from sluice.core.mar_settings import ArchiveSettings, parse_archive_settings, read_archive_settings
+from sluice.core.torchserve.archives import MANIFEST, read_manifest
+from sluice.core.torchserve.settings import (
+    ArchiveSettings,
+    parse_archive_settings,
+    read_archive_settings,
+)
 
 
 def _archive(tmp_path: Path, config: str | None, config_file: str = "model-config.yaml") -> Path:

@@ -32,7 +32,7 @@ from redis.exceptions import (
     RedisClusterException,
 )
 
-from sluice.core.redis_prompt import prompt_class, prompt_class_for
+from sluice.core.redis_client.prompt import prompt_class, prompt_class_for
 
 T = TypeVar("T")
 
@@ -119,7 +119,7 @@ class _Cluster(RedisCluster):
 class _AsyncCluster(AsyncRedisCluster):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        # Commands written at once (sluice.core.redis_prompt), on the nodes known now and
+        # Commands written at once (sluice.core.redis_client.prompt), on the nodes known now and
         # those found later (made with these arguments).
         options = self.connection_kwargs
         options["connection_class"] = prompt_class(options.get("connection_class"))

@@ -1,5 +1,5 @@
 """Uploads: files a tenant sends through the gateway (``POST /v2/uploads``) for its batch
-jobs to read, kept in the batch store (:mod:`sluice.core.batch_store`) under
+jobs to read, kept in the batch store (:mod:`sluice.core.batch_jobs.store`) under
 ``<tenant>/uploads/<id>``.
 
 Record layout (all in the deployment's control slot, so the scripts below touch one slot):

@@ -1,6 +1,7 @@
-"""W3C trace context (sluice.core.trace_context), span construction (sluice.core.otel) with
-the SDK's in-memory exporter, the trace context in the stream entry, and that nothing of
-OpenTelemetry's tracing SDK is imported while tracing is off."""
+"""W3C trace context (sluice.core.observability.trace_context), span construction
+(sluice.core.observability.otel) with the SDK's in-memory exporter, the trace context in the
+stream entry, and that nothing of OpenTelemetry's tracing SDK is imported while tracing is
+off."""
 
 from __future__ import annotations
 
@@ -14,10 +15,10 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from sluice.core.otel import Tracing
+from sluice.core.observability.otel import Tracing
+from sluice.core.observability.trace_context import TraceParent, parse_traceparent, valid_tracestate
+from sluice.core.observability.tracing import traces_endpoint, tracing_from_settings
 from sluice.core.settings import CommonSettings
-from sluice.core.trace_context import TraceParent, parse_traceparent, valid_tracestate
-from sluice.core.tracing import traces_endpoint, tracing_from_settings
 from sluice.core.wire import HEADER_FIELD, RequestMessage, decode_request, encode_request
 
 TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -283,10 +284,10 @@ def test_nothing_of_the_tracing_sdk_is_imported_while_tracing_is_off() -> None:
         "import sluice.gateway.__main__, sluice.gateway.app, sluice.gateway.http.fast_path\n"
         "import sluice.workers.__main__, sluice.cli\n"
         "from sluice.core.settings import CommonSettings\n"
-        "from sluice.core.tracing import tracing_from_settings\n"
+        "from sluice.core.observability.tracing import tracing_from_settings\n"
         "assert tracing_from_settings(CommonSettings(), 'gateway') is None\n"
         "loaded = [m for m in sys.modules if m.startswith(('opentelemetry.sdk.trace',"
-        " 'opentelemetry.exporter', 'sluice.core.otel'))]\n"
+        " 'opentelemetry.exporter', 'sluice.core.observability.otel'))]\n"
         "print(loaded)\n"
     )
     env = {"PATH": "/usr/bin:/bin"}

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from sluice.core.batches import QUEUE
+from sluice.core.batch_jobs.batches import QUEUE
 from sluice.core.keys import Keys
-from sluice.core.redis_connect import is_cluster_url
+from sluice.core.redis_client.connect import is_cluster_url
 
 if TYPE_CHECKING:
     from celery import Celery

@@ -1,4 +1,4 @@
-"""Commands written to Redis at once (sluice.core.redis_prompt), against a real
+"""Commands written to Redis at once (sluice.core.redis_client.prompt), against a real
 redis-server: before the event loop turns, large ones through the socket's back-pressure,
 and on a connection the server closed, as redis-py's own path would."""
 
@@ -15,8 +15,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from sluice.core.redis_connect import connect, connect_async
-from sluice.core.redis_prompt import (
+from sluice.core.redis_client.connect import connect, connect_async
+from sluice.core.redis_client.prompt import (
     PromptConnection,
     PromptSSLConnection,
     PromptUnixConnection,

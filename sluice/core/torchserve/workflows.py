@@ -30,9 +30,9 @@ from typing import Any
 import yaml
 
 from sluice.core.errors import InvalidInput
-from sluice.core.mar import MANIFEST as MAR_MANIFEST
-from sluice.core.mar import UnpackLimits, read_small_archive
-from sluice.core.mar_config import check_model_name
+from sluice.core.torchserve.archives import MANIFEST as MAR_MANIFEST
+from sluice.core.torchserve.archives import UnpackLimits, read_small_archive
+from sluice.core.torchserve.config import check_model_name
 
 MANIFEST = "WAR-INF/MANIFEST.json"
 MAX_WAR_BYTES = 64 << 20

@@ -7,8 +7,8 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.errors import InvalidConfig, InvalidInput
-from sluice.core.mar_config import check_model_name, triton_config
-from sluice.core.mar_versions import (
+from sluice.core.torchserve.config import check_model_name, triton_config
+from sluice.core.torchserve.versions import (
     VersionRecord,
     decimal_of,
     find,

@@ -3,7 +3,7 @@
 With no OTLP endpoint configured (``SLUICE_OTLP_ENDPOINT``, or the standard
 ``OTEL_EXPORTER_OTLP_ENDPOINT``) :func:`tracing_from_settings` returns None and nothing of
 OpenTelemetry's SDK is imported: the request path pays one ``is None`` check. With one,
-:mod:`sluice.core.otel` (the ``tracing`` extra) builds the exporter.
+:mod:`sluice.core.observability.otel` (the ``tracing`` extra) builds the exporter.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from sluice.core.settings import CommonSettings
 
 if TYPE_CHECKING:
-    from sluice.core.otel import Tracing
+    from sluice.core.observability.otel import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -35,7 +35,7 @@ def tracing_from_settings(settings: CommonSettings, role: str) -> Tracing | None
     if not endpoint:
         return None
     try:
-        from sluice.core.otel import Tracing
+        from sluice.core.observability.otel import Tracing
     except ImportError as exc:
         log.error(
             "tracing is off: an OTLP endpoint is set but OpenTelemetry is not installed "

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import MANIFEST, UnpackLimits, read_manifest
-from sluice.core.mar_forms import form_of, is_model_entry, pack
+from sluice.core.torchserve.archives import MANIFEST, UnpackLimits, read_manifest
+from sluice.core.torchserve.forms import form_of, is_model_entry, pack
 
 MANIFEST_DOC = {"model": {"modelName": "greeter", "handler": "h.py", "modelVersion": "2.0"}}
 FILES = {

@@ -1,6 +1,6 @@
-"""Metrics a model defines itself (:mod:`sluice.core.custom_metrics`), through Triton's
-``pb_utils.MetricFamily``: what each kind does, what is refused, and how the reports of
-several workers become one family each on ``/metrics``."""
+"""Metrics a model defines itself (:mod:`sluice.core.observability.custom_metrics`), through
+Triton's ``pb_utils.MetricFamily``: what each kind does, what is refused, and how the
+reports of several workers become one family each on ``/metrics``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from sluice.core import custom_metrics as cm
+from sluice.core.observability import custom_metrics as cm
 from sluice.workers.backends import triton_python_backend_utils as pb_utils
 
 

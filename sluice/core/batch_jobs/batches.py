@@ -11,11 +11,12 @@ dead that wakes up) cannot overwrite a newer one. Completion is counted in Redis
 attempt that commits the last shard writes the manifest (and, for local ``.npy`` output,
 the outputs joined in input order).
 
-Where: the input is one of the tenant's uploads (``upload:<id>``, :mod:`sluice.core.uploads`) or
-a location the operator allows the tenant (:mod:`sluice.core.batch_access`); the outputs go to
-``<output>/<batch id>/`` for an allowed output location, else to the batch store under
-``<tenant>/batches/<batch id>/`` (downloaded through the gateway). Every batch writes under
-its own id, so two batches never touch each other's files.
+Where: the input is one of the tenant's uploads (``upload:<id>``,
+:mod:`sluice.core.batch_jobs.uploads`) or a location the operator allows the tenant
+(:mod:`sluice.core.batch_jobs.access`); the outputs go to ``<output>/<batch id>/`` for an
+allowed output location, else to the batch store under ``<tenant>/batches/<batch id>/``
+(downloaded through the gateway). Every batch writes under its own id, so two batches never
+touch each other's files.
 
 Record layout: ``Keys.batch(id)`` (hash, fields below), ``Keys.batch_shards(id)`` (hash
 shard index -> JSON state), ``Keys.batch_attempts(id)`` (hash shard index -> newest
@@ -32,9 +33,9 @@ from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
+from sluice.core.batch_jobs.uploads import INPUT_PREFIX, is_upload_id
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import integers, numbers
-from sluice.core.uploads import INPUT_PREFIX, is_upload_id
 
 PLAN_TASK = "sluice.batch.plan"
 SHARD_TASK = "sluice.batch.shard"
@@ -150,7 +151,7 @@ def format_of(location: str, given: str) -> str:
 def check_location(value: Any, field: str) -> str:
     """A data location as a client names it: an absolute local path or ``s3://bucket/key``
     (and for the input, ``upload:<id>``). Only its form is checked here; whether the tenant
-    may use it is :mod:`sluice.core.batch_access`'s, at submission and where it is opened."""
+    may use it is :mod:`sluice.core.batch_jobs.access`'s, at submission and where it is opened."""
     if not isinstance(value, str) or not value:
         raise InvalidInput(f"'{field}' must be a path or an s3:// URL")
     if len(value) > 4096 or "\0" in value or any(ord(c) < 32 for c in value):

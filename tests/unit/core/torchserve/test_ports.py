@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from sluice.cli import app
 from sluice.core.settings import GatewaySettings
-from sluice.core.torchserve_ports import Listen, from_properties, parse_ports
+from sluice.core.torchserve.ports import Listen, from_properties, parse_ports
 
 
 def test_ports_and_addresses() -> None:

@@ -1,5 +1,6 @@
-"""TorchServe workflow archives and specifications (sluice.core.war): what a workflow's
-graph and settings become, and every bad archive or specification refused naming why."""
+"""TorchServe workflow archives and specifications (sluice.core.torchserve.workflows): what
+a workflow's graph and settings become, and every bad archive or specification refused
+naming why."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sluice.core.errors import InvalidConfig, InvalidInput
-from sluice.core.mar import MANIFEST as MAR_MANIFEST
-from sluice.core.war import (
+from sluice.core.torchserve.archives import MANIFEST as MAR_MANIFEST
+from sluice.core.torchserve.workflows import (
     MAX_NODES,
     Workflow,
     WorkflowArchive,

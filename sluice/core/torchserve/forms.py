@@ -3,12 +3,13 @@
 after the model) and an unarchived folder (``--archive-format no-archive``: a folder holding
 ``MAR-INF/MANIFEST.json`` beside the files).
 
-The other two are packed into a .mar, so that a repository and a registration carry one
-form only. They come from outside as much as a .mar does, and meet its rules
-(:mod:`sluice.core.mar`): only plain files and folders (no links), names strictly inside,
-each once, the count and the sizes bounded, the bytes counted as they are copied. As in
-TorchServe, an archive or folder whose only entry is a folder holding the manifest stands
-for that folder. The form is told by content, not by name: a zip, a gzip stream, a folder.
+The other two are packed into a .mar, so that a repository and a registration carry one form
+only. They come from outside as much as a .mar does, and meet its rules
+(:mod:`sluice.core.torchserve.archives`): only plain files and folders (no links), names
+strictly inside, each once, the count and the sizes bounded, the bytes counted as they are
+copied. As in TorchServe, an archive or folder whose only entry is a folder holding the
+manifest stands for that folder. The form is told by content, not by name: a zip, a gzip
+stream, a folder.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from pathlib import Path
 from typing import IO, Literal
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar import (
+from sluice.core.torchserve.archives import (
     MANIFEST,
     MarManifest,
     MemberCheck,

@@ -9,7 +9,7 @@ without a worker would answer nothing); when ``maxWorkers`` is above them, or
 stops when idle). ``deviceType`` gpu makes the instances ``KIND_GPU``. The queue's bound and
 the requests' deadline are ``job_queue_size`` and ``responseTimeout`` (0: the server's
 defaults). Versions: each one served is listed (``version_policy: specific``) with what it
-is to TorchServe's API (:mod:`sluice.core.mar_versions`). The tensors are those of the
+is to TorchServe's API (:mod:`sluice.core.torchserve.versions`). The tensors are those of the
 ``torchserve`` backend (:mod:`sluice.workers.backends.torchserve_backend`).
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar_versions import VersionRecord
+from sluice.core.torchserve.versions import VersionRecord
 
 MIN_INSTANCES, MAX_INSTANCES = "sluice.min_instances", "sluice.max_instances"
 """The autoscaling parameters (scheduler/controller/autoscaling.py)."""

@@ -5,7 +5,7 @@ An archive is a zip with ``MAR-INF/MANIFEST.json`` (``model.modelName``, ``model
 ``model.serializedFile``, ``model.modelFile``, ``model.modelVersion``,
 ``model.requirementsFile``, ``model.configFile``) beside the model's files. (A model store's
 other forms, ``.tar.gz`` archives and unarchived folders, are packed into one:
-:mod:`sluice.core.mar_forms`.) It comes from outside, so nothing in it
+:mod:`sluice.core.torchserve.forms`.) It comes from outside, so nothing in it
 is trusted: member names that are absolute, climb with ``..``, name the archive's own root
 (``.``), hold empty parts or backslashes, clash with another member, or are links are
 refused, as are encrypted members. Unpacking is bounded three ways (:class:`UnpackLimits`):
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.mar_config import triton_config as triton_config  # (its old home)
+from sluice.core.torchserve.config import triton_config as triton_config  # (its old home)
 
 MANIFEST = "MAR-INF/MANIFEST.json"
 MAX_ENTRIES = 10_000
@@ -69,7 +69,7 @@ class MarManifest:
     raw: dict[str, Any]
     config_file: str = ""
     """TorchServe's per-model configuration in the archive (``model-config.yaml``, from
-    ``torch-model-archiver --config-file``): :mod:`sluice.core.mar_settings`."""
+    ``torch-model-archiver --config-file``): :mod:`sluice.core.torchserve.settings`."""
 
 
 def bad_archive(path: Path, reason: str) -> InvalidConfig:

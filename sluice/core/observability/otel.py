@@ -1,5 +1,5 @@
 """OpenTelemetry spans of the request path (the ``tracing`` extra; imported only when
-tracing is configured, see :mod:`sluice.core.tracing`).
+tracing is configured, see :mod:`sluice.core.observability.tracing`).
 
 One request makes four kinds of span, all in the trace of the client's ``traceparent``
 (or a new trace when it sent none, or an invalid one):
@@ -40,7 +40,7 @@ from opentelemetry.trace import (
     TraceState,
 )
 
-from sluice.core.trace_context import TraceParent
+from sluice.core.observability.trace_context import TraceParent
 
 QueuedRequest = tuple[TraceParent | None, str, int]
 """What the worker knows of a request in a batch: (trace context, request id, enqueued

@@ -4,7 +4,7 @@
 tenant. Every batch worker and every gateway process with a batch store runs one, so that
 a deployment without batch workers still lets uploads go; ``Keys.store_expiry`` says what
 is due, and each item is taken by one sweeper only (the scripts of
-:mod:`sluice.core.uploads`, a ``ZREM`` for batches).
+:mod:`sluice.core.batch_jobs.uploads`, a ``ZREM`` for batches).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import cast
 
 from redis import Redis
 
-from sluice.core import batches as b
-from sluice.core import uploads as u
-from sluice.core.batch_store import BatchStore
+from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import uploads as u
+from sluice.core.batch_jobs.store import BatchStore
 from sluice.core.keys import Keys
 
 log = logging.getLogger(__name__)
