@@ -237,15 +237,21 @@ async def register_params(request: Request, state: GatewayState) -> dict[str, st
     return params
 
 
+async def registration(request: Request) -> tuple[GatewayState, dict[str, str], str]:
+    """A registration's state, parameters and ``url`` (models' and workflows' alike)."""
+    state = await current_state(request)
+    await require_explicit(state)
+    params = await register_params(request, state)
+    url = params.get("url")
+    if url is None:
+        raise InvalidInput("Parameter url is required.")
+    return state, params, url
+
+
 @router.post("/models")
 async def register(request: Request) -> Response:
     try:
-        state = await current_state(request)
-        await require_explicit(state)
-        params = await register_params(request, state)
-        url = params.get("url")
-        if url is None:
-            raise InvalidInput("Parameter url is required.")
+        state, params, url = await registration(request)
         runtime = params.get("runtime")
         if runtime is not None and runtime not in RUNTIMES:
             raise InvalidInput(

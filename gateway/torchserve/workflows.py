@@ -28,7 +28,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from sluice.core.catalog import UNLOADED
-from sluice.core.errors import Conflict, InferenceFailed, InvalidInput, NotFound, SluiceError
+from sluice.core.errors import Conflict, InferenceFailed, NotFound, SluiceError
 from sluice.core.torchserve.workflows import (
     Workflow,
     WorkflowArchive,
@@ -43,7 +43,7 @@ from sluice.gateway.torchserve.archives import Archive, archive_of, find_archive
 from sluice.gateway.torchserve.management import (
     current_state,
     register_archive,
-    register_params,
+    registration,
     unload,
 )
 from sluice.gateway.torchserve.routes import error_response
@@ -109,12 +109,7 @@ async def registered(state: GatewayState, name: str) -> Workflow:
 @router.post("/workflows")
 async def register(request: Request) -> Response:
     try:
-        state = await current_state(request)
-        await require_explicit(state)
-        params = await register_params(request, state)
-        url = params.get("url")
-        if url is None:
-            raise InvalidInput("Parameter url is required.")
+        state, params, url = await registration(request)
         settings = state.settings
         store = settings.workflow_store or settings.model_store
         archive = await find_workflow(url, store, settings.allowed_model_urls)

@@ -32,6 +32,7 @@ from pathlib import Path
 
 from sluice.core.control import ControlCommand, decode_command, encode_command
 from sluice.scheduler.executor.loaded_as import merged
+from sluice.scheduler.repository.cache import sync_folder
 
 log = logging.getLogger(__name__)
 
@@ -186,7 +187,7 @@ def _replace(path: Path, data: bytes) -> None:
         with contextlib.suppress(OSError):
             os.unlink(staged)
         raise
-    _sync_folder(path.parent)
+    sync_folder(path.parent)
 
 
 def _remove(path: Path) -> None:
@@ -194,13 +195,4 @@ def _remove(path: Path) -> None:
         path.unlink()
     except FileNotFoundError:
         return
-    _sync_folder(path.parent)
-
-
-def _sync_folder(folder: Path) -> None:
-    """Make a rename or removal in ``folder`` survive a crash."""
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    sync_folder(path.parent)

@@ -132,7 +132,7 @@ class SnapshotCache:
                 listed = listing.models.get(name)
                 if name not in listing.refused and (listed is None or not listed.versions):
                     os.unlink(self.root / name)
-            _fsync_dir(self.root)
+            sync_folder(self.root)
             self._collect_garbage()
         return Materialised(self.root, problems)
 
@@ -203,9 +203,9 @@ class SnapshotCache:
                     _download(name, entry, destination, fetch, where)
             _write_new(work / STATE_NAME, json.dumps(_state(name, model)).encode())
             for folder, _, _ in os.walk(work, topdown=False):
-                _fsync_dir(Path(folder))
+                sync_folder(Path(folder))
             os.rename(work, self.snapshots / snapshot)
-            _fsync_dir(self.snapshots)
+            sync_folder(self.snapshots)
             link = self.tmp / f"link-{uuid.uuid4().hex}"
             os.symlink(f"{_SNAPSHOTS}/{snapshot}", link)
             os.rename(link, self.root / name)
@@ -341,7 +341,8 @@ def _download(
         os.fsync(stream.fileno())
 
 
-def _fsync_dir(path: Path) -> None:
+def sync_folder(path: Path) -> None:
+    """Make a rename or removal in folder ``path`` survive a crash."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)

@@ -81,22 +81,17 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Models]:
     )
     models = Models()
 
-    async def current_state(request: Any) -> Any:
-        return state
+    async def registration(request: Any) -> tuple[Any, dict[str, str], str]:
+        return state, {"url": "w.war"}, "w.war"
 
     async def nothing(*args: Any) -> Any:
         return None
-
-    async def params(request: Any, state: Any) -> dict[str, str]:
-        return {"url": "w.war"}
 
     async def war(url: str, store: Any, allowed: str) -> WorkflowArchive:
         return WorkflowArchive("w", SPEC, "", {})
 
     for name, value in [
-        ("current_state", current_state),
-        ("require_explicit", nothing),
-        ("register_params", params),
+        ("registration", registration),
         ("find_workflow", war),
         ("find_archive", nothing),
         ("register_archive", models.register),
