@@ -288,10 +288,17 @@ class _Asked:
 
 
 async def register_archive(
-    state: GatewayState, params: dict[str, str], url: str, archive: Archive
+    state: GatewayState,
+    params: dict[str, str],
+    url: str,
+    archive: Archive,
+    *,
+    max_workers: int | None = None,
 ) -> Response:
     """Register ``archive`` (found at ``url``) as ``params`` ask (a registration's query,
-    or a workflow's node); TorchServe's answer."""
+    or a workflow's node); TorchServe's answer. ``max_workers``: the most workers
+    autoscaling may start (a workflow's node; a registration's query has no such
+    parameter)."""
     manifest, settings = archive.manifest, archive.settings
     name = params.get("model_name") or manifest.model_name
     check_model_name(name, f"model archive {url.rsplit('/', 1)[-1]}")
@@ -324,6 +331,8 @@ async def register_archive(
     files = {f"{number}/model.mar": archive.data}
     if entry is None:
         minimum, maximum = _initial_workers(asked.initial, settings)
+        if max_workers is not None:
+            maximum = max(minimum, min(max_workers, MAX_WORKERS))
         config = _new_model(name, asked, settings, minimum, maximum, {number: record})
         command = ControlCommand("load", name, orjson.dumps(config).decode(), files)
     else:

@@ -176,7 +176,7 @@ async def _register_node(
     for name in ("response_timeout", "startup_timeout"):
         if name in params:
             asked[name] = params[name]
-    response = await register_archive(state, asked, url, model)
+    response = await register_archive(state, asked, url, model, max_workers=node.max_workers)
     if response.status_code >= 300:
         raise InferenceFailed(bytes(response.body).decode(errors="replace"))
 

@@ -70,6 +70,7 @@ models:
   max-batch-delay: 10
   shout:
     url: shout.mar
+    max-workers: 3
 dag:
   pre: [shout, count]
   shout: [join]
@@ -122,6 +123,8 @@ def test_a_workflow_is_registered_run_described_and_unregistered(stack: Stack) -
         assert answer.json() == {"text": "HEY!", "length": 4}
         # Each node is a model of its own, named <workflow>__<node>.
         assert http.post("/predictions/words__shout", content="a").text == "A"
+        (shout,) = http.get("/models/words__shout").json()
+        assert (shout["minWorkers"], shout["maxWorkers"], shout["batchSize"]) == (1, 3, 4)
         models = {m["modelName"] for m in http.get("/models").json()["models"]}
         assert {"words__pre", "words__shout", "words__count", "words__join"} <= models
 

@@ -59,7 +59,9 @@ class Models:
         self.go = asyncio.Event()
         self.done: list[str] = []
 
-    async def register(self, state: Any, params: dict[str, str], url: str, archive: Any) -> Any:
+    async def register(
+        self, state: Any, params: dict[str, str], url: str, archive: Any, **options: Any
+    ) -> Any:
         await self.go.wait()
         self.done.append(f"register {params['model_name']}")
         return Response(b"{}", 200)
