@@ -54,11 +54,12 @@ router = APIRouter()
 
 MAX_LIST = 100
 REGISTERING = "registering"
-"""What a workflow's name holds while its nodes are registered (``registering <until>``, Unix
-seconds): the name is claimed first, so that a registration of the same name through
-another gateway process is refused before it registers (or, failing, unregisters) the same
-models. A claim outlives its registration only when the process that made it died; once
-past its time another registration may take the name."""
+"""What a workflow's name holds while its nodes are registered (``registering <until>
+<model>,<model>,...``: Unix seconds, and the models its nodes are registered as): the name
+is claimed first, so that a registration of the same name through another gateway process
+is refused before it registers (or, failing, unregisters) the same models. A claim outlives
+its registration only when the process that made it died; once past its time another
+registration takes the name over and unregisters the models the dead one may have left."""
 
 _TAKE_OVER = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
@@ -68,25 +69,34 @@ return 1
 """Replace a stale claim, unless another process replaced it first."""
 
 
+def _text(raw: bytes | str) -> str:
+    return raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+
+
 def _is_claim(raw: bytes | str) -> bool:
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-    return text.startswith(REGISTERING)
+    return _text(raw).startswith(REGISTERING)
 
 
 def _claim_lapsed(raw: bytes | str) -> bool:
-    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-    _, _, until = text.partition(" ")
+    fields = _text(raw).split(" ")
     try:
-        return float(until) < time.time()
-    except ValueError:
+        return float(fields[1]) < time.time()
+    except (IndexError, ValueError):
         return True  # (a claim without its time: an older gateway's, long gone)
 
 
-async def _claim(state: GatewayState, name: str) -> None:
-    """Claim ``name`` for a registration (409, TorchServe's, when it is taken)."""
-    key = state.keys.torchserve_workflows
+def _claimed_models(raw: bytes | str) -> list[str]:
+    fields = _text(raw).split(" ")
+    return [model for model in fields[2].split(",") if model] if len(fields) > 2 else []
+
+
+async def _claim(state: GatewayState, workflow: Workflow) -> None:
+    """Claim ``workflow``'s name for its registration (409, TorchServe's, when it is
+    taken); a lapsed claim is taken over, and the models its registration left go."""
+    key, name = state.keys.torchserve_workflows, workflow.name
     until = time.time() + 2 * state.settings.model_control_timeout_s + 60
-    claim = f"{REGISTERING} {until:.0f}"
+    models = ",".join(node.model for node in workflow.nodes.values())
+    claim = f"{REGISTERING} {until:.0f} {models}"
     if await state.redis.hsetnx(key, name, claim):
         return
     held = await state.redis.hget(key, name)
@@ -96,6 +106,8 @@ async def _claim(state: GatewayState, name: str) -> None:
     if not await state.redis.eval(_TAKE_OVER, 1, key, name, held, claim):
         raise taken  # (another registration took it over first)
     log.warning("workflow %s: took over a registration that never ended", name)
+    left = [WorkflowNode(m, m, None) for m in _claimed_models(held) if _served(state, m)]
+    await _unregister_nodes(state, left)
 
 
 async def registered(state: GatewayState, name: str) -> Workflow:
@@ -116,7 +128,7 @@ async def register(request: Request) -> Response:
         name = params.get("workflow_name")
         workflow = await asyncio.to_thread(parse_workflow, archive, url, name)
         key = state.keys.torchserve_workflows
-        await _claim(state, workflow.name)
+        await _claim(state, workflow)
         try:
             await _register_nodes(state, workflow, archive, params)
         except BaseException:
@@ -185,9 +197,13 @@ def _check_not_served(state: GatewayState, node: WorkflowNode) -> None:
     """A node's model is its workflow's own: one served already (registered by a client,
     or by another workflow whose name and node make the same ``<workflow>__<node>``) would
     get the node's archive as a version of its own, and go when the workflow goes."""
-    entry = state.view.models.get(node.model)
-    if entry is not None and entry.error != UNLOADED and entry.versions and entry.config:
+    if _served(state, node.model):
         raise Conflict(f"Model {node.model} is already registered.")
+
+
+def _served(state: GatewayState, model: str) -> bool:
+    entry = state.view.models.get(model)
+    return bool(entry is not None and entry.error != UNLOADED and entry.versions and entry.config)
 
 
 def _function_model(archive: WorkflowArchive, node: WorkflowNode, url: str) -> Archive:

@@ -267,8 +267,9 @@ class Keys:
     def torchserve_workflows(self) -> str:
         """Hash workflow name -> the workflow registered through TorchServe's ``POST /workflows``
         (JSON, :class:`sluice.core.torchserve.workflows.Workflow`): its nodes, each served as a
-        model of its own, and who feeds whom; ``registering <until>`` while a gateway process
-        registers its nodes (a claim that lapses at ``until``, Unix seconds)."""
+        model of its own, and who feeds whom; ``registering <until> <models>`` while a
+        gateway process registers its nodes (a claim that lapses at ``until``, Unix seconds,
+        naming the models it registers)."""
         return f"{{{self.namespace}}}:torchserve:workflows"
 
     @property

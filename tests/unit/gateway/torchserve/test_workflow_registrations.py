@@ -140,13 +140,26 @@ async def test_a_node_whose_model_is_served_already_fails_and_leaves_it_be(
 
 @pytest.mark.parametrize(("age_s", "code"), [(-60, 409), (3600, 200)])
 async def test_a_claim_left_by_a_registration_that_died_lapses(
-    stack: tuple[Any, Models], age_s: float, code: int
+    stack: tuple[Any, Models], monkeypatch: pytest.MonkeyPatch, age_s: float, code: int
 ) -> None:
-    """A gateway process that died while it registered left the name claimed: within the
-    claim's time the name is taken (409), after it another registration takes it over."""
+    """A gateway process that died while it registered left the name claimed, and one of
+    its models registered: within the claim's time the name is taken (409); after it,
+    another registration takes it over, unregisters what the dead one left, and registers
+    the workflow whole."""
     state, models = stack
-    state.redis.data["w"] = f"{workflows.REGISTERING} {time.time() - age_s:.0f}".encode()
+    until = time.time() - age_s
+    state.redis.data["w"] = f"{workflows.REGISTERING} {until:.0f} w__a,w__b".encode()
+    state.view.models["w__a"] = SimpleNamespace(error="", versions={1: "1.0"}, config=object())
+
+    async def unload(state_: Any, model: str) -> None:
+        models.done.append(f"unload {model}")
+        state.view.models.pop(model, None)
+
+    monkeypatch.setattr(workflows, "unload", unload)
     models.go.set()
     assert answer(await workflows.register(cast(Request, None)))[0] == code
-    if code == 200:
-        assert json.loads(state.redis.data["w"])["name"] == "w"
+    if code == 409:
+        assert models.done == []
+        return
+    assert models.done == ["unload w__a", "register w__a", "register w__b"]
+    assert json.loads(state.redis.data["w"])["name"] == "w"
