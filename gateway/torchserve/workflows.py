@@ -106,8 +106,7 @@ async def _claim(state: GatewayState, workflow: Workflow) -> None:
     if not await state.redis.eval(_TAKE_OVER, 1, key, name, held, claim):
         raise taken  # (another registration took it over first)
     log.warning("workflow %s: took over a registration that never ended", name)
-    left = [WorkflowNode(m, m, None) for m in _claimed_models(held) if _served(state, m)]
-    await _unregister_nodes(state, left)
+    await _unregister_nodes(state, [m for m in _claimed_models(held) if _served(state, m)])
 
 
 async def registered(state: GatewayState, name: str) -> Workflow:
@@ -156,7 +155,7 @@ async def _register_nodes(
         if isinstance(result, BaseException)
     ]
     if failures:
-        done = [node for node, result in zip(nodes, results, strict=True) if result is None]
+        done = [node.model for node, result in zip(nodes, results, strict=True) if result is None]
         await _unregister_nodes(state, done)
         raise InferenceFailed(
             f"Workflow {workflow.name} has failed to register. Failures: [{', '.join(failures)}]"
@@ -211,15 +210,15 @@ def _function_model(archive: WorkflowArchive, node: WorkflowNode, url: str) -> A
     return archive_of(function_archive(archive, node), url)
 
 
-async def _unregister_nodes(state: GatewayState, nodes: Iterable[WorkflowNode]) -> list[str]:
-    """Unregister each node's model; the failures, named."""
+async def _unregister_nodes(state: GatewayState, models: Iterable[str]) -> list[str]:
+    """Unregister each of a workflow's node ``models``; the failures, named."""
     failures = []
-    for node in nodes:
+    for model in models:
         try:
-            await unload(state, node.model)
+            await unload(state, model)
         except SluiceError as exc:
-            log.warning("unregistering workflow node %s failed: %s", node.model, exc.message)
-            failures.append(f"Error while unregistering workflow node {node.model}")
+            log.warning("unregistering workflow node %s failed: %s", model, exc.message)
+            failures.append(f"Error while unregistering workflow node {model}")
     return failures
 
 
@@ -285,7 +284,7 @@ async def unregister(request: Request, name: str) -> Response:
         workflow = await registered(state, name)
         if not await state.redis.hdel(state.keys.torchserve_workflows, name):
             raise NotFound(f"Workflow not found: {name}")  # (another unregistered it)
-        failures = await _unregister_nodes(state, workflow.nodes.values())
+        failures = await _unregister_nodes(state, (n.model for n in workflow.nodes.values()))
         if failures:
             raise InferenceFailed(
                 f"Error while unregistering the workflow {name}. Details: {failures}"
