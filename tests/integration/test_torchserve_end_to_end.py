@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import save_torchscript
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import make_archive
+from tests.support.torchserve_archives import make_archive, store_stack
 
 INFERENCE, MANAGEMENT, METRICS = 8080, 8081, 8082
 
@@ -68,13 +68,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     store = tmp / "model_store"
     make_archive(store, "noop", NOOP_HANDLER)
     make_archive(store, "mnist", MNIST_HANDLER, extra=(_mnist(tmp),))
-    (tmp / "repository").mkdir()
-    stack = Stack(
-        tmp / "repository",
-        redis_server.url,
-        env={"SLUICE_MODEL_STORE": str(store)},
-        args=["--model-control-mode", "explicit", "--torchserve"],
-    )
+    stack = store_stack(tmp, redis_server.url, store, "--torchserve")
     stack.start()
     yield stack
     stack.stop()

@@ -15,7 +15,7 @@ import pytest
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import make_archive
+from tests.support.torchserve_archives import make_archive, said, store_stack
 
 ECHO_HANDLER = '''
 def handle(data, context):
@@ -63,32 +63,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         config="batchSize: 3\nmaxBatchDelay: 15\nminWorkers: 1\nmaxWorkers: 2\n",
         archive_format="no-archive",
     )
-    (tmp / "repository").mkdir()
-    stack = Stack(
-        tmp / "repository",
-        redis_server.url,
-        env={"SLUICE_MODEL_STORE": str(store)},
-        args=["--model-control-mode", "explicit"],
-    )
+    stack = store_stack(tmp, redis_server.url, store)
     stack.start()
     yield stack
     stack.stop()
 
 
-def _status(answer: httpx.Response, code: int) -> str:
-    assert answer.status_code == code, answer.text
-    body = answer.json()
-    return str(body.get("status") or body.get("message"))
-
-
 def test_a_second_version_is_added_beside_the_first_which_stays_the_default(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=120) as http:
         first = http.post("/models", params={"url": "shout.mar", "initial_workers": 1})
-        assert _status(first, 200) == 'Model "shout" Version: 1.0 registered with 1 initial workers'
+        assert said(first, 200) == 'Model "shout" Version: 1.0 registered with 1 initial workers'
         again = http.post("/models", params={"url": "shout.mar"})
-        assert _status(again, 409) == "Model version 1.0 is already registered for model shout"
+        assert said(again, 409) == "Model version 1.0 is already registered for model shout"
         second = http.post("/models", params={"url": "shout-v2.tar.gz"})
-        assert "Version: 2.0 registered" in _status(second, 200)
+        assert "Version: 2.0 registered" in said(second, 200)
 
         every = http.get("/models/shout/all").json()
         assert [(d["modelVersion"], d["modelUrl"]) for d in every] == [
@@ -100,38 +88,38 @@ def test_a_second_version_is_added_beside_the_first_which_stays_the_default(stac
         assert http.post("/predictions/shout/2.0", content="hi").text == "HI (v2.0)"
 
         default = http.put("/models/shout/2.0/set-default")
-        assert _status(default, 200) == (
+        assert said(default, 200) == (
             'Default version successfully updated for model "shout" to "2.0"'
         )
         assert http.post("/predictions/shout", content="yo").text == "YO (v2.0)"
         kept = http.delete("/models/shout")
-        assert _status(kept, 403) == "Cannot remove default version for model shout"
-        assert _status(http.delete("/models/shout/1.0"), 200) == 'Model "shout" unregistered'
+        assert said(kept, 403) == "Cannot remove default version for model shout"
+        assert said(http.delete("/models/shout/1.0"), 200) == 'Model "shout" unregistered'
         assert [d["modelVersion"] for d in http.get("/models/shout/all").json()] == ["2.0"]
         assert http.post("/predictions/shout/1.0", content="x").status_code == 404
         assert http.post("/predictions/shout", content="yo").text == "YO (v2.0)"
-        assert _status(http.delete("/models/shout"), 200) == 'Model "shout" unregistered'
+        assert said(http.delete("/models/shout"), 200) == 'Model "shout" unregistered'
         assert http.get("/models/shout").status_code == 404
 
 
 def test_scaling_answers_as_torchserve_does(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=120) as http:
         registered = http.post("/models", params={"url": "shout.mar", "model_name": "scaled"})
-        _status(registered, 200)
+        said(registered, 200)
         for params, code, text in (
             ({"min_worker": 2, "max_worker": 1}, 400, "max_worker cannot be less than min_worker."),
             ({"max_worker": -1}, 400, "max_worker cannot be less than min_worker."),
             ({"min_worker": -1}, 400, "'min_worker' must be at least 0, got -1"),
         ):
-            assert text in _status(http.put("/models/scaled", params=params), code)
+            assert text in said(http.put("/models/scaled", params=params), code)
         missing = http.put("/models/scaled/0.0", params={"min_worker": 1, "synchronous": "true"})
-        assert _status(missing, 404) == "Model version: 0.0 does not exist for model: scaled"
-        assert _status(http.put("/models/elsewhere", params={"min_worker": 1}), 404) == (
+        assert said(missing, 404) == "Model version: 0.0 does not exist for model: scaled"
+        assert said(http.put("/models/elsewhere", params={"min_worker": 1}), 404) == (
             "Model not found: elsewhere"
         )
         (first,) = _settled_workers(http, "scaled", 1)
         synchronous = http.put("/models/scaled", params={"min_worker": 2, "synchronous": "true"})
-        assert _status(synchronous, 200) == "Workers scaled to 2 for model: scaled"
+        assert said(synchronous, 200) == "Workers scaled to 2 for model: scaled"
         (described,) = http.get("/models/scaled").json()
         assert (described["minWorkers"], described["maxWorkers"]) == (2, 2)
         # As TorchServe: the worker that served goes on serving (not restarted), one more
@@ -139,12 +127,12 @@ def test_scaling_answers_as_torchserve_does(stack: Stack) -> None:
         two = _settled_workers(http, "scaled", 2)
         assert first["pid"] in {worker["pid"] for worker in two}, (first, two)
         down = http.put("/models/scaled", params={"min_worker": 1, "synchronous": "true"})
-        assert _status(down, 200) == "Workers scaled to 1 for model: scaled"
+        assert said(down, 200) == "Workers scaled to 1 for model: scaled"
         assert _settled_workers(http, "scaled", 1) == [first]
         assert http.post("/predictions/scaled", content="ok").status_code == 200
         later = http.put("/models/scaled", params={"min_worker": "nan", "synchronous": "nan"})
-        assert _status(later, 202) == "Processing worker updates..."
-        assert _status(http.delete("/models/scaled"), 200) == 'Model "scaled" unregistered'
+        assert said(later, 202) == "Processing worker updates..."
+        assert said(http.delete("/models/scaled"), 200) == 'Model "scaled" unregistered'
 
 
 def _settled_workers(http: httpx.Client, model: str, count: int) -> list[dict[str, Any]]:
@@ -181,7 +169,7 @@ def test_registration_parameters_torchserve_takes_or_ignores(
         (description,) = http.get("/models/p").json()
         assert {key: description[key] for key in described} == described
         assert http.post("/predictions/p/1.0", content="ok").text == "OK (v1.0)"
-        assert _status(http.delete("/models/p/1.0"), 200) == 'Model "p" unregistered'
+        assert said(http.delete("/models/p/1.0"), 200) == 'Model "p" unregistered'
 
 
 @pytest.mark.parametrize(
@@ -204,9 +192,9 @@ def test_registrations_torchserve_fails_fail_alike_and_leave_nothing(
         failed = http.post(
             "/models", params={"url": "shout.mar", "model_name": "failing", **params}
         )
-        assert text in _status(failed, code)
+        assert text in said(failed, code)
         assert set(failed.json()) == {"code", "type", "message"}
-        assert _status(http.get("/models/failing"), 404) == "Model not found: failing"
+        assert said(http.get("/models/failing"), 404) == "Model not found: failing"
 
 
 def test_a_model_folder_registers_with_its_model_config(stack: Stack) -> None:
@@ -216,7 +204,7 @@ def test_a_model_folder_registers_with_its_model_config(stack: Stack) -> None:
             json={"url": "greeter", "synchronous": True},
             headers={"content-type": "application/json"},
         )
-        assert "registered with 1 initial workers" in _status(registered, 200)
+        assert "registered with 1 initial workers" in said(registered, 200)
         (described,) = http.get("/models/greeter/1.0").json()
         assert (described["batchSize"], described["maxBatchDelay"]) == (3, 15)
         assert (described["minWorkers"], described["maxWorkers"]) == (1, 2)
@@ -224,21 +212,21 @@ def test_a_model_folder_registers_with_its_model_config(stack: Stack) -> None:
         for path in ("/models/greeter/0.0", "/models/greeter/0.0/set-default"):
             method = "GET" if path.endswith("0.0") else "PUT"
             missing = http.request(method, path)
-            assert _status(missing, 404) == "Model version: 0.0 does not exist for model: greeter"
-        assert _status(http.delete("/models/greeter/0.0"), 404).startswith("Model version: 0.0")
+            assert said(missing, 404) == "Model version: 0.0 does not exist for model: greeter"
+        assert said(http.delete("/models/greeter/0.0"), 404).startswith("Model version: 0.0")
         listed = http.get("/models", params={"limit": 1}).json()
         assert listed["models"][0]["modelName"] == "greeter"
         assert listed["models"][0]["modelUrl"] == "greeter"
-        assert _status(http.delete("/models/greeter"), 200) == 'Model "greeter" unregistered'
+        assert said(http.delete("/models/greeter"), 200) == 'Model "greeter" unregistered'
 
 
 def test_an_asynchronous_registration_answers_at_once_and_loads_after(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=120) as http:
         params = {"url": "shout.mar", "model_name": "later", "initial_workers": 1}
         accepted = http.post("/models", params={**params, "synchronous": "false"})
-        assert _status(accepted, 202) == "Processing worker updates..."
+        assert said(accepted, 202) == "Processing worker updates..."
         deadline = time.monotonic() + 60
         while http.get("/models/later").status_code == 404 and time.monotonic() < deadline:
             time.sleep(0.2)
         assert http.post("/predictions/later", content="ok").text == "OK (v1.0)"
-        assert _status(http.delete("/models/later"), 200) == 'Model "later" unregistered'
+        assert said(http.delete("/models/later"), 200) == 'Model "later" unregistered'

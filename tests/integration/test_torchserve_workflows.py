@@ -15,7 +15,12 @@ import pytest
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import make_archive, make_workflow
+from tests.support.torchserve_archives import (
+    make_archive,
+    make_workflow,
+    said,
+    store_stack,
+)
 
 SHOUT = '''
 def handle(data, context):
@@ -89,32 +94,20 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
     make_workflow(store, "broken", "dag:\n  pre: [fail]\n", FUNCTIONS, extra={"suffix.txt": ""})
     make_workflow(store, "loop", "dag:\n  pre: [a]\n  a: [b]\n  b: [a]\n", FUNCTIONS)
     make_workflow(store, "missing", "models:\n  m:\n    url: nowhere.mar\ndag:\n  pre: [m]\n", "")
-    (tmp / "repository").mkdir()
-    stack = Stack(
-        tmp / "repository",
-        redis_server.url,
-        env={"SLUICE_MODEL_STORE": str(store)},
-        args=["--model-control-mode", "explicit"],
-    )
+    stack = store_stack(tmp, redis_server.url, store)
     stack.start()
     yield stack
     stack.stop()
 
 
-def _status(answer: httpx.Response, code: int) -> str:
-    assert answer.status_code == code, answer.text
-    body = answer.json()
-    return str(body.get("status") or body.get("message"))
-
-
 def test_a_workflow_is_registered_run_described_and_unregistered(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=180) as http:
         registered = http.post("/workflows", params={"url": "words.war"})
-        assert _status(registered, 200) == (
+        assert said(registered, 200) == (
             "Workflow words has been registered and scaled successfully."
         )
         again = http.post("/workflows", params={"url": "words.war"})
-        assert _status(again, 409) == "Workflow words is already registered."
+        assert said(again, 409) == "Workflow words is already registered."
 
         answer = http.post(
             "/wfpredict/words", content="hey", headers={"content-type": "text/plain"}
@@ -142,11 +135,11 @@ def test_a_workflow_is_registered_run_described_and_unregistered(stack: Stack) -
         assert {"workflowName": "words", "workflowUrl": "words.war"} in listed["workflows"]
 
         gone = http.delete("/workflows/words")
-        assert _status(gone, 200) == 'Workflow "words" unregistered'
-        assert _status(http.post("/wfpredict/words", content="x"), 404) == (
+        assert said(gone, 200) == 'Workflow "words" unregistered'
+        assert said(http.post("/wfpredict/words", content="x"), 404) == (
             "Workflow not found: words"
         )
-        assert _status(http.get("/workflows/words"), 404) == "Workflow not found: words"
+        assert said(http.get("/workflows/words"), 404) == "Workflow not found: words"
         models = {m["modelName"] for m in http.get("/models").json()["models"]}
         assert not {m for m in models if m.startswith("words__")}
 
@@ -154,23 +147,23 @@ def test_a_workflow_is_registered_run_described_and_unregistered(stack: Stack) -
 def test_a_sequence_answers_with_its_last_node_and_a_name_may_be_given(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=180) as http:
         named = http.post("/workflows", params={"url": "line.war", "workflow_name": "asking"})
-        assert "Workflow asking has been registered" in _status(named, 200)
+        assert "Workflow asking has been registered" in said(named, 200)
         answer = http.post(
             "/wfpredict/asking", content="why", headers={"content-type": "text/plain"}
         )
         assert (answer.status_code, answer.text) == (200, "WHY?")
         assert answer.headers["content-type"] == "application/json"
-        assert _status(http.delete("/workflows/asking"), 200) == 'Workflow "asking" unregistered'
+        assert said(http.delete("/workflows/asking"), 200) == 'Workflow "asking" unregistered'
 
 
 def test_a_node_that_fails_fails_the_run_naming_it(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=180) as http:
-        _status(http.post("/workflows", params={"url": "broken.war"}), 200)
+        said(http.post("/workflows", params={"url": "broken.war"}), 200)
         failed = http.post("/wfpredict/broken", content="x", headers=TEXT)
-        message = _status(failed, 500)
+        message = said(failed, 500)
         assert message.startswith("Error executing fail"), message
         assert "ValueError: no" in message
-        _status(http.delete("/workflows/broken"), 200)
+        said(http.delete("/workflows/broken"), 200)
 
 
 @pytest.mark.parametrize(
@@ -186,7 +179,7 @@ def test_what_cannot_be_registered_is_refused_and_leaves_nothing(
     stack: Stack, url: str, code: int, text: str
 ) -> None:
     with httpx.Client(base_url=stack.url, timeout=180) as http:
-        assert _status(http.post("/workflows", params={"url": url}), code).startswith(text)
+        assert said(http.post("/workflows", params={"url": url}), code).startswith(text)
         names = [w["workflowName"] for w in http.get("/workflows").json()["workflows"]]
         assert url.removesuffix(".war").lstrip("./") not in names
         models = {m["modelName"] for m in http.get("/models").json()["models"]}
@@ -200,6 +193,6 @@ def test_an_archive_whose_entries_leave_it_is_refused(stack: Stack, tmp_path: Pa
         war.writestr("WAR-INF/MANIFEST.json", '{"workflow": {"workflowName": "slip"}}')
         war.writestr("../../escape.py", "print('out')")
     with httpx.Client(base_url=stack.url, timeout=60) as http:
-        message = _status(http.post("/workflows", params={"url": "slip.war"}), 400)
+        message = said(http.post("/workflows", params={"url": "slip.war"}), 400)
         assert "points outside the archive" in message
     assert not (store.parent / "escape.py").exists()

@@ -10,7 +10,21 @@ import sys
 import tempfile
 from pathlib import Path
 
+import httpx
+
+from tests.support.stack import Stack
+
 ARCHIVER = Path(sys.executable).parent / "torch-model-archiver"
+WORKFLOW_ARCHIVER = Path(sys.executable).parent / "torch-workflow-archiver"
+
+
+def _private_tmp(scratch: Path) -> dict[str, str]:
+    """An environment whose temporary folder is ``scratch``'s own: both archivers stage
+    their files in ``$TMPDIR/<name>``, removing what was there first, so two tests archiving
+    one name at once (two test streams) would remove each other's."""
+    (scratch / "tmp").mkdir(exist_ok=True)
+    return dict(os.environ, TMPDIR=str(scratch / "tmp"))
+
 
 _SUFFIX = {"default": ".mar", "tgz": ".tar.gz", "no-archive": ""}
 
@@ -61,7 +75,9 @@ def make_archive(
         if config is not None:
             (source / "model-config.yaml").write_text(config)
             command += ["--config-file", str(source / "model-config.yaml")]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        subprocess.run(
+            command, check=True, capture_output=True, timeout=120, env=_private_tmp(source)
+        )
         made = source / f"{name}{_SUFFIX[archive_format]}"
         target = store / (file_name or made.name)
         shutil.move(made, target)
@@ -76,9 +92,6 @@ def import_mar(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-
-
-WORKFLOW_ARCHIVER = Path(sys.executable).parent / "torch-workflow-archiver"
 
 
 def make_workflow(
@@ -107,10 +120,30 @@ def make_workflow(
             for file, text in extra.items():
                 (source / file).write_text(text)
             command += ["--extra-files", ",".join(str(source / file) for file in extra)]
-        # (The archiver stages its files in $TMPDIR/<name>, removing what was there first.)
-        (source / "tmp").mkdir()
-        env = dict(os.environ, TMPDIR=str(source / "tmp"))
-        subprocess.run(command, check=True, capture_output=True, timeout=120, env=env)
+        subprocess.run(
+            command, check=True, capture_output=True, timeout=120, env=_private_tmp(source)
+        )
         target = store / f"{name}.war"
         shutil.move(source / f"{name}.war", target)
     return target
+
+
+def store_stack(root: Path, redis_url: str, store: Path, *args: str) -> Stack:
+    """A stack (not started) in explicit model control over an empty repository, whose
+    TorchServe management API registers from model store ``store``; ``args``: more of
+    ``sluice up``'s."""
+    (root / "repository").mkdir()
+    return Stack(
+        root / "repository",
+        redis_url,
+        env={"SLUICE_MODEL_STORE": str(store)},
+        args=["--model-control-mode", "explicit", *args],
+    )
+
+
+def said(answer: httpx.Response, code: int) -> str:
+    """What TorchServe's answer said (its ``status``, or its error's ``message``); it must
+    be ``code``."""
+    assert answer.status_code == code, answer.text
+    body = answer.json()
+    return str(body.get("status") or body.get("message"))
