@@ -243,7 +243,12 @@ async def delete_upload(upload_id: str, request: Request) -> Response:
     remove = state.control.script(u.REMOVE)
     size = int(
         await remove(
-            keys=[keys.upload(tenant, upload_id), keys.uploads(tenant), keys.store_expiry],
+            keys=[
+                keys.upload(tenant, upload_id),
+                keys.uploads(tenant),
+                keys.store_expiry,
+                keys.stored_bytes(tenant),
+            ],
             args=[upload_id, member],
         )
     )
@@ -259,5 +264,4 @@ async def delete_upload(upload_id: str, request: Request) -> Response:
             await asyncio.to_thread(store.uploads(tenant).delete, upload_id)
         except (OSError, SluiceError) as exc:
             log.warning("removing upload %s's file failed: %s", upload_id, exc)
-    await _give_back(state, keys.stored_bytes(tenant), size)
     return Response(status_code=204)

@@ -57,10 +57,11 @@ class StoreSweeper:
                 int,
                 self.redis.eval(
                     u.REMOVE,
-                    3,
+                    4,
                     keys.upload(tenant, upload_id),
                     keys.uploads(tenant),
                     keys.store_expiry,
+                    keys.stored_bytes(tenant),
                     upload_id,
                     member,
                 ),
@@ -72,8 +73,6 @@ class StoreSweeper:
         if size >= 0:
             if self.store is not None:
                 self.store.uploads(tenant).delete(upload_id)
-            if size:
-                self.redis.decrby(keys.stored_bytes(tenant), size)
             log.info("upload %s of tenant %s expired", upload_id, tenant)
         return 1
 

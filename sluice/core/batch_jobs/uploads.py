@@ -108,14 +108,17 @@ return 1
 """A batch job that used an upload expired: the upload expires when it was to, or now."""
 
 REMOVE = """
--- KEYS: upload hash, tenant's uploads, store expiry; ARGV: upload id, expiry member
+-- KEYS: upload hash, tenant's uploads, store expiry, tenant's stored bytes;
+-- ARGV: upload id, expiry member
 if redis.call('EXISTS', KEYS[1]) == 0 then return -2 end
 if tonumber(redis.call('HGET', KEYS[1], 'users') or '0') > 0 then return -1 end
 local size = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[2], ARGV[1])
 redis.call('ZREM', KEYS[3], ARGV[2])
+if size > 0 then redis.call('DECRBY', KEYS[4], size) end
 return size
 """
-"""Forget an upload no batch job uses: its size (its file is the caller's to delete, and
-its bytes to give back); -1 while a batch job uses it; -2 when there is none."""
+"""Forget an upload no batch job uses, and give its bytes back to its tenant's quota in the
+same step (an upload that is gone no longer counts): its size (its file is the caller's to
+delete); -1 while a batch job uses it; -2 when there is none."""
