@@ -229,10 +229,7 @@ async def list_workflows(request: Request) -> Response:
         limit = _number(request, "limit", MAX_LIST)
         limit = MAX_LIST if not 0 <= limit <= MAX_LIST else limit
         token = max(0, _number(request, "next_page_token", 0))
-        names = sorted(
-            name.decode() if isinstance(name, bytes) else name
-            for name in await state.redis.hkeys(state.keys.torchserve_workflows)
-        )
+        names = sorted(map(_text, await state.redis.hkeys(state.keys.torchserve_workflows)))
         page = names[token : token + limit]
         answer: dict[str, object] = {}
         if token + limit < len(names):
