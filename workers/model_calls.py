@@ -166,9 +166,16 @@ class ModelCalls:
             return _answer(*await submitted)
         # Triton's response cache serves a model's calls as it serves its clients.
         stats = self._keys.stats(target.model, target.version)
-        big = len(payload) > _OFFLOAD_BYTES
         lookup = await CacheLookup.start(
-            cache, context.tenant, target.model, target.version, message, payload, big
+            cache,
+            context.tenant,
+            target.model,
+            target.version,
+            target.revision,
+            message,
+            payload,
+            False,
+            _OFFLOAD_BYTES,
         )
         if lookup.hit is not None:
             await lookup.counted(stats)

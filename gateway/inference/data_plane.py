@@ -353,7 +353,15 @@ async def execute(
             )
             if cache is not None:
                 lookup = await CacheLookup.start(
-                    cache, request.named_tenant, model, number, message, payload, big
+                    cache,
+                    request.named_tenant,
+                    model,
+                    number,
+                    (state.view.revision or b"").decode(),
+                    message,
+                    payload,
+                    big,
+                    OFFLOAD_BYTES,
                 )
             if lookup is not None and lookup.hit is not None:
                 if turn is not None:

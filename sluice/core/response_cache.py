@@ -5,19 +5,25 @@ answered before, without reaching the model.
 - **What is identical**: the same tenant (a tenant never sees what another's requests were
   answered: the key starts with the tenant), model and version, the same inputs (names,
   datatypes, shapes and bytes), requested outputs and classification counts, and the same
-  request parameters. The key is their SHA-256.
+  request parameters (their values with their types), under the same catalog revision. The
+  key is their SHA-256. The revision moves on every load and unload: an answer of a model as
+  it was before one (its weights, its configuration, its ensemble's steps) is never served
+  after it.
 - **What is kept**: the answer as the worker gave it (its outputs and their bytes), so a
   hit is encoded for each request's own wire (JSON or binary, HTTP or gRPC). Only
   successful answers are kept; requests with inputs or outputs in shared memory regions,
   and those to decoupled and sequence models, bypass the cache.
 - **Bounds**: ``SLUICE_RESPONSE_CACHE_BYTES`` for all the answers together (Triton's
   ``--cache-config local,size=N``); storing one evicts the least recently used until it
-  fits, and an answer larger than the whole cache is not kept. An answer unused for
-  ``SLUICE_RESPONSE_CACHE_TTL_S`` expires. The bookkeeping (last use, sizes, total) is
-  updated by Lua scripts, so every gateway process, worker and host shares one bounded
-  cache. On a Redis Cluster the cache is split in shards by key (``SLUICE_RESPONSE_CACHE_SHARDS``,
-  16 by default there), each in a slot of its own with an equal part of the room and its own
-  eviction order, so that a cached model's lookups do not all go to one node.
+  fits, and an answer larger than the whole cache is not kept (nor sent to Redis). An
+  answer counts with what Redis spends on its keys (:data:`ENTRY_OVERHEAD`), so the room is
+  Redis's memory whatever the answers' sizes. An answer unused for
+  ``SLUICE_RESPONSE_CACHE_TTL_S`` expires, and the bookkeeping (last use, sizes, total)
+  with the last of them. The bookkeeping is updated by Lua scripts, so every gateway
+  process, worker and host shares one bounded cache. On a Redis Cluster the cache is split
+  in shards by key (``SLUICE_RESPONSE_CACHE_SHARDS``, 16 by default there), each in a slot
+  of its own with an equal part of the room and its own eviction order, so that a cached
+  model's lookups do not all go to one node.
 - **Statistics** as Triton counts them: a hit counts as a successful request and in
   ``cache_hit`` (its lookup's time), not in the inference or execution counts; a miss
   counts in ``cache_miss`` (lookup and insertion).
@@ -65,6 +71,13 @@ _MAX_EVICTIONS = 64
 CLUSTER_SHARDS = 16
 """The cache's shards on a Redis Cluster when ``SLUICE_RESPONSE_CACHE_SHARDS`` is 0."""
 
+ENTRY_OVERHEAD = 320
+"""What Redis spends on an answer besides the bytes of its value and of its key's name and
+digest (counted apart): the key's and its expiry's entries, the index's skiplist node and
+the sizes' field, with their allocations (measured: about 560 bytes an answer in all, with
+the names). Counting only the values let a cache of small answers take over ten times its
+bytes of Redis's memory."""
+
 _REMOVE = """
 local function remove(member)
     local size = redis.call('HGET', KEYS[3], member)
@@ -91,18 +104,22 @@ local value = redis.call('GET', KEYS[1])
 if value then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     redis.call('ZADD', KEYS[2], 'XX', now, ARGV[1])
+    for i = 2, 4 do
+        redis.call('PEXPIRE', KEYS[i], ARGV[2])
+    end
 end
 return value
 """
 )
-"""KEYS: the answer, the index. ARGV: digest, time to live (ms)."""
+"""KEYS: the answer, the index, the sizes, the total. ARGV: digest, time to live (ms). The
+bookkeeping lives as long as the answer used last."""
 
 _PUT = (
     _REMOVE
     + _NOW
     + """
 local ttl, limit = tonumber(ARGV[2]), tonumber(ARGV[3])
-local size = string.len(ARGV[4])
+local size = string.len(ARGV[4]) + tonumber(ARGV[7])
 if size > limit then
     return 0
 end
@@ -124,19 +141,24 @@ redis.call('SET', KEYS[1], ARGV[4], 'PX', ttl)
 redis.call('ZADD', KEYS[2], now, ARGV[1])
 redis.call('HSET', KEYS[3], ARGV[1], size)
 redis.call('INCRBY', KEYS[4], size)
+for i = 2, 4 do
+    redis.call('PEXPIRE', KEYS[i], ttl)
+end
 return 1
 """
 )
 """KEYS: the answer, the index, the sizes, the total. ARGV: digest, time to live (ms),
-the cache's bytes, the answer, the answers' key prefix, the most evictions. The
-answers unused for the time to live are forgotten first (their keys expired already), then
-the least recently used until the new one fits."""
+the cache's bytes, the answer, the answers' key prefix, the most evictions, the bytes
+Redis spends on the answer's keys. The answers unused for the time to live are forgotten
+first (their keys expired already), then the least recently used until the new one fits.
+The bookkeeping lives as long as the answer kept or used last."""
 
 
 def digest(
     tenant: str,
     model: str,
     version: int,
+    revision: str,
     inputs: Sequence[TensorHeader],
     payload: bytes | memoryview,
     outputs: Sequence[str],
@@ -144,16 +166,18 @@ def digest(
     parameters: Mapping[str, Any],
 ) -> str:
     """The cache key of a request (the work is proportional to its bytes: large ones are
-    hashed off the event loop)."""
+    hashed off the event loop). ``revision``: the catalog's, which every load and unload
+    moves."""
     described = orjson.dumps(
         {
             "tenant": tenant,
             "model": model,
             "version": version,
+            "revision": revision,
             "inputs": [[t.name, t.datatype, list(t.shape), t.nbytes] for t in inputs],
             "outputs": list(outputs),
             "classes": dict(classes),
-            "parameters": dict(parameters),
+            "parameters": {name: _typed(value) for name, value in parameters.items()},
         },
         option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS,
     )
@@ -163,17 +187,28 @@ def digest(
     return hashed.hexdigest()
 
 
+def _typed(value: Any) -> Any:
+    """A request parameter's value as the key describes it: with its type, and a float
+    exactly (JSON writes NaN and both infinities as one ``null``, and a model may tell
+    them apart)."""
+    if isinstance(value, float):
+        return ["float", value.hex()]
+    return [type(value).__name__, value]
+
+
 def pack_answer(reply: ReplyMessage, data: bytes | memoryview) -> bytes:
     """The stored form of an answer: its header's length, its header, its bytes."""
     fields = encode_reply(reply)
     header = fields[HEADER_FIELD]
-    return struct.pack(">I", len(header)) + header + bytes(data)
+    return b"".join((struct.pack(">I", len(header)), header, data))
 
 
 def unpack_answer(value: bytes) -> tuple[ReplyMessage, memoryview]:
+    """An answer from its stored form; its bytes are a view of ``value`` (no copy: a hit
+    is read on the event loop)."""
     (length,) = struct.unpack_from(">I", value)
-    header = value[4 : 4 + length]
-    return decode_reply({HEADER_FIELD: header, DATA_FIELD: value[4 + length :]})
+    data = cast(bytes, memoryview(value)[4 + length :])  # (decode_reply takes any buffer)
+    return decode_reply({HEADER_FIELD: value[4 : 4 + length], DATA_FIELD: data})
 
 
 _Op = tuple[str, tuple[Any, ...]]
@@ -195,7 +230,8 @@ class ResponseCache(Coalescer[_Op, Any]):
         self._keys = keys
         self.limit_bytes = limit_bytes
         self.shards = max(1, shards)
-        self._shard_bytes = limit_bytes // self.shards
+        self.shard_bytes = limit_bytes // self.shards
+        """The room of each shard: no answer larger than this is kept."""
         self._ttl_ms = max(1, int(ttl_s * 1000))
         self._get_sha = hashlib.sha1(_GET.encode()).hexdigest()
         self._put_sha = hashlib.sha1(_PUT.encode()).hexdigest()
@@ -223,6 +259,16 @@ class ResponseCache(Coalescer[_Op, Any]):
         """The shard that keeps the answer of ``key`` (a hex digest)."""
         return int(key[:8], 16) % self.shards if self.shards > 1 else 0
 
+    def overhead(self, key: str) -> int:
+        """The bytes an answer kept under ``key`` counts besides its value: its key's name,
+        the digest in the index and in the sizes, and :data:`ENTRY_OVERHEAD`."""
+        name = self._keys.cached_answer(key, self.shard_of(key))
+        return len(name) + 2 * len(key) + ENTRY_OVERHEAD
+
+    def size_of(self, key: str, value: bytes) -> int:
+        """The bytes ``value`` counts for in the cache when kept under ``key``."""
+        return len(value) + self.overhead(key)
+
     async def get(self, key: str) -> tuple[ReplyMessage, memoryview] | None:
         """The answer kept under ``key``; None on a miss (or when Redis cannot say)."""
         try:
@@ -239,7 +285,11 @@ class ResponseCache(Coalescer[_Op, Any]):
             return None
 
     async def put(self, key: str, value: bytes) -> bool:
-        """Keep ``value`` (:func:`pack_answer`) under ``key``; whether it was kept."""
+        """Keep ``value`` (:func:`pack_answer`) under ``key``; whether it was kept. One
+        larger than a shard's room is refused here: it never crosses to Redis (whose buffers
+        would hold it whole before the script refused it)."""
+        if self.size_of(key, value) > self.shard_bytes:
+            return False
         try:
             return bool(await self._queue("put", key, value))
         except RedisError as exc:
@@ -287,12 +337,13 @@ class ResponseCache(Coalescer[_Op, Any]):
                 key = args[0]
                 shard = self.shard_of(key)
                 index = keys.cache_index(shard)
+                bookkeeping = (index, f"{index}:sizes", f"{index}:total")
                 if kind == "get":
                     pipe.evalsha(
                         self._get_sha,
-                        2,
+                        4,
                         keys.cached_answer(key, shard),
-                        index,
+                        *bookkeeping,
                         key,
                         self._ttl_ms,
                     )
@@ -301,15 +352,14 @@ class ResponseCache(Coalescer[_Op, Any]):
                         self._put_sha,
                         4,
                         keys.cached_answer(key, shard),
-                        index,
-                        f"{index}:sizes",
-                        f"{index}:total",
+                        *bookkeeping,
                         key,
                         self._ttl_ms,
-                        self._shard_bytes,
+                        self.shard_bytes,
                         args[1],
                         keys.cached_answer("", shard),
                         _MAX_EVICTIONS,
+                        self.overhead(key),
                     )
             for stats_key, summed in totals.items():
                 for name, value in summed.items():
@@ -340,24 +390,31 @@ class CacheLookup:
         tenant: str,
         model: str,
         version: int,
+        revision: str,
         message: RequestMessage,
         payload: bytes,
         big: bool,
+        offload_bytes: int,
     ) -> CacheLookup:
-        """Look the request up (``big``: hash its bytes off the event loop)."""
+        """Look the request up under the catalog's ``revision``; the key is computed off the
+        event loop when the request is ``big`` (its body: parameters count too) or its
+        payload has more than ``offload_bytes`` (JSON numbers take fewer bytes than the
+        tensors they make: a small body may make a large payload)."""
         started = time.perf_counter_ns()
         key_of = functools.partial(
             digest,
             tenant,
             model,
             version,
+            revision,
             message.inputs,
             payload,
             message.outputs,
             message.classes,
             message.parameters,
         )
-        key = await asyncio.to_thread(key_of) if big else key_of()
+        heavy = big or len(payload) > offload_bytes
+        key = await asyncio.to_thread(key_of) if heavy else key_of()
         hit = await cache.get(key)
         return cls(cache, key, started, time.perf_counter_ns() - started, hit)
 
@@ -369,12 +426,14 @@ class CacheLookup:
     async def keep(
         self, reply: ReplyMessage, data: memoryview, offload_bytes: int, stats_key: str
     ) -> None:
-        """Keep the model's answer of a miss, and record the miss (lookup and insertion)."""
+        """Keep the model's answer of a miss, and record the miss (lookup and insertion).
+        An answer whose bytes alone exceed a shard's room is not even packed."""
         started = time.perf_counter_ns()
-        if len(data) > offload_bytes:
-            value = await asyncio.to_thread(pack_answer, reply, data)
-        else:
-            value = pack_answer(reply, data)
-        await self.cache.put(self.key, value)
+        if len(data) < self.cache.shard_bytes:
+            if len(data) > offload_bytes:
+                value = await asyncio.to_thread(pack_answer, reply, data)
+            else:
+                value = pack_answer(reply, data)
+            await self.cache.put(self.key, value)
         spent = self.lookup_ns + time.perf_counter_ns() - started
         await self.cache.count(stats_key, hit=False, elapsed_ns=0, lookup_ns=spent)

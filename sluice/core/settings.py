@@ -398,8 +398,9 @@ class ResponseCacheSettings(BaseSettings):
     without ``--cache-config``). The least recently used answers go when a new one needs
     room."""
 
-    response_cache_ttl_s: float = Field(3600.0, gt=0)
-    """How long a cached answer is kept after it was last used."""
+    response_cache_ttl_s: float = Field(3600.0, gt=0, le=31_536_000)
+    """How long a cached answer is kept after it was last used (at most a year: Redis
+    refuses an expiry far beyond that, and then would keep nothing)."""
 
     response_cache_shards: int = Field(0, ge=0, le=1024)
     """How many Redis Cluster slots the cache spreads over, each shard with an equal part of

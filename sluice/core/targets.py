@@ -40,6 +40,8 @@ class Target:
     version: int
     stream: str
     config: ModelConfig
+    revision: str = ""
+    """The catalog's revision the entry was read at (it moves on every load and unload)."""
 
 
 @dataclass(slots=True)
@@ -47,6 +49,7 @@ class _Known:
     entry: CatalogEntry | None
     ready: frozenset[int]
     read_at: float
+    revision: str = ""
 
 
 def default_level(config: ModelConfig) -> int:
@@ -92,7 +95,7 @@ class TargetResolver:
             # (or answers it with the reason it cannot), as a client's request does.
             await self._wake.wake(self._redis, self._keys, model, version)
         stream = self._keys.request_stream(model, version, default_level(entry.config))
-        return Target(model, version, stream, entry.config)
+        return Target(model, version, stream, entry.config, known.revision)
 
     def forget(self, model: str) -> None:
         """Read ``model``'s entry afresh next time (it was just loaded or unloaded)."""
@@ -110,7 +113,10 @@ class TargetResolver:
         return version in entry.versions and version in known.ready
 
     async def _read(self, model: str) -> _Known:
-        raw = cast(bytes | None, await self._redis.hget(self._keys.catalog, model))
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hget(self._keys.catalog, model)
+            pipe.get(self._keys.catalog_revision)  # (the catalog's slot: one transaction)
+            raw, revision = cast(list[bytes | None], await pipe.execute())
         entry: CatalogEntry | None = None
         if raw is not None:
             try:
@@ -125,4 +131,4 @@ class TargetResolver:
                     pipe.zcount(self._keys.live_workers(model, version), now, "+inf")
                 counts = await pipe.execute()
             ready = {v for v, count in zip(entry.versions, counts, strict=True) if count}
-        return _Known(entry, frozenset(ready), time.monotonic())
+        return _Known(entry, frozenset(ready), time.monotonic(), (revision or b"").decode())

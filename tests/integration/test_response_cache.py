@@ -1,12 +1,14 @@
 """Triton's response cache on a real stack (``SLUICE_RESPONSE_CACHE_BYTES``, a model's
 ``response_cache { enable: true }``): an identical request is answered from the cache over
 HTTP and gRPC without reaching the model, Triton's statistics and metrics count hits and
-misses, a tenant never gets another's cached answer, the cache stays within its bytes, and
-a model without the setting is never cached."""
+misses, a tenant never gets another's cached answer, the cache stays within its bytes, a
+model without the setting is never cached, and a model loaded again never gets the answers
+of its former self."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any, cast
 
 import httpx
@@ -232,3 +234,68 @@ def test_ensemble_steps_and_bls_calls_use_the_cache_of_the_model_they_call(
         assert hits == before["inference_stats"]["cache_hit"]["count"] + 1, model
         assert _infer_x(stack, model, value, "key-b") == [value] * WIDTH
         assert _stats(stack, "cached")["execution_count"] == after["execution_count"] + 1
+
+
+SCALED = """
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+            responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", x * {factor})]))
+        return responses
+"""
+"""A Triton Python model whose "weights" are ``factor``."""
+
+
+def test_a_reloaded_model_never_gets_its_former_answers(
+    tmp_path: Path, redis_server: RedisServer
+) -> None:
+    """A model loaded again with new weights (same name, same version) answers with them:
+    what the cache kept of its former self is not served after the load, nor after an
+    unload and a load."""
+    model_dir = tmp_path / "scaled"
+    (model_dir / "1").mkdir(parents=True)
+    (model_dir / "config.pbtxt").write_text(
+        'name: "scaled"\nbackend: "python"\n' + _TENSORS + "response_cache { enable: true }\n"
+    )
+    (model_dir / "1" / "model.py").write_text(SCALED.format(factor=2))
+    stack = Stack(
+        tmp_path,
+        redis_server.url,
+        env={"SLUICE_RESPONSE_CACHE_BYTES": str(CACHE_BYTES)},
+        args=["--model-control-mode", "explicit", "--load-model", "scaled"],
+    )
+    stack.start()
+    try:
+        with httpx.Client(base_url=stack.url, timeout=120) as http:
+
+            def infer() -> float:
+                body = {
+                    "inputs": [
+                        {"name": "X", "shape": [1, WIDTH], "datatype": "FP32", "data": [1] * WIDTH}
+                    ]
+                }
+                response = http.post("/v2/models/scaled/infer", json=body)
+                assert response.status_code == 200, response.text
+                return cast(float, response.json()["outputs"][0]["data"][0])
+
+            def load() -> None:
+                response = http.post("/v2/repository/models/scaled/load")
+                assert response.status_code == 200, response.text
+
+            assert infer() == infer() == 2.0
+            stats = http.get("/v2/models/scaled/stats").json()["model_stats"][0]
+            assert stats["inference_stats"]["cache_hit"]["count"] == 1
+            (model_dir / "1" / "model.py").write_text(SCALED.format(factor=3))
+            load()
+            assert infer() == 3.0
+            (model_dir / "1" / "model.py").write_text(SCALED.format(factor=4))
+            assert http.post("/v2/repository/models/scaled/unload").status_code == 200
+            load()
+            assert infer() == 4.0
+    finally:
+        stack.stop()
