@@ -3,6 +3,7 @@ share (shapes, non-negative integer parameters)."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from sluice.core.datatypes import ELEMENT_SIZE
@@ -51,15 +52,29 @@ def tensor_entry(
     return item, name
 
 
-def parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool | None]:
-    """The request's parameters but ``binary_data_output``, and that (None when absent)."""
+def parse_request_parameters(
+    value: Any, limits: RequestLimits
+) -> tuple[dict[str, Any], bool | None]:
+    """The request's parameters but ``binary_data_output``, and that (None when absent).
+    At most ``limits.max_parameters`` of them, names within ``limits.max_string_length``;
+    a number is finite (the JSON text a Python model reads can hold no other)."""
     if value is None:
         return {}, None
     if not isinstance(value, dict):
         raise InvalidInput(f"request 'parameters' must be an object, got {json_type(value)}")
+    if len(value) > limits.max_parameters:
+        raise InvalidInput(
+            f"request 'parameters' has {len(value)} entries, more than the limit of "
+            f"{limits.max_parameters}"
+        )
     parameters: dict[str, Any] = {}
     binary_default: bool | None = None
     for key, item in value.items():
+        if len(key) > limits.max_string_length:
+            raise InvalidInput(
+                f"request parameter '{key[:64]}...': the name is longer than "
+                f"{limits.max_string_length} characters"
+            )
         if key in _TRITON_PARAMETERS:
             if not isinstance(item, bool):
                 raise InvalidInput(f"request parameter '{key}' must be a boolean")
@@ -73,6 +88,8 @@ def parse_request_parameters(value: Any) -> tuple[dict[str, Any], bool | None]:
                 f"request parameter '{key}' must be a string, number or boolean, "
                 f"got {json_type(item)}"
             )
+        if isinstance(item, float) and not math.isfinite(item):  # (gRPC's double_param)
+            raise InvalidInput(f"request parameter '{key}' must be a finite number, got {item}")
         if key == "binary_data_output":
             if not isinstance(item, bool):
                 raise InvalidInput(

@@ -38,9 +38,9 @@ def matching(pattern: re.Pattern[str], headers: Iterable[tuple[str, str]]) -> Fo
 
 def add_forwarded(parameters: dict[str, Any], forwarded: Forwarded) -> None:
     """Put the forwarded headers into a request's ``parameters`` (InvalidInput for a
-    reserved name)."""
+    reserved name, in any case: header names are case-insensitive)."""
     for name, value in forwarded:
-        if is_reserved(name):
+        if is_reserved(name.lower()):
             raise InvalidInput(
                 f"parameter '{name}' from a forwarded header is reserved for Triton usage"
             )

@@ -111,7 +111,7 @@ def parse_infer_document(
     ``no_header``: the body came without Inference-Header-Content-Length (for the hint)."""
     lookup: RegionLookup = regions if regions is not None else NoRegions()
     request_id = parse_id(doc.get("id"), limits)
-    parameters, binary_output = parse_request_parameters(doc.get("parameters"))
+    parameters, binary_output = parse_request_parameters(doc.get("parameters"), limits)
     pending = parse_input_headers(doc.get("inputs"), config, limits, request_id)
     outputs, classes = parse_outputs(
         doc.get("outputs"), config, binary_output, limits, lookup, request_id

@@ -53,6 +53,9 @@ class RequestLimits:
     max_json_depth: int = 100  # nesting of JSON `data` (Triton's limit)
     max_inputs: int = 256
     max_string_length: int = 1 << 16  # names / id length
+    # Request-level parameters: each travels in the stream entry's header and becomes an
+    # object of the worker's (and a key of the JSON a Python model reads).
+    max_parameters: int = 256
 
 
 DEFAULT_LIMITS = RequestLimits()

@@ -39,8 +39,9 @@ def forward_pattern(text: str) -> re.Pattern[str] | None:
 
 
 def is_reserved(name: str) -> bool:
-    key = name.lower()
-    return key in RESERVED or key.startswith(PREFIX)
+    """Whether ``name`` is one of Triton's reserved parameters, compared exactly as Triton
+    compares it: a request's ``Priority`` is its own parameter, which the model sees."""
+    return name in RESERVED or name.startswith(PREFIX)
 
 
 def model_parameters(parameters: Mapping[str, Any]) -> dict[str, Any]:

@@ -147,8 +147,11 @@ class TritonPythonBackend:
         failures: dict[int, SluiceError] = {}
         for index, (response, items) in enumerate(zip(responses, sizes, strict=True)):
             answer = self._answer(response, outputs, items)
-            if response_parameters is not None and isinstance(response, pb.InferenceResponse):
-                response_parameters.append(response.parameters_dict())
+            if response_parameters is not None:  # (one entry per request, in order)
+                own = (
+                    response.parameters_dict() if isinstance(response, pb.InferenceResponse) else {}
+                )
+                response_parameters.append(own)
             if isinstance(answer, SluiceError):
                 failures[index] = answer
                 answers.append(None)

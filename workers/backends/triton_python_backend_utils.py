@@ -361,10 +361,15 @@ class InferenceResponse:
         return self._error
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+"""A response's integer parameter is Triton's ``int64_param`` (the reply entry, msgpack,
+cannot carry more than 64 bits either)."""
+
+
 def _response_parameters(parameters: Mapping[str, Any] | str | None) -> dict[str, Any]:
     """A response's parameters, checked as Triton's Python backend checks them: names to
-    booleans, integers or strings (a JSON object given as text too); ``triton_`` names are
-    the server's."""
+    booleans, signed 64-bit integers or strings (a JSON object given as text too);
+    ``triton_`` names are the server's."""
     if parameters is None:
         return {}
     if isinstance(parameters, str):
@@ -384,6 +389,11 @@ def _response_parameters(parameters: Mapping[str, Any] | str | None) -> dict[str
             raise TritonModelException(
                 f"response parameter '{name}' must be a bool, int or str, "
                 f"not {type(value).__name__}"
+            )
+        if isinstance(value, int) and not _INT64_MIN <= value <= _INT64_MAX:
+            raise TritonModelException(
+                f"response parameter '{name}' must fit in a signed 64-bit integer, got one "
+                f"of {value.bit_length()} bits"
             )
         checked[name] = value
     return checked

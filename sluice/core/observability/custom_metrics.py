@@ -10,8 +10,10 @@ host) that report a series with the same name and labels are one series: counter
 histograms add up, a gauge shows the value set last, as Triton's instances share one
 metric in its single process.
 
-Bounds: :data:`MAX_SERIES` series per worker, :data:`MAX_LABEL_CHARS` per label name or
-value, :data:`MAX_BUCKETS` per histogram; beyond them the model's call fails.
+Bounds: :data:`MAX_FAMILIES` families and :data:`MAX_SERIES` series per worker,
+:data:`MAX_LABELS` labels per series, :data:`MAX_LABEL_CHARS` per label value,
+:data:`MAX_DESCRIPTION_CHARS` per description, :data:`MAX_BUCKETS` per histogram; beyond
+them the model's call fails. A worker's report (and its share of ``/metrics``) is bounded so.
 """
 
 from __future__ import annotations
@@ -28,7 +30,9 @@ from typing import Any, Literal
 Kind = Literal["counter", "gauge", "histogram"]
 
 MAX_SERIES = 1000
+MAX_LABELS = 16
 MAX_LABEL_CHARS = 256
+MAX_DESCRIPTION_CHARS = 1024
 MAX_BUCKETS = 64
 MAX_FAMILIES = 256
 
@@ -85,6 +89,12 @@ class Registry:
             )
         if kind not in ("counter", "gauge", "histogram"):
             raise MetricError(f"invalid metric family kind {kind!r}")
+        description = str(description)
+        if len(description) > MAX_DESCRIPTION_CHARS:
+            raise MetricError(
+                f"metric family '{name}': the description is longer than "
+                f"{MAX_DESCRIPTION_CHARS} characters"
+            )
         with self._lock:
             found = self._families.get(name)
             if found is not None:
@@ -95,7 +105,7 @@ class Registry:
                 return found
             if len(self._families) >= MAX_FAMILIES:
                 raise MetricError(f"more than {MAX_FAMILIES} metric families")
-            made = Family(name, str(description), kind)
+            made = Family(name, description, kind)
             self._families[name] = made
             return made
 
@@ -299,6 +309,8 @@ def _labels(labels: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
         return ()
     if not isinstance(labels, Mapping):
         raise MetricError("labels must be a dict of strings")
+    if len(labels) > MAX_LABELS:
+        raise MetricError(f"a metric has at most {MAX_LABELS} labels, not {len(labels)}")
     pairs = []
     for key, value in labels.items():
         if not isinstance(key, str) or not _LABEL.fullmatch(key) or key == "le":

@@ -17,6 +17,8 @@ def test_parameters_are_kept_and_read_back_as_json() -> None:
         "a": 1
     }
     assert pb_utils.InferenceResponse([]).parameters() == "{}"
+    bounds = {"max": (1 << 63) - 1, "min": -(1 << 63)}
+    assert json.loads(pb_utils.InferenceResponse([], parameters=bounds).parameters()) == bounds
 
 
 @pytest.mark.parametrize(
@@ -24,6 +26,10 @@ def test_parameters_are_kept_and_read_back_as_json() -> None:
     [
         ({"f": 1.5}, "must be a bool, int or str"),
         ({"l": [1]}, "must be a bool, int or str"),
+        # Triton's int64_param (gRPC cannot carry 1 << 63, the reply entry not 1 << 64)
+        ({"n": 1 << 63}, "signed 64-bit integer"),
+        ({"n": -(1 << 63) - 1}, "signed 64-bit integer"),
+        ('{"n": 18446744073709551616}', "signed 64-bit integer"),
         ({"triton_final_response": True}, "reserved"),
         ("not json", "JSON object"),
         ([("a", 1)], "must be a dict"),

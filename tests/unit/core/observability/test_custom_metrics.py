@@ -64,6 +64,12 @@ def test_each_kind_through_tritons_api(fresh_registry: cm.Registry) -> None:
         (lambda k: k("c", "", k.COUNTER).Metric(labels={"le": "v"}), "invalid label name"),
         (lambda k: k("c", "", k.COUNTER).Metric(labels={"a": 1}), "must be a string"),
         (lambda k: k("c", "", k.COUNTER).Metric(labels={"a": "x" * 257}), "at most 256"),
+        # (each label adds to every report: a series' labels are bounded, as its values)
+        (
+            lambda k: k("c", "", k.COUNTER).Metric(labels={f"l{i}": "v" for i in range(17)}),
+            "at most 16 labels",
+        ),
+        (lambda k: k("c", "d" * 1025, k.COUNTER), "longer than 1024 characters"),
         (lambda k: k("c", "", k.COUNTER).Metric(buckets=[1]), "only a histogram has buckets"),
         (lambda k: k("h", "", k.HISTOGRAM).Metric(), "needs buckets"),
         (lambda k: k("h", "", k.HISTOGRAM).Metric(buckets=[2, 1]), "increasing"),

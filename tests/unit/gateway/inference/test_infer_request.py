@@ -14,7 +14,7 @@ import tritonclient.http as httpclient
 
 from sluice.core.datatypes import serialize_bytes, to_numpy
 from sluice.core.errors import InvalidInput
-from sluice.gateway.inference.parsing import parse_infer_request
+from sluice.gateway.inference.parsing import parse_infer_document, parse_infer_request
 from sluice.gateway.inference.request import InferRequest, RequestedOutput, RequestLimits
 from tests.support.samples import FIXED_TYPES, sample
 
@@ -446,6 +446,29 @@ def test_header_length_out_of_range() -> None:
 )
 def test_request_structure_rejections(body: bytes, fragments: tuple[str, ...]) -> None:
     rejects(body, None, *fragments)
+
+
+def test_request_parameters_are_bounded_in_number_and_name_length() -> None:
+    """Each parameter travels in the stream entry and becomes an object of the worker's: a
+    body of millions of tiny ones is refused, not carried."""
+    many = {f"p{i}": i for i in range(9)}
+    body = json_request([good_a(), good_b()], parameters=many)
+    rejects(body, None, "request 'parameters' has 9 entries", "limit of 8", max_parameters=8)
+    assert parse(body, None, max_parameters=9).parameters == many
+    long_name = json_request([good_a(), good_b()], parameters={"n" * 33: 1})
+    rejects(long_name, None, "request parameter 'nnn", "longer than 32", max_string_length=32)
+
+
+def test_a_grpc_parameter_that_json_cannot_carry_is_refused() -> None:
+    """gRPC's double_param may be NaN or infinite; the JSON a Python model reads
+    (``request.parameters()``) holds no such number."""
+    config: Any = TWO
+    doc = {"inputs": [good_a(), good_b()], "parameters": {"ratio": float("nan")}}
+    with pytest.raises(InvalidInput, match="parameter 'ratio' must be a finite number"):
+        parse_infer_document(doc, memoryview(b""), config, RequestLimits())
+    doc["parameters"] = {"ratio": float("-inf")}
+    with pytest.raises(InvalidInput, match="parameter 'ratio' must be a finite number"):
+        parse_infer_document(doc, memoryview(b""), config, RequestLimits())
 
 
 @pytest.mark.parametrize(
