@@ -3,8 +3,10 @@ and server reflection, on ``SLUICE_GRPC_PORT``, in the gateway's event loop and 
 
 Keys as for REST: metadata ``authorization: Bearer <key>``; the repository, shared memory,
 trace and log calls are management calls (admin keys), the others inference calls; health
-and reflection are open. TLS with the HTTP API's certificate when one is set. Health answers
-SERVING for the whole server ("") and for the inference service while the server is ready
+and reflection are open. Triton's restricted protocols (``SLUICE_GRPC_RESTRICTED_PROTOCOL``)
+apply beside the keys; its ``health`` category covers the health checking protocol too.
+TLS with the HTTP API's certificate when one is set. Health answers SERVING for the whole
+server ("") and for the inference service while the server is ready
 (:func:`sluice.gateway.control.inspection.server_not_ready`), re-checked at every catalog refresh.
 
 Memory and streams are bounded before grpcio buffers anything a handler could refuse:
@@ -16,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any, TypeAlias
 
@@ -26,7 +28,13 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from sluice.core.errors import InvalidConfig, InvalidInput, PayloadTooLarge
-from sluice.core.restricted_api import GRPC_PREFIX, denial, grpc_category, parse_restrictions
+from sluice.core.restricted_api import (
+    GRPC_PREFIX,
+    Restriction,
+    denial,
+    grpc_category,
+    parse_restrictions,
+)
 from sluice.core.settings import GatewaySettings
 from sluice.core.tenants import CURRENT_TENANT
 from sluice.gateway.control.catalog_follow import follow_changes
@@ -92,7 +100,9 @@ class GrpcServer:
             compression=_COMPRESSION[settings.grpc_response_compression],
         )
         server.add_generic_rpc_handlers((self._inference_handler(),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        health_pb2_grpc.add_HealthServicer_to_server(
+            _RestrictedHealth(self.health, self.restricted), server
+        )
         reflection.enable_server_reflection(
             (
                 SERVICE,
@@ -160,7 +170,9 @@ class GrpcServer:
                 # Client-streaming on the server's side (the same bytes on the wire): the
                 # handler runs before the message is read, and reads it in turn. Its key is
                 # checked by the handler itself, from the metadata it reads anyway.
-                handlers[name] = grpc.stream_unary_rpc_method_handler(infer.model_infer)
+                handlers[name] = grpc.stream_unary_rpc_method_handler(
+                    self._restricted_infer(infer.model_infer)
+                )
             elif name == "ModelStreamInfer":
                 handlers[name] = grpc.stream_stream_rpc_method_handler(
                     self._guarded_stream(name, infer.model_stream_infer)
@@ -175,11 +187,23 @@ class GrpcServer:
                 )
         return grpc.method_handlers_generic_handler(SERVICE, handlers)
 
+    def _restricted_infer(
+        self, call: Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]
+    ) -> Callable[[AsyncIterator[bytes], Context], Awaitable[bytes]]:
+        """ModelInfer within Triton's restricted ``inference`` protocol, checked before the
+        message is read."""
+        if "inference" not in self.restricted:
+            return call
+
+        async def restricted(messages: AsyncIterator[bytes], context: Context) -> bytes:
+            await _refuse_restricted(self.restricted, "inference", context)
+            return await call(messages, context)
+
+        return restricted
+
     def _infer_denied(self, metadata: dict[str, str]) -> tuple[grpc.StatusCode, str] | None:
-        """Why an inference call with ``metadata`` is refused (None: it is not)."""
-        restricted = denial(self.restricted, "inference", metadata, GRPC_PREFIX)
-        if restricted is not None:
-            return grpc.StatusCode.UNAVAILABLE, restricted
+        """Why an inference call with ``metadata`` is refused for its key (None: it is
+        not)."""
         keys = self.keys
         if not keys.configured:
             return None
@@ -193,14 +217,7 @@ class GrpcServer:
         return _DENIED.get(denied[0], grpc.StatusCode.UNAUTHENTICATED), denied[1]
 
     async def _check_key(self, method: str, context: Context) -> None:
-        if self.restricted:
-            metadata = {
-                k: v if isinstance(v, str) else v.decode("latin-1")
-                for k, v in context.invocation_metadata() or ()
-            }
-            refused = denial(self.restricted, grpc_category(method), metadata, GRPC_PREFIX)
-            if refused is not None:  # (Triton answers UNAVAILABLE)
-                await context.abort(grpc.StatusCode.UNAVAILABLE, refused)
+        await _refuse_restricted(self.restricted, grpc_category(method), context)
         if method in _HEALTH:
             return  # open, as HTTP's /v2/health/*
         token: bytes | None = None
@@ -237,6 +254,39 @@ class GrpcServer:
                 yield response
 
         return guarded
+
+
+async def _refuse_restricted(
+    restricted: Mapping[str, Restriction], category: str | None, context: Context
+) -> None:
+    """Abort the call, as Triton does (UNAVAILABLE), when ``category`` is restricted and the
+    call's metadata lacks the agreed header."""
+    if not restricted:
+        return
+    metadata = [
+        (k, v if isinstance(v, str) else v.decode("latin-1"))
+        for k, v in context.invocation_metadata() or ()
+    ]
+    refused = denial(restricted, category, metadata, GRPC_PREFIX)
+    if refused is not None:
+        await context.abort(grpc.StatusCode.UNAVAILABLE, refused)
+
+
+class _RestrictedHealth:
+    """``grpc.health.v1.Health`` in Triton's ``health`` category: Triton restricts its gRPC
+    health checking protocol with ServerLive, ServerReady and ModelReady."""
+
+    def __init__(self, servicer: Any, restricted: Mapping[str, Restriction]) -> None:
+        self.servicer = servicer
+        self.restricted = restricted
+
+    async def Check(self, request: Any, context: Context) -> Any:
+        await _refuse_restricted(self.restricted, "health", context)
+        return await self.servicer.Check(request, context)
+
+    async def Watch(self, request: Any, context: Context) -> Any:
+        await _refuse_restricted(self.restricted, "health", context)
+        return await self.servicer.Watch(request, context)
 
 
 def _control_call(

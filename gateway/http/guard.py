@@ -91,8 +91,8 @@ class EdgeGuard:
                 length = value
         path = scope["path"]
         if self.restricted:
-            lowered = {k.decode("latin-1"): v.decode("latin-1") for k, v in headers}
-            refused = denial(self.restricted, http_category(path), lowered)
+            given = ((k.decode("latin-1"), v.decode("latin-1")) for k, v in headers)
+            refused = denial(self.restricted, http_category(path), given)
             if refused is not None:
                 await _reject(send, 403, refused)
                 return

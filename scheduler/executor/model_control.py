@@ -59,10 +59,16 @@ from sluice.core.control import (
     send_reply,
     trim_commands,
 )
-from sluice.core.errors import SluiceError
+from sluice.core.errors import InvalidConfig, SluiceError
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.queue_streams import base_streams, tenant_members_sync, with_tenants
-from sluice.core.repository import RepositoryModel, available_versions, read_model
+from sluice.core.repository import (
+    DUPLICATE_REASON,
+    RepositoryModel,
+    available_versions,
+    duplicate_names,
+    read_model,
+)
 from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.scheduler.executor.dependencies import Groups, loads_first, unloads_after
 from sluice.scheduler.executor.instance_update import (
@@ -176,12 +182,23 @@ class ModelControl:
         return bool(self._current is not None or self._queue or self._draining)
 
     def catalog(self) -> list[RepositoryModel]:
-        """The loaded models, and every other model of the repository as unloaded."""
+        """The loaded models, and every other model of the repository as unloaded; in a
+        view joining several repositories, a name two or more of them hold as unavailable
+        with Triton's reason (as Triton's index shows it in every mode)."""
         models = {name: model for name, (model, _) in self.loaded.items()}
         if self.repository.is_dir():
             for path in self.repository.iterdir():
                 if path.is_dir() and not path.name.startswith(".") and path.name not in models:
                     models[path.name] = RepositoryModel(path.name, path, None, (), UNLOADED)
+            try:
+                duplicates = duplicate_names(self.repository)
+            except InvalidConfig as exc:
+                log.warning("model control: %s", exc.message)
+                duplicates = []
+            for name in duplicates:
+                if name not in models:
+                    path = self.repository / name
+                    models[name] = RepositoryModel(name, path, None, (), DUPLICATE_REASON)
         return [models[name] for name in sorted(models)]
 
     def tick(self) -> None:
@@ -296,25 +313,27 @@ class ModelControl:
             model_dir, self.config_name, default_max_batch_size=self.default_max_batch_size
         )
         if model.error is not None or model.config is None:
+            self._unstage(command)
             self._reply(command, f"failed to load '{name}', {model.error}")
             return
         if not self._groups.owns(command):
             parts = loads_first(command, model, self.loaded, self._repository_model)
             if parts:
-                if model_dir != source:  # (staged again in its turn)
-                    shutil.rmtree(self.staging_root / command.command_id, ignore_errors=True)
+                self._unstage(command)  # (staged again in its turn)
                 self._in_group(command, parts)
                 return
         if command.versions:
             missing = sorted(set(command.versions) - set(available_versions(model_dir)))
             if missing:
                 listed = ", ".join(map(str, missing))
+                self._unstage(command)
                 self._reply(
                     command, f"failed to load '{name}', no version {listed} in the repository"
                 )
                 return
             model = replace(model, versions=command.versions)
         if not model.versions:
+            self._unstage(command)
             self._reply(command, f"failed to load '{name}', no version is available")
             return
         errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
@@ -428,7 +447,14 @@ class ModelControl:
 
     def _abandon(self, work: _InProgress, reason: str) -> None:
         self.supervisor.retire(work.children)
+        self._unstage(work.command)
         self._finish(work, f"failed to load '{work.command.model}', {reason}")
+
+    def _unstage(self, command: ControlCommand) -> None:
+        """Remove what ``command`` staged (a load's overrides), which no model serves from:
+        its load failed, or waits for the models it calls. A staged copy that serves stays
+        until ``sluice up`` stops: a later load with a new configuration links to its files."""
+        shutil.rmtree(self.staging_root / command.command_id, ignore_errors=True)
 
     def _finish(self, work: _InProgress, error: str | None) -> None:
         if work.errors_key:

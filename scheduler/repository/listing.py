@@ -31,6 +31,7 @@ from sluice.scheduler.repository.sources import (
     SourceError,
     Version,
     key_problem,
+    path_conflict,
     show,
     version_token,
 )
@@ -92,17 +93,6 @@ def parse_manifest(data: bytes, where: str) -> dict[str, tuple[int, str]]:
 def _reserved(path: str) -> str | None:
     if any(part.startswith(RESERVED_PREFIX) for part in path.split("/")):
         return f"names starting with {RESERVED_PREFIX!r} are reserved for Sluice"
-    return None
-
-
-def _conflict(paths: Iterable[str]) -> str | None:
-    """A path that is both a file and a folder (``a`` and ``a/b``), or None."""
-    files = set(paths)
-    for path in files:
-        parts = path.split("/")
-        for depth in range(1, len(parts)):
-            if "/".join(parts[:depth]) in files:
-                return "/".join(parts[:depth])
     return None
 
 
@@ -191,7 +181,7 @@ class _Assembler:
                 self._check_size(obj)
                 shared.append(Entry(path, obj.size, obj.token))
         every_path = [e.path for e in shared] + [f"{v}/{p}" for v, fs in files.items() for p in fs]
-        clash = _conflict(every_path)
+        clash = path_conflict(every_path)
         if clash is not None:
             raise SourceError(f"{show(self.where(f'{name}/{clash}'))} is both a file and a folder")
         shared.sort(key=lambda e: e.path)

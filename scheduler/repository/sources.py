@@ -202,6 +202,17 @@ def key_problem(path: str) -> str | None:
     return None
 
 
+def path_conflict(paths: Iterable[str]) -> str | None:
+    """A path that is both a file and a folder (``a`` and ``a/b``), or None."""
+    files = set(paths)
+    for path in files:
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            if "/".join(parts[:depth]) in files:
+                return "/".join(parts[:depth])
+    return None
+
+
 def version_token(*groups: Iterable[Entry]) -> str:
     digest = hashlib.sha256()
     for group in groups:

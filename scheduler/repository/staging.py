@@ -18,17 +18,26 @@ from google.protobuf import json_format, text_format
 
 from sluice.core.config import CONFIG_FILENAME
 from sluice.core.config._schema import model_config_pb2
-from sluice.core.errors import InvalidInput
+from sluice.core.errors import InvalidInput, Unavailable
 from sluice.core.repository import CUSTOM_CONFIGS
+from sluice.scheduler.repository.sources import key_problem, path_conflict, show
 
 _REPLACED = frozenset((CONFIG_FILENAME, CUSTOM_CONFIGS))
 """What a load's configuration replaces in the model's folder."""
 
 MAX_FILES = 1000
 
+_MAX_NAME_BYTES = 255
+"""The longest file name a filesystem takes (a model name names one folder)."""
+
 
 def check_model_name(name: str) -> None:
-    """A model name that names one directory of the repository, nothing else."""
+    """A model name that names one directory of the repository, nothing else (at most 255
+    bytes in UTF-8, which the filesystem counts, not characters)."""
+    try:
+        size = len(name.encode("utf-8"))
+    except UnicodeEncodeError:  # (a lone surrogate)
+        size = _MAX_NAME_BYTES + 1
     if (
         not name
         or name in (".", "..")
@@ -36,7 +45,7 @@ def check_model_name(name: str) -> None:
         or "/" in name
         or "\\" in name
         or "\0" in name
-        or len(name) > 255
+        or size > _MAX_NAME_BYTES
     ):
         raise InvalidInput(f"failed to load '{name}', invalid model name")
 
@@ -51,7 +60,11 @@ def stage(
 ) -> Path:
     """``model_dir`` itself without overrides; else a staged copy under ``staging_root``
     (``<staging_root>/<name>``), made fresh. With ``keep``, the files are added to
-    ``model_dir``'s (whose entries the files do not touch are linked)."""
+    ``model_dir``'s (whose entries the files do not touch are linked).
+
+    Everything the request names is checked before anything is written; a failure to write
+    (a full disk) removes what was written and raises :class:`Unavailable`, so that the load
+    is answered."""
     name = model_dir.name
     if config_json is None and not files:
         return model_dir
@@ -60,43 +73,57 @@ def stage(
             f"failed to load '{name}', model configuration must be provided when files are "
             "overridden"
         )
-    staged = staging_root / name
-    if staged.exists():
-        shutil.rmtree(staged)
-    staged.mkdir(parents=True)
-    if files:
-        if len(files) > MAX_FILES:
-            raise InvalidInput(f"failed to load '{name}', more than {MAX_FILES} files")
-        relative = [_safe_relative(name, path) for path in files]
-        if keep and model_dir.is_dir():
-            touched = {path.parts[0] for path in relative}
-            for entry in model_dir.iterdir():
-                if entry.name not in _REPLACED and entry.name not in touched:
-                    (staged / entry.name).symlink_to(entry.resolve())
-        for path, content in zip(relative, files.values(), strict=True):
-            target = staged / path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_bytes(content)
-    else:
-        for entry in model_dir.iterdir():
-            if entry.name not in _REPLACED:
-                (staged / entry.name).symlink_to(entry.resolve())
     assert config_json is not None
-    (staged / CONFIG_FILENAME).write_text(_config_text(name, config_json))
+    if len(files) > MAX_FILES:
+        raise InvalidInput(f"failed to load '{name}', more than {MAX_FILES} files")
+    relative = [_safe_relative(name, path) for path in files]
+    clash = path_conflict(files)
+    if clash is not None:
+        raise InvalidInput(
+            f"failed to load '{name}', file override path {show(clash)} is both a file and a folder"
+        )
+    config_text = _config_text(name, config_json)
+    staged = staging_root / name
+    try:
+        if staged.exists():
+            shutil.rmtree(staged)
+        staged.mkdir(parents=True)
+        if files:
+            if keep and model_dir.is_dir():
+                touched = {path.parts[0] for path in relative}
+                for entry in model_dir.iterdir():
+                    if entry.name not in _REPLACED and entry.name not in touched:
+                        (staged / entry.name).symlink_to(entry.resolve())
+            for path, content in zip(relative, files.values(), strict=True):
+                target = staged / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(content)
+        else:
+            for entry in model_dir.iterdir():
+                if entry.name not in _REPLACED:
+                    (staged / entry.name).symlink_to(entry.resolve())
+        (staged / CONFIG_FILENAME).write_text(config_text)
+    except OSError as exc:
+        shutil.rmtree(staged, ignore_errors=True)
+        raise Unavailable(
+            f"failed to load '{name}', cannot stage the model's files: {exc.strerror or exc}"
+        ) from None
     return staged
 
 
 def _safe_relative(name: str, path: str) -> PurePosixPath:
+    """A file override's path, checked as it was given (``PurePosixPath`` would fold
+    ``a//b`` and ``a/./b`` into ``a/b``, two overrides of one file) and as a key of a remote
+    repository is (:func:`~sluice.scheduler.repository.sources.key_problem`: no ``..``, no
+    absolute path, no control character, bounded lengths and depth)."""
+    problem = key_problem(path)
+    if problem is None and path == CONFIG_FILENAME:
+        problem = "the load's configuration is the model's configuration file"
+    if problem is not None:
+        raise InvalidInput(
+            f"failed to load '{name}', invalid file override path {show(path)}: {problem}"
+        )
     relative = PurePosixPath(path)
-    if (
-        not path
-        or "\\" in path
-        or "\0" in path
-        or relative.is_absolute()
-        or any(part in ("", ".", "..") for part in relative.parts)
-        or (relative.name == CONFIG_FILENAME and len(relative.parts) == 1)
-    ):
-        raise InvalidInput(f"failed to load '{name}', invalid file override path '{path}'")
     if relative.parts[0] == CUSTOM_CONFIGS:
         raise InvalidInput(
             f"failed to load '{name}', file override path '{path}': the load's configuration "

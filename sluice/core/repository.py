@@ -90,15 +90,17 @@ def scan_repository(
     )
     models = [_read_one(p, config_name, default_max_batch_size) for p in model_dirs]
     models += [
-        RepositoryModel(name, root / name, None, (), DUPLICATE_REASON) for name in _duplicates(root)
+        RepositoryModel(name, root / name, None, (), DUPLICATE_REASON)
+        for name in duplicate_names(root)
     ]
     models.sort(key=lambda model: model.name)
     by_name = {model.name: model for model in models}
     return [_with_transaction_policy(model, by_name.get) for model in models]
 
 
-def _duplicates(root: Path) -> list[str]:
-    """The names :data:`DUPLICATES_FILE` lists (none where there is no such file)."""
+def duplicate_names(root: Path) -> list[str]:
+    """The names :data:`DUPLICATES_FILE` lists (none where there is no such file): models
+    that no folder of ``root`` holds, unavailable with :data:`DUPLICATE_REASON`."""
     try:
         names = json.loads((root / DUPLICATES_FILE).read_text(encoding="utf-8"))
     except FileNotFoundError:

@@ -10,7 +10,8 @@ case). This is Triton's mechanism, beside Sluice's own API keys: both apply.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Mapping
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 CATEGORIES = (
@@ -25,6 +26,13 @@ CATEGORIES = (
     "logging",
 )
 GRPC_PREFIX = "triton-grpc-protocol-"
+
+_HEADER = re.compile(r"[0-9a-z_.-]+")
+"""A header name both HTTP and gRPC metadata can carry (gRPC's keys, in lower case)."""
+_VALUE = re.compile(r"([\x21-\x7e]([\x20-\x7e]*[\x21-\x7e])?)?")
+"""A value both can carry as it is: visible ASCII with inner spaces (HTTP strips spaces at
+the ends, and gRPC's text values are printable ASCII); a setting's value outside these
+could never be matched, locking its categories for good."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,6 +55,16 @@ def parse_restrictions(text: str) -> dict[str, Restriction]:
                 "each group is <category>[,<category>...]:<header>=<value> (groups joined by ';')"
             )
         restriction = Restriction(header.strip().lower(), value)
+        if not _HEADER.fullmatch(restriction.header):
+            raise ValueError(
+                f"the header name {restriction.header!r} is not one a request can carry "
+                "(letters, digits and -_.)"
+            )
+        if not _VALUE.fullmatch(value):
+            raise ValueError(
+                f"the value of the header {restriction.header!r} is not one a request can "
+                "carry: printable ASCII, without spaces at either end (HTTP drops those)"
+            )
         for category in (c.strip() for c in categories.split(",")):
             if category not in CATEGORIES:
                 raise ValueError(
@@ -61,20 +79,26 @@ def parse_restrictions(text: str) -> dict[str, Restriction]:
 def denial(
     restrictions: Mapping[str, Restriction],
     category: str | None,
-    headers: Mapping[str, str],
+    headers: Mapping[str, str] | Iterable[tuple[str, str]],
     prefix: str = "",
 ) -> str | None:
-    """Why a request of ``category`` with ``headers`` (names in lower case) is refused,
-    in Triton's words for HTTP (``prefix`` "") or gRPC (:data:`GRPC_PREFIX`); None: it is
-    not."""
+    """Why a request of ``category`` with ``headers`` (names in lower case; pairs where a
+    name may come more than once) is refused, in Triton's words for HTTP (``prefix`` "")
+    or gRPC (:data:`GRPC_PREFIX`); None: it is not.
+
+    The header must come with the agreed value, compared in constant time; where it comes
+    more than once, every value must be the agreed one, so that whichever one a proxy in
+    front reads (the first, the last, all of them joined) the answer is the same."""
     if category is None:
         return None
     restriction = restrictions.get(category)
     if restriction is None:
         return None
     name = prefix + restriction.header
-    given = headers.get(name)
-    if given is not None and hmac.compare_digest(given.encode(), restriction.value.encode()):
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    expected = restriction.value.encode()
+    given = [value for key, value in pairs if key == name]
+    if given and all(hmac.compare_digest(value.encode(), expected) for value in given):
         return None
     what = "protocol" if prefix else "API"
     return f"This {what} is restricted, expecting header '{name}'"
@@ -129,7 +153,10 @@ def http_category(path: str) -> str | None:
     parts = path.strip("/").split("/")
     if len(parts) == 3:  # /v2/models/{m}: its metadata; /v2/models/stats: every model's
         return "statistics" if parts[2] == "stats" else "metadata"
-    if len(parts) == 5 and parts[3] == "versions":
+    if len(parts) == 5 and parts[3] in ("versions", "labels"):
+        # A version's metadata, or the metadata of the version a label names (Sluice's,
+        # the same document: in the category of its Triton counterpart, as a label's
+        # inference and readiness are).
         return "metadata"
     tail = parts[-1]
     if tail == "ready":

@@ -122,6 +122,12 @@ def _restrictions_value(value: str) -> str:
     return value
 
 
+_INT32_MAX = (1 << 31) - 1
+"""The largest value of a gRPC channel argument (a C ``int``: grpcio refuses more, and the
+gateway would not start)."""
+_GRPC_MAX_S = _INT32_MAX // 1000
+"""The longest time in seconds that one in milliseconds holds."""
+
 CONFIG_NAME_PATTERN = r"[A-Za-z0-9_.-]{0,128}"
 """A custom configuration's name (Triton's --model-config-name): a file name with no folder
 and no space (Triton asks for no space); empty for none."""
@@ -547,14 +553,15 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     """A ModelStreamInfer stream that sends no request for this long, with none of its
     requests under way, is ended with DEADLINE_EXCEEDED, giving its place back."""
 
-    grpc_keepalive_time_s: float = Field(60.0, gt=0)
-    """How often the gateway pings a gRPC connection with calls open, to find dead peers."""
+    grpc_keepalive_time_s: float = Field(60.0, gt=0, le=_GRPC_MAX_S)
+    """How often the gateway pings a gRPC connection with calls open, to find dead peers
+    (gRPC takes milliseconds in a 32-bit integer: at most about 24 days)."""
 
-    grpc_keepalive_timeout_s: float = Field(20.0, gt=0)
+    grpc_keepalive_timeout_s: float = Field(20.0, gt=0, le=_GRPC_MAX_S)
     """A connection whose peer does not answer a ping within this time is closed (its
     calls end)."""
 
-    grpc_max_connection_idle_s: float = Field(300.0, gt=0)
+    grpc_max_connection_idle_s: float = Field(300.0, gt=0, le=_GRPC_MAX_S)
     """A gRPC connection without any call for this long is closed (GOAWAY; clients
     reconnect on their next call)."""
 
@@ -563,11 +570,11 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     connection without calls (and the gateway pings it too); false: such pings count as
     strikes (``grpc_http2_max_ping_strikes``)."""
 
-    grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(300_000, ge=0)
+    grpc_http2_min_recv_ping_interval_without_data_ms: int = Field(300_000, ge=0, le=_INT32_MAX)
     """Triton's --grpc-http2-min-recv-ping-interval-without-data: a client ping that comes
     sooner than this after the last one, with no data sent between, counts as a strike."""
 
-    grpc_http2_max_ping_strikes: int = Field(2, ge=0)
+    grpc_http2_max_ping_strikes: int = Field(2, ge=0, le=_INT32_MAX)
     """Triton's --grpc-http2-max-ping-strikes: a client past this many strikes is sent away
     (GOAWAY, ``too_many_pings``); 0: never."""
 

@@ -98,7 +98,8 @@ def test_an_explicit_load_finds_a_model_added_to_any_repository(
 ) -> None:
     first, second = tmp_path / "first", tmp_path / "second"
     write_identity(first, "alpha", ["FP32"])
-    second.mkdir()
+    write_identity(first, "dup", ["FP32"])
+    write_identity(second, "dup", ["FP32"])
     stack = Stack(
         first,
         redis_server.url,
@@ -109,6 +110,14 @@ def test_an_explicit_load_finds_a_model_added_to_any_repository(
     stack.start()
     try:
         with httpx.Client(base_url=stack.url, timeout=60) as http:
+            # As in Triton's index in every mode: the name two repositories hold is listed,
+            # unavailable, and cannot be loaded.
+            dup = _index(http)["dup"]
+            assert (dup["state"], dup["reason"]) == (
+                "UNAVAILABLE",
+                "model appears in two or more repositories",
+            )
+            assert http.post("/v2/repository/models/dup/load").status_code == 400
             assert http.post("/v2/repository/models/gamma/load").status_code == 400
             write_identity(second, "gamma", ["FP32"])
             answer = http.post("/v2/repository/models/gamma/load")

@@ -32,6 +32,11 @@ def test_groups_name_categories_a_header_and_its_value() -> None:
         ("health", "<header>=<value>"),
         ("health:=v", "<header>=<value>"),
         ("health:k=v;health:j=w", "more than one group"),
+        # Values and names no request can carry would lock their categories for good.
+        ("health:admin-key= secret", "without spaces at either end"),
+        ("health:admin-key=s\u00e9cret", "printable ASCII"),
+        ("health:admin-key=se\tcret", "printable ASCII"),
+        ("health:admin key=secret", "'admin key' is not one a request can carry"),
     ],
 )
 def test_a_bad_setting_says_what_is_wrong(text: str, problem: str) -> None:
@@ -49,6 +54,13 @@ def test_a_bad_setting_says_what_is_wrong(text: str, problem: str) -> None:
         ("/v2/models/ready", "metadata"),  # (a model named "ready")
         ("/v2/models/m", "metadata"),
         ("/v2/models/m/versions/2", "metadata"),
+        # A label names a version: its routes are in their versions' categories, whatever
+        # the label is called.
+        ("/v2/models/m/labels/stable", "metadata"),
+        ("/v2/models/m/labels/infer", "metadata"),
+        ("/v2/models/m/labels/config", "metadata"),
+        ("/v2/models/m/labels/stable/ready", "health"),
+        ("/v2/models/m/labels/stable/infer", "inference"),
         ("/v2/models/m/infer", "inference"),
         ("/v2/models/m/versions/2/generate_stream", "inference"),
         ("/v2/models/m/config", "model-config"),
@@ -92,3 +104,22 @@ def test_the_refusal_names_the_header_as_triton_does() -> None:
     )
     grpc_headers = {"triton-grpc-protocol-admin-key": "secret"}
     assert denial(restricted, repository, grpc_headers, GRPC_PREFIX) is None
+
+
+def test_the_value_is_matched_whole_and_every_copy_of_the_header_must_carry_it() -> None:
+    """A prefix or an extension of the value is refused; a header given twice passes only
+    when both copies carry the value, so that a proxy in front that reads the first, the
+    last or both joined cannot disagree with the gateway."""
+    restricted = parse_restrictions("model-repository:Admin-Key=secret")
+    repository = "model-repository"
+    for wrong in ("secre", "secret ", "secrets", "SECRET", ""):
+        assert denial(restricted, repository, [("admin-key", wrong)]) is not None, wrong
+    assert denial(restricted, repository, [("admin-key", "secret")]) is None
+    twice = [("admin-key", "secret"), ("admin-key", "secret")]
+    assert denial(restricted, repository, twice) is None
+    for pair in (
+        [("admin-key", "wrong"), ("admin-key", "secret")],
+        [("admin-key", "secret"), ("admin-key", "wrong")],
+    ):
+        assert denial(restricted, repository, pair) is not None
+    assert denial(restricted, repository, [("other", "secret")]) is not None

@@ -8,9 +8,13 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
+from typing import cast
 
 import pytest
+from redis import Redis
 
+from sluice.core.catalog import UNLOADED
+from sluice.core.keys import Keys
 from sluice.core.repository import DUPLICATE_REASON, DUPLICATES_FILE, scan_repository
 from sluice.core.settings import (
     BatchStoreSettings,
@@ -19,6 +23,8 @@ from sluice.core.settings import (
     UpSettings,
     locations_text,
 )
+from sluice.scheduler.executor.model_control import ModelControl
+from sluice.scheduler.executor.supervisor import Supervisor
 from sluice.scheduler.repository.locations import open_source, snapshot_repository
 from sluice.scheduler.repository.sources import SourceError, poll
 from sluice.scheduler.repository.union import UnionSource, view_folder
@@ -104,6 +110,28 @@ def test_an_ensemble_reads_a_composing_model_of_another_repository(tmp_path: Pat
     models = {model.name: model for model in scan_repository(root)}
     assert models["pipeline"].usable, models["pipeline"].error
     assert (models["pipeline"].path.parent / "step" / "config.pbtxt").is_file()
+
+
+def test_the_executors_catalog_shows_a_shared_name_as_unavailable(tmp_path: Path) -> None:
+    """In explicit and poll mode the executor publishes what it loaded and the rest of the
+    repository as unloaded; a name two repositories hold is not a folder of the view, and
+    is listed with Triton's reason all the same, as Triton's index lists it in every mode."""
+    first, second = _repositories(tmp_path)
+    root = snapshot_repository([str(first), str(second)], _settings(tmp_path))
+    control = ModelControl(
+        cast(Redis, None),
+        Keys("view-unit"),
+        root,
+        tmp_path / "staging",
+        Supervisor([]),
+        lambda *_: [],
+        {},
+        5.0,
+        {},
+        lambda: None,
+    )
+    listed = {model.name: model.error for model in control.catalog()}
+    assert listed == {"alpha": UNLOADED, "beta": UNLOADED, "shared": DUPLICATE_REASON}
 
 
 def test_something_in_the_view_sluice_did_not_put_there_is_refused(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import asyncio
 
 import grpc
 import pytest
+from pydantic import ValidationError
 from tritonclient.grpc import service_pb2
 
 from sluice.core.settings import MIB, GatewaySettings
@@ -68,6 +69,31 @@ def test_server_options_bound_streams_windows_and_connections() -> None:
     assert options["grpc.keepalive_permit_without_calls"] == 1
     assert options["grpc.http2.min_ping_interval_without_data_ms"] == 5000
     assert options["grpc.http2.max_ping_strikes"] == 0
+
+
+async def test_the_largest_keepalive_settings_still_start_a_server() -> None:
+    """gRPC's channel arguments are C ints: a larger setting made grpcio raise
+    OverflowError as the gateway started; the settings now stop at what gRPC takes."""
+    largest = settings(
+        grpc_keepalive_time_s=2_147_483,
+        grpc_keepalive_timeout_s=2_147_483,
+        grpc_max_connection_idle_s=2_147_483,
+        grpc_http2_min_recv_ping_interval_without_data_ms=(1 << 31) - 1,
+        grpc_http2_max_ping_strikes=(1 << 31) - 1,
+    )
+    server = grpc.aio.server(options=server_options(largest, GrpcLimits.from_settings(largest)))
+    server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await server.stop(0)
+    for name, value in (
+        ("grpc_keepalive_time_s", 2_147_484),
+        ("grpc_keepalive_timeout_s", 1e10),
+        ("grpc_max_connection_idle_s", 1e10),
+        ("grpc_http2_min_recv_ping_interval_without_data_ms", 1 << 31),
+        ("grpc_http2_max_ping_strikes", 1 << 31),
+    ):
+        with pytest.raises(ValidationError, match=name):
+            settings(**{name: value})
 
 
 @pytest.mark.parametrize(

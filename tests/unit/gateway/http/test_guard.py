@@ -1,13 +1,18 @@
 """Which endpoints need which key, and whose tenant a key is (sluice.gateway.http.guard.KeyRing),
-without a server."""
+without a server; and the edge guard's check of Triton's restricted APIs."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from starlette.types import Message, Receive, Scope, Send
 
 from sluice.core.errors import InvalidConfig
+from sluice.core.restricted_api import parse_restrictions
 from sluice.core.settings import ApiKeySettings
 from sluice.core.tenants import ANONYMOUS, parse_key_entry
+from sluice.gateway.http.guard import EdgeGuard
 from sluice.gateway.tenants.keys import KeyRing, is_management
 
 INFERENCE = "/v2/models/m/infer"
@@ -113,3 +118,49 @@ def test_bad_entries_are_refused_at_start_without_the_key(entry: str) -> None:
         KeyRing.from_settings(settings)
     assert "SLUICE_API_KEYS" in str(caught.value)
     assert "s3cr3t" not in str(caught.value)
+
+
+async def _status(guard: EdgeGuard, path: str, headers: list[tuple[bytes, bytes]]) -> int:
+    sent: list[Message] = []
+
+    async def receive() -> Message:
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message: Message) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": headers}
+    await guard(scope, receive, send)
+    start = sent[0]
+    if start["status"] == 403:
+        assert json.loads(sent[1]["body"]) == {
+            "error": "This API is restricted, expecting header 'admin-key'"
+        }
+    return int(start["status"])
+
+
+async def test_a_restricted_api_needs_every_copy_of_its_header_to_agree() -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    guard = EdgeGuard(
+        app,
+        ring(),
+        max_header_count=100,
+        max_header_bytes=1 << 16,
+        max_control_body_bytes=1 << 20,
+        restricted=parse_restrictions("model-repository:Admin-Key=secret"),
+    )
+    index = "/v2/repository/index"
+    assert await _status(guard, index, []) == 403
+    assert await _status(guard, index, [(b"admin-key", b"secre")]) == 403
+    assert await _status(guard, index, [(b"admin-key", b"secret")]) == 200
+    both = [(b"admin-key", b"secret"), (b"admin-key", b"secret")]
+    assert await _status(guard, index, both) == 200
+    for pairs in (
+        [(b"admin-key", b"secret"), (b"admin-key", b"wrong")],
+        [(b"admin-key", b"wrong"), (b"admin-key", b"secret")],
+    ):
+        assert await _status(guard, index, pairs) == 403
+    assert await _status(guard, "/v2/models/m", []) == 200  # (another category)
