@@ -8,6 +8,7 @@ import zlib
 from starlette.requests import Request
 
 from sluice.core.errors import InvalidInput, PayloadTooLarge
+from sluice.gateway.body_budget import BodyReservation
 
 WBITS = {"gzip": 16 + zlib.MAX_WBITS, "deflate": zlib.MAX_WBITS}
 """zlib's window bits of each HTTP content coding Sluice reads and writes."""
@@ -39,15 +40,26 @@ def too_large(limit: int) -> PayloadTooLarge:
     return PayloadTooLarge(f"request body exceeds the limit of {limit} bytes")
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The (decompressed) body; 413 past ``limit`` bytes, 400 for a bad encoding."""
-    check_declared_length(request.headers.get("content-length"), limit)
+async def read_body(
+    request: Request, limit: int, reservation: BodyReservation | None = None
+) -> bytes:
+    """The (decompressed) body; 413 past ``limit`` bytes, 400 for a bad encoding.
+    ``reservation``: the process's body budget, which holds the bytes as they come (the
+    declared length at once); 503 when it cannot. The caller releases it."""
+    declared = check_declared_length(request.headers.get("content-length"), limit)
+    if reservation is not None and declared:
+        reservation.ensure(declared)
     chunks = bytearray()
     async for chunk in request.stream():
         chunks += chunk
         if len(chunks) > limit:
             raise too_large(limit)
-    return await decoded_body(bytes(chunks), request.headers.get("content-encoding"), limit)
+        if reservation is not None:
+            reservation.ensure(len(chunks))
+    body = await decoded_body(bytes(chunks), request.headers.get("content-encoding"), limit)
+    if reservation is not None:
+        reservation.ensure(len(body))
+    return body
 
 
 INLINE_DECODED_BYTES = 256 * 1024

@@ -113,14 +113,17 @@ async def predictions(request: Request, model: str, version: str | None = None) 
     if version is not None:
         await follow_changes(state)  # (a version another gateway process just registered)
         version = _numbered(state, model, version)
+    reservation = state.bodies.reservation()  # (the body is held until it is answered)
     try:
-        body = await read_body(request, state.settings.max_body_bytes)
+        body = await read_body(request, state.settings.max_body_bytes, reservation)
         content_type = request.headers.get("content-type", DEFAULT_TYPE)
         cancel_on_disconnect(request.scope)
         answer, media = await predict(state, model, version, body, content_type)
         return Response(answer, media_type=media)
     except SluiceError as exc:
         return error_response(exc)
+    finally:
+        reservation.release()
 
 
 async def predict(

@@ -10,9 +10,11 @@ TorchServe's data flow:
 - a node's call that fails on the server's side (5xx) or passes the node's ``timeout-ms``
   is tried again, up to its ``retry-attempts`` more times; then the run fails with
   TorchServe's 500 naming the node (and, beyond TorchServe's text, why). A client's error
-  (a model gone, a tenant's limit: 4xx) fails the run at once with its status;
+  (a model gone, a tenant's limit: 4xx) and a model's refusal for a full queue (503: retry
+  later) fail the run at once with their status;
 - the answer is the one leaf's answer, or with several leaves a JSON object of each leaf's
-  answer by its name (as it came where it is JSON, else as text).
+  answer by its name (as it came where it is JSON, else as text). What a node is given,
+  and the answers of several leaves together, are at most what a request's body may be.
 
 Every call goes through the model's queue as any prediction does: admission, the tenant's
 limits, batching. A client that goes away cancels the calls still running.
@@ -29,6 +31,7 @@ from fastapi import APIRouter, Request, Response
 
 from sluice.core.errors import (
     InferenceFailed,
+    Overloaded,
     PayloadTooLarge,
     SluiceError,
     error_from_kind,
@@ -51,15 +54,18 @@ Answer = tuple[bytes, str]
 @router.post("/wfpredict/{name}")
 async def wfpredict(request: Request, name: str) -> Response:
     state = state_of(request)
+    reservation = state.bodies.reservation()  # (the body is held until the run ends)
     try:
         workflow = await registered(state, name)
-        body = await read_body(request, state.settings.max_body_bytes)
+        body = await read_body(request, state.settings.max_body_bytes, reservation)
         content_type = request.headers.get("content-type", DEFAULT_TYPE)
         cancel_on_disconnect(request.scope)
         answer = await run(state, workflow, (body, content_type))
         return Response(answer, media_type="application/json")
     except SluiceError as exc:
         return error_response(exc)
+    finally:
+        reservation.release()
 
 
 async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes:
@@ -68,6 +74,8 @@ async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes
     waiting = {node: len(workflow.parents(node)) for node in workflow.nodes}
     running: dict[asyncio.Task[Answer], str] = {}
     limit = state.settings.max_body_bytes
+    merged_leaves = len(workflow.leaves) > 1
+    leaves_size = 0
 
     def start(node: str, given: Answer) -> None:
         call = _call(state, workflow.nodes[node], given)
@@ -80,6 +88,10 @@ async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes
             for task in done:
                 node = running.pop(task)
                 answers[node] = task.result()
+                if merged_leaves and not workflow.children[node]:
+                    leaves_size += len(answers[node][0])
+                    if leaves_size > limit:
+                        raise _leaves_too_large(leaves_size, limit)
                 for child in workflow.children[node]:
                     waiting[child] -= 1
                     if waiting[child] == 0:
@@ -91,6 +103,16 @@ async def run(state: GatewayState, workflow: Workflow, request: Answer) -> bytes
         if running:
             await asyncio.gather(*running, return_exceptions=True)
     return await _answer(workflow, answers)
+
+
+def _leaves_too_large(size: int, limit: int) -> PayloadTooLarge:
+    """The leaves' answers are merged into one JSON object, each parsed to see whether it
+    is JSON (a parse that takes many times the bytes it reads): as a node's input, no more
+    than a client's body may be."""
+    return PayloadTooLarge(
+        f"the workflow's leaves answered {size} bytes, more than a request's body may hold "
+        f"({limit}), and their answer is one JSON object of all of them"
+    )
 
 
 def _forget_answered(
@@ -106,27 +128,35 @@ def _forget_answered(
 async def _call(state: GatewayState, node: WorkflowNode, given: Answer) -> Answer:
     """One node's answer to ``given``, tried again as the node's settings say when the call
     fails on the server's side or times out (as TorchServe, which does not try again a
-    model that is not found); a client's error (4xx) fails at once, with its status."""
+    model that is not found); a client's error (4xx) fails at once, with its status, and so
+    does a refusal for a full queue (tried again at once, it would only be refused again
+    and add to the load: the client is told to retry later)."""
     attempt = 0
     while True:
         try:
             call: Awaitable[Answer] = predict(state, node.model, None, *given)
             return await asyncio.wait_for(call, node.timeout_ms / 1000)
         except (SluiceError, TimeoutError) as exc:
-            client_error = isinstance(exc, SluiceError) and exc.status < 500
-            if client_error or attempt >= node.retry_attempts:
+            final = isinstance(exc, SluiceError) and (exc.status < 500 or _refused(exc))
+            if final or attempt >= node.retry_attempts:
                 raise _node_failed(node, exc) from None
             attempt += 1
 
 
+def _refused(exc: SluiceError) -> bool:
+    """Admission's refusal (a full queue, a gateway holding all it may): the call never ran."""
+    return isinstance(exc, Overloaded)
+
+
 def _node_failed(node: WorkflowNode, exc: SluiceError | TimeoutError) -> SluiceError:
-    """TorchServe's ``Error executing <node>``, with why; a client's error keeps its kind."""
+    """TorchServe's ``Error executing <node>``, with why; a client's error and a refusal
+    for load keep their kind."""
     if not isinstance(exc, SluiceError):
         return InferenceFailed(f"Error executing {node.name} (timed out)")
     message = f"Error executing {node.name} ({exc.message})"
-    return (
-        error_from_kind(error_kind(exc), message) if exc.status < 500 else InferenceFailed(message)
-    )
+    if exc.status < 500 or _refused(exc):
+        return error_from_kind(error_kind(exc), message)
+    return InferenceFailed(message)
 
 
 async def _input_of(

@@ -54,19 +54,28 @@ router = APIRouter()
 
 MAX_LIST = 100
 REGISTERING = "registering"
-"""What a workflow's name holds while its nodes are registered (``registering <until>
-<model>,<model>,...``: Unix seconds, and the models its nodes are registered as): the name
-is claimed first, so that a registration of the same name through another gateway process
-is refused before it registers (or, failing, unregisters) the same models. A claim outlives
-its registration only when the process that made it died; once past its time another
-registration takes the name over and unregisters the models the dead one may have left."""
+"""What a workflow's name holds while its nodes are registered or unregistered
+(``registering <until> <model>,<model>,...``: Unix seconds, and the models its nodes are
+registered as): the name is claimed first, so that a registration of the same name through
+another gateway process is refused before it registers (or, failing, unregisters) the same
+models, and the workflow runs no more once its unregistration begins. A claim outlives its
+registration or unregistration only when the process that made it died (or stopped it);
+once past its time another registration takes the name over and unregisters the models
+the dead one may have left."""
 
 _TAKE_OVER = """
 if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[3])
 return 1
 """
-"""Replace a stale claim, unless another process replaced it first."""
+"""Replace a name's value (a stale claim, a workflow), unless another process replaced it
+first."""
+
+_FORGET = """
+if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end
+return redis.call('HDEL', KEYS[1], ARGV[1])
+"""
+"""Drop a name's claim, unless another process took it over meanwhile."""
 
 
 def _text(raw: bytes | str) -> str:
@@ -90,15 +99,22 @@ def _claimed_models(raw: bytes | str) -> list[str]:
     return [model for model in fields[2].split(",") if model] if len(fields) > 2 else []
 
 
-async def _claim(state: GatewayState, workflow: Workflow) -> None:
-    """Claim ``workflow``'s name for its registration (409, TorchServe's, when it is
-    taken); a lapsed claim is taken over, and the models its registration left go."""
-    key, name = state.keys.torchserve_workflows, workflow.name
+def _claim_of(state: GatewayState, workflow: Workflow) -> str:
+    """The claim on ``workflow``'s name while its nodes are registered or unregistered (at
+    once: each within the model control's time)."""
     until = time.time() + 2 * state.settings.model_control_timeout_s + 60
     models = ",".join(node.model for node in workflow.nodes.values())
-    claim = f"{REGISTERING} {until:.0f} {models}"
+    return f"{REGISTERING} {until:.0f} {models}"
+
+
+async def _claim(state: GatewayState, workflow: Workflow) -> str:
+    """Claim ``workflow``'s name for its registration (409, TorchServe's, when it is
+    taken); a lapsed claim is taken over, and the models its registration left go. The
+    claim."""
+    key, name = state.keys.torchserve_workflows, workflow.name
+    claim = _claim_of(state, workflow)
     if await state.redis.hsetnx(key, name, claim):
-        return
+        return claim
     held = await state.redis.hget(key, name)
     taken = Conflict(f"Workflow {name} is already registered.")
     if held is None or not _is_claim(held) or not _claim_lapsed(held):
@@ -107,6 +123,7 @@ async def _claim(state: GatewayState, workflow: Workflow) -> None:
         raise taken  # (another registration took it over first)
     log.warning("workflow %s: took over a registration that never ended", name)
     await _unregister_nodes(state, [m for m in _claimed_models(held) if _served(state, m)])
+    return claim
 
 
 async def registered(state: GatewayState, name: str) -> Workflow:
@@ -127,12 +144,17 @@ async def register(request: Request) -> Response:
         name = params.get("workflow_name")
         workflow = await asyncio.to_thread(parse_workflow, archive, url, name)
         key = state.keys.torchserve_workflows
-        await _claim(state, workflow)
+        claim = await _claim(state, workflow)
         try:
-            await _register_nodes(state, workflow, archive, params)
-        except BaseException:
-            await state.redis.hdel(key, workflow.name)
+            elsewhere = await _other_workflows_models(state, workflow.name)
+            await _register_nodes(state, workflow, archive, params, elsewhere)
+        except Exception as exc:
+            if not isinstance(exc, NodesLeft):
+                await state.redis.eval(_FORGET, 1, key, workflow.name, claim)
             raise
+        # (Cancelled, as when its process stops, the registration leaves its claim: a load
+        # already handed to `sluice up` goes on, and the registration that takes the lapsed
+        # claim over unregisters what it finds of the models the claim names.)
         await state.redis.hset(key, workflow.name, workflow.to_json())
         message = f"Workflow {workflow.name} has been registered and scaled successfully."
         return json_response({"status": message})
@@ -140,13 +162,38 @@ async def register(request: Request) -> Response:
         return error_response(exc)
 
 
+async def _other_workflows_models(state: GatewayState, name: str) -> dict[str, str]:
+    """The models the nodes of every workflow but ``name`` are served as (or are being
+    registered as: a claim names them), by workflow. Read after ``name`` is claimed, so that
+    of two registrations at once whose nodes make the same model (workflow ``a``'s node
+    ``b__c``, workflow ``a__b``'s node ``c``) at least one sees the other's claim."""
+    held: dict[str, str] = {}
+    entries = await state.redis.hgetall(state.keys.torchserve_workflows)
+    for raw_name, raw in entries.items():
+        other = _text(raw_name)
+        if other == name:
+            continue
+        if _is_claim(raw):
+            models = _claimed_models(raw)
+        else:
+            models = [node.model for node in Workflow.from_json(raw).nodes.values()]
+        held.update(dict.fromkeys(models, other))
+    return held
+
+
 async def _register_nodes(
-    state: GatewayState, workflow: Workflow, archive: WorkflowArchive, params: dict[str, str]
+    state: GatewayState,
+    workflow: Workflow,
+    archive: WorkflowArchive,
+    params: dict[str, str],
+    elsewhere: dict[str, str],
 ) -> None:
-    """Register every node at once; when any fails, unregister those that did not."""
+    """Register every node at once; when any fails, unregister the others (TorchServe's
+    500 naming each failure). ``elsewhere``: the models of other workflows' nodes, by
+    workflow."""
     nodes = list(workflow.nodes.values())
     results = await asyncio.gather(
-        *(_register_node(state, node, archive, params) for node in nodes),
+        *(_register_node(state, node, archive, params, elsewhere) for node in nodes),
         return_exceptions=True,
     )
     failures = [
@@ -155,11 +202,26 @@ async def _register_nodes(
         if isinstance(result, BaseException)
     ]
     if failures:
-        done = [node.model for node, result in zip(nodes, results, strict=True) if result is None]
-        await _unregister_nodes(state, done)
-        raise InferenceFailed(
+        # A node refused for its model being another's leaves that model be; any other may
+        # be served (a load that outlasted the wait for it goes on in `sluice up`), and
+        # unregistering one that is not costs nothing.
+        ours = [
+            node.model
+            for node, result in zip(nodes, results, strict=True)
+            if not isinstance(result, Conflict)
+        ]
+        left = await _unregister_nodes(state, ours)
+        message = (
             f"Workflow {workflow.name} has failed to register. Failures: [{', '.join(failures)}]"
         )
+        if left:
+            raise NodesLeft(f"{message}; {', '.join(left)}")
+        raise InferenceFailed(message)
+
+
+class NodesLeft(InferenceFailed):
+    """A registration failed, and some of its node models could not be unregistered: its
+    claim stays, naming them, for the registration that takes it over once it lapses."""
 
 
 def _reason(error: BaseException) -> str:
@@ -167,10 +229,14 @@ def _reason(error: BaseException) -> str:
 
 
 async def _register_node(
-    state: GatewayState, node: WorkflowNode, archive: WorkflowArchive, params: dict[str, str]
+    state: GatewayState,
+    node: WorkflowNode,
+    archive: WorkflowArchive,
+    params: dict[str, str],
+    elsewhere: dict[str, str],
 ) -> None:
     settings = state.settings
-    _check_not_served(state, node)
+    _check_not_served(state, node, elsewhere)
     if node.url is None:
         url = f"{node.model}.mar"
         model = await asyncio.to_thread(_function_model, archive, node, url)
@@ -192,12 +258,17 @@ async def _register_node(
         raise InferenceFailed(bytes(response.body).decode(errors="replace"))
 
 
-def _check_not_served(state: GatewayState, node: WorkflowNode) -> None:
+def _check_not_served(state: GatewayState, node: WorkflowNode, elsewhere: dict[str, str]) -> None:
     """A node's model is its workflow's own: one served already (registered by a client,
     or by another workflow whose name and node make the same ``<workflow>__<node>``) would
-    get the node's archive as a version of its own, and go when the workflow goes."""
+    get the node's archive as a version of its own, and go when the workflow goes. So would
+    another workflow's node model that is not served (unregistered by hand, or still being
+    registered): each workflow would run, and unregister, the other's."""
     if _served(state, node.model):
         raise Conflict(f"Model {node.model} is already registered.")
+    other = elsewhere.get(node.model)
+    if other is not None:
+        raise Conflict(f"Model {node.model} is already registered, as workflow {other}'s node.")
 
 
 def _served(state: GatewayState, model: str) -> bool:
@@ -211,14 +282,19 @@ def _function_model(archive: WorkflowArchive, node: WorkflowNode, url: str) -> A
 
 
 async def _unregister_nodes(state: GatewayState, models: Iterable[str]) -> list[str]:
-    """Unregister each of a workflow's node ``models``; the failures, named."""
+    """Unregister each of a workflow's node ``models``, all at once (as they are
+    registered: within the time of a claim); the failures, named."""
+    models = list(models)
+    results = await asyncio.gather(
+        *(unload(state, model) for model in models), return_exceptions=True
+    )
     failures = []
-    for model in models:
-        try:
-            await unload(state, model)
-        except SluiceError as exc:
-            log.warning("unregistering workflow node %s failed: %s", model, exc.message)
+    for model, result in zip(models, results, strict=True):
+        if isinstance(result, SluiceError):
+            log.warning("unregistering workflow node %s failed: %s", model, result.message)
             failures.append(f"Error while unregistering workflow node {model}")
+        elif isinstance(result, BaseException):
+            raise result
     return failures
 
 
@@ -278,14 +354,26 @@ async def unregister(request: Request, name: str) -> Response:
     try:
         state = await current_state(request)
         await require_explicit(state)
-        workflow = await registered(state, name)
-        if not await state.redis.hdel(state.keys.torchserve_workflows, name):
+        key = state.keys.torchserve_workflows
+        raw = await state.redis.hget(key, name)
+        if raw is None or _is_claim(raw):
+            raise NotFound(f"Workflow not found: {name}")
+        workflow = Workflow.from_json(raw)
+        # The workflow becomes a claim naming its models until they are all unregistered:
+        # it runs no more, its name is not registered again meanwhile, and should this
+        # process stop halfway the models left are still named (for the registration that
+        # takes the lapsed claim over).
+        claim = _claim_of(state, workflow)
+        if not await state.redis.eval(_TAKE_OVER, 1, key, name, raw, claim):
             raise NotFound(f"Workflow not found: {name}")  # (another unregistered it)
         failures = await _unregister_nodes(state, (n.model for n in workflow.nodes.values()))
         if failures:
+            # Still registered (some of its nodes gone): it may be unregistered again.
+            await state.redis.eval(_TAKE_OVER, 1, key, name, claim, raw)
             raise InferenceFailed(
                 f"Error while unregistering the workflow {name}. Details: {failures}"
             )
+        await state.redis.eval(_FORGET, 1, key, name, claim)
         return json_response({"status": f'Workflow "{name}" unregistered'})
     except SluiceError as exc:
         return error_response(exc)

@@ -268,8 +268,8 @@ class Keys:
         """Hash workflow name -> the workflow registered through TorchServe's ``POST /workflows``
         (JSON, :class:`sluice.core.torchserve.workflows.Workflow`): its nodes, each served as a
         model of its own, and who feeds whom; ``registering <until> <models>`` while a
-        gateway process registers its nodes (a claim that lapses at ``until``, Unix seconds,
-        naming the models it registers)."""
+        gateway process registers or unregisters its nodes (a claim that lapses at
+        ``until``, Unix seconds, naming the models it registers)."""
         return f"{{{self.namespace}}}:torchserve:workflows"
 
     @property

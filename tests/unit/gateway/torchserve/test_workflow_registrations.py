@@ -13,6 +13,7 @@ from typing import Any, cast
 import pytest
 from fastapi import Request, Response
 
+from sluice.core.errors import NotFound, Unavailable
 from sluice.core.torchserve.workflows import WorkflowArchive
 from sluice.gateway.torchserve import workflows
 
@@ -41,14 +42,22 @@ class Hash:
     async def hget(self, key: str, name: str) -> bytes | None:
         return self.data.get(name)
 
+    async def hgetall(self, key: str) -> dict[bytes, bytes]:
+        return {name.encode(): value for name, value in self.data.items()}
+
     async def hdel(self, key: str, name: str) -> int:
         return 1 if self.data.pop(name, None) is not None else 0
 
-    async def eval(self, script: str, keys: int, key: str, name: str, old: bytes, new: str) -> int:
-        """The take-over script: replace ``old`` with ``new`` unless it changed."""
+    async def eval(self, script: str, keys: int, key: str, name: str, *args: bytes | str) -> int:
+        """The scripts: replace ``args[0]`` with ``args[1]`` (or delete it, given no
+        ``args[1]``) unless it changed."""
+        old, *new = (a.encode() if isinstance(a, str) else a for a in args)
         if self.data.get(name) != old:
             return 0
-        self.data[name] = new.encode()
+        if new:
+            self.data[name] = new[0]
+        else:
+            del self.data[name]
         return 1
 
 
@@ -57,16 +66,28 @@ class Models:
 
     def __init__(self) -> None:
         self.go = asyncio.Event()
+        self.unloads = asyncio.Event()
+        self.unloads.set()
+        self.unfinished: set[str] = set()
+        """Models whose registration ends before their load is seen to."""
+        self.failing: set[str] = set()
+        """Models whose unregistration fails."""
         self.done: list[str] = []
 
     async def register(
         self, state: Any, params: dict[str, str], url: str, archive: Any, **options: Any
     ) -> Any:
         await self.go.wait()
-        self.done.append(f"register {params['model_name']}")
+        model = params["model_name"]
+        if model in self.unfinished:
+            raise Unavailable(f"the load of '{model}' did not finish")
+        self.done.append(f"register {model}")
         return Response(b"{}", 200)
 
     async def unload(self, state: Any, model: str) -> None:
+        await self.unloads.wait()
+        if model in self.failing:
+            raise Unavailable(f"the unload of '{model}' did not finish")
         self.done.append(f"unload {model}")
 
 
@@ -92,7 +113,12 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Models]:
     async def war(url: str, store: Any, allowed: str) -> WorkflowArchive:
         return WorkflowArchive("w", SPEC, "", {})
 
+    async def current_state(request: Any) -> Any:
+        return state
+
     for name, value in [
+        ("current_state", current_state),
+        ("require_explicit", nothing),
         ("registration", registration),
         ("find_workflow", war),
         ("find_archive", nothing),
@@ -163,3 +189,157 @@ async def test_a_claim_left_by_a_registration_that_died_lapses(
         return
     assert models.done == ["unload w__a", "register w__a", "register w__b"]
     assert json.loads(state.redis.data["w"])["name"] == "w"
+
+
+async def test_a_registration_cancelled_midway_leaves_its_claim_to_lapse(
+    stack: tuple[Any, Models],
+) -> None:
+    """A registration cancelled (its gateway process stopping) while its nodes register may
+    leave models registered (a load already handed to ``sluice up`` goes on): freeing the
+    name would leave them to refuse every later registration of the workflow. Its claim
+    stays, naming them, for the registration that takes it over once it lapses."""
+    state = stack[0]
+    task = asyncio.create_task(workflows.register(cast(Request, None)))
+    await asyncio.sleep(0.05)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    held = state.redis.data["w"].decode()
+    assert held.startswith(workflows.REGISTERING) and held.endswith(" w__a,w__b"), held
+
+
+COLLIDING = {
+    "a.war": "models:\n  b__c: {url: c.mar}\ndag:\n  b__c: []\n",
+    "a__b.war": "models:\n  c: {url: c.mar}\ndag:\n  c: []\n",
+}
+
+
+@pytest.fixture
+def colliding(stack: tuple[Any, Models], monkeypatch: pytest.MonkeyPatch) -> tuple[Any, Models]:
+    """Each request is the URL it registers: workflow ``a`` (node ``b__c``) or ``a__b``
+    (node ``c``), whose nodes are both served as model ``a__b__c``."""
+    state, models = stack
+
+    async def registration(request: Any) -> tuple[Any, dict[str, str], str]:
+        return state, {"url": request}, request
+
+    async def war(url: str, store: Any, allowed: str) -> WorkflowArchive:
+        return WorkflowArchive(url.removesuffix(".war"), COLLIDING[url], "", {})
+
+    monkeypatch.setattr(workflows, "registration", registration)
+    monkeypatch.setattr(workflows, "find_workflow", war)
+    models.go.set()
+    return state, models
+
+
+async def test_a_node_model_of_another_workflow_is_refused_though_not_served(
+    colliding: tuple[Any, Models],
+) -> None:
+    """Workflow ``a``'s node ``b__c`` and workflow ``a__b``'s node ``c`` are one model: once
+    ``a`` holds it (its model unregistered by hand meanwhile, so not served), ``a__b`` may
+    not take it, or each workflow would run and unregister the other's."""
+    state, models = colliding
+    assert answer(await workflows.register(cast(Request, "a.war")))[0] == 200
+    code, message = answer(await workflows.register(cast(Request, "a__b.war")))
+    assert code == 500 and "Model a__b__c is already registered" in message, message
+    assert "a__b" not in state.redis.data
+    assert models.done == ["register a__b__c"]
+
+
+async def test_two_workflows_of_one_node_model_registered_at_once_do_not_share_it(
+    colliding: tuple[Any, Models],
+) -> None:
+    models = colliding[1]
+    first = asyncio.create_task(workflows.register(cast(Request, "a.war")))
+    second = asyncio.create_task(workflows.register(cast(Request, "a__b.war")))
+    codes = [answer(await first)[0], answer(await second)[0]]
+    assert codes.count(200) <= 1, codes
+    assert models.done.count("register a__b__c") == codes.count(200), models.done
+
+
+async def registered_workflow(stack: tuple[Any, Models]) -> None:
+    stack[1].go.set()
+    assert answer(await workflows.register(cast(Request, None)))[0] == 200
+
+
+async def test_a_workflow_being_unregistered_is_gone_and_its_name_taken_until_it_is(
+    stack: tuple[Any, Models],
+) -> None:
+    """While its nodes are unregistered the workflow runs no more, and its name is not
+    registered again (nor unregistered twice) before they all are."""
+    state, models = stack
+    await registered_workflow(stack)
+    models.unloads.clear()
+    deleting = asyncio.create_task(workflows.unregister(cast(Request, None), "w"))
+    await asyncio.sleep(0.05)
+    with pytest.raises(NotFound):
+        await workflows.registered(state, "w")
+    assert answer(await workflows.unregister(cast(Request, None), "w"))[0] == 404
+    assert answer(await workflows.register(cast(Request, None))) == (
+        409,
+        "Workflow w is already registered.",
+    )
+    models.unloads.set()
+    assert answer(await deleting) == (200, 'Workflow "w" unregistered')
+    assert "w" not in state.redis.data
+    assert answer(await workflows.register(cast(Request, None)))[0] == 200
+
+
+async def test_an_unregistration_cancelled_midway_leaves_its_models_named(
+    stack: tuple[Any, Models],
+) -> None:
+    """An unregistration cancelled (its gateway process stopping) before its nodes are all
+    unregistered leaves a claim naming them, which lapses: the workflow's next registration
+    takes it over and unregisters what is left, instead of finding models nobody names."""
+    state, models = stack
+    await registered_workflow(stack)
+    models.unloads.clear()
+    deleting = asyncio.create_task(workflows.unregister(cast(Request, None), "w"))
+    await asyncio.sleep(0.05)
+    deleting.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await deleting
+    held = state.redis.data["w"].decode()
+    assert held.startswith(workflows.REGISTERING) and held.endswith(" w__a,w__b"), held
+
+
+async def test_an_unregistration_that_fails_leaves_the_workflow_to_unregister_again(
+    stack: tuple[Any, Models],
+) -> None:
+    state, models = stack
+    await registered_workflow(stack)
+    models.failing.add("w__b")
+    code, message = answer(await workflows.unregister(cast(Request, None), "w"))
+    assert code == 500 and "Error while unregistering workflow node w__b" in message, message
+    assert (await workflows.registered(state, "w")).name == "w"
+    models.failing.clear()
+    assert answer(await workflows.unregister(cast(Request, None), "w"))[0] == 200
+    assert "w" not in state.redis.data
+
+
+async def test_a_node_whose_load_was_not_seen_to_end_is_unregistered_with_the_others(
+    stack: tuple[Any, Models],
+) -> None:
+    """A load that outlasted the registration's wait goes on in ``sluice up``: when the
+    registration fails, that node's model is unregistered too, or it would be left served,
+    refusing every later registration of the workflow."""
+    state, models = stack
+    models.unfinished.add("w__b")
+    models.go.set()
+    code, message = answer(await workflows.register(cast(Request, None)))
+    assert code == 500 and "the load of 'w__b' did not finish" in message, message
+    assert sorted(models.done) == ["register w__a", "unload w__a", "unload w__b"]
+    assert "w" not in state.redis.data
+
+
+async def test_a_failed_registration_whose_models_stay_leaves_its_claim_naming_them(
+    stack: tuple[Any, Models],
+) -> None:
+    state, models = stack
+    models.unfinished.update({"w__a", "w__b"})
+    models.failing.update({"w__a", "w__b"})
+    models.go.set()
+    code, message = answer(await workflows.register(cast(Request, None)))
+    assert code == 500 and "Error while unregistering workflow node w__a" in message, message
+    held = state.redis.data["w"].decode()
+    assert held.startswith(workflows.REGISTERING) and held.endswith(" w__a,w__b"), held

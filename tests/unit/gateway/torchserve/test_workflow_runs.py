@@ -11,7 +11,14 @@ from typing import Any, cast
 
 import pytest
 
-from sluice.core.errors import InferenceFailed, NotFound, PayloadTooLarge, SluiceError
+from sluice.core.errors import (
+    InferenceFailed,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+    SluiceError,
+)
+from sluice.core.tenants import CURRENT_TENANT
 from sluice.core.torchserve.workflows import Workflow, WorkflowArchive, parse_workflow
 from sluice.gateway.state import GatewayState
 from sluice.gateway.torchserve import workflow_run
@@ -88,7 +95,8 @@ async def test_several_leaves_answer_each_answer_as_it_came_in_valid_json(
 ) -> None:
     stand_in(monkeypatch, lambda node, body: LEAVES.get(node, b"start"))
     graph = workflow("  a: [b, c, d, e]\n")
-    answer = await workflow_run.run(STATE, graph, (b"x", "text/plain"))
+    state = cast(GatewayState, SimpleNamespace(settings=SimpleNamespace(max_body_bytes=1 << 20)))
+    answer = await workflow_run.run(state, graph, (b"x", "text/plain"))
     assert answer.startswith(b'{"b": ' + LEAVES["b"] + b', "c": "NaN", "d": "[[[')
     merged = json.loads(answer, parse_constant=lambda name: pytest.fail(f"{name} in JSON"))
     assert (merged["c"], merged["e"]) == ("NaN", "plain text")
@@ -101,3 +109,45 @@ async def test_a_leaf_answering_bytes_that_are_no_text_fails_the_run(
     stand_in(monkeypatch, lambda node, body: b"\xff\xfe\x00" if node == "c" else b"1")
     with pytest.raises(InferenceFailed, match=r"Error executing c .*neither JSON nor UTF-8"):
         await workflow_run.run(STATE, workflow("  a: [b, c]\n"), (b"x", "text/plain"))
+
+
+async def test_leaves_answering_more_than_a_body_may_hold_are_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Several leaves' answers make one JSON object (each answer parsed to see whether it is
+    JSON): their bytes together are bounded as a node's input is, not held and parsed
+    whatever their size."""
+    stand_in(monkeypatch, lambda node, body: b"[]" * 300 if node != "a" else b"start")
+    with pytest.raises(PayloadTooLarge, match=r"1200 bytes"):
+        await workflow_run.run(STATE, workflow("  a: [b, c]\n"), (b"x", "text/plain"))
+
+
+async def test_a_node_refused_for_a_full_queue_is_not_tried_again_and_keeps_its_status(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An overloaded model refuses at once and says to retry later: trying again at once
+    only adds to its load, and the client is owed its 503, not a 500."""
+    called = stand_in(monkeypatch, raising(Overloaded("model 'w__a' has a full queue")))
+    with pytest.raises(Overloaded, match=r"^Error executing a \(model 'w__a' has a full queue\)$"):
+        await workflow_run.run(STATE, workflow("  a: []\n", retries=3), (b"x", "text/plain"))
+    assert called == ["a"]
+
+
+async def test_every_node_is_called_as_the_caller_s_tenant(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The nodes' calls (tasks of their own, side by side) count against the limits and
+    the queue share of the tenant whose key called the workflow."""
+    seen: dict[str, str] = {}
+
+    def answer(node: str, body: bytes) -> bytes:
+        seen[node] = CURRENT_TENANT.get()
+        return b"1"
+
+    stand_in(monkeypatch, answer)
+    token = CURRENT_TENANT.set("acme")
+    try:
+        await workflow_run.run(STATE, workflow("  a: [b, c]\n  b: [d]\n"), (b"x", "text/plain"))
+    finally:
+        CURRENT_TENANT.reset(token)
+    assert seen == dict.fromkeys("abcd", "acme")
