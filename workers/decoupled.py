@@ -24,6 +24,7 @@ from sluice.core.wire import ReplyMessage, TensorHeader
 from sluice.workers.backends.base import Backend, CancelSignal, RequestContext, SequenceFlags
 from sluice.workers.replies import Publisher
 from sluice.workers.response_stats import RequestClock, ResponseTally
+from sluice.workers.serving import serving
 from sluice.workers.tensors import PendingRequest, output_names, split
 
 Answer = tuple[list[TensorHeader], bytes] | SluiceError
@@ -126,7 +127,8 @@ def compute_streaming(
         tenants = [r.message.tenant for r in batch]
         stream(inputs, output_names(batch), sizes, emit, cancellations, sequences, own, tenants)
     else:
-        stream(inputs, output_names(batch), sizes, emit)
+        with serving(r.message.tenant for r in batch):
+            stream(inputs, output_names(batch), sizes, emit)
     missing = InferenceFailed("the model sent no final response")
     return [finals.get(index, missing) for index in range(len(batch))]
 

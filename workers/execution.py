@@ -46,6 +46,7 @@ from sluice.workers.replies import (
 )
 from sluice.workers.response_stats import ResponseTally
 from sluice.workers.sequence_book import SequenceBook
+from sluice.workers.serving import serving
 from sluice.workers.slots import ComputeGate
 from sluice.workers.tensors import PendingRequest, combine, output_names, split
 
@@ -357,7 +358,9 @@ class Execution:
                         if own:
                             timing.response_parameters[request.entry_id] = own
             elif self.concurrency == 1:
-                outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
+                # (A Python model's calls made meanwhile are its requests' tenant's.)
+                with serving(r.message.tenant for r in batch):
+                    outputs = backend.infer(inputs, wanted, request_sizes=[r.items for r in batch])
             else:
                 # A concurrent backend (an ensemble) passes each request's deadline and ids
                 # on to the requests it makes itself.

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from sluice.core.clock import CLOCK
+from sluice.core.config import ModelConfig
 from sluice.core.control import (
     NOT_ALLOWED,
     ControlCommand,
@@ -86,6 +87,22 @@ class CallContext:
     """The call's own request parameters (an ensemble's request's, a BLS request's)."""
     tenant: str = ""
     """Whose request the call serves (empty: the anonymous tenant); the call is theirs."""
+    shared: bool = False
+    """The call serves several tenants' requests at once (a Python model's call made while
+    it computes a batch that mixes tenants): it is made as the anonymous tenant, and bypasses
+    the response cache, whose answers are each one tenant's."""
+
+
+def cached(config: ModelConfig, context: CallContext) -> bool:
+    """Whether a call to a model of ``config`` is looked up in the response cache (and its
+    answer kept there): the model enables it, its answers depend on the request alone (not
+    a sequence's state, not a decoupled model's stream), and the call is one tenant's."""
+    return (
+        config.response_cache
+        and config.sequence_batching is None
+        and not config.decoupled
+        and not context.shared
+    )
 
 
 class ModelCalls:
@@ -159,9 +176,8 @@ class ModelCalls:
         target, stream, message, payload, timeout_s = await self._request(
             model, version, inputs, outputs, context
         )
-        config = target.config
-        cache = self._cache if config.response_cache else None
-        if cache is None or config.sequence_batching is not None or config.decoupled:
+        cache = self._cache if cached(target.config, context) else None
+        if cache is None:
             submitted = self._dispatcher.submit(model, stream, message, payload, timeout_s)
             return _answer(*await submitted)
         # Triton's response cache serves a model's calls as it serves its clients.

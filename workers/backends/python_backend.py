@@ -42,6 +42,7 @@ from sluice.workers.backends.python_model import (
     module_name_for,
 )
 from sluice.workers.model_calls import CallContext, process_calls
+from sluice.workers.serving import serving_tenant
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +96,12 @@ def _call_args(
 ) -> tuple[list[tuple[str, str, np.ndarray]], list[str], CallContext]:
     deadline_ns = CLOCK.now_ns() + int(timeout_s * 1e9) if timeout_s else 0
     tensors = [(name, "", np.asarray(array)) for name, array in inputs.items()]
-    return tensors, list(outputs), CallContext(deadline_ns=deadline_ns)
+    tenant, shared = serving_tenant()
+    return (
+        tensors,
+        list(outputs),
+        CallContext(deadline_ns=deadline_ns, tenant=tenant, shared=shared),
+    )
 
 
 def _version_of(model_file: Path) -> int:

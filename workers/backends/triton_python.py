@@ -41,6 +41,7 @@ from sluice.workers.backends.base import (
     SequenceFlags,
 )
 from sluice.workers.backends.python_model import call_model, forget_module
+from sluice.workers.serving import serving
 
 FINAL_WAIT_S = 300.0
 """How long a decoupled model may take to send every request's final response."""
@@ -128,13 +129,15 @@ class TritonPythonBackend:
     ) -> dict[str, np.ndarray]:
         """``response_parameters``: filled with each request's response parameters (the
         ``parameters`` of its ``InferenceResponse``). ``tenants``: whose each request is (the
-        BLS calls of a batch of one tenant's requests are that tenant's)."""
+        BLS calls of a batch of one tenant's requests are that tenant's; those of a batch
+        that mixes tenants are shared: :func:`~sluice.workers.serving.serving_tenant`)."""
         sizes = self._sizes(inputs, request_sizes)
         requests = self._requests(inputs, outputs, sizes, sequences, parameters)
         cancellations = _follow(requests, cancellations)
-        pb.executing(cancellations, _one_tenant(tenants))
+        pb.executing(cancellations)
         try:
-            responses = call_model(self._file, "execute", self._model.execute, requests)
+            with serving(tenants or ()):
+                responses = call_model(self._file, "execute", self._model.execute, requests)
         finally:
             pb.executing(None)
         if not isinstance(responses, list | tuple) or len(responses) != len(requests):
@@ -194,9 +197,10 @@ class TritonPythonBackend:
 
             sender = pb.InferenceResponseSender(deliver, request.is_cancelled)
             request._sender = sender  # type: ignore[attr-defined]
-        pb.executing(cancellations, _one_tenant(tenants))
+        pb.executing(cancellations)
         try:
-            call_model(self._file, "execute", self._model.execute, requests)
+            with serving(tenants or ()):
+                call_model(self._file, "execute", self._model.execute, requests)
         finally:
             pb.executing(None)
         deadline = time.monotonic() + FINAL_WAIT_S
@@ -340,10 +344,3 @@ class TritonPythonBackend:
                 call_model(self._file, "finalize", finalize)
         finally:
             forget_module(self._module_name, self._file)
-
-
-def _one_tenant(tenants: Sequence[str] | None) -> str:
-    """The tenant every request of a batch belongs to; the anonymous one ("") for a batch
-    of several tenants' requests (a BLS call serves the whole batch)."""
-    distinct = set(tenants or ())
-    return distinct.pop() if len(distinct) == 1 else ""

@@ -58,6 +58,7 @@ from sluice.core.observability import custom_metrics as metrics
 from sluice.core.request_parameters import model_parameters
 from sluice.workers.backends.base import CancelSignal
 from sluice.workers.model_calls import CallContext, ModelCalls, process_calls
+from sluice.workers.serving import serving_tenant
 
 _log = logging.getLogger("model.py")
 _LOG_LEVELS = frozenset((logging.INFO, logging.WARNING, logging.ERROR, logging.DEBUG))
@@ -249,12 +250,14 @@ class InferenceRequest:
             raise TritonModelException("InferenceRequest.exec needs a model_name")
         deadline_ns = CLOCK.now_ns() + self._timeout_us * 1000 if self._timeout_us else 0
         inputs = [(tensor.name(), "", tensor.as_numpy()) for tensor in self._inputs]
+        tenant, shared = serving_tenant()
         context = CallContext(
             self._request_id,
             deadline_ns,
             sequence=(self._correlation_id, self._flags),
             parameters=self._call_parameters(),
-            tenant=getattr(_BATCH, "tenant", ""),
+            tenant=tenant,
+            shared=shared,
         )
         return self._model_name, self._model_version, inputs, self._requested, context
 
@@ -453,11 +456,10 @@ _BATCH = threading.local()
 tenant its requests belong to (``tenant``)."""
 
 
-def executing(signals: Sequence[CancelSignal] | None, tenant: str = "") -> None:
-    """Say which batch this thread executes now (None: none), and whose its requests are
-    (the BLS calls made meanwhile are that tenant's)."""
+def executing(signals: Sequence[CancelSignal] | None) -> None:
+    """Say which batch this thread executes now (None: none): the BLS calls made meanwhile
+    stop with it."""
     _BATCH.signals = signals
-    _BATCH.tenant = tenant
 
 
 def stop_with_batch(future: Future[Any]) -> None:
