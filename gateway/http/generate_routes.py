@@ -26,6 +26,7 @@ from fastapi.responses import StreamingResponse
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidInput, SluiceError
 from sluice.core.wire import ReplyMessage
+from sluice.gateway.body_budget import BodyReservation
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_object
 from sluice.gateway.http.protocol import cancel_on_disconnect
@@ -119,11 +120,12 @@ def _answer(model: str, infer_json: bytes) -> bytes:
 
 
 async def _prepare(
-    request: Request, model: str, version: str | None
+    request: Request, model: str, version: str | None, reservation: BodyReservation
 ) -> tuple[Prepared, bool, Callable[[ReplyMessage, memoryview], bytes]]:
-    """The prepared request, whether it is big, and how an answer becomes a generate one."""
+    """The prepared request, whether it is big, and how an answer becomes a generate one.
+    The body counts in the process's ``reservation`` until the caller releases it."""
     state = state_of(request)
-    body = await read_body(request, state.settings.max_body_bytes)
+    body = await read_body(request, state.settings.max_body_bytes, reservation)
     big = len(body) > OFFLOAD_BYTES
 
     def parse(config: ModelConfig) -> InferRequest:
@@ -149,9 +151,14 @@ async def _prepare(
 @router.post("/v2/models/{model}/generate")
 @router.post("/v2/models/{model}/versions/{version}/generate")
 async def generate(request: Request, model: str, version: str | None = None) -> Response:
-    prepared, big, encode = await _prepare(request, model, version)
-    cancel_on_disconnect(request.scope)
-    answer = await execute(state_of(request), prepared, big, encode)
+    state = state_of(request)
+    reservation = state.bodies.reservation()  # (the body is held until it is answered)
+    try:
+        prepared, big, encode = await _prepare(request, model, version, reservation)
+        cancel_on_disconnect(request.scope)
+        answer = await execute(state, prepared, big, encode)
+    finally:
+        reservation.release()
     return Response(answer, media_type="application/json")
 
 
@@ -160,15 +167,21 @@ async def generate(request: Request, model: str, version: str | None = None) -> 
 async def generate_stream(request: Request, model: str, version: str | None = None) -> Response:
     """One event per response; a decoupled model's come as it sends them, until its final
     one. An error after the stream began is an event ``{"error": ...}`` that ends it."""
-    prepared, big, encode = await _prepare(request, model, version)
     state = state_of(request)
-    if not prepared.decoupled:
-        cancel_on_disconnect(request.scope)
-        answer = await execute(state, prepared, big, encode)
-        return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
-    responses = execute_stream(state, prepared, big, encode)
-    # The first response (or the error before any) decides the status, as on /generate.
-    first = await anext(responses, None)
+    reservation = state.bodies.reservation()
+    try:
+        prepared, big, encode = await _prepare(request, model, version, reservation)
+        if not prepared.decoupled:
+            cancel_on_disconnect(request.scope)
+            answer = await execute(state, prepared, big, encode)
+            return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
+        responses = execute_stream(state, prepared, big, encode)
+        # The first response (or the error before any) decides the status, as on /generate.
+        first = await anext(responses, None)
+    finally:
+        # (A stream's body counts until its first response: its events are sent after this
+        # handler returns, and may never be if the client is gone.)
+        reservation.release()
 
     async def events() -> AsyncIterator[bytes]:
         try:
