@@ -74,8 +74,7 @@ class TargetResolver:
         naming the model when it cannot take requests now."""
         known = self._known.get(model)
         if known is None or time.monotonic() - known.read_at > self._refresh_s:
-            known = await self._read(model)
-            self._known[model] = known
+            known = self._remember(model, await self._read(model))
         entry = known.entry
         if entry is None:  # (Triton's text and status for a model it does not know)
             raise NotFound(f"Request for unknown model: '{model}' is not found")
@@ -97,6 +96,16 @@ class TargetResolver:
         stream = self._keys.request_stream(model, version, default_level(entry.config))
         return Target(model, version, stream, entry.config, known.revision)
 
+    def _remember(self, model: str, known: _Known) -> _Known:
+        """Keep what was read of ``model`` for :data:`REFRESH_S`, unless the catalog does not
+        list it: a model may call names its clients chose, and remembering every one would
+        grow without bound (an unknown name costs one read each time, as at the gateway)."""
+        if known.entry is None:
+            self._known.pop(model, None)
+        else:
+            self._known[model] = known
+        return known
+
     def forget(self, model: str) -> None:
         """Read ``model``'s entry afresh next time (it was just loaded or unloaded)."""
         self._known.pop(model, None)
@@ -104,7 +113,7 @@ class TargetResolver:
     async def ready(self, model: str, version: int) -> bool:
         """Whether ``model`` (``version`` -1: any of its versions) is available with a live
         instance now, read afresh."""
-        known = self._known[model] = await self._read(model)
+        known = self._remember(model, await self._read(model))
         entry = known.entry
         if entry is None or not entry.available:
             return False
