@@ -27,8 +27,13 @@ MAX_WORKERS = 256
 
 
 def check_model_name(name: str, where: str) -> None:
-    """A model name that can be a folder of the repository (and a TorchServe name)."""
-    if not name.replace("-", "_").replace(".", "_").isidentifier() or len(name) > 128:
+    """A model name that can be a folder of the repository (and a TorchServe name): not
+    ``.``, ``..`` nor a hidden folder, which the repository's scan passes over."""
+    if (
+        not name.replace("-", "_").replace(".", "_").isidentifier()
+        or name.startswith(".")
+        or len(name) > 128
+    ):
         raise InvalidConfig(f"{where}: model name {name!r} cannot be a folder name")
 
 

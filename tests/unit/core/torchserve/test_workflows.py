@@ -119,6 +119,13 @@ def test_a_node_or_workflow_name_that_cannot_be_a_model_name_is_refused(name: st
         parse_workflow(archive("dag:\n  a: [b]"), "w.war", name)
 
 
+@pytest.mark.parametrize("name", [".", "..", ".hidden"])
+def test_a_workflow_name_that_would_be_a_hidden_folder_is_refused(name: str) -> None:
+    """(Its node models would be ``..__a``: a folder the repository's scan passes over.)"""
+    with pytest.raises(InvalidConfig, match="cannot be a folder name"):
+        parse_workflow(archive("dag:\n  a: [b]"), "w.war", name)
+
+
 def test_an_archive_is_read_with_its_manifest_specification_and_files(tmp_path: Path) -> None:
     path = write_war(
         tmp_path / "w.war",
