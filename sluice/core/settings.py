@@ -743,6 +743,12 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
                 "gRPC over TLS (SLUICE_GRPC_USE_SSL) needs SLUICE_GRPC_SERVER_CERT and "
                 "SLUICE_GRPC_SERVER_KEY, or the HTTP certificate (SLUICE_SSL_CERTFILE)"
             )
+        if self.grpc_server_key and not self.grpc_server_cert:
+            # (It would be dropped for the HTTP certificate's key without a word.)
+            raise ValueError(
+                "SLUICE_GRPC_SERVER_KEY is the key of SLUICE_GRPC_SERVER_CERT, which is not "
+                "set"
+            )
         if self.grpc_use_ssl_mutual and not self.grpc_root_cert:
             raise ValueError(
                 "SLUICE_GRPC_USE_SSL_MUTUAL needs SLUICE_GRPC_ROOT_CERT: the authorities "

@@ -96,3 +96,5 @@ def test_grpc_tls_without_its_certificate_or_roots_is_refused_naming_them() -> N
         GatewaySettings(grpc_use_ssl_mutual=True, grpc_server_cert="c.pem")
     taken = GatewaySettings(grpc_use_ssl=True, ssl_certfile="http.pem")
     assert taken.grpc_use_ssl and not taken.grpc_server_cert  # (the HTTP certificate serves)
+    with pytest.raises(ValidationError, match="SLUICE_GRPC_SERVER_KEY is the key"):
+        GatewaySettings(grpc_use_ssl=True, ssl_certfile="http.pem", grpc_server_key="k.pem")
