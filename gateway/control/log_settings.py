@@ -7,11 +7,16 @@ and applied at once in the process that answers it; the other gateway processes 
 their next catalog refresh (``SLUICE_CATALOG_REFRESH_S``), and a gateway process that starts
 later applies it before it serves. The changes expire a minute after the last gateway
 stopped renewing them, so a deployment started anew begins from its own settings.
+
+A process applies the stored changes whenever they differ from those it applied last, not
+when their revision number is new alone: after Redis lost them (a restart, a replica taking
+over) the numbers start again, and a later change may carry a number a process has seen.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.core.errors import InvalidInput, Unsupported
@@ -22,6 +27,11 @@ _BOOLEAN = "attempt to access JSON non-boolean as boolean"
 _UNSIGNED = "attempt to access JSON non-unsigned-integer as unsigned-integer"
 _STRING = "attempt to access JSON non-string as string"
 _MAX_UINT64 = (1 << 64) - 1
+MAX_VERBOSE_LEVEL = (1 << 32) - 1
+"""Triton's protocol carries the level as a uint32 (gRPC's ``uint32_param``): a larger one
+would be stored for every process, and no gRPC ``LogSettings`` answer could report it."""
+
+log = logging.getLogger(__name__)
 
 
 def log_changes(document: dict[str, Any]) -> dict[str, Any]:
@@ -39,6 +49,11 @@ def log_changes(document: dict[str, Any]) -> dict[str, Any]:
     if level is not None:
         if isinstance(level, bool) or not isinstance(level, int) or not 0 <= level <= _MAX_UINT64:
             raise InvalidInput(_UNSIGNED)
+        if level > MAX_VERBOSE_LEVEL:
+            raise InvalidInput(
+                f"log_verbose_level must be at most {MAX_VERBOSE_LEVEL} (a uint32, as Triton's "
+                f"protocol carries it); got {level}"
+            )
         changes["verbose_level"] = level
     log_format = document.get("log_format")
     if log_format is not None:
@@ -54,13 +69,14 @@ SETTINGS_TTL_S = 60.0
 """The least time the changes outlive the last renewal by a gateway."""
 
 _REVISION = b"rev"
+"""Counts the changes: each one stores something new, even one that repeats the values."""
 _FLAGS = ("info", "warning", "error")
 
 
 @dataclass
 class _Followed:
-    revision: int = 0
-    """The revision of the changes this process applied last (0: none)."""
+    stored: dict[bytes, bytes] = field(default_factory=dict)
+    """The stored changes this process applied last (empty: none)."""
 
 
 _followed = _Followed()
@@ -71,20 +87,33 @@ def _ttl_ms(state: GatewayState) -> int:
 
 
 def _apply(stored: dict[bytes, bytes]) -> LogOptions:
-    """Apply the changes stored in Redis to this process's log settings."""
-    revision = int(stored.get(_REVISION, b"0"))
+    """Apply the changes stored in Redis to this process's log settings. A value no process
+    of this version could have written (another version's, or damage) is skipped, said once
+    in the log: raising would fail every refresh and GET while the gateways renew it."""
     changes: dict[str, Any] = {}
+    skipped: list[str] = []
     for name in _FLAGS:
         value = stored.get(name.encode())
-        if value is not None:
+        if value in (b"0", b"1"):
             changes[name] = value == b"1"
+        elif value is not None:
+            skipped.append(name)
     level = stored.get(b"verbose_level")
     if level is not None:
-        changes["verbose_level"] = int(level)
+        # (the length first: int() refuses thousands of digits, and is slow on them)
+        if level.isdigit() and len(level) <= 10 and int(level) <= MAX_VERBOSE_LEVEL:
+            changes["verbose_level"] = int(level)
+        else:
+            skipped.append("verbose_level")
     log_format = stored.get(b"format")
-    if log_format is not None and log_format.decode() in FORMATS:
-        changes["format"] = log_format.decode()
-    _followed.revision = revision
+    if log_format is not None:
+        if log_format.decode(errors="replace") in FORMATS:
+            changes["format"] = log_format.decode()
+        else:
+            skipped.append("format")
+    if skipped:
+        log.warning("log settings: ignoring malformed stored values of %s", ", ".join(skipped))
+    _followed.stored = stored
     return control().update(**changes)
 
 
@@ -119,5 +148,5 @@ async def follow_log_settings(state: GatewayState) -> None:
         pipe.hgetall(key)
         pipe.pexpire(key, _ttl_ms(state))
         stored, _ = await pipe.execute()
-    if stored and int(stored.get(_REVISION, b"0")) != _followed.revision:
+    if stored and stored != _followed.stored:
         _apply(stored)

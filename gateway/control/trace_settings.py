@@ -11,7 +11,6 @@ from __future__ import annotations
 from typing import Any
 
 from sluice.core.errors import Unsupported
-from sluice.core.observability.tracing import traces_endpoint
 from sluice.gateway.state import GatewayState
 
 FIXED = (
@@ -24,7 +23,8 @@ def trace_settings(state: GatewayState, model: str = "") -> dict[str, list[str]]
     """The settings, each a list of strings as Triton's; ``model`` (when given) must exist."""
     if model:
         state.view.entry(model)
-    on = bool(traces_endpoint(state.settings))
+    # (whether spans are exported: an endpoint without OpenTelemetry installed exports none)
+    on = state.tracing is not None
     return {
         "trace_mode": ["opentelemetry"],
         "trace_level": ["TIMESTAMPS"] if on else ["OFF"],

@@ -92,8 +92,9 @@ class ControlCalls:
         return pb.ModelConfigResponse(config=config)
 
     async def ModelStatistics(self, request: Any) -> Any:
-        targets = stats_targets(self.state, request.name, _version(request.version))
-        return _parsed(await stats_document(self.state, targets), pb.ModelStatisticsResponse())
+        state, version = self.state, _version(request.version)
+        targets = await asked_fresh(state, lambda: stats_targets(state, request.name, version))
+        return _parsed(await stats_document(state, targets), pb.ModelStatisticsResponse())
 
     async def RepositoryIndex(self, request: Any) -> Any:
         if request.repository_name:
@@ -166,7 +167,8 @@ class ControlCalls:
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request: Any) -> Any:
-        current = trace_settings(self.state, request.model_name)
+        state = self.state
+        current = await asked_fresh(state, lambda: trace_settings(state, request.model_name))
         refuse_changes(dict(request.settings))
         response = pb.TraceSettingResponse()
         for key, values in current.items():

@@ -129,4 +129,5 @@ async def model_config(request: Request, model: str, version: str | None = None)
 @_route("GET", "/stats")
 async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
     state = state_of(request)
-    return json_response(await stats_document(state, stats_targets(state, model, version)))
+    targets = await asked_fresh(state, lambda: stats_targets(state, model, version))
+    return json_response(await stats_document(state, targets))

@@ -125,6 +125,12 @@ def test_verbose_level_and_format_change_the_gateways_log(stack: Stack, http: ht
             400,
             "attempt to access JSON non-unsigned-integer as unsigned-integer",
         ),
+        (
+            {"log_verbose_level": 1 << 32},  # (a uint32 in Triton's protocol, and gRPC's)
+            400,
+            "log_verbose_level must be at most 4294967295 (a uint32, as Triton's protocol "
+            "carries it); got 4294967296",
+        ),
         ({"log_format": 8601}, 400, "attempt to access JSON non-string as string"),
         ({"log_format": "xml"}, 400, "invalid argument for --log_format, got: xml"),
         (

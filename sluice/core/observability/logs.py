@@ -14,6 +14,7 @@ live in the process's :class:`LogControl` (see :func:`control`).
 from __future__ import annotations
 
 import logging
+import re
 import sys
 import time
 from contextvars import ContextVar
@@ -109,6 +110,17 @@ class JsonFormatter(logging.Formatter):
         return orjson.dumps(document, default=str).decode()
 
 
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+"""What may end a line or drive a terminal (what ``str.splitlines`` splits at included)."""
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its control characters escaped (``\\n``, ``\\x1b``): messages carry
+    clients' text (a model name from a URL, where ``%0A`` decodes to a newline), which must
+    not start a text line that reads as another record."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode(), text)
+
+
 class TextFormatter(logging.Formatter):
     """``<time> <role> <logger> <LEVEL> <message> [request_id=... trace_id=...]``."""
 
@@ -119,6 +131,10 @@ class TextFormatter(logging.Formatter):
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         return _utc_iso(record) if self.utc_iso else super().formatTime(record, datefmt)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:
+        # (the record's line; a traceback is added after it, with its own lines)
+        return _one_line(super().formatMessage(record))
 
     def format(self, record: logging.LogRecord) -> str:
         record.role = self.role

@@ -119,6 +119,28 @@ def test_text_lines_and_triton_s_iso8601_format() -> None:
     assert re.fullmatch(rf"{UTC_TIME} up tests\.unit\.test_logs INFO later", lines(stream)[-1])
 
 
+def test_a_clients_text_in_a_message_cannot_forge_text_lines() -> None:
+    """A model name from a URL (``%0A`` decodes to a newline) goes into a message as it
+    came: in text lines its control characters are escaped, so that it cannot start a line
+    that reads as another record, nor drive a terminal; a traceback keeps its lines."""
+    stream = configured("gateway", log_format="text")
+    forged = "x'\n2030-01-01 00:00:00,000 gateway sluice.up ERROR forged\r\x1b[2J\u2028"
+    log.warning("inference request failed: 404 unknown model '%s'", forged)
+    try:
+        raise RuntimeError("bad\nthing")
+    except RuntimeError:
+        log.exception("failed")
+    line, *traceback = lines(stream)
+    assert line.endswith(
+        "WARNING inference request failed: 404 unknown model 'x'\\n2030-01-01 00:00:00,000 "
+        "gateway sluice.up ERROR forged\\r\\x1b[2J\\u2028'"
+    )
+    assert traceback[0].endswith("ERROR failed") and traceback[-2:] == [
+        "RuntimeError: bad",
+        "thing",
+    ]
+
+
 def test_tritons_switches_and_verbose_level() -> None:
     stream = configured(log_info=False)
     log.info("dropped")
@@ -233,9 +255,11 @@ def test_log_settings_checks() -> None:
     assert parse_log_settings(b'{"log_info": null, "other": 1, "log_verbose_level": 3}') == {
         "verbose_level": 3
     }
-    assert parse_log_settings(b'{"log_verbose_level": 18446744073709551615}') == {
-        "verbose_level": (1 << 64) - 1
+    assert parse_log_settings(b'{"log_verbose_level": 4294967295}') == {
+        "verbose_level": (1 << 32) - 1
     }
+    with pytest.raises(InvalidInput, match=r"^log_verbose_level must be at most 4294967295"):
+        parse_log_settings(b'{"log_verbose_level": 18446744073709551615}')  # (a uint32)
     with pytest.raises(InvalidInput, match="non-unsigned-integer"):
         parse_log_settings(b'{"log_verbose_level": 18446744073709551616}')
     with pytest.raises(Unsupported, match="can not be updated through network protocol"):

@@ -8,6 +8,7 @@ import asyncio
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sluice.core.catalog import CatalogEntry
@@ -15,6 +16,8 @@ from sluice.core.errors import NotFound
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.inspection import model_not_ready
+from sluice.gateway.grpc_api.protocol import service_pb2
+from sluice.gateway.grpc_api.service import ControlCalls
 from sluice.gateway.shm.store import HostCounter
 from sluice.gateway.state import GatewayState
 from tests.support.onnx_models import identity_config
@@ -100,3 +103,28 @@ async def test_a_change_counted_by_another_process_is_followed_once(
     finally:
         mine.close()
         other.close()
+
+
+async def test_statistics_and_trace_settings_of_a_model_loaded_elsewhere_are_answered() -> None:
+    """As metadata and readiness: a model another host loaded since the last refresh is
+    found by catching up, not answered 404 until the next refresh."""
+    for method, path in (
+        ("GET", "/v2/models/late/stats"),
+        ("GET", "/v2/models/late/versions/1/stats"),
+        ("GET", "/v2/models/late/trace/setting"),
+        ("POST", "/v2/models/late/trace/setting"),
+    ):
+        control = PublishingControl(published=True)
+        config = identity_config("ident", ["FP32"], [-1], 8)
+        app = in_process_gateway("ident", config, EchoDispatcher(["OUT_FP32"]), control=control)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as http:
+            response = await http.request(method, path)
+        assert response.status_code == 200, response.text
+
+    for call, request in (
+        ("ModelStatistics", service_pb2.ModelStatisticsRequest(name="late")),
+        ("TraceSetting", service_pb2.TraceSettingRequest(model_name="late")),
+    ):
+        state = gateway_state(PublishingControl(published=True))
+        await getattr(ControlCalls(state), call)(request)
