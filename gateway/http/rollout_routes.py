@@ -18,7 +18,7 @@ from starlette.responses import Response
 
 from sluice.core.control import ControlCommand
 from sluice.core.errors import NotFound
-from sluice.core.rollout import PROMOTE, ROLLBACK, START
+from sluice.core.rollout import PROMOTE, ROLLBACK, START, parse_start
 from sluice.gateway.control.model_control import carry_out
 from sluice.gateway.http.json_body import json_object
 from sluice.gateway.state import state_of
@@ -30,6 +30,9 @@ rollout_router = APIRouter()
 async def start(model: str, request: Request) -> Response:
     state = state_of(request)
     document = json_object(await request.body())
+    # Checked here too: a bad request is told at once, even while no controller leads (it
+    # would wait for one, and be carried out when one comes).
+    parse_start(document)
     command = ControlCommand(START, model, orjson.dumps(document).decode())
     await carry_out(state, command, state.keys.controller_requests)
     return await status(model, request)

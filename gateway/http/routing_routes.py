@@ -7,6 +7,9 @@
 - ``PUT /v2/repository/models/{m}/routing/labels/{label}`` ``{"version": N}`` and
   ``DELETE`` of the same path: one label.
 
+While a rollout of the model is under way its split (and shadow) are the controller's: a
+change of weights, or a DELETE, is a 409; labels may change.
+
 Changes are read, checked against the catalog (versions must be served) and written in one
 optimistic Redis transaction, so two administrators cannot interleave; this gateway applies
 the result at once, the others at their next refresh. The paths start with
@@ -22,7 +25,8 @@ from fastapi import APIRouter
 from starlette.requests import Request
 from starlette.responses import Response
 
-from sluice.core.errors import InvalidInput
+from sluice.core.errors import Conflict, InvalidInput
+from sluice.core.rollout import FINISHED
 from sluice.core.routing import (
     MAX_LABELS,
     Routing,
@@ -62,11 +66,14 @@ async def put_routing(request: Request, model: str) -> Response:
         raise InvalidInput(f"{shown}the body names 'labels', 'weights' or both")
     labels = parse_labels(document["labels"], served, model) if "labels" in document else None
     weights = parse_weights(document["weights"], served, model) if "weights" in document else None
+    if weights is not None:
+        await _no_rollout_under_way(state, model)
 
     def change(current: Routing) -> Routing:
         return Routing(
             current.labels if labels is None else labels,
             current.weights if weights is None else weights,
+            current.shadow,  # (a rollout's, as the controller set it)
         )
 
     return _answer(model, await update_routing(state, model, change))
@@ -76,6 +83,7 @@ async def put_routing(request: Request, model: str) -> Response:
 async def delete_routing(request: Request, model: str) -> Response:
     state = state_of(request)
     state.view.entry(model)
+    await _no_rollout_under_way(state, model)
     return _answer(model, await update_routing(state, model, lambda _: Routing()))
 
 
@@ -93,7 +101,7 @@ async def put_label(request: Request, model: str, label: str) -> Response:
         labels = {**current.labels, label: version}
         if len(labels) > MAX_LABELS:
             raise InvalidInput(f"model '{model}' has {MAX_LABELS} labels already, the most")
-        return Routing(labels, current.weights)
+        return Routing(labels, current.weights, current.shadow)
 
     return _answer(model, await update_routing(state, model, change))
 
@@ -106,9 +114,24 @@ async def delete_label(request: Request, model: str, label: str) -> Response:
 
     def change(current: Routing) -> Routing:
         labels = {name: v for name, v in current.labels.items() if name != label}
-        return Routing(labels, current.weights)
+        return Routing(labels, current.weights, current.shadow)
 
     return _answer(model, await update_routing(state, model, change))
+
+
+async def _no_rollout_under_way(state: GatewayState, model: str) -> None:
+    """409 while a rollout of ``model`` is under way: its split is the rollout's (a split
+    removed while the candidate loads would send it every request before it is judged)."""
+    raw = await state.control.rollout(model)
+    try:
+        phase = orjson.loads(raw).get("phase") if raw is not None else None
+    except (orjson.JSONDecodeError, AttributeError):
+        phase = None
+    if isinstance(phase, str) and phase not in FINISHED:
+        raise Conflict(
+            f"model '{model}' has a rollout under way ({phase}), which sets its traffic split; "
+            "promote it or roll it back first (labels may change)"
+        )
 
 
 async def update_routing(

@@ -69,7 +69,9 @@ class Autoscaler:
             if v.isdigit()
         }
         wanted_fields: set[str] = set()
-        for model, _ in list(self.sender.loaded.values()):
+        models = [model for model, _ in list(self.sender.loaded.values())]
+        self._forget(models)
+        for model in models:
             policy = self._policy(model)
             if policy is None:
                 continue
@@ -86,6 +88,17 @@ class Autoscaler:
         if stale:  # unloaded, or no longer autoscaled: instances as configured
             write = Write("HDEL", self.keys.desired_instances, stale)
             self.sender.apply([write], {"op": "scale_reset", "models": list(stale)})
+
+    def _forget(self, models: list[RepositoryModel]) -> None:
+        """Drop what is kept for model versions no longer served (and configurations no
+        longer in force): a repository whose versions come and go for months must not grow
+        the controller."""
+        served = {(model.name, version) for model in models for version in model.versions}
+        configs = {(model.name, model.config) for model in models}
+        for table in (self._scalers, self._answered, self._cold_since, self._tenant_streams):
+            for key in [key for key in table if key not in served]:
+                del table[key]
+        self._policies = {k: p for k, p in self._policies.items() if k in configs}
 
     def _policy(self, model: RepositoryModel) -> ScalePolicy | None:
         key = (model.name, model.config)

@@ -35,6 +35,8 @@ MIN_KEY, MAX_KEY, OBJECTIVE_KEY, WINDOW_KEY = (
     "sluice.scale_down_window_s",
 )
 DEFAULT_OBJECTIVE_S = 1.0
+OBJECTIVE_RANGE_MS = (1, 86_400_000)
+"""From a millisecond to a day: beyond, the drain-time rule's numbers overflow."""
 DOWN_WINDOW_S = 30.0
 """How long a model must stay idle before it loses instances."""
 
@@ -60,7 +62,7 @@ class ScalePolicy:
         try:
             maximum = int(parameters[MAX_KEY])
             minimum = int(parameters.get(MIN_KEY, 1))
-            objective_s = float(parameters.get(OBJECTIVE_KEY, DEFAULT_OBJECTIVE_S * 1000)) / 1000
+            objective_ms = float(parameters.get(OBJECTIVE_KEY, DEFAULT_OBJECTIVE_S * 1000))
             window_s = float(parameters.get(WINDOW_KEY, DOWN_WINDOW_S))
         except ValueError as exc:
             raise InvalidConfig(f"model '{config.name}': autoscaling parameters: {exc}") from None
@@ -68,15 +70,16 @@ class ScalePolicy:
             not 0 <= minimum <= maximum
             or maximum < 1
             or maximum > 256
-            or not objective_s > 0
+            or not OBJECTIVE_RANGE_MS[0] <= objective_ms <= OBJECTIVE_RANGE_MS[1]
             or not 0 <= window_s <= 86400
         ):
             raise InvalidConfig(
                 f"model '{config.name}': {MIN_KEY} {minimum} and {MAX_KEY} {maximum} must satisfy "
-                f"0 <= min <= max (1..256), {OBJECTIVE_KEY} must be positive and "
+                f"0 <= min <= max (1..256), {OBJECTIVE_KEY} must be within "
+                f"{OBJECTIVE_RANGE_MS[0]}..{OBJECTIVE_RANGE_MS[1]} and "
                 f"{WINDOW_KEY} within 0..86400"
             )
-        return cls(minimum, maximum, objective_s, window_s)
+        return cls(minimum, maximum, objective_ms / 1000, window_s)
 
 
 @dataclass(frozen=True)

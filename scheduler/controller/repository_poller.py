@@ -11,7 +11,8 @@ while the leader changed is acted upon once. The first controller ever takes the
 as it is (the executors just read it).
 
 Listing and copying a remote repository take time, so they run on a thread of their own.
-A version still being uploaded is not taken (see :mod:`sluice.scheduler.repository.sources`).
+A version still being uploaded is not taken (see :mod:`sluice.scheduler.repository.sources`),
+and a model whose copy failed keeps what it served and is tried again at the next poll.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Container, Iterable
 from typing import Any, cast
 
 import orjson
@@ -27,8 +28,9 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from sluice.core.control import ControlCommand
+from sluice.core.errors import InvalidInput
 from sluice.core.keys import Keys
-from sluice.core.rollout import START
+from sluice.core.rollout import START, RolloutPlan
 from sluice.scheduler.controller.fenced_commands import CommandSender
 from sluice.scheduler.controller.leadership import Write
 from sluice.scheduler.repository.sources import (
@@ -54,6 +56,12 @@ _PLAN_PARAMETERS: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
     ("sluice.rollout_shadow_s", "shadow_s", float),
     ("sluice.rollout_min_p99_increase_s", "min_p99_increase_s", float),
 )
+
+
+MAX_MODELS_PER_POLL = 100
+"""Models acted upon per poll: the executors' control stream keeps about
+:data:`~sluice.scheduler.controller.fenced_commands.COMMANDS_KEPT` commands, so where
+thousands of models changed at once, the oldest commands would be dropped unread."""
 
 
 class RepositoryPoller:
@@ -103,7 +111,10 @@ class RepositoryPoller:
         for name, reason in result.problems.items():
             log.warning("model '%s' not taken from %s: %s", name, self.source.location, reason)
         touched = {name for name, _ in (*changes.appeared, *changes.changed, *changes.disappeared)}
-        for name in sorted(touched - set(result.problems)):
+        # A model not taken this time is left for the next poll (its change is seen again),
+        # and so are those beyond this poll's share.
+        taken = sorted(touched - set(result.problems))[:MAX_MODELS_PER_POLL]
+        for name in taken:
             rollout = self._rollout(name, changes)
             if rollout is not None:
                 log.info("model repository changed: a rollout of '%s'", name)
@@ -114,8 +125,8 @@ class RepositoryPoller:
             log.info("model repository changed: %s '%s'", op, name)
             if not self.sender.submit(ControlCommand(op, name)):
                 return  # no longer leading: the next leader sees the change itself
-        self.acted = listed
-        self._record(listed, changes)
+        self.acted = _with_models(self.acted, listed, taken)
+        self._record(self.acted, _of_models(changes, set(taken)))
 
     def _recorded(self) -> Listing | None:
         raw = self.client.get(self.keys.polled_repository)
@@ -166,8 +177,33 @@ class RepositoryPoller:
         request: dict[str, Any] = {"version": appeared[0]}
         for key, field, parse in _PLAN_PARAMETERS:
             if key in parameters:
+                # One that does not parse or fit is left out (its default applies): the new
+                # version is still rolled out, not left unserved for a typo.
                 try:
-                    request[field] = parse(parameters[key])
-                except ValueError:
+                    value = parse(parameters[key])
+                    RolloutPlan.from_json({field: value})
+                except (ValueError, InvalidInput):
                     log.error("model '%s': %s is not valid: %r", name, key, parameters[key])
+                    continue
+                request[field] = value
         return request
+
+
+def _with_models(acted: Listing, listed: Listing, names: Iterable[str]) -> Listing:
+    """``acted`` with the models ``names`` as ``listed`` holds them (none where it has none)."""
+    models = dict(acted.models)
+    for name in names:
+        if name in listed.models:
+            models[name] = listed.models[name]
+        else:
+            models.pop(name, None)
+    return Listing(models)
+
+
+def _of_models(changes: Changes, names: Container[str]) -> Changes:
+    """The ``changes`` of the models ``names``."""
+    return Changes(
+        tuple(c for c in changes.appeared if c[0] in names),
+        tuple(c for c in changes.changed if c[0] in names),
+        tuple(c for c in changes.disappeared if c[0] in names),
+    )

@@ -24,19 +24,19 @@ import orjson
 from redis import Redis
 
 from sluice.core.control import Answers, ControlCommand, live_executors
-from sluice.core.errors import InvalidInput
+from sluice.core.errors import InvalidConfig, InvalidInput, SluiceError
 from sluice.core.keys import Keys
 from sluice.core.observability import histograms as hist
 from sluice.core.observability import statistics as st
-from sluice.core.repository import available_versions
+from sluice.core.repository import RepositoryModel, available_versions
 from sluice.core.rollout import (
     FINISHED,
     MAX_DECISIONS,
     PROMOTE,
     ROLLBACK,
     START,
-    RolloutPlan,
     RolloutState,
+    parse_start,
 )
 from sluice.core.routing import shadow_field, weight_field
 from sluice.scheduler.controller.fenced_commands import CommandSender, Served
@@ -45,6 +45,9 @@ from sluice.scheduler.controller.leadership import Write
 log = logging.getLogger("sluice.up")
 
 CHECK_S = 1.0
+MAX_ERROR_CHARS = 1000
+"""Of a load's error kept in a decision: a model's own exception text (a repository's model
+file raises what it likes) must not make each of the state's decisions megabytes."""
 LOAD_ANSWER_S = 300.0
 """A load the executors have not answered in this long (none runs, or it restarted and
 dropped the command) counts as failed: the rollout does not wait forever."""
@@ -103,6 +106,11 @@ class RolloutManager:
     keys: Keys
     sender: CommandSender
     """Every write and load goes through it, fenced by the controller's lease."""
+    local_copy: bool = True
+    """Whether the models' directories are the repository itself (a local directory), so
+    that a version missing there is missing. The copy of a remote repository may lag behind
+    the store (the executors bring theirs up to date before each load): there the loads
+    decide."""
     _active: dict[str, _Active] = field(default_factory=dict)
     _due: float = 0.0
     _answers: dict[str, Answers] = field(default_factory=dict)
@@ -134,20 +142,27 @@ class RolloutManager:
                 continue
             active = _Active(state)
             self._active[name] = active
-            on_disk = set(available_versions(model.path))
+            on_disk = self._on_disk(model, (state.stable, state.candidate))
             if state.phase == "promoting" and state.candidate in on_disk:
                 self._decide(active, "resume", "promoting again after a restart")
                 active.load_id = self._load(name, (state.candidate,))
             elif state.phase != "rolling_back" and {state.stable, state.candidate} <= on_disk:
                 step = max(state.step, 0)
-                state.phase, state.step = "loading", max(-1, state.step - 1)
+                state.phase, state.step, state.weight = "loading", max(-1, state.step - 1), 0
                 self._set_weights(state, {state.stable: 100})
                 self._decide(active, "resume", f"after a restart, from step {step}")
                 active.load_id = self._load(name, (state.stable, state.candidate))
             else:
-                state.phase = "rolling_back"
-                state.reason = state.reason or "the controller restarted during the rollout"
+                resumed = state.phase == "rolling_back"
+                state.phase, state.weight = "rolling_back", 0
+                if not resumed:
+                    gone = ", ".join(map(str, sorted({state.stable, state.candidate} - on_disk)))
+                    state.reason = f"version {gone} left the repository during the rollout"
                 self._set_weights(state, {state.stable: 100})
+                if resumed:
+                    self._decide(active, "resume", "rolling back again after a restart")
+                else:
+                    self._decide(active, "rollback", state.reason)
                 active.load_id = self._load(name, (state.stable,))
 
     def handle(self, command: ControlCommand) -> str | None:
@@ -159,13 +174,21 @@ class RolloutManager:
                 active = self._active.get(command.model)
                 if active is None or active.state.phase in FINISHED:
                     raise InvalidInput(f"no rollout of model '{command.model}' is under way")
-                if active.state.phase == "loading":
+                if command.model not in self.fleet:
+                    self._abandon(active)
+                    raise InvalidInput(f"model '{command.model}' is not loaded; its rollout ended")
+                phase = active.state.phase
+                if phase == "loading":
                     raise InvalidInput("the candidate is still loading; roll back or wait")
+                if phase in ("promoting", "rolling_back"):
+                    raise InvalidInput(
+                        f"the rollout is {phase.replace('_', ' ')} already; wait for its end"
+                    )
                 if command.op == PROMOTE:
                     self._promote(active, "promoted on request")
                 elif command.op == ROLLBACK:
                     self._roll_back(active, "rolled back on request")
-        except InvalidInput as exc:
+        except SluiceError as exc:
             return exc.message
         return None
 
@@ -177,10 +200,7 @@ class RolloutManager:
             raise InvalidInput("the rollout request must be a JSON object") from None
         if not isinstance(body, dict):
             raise InvalidInput("the rollout request must be a JSON object")
-        candidate = body.get("version")
-        if isinstance(candidate, bool) or not isinstance(candidate, int) or candidate < 1:
-            raise InvalidInput("'version' must be the candidate version, a positive integer")
-        plan = RolloutPlan.from_json({k: v for k, v in body.items() if k != "version"})
+        candidate, plan = parse_start(body)
         current = self._active.get(name)
         if current is not None and current.state.phase not in FINISHED:
             raise InvalidInput(f"a rollout of model '{name}' is under way already")
@@ -196,7 +216,7 @@ class RolloutManager:
         stable = model.versions[0]
         if candidate == stable:
             raise InvalidInput(f"version {candidate} of model '{name}' is the one serving")
-        if candidate not in available_versions(model.path):
+        if candidate not in self._on_disk(model, (candidate,)):
             raise InvalidInput(f"model '{name}' has no version {candidate} in its repository")
         state = RolloutState(name, stable, candidate, plan)
         active = _Active(state)
@@ -207,6 +227,17 @@ class RolloutManager:
         self._set_weights(state, {stable: 100})
         self._decide(active, "start", f"loading version {candidate} beside version {stable}")
         active.load_id = self._load(name, (stable, candidate))
+
+    def _on_disk(self, model: RepositoryModel, versions: tuple[int, ...]) -> set[int]:
+        """Which of ``versions`` the repository holds, as far as the controller can tell
+        (see :attr:`local_copy`); none when the model has no directory there (loaded from
+        a request's files)."""
+        if not self.local_copy:
+            return set(versions)
+        try:
+            return set(available_versions(model.path)) & set(versions)
+        except InvalidConfig:
+            return set()
 
     def _load(self, model: str, versions: tuple[int, ...]) -> str:
         """Have every executor load ``versions``; the command's id, whose answers the
@@ -245,13 +276,17 @@ class RolloutManager:
             state = active.state
             if state.phase in FINISHED:
                 continue
-            if active.load_id:
+            if not active.load_id and state.model not in self.fleet:
+                self._abandon(active)
+            elif active.load_id:
                 active.waiting_since = active.waiting_since or now
                 done, error = self._answered(active.load_id, now, active.waiting_since)
                 if not done:
                     continue
                 self._answers.pop(active.load_id, None)
                 active.load_id, active.waiting_since = "", 0.0
+                if error is not None and len(error) > MAX_ERROR_CHARS:
+                    error = error[:MAX_ERROR_CHARS] + " ..."
                 self._loaded(active, error, now)
             elif state.phase in ("canary", "shadow"):
                 self._check(active, now)
@@ -267,12 +302,19 @@ class RolloutManager:
             else:
                 state.phase = "canary"
                 self._next_step(active, now)
-        elif state.phase in ("promoting", "rolling_back"):
-            final = "promoted" if state.phase == "promoting" else "rolled_back"
-            if error:
-                log.error("rollout of '%s': %s", state.model, error)
+        elif state.phase == "promoting":
+            if error:  # what served goes on serving: back to the stable version alone
+                self._roll_back(active, f"the promotion failed: {error}")
+                return
             self._clear_weights(state)
-            self._end(active, final, state.reason)
+            self._end(active, "promoted", state.reason)
+        elif state.phase == "rolling_back":
+            if error:  # both versions may still run: the split keeps requests on the stable one
+                log.error("rollout of '%s': %s", state.model, error)
+                self._end(active, "rolled_back", f"{state.reason}; its load failed: {error}")
+                return
+            self._clear_weights(state)
+            self._end(active, "rolled_back", state.reason)
 
     def _shadow(self, active: _Active, now: float) -> None:
         """Mirror a share of the traffic to the candidate, which answers nobody; judged as
@@ -379,6 +421,14 @@ class RolloutManager:
         self._set_weights(state, {state.stable: 100})
         self._decide(active, "rollback", reason, figures)
         active.load_id = self._load(state.model, (state.stable,))
+
+    def _abandon(self, active: _Active) -> None:
+        """End the rollout of a model unloaded meanwhile, with no load (a load would serve
+        the model again) and no split left behind."""
+        state = active.state
+        state.weight = 0
+        self._clear_weights(state)
+        self._end(active, "rolled_back", f"model '{state.model}' was unloaded during the rollout")
 
     def _end(self, active: _Active, phase: str, reason: str) -> None:
         active.state.phase, active.state.reason = phase, reason

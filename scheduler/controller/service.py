@@ -22,7 +22,7 @@ from pathlib import Path
 
 from redis import Redis
 
-from sluice.core.control import ControlCommand, read_commands, send_reply
+from sluice.core.control import REPLY_TTL_S, ControlCommand, read_commands, send_reply
 from sluice.core.errors import SluiceError, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.redis_client.connect import connect
@@ -30,10 +30,11 @@ from sluice.core.rollout import OPS as ROLLOUT_OPS
 from sluice.core.settings import ControllerSettings
 from sluice.scheduler.controller.autoscaler import Autoscaler
 from sluice.scheduler.controller.fenced_commands import CommandSender, served_models
-from sluice.scheduler.controller.leadership import Lease
+from sluice.scheduler.controller.leadership import Lease, Write
 from sluice.scheduler.controller.leading import run_controller
 from sluice.scheduler.controller.repository_poller import RepositoryPoller
 from sluice.scheduler.controller.rollouts import RolloutManager
+from sluice.scheduler.repository.local import LocalSource
 from sluice.scheduler.repository.locations import open_source, snapshot_repository
 from sluice.scheduler.repository.sources import RepositorySource, SourceError
 from sluice.scheduler.repository.staging import check_model_name
@@ -66,17 +67,25 @@ class Decisions:
         self._last_request = "0-0"
 
     def on_lead(self, lease: Lease) -> None:
+        """Take up what the previous leader left (see :meth:`tick`, which calls this again
+        while it has not succeeded: a leader that failed to start must not hold the lease
+        while deciding nothing)."""
         sender = CommandSender(self.client, self.keys, lease)
         sender.loaded = served_models(self.client, self.keys, self.repository)
-        rollouts = RolloutManager(self.client, self.keys, sender)
+        local = isinstance(self.source, LocalSource)
+        rollouts = RolloutManager(self.client, self.keys, sender, local_copy=local)
         rollouts.recover()
+        # What waits was sent to the previous leader too (what it handled, it removed), but
+        # not what is older than a reply lives: its sender gave up on it long ago.
+        seconds, _ = self.client.time()
+        self._last_request = f"{max(0, int(seconds) - REPLY_TTL_S) * 1000}-0"
         self.leading = (sender, rollouts, Autoscaler(self.client, self.keys, sender))
-        self._last_request = "0-0"  # what waits was sent to the previous leader too
         if self.announce:
             print(f"Controller {lease.holder} leads (fencing token {lease.token})", flush=True)
 
     def tick(self, lease: Lease) -> None:
         if self.leading is None:
+            self.on_lead(lease)
             return
         sender, rollouts, autoscaler = self.leading
         sender.loaded = served_models(self.client, self.keys, self.repository)
@@ -86,14 +95,18 @@ class Decisions:
             assert self.source is not None
             self.poller = RepositoryPoller(self.source, sender, self.poll_s, self.client, self.keys)
             self.poller.start()
+        read_before = self._last_request
         self._last_request, requested = read_commands(
-            self.client, self.keys.controller_requests, self._last_request
+            self.client, self.keys.controller_requests, read_before
         )
         for command in requested:
-            error = _checked(command) or rollouts.handle(command)
+            error = _checked(command) or _handled(rollouts, command)
             send_reply(self.client, self.keys, command.command_id, error)
+        if self._last_request != read_before:  # handled: no later leadership does it again
+            stream = self.keys.controller_requests
+            lease.apply([Write("XTRIM", stream, ("MINID", _next_id(self._last_request)))])
         for command in sender.own_commands():
-            error = rollouts.handle(command)
+            error = _handled(rollouts, command)
             if error:
                 log.warning("rollout of '%s' not started: %s", command.model, error)
         rollouts.tick()
@@ -107,6 +120,23 @@ class Decisions:
         if self.poller is not None:
             self.poller.stop()
             self.poller = None
+
+
+def _next_id(entry_id: str) -> str:
+    """The stream entry id right after ``entry_id`` (``XTRIM MINID`` keeps its own)."""
+    milliseconds, _, sequence = entry_id.partition("-")
+    return f"{milliseconds}-{int(sequence or 0) + 1}"
+
+
+def _handled(rollouts: RolloutManager, command: ControlCommand) -> str | None:
+    """Carry out a rollout command; the error text, or None. A failure the manager did not
+    foresee is logged and answered as one: the commands after it are carried out all the
+    same."""
+    try:
+        return rollouts.handle(command)
+    except Exception:
+        log.exception("the %s of '%s' failed", command.op, command.model)
+        return f"the controller failed to carry out the {command.op}; see its log"
 
 
 def _checked(command: ControlCommand) -> str | None:

@@ -11,7 +11,7 @@ the numbers it was taken on.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from sluice.core.errors import InvalidInput
@@ -21,6 +21,8 @@ START, PROMOTE, ROLLBACK = "rollout_start", "rollout_promote", "rollout_rollback
 OPS = (START, PROMOTE, ROLLBACK)
 FINISHED = ("promoted", "rolled_back")
 MAX_DECISIONS = 200
+MAX_VERSION = 1 << 63
+"""Versions are below it (int64, as a control command carries them)."""
 
 
 @dataclass(frozen=True)
@@ -48,8 +50,16 @@ class RolloutPlan:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> RolloutPlan:
-        """The plan a client sent (every field optional), checked field by field."""
+        """The plan a client sent (every field optional), checked field by field; a field
+        the plan does not have is refused (a misspelt one would silently take its default)."""
         plan = cls()
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(name for name in body if name not in known)
+        if unknown:
+            raise InvalidInput(
+                f"unknown field {repr(unknown[0])[:40]}; a rollout request has 'version' and "
+                f"{', '.join(repr(name) for name in sorted(known))}"
+            )
         values: dict[str, Any] = {}
         if "steps" in body:
             steps = body["steps"]
@@ -85,6 +95,19 @@ class RolloutPlan:
             )
         )
         return RolloutPlan(**{**asdict(plan), **values})
+
+
+def parse_start(body: dict[str, Any]) -> tuple[int, RolloutPlan]:
+    """The candidate version and the plan of a rollout request (``{"version": 4, ...}``),
+    checked alike by the gateway that takes it and the controller that carries it out."""
+    candidate = body.get("version")
+    if (
+        isinstance(candidate, bool)
+        or not isinstance(candidate, int)
+        or not 0 < candidate < MAX_VERSION
+    ):
+        raise InvalidInput("'version' must be the candidate version, a positive integer")
+    return candidate, RolloutPlan.from_json({k: v for k, v in body.items() if k != "version"})
 
 
 @dataclass

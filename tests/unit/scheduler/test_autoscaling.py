@@ -57,3 +57,24 @@ def test_the_policy_comes_from_the_config_parameters() -> None:
     bad = parse_config_text(text % ("sluice.max_instances", "many"), model_name="m")
     with pytest.raises(InvalidConfig, match="autoscaling parameters"):
         ScalePolicy.from_config(bad)
+
+
+@pytest.mark.parametrize("objective_ms", ["1e-310", "0.5", "inf", "nan", "1e12"])
+def test_an_objective_the_rule_cannot_compute_with_is_refused(objective_ms: str) -> None:
+    """Below a millisecond the drain-time rule's numbers overflow (the autoscaler's whole
+    tick failed, for every model, each second); beyond a day there is nothing to scale."""
+    text = 'backend: "onnxruntime"\n' + "".join(
+        f'parameters {{ key: "{key}" value {{ string_value: "{value}" }} }}\n'
+        for key, value in (
+            ("sluice.max_instances", "4"),
+            ("sluice.latency_objective_ms", objective_ms),
+        )
+    )
+    config = parse_config_text(text, model_name="m")
+    with pytest.raises(InvalidConfig, match=r"sluice\.latency_objective_ms must be within 1\.\."):
+        ScalePolicy.from_config(config)
+
+
+def test_the_smallest_objective_still_computes() -> None:
+    scaler = Scaler(ScalePolicy(min_instances=1, max_instances=256, objective_s=0.001))
+    assert scaler.target(1, Signals(10**9, 1, 0.0, 1e-3), now=0) == 256
