@@ -13,6 +13,7 @@ request allows it, so neither crosses Redis.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -20,7 +21,7 @@ import numpy as np
 
 from sluice.core.classification import CLASSIFIABLE, classify, unsupported_message
 from sluice.core.config import ModelConfig, TensorSpec
-from sluice.core.datatypes import BYTES, numpy_dtype, to_buffer, to_numpy
+from sluice.core.datatypes import BYTES, count_bytes_elements, numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InferenceFailed, InvalidInput, Unavailable
 from sluice.core.shm import new_segment_name, unlink, write_segment
 from sluice.core.wire import RequestMessage, ShmRef, TensorHeader
@@ -63,13 +64,26 @@ def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
 
 
 def validate(message: RequestMessage, config: ModelConfig) -> None:
-    """Re-check what the gateway checked: a stream entry is outside input too."""
+    """Re-check what the gateway checked: a stream entry is outside input too, and the
+    requests of an ensemble's steps (or of a Python model's calls) reach the stream without
+    a gateway: a step's shape comes from what the model before it made."""
+    first = 1 if config.max_batch_size > 0 else 0  # the model's dims start after the batch's
     for tensor in message.inputs:
         spec = config.input(tensor.name)
         if spec is None:
             raise InvalidInput(f"unknown input '{tensor.name}'")
         if spec.datatype != tensor.datatype:
             raise InvalidInput(f"input '{tensor.name}': expected datatype {spec.datatype}")
+        shape = tensor.shape
+        if len(shape) != len(spec.dims) + first or any(
+            want not in (-1, got) for want, got in zip(spec.dims, shape[first:], strict=False)
+        ):
+            expected = (-1, *spec.dims) if first else spec.dims
+            raise InvalidInput(
+                f"[request id: {message.client_id or '<id_unknown>'}] unexpected shape for "
+                f"input '{tensor.name}' for model '{config.name}'. Expected "
+                f"{_shown(expected)}, got {_shown(shape)}"
+            )
     for name in message.outputs:
         if config.output(name) is None:
             raise InvalidInput(f"unknown output '{name}'")
@@ -102,6 +116,10 @@ def validate(message: RequestMessage, config: ModelConfig) -> None:
             raise InvalidInput(unsupported_message(spec.datatype))
 
 
+def _shown(shape: Sequence[int]) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
 def _model_shape(
     spec: TensorSpec, leading: tuple[int, ...], shape: tuple[int, ...]
 ) -> tuple[int, ...]:
@@ -122,9 +140,7 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
             else:
                 what = f"input '{tensor.name}'"
                 data = shm_io.input_view(tensor.shm, request.message.segment_prefix, what)
-            per_input.setdefault(tensor.name, []).append(
-                to_numpy(tensor.datatype, tensor.shape, data)
-            )
+            per_input.setdefault(tensor.name, []).append(_input_array(tensor, data))
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
     arrays: dict[str, np.ndarray] = {}
@@ -140,6 +156,25 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
     for made in config.batch_inputs:
         arrays[made.target] = ragged.batch_input(made, _source_shapes(requests, made.source))
     return arrays
+
+
+def _input_array(tensor: TensorHeader, data: bytes | memoryview) -> np.ndarray:
+    """Input ``tensor``'s array over ``data``. The gateway checked the BYTES elements of a
+    client's region when it read the request, but the client may have written other length
+    prefixes since: that is this request's 400 (:class:`InvalidInput`, so that the rest of
+    its batch still runs), never the batch's failure."""
+    try:
+        return to_numpy(tensor.datatype, tensor.shape, data)
+    except InvalidInput as exc:
+        raise InvalidInput(f"input '{tensor.name}': {exc.message}") from None
+    except ValueError:
+        if tensor.datatype != BYTES:
+            raise
+        found, needed = count_bytes_elements(data), math.prod(tensor.shape)
+    raise InvalidInput(
+        f"input '{tensor.name}': its {len(data)} bytes hold {found} BYTES elements, shape "
+        f"{list(tensor.shape)} needs {needed} (they changed since the request was read)"
+    )
 
 
 def _source_shapes(requests: Sequence[PendingRequest], name: str) -> list[tuple[int, ...] | None]:

@@ -19,6 +19,13 @@ cannot be registered again. The request's deadline bounds the wait.
 
 The key is checked when registered (a plain object: no link, see :func:`sluice.core.shm.opened`)
 and again by whoever opens it for a request, since its owner may replace it meanwhile.
+
+Regions belong to the tenant that registered them (:data:`sluice.core.tenants.CURRENT_TENANT`,
+the caller's): each tenant has a name space of its own, and a tenant's registrations, status,
+unregistrations and requests see its own regions alone, so that no tenant can read, write,
+unregister or learn of another's (another's region is an unknown one). The host's records
+name a region ``<tenant>/<name>`` (:func:`scoped`; a tenant name holds no ``/``). Without API
+keys there is one tenant, and so one name space, as in Triton.
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ import itertools
 import logging
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import orjson
 
@@ -46,6 +53,7 @@ from sluice.core.shm import (
     reserved_prefix,
     write_object,
 )
+from sluice.core.tenants import CURRENT_TENANT
 from sluice.core.wire import ShmRef
 from sluice.gateway.shm.cuda import CudaRegion, close_cuda_region, open_cuda_region
 from sluice.gateway.shm.store import (
@@ -58,6 +66,8 @@ from sluice.gateway.shm.store import (
 )
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +87,33 @@ class SystemRegion:
 
 
 _LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+MAX_NAME_BYTES = 255
+"""The longest region name (UTF-8): a region's name is kept in Redis by every process of the
+host and listed in every status, so it is bounded as a key is."""
+
+
+def own_prefix() -> str:
+    """The start of the calling tenant's region names in the host's records."""
+    return f"{CURRENT_TENANT.get()}/"
+
+
+def scoped(name: str) -> str:
+    """Region ``name`` of the calling tenant, as the host's records name it."""
+    return own_prefix() + name
+
+
+def _check_name(name: str) -> None:
+    try:
+        size = len(name.encode())
+    except UnicodeEncodeError:  # (a lone surrogate)
+        size = MAX_NAME_BYTES + 1
+    if not name or size > MAX_NAME_BYTES:
+        shown = "an empty name" if not name else f"a name of {size} bytes"
+        raise InvalidInput(
+            f"cannot register shared memory region with {shown}: a region name has 1 to "
+            f"{MAX_NAME_BYTES} bytes"
+        )
 
 
 CLIENT_SHM_DISABLED = (
@@ -175,6 +212,7 @@ class RegionRegistry:
         self.host = host
         self.system: dict[str, SystemRegion] = {}
         self.cuda: dict[str, CudaRecord] = {}
+        """The host's regions by their records' names (:func:`scoped`: every tenant's)."""
         self.records = Records(-1)
         """The host's records as loaded (the copy's source; :meth:`hold` compares them)."""
         self.opened: dict[str, tuple[CudaRecord, CudaRegion]] = {}
@@ -260,6 +298,7 @@ class RegionRegistry:
 
     async def register_system(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._check_allowed()
+        _check_name(name)
         try:
             object_name(key)
         except ShmKeyError as exc:
@@ -294,7 +333,7 @@ class RegionRegistry:
                 f"key '{key}'"
             )
         record = {"key": key, "offset": offset, "byte_size": byte_size}
-        await self.store.add("system", name, orjson.dumps(record), self.max_regions)
+        await self.store.add("system", scoped(name), orjson.dumps(record), self.max_regions)
         await self._changed()
 
     async def register_cuda(
@@ -302,31 +341,34 @@ class RegionRegistry:
     ) -> None:
         """Opens the handle here first: that proves it (Triton's errors otherwise)."""
         self._check_allowed()
+        _check_name(name)
         await self.catch_up()
         self._check_free(name)
         region = open_cuda_region(name, raw_handle, device_id, byte_size)
         record = CudaRecord(name, raw_handle, device_id, byte_size)
+        field = scoped(name)
         try:
-            await self.store.add("cuda", name, _cuda_json(record), self.max_regions)
+            await self.store.add("cuda", field, _cuda_json(record), self.max_regions)
         except BaseException:
             _close_quietly(region)
             raise
-        previous = self.opened.pop(name, None)
+        previous = self.opened.pop(field, None)
         if previous is not None:
             _close_quietly(previous[1])
-        self.opened[name] = (record, region)
+        self.opened[field] = (record, region)
         await self._changed()
 
     def mapped_cuda(self, name: str) -> CudaRegion:
         """Region ``name``'s handle opened in this process (opened now, the first time)."""
-        record = self.cuda.get(name)
+        field = scoped(name)
+        record = self.cuda.get(field)
         if record is None:
             raise InvalidInput(f"Unable to find cuda shared memory region: '{name}'")
-        held = self.opened.get(name)
+        held = self.opened.get(field)
         if held is not None and held[0] == record:
             return held[1]
         region = open_cuda_region(name, record.raw_handle, record.device_id, record.byte_size)
-        self.opened[name] = (record, region)
+        self.opened[field] = (record, region)
         return region
 
     def _check_allowed(self) -> None:
@@ -334,19 +376,21 @@ class RegionRegistry:
             raise Forbidden(self.refusal)
 
     def _check_free(self, name: str) -> None:
-        if name in self.system or name in self.cuda:
-            raise already_registered(name, draining=name in self.records.draining)
+        field = scoped(name)
+        if field in self.system or field in self.cuda:
+            raise already_registered(name, draining=field in self.records.draining)
 
     async def unregister_system(self, name: str | None) -> None:
-        """In every process of the host; an unknown name is no error. As Triton, a region
-        that requests in flight use stays (listed, usable, its name taken) until the last
-        of them ends, and the call answers at once all the same."""
-        await self.store.remove("system", name)
+        """The calling tenant's region ``name`` (None: all of its regions), in every process
+        of the host; an unknown name is no error. As Triton, a region that requests in
+        flight use stays (listed, usable, its name taken) until the last of them ends, and
+        the call answers at once all the same."""
+        await self.store.remove("system", None if name is None else scoped(name), own_prefix())
         await self._changed()
 
     async def unregister_cuda(self, name: str | None) -> None:
         """As :meth:`unregister_system`; each process closes the handles it opened."""
-        await self.store.remove("cuda", name)
+        await self.store.remove("cuda", None if name is None else scoped(name), own_prefix())
         await self._changed()
 
     # -- requests in flight ----------------------------------------------------------------
@@ -362,27 +406,28 @@ class RegionRegistry:
             await self.catch_up()
         records: dict[str, bytes] = {}
         for use in uses:
-            record = self._record_holding(use)
+            field = scoped(use.region)
+            record = self._record_holding(field, use)
             if record is None:
                 raise _gone(use)
-            records[use.region] = record
+            records[field] = record
         lease = Lease(next(self._lease_ids), list(records))
         missing = await self.store.hold(records, lease.id, max(1, int(timeout_s * 1000)))
         if missing is not None:
             await self.catch_up()
-            raise _gone(next(use for use in uses if use.region == missing))
+            raise _gone(next(use for use in uses if scoped(use.region) == missing))
         return lease
 
-    def _record_holding(self, use: RegionUse) -> bytes | None:
-        """The record of region ``use.region`` in the copy, if it still holds the bytes the
-        request resolved."""
-        region = self.system.get(use.region)
+    def _record_holding(self, field: str, use: RegionUse) -> bytes | None:
+        """The record ``field`` (region ``use.region``) in the copy, if it still holds the
+        bytes the request resolved."""
+        region = self.system.get(field)
         if region is None or region.key != use.ref.key:
             return None
         start = use.ref.offset - region.offset
         if start < 0 or start + use.ref.byte_size > region.byte_size:
             return None
-        return self.records.system.get(use.region)
+        return self.records.system.get(field)
 
     async def release(self, lease: Lease) -> None:
         """The request ended: a draining region whose last user it was goes now, in every
@@ -391,12 +436,16 @@ class RegionRegistry:
             await self._changed()
 
     async def system_status(self, name: str | None) -> list[dict[str, Any]]:
+        """The calling tenant's system regions (``name``: that one alone)."""
         await self.catch_up()
-        return [r.status() for r in self._select(self.system, self.cuda, name, "system", "CUDA")]
+        system, cuda = _own(self.system), _own(self.cuda)
+        return [r.status() for r in self._select(system, cuda, name, "system", "CUDA")]
 
     async def cuda_status(self, name: str | None) -> list[dict[str, Any]]:
+        """The calling tenant's CUDA regions (``name``: that one alone)."""
         await self.catch_up()
-        return [r.status() for r in self._select(self.cuda, self.system, name, "cuda", "system")]
+        system, cuda = _own(self.system), _own(self.cuda)
+        return [r.status() for r in self._select(cuda, system, name, "cuda", "system")]
 
     @staticmethod
     def _select(
@@ -419,15 +468,16 @@ class RegionRegistry:
     def resolve(
         self, label: str, name: str, offset: int, byte_size: int, *, output: bool = False
     ) -> ShmRef:
-        """Where ``byte_size`` bytes at ``offset`` of region ``name`` are; 400 if they are
-        not. An input (not ``output``) may not be larger than ``max_input_bytes``.
-        :class:`RegionMiss` when the copy may be behind: the host's records changed, or
-        the name is not in it."""
+        """Where ``byte_size`` bytes at ``offset`` of the calling tenant's region ``name``
+        are; 400 if they are not. An input (not ``output``) may not be larger than
+        ``max_input_bytes``. :class:`RegionMiss` when the copy may be behind: the host's
+        records changed, or the name is not in it."""
         if self.counter.value() != self.seen:
             raise RegionsChanged()
-        region = self.system.get(name)
+        field = scoped(name)
+        region = self.system.get(field)
         if region is None:
-            if name in self.cuda:
+            if field in self.cuda:
                 raise InvalidInput(
                     f"{label}: CUDA shared memory region '{name}' cannot carry tensors yet; "
                     "use a system shared memory region"
@@ -496,9 +546,20 @@ def _refused(label: str, region: str, ref: ShmRef, exc: OSError | ValueError) ->
     return InvalidInput(f"{label}: cannot use {where}: {detail}")
 
 
-def _system_region(name: str, record: bytes) -> SystemRegion:
+def _own(regions: dict[str, T]) -> dict[str, T]:
+    """The calling tenant's ``regions``, by their names."""
+    prefix = own_prefix()
+    return {field[len(prefix) :]: r for field, r in regions.items() if field.startswith(prefix)}
+
+
+def _name(field: str) -> str:
+    """A region's name from its record's (:func:`scoped`)."""
+    return field.partition("/")[2]
+
+
+def _system_region(field: str, record: bytes) -> SystemRegion:
     fields = orjson.loads(record)
-    return SystemRegion(name, fields["key"], fields["offset"], fields["byte_size"])
+    return SystemRegion(_name(field), fields["key"], fields["offset"], fields["byte_size"])
 
 
 def _cuda_json(record: CudaRecord) -> bytes:
@@ -508,10 +569,10 @@ def _cuda_json(record: CudaRecord) -> bytes:
     )
 
 
-def _cuda_record(name: str, record: bytes) -> CudaRecord:
+def _cuda_record(field: str, record: bytes) -> CudaRecord:
     fields = orjson.loads(record)
     handle = base64.b64decode(fields["raw_handle"])
-    return CudaRecord(name, handle, fields["device_id"], fields["byte_size"])
+    return CudaRecord(_name(field), handle, fields["device_id"], fields["byte_size"])
 
 
 def _close_quietly(region: CudaRegion) -> None:

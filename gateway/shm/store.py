@@ -86,9 +86,10 @@ class RegionStore(Protocol):
         """Record a region; the name must be free in both kinds (a draining region still
         holds it), and fewer than ``limit`` regions recorded (InvalidInput, QuotaExceeded)."""
 
-    async def remove(self, kind: Kind, name: str | None) -> None:
-        """Forget one region of ``kind`` (an unknown name is no error), or all (None); one
-        with live leases is marked draining instead, and goes with its last lease."""
+    async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
+        """Forget one region of ``kind`` (an unknown name is no error), or (None) all those
+        whose names start with ``within`` (one tenant's); one with live leases is marked
+        draining instead, and goes with its last lease."""
 
     async def load(self, known: int | None) -> Records | None:
         """The records, or None when their revision is still ``known``; renews them, and
@@ -103,18 +104,23 @@ class RegionStore(Protocol):
         """End the lease on these regions; whether a draining one went with it."""
 
 
+def _shown(name: str) -> str:
+    """A region's name as its tenant knows it (records name it ``<tenant>/<name>``)."""
+    return name.partition("/")[2] or name
+
+
 def already_registered(name: str, *, draining: bool = False) -> InvalidInput:
     detail = (
         "; it was unregistered while requests in flight used it, and goes once they end"
         if draining
         else ""
     )
-    return InvalidInput(f"shared memory region '{name}' already in manager{detail}")
+    return InvalidInput(f"shared memory region '{_shown(name)}' already in manager{detail}")
 
 
 def too_many(name: str, limit: int) -> QuotaExceeded:
     return QuotaExceeded(
-        f"failed to register shared memory region '{name}': {limit} regions are registered "
+        f"failed to register shared memory region '{_shown(name)}': {limit} regions are registered "
         f"on this host already, the most SLUICE_MAX_SHM_REGIONS allows; unregister one first"
     )
 
@@ -138,9 +144,12 @@ class MemoryRegionStore:
             raise too_many(name, limit)
         self._set(kind, {**_of(now, kind), name: record})
 
-    async def remove(self, kind: Kind, name: str | None) -> None:
+    async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
         regions = _of(self.records, kind)
-        names = list(regions) if name is None else [name] if name in regions else []
+        if name is None:
+            names = [n for n in regions if n.startswith(within)]
+        else:
+            names = [name] if name in regions else []
         held = {n for n in names if self._live(n)}
         if held - self.records.draining:
             now = self.records
@@ -245,14 +254,18 @@ return 'ok'
 """
 )
 
-# ARGV[3..]: the kind's index in KEYS (1 or 2), 'one' or 'all', name, ttl ms.
+# ARGV[3..]: the kind's index in KEYS (1 or 2), 'one' and a name or 'all' and the start of
+# the names, ttl ms.
 _REMOVE = (
     _COMMON
     + """
 local kind = tonumber(ARGV[3])
 local names = {}
 if ARGV[4] == 'all' then
-  names = redis.call('HKEYS', KEYS[kind])
+  local within = ARGV[5]
+  for _, name in ipairs(redis.call('HKEYS', KEYS[kind])) do
+    if string.sub(name, 1, #within) == within then table.insert(names, name) end
+  end
 elseif redis.call('HEXISTS', KEYS[kind], ARGV[5]) == 1 then
   names = {ARGV[5]}
 end
@@ -379,8 +392,8 @@ class RedisRegionStore:
         if outcome == b"full":
             raise too_many(name, limit)
 
-    async def remove(self, kind: Kind, name: str | None) -> None:
-        which = ["all", ""] if name is None else ["one", name]
+    async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
+        which = ["all", within] if name is None else ["one", name]
         await self._remove(keys=self.keys, args=self._args(_index(kind), *which, self.ttl_ms))
 
     async def load(self, known: int | None) -> Records | None:

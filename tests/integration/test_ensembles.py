@@ -1,8 +1,9 @@
 """Triton ensembles through a real stack: a three-step pipeline (Python preprocessing ->
 ONNX model -> Python postprocessing) and a graph with two parallel branches joined, each
 equal to the same computation composed in-process, over plain HTTP and tritonclient; a
-failing step names itself with the step's status; statistics of the ensemble and of its
-composing models; an ensemble whose composing model is missing does not load."""
+failing step names itself with the step's status; a step whose model answers another
+shape than it declares fails the next step with a 400; statistics of the ensemble and of
+its composing models; an ensemble whose composing model is missing does not load."""
 
 from __future__ import annotations
 
@@ -143,6 +144,16 @@ def _build(root: Path) -> None:
         _step("double", {"X": "IN"}, {"Y": "doubled"}),
         _step("square", {"X": "IN"}, {"Y": "squared"}),
     )
+    # A step whose model answers more than it declares (8 columns for its [4]):
+    _python(root, "spill", UNARY.format(expression="np.tile(x, 2)"), _fp32("X", 4), _fp32("Y", 4))
+    _ensemble(
+        root,
+        "spilling",
+        _fp32("IN", 4),
+        _fp32("OUT", 2),
+        _step("spill", {"X": "IN"}, {"Y": "wide"}),
+        _step("linear", {"X": "wide"}, {"Y": "OUT"}),
+    )
     _ensemble(
         root,
         "orphan",
@@ -258,6 +269,24 @@ def test_failing_step_names_the_step_with_its_status(stack: Stack) -> None:
     error = response.json()["error"]
     assert error.startswith("in ensemble 'pipeline', step 0 (model 'pre'): ")
     assert "cannot featurize 'boom'" in error
+
+
+def test_a_step_answering_another_shape_than_declared_fails_the_next_step_clearly(
+    stack: Stack,
+) -> None:
+    """The next step's model checks the shape of what it is given, as a client's request
+    is checked (before: its backend failed on it, a 500 with onnxruntime's text)."""
+    body = {"inputs": [{"name": "IN", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        response = http.post("/v2/models/spilling/infer", json=body)
+        assert response.status_code == 400, response.text
+        error = response.json()["error"]
+        assert error.startswith("in ensemble 'spilling', step 1 (model 'linear'): "), error
+        assert (
+            "unexpected shape for input 'X' for model 'linear'. Expected [-1,4], got [1,8]"
+        ) in error
+        fine = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP32", "data": [1] * 4}]}
+        assert http.post("/v2/models/linear/infer", json=fine).status_code == 200
 
 
 def test_stats_count_the_ensemble_and_each_step(stack: Stack) -> None:

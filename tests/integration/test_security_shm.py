@@ -8,6 +8,7 @@
   worker and the gateway that read or write it keep running (same pids) and serving.
   Before, both mapped client objects and died of SIGBUS.
 - A shared memory input may not be larger than the gateway's body limit.
+- A tenant reaches its own regions alone: another tenant's is an unknown region.
 
 Every object these tests make under /dev/shm is removed again.
 """
@@ -26,6 +27,8 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
+import tritonclient.grpc as grpcclient
+from tritonclient.utils import InferenceServerException
 
 from sluice.core.shm import SHM_DIR, new_segment_name, segment_prefix
 from sluice.scheduler.executor.redis_server import RedisServer
@@ -449,3 +452,70 @@ def test_counting_a_huge_bytes_region_does_not_stall_other_clients(
         f"({probed.took_s:.2f} s; allowed {allowed:.2f} s)"
     )
     on_local.http.post("/v2/systemsharedmemory/region/many/unregister")
+
+
+# -- tenants ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def keyed(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """With API keys: team-a and ops hold admin keys (they may register regions), team-b
+    an inference key."""
+    root = tmp_path_factory.mktemp("keyed")
+    write_identity(root, "ident", ["FP32"])
+    keys = {"SLUICE_API_KEYS": "team-b:key-b", "SLUICE_ADMIN_KEYS": "team-a:key-a,ops:key-ops"}
+    stack = Stack(root, redis_server.url, env={**ENV, "SLUICE_SHM_SAME_HOST": "true", **keys})
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_a_tenant_reaches_none_of_another_tenants_regions(keyed: Stack, made: list[Path]) -> None:
+    """Before, regions were one name space for the host: team-b's inference key read
+    team-a's region ('in') through a model and wrote its own results into it, and ops
+    listed and unregistered it. Now each tenant sees its own regions alone; another's name
+    is an unknown region, and free to take."""
+    secret = np.arange(4, dtype=np.float32)
+    source = new_object(made, 32, secret.tobytes())
+    other = new_object(made, 16)
+    as_a, as_b, as_ops = ({"Authorization": f"Bearer key-{who}"} for who in ("a", "b", "ops"))
+    with httpx.Client(base_url=keyed.url, timeout=60) as http:
+        register = "/v2/systemsharedmemory/region/in/register"
+        body = {"key": key(source), "offset": 0, "byte_size": 32}
+        assert http.post(register, json=body, headers=as_a).status_code == 200
+        reading = {"inputs": [fp32_input("in", 4)]}
+        inline = {"name": "IN_FP32", "shape": [1, 4], "datatype": "FP32", "data": [9] * 4}
+        writing = {"inputs": [inline], "outputs": [fp32_output("in", 4)]}
+        for request in (reading, writing):
+            answer = http.post("/v2/models/ident/infer", json=request, headers=as_b)
+            refused(answer, "unknown shared memory region 'in'")
+        assert source.read_bytes() == secret.tobytes() + bytes(16)
+        answer = http.post("/v2/models/ident/infer", json=reading, headers=as_a)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["data"] == secret.tolist()
+
+        status = "/v2/systemsharedmemory/status"
+        assert http.get(status, headers=as_ops).json() == []
+        answer = http.get("/v2/systemsharedmemory/region/in/status", headers=as_ops)
+        assert answer.status_code == 404, answer.text
+        mine = {"key": key(other), "offset": 0, "byte_size": 16}
+        assert http.post(register, json=mine, headers=as_ops).status_code == 200
+        assert http.post("/v2/systemsharedmemory/unregister", headers=as_ops).status_code == 200
+        assert [row["name"] for row in http.get(status, headers=as_a).json()] == ["in"]
+
+    with grpcclient.InferenceServerClient(keyed.grpc_address) as rpc:
+        grpc_a = {"authorization": "Bearer key-a"}
+        grpc_ops = {"authorization": "Bearer key-ops"}
+        assert set(rpc.get_system_shared_memory_status(headers=grpc_a).regions) == {"in"}
+        assert rpc.get_system_shared_memory_status(headers=grpc_ops).regions == {}
+        rpc.unregister_system_shared_memory("in", headers=grpc_ops)  # (not its own: no-op)
+        rpc.unregister_system_shared_memory(headers=grpc_ops)
+        assert set(rpc.get_system_shared_memory_status(headers=grpc_a).regions) == {"in"}
+        tensor = grpcclient.InferInput("IN_FP32", [1, 4], "FP32")
+        tensor.set_shared_memory("in", 16)
+        with pytest.raises(InferenceServerException, match="unknown shared memory region 'in'"):
+            rpc.infer("ident", [tensor], headers={"authorization": "Bearer key-b"})
+        result = rpc.infer("ident", [tensor], headers=grpc_a)
+        np.testing.assert_array_equal(result.as_numpy("OUT_FP32"), secret.reshape(1, 4))
+        rpc.unregister_system_shared_memory(headers=grpc_a)
+        assert rpc.get_system_shared_memory_status(headers=grpc_a).regions == {}

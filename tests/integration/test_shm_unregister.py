@@ -30,6 +30,7 @@ from tritonclient.utils import InferenceServerException
 
 from sluice.core.hosts import host_id
 from sluice.core.keys import Keys
+from sluice.core.tenants import ANONYMOUS
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
 from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
@@ -101,9 +102,10 @@ def key_of(handle: Any) -> str:
 
 
 def in_flight(redis: Redis, stack: Stack, region: str) -> int:
-    """Requests holding a lease on the region (the gateways' host is this one)."""
+    """Requests holding a lease on the (anonymous tenant's) region (the gateways' host is
+    this one)."""
     host = host_id(stack.env.get("SLUICE_HOST_ID", os.environ.get("SLUICE_HOST_ID", "")))
-    users = Keys(stack.namespace).client_region_users(host, region)
+    users = Keys(stack.namespace).client_region_users(host, f"{ANONYMOUS}/{region}")
     return int(redis.zcard(users))
 
 

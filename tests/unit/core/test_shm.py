@@ -18,7 +18,8 @@ import msgpack
 import numpy as np
 import pytest
 
-from sluice.core.datatypes import to_buffer
+from sluice.core.config import parse_config_text
+from sluice.core.datatypes import serialize_bytes, to_buffer
 from sluice.core.errors import Forbidden, InferenceFailed, InvalidInput, NotFound, Unsupported
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import (
@@ -658,6 +659,50 @@ def test_a_region_that_changed_since_validation_fails_only_its_request(
         assert not isinstance(result, Exception)
         _, payload = result
         assert np.frombuffer(payload, np.float32).tolist() == [3.0] * 4
+
+
+BYTES_CONFIG = parse_config_text(
+    """
+    name: "b"
+    platform: "onnxruntime_onnx"
+    max_batch_size: 8
+    input [ { name: "x" data_type: TYPE_STRING dims: [ -1 ] } ]
+    output [ { name: "y" data_type: TYPE_STRING dims: [ -1 ] } ]
+    """,
+    model_name="b",
+)
+
+
+def test_a_bytes_region_rewritten_since_validation_fails_only_its_request(
+    shm_object: tuple[str, Path],
+) -> None:
+    """The gateway counted a BYTES region's elements when it read the request; by the time
+    the worker reads it, its client wrote other length prefixes (as many bytes, another
+    number of elements). That request fails with a 400; the others of its batch are
+    answered."""
+    key, path = shm_object
+    two = serialize_bytes([b"abcd", b"efgh"])  # 16 bytes, 2 elements
+    path.write_bytes(two + bytes(4096 - len(two)))
+    rewritten = serialize_bytes([b"", b"", b"wxyz"])  # 16 bytes, 3 elements
+    requests = []
+    for name in ("a", "b", "c"):
+        message = RequestMessage(
+            name, "r", [TensorHeader("x", "BYTES", (1, 2), 16, ShmRef(key, 0, 16))], ["y"]
+        )
+        validate(message, BYTES_CONFIG)
+        requests.append(
+            PendingRequest(b"0-1", message, memoryview(b""), 1, shape_key(message, BYTES_CONFIG))
+        )
+    path.write_bytes(two + rewritten + bytes(4096 - 2 * len(two)))
+    requests[1].message.inputs[0].shm = ShmRef(key, 16, 16)  # (as if rewritten in place)
+    results = Execution(BYTES_CONFIG, 1).compute(requests, _Identity(), Timing())  # type: ignore[arg-type]
+    failed = results[1]
+    assert isinstance(failed, InvalidInput), failed
+    assert "input 'x'" in failed.message and "3 BYTES elements" in failed.message
+    for result in (results[0], results[2]):
+        assert not isinstance(result, Exception), result
+        _, payload = result
+        assert payload == two
 
 
 async def test_cuda_registration_errors_start_with_tritons_text(

@@ -150,7 +150,7 @@ def test_a_step_that_reads_responses_with_other_tensors_fails_the_load(tmp_path:
         'backend: "python" max_batch_size: 4 '
         'input [ { name: "A" data_type: TYPE_INT32 dims: [ 1 ] }, '
         '{ name: "B" data_type: TYPE_INT32 dims: [ 1 ] } ] '
-        'output [ { name: "C" data_type: TYPE_INT32 dims: [ 1 ] } ]'
+        'output [ { name: "C" data_type: TYPE_FP32 dims: [ 1 ] } ]'
     )
     mixed = _CONFIG.replace(
         '{ model_name: "detokenize" model_version: -1 input_map { key: "ID" value: "ID" }\n'

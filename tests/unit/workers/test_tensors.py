@@ -5,9 +5,16 @@ import pytest
 
 from sluice.core.config import parse_config_text
 from sluice.core.datatypes import to_buffer
-from sluice.core.errors import InferenceFailed
+from sluice.core.errors import InferenceFailed, InvalidInput
 from sluice.core.wire import RequestMessage, TensorHeader
-from sluice.workers.tensors import PendingRequest, combine, output_names, shape_key, split
+from sluice.workers.tensors import (
+    PendingRequest,
+    combine,
+    output_names,
+    shape_key,
+    split,
+    validate,
+)
 
 CONFIG = parse_config_text(
     """
@@ -56,3 +63,30 @@ def test_wrong_output_batch_dimension_fails_the_batch() -> None:
     a = pending("a", np.ones((2, 3), np.float32), ["y"])
     with pytest.raises(InferenceFailed, match="batch dimension"):
         split([a], {"y": np.ones((3, 3), np.float32)}, CONFIG)
+
+
+def test_a_shape_the_model_does_not_take_is_refused_before_the_batch() -> None:
+    """An ensemble's step (or a Python model's call) reaches the stream without a gateway:
+    the worker checks the shape as the gateway checks a client's, with Triton's text."""
+    fixed = parse_config_text(
+        """
+        name: "f"
+        platform: "onnxruntime_onnx"
+        max_batch_size: 8
+        input [ { name: "x" data_type: TYPE_FP32 dims: [ 2, -1 ] } ]
+        output [ { name: "y" data_type: TYPE_FP32 dims: [ 2, -1 ] } ]
+        """,
+        model_name="f",
+    )
+    for shape in ((3, 2, 5), (1, 2, 0)):
+        validate(RequestMessage("a", "r", [TensorHeader("x", "FP32", shape, 0)], ["y"]), fixed)
+    for shape in ((1, 3, 5), (2, 5), (1, 2, 5, 1), ()):
+        message = RequestMessage(
+            "a", "r", [TensorHeader("x", "FP32", shape, 0)], ["y"], client_id="req-7"
+        )
+        with pytest.raises(InvalidInput) as info:
+            validate(message, fixed)
+        assert info.value.message == (
+            "[request id: req-7] unexpected shape for input 'x' for model 'f'. Expected "
+            f"[-1,2,-1], got [{','.join(map(str, shape))}]"
+        )

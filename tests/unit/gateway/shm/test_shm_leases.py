@@ -214,13 +214,13 @@ async def test_the_leases_live_in_redis_next_to_the_records(
     await one.register_system("r", shm_key, 0, 64)
     lease = await one.hold([await use(one, "r")], timeout_s=5)
     assert lease is not None
-    users = keys.client_region_users(HOST, "r")
+    users = keys.client_region_users(HOST, "anonymous/r")  # (the tenant's region 'r')
     assert await redis.zrange(users, 0, -1, withscores=True) == [
         (lease.id.encode(), float(clock.ms + 5_000))
     ]
     assert 0 < await redis.pttl(users) <= 6_000  # it goes with its last lease
     await two.unregister_system("r")
-    assert await redis.hgetall(keys.client_regions_draining(HOST)) == {b"r": b"1"}
+    assert await redis.hgetall(keys.client_regions_draining(HOST)) == {b"anonymous/r": b"1"}
     await one.release(lease)
     assert not await redis.exists(users, keys.client_regions_draining(HOST))
     assert await redis.hgetall(keys.client_regions(HOST, "system")) == {}
@@ -262,7 +262,7 @@ async def test_regions_are_given_back_however_the_request_ends(
     with pytest.raises(RuntimeError):
         uses = region_uses(shm_request(one, "r"))
         async with regions_held(one, uses, timeout_us=30_000_000):
-            assert store.users["r"]
+            assert store.users["anonymous/r"]
             raise RuntimeError("the request failed")
     assert not store.users
     await two.unregister_system("r")

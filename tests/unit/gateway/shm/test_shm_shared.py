@@ -4,6 +4,7 @@ for two processes; the Redis store on a real redis-server; ``--gateway-processes
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import uuid
@@ -22,6 +23,7 @@ from sluice.core.errors import InvalidInput, NotFound, QuotaExceeded
 from sluice.core.keys import Keys
 from sluice.core.settings import GatewaySettings, UpSettings, auto_gateway_processes
 from sluice.core.shm import SHM_DIR
+from sluice.core.tenants import CURRENT_TENANT
 from sluice.core.wire import ShmRef
 from sluice.gateway.shm.cuda import CudaRegion
 from sluice.gateway.shm.registry import RegionMiss, RegionRegistry, RegionsChanged
@@ -194,6 +196,71 @@ async def test_the_number_of_regions_is_bounded_per_host(tmp_path: Path, shm_key
     assert "failed to register shared memory region 'c'" in info.value.message
     await two.unregister_system("a")
     await one.register_system("c", shm_key, 0, 8)
+
+
+@contextlib.contextmanager
+def tenant(name: str) -> Iterator[None]:
+    """Calls made as tenant ``name`` (as the key checks set it for a request)."""
+    token = CURRENT_TENANT.set(name)
+    try:
+        yield
+    finally:
+        CURRENT_TENANT.reset(token)
+
+
+async def _tenants_apart(store: RegionStore, directory: Path, key: str) -> None:
+    one, two = pair(store, directory)
+    with tenant("team-a"):
+        await one.register_system("r", key, 0, 64)
+        await one.register_system("kept", key, 0, 64)
+    await two.catch_up()
+    with tenant("team-b"):
+        # Another tenant's region is an unknown one: not listed, not usable, its name free.
+        assert await two.system_status(None) == []
+        with pytest.raises(NotFound, match="Unable to find system shared memory region: 'r'"):
+            await two.system_status("r")
+        with pytest.raises(RegionMiss, match="unknown shared memory region 'r'"):
+            two.resolve("input 'x'", "r", 0, 4)
+        with pytest.raises(RegionMiss, match="unknown shared memory region 'r'"):
+            two.resolve("output 'y'", "r", 0, 4, output=True)
+        await two.register_system("r", key, 32, 16)
+        assert two.resolve("input 'x'", "r", 0, 16) == ShmRef(key, 32, 16)
+        await two.unregister_system("kept")  # (none of its own: nothing happens)
+        await two.unregister_system(None)  # all of its own, none of team-a's
+        assert await two.system_status(None) == []
+    await one.catch_up()
+    with tenant("team-a"):
+        assert sorted(row["name"] for row in await one.system_status(None)) == ["kept", "r"]
+        assert one.resolve("input 'x'", "r", 0, 64) == ShmRef(key, 0, 64)
+        await one.unregister_system(None)
+        assert await one.system_status(None) == []
+
+
+async def test_regions_belong_to_the_tenant_that_registered_them(
+    tmp_path: Path, shm_key: str
+) -> None:
+    await _tenants_apart(MemoryRegionStore(), tmp_path, shm_key)
+
+
+async def test_regions_belong_to_their_tenant_in_redis(
+    tmp_path: Path, shm_key: str, redis: Redis
+) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:6]}")
+    await _tenants_apart(RedisRegionStore(redis, keys, "host-a", ttl_s=30), tmp_path, shm_key)
+    assert await redis.hgetall(keys.client_regions("host-a", "system")) == {}
+
+
+@pytest.mark.parametrize("name", ["", "x" * 256, "é" * 128])
+async def test_a_region_name_is_bounded(tmp_path: Path, shm_key: str, name: str) -> None:
+    """gRPC takes any string (REST, one path segment): a region's name is kept by every
+    process and listed in every status, so it has 1 to 255 bytes."""
+    one, _ = pair(MemoryRegionStore(), tmp_path)
+    with pytest.raises(InvalidInput, match="a region name has 1 to 255 bytes"):
+        await one.register_system(name, shm_key, 0, 8)
+    with pytest.raises(InvalidInput, match="a region name has 1 to 255 bytes"):
+        await one.register_cuda(name, b"\x01" * 64, 0, 8)
+    assert await one.system_status(None) == []
+    await one.register_system("x" * 255, shm_key, 0, 8)
 
 
 async def test_cuda_handles_are_opened_where_used_and_closed_everywhere(
