@@ -302,8 +302,9 @@ class SequenceBatcher(Batcher):
         sequences: set[Any] = set()
 
         def admits(request: PendingRequest) -> bool:
-            # One request of a sequence per batch: the next needs this one's state.
-            sequence = request.message.parameters.get("sequence_id")
+            # One request of a sequence per batch: the next needs this one's state. (A
+            # sequence is its tenant's: :attr:`sluice.core.sequences.SequenceRef.key`.)
+            sequence = (request.message.tenant, request.message.parameters.get("sequence_id"))
             if sequence in sequences:
                 return False
             sequences.add(sequence)

@@ -71,7 +71,9 @@ def compute_streaming(
     as they come). A request whose final response carries no outputs is answered with none
     (clients see the stream end). A backend that follows cancellation (a Triton-style
     Python model) also gets each request's cancellation and sequence flags; a concurrent
-    one (a decoupled ensemble) each request's ``contexts``. ``tally`` counts each response
+    one (a decoupled ensemble) each request's ``contexts``. A model in Sluice's own API is
+    stopped at its next response once its request is cancelled: its generator is closed,
+    and the request ends as cancelled. ``tally`` counts each response
     (Triton's ``response_stats``); ``response_parameters`` gets the parameters of each
     request's final response (by entry id; its other responses carry theirs)."""
     finals: dict[int, Answer] = {}
@@ -127,8 +129,16 @@ def compute_streaming(
         tenants = [r.message.tenant for r in batch]
         stream(inputs, output_names(batch), sizes, emit, cancellations, sequences, own, tenants)
     else:
+
+        def emit_unless_cancelled(index: int, outputs: Any, final: bool) -> None:
+            if not final and cancellations is not None and cancellations[index].is_set():
+                # (Raised into the backend's loop over the model's generator, which ends the
+                # request with it: a generator without end would hold the instance for good.)
+                raise Cancelled("the request was cancelled while its model streamed")
+            emit(index, outputs, final)
+
         with serving(r.message.tenant for r in batch):
-            stream(inputs, output_names(batch), sizes, emit)
+            stream(inputs, output_names(batch), sizes, emit_unless_cancelled)
     missing = InferenceFailed("the model sent no final response")
     return [finals.get(index, missing) for index in range(len(batch))]
 

@@ -270,10 +270,13 @@ class Execution:
         self, live: list[PendingRequest]
     ) -> tuple[list[CancelSignal] | None, list[Callable[[], None]]]:
         """For a backend that makes requests on its requests' behalf (an ensemble, a Python
-        model's BLS calls) or asks whether they are cancelled: a signal per request, set if
-        its caller goes away while it computes, and what forgets them afterwards."""
+        model's BLS calls) or asks whether they are cancelled, and for a decoupled model
+        (whose stream ends when its caller goes away): a signal per request, set if its
+        caller goes away while it computes, and what forgets them afterwards."""
         if self.cancels is None or not (
-            self.concurrency > 1 or getattr(self._backend, "follows_cancellation", False)
+            self.concurrency > 1
+            or self.config.decoupled
+            or getattr(self._backend, "follows_cancellation", False)
         ):
             return None, []
         signals = [CancelSignal() for _ in live]

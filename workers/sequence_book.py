@@ -40,7 +40,13 @@ from sluice.core.config import ModelConfig, SequenceBatching, SequenceState
 from sluice.core.datatypes import numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InvalidConfig, InvalidInput, SluiceError
 from sluice.core.keys import Keys
-from sluice.core.sequences import SequenceRef, sequence_of, start_missing
+from sluice.core.sequences import (
+    SequenceRef,
+    check_corrid,
+    corrid_value,
+    sequence_of,
+    start_missing,
+)
 from sluice.workers.backends.base import absent_outputs
 from sluice.workers.tensors import PendingRequest
 
@@ -75,11 +81,14 @@ class SequenceBook:
     keys: Keys
     version: int
     _held: dict[str, Held] = field(default_factory=dict)
+    """By key, least recently used first: the idle ones are found at the front, however many
+    sequences are held."""
     _checkpoints: dict[bytes, bytes | None] = field(default_factory=dict)
     """Entry id -> the checkpoint its answer carries (None: the sequence ended)."""
     _initial: dict[str, np.ndarray] = field(default_factory=dict)
     _closed: dict[str, Closed] = field(default_factory=dict)
-    """Sequences that ended or went idle here, by key (see :class:`Closed`)."""
+    """Sequences that ended or went idle here, by key (see :class:`Closed`), the earliest
+    ``until`` first."""
     _lock: threading.Lock = field(default_factory=threading.Lock)
     """Guards ``_checkpoints`` and ``_closed`` (the compute thread and the event loop)."""
 
@@ -116,7 +125,8 @@ class SequenceBook:
     # -- before a batch (event loop) -------------------------------------------------------
 
     def ref(self, request: PendingRequest) -> SequenceRef:
-        return sequence_of(request.message.parameters, self.config.name)
+        """The request's sequence (its tenant's: see :attr:`SequenceRef.key`)."""
+        return sequence_of(request.message.parameters, self.config.name, request.message.tenant)
 
     async def admit(
         self, batch: list[PendingRequest]
@@ -129,47 +139,62 @@ class SequenceBook:
         failed: list[tuple[PendingRequest, SluiceError]] = []
         for request in batch:
             try:
-                refs[request.entry_id] = self.ref(request)
+                ref = self.ref(request)
+                check_corrid(ref, self.batching, self.config.name)
             except InvalidInput as exc:
                 failed.append((request, exc))
+            else:
+                refs[request.entry_id] = ref
         with self._lock:
-            closed = set(self._closed)
-        unknown = {
-            ref.key
-            for ref in refs.values()
-            if not ref.start and ref.key not in self._held and ref.key not in closed
-        }
+            unknown = {
+                ref.key
+                for ref in refs.values()
+                if not ref.start and ref.key not in self._held and ref.key not in self._closed
+            }
         if unknown:
             await self._restore(sorted(unknown), now)
         admitted: list[PendingRequest] = []
         for request in batch:
-            ref = refs.get(request.entry_id)
-            if ref is None:
+            if request.entry_id not in refs:
                 continue
+            ref = refs[request.entry_id]
+            held = self._held.pop(ref.key, None)
             if ref.start:
                 with self._lock:
                     self._closed.pop(ref.key, None)
-                self._held[ref.key] = Held(
-                    {name: value.copy() for name, value in self._initial.items()}, now
-                )
-            elif ref.key not in self._held:
+                held = Held({name: value.copy() for name, value in self._initial.items()}, now)
+            elif held is None:
                 failed.append((request, start_missing(ref, self.config.name)))
                 continue
-            self._held[ref.key].last_seen = now
+            held.last_seen = now
+            self._held[ref.key] = held  # (the most recently used: last)
             admitted.append(request)
         return admitted, failed
 
     def _forget_idle(self, now: float) -> None:
         """Sequences idle longer than the model allows are over (closed: their checkpoint,
-        which may outlive them by a moment, does not bring them back)."""
-        idle = [key for key, held in self._held.items() if now - held.last_seen > self.idle_s]
+        which may outlive them by a moment, does not bring them back). Both books are in
+        time order, so this looks at the expired entries and one more, not at every
+        sequence held (a client may open thousands and never end them)."""
+        idle: list[str] = []
+        for key, held in self._held.items():
+            if now - held.last_seen <= self.idle_s:
+                break
+            idle.append(key)
         with self._lock:
             for key in idle:
                 del self._held[key]
-                self._closed[key] = Closed(now + self.idle_s, None)
-            expired = [key for key, closed in self._closed.items() if closed.until < now]
-            for key in expired:
+                self._close(key, Closed(now + self.idle_s, None))
+            while self._closed:
+                key, closed = next(iter(self._closed.items()))
+                if closed.until >= now:
+                    break
                 del self._closed[key]
+
+    def _close(self, key: str, closed: Closed) -> None:
+        """Record ``key`` as closed, last in the closed book's order (``_lock`` held)."""
+        self._closed.pop(key, None)
+        self._closed[key] = closed
 
     async def _restore(self, keys: list[str], now: float) -> None:
         names = [self.keys.sequence_state(self.config.name, self.version, key) for key in keys]
@@ -189,19 +214,9 @@ class SequenceBook:
         tensors: dict[str, np.ndarray] = {}
         for control in self.batching.controls:
             dtype = numpy_dtype(control.datatype)
-            if control.kind == "CORRID":
-                values: list[Any] = [
-                    ref.id.encode() if isinstance(ref.id, str) else ref.id for ref in refs
-                ]
-                if control.datatype == "BYTES":
-                    column = np.array(values, dtype=object)
-                elif all(isinstance(v, int) for v in values):
-                    column = np.array(values, dtype=dtype)
-                else:
-                    raise InvalidInput(
-                        f"model '{self.config.name}' takes integer correlation IDs "
-                        f"({control.datatype}), not strings"
-                    )
+            if control.kind == "CORRID":  # (ids it cannot hold were refused by admit)
+                values = [corrid_value(ref.id, control.datatype) for ref in refs]
+                column = np.array(values, dtype=object if control.datatype == "BYTES" else dtype)
             else:
                 on = {"START": [r.start for r in refs], "END": [r.end for r in refs]}.get(
                     control.kind, [True] * len(refs)
@@ -254,7 +269,7 @@ class SequenceBook:
                     # Closed before its answer goes out: a request that follows the END,
                     # however soon, finds it closed (its checkpoint is still in Redis).
                     until = time.monotonic() + self.idle_s
-                    self._closed[ref.key] = Closed(until, request.entry_id)
+                    self._close(ref.key, Closed(until, request.entry_id))
             if ref.end:
                 self._held.pop(ref.key, None)
 

@@ -11,7 +11,10 @@ shadow traffic. A gRPC deadline caps the request's timeout.
 On a stream, requests are handled concurrently, each answered when its answer arrives
 (matched by its ``id``, as Triton's clients do), and at most
 ``SLUICE_GRPC_STREAM_MAX_IN_FLIGHT`` at once: beyond, the stream reads no further, so that
-HTTP/2 flow control holds the client back. A failed request answers a stream response with
+HTTP/2 flow control holds the client back. As many answers at most wait for the client to
+take them: a request whose answer finds no room keeps its place until there is, so a
+client that sends and never reads is not read further (and a decoupled model's responses
+stay in the dispatcher's bounded backlog). A failed request answers a stream response with
 ``error_message`` and the request's ``id``; the stream goes on. A stream the client
 cancels takes its requests under way with it: their places in the dispatcher and in
 admission control are given back at once.
@@ -30,7 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -90,6 +93,9 @@ def metadata_of(context: grpc.aio.ServicerContext[Any, Any]) -> dict[str, str]:
 
 Denial = Callable[[dict[str, str]], "tuple[grpc.StatusCode, str] | None"]
 """Why a call with this metadata may not infer (its key), or None."""
+
+Sink = Callable[[bytes], Awaitable[None]]
+"""Takes one stream response for the client; returns once there is room for it."""
 
 
 class InferCalls:
@@ -182,15 +188,22 @@ class InferCalls:
         :mod:`.receiving`), not from the iterator grpcio hands the handler."""
         metadata = metadata_of(context)
         answers: asyncio.Queue[bytes | None] = asyncio.Queue()
-        slots = asyncio.Semaphore(self.state.settings.grpc_stream_max_in_flight)
+        in_flight = self.state.settings.grpc_stream_max_in_flight
+        slots = asyncio.Semaphore(in_flight)
+        # Answers not yet taken by the client: at most as many (the stream's end takes none).
+        room = asyncio.Semaphore(in_flight)
         under_way: set[asyncio.Task[None]] = set()
         activity = StreamActivity()
 
+        async def send(answer_bytes: bytes) -> None:
+            await room.acquire()
+            answers.put_nowait(answer_bytes)
+
         async def answer(message: bytes, turn: QueueTurn, reservation: BodyReservation) -> None:
             try:
-                last = await self._stream_answer(message, metadata, answers.put_nowait, turn)
+                last = await self._stream_answer(message, metadata, send, turn)
                 if last:
-                    answers.put_nowait(last)
+                    await send(last)
             finally:
                 reservation.release()
                 turn.done.set()  # (failed before it was queued: the next one may go)
@@ -206,7 +219,7 @@ class InferCalls:
                     try:
                         reservation.ensure(len(message))
                     except ServerBusy as exc:
-                        answers.put_nowait(_stream_error(request_id_of(message), exc.message))
+                        await send(_stream_error(request_id_of(message), exc.message))
                         continue
                     try:
                         await slots.acquire()
@@ -227,7 +240,8 @@ class InferCalls:
         reader = asyncio.create_task(read())
         try:
             while (answer_bytes := await answers.get()) is not None:
-                yield answer_bytes
+                yield answer_bytes  # (returns once the client's transport took it)
+                room.release()
             try:
                 await reader  # (re-raises what ended the reading, a cancelled call's error)
             except SluiceError as exc:  # (an idle stream)
@@ -243,7 +257,7 @@ class InferCalls:
         self,
         message: bytes,
         metadata: dict[str, str],
-        sink: Callable[[bytes], None],
+        sink: Sink,
         turn: QueueTurn,
     ) -> bytes:
         """One stream response: the answer, or the error with the request's id (a
@@ -270,7 +284,7 @@ class InferCalls:
         metadata: dict[str, str],
         remaining_s: float | None,
         *,
-        sink: Callable[[bytes], None] | None = None,
+        sink: Sink | None = None,
         turn: QueueTurn | None = None,
     ) -> bytes:
         """One decoded request of ``size`` bytes (already charged to the body budget by the
@@ -317,7 +331,7 @@ class InferCalls:
         label: str | None,
         trace: TraceParent | None,
         span: RequestSpan | None,
-        sink: Callable[[bytes], None] | None,
+        sink: Sink | None,
         turn: QueueTurn | None,
     ) -> bytes:
         stream = sink is not None
@@ -382,7 +396,7 @@ async def _decoupled(
     big: bool,
     encode: Callable[[ReplyMessage, memoryview], bytes],
     trace: TraceParent | None,
-    sink: Callable[[bytes], None],
+    sink: Sink,
     empty_final: bool,
 ) -> None:
     """A decoupled model's responses on a stream. With the request's
@@ -396,7 +410,7 @@ async def _decoupled(
                 response.infer_response.model_version = str(reply.model_version)
                 response.infer_response.id = prepared.parsed.id
                 response.infer_response.parameters[_FINAL].bool_param = True
-                sink(bytes(response.SerializeToString()))
+                await sink(bytes(response.SerializeToString()))
             continue
         if empty_final:
             flag = service_pb2.ModelInferResponse()
@@ -404,7 +418,7 @@ async def _decoupled(
             # Protocol buffers merge concatenated messages: the answer gains the parameter.
             field = flag.SerializeToString()
             answer = answer + _STREAM_FIELD + _varint(len(field)) + field
-        sink(answer)
+        await sink(answer)
 
 
 def _stream_error(request_id: str, details: str) -> bytes:

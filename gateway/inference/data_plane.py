@@ -27,7 +27,7 @@ from sluice.core.keys import Keys
 from sluice.core.observability.trace_context import TraceParent
 from sluice.core.response_cache import CacheLookup, ResponseCache
 from sluice.core.routing import PARAMETER, parameter_label
-from sluice.core.sequences import batch_size_problem, sequence_of
+from sluice.core.sequences import batch_size_problem, check_corrid, sequence_of
 from sluice.core.shm import unlink
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.wire import ReplyMessage, RequestMessage, TensorHeader
@@ -243,6 +243,8 @@ def _sequence_slot(parsed: InferRequest, config: ModelConfig) -> int:
     ref = sequence_of(parsed.parameters, config.name)
     if config.max_batch_size > 0 and parsed.batch_size != 1:
         raise batch_size_problem(config.name)
+    assert config.sequence_batching is not None
+    check_corrid(ref, config.sequence_batching, config.name)
     return ref.slot(config.total_instances)
 
 

@@ -10,6 +10,7 @@ calls its composing models the same way (it lives in ``sluice`` for that reason)
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import logging
 import time
@@ -103,6 +104,8 @@ class RedisDispatcher:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._streams: dict[str, asyncio.Queue[Reply | SluiceError]] = {}
         """Requests to decoupled models: their responses, as they come."""
+        self._stream_withdrawals: dict[str, Callable[[], None]] = {}
+        """Requests to decoupled models, once queued: what withdraws each, until done."""
         self._counter = itertools.count()
         self._reader: asyncio.Task[None] | None = None
         self.expired: Counter[str] = Counter()
@@ -141,7 +144,9 @@ class RedisDispatcher:
         """The responses of a decoupled model to one request, in order, until its final one
         (or an error, which ends them); all within ``timeout_s``. Each response once: a
         request delivered again after its worker died starts its responses over, and those
-        forwarded already are skipped by their index."""
+        forwarded already are skipped by their index. Responses that end here before the
+        model's final one (the caller went away, the deadline passed, the backlog for a slow
+        client overflowed) withdraw the request, so that its model is told to stop."""
         key = str(next(self._counter))
         message.request_key = key
         message.reply_to = self.reply_stream
@@ -167,6 +172,9 @@ class RedisDispatcher:
                 raise
             finally:
                 expiry.cancel()
+            self._stream_withdrawals[key] = functools.partial(
+                self._withdraw, model, stream, entry_id, key, went_away=False
+            )
             while True:
                 try:
                     item = await asyncio.wait_for(queue.get(), max(0.0, deadline - loop.time()))
@@ -190,8 +198,14 @@ class RedisDispatcher:
             if not done:  # (a caller that stops reading after the last answer cancels nothing)
                 self._withdraw(model, stream, entry_id, key)
             raise
+        except SluiceError:
+            withdraw = self._stream_withdrawals.pop(key, None)
+            if not done and withdraw is not None:  # (not the model's own error)
+                withdraw()
+            raise
         finally:
             self._streams.pop(key, None)
+            self._stream_withdrawals.pop(key, None)
 
     async def submit(
         self, model: str, stream: str, message: RequestMessage, payload: bytes, timeout_s: float
@@ -230,10 +244,20 @@ class RedisDispatcher:
                     # was awaited: the caller got that one's error; mark this one as seen.
                     settled.exception()
 
-    def _withdraw(self, model: str, stream: str, entry_id: bytes | None, key: str) -> None:
-        """The caller went away: take the request back from its stream and tell the
-        model's workers (:mod:`sluice.core.cancellation`), without waiting for either."""
-        self.cancelled[stream] += 1
+    def _withdraw(
+        self,
+        model: str,
+        stream: str,
+        entry_id: bytes | None,
+        key: str,
+        *,
+        went_away: bool = True,
+    ) -> None:
+        """The caller went away (or, not ``went_away``, its request ended here without an
+        answer): take the request back from its stream and tell the model's workers
+        (:mod:`sluice.core.cancellation`), without waiting for either."""
+        if went_away:
+            self.cancelled[stream] += 1
         notices = self._keys.cancellations(model)
         self._withdrawals.add(notices, stream, entry_id, self.reply_stream, key)
 
@@ -307,8 +331,17 @@ class RedisDispatcher:
         if queue is not None:
             if queue.qsize() < STREAM_BACKLOG:
                 queue.put_nowait(reply)
-            else:  # the client reads slower than the model answers: end its stream
+            else:
+                # The client reads slower than the model answers: its stream ends with the
+                # error next (what waited is dropped), and the model is told to stop now,
+                # not once the stream's reader (which may be waiting for that client)
+                # comes back for the next response.
                 del self._streams[reply[0].request_key]
+                withdraw = self._stream_withdrawals.pop(reply[0].request_key, None)
+                if withdraw is not None:
+                    withdraw()
+                while not queue.empty():
+                    queue.get_nowait()
                 queue.put_nowait(
                     Overloaded(
                         f"more than {STREAM_BACKLOG} responses waited for a client that reads "

@@ -523,8 +523,9 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     client chooses)."""
 
     grpc_stream_max_in_flight: int = Field(256, ge=1, le=65536)
-    """Requests of one ModelStreamInfer stream under way at once; the stream reads no
-    further until one is answered (flow control reaches the client)."""
+    """Requests of one ModelStreamInfer stream under way at once, and answers of the stream
+    waiting for its client to read them; the stream reads no further until one is answered
+    and read (flow control reaches the client)."""
 
     grpc_max_streams_per_connection: int = Field(100, ge=1, le=65536)
     """Calls one gRPC connection may have open at once (HTTP/2's
@@ -746,8 +747,7 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
         if self.grpc_server_key and not self.grpc_server_cert:
             # (It would be dropped for the HTTP certificate's key without a word.)
             raise ValueError(
-                "SLUICE_GRPC_SERVER_KEY is the key of SLUICE_GRPC_SERVER_CERT, which is not "
-                "set"
+                "SLUICE_GRPC_SERVER_KEY is the key of SLUICE_GRPC_SERVER_CERT, which is not set"
             )
         if self.grpc_use_ssl_mutual and not self.grpc_root_cert:
             raise ValueError(

@@ -1,7 +1,8 @@
 """Sequence batching on a real stack: interleaved sequences from many clients, both
 strategies, Triton's control tensors and implicit state, string and integer correlation
 ids, and Triton's errors for requests that name no sequence, skip START, or come after
-the sequence went idle."""
+the sequence went idle; a correlation id the model's CORRID input cannot hold is refused;
+one tenant cannot reach another's sequence by its id."""
 
 from __future__ import annotations
 
@@ -210,6 +211,20 @@ def test_string_correlation_ids_reach_the_model(stack: Stack) -> None:
         client.close()
 
 
+def test_a_correlation_id_of_the_other_kind(stack: Stack) -> None:
+    """A string id for a model whose CORRID input is an integer is refused at the gateway
+    (400); an integer id for a model whose CORRID input is a string reaches it as its text."""
+    with httpx.Client(base_url=stack.url, timeout=30) as http:
+        text = _post(http, "echo_u64", _body(1, "INT32", sequence_id="abc", sequence_start=True))
+        number = _post(http, "echo_str", _body(1, "INT32", sequence_id=5150, sequence_start=True))
+    assert text.status_code == 400
+    assert text.json()["error"] == (
+        "inference request for sequence abc to model 'echo_u64': its CORRID control input is "
+        "UINT64, which takes integer correlation IDs, not strings"
+    )
+    assert _outputs(number)["CORRID_OUT"] == "5150"
+
+
 def test_requests_without_a_sequence_get_tritons_errors(stack: Stack) -> None:
     with httpx.Client(base_url=stack.url, timeout=30) as http:
         none = _post(http, "accumulator", _body(1.0, "FP32"))
@@ -316,3 +331,42 @@ def test_a_large_request_is_not_overtaken_on_a_grpc_stream(stack: Stack) -> None
     got = _stream_sequence(stack, "text_length", 5150, "TEXT", "BYTES", rows)
     lengths = np.cumsum([len(text) for text in texts]).tolist()
     assert [int(value) for value in got] == lengths
+
+
+TENANT_KEYS = {"team-a": "key-a", "team-b": "key-b"}
+
+
+@pytest.fixture(scope="module")
+def tenants_stack(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("sequence_tenants")
+    load_examples_builder().build_all(root, models=("accumulator",))
+    keys = ",".join(f"{tenant}:{key}" for tenant, key in TENANT_KEYS.items())
+    stack = Stack(root, redis_server.url, env={"SLUICE_API_KEYS": keys})
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+def test_a_tenant_cannot_reach_another_tenants_sequence(tenants_stack: Stack) -> None:
+    """Team b names the id of team a's running sequence: without START it is refused (it
+    neither reads a's running sum nor adds to it nor ends it); its START opens b's own
+    sequence; a's goes on as if b had sent nothing."""
+
+    def post(http: httpx.Client, tenant: str, value: float, **parameters: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {TENANT_KEYS[tenant]}"}
+        body = _body(value, "FP32", sequence_id=4242, **parameters)
+        return http.post("/v2/models/accumulator/infer", json=body, headers=headers)
+
+    with httpx.Client(base_url=tenants_stack.url, timeout=30) as http:
+        assert _outputs(post(http, "team-a", 5.0, sequence_start=True))["OUTPUT"] == 5.0
+        joined = post(http, "team-b", 1.0)
+        ended = post(http, "team-b", 1.0, sequence_end=True)
+        own = _outputs(post(http, "team-b", 100.0, sequence_start=True))["OUTPUT"]
+        kept = _outputs(post(http, "team-a", 2.0, sequence_end=True))["OUTPUT"]
+        b_goes_on = _outputs(post(http, "team-b", 1.0))["OUTPUT"]
+    for refused in (joined, ended):
+        assert refused.status_code == 400, refused.text
+        assert "must specify the START flag on the first request" in refused.text
+    assert (own, kept, b_goes_on) == (100.0, 7.0, 101.0)

@@ -19,21 +19,32 @@ def _dispatcher() -> RedisDispatcher:
     return RedisDispatcher(unused, unused, Keys("t"), stream_max_len=10)
 
 
-def test_responses_queue_in_order_and_a_slow_client_is_cut_off(monkeypatch: Any) -> None:
+def test_responses_queue_in_order_and_a_slow_client_is_cut_off_and_withdrawn(
+    monkeypatch: Any,
+) -> None:
     monkeypatch.setattr(dispatch, "STREAM_BACKLOG", 3)
 
-    async def run() -> list[Any]:
+    withdrawn: list[str] = []
+
+    async def run() -> tuple[list[Any], list[Any]]:
         dispatcher = _dispatcher()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         dispatcher._streams["7"] = queue
-        for index in range(5):
+        dispatcher._stream_withdrawals["7"] = lambda: withdrawn.append("7")
+        for index in range(3):
             dispatcher._resolve(encode_reply(ReplyMessage("7", index, final=False)))
-        return [queue.get_nowait() for _ in range(queue.qsize())]
+        read = [queue.get_nowait() for _ in range(queue.qsize())]
+        for index in range(3, 7):  # 3, 4, 5 wait; 6 is one too many
+            dispatcher._resolve(encode_reply(ReplyMessage("7", index, final=False)))
+        return read, [queue.get_nowait() for _ in range(queue.qsize())]
 
-    items = asyncio.run(run())
-    assert [item[0].model_version for item in items[:3]] == [0, 1, 2]
-    assert isinstance(items[3], Overloaded) and "too slowly" in items[3].message
-    assert len(items) == 4  # nothing after the cut
+    read, items = asyncio.run(run())
+    assert [item[0].model_version for item in read] == [0, 1, 2]
+    # Past the backlog: the stream's next item is the error (what waited is dropped, it
+    # would never be read), nothing after it, and the request is withdrawn at once.
+    assert len(items) == 1
+    assert isinstance(items[0], Overloaded) and "too slowly" in items[0].message
+    assert withdrawn == ["7"]
 
 
 def test_the_final_flag_travels() -> None:

@@ -147,8 +147,15 @@ def test_a_sequence_batcher_keeps_arrival_order() -> None:
         clock=intake.clock,
     )
     held = [request("a"), request("a"), request("b")]
-    chosen = seq.select(list(held))  # (one sequence: one request per batch)
-    assert tenants(chosen.batch + chosen.rest) == "aab"
+    for number, one in enumerate(held, 1):
+        one.message.parameters["sequence_id"] = number
+    chosen = seq.select(list(held))  # (three sequences: no turns by tenant)
+    assert tenants(chosen.batch) == "aab"
+    held = [request("a"), request("a"), request("b")]
+    for one in held:
+        one.message.parameters["sequence_id"] = 7  # (a's sequence 7 twice, b's once)
+    chosen = seq.select(list(held))
+    assert tenants(chosen.batch) == "ab" and tenants(chosen.rest) == "a"
 
 
 def test_ordering_costs_a_few_microseconds_per_request() -> None:
