@@ -322,6 +322,8 @@ class ModelControl:
                 self._unstage(command)  # (staged again in its turn)
                 self._in_group(command, parts)
                 return
+        if model_dir != source and model.config.ensemble_steps:
+            self._link_beside(model_dir.parent, name)
         if command.versions:
             missing = sorted(set(command.versions) - set(available_versions(model_dir)))
             if missing:
@@ -449,6 +451,25 @@ class ModelControl:
         self.supervisor.retire(work.children)
         self._unstage(work.command)
         self._finish(work, f"failed to load '{work.command.model}', {reason}")
+
+    def _link_beside(self, staged_root: Path, name: str) -> None:
+        """An ensemble loaded from a request's configuration or files is staged alone, yet
+        reads its steps' models beside it (as Triton loads such an ensemble): link there every
+        other model as it is served (a loaded one from the folder it was loaded from, with its
+        own overrides) or else as the repository holds it."""
+        names = set(self.loaded)
+        if self.repository.is_dir():
+            names.update(p.name for p in self.repository.iterdir() if not p.name.startswith("."))
+        names.discard(name)
+        for other in sorted(names):
+            loaded = self.loaded.get(other)
+            target = loaded[0].path if loaded is not None else self.repository / other
+            link = staged_root / other
+            if target.is_dir() and not link.exists():
+                try:
+                    link.symlink_to(target.resolve())
+                except OSError as exc:
+                    log.warning("model control: cannot link %s beside %s: %s", other, name, exc)
 
     def _unstage(self, command: ControlCommand) -> None:
         """Remove what ``command`` staged (a load's overrides), which no model serves from:

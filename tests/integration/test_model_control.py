@@ -348,6 +348,31 @@ def test_an_ensembles_load_loads_the_models_it_calls_and_unload_dependents_unloa
         client.unload_model("chain", unload_dependents=True)  # "again" still calls them
         assert [states(client)[m] for m in ("again", "first", "second")] == [ready] * 3
 
+        # An ensemble loaded with a configuration of the request's own (as Model Analyzer
+        # loads them) reads its steps' models beside its staged copy: one step here.
+        one_step = {
+            "name": "again",
+            "platform": "ensemble",
+            "max_batch_size": 8,
+            "input": [{"name": "IN_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "output": [{"name": "OUT_FP32", "data_type": "TYPE_FP32", "dims": [-1]}],
+            "ensemble_scheduling": {
+                "step": [
+                    {
+                        "model_name": "second",
+                        "model_version": -1,
+                        "input_map": {"IN_FP32": "IN_FP32"},
+                        "output_map": {"OUT_FP32": "OUT_FP32"},
+                    }
+                ]
+            },
+        }
+        client.load_model("again", config=json.dumps(one_step))
+        assert states(client)["again"] == ready
+        answer = httpx.post(f"{stack.url}/v2/models/again/infer", json=IDENT, timeout=30)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["outputs"][0]["data"] == [1.0, 2.0, 3.0]
+
         with pytest.raises(InferenceServerException) as failure:
             client.load_model("broken")
         assert "failed to load 'broken', failed to load 'unusable'," in str(failure.value)
