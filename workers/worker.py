@@ -58,6 +58,10 @@ __all__ = ["Worker", "install_signal_handlers"]
 
 log = logging.getLogger(__name__)
 
+MAX_LOAD_ERROR_CHARS = 2000
+"""The most of a load's error kept (in Redis, the repository index and every load's
+answer): a model's exception may carry any amount of text."""
+
 IDLE_BLOCK_MS = 2000
 """How long one read of an idle worker blocks (a request ends it at once; so does a stop,
 which unblocks it: :meth:`Worker.stop`). A sequence worker's read blocks at most 0.5 s, as
@@ -187,6 +191,8 @@ class Worker:
             )
         except Exception as exc:
             reason = exc.message if isinstance(exc, SluiceError) else f"{type(exc).__name__}: {exc}"
+            if len(reason) > MAX_LOAD_ERROR_CHARS:  # (a model's own text: kept in Redis)
+                reason = reason[:MAX_LOAD_ERROR_CHARS] + " ... (cut)"
             left = self.settings.load_retries_left
             log.error(
                 "cannot load %s version %d: %s%s",

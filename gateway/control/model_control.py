@@ -58,6 +58,11 @@ async def carry_out(state: GatewayState, command: ControlCommand, stream: str = 
         _POLL_S,
     )
     if answers is None:
+        if stream:
+            # The controller took no command up (none leads): the client hears that it was
+            # not carried out, so it must not be later, when a controller leads again. (An
+            # executor's load may have begun: it goes on, as Triton's would.)
+            await state.control.drop_command(stream, entry_id)
         raise Unavailable(
             f"the {command.op} of '{command.model}' did not finish within "
             f"{state.settings.model_control_timeout_s:.0f} s"

@@ -45,12 +45,15 @@ class MemoryControlPlane:
     async def explicit_model_control(self) -> bool:
         return self.explicit
 
+    dropped: list[str] = field(default_factory=list)
+    """The ids of the commands taken back (their entries stay in ``commands``)."""
+
     async def send_command(self, stream: str, fields: Mapping[bytes, bytes]) -> str:
         self.commands.append((stream, fields))
         return f"{len(self.commands)}-0"
 
     async def drop_command(self, stream: str, entry_id: str) -> None:
-        pass
+        self.dropped.append(entry_id)
 
     async def take_reply(self, reply_key: str) -> bytes | None:
         return None  # (no executor answers: a command times out)

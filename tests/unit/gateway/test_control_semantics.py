@@ -111,6 +111,21 @@ async def test_a_bad_rollout_request_is_refused_at_once_naming_the_field(
     assert control.commands == []
 
 
+async def test_a_rollout_no_controller_took_up_is_taken_back(
+    control: MemoryControlPlane,
+) -> None:
+    """Told 503 (no controller leads), the client must not see its rollout start later,
+    when one does: the command leaves the controller's stream."""
+    config = identity_config(MODEL, ["FP32"], [-1], 8)
+    settings = GatewaySettings(model_control_timeout_s=0.2)
+    app = in_process_gateway(MODEL, config, EchoDispatcher(["OUT_FP32"]), settings, control)
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
+        answer = await client.post(ROLLOUT, json={"version": 2})
+    assert answer.status_code == 503, answer.text
+    assert len(control.commands) == 1 and control.dropped == ["1-0"]
+
+
 @pytest.mark.parametrize("phase", ["loading", "shadow", "canary", "promoting"])
 async def test_the_split_is_the_rollouts_while_one_is_under_way(
     client: httpx.AsyncClient, control: MemoryControlPlane, phase: str
