@@ -13,8 +13,11 @@ from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+import orjson
+
 from sluice.core.clock import CLOCK
 from sluice.core.config import DynamicBatching, ModelConfig
+from sluice.core.datatypes import BYTES
 from sluice.core.errors import (
     QUEUE_UNREACHABLE,
     InvalidInput,
@@ -40,6 +43,7 @@ from sluice.gateway.inference.queue_turn import QueueTurn
 from sluice.gateway.inference.request import InferRequest, RequestedOutput
 from sluice.gateway.inference.response import encode_infer_response
 from sluice.gateway.shm.leases import holding_regions, holding_regions_stream
+from sluice.gateway.shm.references import SHM_REGION
 from sluice.gateway.shm.registry import RegionMiss
 from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
@@ -52,10 +56,12 @@ _NS_PER_US = 1_000
 OFFLOAD_BYTES = 64 * 1024
 """Requests (and answers) with more bytes than this are parsed, packed and encoded on a
 thread, so that no work proportional to a tensor's size runs on the event loop."""
-_SHM_MARK = b"shared_memory_region"
-_BYTES_MARK = b"BYTES"
+_SHM_MARK = SHM_REGION.encode()
+_BYTES_MARK = BYTES.encode()
 """A BYTES input in a shared memory region is read and counted while parsed: a request
 whose body names both may be heavy whatever its size (two memchr-fast searches)."""
+_ESCAPE = b"\\u"
+"""JSON may write any letter of those names as an escape (``BYTE\\u0053``)."""
 
 _GATEWAY_PARAMETERS = frozenset(("timeout", "priority", PARAMETER))
 """Request parameters the gateway consumes; the others travel on to the worker."""
@@ -144,16 +150,36 @@ async def prepare(
     :func:`sluice.core.routing.requested_label`). ``default_timeout_us``: the deadline when the
     request sets none, instead of the model's queue policy or ``SLUICE_DEFAULT_TIMEOUT_S``
     (a job's time to live in the queue)."""
-    big = len(body) > OFFLOAD_BYTES
-    names_shm = not big and _SHM_MARK in body  # (a big one goes off the loop anyway)
     return await prepare_with(
         state,
         model,
         version,
         lambda config: parse_infer_request(body, json_length, config, state.limits, state.regions),
-        big or (names_shm and _BYTES_MARK in body),
+        parsed_heavily(body, json_length),
         label,
         default_timeout_us=default_timeout_us,
+    )
+
+
+def parsed_heavily(body: bytes, json_length: int | None) -> bool:
+    """Whether a REST request is parsed on a thread: a large one, or one with a BYTES input
+    in a shared memory region. Its names are looked for in the bytes; a small body that
+    lacks one but has escapes is decoded here to look at its inputs."""
+    if len(body) > OFFLOAD_BYTES or (_SHM_MARK in body and _BYTES_MARK in body):
+        return True
+    if _ESCAPE not in body or json_length == 0:  # (0: a raw binary request, no JSON)
+        return False
+    try:
+        document = orjson.loads(body if json_length is None else body[:json_length])
+    except orjson.JSONDecodeError:
+        return False  # (the parser says why)
+    inputs = document.get("inputs") if isinstance(document, dict) else None
+    return isinstance(inputs, list) and any(
+        isinstance(item, dict)
+        and item.get("datatype") == BYTES
+        and isinstance(item.get("parameters"), dict)
+        and SHM_REGION in item["parameters"]
+        for item in inputs
     )
 
 

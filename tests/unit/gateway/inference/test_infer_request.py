@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import struct
+import tracemalloc
 from dataclasses import dataclass
 from typing import Any
 
@@ -677,6 +678,51 @@ def test_json_data_rejections(datatype: str, data: Any, fragments: tuple[str, ..
         parse(body, None, config)
         return
     rejects(body, None, *fragments, config=config)
+
+
+@pytest.mark.parametrize("nested", [False, True], ids=["flat", "nested"])
+def test_a_string_among_numbers_costs_no_more_than_its_bytes(nested: bool) -> None:
+    """numpy makes a list holding a string into a fixed-width string array, each element
+    as wide as the longest: 50 KB of JSON would take 100 MB (GiBs for a larger body, on
+    the event loop below the offload threshold). The types are checked first."""
+    data: list[Any] = ["x" * 50_000] + ["y"] * 499
+    if nested:
+        data = [data[i : i + 10] for i in range(0, 500, 10)]
+    body = json_request([{"name": "x", "shape": [500], "datatype": "FP32", "data": data}])
+    config = Config("m", 0, (Spec("x", "FP32", (-1,)),), (Spec("y", "FP32", (1,)),))
+    tracemalloc.start()
+    try:
+        rejects(body, None, "input 'x': FP32 data must be numbers, got strings", config=config)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 5_000_000, peak  # (the JSON decoder's own buffers included)
+
+
+@pytest.mark.parametrize(
+    ("datatype", "data", "expected"),
+    [
+        ("UINT64", [1 << 63, 0, 1, (1 << 64) - 1], [1 << 63, 0, 1, (1 << 64) - 1]),
+        ("INT64", [-(1 << 63), (1 << 63) - 1, 0, -1], [-(1 << 63), (1 << 63) - 1, 0, -1]),
+        ("INT8", [-128, 127, True, 0], [-128, 127, 1, 0]),
+        ("FP16", [65504, -65504, 0.5, 1], [65504, -65504, 0.5, 1]),
+        ("FP64", [1, 2.5, [3, [4]]], [1, 2.5, 3, 4]),  # ragged, the first value flat
+        ("BOOL", [True, 0, 1, False], [True, False, True, False]),
+    ],
+)
+def test_json_numbers_at_the_edges_of_their_types(
+    datatype: str, data: list[Any], expected: list[Any]
+) -> None:
+    body = json_request([{"name": "INPUT0", "shape": [1, 4], "datatype": datatype, "data": data}])
+    request = parse(body, None, one_input(datatype, (4,)))
+    assert decoded(request).ravel().tolist() == expected
+
+
+def test_a_value_of_another_type_after_a_list_is_named() -> None:
+    body = json_request(
+        [{"name": "INPUT0", "shape": [1, 4], "datatype": "INT32", "data": [1, [2, "3"], 4]}]
+    )
+    rejects(body, None, "INT32 data must be integers, got strings", config=one_input("INT32", (4,)))
 
 
 def test_json_depth_limit_regular_and_ragged() -> None:
