@@ -31,6 +31,10 @@ MAX_REGISTER_BYTES = 256 << 20
 """A registered archive travels to ``sluice up`` in a control command; a larger one is laid
 out with ``sluice import-mar`` instead."""
 _DOWNLOAD_TIMEOUT_S = 60
+"""The longest wait for a connection or the next bytes of a download."""
+_DOWNLOAD_DEADLINE_S = 600
+"""The longest a whole download takes: a server that drips a byte a minute never passes
+the wait for the next bytes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +136,7 @@ async def _download(url: str, allowed: str, target: Path) -> None:
     size = 0
     try:
         async with (
+            asyncio.timeout(_DOWNLOAD_DEADLINE_S),
             httpx.AsyncClient(timeout=_DOWNLOAD_TIMEOUT_S, follow_redirects=False) as client,
             client.stream("GET", url) as response,
         ):
@@ -145,3 +150,7 @@ async def _download(url: str, allowed: str, target: Path) -> None:
                     sink.write(chunk)
     except httpx.HTTPError as exc:
         raise InvalidInput(f"{failed.message} ({type(exc).__name__})") from None
+    except TimeoutError:
+        raise InvalidInput(
+            f"{failed.message} (not done in {_DOWNLOAD_DEADLINE_S} seconds)"
+        ) from None

@@ -29,6 +29,7 @@ Sluice's numbered ones: :mod:`sluice.core.torchserve.versions`.
 from __future__ import annotations
 
 import logging
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -78,20 +79,29 @@ class WorkersFailed(InferenceFailed):
     """TorchServe's 500 when a model's workers do not start (named in its body's ``type``)."""
 
 
+_INT = re.compile(r"[+-]?[0-9]{1,10}")
+_INT_RANGE = range(-(1 << 31), 1 << 31)
+
+
 def _whole(params: dict[str, str], name: str) -> int | None:
-    """A number of the query as TorchServe reads one: None when absent or not a number."""
+    """A number of the query as TorchServe reads one (a Java int): None when absent, not a
+    number, or beyond an int's range (``response_timeout=10**30`` overflowed the
+    configuration's fields: a 500 when it came with a second version)."""
     raw = params.get(name)
-    try:
-        return None if raw is None else int(raw.strip())
-    except ValueError:
+    if raw is None or not _INT.fullmatch(raw.strip()):
         return None
+    value = int(raw.strip())
+    return value if value in _INT_RANGE else None
+
+
+_MOST = 1_000_000
 
 
 def _at_least(params: dict[str, str], name: str, least: int) -> int | None:
-    """A setting given as a number, refused below ``least``."""
+    """A setting given as a number, refused below ``least`` (or above :data:`_MOST`)."""
     value = _whole(params, name)
-    if value is not None and not least <= value <= 1_000_000:
-        raise InvalidInput(f"'{name}' must be a whole number of at least {least}, got {value}")
+    if value is not None and not least <= value <= _MOST:
+        raise InvalidInput(f"'{name}' must be a whole number from {least} to {_MOST}, got {value}")
     return value
 
 

@@ -471,6 +471,13 @@ def test_an_archive_registers_from_a_url_the_operator_allows(managed: Stack) -> 
     [
         ("PUT", "/models/nothing", {"min_worker": 1}, 404, "Model not found: nothing"),
         ("POST", "/models", {"url": "shout.mar", "batch_size": 0}, 400, "'batch_size' must be"),
+        (
+            "POST",
+            "/models",
+            {"url": "shout.mar", "max_batch_delay": 2_000_000},
+            400,
+            "'max_batch_delay' must be a whole number from 0 to 1000000, got 2000000",
+        ),
         ("POST", "/models", {}, 400, "Parameter url is required."),
         ("GET", "/models/nothing", {}, 404, "Model not found: nothing"),
         ("DELETE", "/models/nothing/1", {}, 404, "Model not found: nothing"),

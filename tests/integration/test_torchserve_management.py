@@ -230,3 +230,36 @@ def test_an_asynchronous_registration_answers_at_once_and_loads_after(stack: Sta
             time.sleep(0.2)
         assert http.post("/predictions/later", content="ok").text == "OK (v1.0)"
         assert said(http.delete("/models/later"), 200) == 'Model "later" unregistered'
+
+
+def test_numbers_beyond_a_java_int_take_their_defaults_as_in_torchserve(stack: Stack) -> None:
+    """TorchServe reads the query's numbers as Java ints, and one that is not (beyond its
+    range too) takes its default. Here such a ``response_timeout`` overflowed the
+    configuration: a 400 about config.pbtxt for a new model, a 500 for a version added."""
+    huge = "1" + "0" * 30
+    with httpx.Client(base_url=stack.url, timeout=120) as http:
+        first = http.post(
+            "/models",
+            params={"url": "shout.mar", "model_name": "huge", "response_timeout": huge},
+        )
+        assert said(first, 200) == 'Model "huge" Version: 1.0 registered with 1 initial workers'
+        second = http.post(
+            "/models",
+            params={
+                "url": "shout-v2.tar.gz",
+                "model_name": "huge",
+                "response_timeout": huge,
+                "batch_size": huge,
+                "initial_workers": huge,
+            },
+        )
+        assert "Version: 2.0 registered" in said(second, 200)
+        described = http.get("/models/huge/all").json()
+        assert [(d["responseTimeout"], d["batchSize"], d["minWorkers"]) for d in described] == [
+            (0, 1, 1),
+            (0, 1, 1),
+        ]
+        scaled = http.put("/models/huge", params={"min_worker": huge, "synchronous": "true"})
+        assert said(scaled, 200) == "Workers scaled to 1 for model: huge"
+        assert said(http.delete("/models/huge/2.0"), 200) == 'Model "huge" unregistered'
+        assert said(http.delete("/models/huge"), 200) == 'Model "huge" unregistered'

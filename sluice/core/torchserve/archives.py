@@ -7,12 +7,15 @@ An archive is a zip with ``MAR-INF/MANIFEST.json`` (``model.modelName``, ``model
 other forms, ``.tar.gz`` archives and unarchived folders, are packed into one:
 :mod:`sluice.core.torchserve.forms`.) It comes from outside, so nothing in it
 is trusted: member names that are absolute, climb with ``..``, name the archive's own root
-(``.``), hold empty parts or backslashes, clash with another member, or are links are
-refused, as are encrypted members. Unpacking is bounded three ways (:class:`UnpackLimits`):
-the entry count, each entry's size and the total size. The sizes are checked twice: from
-the zip's central directory before anything is written, and again by counting the bytes
-actually written, since the directory can lie; a compressed bomb stops at the limit either
-way.
+(``.``), hold empty parts or backslashes, are longer than a path can be (a part beyond 255
+bytes, a name beyond 1024), clash with another member, or are links are refused, as are
+encrypted members. The entry count is bounded before :mod:`zipfile` reads the central
+directory (it makes an object of every record there, whatever the count, so a small archive
+of millions of records would hold the process for minutes and gigabytes). Unpacking is
+bounded three ways (:class:`UnpackLimits`): the entry count, each entry's size and the total
+size. The sizes are checked twice: from the zip's central directory before anything is
+written, and again by counting the bytes actually written, since the directory can lie; a
+compressed bomb stops at the limit either way.
 """
 
 from __future__ import annotations
@@ -20,11 +23,12 @@ from __future__ import annotations
 import json
 import shutil
 import stat
+import struct
 import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from sluice.core.errors import InvalidConfig
 from sluice.core.torchserve.config import triton_config as triton_config  # (its old home)
@@ -33,6 +37,11 @@ MANIFEST = "MAR-INF/MANIFEST.json"
 MAX_ENTRIES = 10_000
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_UNPACKED_BYTES = 4 << 30
+MAX_NAME_BYTES = 1024
+"""The longest member name (its path inside the archive, in UTF-8): with the folder it is
+unpacked into, a path the file system takes."""
+MAX_PART_BYTES = 255
+"""The longest part of a member's name (a file or folder name on Linux)."""
 """Bound on what one archive unpacks to (4 GiB; a larger model is served from its files,
 not from an archive)."""
 _CHUNK = 1 << 20
@@ -76,11 +85,58 @@ def bad_archive(path: Path, reason: str) -> InvalidConfig:
     return InvalidConfig(f"model archive {path.name}: {reason}")
 
 
-def _open(path: Path) -> zipfile.ZipFile:
+def _open(path: Path, max_entries: int = MAX_ENTRIES) -> zipfile.ZipFile:
+    """The archive, open, once its central directory is found to hold at most
+    ``max_entries`` records."""
     try:
+        with path.open("rb") as stream:
+            _count_records(path, stream, max_entries)
         return zipfile.ZipFile(path)
     except (OSError, zipfile.BadZipFile) as exc:
         raise bad_archive(path, f"not a readable zip archive ({exc})") from None
+
+
+_END = struct.Struct("<4s4H2LH")
+"""The end of central directory record (its size field is the sixth)."""
+_END_SIGNATURE = b"PK\x05\x06"
+_END64_LOCATOR_SIZE, _END64_SIZE = 20, 56
+_RECORD = struct.Struct("<4s42x")
+"""A central directory record's fixed part (its name, extra and comment lengths at 28)."""
+
+
+def _count_records(path: Path, stream: IO[bytes], max_entries: int) -> None:
+    """Refuse an archive whose central directory holds more than ``max_entries`` records,
+    walking their fixed parts only, where :mod:`zipfile` will read them (the end record, or
+    its Zip64 form, says where). What :mod:`zipfile` refuses anyway (no end record, a
+    directory that does not parse) is left to it."""
+    size = stream.seek(0, 2)
+    tail_size = min(size, _END.size + (1 << 16))  # the record, and a comment up to 64 KiB
+    stream.seek(size - tail_size)
+    tail = stream.read(tail_size)
+    at = tail_size - _END.size  # a record without a comment, as zipfile looks first
+    if at < 0 or tail[at : at + 4] != _END_SIGNATURE or tail[-2:] != b"\0\0":
+        at = tail.rfind(_END_SIGNATURE)
+    if at < 0 or tail_size - at < _END.size:
+        return
+    directory_size: int = _END.unpack_from(tail, at)[5]
+    end = size - tail_size + at
+    if end >= _END64_LOCATOR_SIZE + _END64_SIZE:
+        stream.seek(end - _END64_LOCATOR_SIZE - _END64_SIZE)
+        zip64 = stream.read(_END64_SIZE + 4)
+        if zip64[:4] == b"PK\x06\x06" and zip64[_END64_SIZE:] == b"PK\x06\x07":
+            (directory_size,) = struct.unpack_from("<Q", zip64, 40)
+            end -= _END64_LOCATOR_SIZE + _END64_SIZE
+    start = end - directory_size
+    walked, count = 0, 0
+    while start >= 0 and walked < directory_size:
+        stream.seek(start + walked)
+        record = stream.read(_RECORD.size)
+        if len(record) < _RECORD.size or record[:4] != b"PK\x01\x02":
+            return
+        count += 1
+        if count > max_entries:
+            raise bad_archive(path, f"more than {max_entries} entries")
+        walked += _RECORD.size + sum(struct.unpack_from("<3H", record, 28))
 
 
 def _text(value: Any, field: str, path: Path, *, required: bool = False) -> str:
@@ -157,7 +213,7 @@ def read_small_archive(path: Path, limits: UnpackLimits) -> dict[str, bytes]:
     """Every file of a small archive (a workflow archive), by its ``/``-separated path, with
     the same checks as :func:`unpack` and within ``limits``."""
     files: dict[str, bytes] = {}
-    with _open(path) as archive:
+    with _open(path, limits.entries) as archive:
         left = limits.total_bytes
         for info, parts in _check_members(path, archive, limits.entries, limits):
             if info.is_dir():
@@ -183,6 +239,15 @@ def member_parts(path: Path, raw: str, is_dir: bool) -> tuple[str, ...]:
         raise bad_archive(path, f"entry {raw!r} points outside the archive")
     if not parts or any(part in ("", ".") or "\0" in part for part in parts):
         raise bad_archive(path, f"entry {raw!r} does not name a file or folder inside the archive")
+    if len(raw.encode(errors="surrogateescape")) > MAX_NAME_BYTES or any(
+        len(part.encode(errors="surrogateescape")) > MAX_PART_BYTES for part in parts
+    ):
+        shown = raw if len(raw) <= 80 else raw[:80] + "..."
+        raise bad_archive(
+            path,
+            f"entry {shown!r} has a name longer than {MAX_NAME_BYTES} bytes, or a part "
+            f"longer than {MAX_PART_BYTES}",
+        )
     return tuple(parts)
 
 
@@ -260,7 +325,7 @@ def unpack(
     ``max_bytes`` (or what ``limits`` allow); returns the manifest. On any failure nothing
     is left behind."""
     limits = limits or UnpackLimits(total_bytes=max_bytes)
-    with _open(path) as archive:
+    with _open(path, limits.entries) as archive:
         members = _check_members(path, archive, limits.entries, limits)
         manifest = _manifest(path, archive)
         destination.mkdir(parents=True)

@@ -7,13 +7,17 @@ The other two are packed into a .mar, so that a repository and a registration ca
 only. They come from outside as much as a .mar does, and meet its rules
 (:mod:`sluice.core.torchserve.archives`): only plain files and folders (no links), names
 strictly inside, each once, the count and the sizes bounded, the bytes counted as they are
-copied. As in TorchServe, an archive or folder whose only entry is a folder holding the
-manifest stands for that folder. The form is told by content, not by name: a zip, a gzip
-stream, a folder.
+copied. A .tar.gz's entries are checked as their headers are read, before the stream is
+inflated past them, and no single read of it may be larger than :data:`MAX_TAR_READ`:
+:mod:`tarfile` reads a long name or a pax header whole, however long its header claims. As
+in TorchServe, an archive or folder whose only entry is a folder holding the manifest
+stands for that folder. The form is told by content, not by name: a zip, a gzip stream, a
+folder.
 """
 
 from __future__ import annotations
 
+import gzip
 import os
 import shutil
 import stat
@@ -21,7 +25,7 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Literal
@@ -43,6 +47,9 @@ _CHUNK = 1 << 20
 _DATE = (1980, 1, 1, 0, 0, 0)
 """The packed entries' time (zip's earliest): the same files pack to the same bytes."""
 _DAMAGED = (tarfile.TarError, zlib.error, EOFError, OSError)
+MAX_TAR_READ = 4 << 20
+"""The most one read of a .tar.gz takes: a header block, a long name or pax header (a few
+hundred bytes when real), or a chunk of a file (:data:`_CHUNK`)."""
 
 
 _Opener = Callable[[], AbstractContextManager[IO[bytes]]]
@@ -108,19 +115,50 @@ def pack(source: Path, target: Path, limits: UnpackLimits | None = None) -> MarM
         raise
 
 
-def _open_tar(path: Path) -> tarfile.TarFile:
+class _BoundedReads:
+    """A .tar.gz's inflated stream, each read at most :data:`MAX_TAR_READ` bytes."""
+
+    def __init__(self, path: Path, stream: gzip.GzipFile) -> None:
+        self.path, self.stream = path, stream
+
+    def read(self, size: int = -1, /) -> bytes:
+        if not 0 <= size <= MAX_TAR_READ:
+            raise bad_archive(self.path, f"holds a header of more than {MAX_TAR_READ} bytes")
+        return self.stream.read(size)
+
+    def write(self, data: bytes, /) -> int:
+        raise OSError("read only")
+
+    def tell(self) -> int:
+        return self.stream.tell()
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET, /) -> int:
+        return self.stream.seek(offset, whence)
+
+    def close(self) -> None:
+        self.stream.close()
+
+
+@contextmanager
+def _open_tar(path: Path) -> Iterator[tarfile.TarFile]:
+    with gzip.GzipFile(path, "rb") as stream, _tar(path, stream) as tar:
+        yield tar
+
+
+def _tar(path: Path, stream: gzip.GzipFile) -> tarfile.TarFile:
     try:
-        return tarfile.open(path, "r:gz")
+        return tarfile.open(fileobj=_BoundedReads(path, stream), mode="r:")
     except _DAMAGED as exc:
         raise bad_archive(path, f"not a readable .tar.gz archive ({exc})") from None
 
 
 def _tar_members(path: Path, tar: tarfile.TarFile, limits: UnpackLimits) -> list[_Member]:
+    """The members, each checked (its size too) as soon as its header is read: the next
+    header is reached by inflating the member's bytes, which a bomb claims by the gigabyte."""
     members: list[_Member] = []
+    check = MemberCheck(path, limits.entries, limits)
     try:
         for info in tar:
-            if len(members) >= limits.entries:
-                raise bad_archive(path, f"more than {limits.entries} entries")
             raw = info.name
             while raw.startswith("./"):  # what `tar -C folder .` writes
                 raw = raw[2:]
@@ -129,6 +167,7 @@ def _tar_members(path: Path, tar: tarfile.TarFile, limits: UnpackLimits) -> list
             if not (info.isreg() or info.isdir()):
                 raise bad_archive(path, f"entry {info.name!r} is not a plain file or folder")
             parts = member_parts(path, raw, info.isdir())
+            check.add(raw, parts, info.isdir(), info.size)
             members.append(_Member(raw, parts, info.isdir(), info.size, _tar_file(tar, info)))
     except _DAMAGED as exc:
         raise bad_archive(path, f"is damaged ({exc})") from None

@@ -33,6 +33,8 @@ _WHOLE = {
     "responseTimeout": 1,
 }
 """The whole-number keys, each with its least value."""
+MAX_WHOLE = (1 << 31) - 1
+"""Their largest value (TorchServe reads them as Java ints)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,6 +77,10 @@ def parse_archive_settings(data: bytes, where: str) -> ArchiveSettings:
     except yaml.YAMLError as exc:
         reason = str(exc).replace("\n", " ")
         raise InvalidConfig(f"{where} is not YAML ({reason})") from None
+    except RecursionError:
+        raise InvalidConfig(f"{where} is not YAML (nested too deeply)") from None
+    except (ValueError, OverflowError) as exc:  # a number too long to convert, a bad date
+        raise InvalidConfig(f"{where} is not YAML ({exc})") from None
     if document is None:
         return ArchiveSettings()
     if not isinstance(document, dict):
@@ -110,4 +116,6 @@ def _whole(value: Any, key: str, least: int, where: str) -> int:
         raise InvalidConfig(
             f"{where}: {key} must be a whole number of at least {least}, got {value!r}"
         )
+    if value > MAX_WHOLE:
+        raise InvalidConfig(f"{where}: {key} must be at most {MAX_WHOLE}")
     return value

@@ -7,6 +7,7 @@ import json
 import stat
 import zipfile
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -223,3 +224,65 @@ def test_encrypted_entries_are_refused(tmp_path: Path) -> None:
     _patch_directory(path, "model.pt", 8, (1).to_bytes(2, "little"))  # flag: encrypted
     with pytest.raises(InvalidConfig, match=r"entry 'model\.pt' is encrypted"):
         read_manifest(path)
+
+
+def _records(tmp_path: Path, count: int, claimed: int | None = None) -> Path:
+    """An archive of its manifest whose central directory holds ``count`` records (each
+    pointing at the manifest's bytes, as a crafted archive can: a record costs 47 bytes);
+    ``claimed``: the entry count its end record gives (default: the true one)."""
+    tmp_path.mkdir()
+    path = _archive(tmp_path, _manifest_and({}))
+    data = path.read_bytes()
+    start = data.find(b"PK\x01\x02")
+    end = data.find(b"PK\x05\x06")
+    record = bytearray(data[start:end])
+    directory = b"".join(
+        bytes(record[:28]) + len(name).to_bytes(2, "little") + bytes(record[30:46]) + name
+        for name in [MANIFEST.encode(), *(f"{i:x}".encode() for i in range(1, count))]
+    )
+    total = (claimed if claimed is not None else count).to_bytes(2, "little")
+    tail = b"PK\x05\x06" + bytes(4) + total + total
+    tail += len(directory).to_bytes(4, "little") + start.to_bytes(4, "little") + bytes(2)
+    path.write_bytes(data[:start] + directory + tail)
+    return path
+
+
+@pytest.mark.parametrize("claimed", [None, 1])
+def test_a_directory_of_too_many_records_is_refused_before_zipfile_reads_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, claimed: int | None
+) -> None:
+    """zipfile makes an object of every record of the central directory before anyone can
+    count them: a 256 MiB archive of 47-byte records held the gateway for minutes and
+    gigabytes. The records are counted first, whatever the end record claims."""
+    path = _records(tmp_path / "many", 10_001, claimed)
+    six = _records(tmp_path / "six", 6, claimed and 1)
+    opened: list[object] = []
+    real = zipfile.ZipFile
+
+    def watched(*args: Any, **kwargs: Any) -> zipfile.ZipFile:
+        opened.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(zipfile, "ZipFile", watched)
+    with pytest.raises(InvalidConfig, match="more than 10000 entries"):
+        read_manifest(path)
+    with pytest.raises(InvalidConfig, match="more than 5 entries"):
+        unpack(six, tmp_path / "out", limits=UnpackLimits(entries=5))
+    assert opened == [] and not (tmp_path / "out").exists()
+    monkeypatch.undo()
+    assert read_manifest(_records(tmp_path / "one", 1, claimed)).model_name == "doubler"
+
+
+@pytest.mark.parametrize(
+    "entry", ["/".join(["a"] * 600) + "/f.txt", "extra/" + "b" * 256, "c" * 1025]
+)
+def test_names_longer_than_a_path_are_refused_before_unpacking(tmp_path: Path, entry: str) -> None:
+    """Such a name used to reach the writing step: 600 folders deep, a RecursionError from
+    making the folders; a part or a path too long, an OSError naming the worker's temporary
+    folder. Either failed the worker's load as a failing handler."""
+    path = _archive(tmp_path, _manifest_and({entry: b"x"}))
+    with pytest.raises(InvalidConfig, match="has a name longer than 1024 bytes, or a part"):
+        read_manifest(path)
+    with pytest.raises(InvalidConfig, match="has a name longer than 1024 bytes, or a part"):
+        unpack(path, tmp_path / "out", max_bytes=1 << 20)
+    assert not (tmp_path / "out").exists()

@@ -8,7 +8,9 @@ import io
 import json
 import os
 import tarfile
+import tracemalloc
 import zipfile
+import zlib
 from pathlib import Path
 
 import pytest
@@ -168,5 +170,53 @@ def test_a_damaged_tgz_is_refused(tmp_path: Path) -> None:
     data = source.read_bytes()
     source.write_bytes(data[: len(data) // 2])
     with pytest.raises(InvalidConfig, match=r"model archive m\.tar\.gz: .*damaged|cannot be read"):
+        pack(source, tmp_path / "out.mar", UnpackLimits())
+    assert not (tmp_path / "out.mar").exists()
+
+
+def _header_then_zeros(path: Path, kind: bytes, claimed: int, zeros: int) -> Path:
+    """A .tar.gz of the manifest, then a header of type ``kind`` claiming ``claimed``
+    bytes, followed by ``zeros`` zero bytes only (cheap to compress: a bomb)."""
+    manifest = FILES[MANIFEST]
+    info = tarfile.TarInfo(MANIFEST)
+    info.size = len(manifest)
+    head = info.tobuf() + manifest + bytes(-len(manifest) % 512)
+    info = tarfile.TarInfo("././@LongLink" if kind == tarfile.GNUTYPE_LONGNAME else "model.pt")
+    info.type, info.size = kind, claimed
+    head += info.tobuf(tarfile.GNU_FORMAT)
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 31)  # (31: the gzip format)
+    with path.open("wb") as sink:
+        sink.write(compressor.compress(head))
+        block = bytes(1 << 20)
+        for _ in range(zeros >> 20):
+            sink.write(compressor.compress(block))
+        sink.write(compressor.flush())
+    return path
+
+
+def test_a_tgz_header_claiming_a_huge_name_is_refused_without_reading_it(
+    tmp_path: Path,
+) -> None:
+    """tarfile reads a long name (or a pax header) whole, as long as its header claims: a
+    4 MiB .tar.gz claiming a 1 GiB name made the process hold a gigabyte (a 256 MiB one,
+    hundreds). Reads of the archive are bounded instead."""
+    source = _header_then_zeros(tmp_path / "m.tar.gz", tarfile.GNUTYPE_LONGNAME, 64 << 20, 64 << 20)
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidConfig, match=r"m\.tar\.gz: .*header of more than"):
+            pack(source, tmp_path / "out.mar", UnpackLimits())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 << 20, peak
+    assert not (tmp_path / "out.mar").exists()
+
+
+def test_a_tgz_entry_claiming_too_much_is_refused_before_it_is_read_past(tmp_path: Path) -> None:
+    """Each entry's size is checked as soon as its header is read: the entry's bytes were
+    inflated first (to reach the next header), minutes of CPU for a .tar.gz of zeros. Here
+    they are not even there, and the refusal is still the size's."""
+    source = _header_then_zeros(tmp_path / "m.tar.gz", tarfile.REGTYPE, 8 << 30, 0)
+    with pytest.raises(InvalidConfig, match=r"unpacks to more than 4294967296 bytes \(by its"):
         pack(source, tmp_path / "out.mar", UnpackLimits())
     assert not (tmp_path / "out.mar").exists()

@@ -70,6 +70,11 @@ def test_an_archive_without_a_config_file_sets_nothing(tmp_path: Path) -> None:
         ("deviceType: tpu\n", "deviceType must be cpu or gpu, got 'tpu'"),
         ("- a\n- b\n", "must be a mapping"),
         ("a: [\n", "is not YAML"),
+        ("a: !!python/object/apply:os.system [true]\n", "is not YAML .*constructor"),
+        ("parallelType: " + "9" * 5000 + "\n", "is not YAML .*digits"),
+        ("torchrun: 2024-13-45\n", "is not YAML .*month must be in"),
+        ("a: " + "[" * 5000 + "]" * 5000 + "\n", "is not YAML .*nested too deeply"),
+        ("batchSize: 2147483648\n", "batchSize must be at most 2147483647"),
     ],
 )
 def test_bad_values_are_refused_by_name(tmp_path: Path, text: str, reason: str) -> None:
