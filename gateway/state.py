@@ -85,6 +85,9 @@ class GatewayState:
     """The tenant streams this process made known (:mod:`sluice.gateway.tenants.streams`)."""
     cache: ResponseCache | None = None
     """Triton's response cache, where the deployment has one (:mod:`.response_cache`)."""
+    scrape: asyncio.Task[bytes] | None = None
+    """The ``/metrics`` text being taken, which the scrapes arriving meanwhile share
+    (:func:`sluice.gateway.metrics.exposition.metrics_text`)."""
 
 
 def state_of(request: Request) -> GatewayState:

@@ -137,7 +137,19 @@ _PENDING = (
 
 
 async def metrics_text(state: GatewayState) -> bytes:
-    """The whole ``/metrics`` text (callers check ``allow_metrics``)."""
+    """The whole ``/metrics`` text (callers check ``allow_metrics``).
+
+    Scrapes that arrive while one is being taken get its text: however many clients
+    scrape at once (without API keys, nobody needs one to scrape), a process reads Redis
+    and renders for one of them at a time. The scrape goes on if the client that started
+    it leaves."""
+    running = state.scrape
+    if running is None or running.done():
+        running = state.scrape = asyncio.create_task(_scrape(state))
+    return await asyncio.shield(running)
+
+
+async def _scrape(state: GatewayState) -> bytes:
     snapshot = await state.control.metric_snapshot(state.view)
     # Rendering takes milliseconds per hundred series: not on the event loop.
     quota = state.quota
@@ -159,7 +171,7 @@ def _text(
     text = ("\n".join(lines) + "\n").encode()
     return (
         text
-        + sluice_families.render(snapshot, segments)
+        + sluice_families.render(snapshot, segments, tenants)
         + tenant_metrics.render(snapshot, limits, tenants)
     )
 

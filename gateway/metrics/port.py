@@ -8,8 +8,10 @@ inference, as with Triton.
 from __future__ import annotations
 
 from fastapi import FastAPI
+from redis.exceptions import RedisError
 from starlette.types import Receive, Scope, Send
 
+from sluice.core.errors import QUEUE_UNREACHABLE
 from sluice.gateway.inference.response import encode_error
 from sluice.gateway.metrics.exposition import CONTENT_TYPE, metrics_text
 
@@ -34,7 +36,11 @@ class MetricsOnly:
         if not state.settings.allow_metrics:
             await answer(send, 404, encode_error("metrics are turned off"), b"application/json")
             return
-        body = await metrics_text(state)
+        try:
+            body = await metrics_text(state)
+        except RedisError:  # (as the HTTP port answers it, not a 500 with a traceback)
+            await answer(send, 503, encode_error(QUEUE_UNREACHABLE), b"application/json")
+            return
         await answer(send, 200, body, CONTENT_TYPE.encode())
 
 

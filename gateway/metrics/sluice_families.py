@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -74,20 +74,29 @@ _HISTOGRAMS = (
 
 @dataclass
 class DrainRate:
-    """Answers per second per model version, from the counters seen at recent scrapes."""
+    """Answers per second per model version, from the counters seen at recent scrapes (a
+    sample a second at most, however often they come: a version holds a window's worth)."""
 
     window_s: float = 60.0
     seen: dict[tuple[str, int], deque[tuple[float, int]]] = field(default_factory=dict)
 
     def rate(self, key: tuple[str, int], answered: int, now: float) -> float | None:
         samples = self.seen.setdefault(key, deque())
-        samples.append((now, answered))
+        if len(samples) < 2 or now - samples[-2][0] >= 1.0:
+            samples.append((now, answered))
+        else:
+            samples[-1] = (now, answered)
         while len(samples) > 2 and now - samples[1][0] >= self.window_s:
             samples.popleft()
         first_t, first_count = samples[0]
         if now - first_t < 1.0:
             return None
         return max(0, answered - first_count) / (now - first_t)
+
+    def keep_only(self, keys: Collection[tuple[str, int]]) -> None:
+        """Forget the versions not in ``keys`` (no longer served)."""
+        for key in [key for key in self.seen if key not in keys]:
+            del self.seen[key]
 
 
 DRAIN = DrainRate()
@@ -97,6 +106,9 @@ DRAIN = DrainRate()
 class _Families:
     snapshot: Snapshot
     shm_segment_bytes: int | None
+    tenants: Collection[str] | None = None
+    """The tenants that exist: per-tenant series of others (gone with their keys) are left
+    out. None: every tenant's."""
 
     def collect(self) -> Iterator[Metric]:
         versions = self.snapshot.versions
@@ -158,6 +170,7 @@ class _Families:
             else:
                 estimate = queued / rate if rate > 0 else math.inf
             drain.add_metric(labels, estimate)
+        DRAIN.keep_only({(state.model, state.version) for state in versions})
         return length, lag, pending, age, drain
 
     def _recovery(self, versions: list[VersionState]) -> Iterable[Metric]:
@@ -267,6 +280,8 @@ class _Families:
         )
         for state in versions:
             for tenant in hist.tenant_queue_tenants(state.counters):
+                if self.tenants is not None and tenant not in self.tenants:
+                    continue
                 buckets, total = hist.tenant_queue(tenant).read(state.counters)
                 tenants.add_metric([state.model, str(state.version), tenant], buckets, total)
         yield tenants
@@ -334,7 +349,10 @@ class _Families:
         return in_flight, processes, round_trip, body, shm
 
 
-def render(snapshot: Snapshot, shm_segment_bytes: int | None) -> bytes:
+def render(
+    snapshot: Snapshot, shm_segment_bytes: int | None, tenants: Collection[str] | None = None
+) -> bytes:
+    """The families; ``tenants``: those that exist (see :attr:`_Families.tenants`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(_Families(snapshot, shm_segment_bytes))
+    registry.register(_Families(snapshot, shm_segment_bytes, tenants))
     return generate_latest(registry)

@@ -150,20 +150,29 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
 
 
 def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
 def _list(value: Any) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+COUNTER_LIMIT = 1 << 63
+"""Redis keeps its counters in 64 signed bits: a value beyond is no counter of Sluice's (and
+one past a float's range would fail the rendering of the whole scrape)."""
+
+
 def _counters(value: Any) -> dict[str, int]:
+    """The integer fields of a hash; fields that hold anything else are left out, so that a
+    malformed value fails no scrape."""
     if not isinstance(value, dict):
         return {}
     counters: dict[str, int] = {}
     for key, raw in value.items():
         try:
-            counters[_text(key)] = int(raw)
-        except ValueError:
+            number = int(raw)
+        except (TypeError, ValueError):
             continue
+        if -COUNTER_LIMIT <= number < COUNTER_LIMIT:
+            counters[_text(key)] = number
     return counters

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
+import threading
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
@@ -58,17 +60,25 @@ class LimitsSource:
     weights_written: bool = False
     """Whether Redis has the weights of the limits in force."""
     loaded: TenantLimits = field(default_factory=TenantLimits)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    """Guards :attr:`reload_errors`: the file is read in a worker thread
+    (:func:`sluice.gateway.tenants.sync.follow_tenant_limits`), the count taken on the loop."""
+
+    def due(self) -> bool:
+        """Whether :meth:`changed_limits` would look at the file now."""
+        return bool(self.path) and self.clock() - self.checked_at >= CHECK_EVERY_S
 
     def changed_limits(self) -> TenantLimits | None:
         """New limits when the file changed and reads well; None otherwise (at most one
-        look a second; a bad file is logged and counted once per change)."""
+        look a second; a bad file is logged and counted once per change). It reads and
+        parses the file: not on the event loop."""
         now = self.clock()
         if not self.path or now - self.checked_at < CHECK_EVERY_S:
             return None
         self.checked_at = now
         try:
-            stat = os.stat(self.path)
-            signature: FileSignature | None = (stat.st_mtime_ns, stat.st_size)
+            found = os.stat(self.path)
+            signature: FileSignature | None = (found.st_mtime_ns, found.st_size)
         except OSError as exc:
             self._failed(f"{_source(self.path)}: cannot be read: {exc.strerror}", None)
             return None
@@ -88,28 +98,79 @@ class LimitsSource:
         if message == self.last_error:
             return
         self.last_error = message
-        self.reload_errors += 1
+        with self._lock:
+            self.reload_errors += 1
         log.error("%s; the previous tenant limits stay in force", message)
 
     def take_reload_errors(self) -> int:
-        taken, self.reload_errors = self.reload_errors, 0
+        with self._lock:
+            taken, self.reload_errors = self.reload_errors, 0
         return taken
+
+    def give_back_reload_errors(self, count: int) -> None:
+        """Count again what :meth:`take_reload_errors` took (it could not be written)."""
+        with self._lock:
+            self.reload_errors += count
 
 
 def _source(path: str) -> str:
     return f"tenant limits file {path}"
 
 
+MAX_FILE_BYTES = 1 << 20
+"""A limits file is at most this large (parsing one takes about a second): thousands of
+tenants' tables fit."""
+
+
 def read_limits(path: str, tenants: Collection[str]) -> TenantLimits:
-    """The limits of the file at ``path``; TenantLimitsError naming what is wrong."""
+    """The limits of the file at ``path``; TenantLimitsError naming what is wrong.
+
+    Only a regular file (a symbolic link to one, as Kubernetes mounts a ConfigMap, counts)
+    of at most :data:`MAX_FILE_BYTES` is read: a FIFO put in its place would block the
+    process until something writes to it, a device such as ``/dev/zero`` would never end."""
     try:
-        with open(path, "rb") as file:
-            text = file.read().decode()
+        # (O_NONBLOCK: opening a FIFO does not wait for a writer; a regular file ignores it)
+        descriptor = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise TenantLimitsError(f"{_source(path)}: cannot be read: {exc.strerror}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        try:
+            status = os.fstat(descriptor)
+            if not stat.S_ISREG(status.st_mode):
+                raise TenantLimitsError(
+                    f"{_source(path)}: not a regular file ({_kind(status.st_mode)})"
+                )
+            if status.st_size > MAX_FILE_BYTES:
+                raise TenantLimitsError(
+                    f"{_source(path)}: {status.st_size} bytes, more than the "
+                    f"{MAX_FILE_BYTES} a limits file may have"
+                )
+            data = file.read(MAX_FILE_BYTES + 1)
+        except OSError as exc:
+            raise TenantLimitsError(f"{_source(path)}: cannot be read: {exc.strerror}") from None
+    if len(data) > MAX_FILE_BYTES:  # (it grew while being read)
+        raise TenantLimitsError(
+            f"{_source(path)}: more than the {MAX_FILE_BYTES} bytes a limits file may have"
+        )
+    try:
+        text = data.decode()
     except UnicodeDecodeError as exc:
         raise TenantLimitsError(f"{_source(path)}: not UTF-8 text ({exc.reason})") from None
     return parse_tenant_limits(text, _source(path), tenants)
+
+
+def _kind(mode: int) -> str:
+    """What a file that is not a regular one is, for the error."""
+    for test, kind in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return kind
+    return f"mode {stat.S_IFMT(mode):o}"
 
 
 def load_at_start(settings: GatewaySettings) -> LimitsSource:

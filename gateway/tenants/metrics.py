@@ -57,7 +57,7 @@ def give_back_tenant_counts(state: GatewayState, fields: dict[str, int]) -> None
     """Keep counts that could not be written for the next report."""
     for name, count in fields.items():
         if name == RELOAD_ERRORS:
-            state.limits_source.reload_errors += count
+            state.limits_source.give_back_reload_errors(count)
         elif name.startswith(REQUESTS):
             state.admission.tenant_admitted[name[len(REQUESTS) :]] += count
         elif name.startswith(CANCELLED):
@@ -103,14 +103,22 @@ class _Families:
         for tenant in self.tenants:
             counters.update(dict.fromkeys((f"{REJECTED}{x}:{tenant}" for x in REFUSING_LIMITS), 0))
         counters.update(self.counters)
+        # The counters of tenants whose keys are gone stay in Redis, but not on /metrics:
+        # rotated keys do not add series for good.
+        tenants = frozenset(self.tenants)
         for name, count in sorted(counters.items()):
             if name.startswith(REQUESTS):
-                requests.add_metric([name[len(REQUESTS) :]], count)
+                tenant = name[len(REQUESTS) :]
+                if tenant in tenants:
+                    requests.add_metric([tenant], count)
             elif name.startswith(CANCELLED):
-                cancelled.add_metric([name[len(CANCELLED) :]], count)
+                tenant = name[len(CANCELLED) :]
+                if tenant in tenants:
+                    cancelled.add_metric([tenant], count)
             elif name.startswith(REJECTED):
                 limit, _, tenant = name[len(REJECTED) :].partition(":")
-                rejected.add_metric([tenant, limit], count)
+                if tenant in tenants:
+                    rejected.add_metric([tenant, limit], count)
         yield requests
         yield rejected
         yield cancelled
@@ -135,8 +143,9 @@ class _Families:
 
 
 def render(snapshot: Snapshot, limits: TenantLimits, tenants: tuple[str, ...] = ()) -> bytes:
-    """The families; ``tenants`` (those of the deployment's keys) have every refusal and
-    cancellation series, at 0 until they count."""
+    """The families of ``tenants`` (those of the deployment's keys, or ``anonymous`` alone
+    without keys): each has every refusal and cancellation series, at 0 until they count;
+    other tenants' counters (of keys since removed) are left out."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_Families(snapshot.gateway_counters, limits, tenants))
     return generate_latest(registry)

@@ -10,6 +10,7 @@ tenants' rates (:mod:`sluice.gateway.tenants.quota`).
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterable
 from typing import Any, cast
 
@@ -52,9 +53,10 @@ async def follow_tenant_limits(state: GatewayState, gateway_id: str) -> None:
     """Reload the limits file if it changed, write the weights when they are not in Redis
     yet, and read the other processes' counts when some tenant is limited."""
     source = state.limits_source
-    limits = source.changed_limits()
-    if limits is not None:
-        put_in_force(state, limits)
+    if source.due():  # (a file of thousands of tenants takes a second to parse)
+        limits = await asyncio.to_thread(source.changed_limits)
+        if limits is not None:
+            put_in_force(state, limits)
     if not source.weights_written:
         await write_weights(state.redis, state.keys, state.quota.limits)
         source.weights_written = True
@@ -107,10 +109,12 @@ def peer_usage(tenants: Iterable[str], reports: Iterable[Any]) -> dict[str, Peer
 
 
 def _int(value: Any) -> int:
+    """A report's count; 0 for what is none (a malformed or out-of-range value)."""
     try:
-        return int(value) if value is not None else 0
-    except ValueError:
+        number = int(value) if value is not None else 0
+    except (TypeError, ValueError):
         return 0
+    return number if 0 <= number < 1 << 63 else 0
 
 
 def _text(value: bytes | str) -> str:

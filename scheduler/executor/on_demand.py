@@ -30,14 +30,17 @@ its live workers anywhere, and its answered count. Then:
   cold starts have had to evict, only beyond the room kept for the next one); fewer down to
   one (unloading it is eviction's business).
 - **Refuse** a version larger than the whole budget (by its files before it loads, by its
-  measure after): its queued requests are answered 503 with the reason, and the gateways
-  refuse new ones with it (a load error of that version).
+  measure after), or one that failed to load (the model's loading failed, or its worker
+  kept dying while loading it, :data:`MAX_LOAD_EXITS`): its queued requests are answered
+  503 with the reason, and the gateways refuse new ones with it (a load error of that
+  version).
 - **Report** its states (``LOADING``, ``READY``) and its memory to the gateways (expiring:
   a host that died stops counting), the cold starts and evictions to the version's statistics.
 
 The requests are never at risk: they wait in Redis until a worker answers, whichever host
 loads it, whatever is evicted, whoever leads, and a worker killed while it loads is started
-again by the supervisor with the requests still queued.
+again by the supervisor with the requests still queued (until it has died
+:data:`MAX_LOAD_EXITS` times: then they are answered).
 """
 
 from __future__ import annotations
@@ -102,6 +105,12 @@ MAX_SCALED_INSTANCES = 256
 bound: a count beyond it in Redis is not the controller's)."""
 USE_WINDOW_S = 60.0
 """How far back a version's uses count when it is weighed against one that needs room."""
+MAX_LOAD_EXITS = 3
+"""A version whose worker has exited this many times while it loads (not counting the
+model's own load failures, which ``--model-load-retry-count`` governs) is refused: a worker
+killed once is started again and the requests wait for it, but one that keeps dying
+(crashing in the model's loading, killed by the kernel for its memory) would keep them
+waiting until their timeouts, load after load."""
 PATIENCE_S = 2.0
 """How long a version waiting for room spares the versions used more than it lately: after
 that, any candidate may go for it, the least used first. (A bound, not a ramp: a model
@@ -377,8 +386,13 @@ class OnDemand:
             resident.answered = look.answered
         name, version = resident.key
         if resident.ready_at is None:
-            if any(c.failed for c in resident.children):
-                reason = self._load_error(resident) or "its worker could not load it"
+            exits = max((_crashes(c) for c in resident.children), default=0)
+            if any(c.failed for c in resident.children) or exits >= MAX_LOAD_EXITS:
+                reason = self._load_error(resident) or (
+                    f"its worker exited {exits} times while loading it"
+                    if exits >= MAX_LOAD_EXITS
+                    else "its worker could not load it"
+                )
                 self._drop(resident, reason)
                 return
             if announced(self.client, self.keys, name, (version,), resident.children):
@@ -809,6 +823,12 @@ class OnDemand:
             for resident in self.residents.values():
                 pipe.delete(self.keys.on_demand_lock(*resident.key))
             pipe.execute()
+
+
+def _crashes(child: Child) -> int:
+    """The times ``child`` exited other than by failing to load its model."""
+    permanent = child.spec.permanent_exit_codes
+    return sum(1 for code in child.exit_codes if code not in permanent)
 
 
 def _files_bytes(directory: Path) -> int:

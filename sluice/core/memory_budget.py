@@ -36,6 +36,7 @@ _UNITS = {
 }
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*")
 _MOST = 1 << 60
+_LEAST = 1 << 20
 """No budget is larger than an exbibyte: a typo, not a machine."""
 UNITS_HELP = "a number of bytes with an optional unit: B, KB, MB, GB, TB, KiB, MiB, GiB, TiB"
 
@@ -66,6 +67,8 @@ def parse_gpu_budgets(text: str, what: str) -> dict[int, int]:
         if gpu in budgets:
             raise ValueError(f"{what}: GPU {gpu} is given twice")
         budgets[gpu] = parse_size(size, f"{what} of GPU {gpu}")
+        if budgets[gpu] < _LEAST:  # (as the host's budget: 0 is a typo, not a budget)
+            raise ValueError(f"{what} of GPU {gpu}: {size.strip()[:64]!r} is less than 1 MiB")
     return budgets
 
 

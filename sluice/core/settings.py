@@ -1005,8 +1005,8 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
 
     gpu_memory_budget: Annotated[dict[int, int], NoDecode] = Field(default_factory=dict)
     """Per GPU, the memory this host's on-demand models may hold on it together
-    (``0:70GiB,1:70GiB``), measured through NVML; a GPU not named has no budget. Needs
-    NVML."""
+    (``0:70GiB,1:70GiB``, each at least 1 MiB), measured through NVML; a GPU not named has
+    no budget. Needs NVML."""
 
     min_residency_s: float = Field(10.0, ge=0, le=86400)
     """An on-demand model loaded less than this long ago is not evicted for another: with

@@ -137,15 +137,15 @@ def parse_tenant_limits(text: str, source: str, tenants: Collection[str]) -> Ten
 
 def _limit(table: Any, where: str) -> TenantLimit:
     if not isinstance(table, dict):
-        raise TenantLimitsError(f"{where}: must be a table of limits, got {table!r}")
+        raise TenantLimitsError(f"{where}: must be a table of limits, got {_shown(table)}")
     unknown = [key for key in table if key not in _FIELDS]
     if unknown:
         raise TenantLimitsError(
             f"{where} {unknown[0]}: unknown field (expected {', '.join(_FIELDS)})"
         )
-    weight = _number(table, "weight", where, minimum=0.0)
-    rate = _number(table, "rate", where, minimum=0.0)
-    burst = _number(table, "burst", where, minimum=1.0, inclusive=True)
+    weight = _number(table, "weight", where, minimum=0.0, least=MIN_WEIGHT, most=MAX_WEIGHT)
+    rate = _number(table, "rate", where, minimum=0.0, least=MIN_RATE, most=MAX_NUMBER)
+    burst = _number(table, "burst", where, minimum=1.0, inclusive=True, most=MAX_NUMBER)
     if burst is not None and rate is None:
         raise TenantLimitsError(f"{where} burst: needs a rate (requests/s) to refill it")
     return TenantLimit(
@@ -157,9 +157,31 @@ def _limit(table: Any, where: str) -> TenantLimit:
     )
 
 
+MIN_WEIGHT, MAX_WEIGHT = 1e-6, 1e6
+"""Weights are relative: a trillion to one is as far apart as shares go (the workers divide
+by them, and add them up)."""
+MIN_RATE = 1e-6
+"""Requests per second: one every eleven days and a half at the least (a rate that rounds
+to nothing would make the time to the next token infinite)."""
+MAX_NUMBER = 1e12
+"""Rates and bursts beyond this are no limit, and a typo."""
+MAX_WHOLE = (1 << 63) - 1
+"""Requests in flight and queued bytes: what 64 bits hold (TOML's own integers; an integer
+past a float's range would fail every ``/metrics``)."""
+
+
 def _number(
-    table: dict[str, Any], name: str, where: str, *, minimum: float, inclusive: bool = False
+    table: dict[str, Any],
+    name: str,
+    where: str,
+    *,
+    minimum: float,
+    inclusive: bool = False,
+    least: float = 0.0,
+    most: float,
 ) -> float | None:
+    """The field ``name``: a number above ``minimum`` (or equal, ``inclusive``), from
+    ``least`` to ``most``."""
     if name not in table:
         return None
     value = table[name]
@@ -167,11 +189,15 @@ def _number(
     if (
         isinstance(value, bool)
         or not isinstance(value, int | float)
-        or not math.isfinite(value)
+        or (isinstance(value, float) and not math.isfinite(value))
         or value < minimum
         or (value == minimum and not inclusive)
     ):
-        raise TenantLimitsError(f"{where} {name}: must be a number {bound}, got {value!r}")
+        raise TenantLimitsError(f"{where} {name}: must be a number {bound}, got {_shown(value)}")
+    if value < least:
+        raise TenantLimitsError(f"{where} {name}: must be at least {least:g}, got {value:g}")
+    if value > most:  # (an integer too large for a float compares without converting)
+        raise TenantLimitsError(f"{where} {name}: must be at most {most:g}, got {_shown(value)}")
     return float(value)
 
 
@@ -180,8 +206,16 @@ def _whole(table: dict[str, Any], name: str, where: str) -> int | None:
         return None
     value = table[name]
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise TenantLimitsError(f"{where} {name}: must be a whole number >= 1, got {value!r}")
+        raise TenantLimitsError(f"{where} {name}: must be a whole number >= 1, got {_shown(value)}")
+    if value > MAX_WHOLE:
+        raise TenantLimitsError(f"{where} {name}: must be at most {MAX_WHOLE}, got {_shown(value)}")
     return value
+
+
+def _shown(value: Any) -> str:
+    """``value`` as an error shows it: no more than 64 characters of it."""
+    text = repr(value)
+    return text if len(text) <= 64 else f"{text[:61]}..."
 
 
 def _number_text(value: float) -> str:

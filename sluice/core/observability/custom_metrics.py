@@ -211,7 +211,7 @@ def decode_reports(raw: Iterable[bytes]) -> list[Any]:
     for text in raw:
         try:
             families = json.loads(text)["families"]
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, RecursionError):  # (nested past the stack)
             continue
         if isinstance(families, list):
             reports.append(families)
@@ -253,7 +253,7 @@ def _merge(kind: str, into: dict[tuple[tuple[str, str], ...], dict[str, Any]], s
         buckets = [float(b) for b in series["buckets"]]
         counts = [int(c) for c in series["counts"]]
         total, count = float(series["sum"]), int(series["count"])
-    except (KeyError, TypeError, ValueError):
+    except (KeyError, TypeError, ValueError, OverflowError):  # (an integer past a float's range)
         return
     if not all(_LABEL.fullmatch(name) for name, _ in labels):
         return

@@ -172,13 +172,20 @@ def _response_stats(counters: Mapping[bytes, bytes]) -> dict[str, dict[str, dict
         if not index.isdigit() or kind not in RESPONSE_KINDS or unit not in ("count", "ns"):
             continue
         kinds = found.setdefault(int(index), {k: {"count": 0, "ns": 0} for k in RESPONSE_KINDS})
-        kinds[kind][unit] = int(value)
+        kinds[kind][unit] = _count(value)
     return {str(index): found[index] for index in sorted(found)}
 
 
+def _count(raw: bytes | None) -> int:
+    """A counter's value; 0 for what is not one (a malformed value fails no answer)."""
+    try:
+        return int(raw) if raw is not None else 0
+    except ValueError:
+        return 0
+
+
 def _int(values: Mapping[bytes, bytes], name: str) -> int:
-    raw = values.get(name.encode())
-    return int(raw) if raw is not None else 0
+    return _count(values.get(name.encode()))
 
 
 def _duration(values: Mapping[bytes, bytes], kind: str) -> dict[str, int]:
@@ -196,7 +203,9 @@ def render_model_stats(
     inference_stats = {kind: _duration(counters, kind) for kind in DURATION_KINDS}
     inference_stats["cache_hit"] = _duration(counters, "cache_hit")
     inference_stats["cache_miss"] = _duration(counters, "cache_miss")
-    sizes = sorted({int(field.split(b":", 1)[0]) for field in batch_counters})
+    sizes = sorted(
+        {int(size) for size, _, _ in (f.partition(b":") for f in batch_counters) if size.isdigit()}
+    )
     batch_stats = [
         {
             "batch_size": size,
@@ -221,7 +230,7 @@ def render_model_stats(
         "batch_stats": batch_stats,
         "memory_usage": [],
         "instance_stats": [
-            {"instance": key.decode(), "execution_count": int(value)}
+            {"instance": key.decode(errors="replace"), "execution_count": _count(value)}
             for key, value in sorted(instance_counters.items())
         ],
     }

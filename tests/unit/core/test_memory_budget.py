@@ -47,6 +47,8 @@ def test_gpu_budgets_by_index() -> None:
         ("a:1GiB", "is not <GPU index>:<size>"),
         ("0:1GiB,0:2GiB", "GPU 0 is given twice"),
         ("0:lots", "B of GPU 0: 'lots' is not a size"),
+        ("0:0", "B of GPU 0: '0' is less than 1 MiB"),
+        ("0:70GiB,1:0.5KiB", "B of GPU 1: '0.5KiB' is less than 1 MiB"),
     ],
 )
 def test_bad_gpu_budgets_name_the_entry(text: str, problem: str) -> None:

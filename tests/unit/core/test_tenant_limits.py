@@ -99,6 +99,25 @@ def test_burst_defaults_to_the_rate_and_at_least_one() -> None:
         ("[tenants.team-c]\nweight = 2", "[tenants.team-c]: unknown tenant 'team-c'"),
         ('[tenants."bad name"]\nweight = 2', "'bad name' is not a tenant name"),
         ("[tenants.team-a\nweight = 2", "tenant limits file limits.toml: not valid TOML"),
+        # Numbers past what a float (or Redis) holds, or so small that nothing is left
+        ("[tenants.team-a]\nrate = 1" + "0" * 400, "[tenants.team-a] rate: must be at most 1e+12"),
+        ("[tenants.team-a]\nrate = 1e300", "[tenants.team-a] rate: must be at most 1e+12"),
+        ("[tenants.team-a]\nrate = 5e-324", "[tenants.team-a] rate: must be at least 1e-06"),
+        ("[tenants.team-a]\nweight = 1e-300", "[tenants.team-a] weight: must be at least 1e-06"),
+        ("[default]\nweight = 1e300", "[default] weight: must be at most 1e+06"),
+        (
+            "[tenants.team-a]\nrate = 5\nburst = 1" + "0" * 400,
+            "[tenants.team-a] burst: must be at most 1e+12, got 1000000000",
+        ),
+        (
+            "[tenants.team-a]\nmax_in_flight = 1" + "0" * 400,
+            "[tenants.team-a] max_in_flight: must be at most 9223372036854775807",
+        ),
+        (
+            "[tenants.team-b]\nmax_queued_bytes = 9223372036854775808",
+            "[tenants.team-b] max_queued_bytes: must be at most 9223372036854775807",
+        ),
+        ("[tenants.team-a]\nrate = '" + "x" * 10_000 + "'", "got 'xxxxxxxx"),
     ],
 )
 def test_errors_name_the_entry_and_field(text: str, expected: str) -> None:
@@ -116,3 +135,7 @@ def test_without_keys_only_anonymous_exists() -> None:
 def test_gauges_name_the_limits_set() -> None:
     limit = TenantLimit(2.0, 5.0, 8.0, None, 100)
     assert limit.gauges() == {"weight": 2.0, "rate": 5.0, "burst": 8.0, "queued_bytes": 100}
+
+
+def test_an_error_shows_no_more_than_the_start_of_a_value() -> None:
+    assert len(error_of("[tenants.team-a]\nrate = '" + "x" * 10_000 + "'")) < 200

@@ -11,11 +11,20 @@ from typing import Any, cast
 
 import pytest
 
+from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.memory_budget import HOST
 from sluice.core.placement import threads_per_instance
 from sluice.core.repository import RepositoryModel
+from sluice.scheduler.executor import on_demand
 from sluice.scheduler.executor.fork_server import ForkServer
-from sluice.scheduler.executor.on_demand import PATIENCE_S, OnDemand, Resident, _Room
+from sluice.scheduler.executor.on_demand import (
+    MAX_LOAD_EXITS,
+    PATIENCE_S,
+    OnDemand,
+    Resident,
+    _Look,
+    _Room,
+)
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing, host_bytes
 from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
@@ -241,3 +250,36 @@ def test_an_autoscaled_version_scales_down_to_one_and_frees_what_it_held() -> No
     demand, loaded, _ = scaled(2, 200 * MIB, wanted=0)
     demand._scale(_Room(now={HOST: 0}, later={HOST: 0}), NOW)
     assert len(loaded.children) == 1
+
+
+def loading(*exit_codes: int) -> tuple[OnDemand, Resident, list[str]]:
+    """A manager with one version loading, whose worker exited with ``exit_codes`` so far;
+    the reasons it refuses versions with are recorded."""
+    spec = ChildSpec("worker", ["w"], {}, frozenset({EXIT_LOAD_FAILED}), version=1)
+    version = resident("crashy", NOW, 100 * MIB)
+    version.ready_at = None
+    version.children = [Child(spec, exit_codes=list(exit_codes))]
+    demand = manager(version)
+    refused: list[str] = []
+    demand._load_error = lambda r: None  # type: ignore[method-assign]
+    demand._drop = lambda r, reason: refused.append(reason)  # type: ignore[method-assign]
+    return demand, version, refused
+
+
+def test_a_version_whose_worker_keeps_dying_while_it_loads_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Killed once, the worker is started again and the requests wait for it; crashing at
+    every start (in the model's loading, or killed for its memory), the version's requests
+    are answered with the reason instead of waiting out their timeouts."""
+    monkeypatch.setattr(on_demand, "announced", lambda *args: False)  # (not ready yet)
+    demand, version, refused = loading(-9)
+    demand._follow(version, _Look(queued=5), NOW)
+    assert refused == []
+    demand, version, refused = loading(*[-9] * MAX_LOAD_EXITS)
+    demand._follow(version, _Look(queued=5), NOW)
+    assert refused == [f"its worker exited {MAX_LOAD_EXITS} times while loading it"]
+    # The model's own load failures count against --model-load-retry-count, not this.
+    demand, version, refused = loading(*[EXIT_LOAD_FAILED] * MAX_LOAD_EXITS)
+    demand._follow(version, _Look(queued=5), NOW)
+    assert refused == []

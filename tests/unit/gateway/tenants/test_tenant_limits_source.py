@@ -11,6 +11,7 @@ import pytest
 
 from sluice.core.errors import InvalidConfig
 from sluice.core.settings import GatewaySettings
+from sluice.gateway.tenants import limits_source
 from sluice.gateway.tenants.limits_source import LimitsSource, load_at_start
 
 KEYS = "team-a:key-a,team-b:key-b"
@@ -110,3 +111,50 @@ def test_a_bad_file_keeps_the_previous_limits_and_is_counted_once(
     limits = source.changed_limits()
     assert limits is not None and limits.of("team-a").rate == 9
     assert source.take_reload_errors() == 0
+
+
+def test_a_fifo_in_place_of_the_file_is_refused_without_waiting_for_a_writer(
+    tmp_path: Path,
+) -> None:
+    """Opening a FIFO for reading waits for a writer: the gateway's whole process stopped."""
+    path = tmp_path / "limits.toml"
+    write(path, "[tenants.team-a]\nrate = 5", 1_000_000_000)
+    clock = FakeClock()
+    source = LimitsSource(str(path), frozenset({"team-a"}), clock=clock)
+    assert source.changed_limits() is not None
+    path.unlink()
+    os.mkfifo(path)
+    clock.now = 1.0
+    assert source.changed_limits() is None  # (and does not block)
+    assert source.take_reload_errors() == 1
+    assert "not a regular file (a FIFO)" in source.last_error
+    assert source.loaded.of("team-a").rate == 5
+    with pytest.raises(InvalidConfig, match=r"not a regular file \(a FIFO\)"):
+        load_at_start(settings(tenant_limits_file=str(path)))
+
+
+def test_a_link_to_a_device_or_a_huge_file_is_refused_and_the_limits_stay(
+    tmp_path: Path,
+) -> None:
+    """A link to a regular file is read (as Kubernetes mounts a ConfigMap); one to
+    /dev/zero, or a file past the size a limits file may have, is not read into memory."""
+    target = tmp_path / "real.toml"
+    write(target, "[tenants.team-a]\nrate = 5", 1_000_000_000)
+    path = tmp_path / "limits.toml"
+    path.symlink_to(target)
+    clock = FakeClock()
+    source = LimitsSource(str(path), frozenset({"team-a"}), clock=clock)
+    assert source.changed_limits() is not None
+    path.unlink()
+    path.symlink_to("/dev/zero")
+    clock.now = 1.0
+    assert source.changed_limits() is None
+    assert "not a regular file (a character device)" in source.last_error
+    path.unlink()
+    with path.open("wb") as file:
+        file.truncate(limits_source.MAX_FILE_BYTES + 1)
+    clock.now = 2.0
+    assert source.changed_limits() is None
+    assert f"more than the {limits_source.MAX_FILE_BYTES} a limits" in source.last_error
+    assert source.take_reload_errors() == 2
+    assert source.loaded.of("team-a").rate == 5

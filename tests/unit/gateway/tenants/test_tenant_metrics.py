@@ -57,7 +57,7 @@ def test_families() -> None:
         "tenant_limits.reload_errors": 3,
     }
     limits = TenantLimits({"a": TenantLimit(2.0, 10.0, 20.0, 4)}, TenantLimit(weight=1.0))
-    text = tenant_metrics.render(Snapshot([], 0, [], counters), limits).decode()
+    text = tenant_metrics.render(Snapshot([], 0, [], counters), limits, ("a", "b")).decode()
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], Any] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
@@ -70,3 +70,22 @@ def test_families() -> None:
     assert samples[("sluice_tenant_limit", (("limit", "rate"), ("tenant", "a")))] == 10
     assert samples[("sluice_tenant_limit", (("limit", "in_flight"), ("tenant", "a")))] == 4
     assert samples[("sluice_tenant_limit", (("limit", "weight"), ("tenant", "*")))] == 1
+
+
+def test_tenants_whose_keys_are_gone_have_no_series() -> None:
+    """Their counters stay in Redis, but /metrics does not keep a series per tenant that
+    ever had a key (rotated bare keys are a new tenant each)."""
+    counters = {
+        "tenant.requests:a": 5,
+        "tenant.requests:key-0123456789abcdef": 7,
+        "tenant.rejected:rate:key-0123456789abcdef": 1,
+        "tenant.cancelled:gone": 2,
+    }
+    text = tenant_metrics.render(Snapshot([], 0, [], counters), TenantLimits(), ("a",)).decode()
+    tenants = {
+        sample.labels["tenant"]
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if "tenant" in sample.labels and family.name != "sluice_tenant_limit"
+    }
+    assert tenants == {"a"}
