@@ -62,10 +62,16 @@ def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
             # Redis or the store out of reach for a moment (a name that did not resolve,
             # a failover): planned again later, for minutes, so the job is not left planning.
             if self.request.retries >= self.max_retries:
+                runner.give_up(batch_id, f"planning failed: {exc}")
                 raise
             log.warning("batch %s: planning failed (%s); retrying", batch_id, exc)
             countdown = min(_RETRY_BACKOFF_S * 2**self.request.retries, _PLAN_BACKOFF_MAX_S)
             raise self.retry(exc=exc, countdown=countdown) from None
+        except Exception as exc:
+            # Nothing will plan it again (no lease, no reaper): failed, saying why, so that
+            # it expires (and lets its upload go) rather than stays planning for good.
+            runner.give_up(batch_id, f"planning failed: {exc}")
+            raise
 
     @app.task(name=b.SHARD_TASK, bind=True, max_retries=3)  # type: ignore[untyped-decorator]
     def shard(self: Any, batch_id: str, index: int) -> None:

@@ -4,10 +4,19 @@ A shard sends its rows in requests of ``rows_per_request`` rows, keeps at most `
 of them queued, and reads the answers from a reply stream of its own (one per attempt), so
 no gateway is involved and nothing else reads them. The background stream is served only
 when no online request waits: online traffic keeps precedence over a running batch.
+
+A run that stops before every answer is in (the batch cancelled, a request failed or never
+answered) withdraws its requests still out, as a gateway does for a caller gone
+(:mod:`sluice.core.cancellation`): no worker computes them for nobody. The reply stream is
+made with the first requests and always carries an expiry (renewed while the shard runs,
+:data:`REPLY_GRACE_S` once it is closed), so that an answer arriving late (a request already
+computing, one delivered twice, one of an attempt whose batch worker was killed) lands in a
+stream that goes away, not in one made anew that would stay for good.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,7 +24,9 @@ from typing import Any, cast
 
 import numpy as np
 from redis import Redis
+from redis.exceptions import RedisError
 
+from sluice.core.cancellation import NOTICES_MAX_LEN, notice_fields
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
 from sluice.core.datatypes import deserialize_bytes, from_numpy_dtype, numpy_dtype, serialize_bytes
@@ -24,12 +35,31 @@ from sluice.core.keys import Keys
 from sluice.core.queue_streams import register_sync
 from sluice.core.wire import RequestMessage, TensorHeader, decode_reply, encode_request
 
+log = logging.getLogger("batch")
+
 _READ_BLOCK_MS = 500
 _CANCEL_CHECK_S = 1.0
+
+REPLY_GRACE_S = 300
+"""How long a shard's reply stream outlives its last renewal (its shard closed, or its
+batch worker gone): past it, an answer can only belong to a request nobody waits for."""
+
+_MARKER = b"sluice-open"
+"""The field of the entry that makes a reply stream exist before any answer (so that its
+expiry holds from the start); readers skip it."""
 
 
 class ShardFailed(SluiceError):
     """A request of the shard was answered with an error, or not answered in time."""
+
+
+class RequestFailed(ShardFailed):
+    """A request was answered with an error: the fault of its rows (their data, or the
+    model on them), not of the shard. ``error`` is the answer's message."""
+
+    def __init__(self, message: str, error: str) -> None:
+        super().__init__(message)
+        self.error = error
 
 
 class Cancelled(Exception):
@@ -54,6 +84,13 @@ class Feeder:
     """The batch job's owner: its requests go to that tenant's background stream ("": the
     base one), so that the workers share the background level between tenants."""
     _next_check: float = field(default=0.0, init=False)
+    _last_id: str = field(default="0-0", init=False)
+    """The last entry read from the reply stream (runs go on from it: a late answer to an
+    earlier run is never read as one of a later run's)."""
+    _serial: int = field(default=0, init=False)
+    """Requests sent so far, by all runs: each request's key is its number, never reused."""
+    _entries: dict[str, bytes] = field(default_factory=dict, init=False)
+    """Each request still out -> its entry in the model's stream (what withdraws it)."""
 
     @property
     def stream(self) -> str:
@@ -67,7 +104,6 @@ class Feeder:
         outputs: dict[str, np.ndarray] = {}
         sent: dict[str, tuple[int, int, float]] = {}
         next_chunk = 0
-        last_id = "0-0"
         try:
             while next_chunk < len(chunks) or sent:
                 if next_chunk < len(chunks) and len(sent) < self.in_flight:
@@ -76,16 +112,54 @@ class Feeder:
                     next_chunk += count
                 found = cast(
                     list[Any],
-                    self.redis.xread({self.reply_stream: last_id}, count=256, block=_READ_BLOCK_MS),
+                    self.redis.xread(
+                        {self.reply_stream: self._last_id}, count=256, block=_READ_BLOCK_MS
+                    ),
                 )
                 for _, entries in found or []:
                     for entry_id, fields in entries:
-                        last_id = entry_id.decode()
-                        self._place(fields, sent, outputs, rows)
+                        self._last_id = entry_id.decode()
+                        if _MARKER not in fields:
+                            self._place(fields, sent, outputs, rows)
                 self._check(sent)
         finally:
-            self.redis.delete(self.reply_stream)
+            if sent:
+                self._withdraw(sent)
         return outputs
+
+    def close(self) -> None:
+        """The shard is done with this feeder: its reply stream expires
+        :data:`REPLY_GRACE_S` from now (and holds whatever answer comes late until then)."""
+        self._keep_replies(REPLY_GRACE_S)
+
+    def _keep_replies(self, ttl_s: float) -> None:
+        """Make the reply stream exist (a marker entry, which readers skip) and expire
+        ``ttl_s`` from now."""
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xadd(self.reply_stream, {_MARKER: b"1"}, maxlen=1)
+            pipe.expire(self.reply_stream, max(1, int(ttl_s)))
+            pipe.execute()
+
+    def _withdraw(self, sent: dict[str, tuple[int, int, float]]) -> None:
+        """Take the requests still out off the model's queue, and tell the workers that may
+        hold one already to drop it (best effort: their deadlines still bound them)."""
+        notices = self.keys.cancellations(self.config.name)
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                for key in sent:
+                    entry = self._entries.pop(key, None)
+                    if entry is not None:
+                        pipe.xdel(self.stream, entry)
+                    pipe.xadd(
+                        notices,
+                        notice_fields(self.reply_stream, key),  # type: ignore[arg-type]
+                        maxlen=NOTICES_MAX_LEN,
+                        approximate=True,
+                    )
+                pipe.execute()
+        except RedisError as exc:
+            log.warning("withdrawing %d batch requests failed: %s", len(sent), exc)
+        sent.clear()
 
     def _send(
         self,
@@ -98,7 +172,10 @@ class Feeder:
         CLOCK.sync_blocking(self.redis)  # (the workers may run on other hosts)
         if first == 0:
             register_sync(self.redis, self.keys, self.config.name, self.version, self.stream)
+        if self._serial == 0:
+            self._keep_replies(self._ttl_s)
         now_ns = CLOCK.now_ns()
+        keys: list[str] = []
         with self.redis.pipeline(transaction=False) as pipe:
             for index in range(first, first + count):
                 start, end = chunks[index]
@@ -114,7 +191,9 @@ class Feeder:
                     )
                     headers.append(TensorHeader(name, datatype, tuple(part.shape), len(data)))
                     parts.append(data)
-                key = str(index)
+                key = str(self._serial)
+                self._serial += 1
+                keys.append(key)
                 message = RequestMessage(
                     request_key=key,
                     reply_to=self.reply_stream,
@@ -127,7 +206,13 @@ class Feeder:
                 )
                 pipe.xadd(self.stream, encode_request(message, b"".join(parts)))  # type: ignore[arg-type]
                 sent[key] = (start, end, time.monotonic())
-            pipe.execute()
+            entries = pipe.execute()
+        self._entries.update(zip(keys, cast(list[bytes], entries), strict=True))
+
+    @property
+    def _ttl_s(self) -> float:
+        """The reply stream's expiry while the shard runs: past every request's deadline."""
+        return self.timeout_s + REPLY_GRACE_S
 
     def _datatype(self, name: str, part: np.ndarray) -> str:
         spec = self.config.input(name)
@@ -145,10 +230,11 @@ class Feeder:
         reply, data = decode_reply(fields)
         chunk = sent.pop(reply.request_key, None)
         if chunk is None:
-            return  # a duplicate answer (the request was delivered twice)
+            return  # a duplicate answer (the request was delivered twice), or a late one
+        self._entries.pop(reply.request_key, None)
         start, end, _ = chunk
         if reply.error_kind:
-            raise ShardFailed(f"rows {start}..{end - 1}: {reply.error}")
+            raise RequestFailed(f"rows {start}..{end - 1}: {reply.error}", reply.error)
         offset = 0
         for header in reply.outputs:
             chunk_bytes = data[offset : offset + header.nbytes]
@@ -183,5 +269,6 @@ class Feeder:
                 )
         if now >= self._next_check:
             self._next_check = now + _CANCEL_CHECK_S
+            self.redis.expire(self.reply_stream, int(self._ttl_s))
             if self.cancelled():
                 raise Cancelled()

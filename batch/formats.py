@@ -24,7 +24,7 @@ import threading
 import zipfile
 import zlib
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -82,6 +82,9 @@ def safe_name(name: str) -> str:
 
 class InputReader(ABC):
     rows: int
+    row_bytes: int = 0
+    """About what one row of every model input takes in memory once read (0: read a row
+    at a time, as JSON Lines are): what bounds a shard's rows (:func:`shard_rows`)."""
 
     @abstractmethod
     def read(self, start: int, end: int) -> dict[str, np.ndarray]:
@@ -186,6 +189,32 @@ def _npy_header(stream: IO[bytes], where: str, available: int) -> _NpyHeader:
     return header
 
 
+def _row_bytes(shape: tuple[int, ...], dtype: np.dtype[Any], spec: TensorSpec) -> int:
+    """Bytes one row of an array of ``shape`` and ``dtype`` takes once read, and once
+    converted to what ``spec`` takes (both are held while it is converted)."""
+    elements = element_count(shape[1:])
+    wanted = 8 if spec.datatype == "BYTES" else numpy_dtype(spec.datatype).itemsize
+    return elements * (dtype.itemsize + wanted)
+
+
+def shard_rows(wanted: int, row_bytes: int, max_shard_bytes: int) -> int:
+    """The rows of a shard: ``wanted``, fewer where its rows (``row_bytes`` each, inputs
+    and outputs) would take more than ``max_shard_bytes`` in a batch worker's memory."""
+    if row_bytes <= 0:
+        return wanted
+    return max(1, min(wanted, max_shard_bytes // row_bytes))
+
+
+def output_row_bytes(config: ModelConfig) -> int:
+    """Bytes one row of the model's outputs takes, counting those of fixed dims and
+    numeric types (the size of the others is known only once computed)."""
+    total = 0
+    for spec in config.outputs:
+        if spec.datatype != "BYTES" and all(d > 0 for d in spec.dims):
+            total += element_count(spec.dims) * numpy_dtype(spec.datatype).itemsize
+    return total
+
+
 def _mapped(source: Any, header: _NpyHeader, offset: int) -> np.ndarray:
     """The array of ``header`` whose data starts at ``offset`` of ``source`` (a path or an
     open file), mapped, not read; an empty array needs no file."""
@@ -223,6 +252,7 @@ class NpyReader(InputReader):
             header = _npy_header(stream, "'input'", path.stat().st_size)
         self.array = _mapped(path, header, header.size)
         self.rows = int(self.array.shape[0])
+        self.row_bytes = _row_bytes(header.shape, header.dtype, self.spec)
         conform(self.array[:0], self.spec, "'input'")
 
     def read(self, start: int, end: int) -> dict[str, np.ndarray]:
@@ -339,6 +369,10 @@ class NpzReader(InputReader):
         if len(lengths) != 1:
             raise InvalidInput("'input': the .npz arrays do not have the same number of rows")
         self.rows = lengths.pop()
+        self.row_bytes = sum(
+            _row_bytes(m.header.shape, m.header.dtype, self.specs[n])
+            for n, m in self.members.items()
+        )
 
     def read(self, start: int, end: int) -> dict[str, np.ndarray]:
         return {
@@ -360,6 +394,11 @@ class ParquetReader(InputReader):
         self.file = pq.ParquetFile(path, buffer_size=_CHUNK, pre_buffer=False)
         metadata = self.file.metadata
         self.rows = int(metadata.num_rows)
+        if self.rows:  # (decoded: what the column chunks hold uncompressed, per row)
+            decoded = sum(
+                metadata.row_group(i).total_byte_size for i in range(metadata.num_row_groups)
+            )
+            self.row_bytes = max(1, decoded // self.rows)
         columns = set(self.file.schema_arrow.names)
         self.specs = {s.name: s for s in config.inputs if not s.optional}
         missing = sorted(set(self.specs) - columns)
@@ -439,13 +478,15 @@ class ParquetReader(InputReader):
 
 
 def _column(column: Any, spec: TensorSpec, where: str) -> np.ndarray:
-    import pyarrow as pa
 
     combined = column.combine_chunks()
     if combined.null_count:
         raise InvalidInput(f"{where}: the column has empty (null) values")
     kind = combined.type
-    if pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind):
+    if _is_list(kind):
+        flat = _flat_rows(combined, spec)
+        if flat is not None:
+            return flat
         rows = [
             np.asarray(v, dtype=object if _is_bytes(spec) else None) for v in combined.to_pylist()
         ]
@@ -460,6 +501,38 @@ def _column(column: Any, spec: TensorSpec, where: str) -> np.ndarray:
         values = np.array([v.encode() if isinstance(v, str) else v for v in values], dtype=object)
     dims = tuple(spec.dims)
     return values.reshape((-1, *dims)) if dims and all(d > 0 for d in dims) else values
+
+
+def _is_list(kind: Any) -> bool:
+    import pyarrow as pa
+
+    return bool(
+        pa.types.is_list(kind) or pa.types.is_fixed_size_list(kind) or pa.types.is_large_list(kind)
+    )
+
+
+def _flat_rows(column: Any, spec: TensorSpec) -> np.ndarray | None:
+    """A list column whose every row holds the model's fixed dims of numbers, flat, as one
+    array: no Python object per value (a row group's values as Python objects take several
+    times the bytes a shard is bounded by). None for any other column: the row by row path
+    takes it, or names what is wrong with it."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    dims = tuple(spec.dims)
+    if _is_bytes(spec) or not dims or any(d <= 0 for d in dims) or not len(column):
+        return None
+    values = column.flatten()
+    kind = values.type
+    numbers = pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind)
+    if not numbers or values.null_count:
+        return None  # (lists of lists, of text, or with empty values)
+    lengths = pc.min_max(pc.list_value_length(column)).as_py()
+    count = element_count(dims)
+    if lengths["min"] != count or lengths["max"] != count:
+        return None
+    flat: np.ndarray = values.to_numpy(zero_copy_only=False)
+    return flat.reshape((len(column), *dims))
 
 
 def _is_bytes(spec: TensorSpec) -> bool:
@@ -495,6 +568,15 @@ class JsonLinesReader(InputReader):
     def lines(self, start: int, end: int) -> Iterator[Any]:
         """The requests of rows ``start`` to ``end``, parsed one at a time as they are
         taken (a bad line fails when it is reached, naming it)."""
+        for _, request in self.requests(start, end):
+            if isinstance(request, InvalidInput):
+                raise request
+            yield request
+
+    def requests(self, start: int, end: int) -> Iterator[tuple[int, Any]]:
+        """``(line, request)`` for rows ``start`` to ``end`` (``line`` counts from 1),
+        parsed one at a time as they are taken; a bad line's request is the InvalidInput
+        naming it, so that it fails that row alone."""
         if start >= min(end, self.rows):
             return
         with self.path.open("rb") as stream:
@@ -502,7 +584,11 @@ class JsonLinesReader(InputReader):
             row = start - start % self.INDEX_EVERY
             for _, raw in non_blank_lines(stream, self.max_line_bytes):
                 if row >= start:
-                    yield parse_line(raw, f"'input' line {row + 1}", self.max_line_bytes)
+                    where = f"'input' line {row + 1}"
+                    try:
+                        yield row + 1, parse_line(raw, where, self.max_line_bytes)
+                    except InvalidInput as exc:
+                        yield row + 1, exc
                 row += 1
                 if row >= end:
                     return
@@ -552,11 +638,3 @@ def write_part(fmt: str, outputs: dict[str, np.ndarray], path_for: Any) -> dict[
         pq.write_table(pa.table(columns), path)
         return {"": path}
     raise InvalidInput(f"'options.output_format': cannot write {fmt}")
-
-
-def write_lines(lines: Sequence[bytes], path: Path) -> dict[str, Path]:
-    with path.open("wb") as stream:
-        for line in lines:
-            stream.write(line)
-            stream.write(b"\n")
-    return {"": path}

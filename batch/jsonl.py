@@ -1,6 +1,6 @@
 """JSON Lines batch jobs: each input line is a KServe v2 inference request (``inputs`` with
 ``name``, ``shape``, ``datatype`` and ``data``; optional ``id``), each output line the v2
-response to it, in the same order.
+response to it, in the same order (a line that fails, the v2 error response in its place).
 
 A line comes from a client, so what it may cost is bounded before anything is built from
 it: its length (``SLUICE_BATCH_MAX_LINE_BYTES``, read without holding more of the file),
@@ -9,7 +9,7 @@ its elements, which must be as many as the shape says and each of the datatype's
 kind (numbers in range, true/false, strings for BYTES, as the online JSON route takes
 them). The arrays built are then at most a small multiple of the line's length. Every
 refusal is an :class:`~sluice.core.errors.InvalidInput` naming the line and the input: it fails
-the shard once, with no retry.
+that line alone (its answer is the error), with no retry.
 """
 
 from __future__ import annotations
@@ -225,6 +225,17 @@ def answer_line(
         }
         for name, array in outputs.items()
     ]
+    return orjson.dumps(body)
+
+
+def error_line(request: Any, model: str, version: int, error: str) -> bytes:
+    """The answer to a request that failed (it was not a request the model takes, or the
+    model answered it with an error) as one JSON line: KServe v2's error response, with the
+    request's ``id`` when it had one, in the place of its answer."""
+    body: dict[str, Any] = {"model_name": model, "model_version": str(version)}
+    if isinstance(request, dict) and isinstance(request.get("id"), str):
+        body["id"] = request["id"]
+    body["error"] = error
     return orjson.dumps(body)
 
 

@@ -11,6 +11,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -18,17 +19,18 @@ import numpy as np
 import orjson
 from redis.exceptions import RedisError
 
-from sluice.batch.feeder import Cancelled, Feeder, ShardFailed
+from sluice.batch.feeder import Cancelled, Feeder, RequestFailed, ShardFailed
 from sluice.batch.formats import (
     InputLimits,
     InputReader,
     JsonLinesReader,
     open_input,
+    output_row_bytes,
     safe_name,
-    write_lines,
+    shard_rows,
     write_part,
 )
-from sluice.batch.jsonl import answer_line, request_arrays
+from sluice.batch.jsonl import answer_line, error_line, request_arrays
 from sluice.batch.storage import Storage
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import uploads as u
@@ -48,6 +50,17 @@ from sluice.core.wire import MalformedEntry
 log = logging.getLogger("batch")
 
 SendShard = Callable[[str, int], None]
+
+_CHARGE = """
+-- KEYS: a tenant's stored bytes; ARGV: bytes (negative: given back), the tenant's limit
+local size = tonumber(ARGV[1])
+if size > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') + size > tonumber(ARGV[2]) then
+  return -1
+end
+return redis.call('INCRBY', KEYS[1], size)
+"""
+"""Count a batch's file against its tenant's stored bytes: the new total, or -1 (over the
+limit: nothing counted)."""
 
 _FORGET_LEASE = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
@@ -75,6 +88,14 @@ class Runner:
     def record(self, batch_id: str) -> dict[str, str]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch(batch_id)))
         return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+
+    def give_up(self, batch_id: str, error: str) -> None:
+        """End the job as failed after its planning task failed for good (best effort:
+        Redis may be what failed)."""
+        try:
+            self._fail(batch_id, error[:4000])
+        except RedisError as exc:
+            log.error("batch %s: cannot record that it failed (%s): %s", batch_id, error, exc)
 
     def _fail(self, batch_id: str, error: str) -> None:
         log.warning("batch %s failed: %s", batch_id, error)
@@ -111,34 +132,34 @@ class Runner:
 
     def _charge(self, batch_id: str, record: dict[str, str], size: int) -> None:
         """Count ``size`` bytes (negative: given back) of this batch's files in the store
-        against its tenant; files at a location of the client's own are not counted."""
+        against its tenant, refused (InvalidInput: the shard, or the job's outputs, fail
+        saying so) where the tenant would pass SLUICE_TENANT_MAX_STORED_BYTES; files at a
+        location of the client's own are not counted."""
         if record[b.F_OUTPUT] or not size:
             return
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.incrby(self.keys.stored_bytes(self._tenant(record)), size)
-            pipe.hincrby(self.keys.batch(batch_id), b.F_STORED, size)
-            pipe.execute()
-
-    def _check_quota(self, record: dict[str, str]) -> None:
-        if record[b.F_OUTPUT]:
-            return
         limit = self.settings.tenant_max_stored_bytes
-        stored = int(
-            cast(bytes | None, self.redis.get(self.keys.stored_bytes(self._tenant(record)))) or 0
-        )
-        if stored >= limit:
+        stored_key = self.keys.stored_bytes(self._tenant(record))
+        if int(cast(int, self.redis.eval(_CHARGE, 1, stored_key, size, limit))) < 0:
             raise InvalidInput(
                 f"the tenant keeps more than SLUICE_TENANT_MAX_STORED_BYTES ({limit}) bytes in "
                 "the batch store: delete uploads or let old batch jobs expire, then resume"
             )
+        self.redis.hincrby(self.keys.batch(batch_id), b.F_STORED, size)
 
     def _put(
         self, batch_id: str, record: dict[str, str], tree: Tree, name: str, source: Path
     ) -> int:
-        """Put a finished scratch file in this batch's output tree as ``name``; its size."""
+        """Put a finished scratch file in this batch's output tree as ``name``; its size.
+        Counted against the tenant before it is put, so that the stored bytes never pass
+        the quota (nor two shards finishing together)."""
         replaced = 0 if record[b.F_OUTPUT] else tree.size(name) or 0
-        size = tree.put_file(name, source)
+        size = source.stat().st_size
         self._charge(batch_id, record, size - replaced)
+        try:
+            tree.put_file(name, source)
+        except BaseException:
+            self._charge(batch_id, record, replaced - size)
+            raise
         return size
 
     def _model(self, record: dict[str, str]) -> tuple[ModelConfig, int]:
@@ -198,8 +219,15 @@ class Runner:
         except SluiceError as exc:
             self._fail(batch_id, exc.message)
             return
-        shard_rows = max(options.shard_rows, math.ceil(reader.rows / b.MAX_SHARDS) or 1)
-        shards = math.ceil(reader.rows / shard_rows)
+        # A shard's rows, inputs and outputs, are held in a batch worker's memory at once:
+        # fewer rows than asked where they would be too many bytes (SLUICE_BATCH_MAX_SHARD_BYTES).
+        bounded = shard_rows(
+            options.shard_rows,
+            reader.row_bytes + (output_row_bytes(config) if reader.row_bytes else 0),
+            self.settings.batch_max_shard_bytes,
+        )
+        rows_per_shard = max(bounded, math.ceil(reader.rows / b.MAX_SHARDS) or 1)
+        shards = math.ceil(reader.rows / rows_per_shard)
         planned: dict[str, str | int | bytes] = {
             b.F_STATUS: b.RUNNING,
             b.F_VERSION: version,
@@ -208,7 +236,7 @@ class Runner:
             b.F_SHARDS_DONE: 0,
             b.F_SHARDS_FAILED: 0,
             b.F_STARTED: f"{time.time():.6f}",
-            b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": shard_rows}),
+            b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": rows_per_shard}),
         }
         fields = [item for pair in planned.items() for item in pair]
         if not self.redis.eval(b.START, 1, self.keys.batch(batch_id), *fields):
@@ -217,7 +245,7 @@ class Runner:
         # A cancel between the two leaves a stale member, which the reaper removes.
         self.redis.sadd(self.keys.running_batches, batch_id)
         log.info(
-            "batch %s: %d rows in %d shard(s) of %d", batch_id, reader.rows, shards, shard_rows
+            "batch %s: %d rows in %d shard(s) of %d", batch_id, reader.rows, shards, rows_per_shard
         )
         if shards == 0:
             self._finish(batch_id)
@@ -283,7 +311,7 @@ class Runner:
                 self.redis.hincrby(self.keys.stats(config.name, version), st.BATCH_SHARD_RETRIES, 1)
             if attempt > options.max_retries + 1:
                 raise InvalidInput(f"shard {index} was tried {attempt - 1} times; giving up")
-            files, sizes = self._run(
+            files, sizes, failed = self._run(
                 batch_id, index, attempt, record, options, config, version, lease
             )
         except (ShardFailed, InvalidInput) as exc:
@@ -306,6 +334,8 @@ class Runner:
                 "rows": [start, end],
                 "files": files,
                 "sizes": sizes,
+                "rows_failed": failed.rows,
+                "row_errors": failed.first,
             }
         )
         outcome = self._shard_script(b.COMMIT, batch_id, index, attempt, state)
@@ -358,9 +388,9 @@ class Runner:
         config: ModelConfig,
         version: int,
         lease: LeaseKeeper,
-    ) -> tuple[dict[str, str], dict[str, int]]:
+    ) -> tuple[dict[str, str], dict[str, int], RowErrors]:
         """Run the shard's rows; its files in the output tree (by output name: ``""`` for
-        one file holding them all) and their sizes."""
+        one file holding them all), their sizes, and the rows that failed on their own."""
         reader = self._reader(batch_id, record, config)
         start = index * options.shard_rows
         end = min(start + options.shard_rows, reader.rows)
@@ -394,35 +424,39 @@ class Runner:
             tenant=self._queue_tenant(record),
         )
         scratch = f"{batch_id}-{index:06d}-a{attempt}"
-        if isinstance(reader, JsonLinesReader):
-            lines = []
-            for number, request in enumerate(reader.lines(start, end), start + 1):
-                inputs = request_arrays(request, config, f"'input' line {number}")
-                feeder.rows_per_request = max(len(next(iter(inputs.values()))), 1)
-                answer = feeder.run(inputs)
-                lines.append(answer_line(request, config.name, version, answer))
-            written = write_lines(lines, self.storage.scratch_file(f"{scratch}.jsonl"))
-        else:
-            outputs = feeder.run(reader.read(start, end))
-            if options.output_format == "npy":
-                for name, array in outputs.items():
-                    if array.dtype == object:
-                        raise InvalidInput(_NPY_BYTES.format(name=name))
-            written = write_part(
-                options.output_format,
-                outputs,
-                lambda suffix: self.storage.scratch_file(f"{scratch}.{suffix}"),
-            )
-        self._check_quota(record)
+        failed = RowErrors()
+        try:
+            if isinstance(reader, JsonLinesReader):
+                path = self.storage.scratch_file(f"{scratch}.jsonl")
+                feeder.progress = lambda rows: None  # (a line is a row of the job)
+                with path.open("wb") as stream:  # (each answer written as it comes)
+                    for number, request in reader.requests(start, end):
+                        line = _answer(feeder, config, version, number, request, failed)
+                        stream.write(line + b"\n")
+                        progress(1)
+                written = {"": path}
+            else:
+                outputs = feeder.run(reader.read(start, end))
+                if options.output_format == "npy":
+                    for name, array in outputs.items():
+                        if array.dtype == object:
+                            raise InvalidInput(_NPY_BYTES.format(name=name))
+                written = write_part(
+                    options.output_format,
+                    outputs,
+                    lambda suffix: self.storage.scratch_file(f"{scratch}.{suffix}"),
+                )
+        finally:
+            feeder.close()
         tree = self._outputs(batch_id, record)
         files: dict[str, str] = {}
         sizes: dict[str, int] = {}
-        for name, path in written.items():
-            suffix = path.name.split(".", 1)[1]
+        for name, written_path in written.items():
+            suffix = written_path.name.split(".", 1)[1]
             part = f"part-{index:06d}-a{attempt}.{suffix}"
-            sizes[part] = self._put(batch_id, record, tree, part, path)
+            sizes[part] = self._put(batch_id, record, tree, part, written_path)
             files[name] = part
-        return files, sizes
+        return files, sizes, failed
 
     # -- the end -------------------------------------------------------------------------
 
@@ -467,6 +501,7 @@ class Runner:
             "input": record[b.F_INPUT],
             "rows": int(record[b.F_ROWS_TOTAL]),
             "format": options["output_format"],
+            "rows_failed": sum(int(p.get("rows_failed", 0)) for p in parts),
             "parts": [{"rows": p["rows"], "files": p["files"]} for p in parts],
         }
         files = [
@@ -522,6 +557,52 @@ class Runner:
             file = f"{safe_name(name)}.npy"
             joined[name] = (file, self._put(batch_id, record, tree, file, Path(scratch)))
         return joined
+
+
+ROW_ERRORS_KEPT = 20
+"""Failed rows a shard keeps the reasons of (the count covers them all)."""
+
+
+@dataclass
+class RowErrors:
+    """The rows of a shard that failed on their own (JSON Lines: a line that is no request
+    the model takes, or one the model answered with an error): their answers are errors
+    in the output, the shard goes on, and the job reports them."""
+
+    rows: int = 0
+    first: list[dict[str, Any]] = field(default_factory=list)
+    """``{"line", "reason"}`` of the first :data:`ROW_ERRORS_KEPT` (not ``error``: that
+    key marks a failed shard's state)."""
+
+    def add(self, line: int, error: str) -> None:
+        self.rows += 1
+        if len(self.first) < ROW_ERRORS_KEPT:
+            self.first.append({"line": line, "reason": error[:1000]})
+
+
+def _answer(
+    feeder: Feeder,
+    config: ModelConfig,
+    version: int,
+    line: int,
+    request: Any,
+    failed: RowErrors,
+) -> bytes:
+    """One JSON Lines row's answer: the v2 response, or the v2 error response when the line
+    is no request the model takes or the model answered it with an error (that row alone
+    fails). A request never answered, a cancel or Redis out of reach still stop the shard."""
+    try:
+        if isinstance(request, InvalidInput):
+            raise request
+        inputs = request_arrays(request, config, f"'input' line {line}")
+        feeder.rows_per_request = max(len(next(iter(inputs.values()))), 1)
+        return answer_line(request, config.name, version, feeder.run(inputs))
+    except RequestFailed as exc:
+        error = f"'input' line {line}: {exc.error}"
+    except InvalidInput as exc:
+        error = exc.message
+    failed.add(line, error)
+    return error_line(request, config.name, version, error)
 
 
 _NPY_BYTES = (

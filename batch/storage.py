@@ -5,15 +5,18 @@ outputs go to (``<output>/<batch id>/``, or the store's ``<tenant>/batches/<batc
 Every location a client names is checked again here, where it is opened (links followed now,
 not when it was submitted): :mod:`sluice.core.batch_jobs.access`. An S3 input is downloaded
 once per worker into a scratch directory, within ``SLUICE_MAX_BATCH_INPUT_BYTES``; outputs
-are written to scratch files first and then put in place whole. Errors name the client's own
+are written to scratch files first and then put in place whole. A batch worker removes the
+scratch directories of those that were killed when it starts. Errors name the client's own
 locations only.
 """
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import tempfile
 from pathlib import Path
+from typing import IO
 
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs.access import LocationPolicy
@@ -30,6 +33,33 @@ from sluice.core.batch_jobs.store import (
 from sluice.core.errors import InvalidInput
 from sluice.core.settings import BatchSettings
 
+_SCRATCH_PREFIX = "sluice-batch-"
+_SCRATCH_LOCK = ".lock"
+
+
+def _scratch_dir() -> tuple[Path, IO[bytes]]:
+    """A scratch directory of this process's own, and the open lock file that marks it in
+    use while the process lives. The scratch directories of batch workers that died (killed:
+    nothing of theirs removed them), whose lock nobody holds, are removed first: each may
+    hold a downloaded input of up to SLUICE_MAX_BATCH_INPUT_BYTES."""
+    for old in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}*"):
+        _remove_abandoned(old)
+    path = Path(tempfile.mkdtemp(prefix=_SCRATCH_PREFIX))
+    lock = (path / _SCRATCH_LOCK).open("wb")
+    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    return path, lock
+
+
+def _remove_abandoned(path: Path) -> None:
+    """Remove ``path`` if it is a batch worker's scratch directory whose lock nobody holds
+    (one without a lock file, just made or not ours, is left alone)."""
+    try:
+        with (path / _SCRATCH_LOCK).open("rb") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            shutil.rmtree(path, ignore_errors=True)
+    except OSError:  # no lock file, or its owner lives (the lock is held)
+        return
+
 
 class Storage:
     def __init__(self, settings: BatchSettings, scratch: Path | None = None) -> None:
@@ -37,7 +67,10 @@ class Storage:
         self.clients = S3Clients(settings)
         self.store = open_store(settings, self.clients)
         self.policy = LocationPolicy.from_settings(settings)
-        self.scratch = scratch or Path(tempfile.mkdtemp(prefix="sluice-batch-"))
+        self._lock: IO[bytes] | None = None
+        if scratch is None:
+            scratch, self._lock = _scratch_dir()
+        self.scratch = scratch
 
     def need_store(self) -> BatchStore:
         if self.store is None:
@@ -81,3 +114,5 @@ class Storage:
 
     def close(self) -> None:
         shutil.rmtree(self.scratch, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.close()

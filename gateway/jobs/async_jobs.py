@@ -208,11 +208,16 @@ async def submit_job(
         keys.finished_jobs(model),
     ]
     # The id -> model record first: a job must never be in the queue without it. It outlives
-    # the job (an hour beyond its longest life); a failed submission leaves only it behind.
+    # the job (an hour beyond its longest life); a submission that failed on its way leaves
+    # only it behind.
     await state.redis.set(keys.job_model(job_id), model, ex=args[2] + args[3] + 3600)
     outcome, found = cast(
         list[Any], await state.control.script(jobs.SUBMIT)(keys=script_keys, args=args)
     )
+    if outcome != 1:
+        # No job of this id (refused, or the earlier job of the key answers): its record
+        # goes now, not in two days, else each refused or repeated submission would leave one.
+        await state.redis.delete(keys.job_model(job_id))
     found_id = found.decode() if isinstance(found, bytes) else str(found)
     if outcome < 0:
         raise _refusal(state, outcome, model, request.number, owner, key, found_id)

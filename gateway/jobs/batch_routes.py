@@ -4,10 +4,13 @@
   job's status, and its URL in ``Location``; the request is checked field by field (400
   naming the field), the model must be served. ``input`` is ``upload:<id>`` (one of the
   tenant's uploads) or a location the operator allows the tenant (403 otherwise, see
-  :mod:`sluice.core.batch_jobs.access`); ``output`` left out: the batch store;
+  :mod:`sluice.core.batch_jobs.access`); ``output`` left out: the batch store. A tenant keeps
+  at most ``SLUICE_TENANT_MAX_BATCHES`` jobs (429); a job the broker cannot take is 503, and
+  nothing of it stays;
 - ``GET /v2/batches/{id}``: status, rows done of the total, rate, ETA, shards, each failed
   shard's error, and the manifest once complete;
-- ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume``;
+- ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume`` (each one script on the
+  record: one that lands as the job completes leaves it completed);
 - ``GET /v2/batches``: the tenant's newest 100;
 - ``GET /v2/batches/{id}/outputs``: the files of a completed batch (409 before), and
   ``GET /v2/batches/{id}/outputs/{name}``: one of them, streamed.
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator
 from functools import cache
@@ -35,13 +39,21 @@ from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
 from sluice.core.batch_jobs.store import Tree, open_tree
-from sluice.core.errors import Conflict, InvalidInput, NotFound, QuotaExceeded, Unsupported
+from sluice.core.errors import (
+    Conflict,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    QuotaExceeded,
+    Unsupported,
+)
 from sluice.gateway.http.guard import tenant_of
 from sluice.gateway.http.json_body import json_object, json_response
 from sluice.gateway.jobs.upload_routes import batch_data, quota_message, upload_record
 from sluice.gateway.state import GatewayState, state_of
 
 batch_router = APIRouter()
+log = logging.getLogger("gateway")
 
 _ERRORS_SHOWN = 20
 
@@ -69,14 +81,27 @@ def _celery_of(state: GatewayState) -> Any:
 
 
 async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
+    """Hand the job's planning task to the batch workers' queue; 503 naming the reason when
+    the broker cannot take it."""
     settings = state.settings
     app = _celery_of(state)
-    await asyncio.to_thread(
-        app.send_task,
-        b.PLAN_TASK,
-        args=[batch_id, resume],
-        queue=queue_name(settings.namespace),
-    )
+    try:
+        await asyncio.to_thread(
+            app.send_task,
+            b.PLAN_TASK,
+            args=[batch_id, resume],
+            queue=queue_name(settings.namespace),
+        )
+    except Exception as exc:  # kombu's OperationalError (and what a transport raises)
+        log.warning("queueing batch %s failed: %s", batch_id, exc)
+        raise Overloaded(
+            f"the batch job could not be queued (its broker is out of reach: {str(exc)[:200]}); "
+            "retry later",
+            _QUEUE_RETRY_S,
+        ) from None
+
+
+_QUEUE_RETRY_S = 5
 
 
 @batch_router.post("/v2/batches")
@@ -109,16 +134,30 @@ async def submit(request: Request) -> Response:
             raise QuotaExceeded(quota_message(quota), 60)
     batch_id = b.new_batch_id()
     now = time.time()
-    if upload_name:
-        upload_id = b.upload_of(body.input)
-        use = state.control.script(u.USE)
-        member = u.expiry_member(u.UPLOAD, tenant, upload_id)
-        if not int(
-            await use(keys=[keys.upload(tenant, upload_id), keys.store_expiry], args=[member])
-        ):
-            raise NotFound(f"no upload '{upload_id}'")
-    async with state.redis.pipeline(transaction=False) as pipe:
-        pipe.hset(
+    add = state.control.script(b.ADD)
+    limit = state.settings.tenant_max_batches
+    if not int(await add(keys=[keys.batches(tenant)], args=[batch_id, f"{now:.6f}", limit])):
+        raise QuotaExceeded(
+            f"this tenant keeps {limit} batch jobs, as many as SLUICE_TENANT_MAX_BATCHES "
+            "allows: retry once old ones expire (SLUICE_BATCH_RETENTION_S after they end)",
+            _BATCHES_RETRY_S,
+        )
+    used = False
+    try:
+        if upload_name:
+            upload_id = b.upload_of(body.input)
+            use = state.control.script(u.USE)
+            member = u.expiry_member(u.UPLOAD, tenant, upload_id)
+            used = bool(
+                int(
+                    await use(
+                        keys=[keys.upload(tenant, upload_id), keys.store_expiry], args=[member]
+                    )
+                )
+            )
+            if not used:
+                raise NotFound(f"no upload '{upload_id}'")
+        await state.redis.hset(
             keys.batch(batch_id),
             mapping={
                 b.F_STATUS: b.PLANNING,
@@ -131,12 +170,40 @@ async def submit(request: Request) -> Response:
                 b.F_OWNER: tenant,
             },
         )
-        pipe.zadd(keys.batches(tenant), {batch_id: now})
-        await pipe.execute()
-    await _queue_plan(state, batch_id, resume=False)
+        await _queue_plan(state, batch_id, resume=False)
+    except BaseException:
+        # Nothing stays of a job that was not queued: no record left planning for ever,
+        # no upload held by it (it could neither expire nor be deleted), no room taken.
+        await _undo(state, tenant, batch_id, body.input if used else "")
+        raise
     answer = json_response(await _status(state, batch_id, request), 201)
     answer.headers["Location"] = f"/v2/batches/{batch_id}"
     return answer
+
+
+_BATCHES_RETRY_S = 3600
+
+
+async def _undo(state: GatewayState, tenant: str, batch_id: str, upload_input: str) -> None:
+    """Forget a batch job whose submission failed, and give back the upload it took."""
+    keys = state.keys
+    try:
+        async with state.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(keys.batch(batch_id))
+            pipe.zrem(keys.batches(tenant), batch_id)
+            await pipe.execute()
+        if upload_input:
+            upload_id = b.upload_of(upload_input)
+            await state.redis.eval(
+                u.RELEASE,
+                2,
+                keys.upload(tenant, upload_id),
+                keys.store_expiry,
+                u.expiry_member(u.UPLOAD, tenant, upload_id),
+                repr(time.time()),
+            )
+    except Exception as exc:  # Redis gone too: what is left is the job's planning record
+        log.warning("forgetting batch %s that was not queued failed: %s", batch_id, exc)
 
 
 @batch_router.get("/v2/batches")
@@ -166,15 +233,12 @@ async def get_batch(batch_id: str, request: Request) -> Response:
 @batch_router.post("/v2/batches/{batch_id}/cancel")
 async def cancel(batch_id: str, request: Request) -> Response:
     state = state_of(request)
-    record = await _record(state, batch_id, request)
-    if record.get(b.F_STATUS) not in b.FINISHED:
-        now = time.time()
+    await _record(state, batch_id, request)
+    now = time.time()
+    cancelled = await state.redis.eval(b.CANCEL, 1, state.keys.batch(batch_id), f"{now:.6f}")
+    if cancelled == b.CANCELLED.encode():
         member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
         async with state.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(
-                state.keys.batch(batch_id),
-                mapping={b.F_STATUS: b.CANCELLED, b.F_FINISHED: f"{now:.6f}"},
-            )
             pipe.srem(state.keys.running_batches, batch_id)
             pipe.zadd(state.keys.store_expiry, {member: now + state.settings.batch_retention_s})
             await pipe.execute()
@@ -184,27 +248,45 @@ async def cancel(batch_id: str, request: Request) -> Response:
 @batch_router.post("/v2/batches/{batch_id}/resume")
 async def resume(batch_id: str, request: Request) -> Response:
     state = state_of(request)
-    record = await _record(state, batch_id, request)
-    status = record.get(b.F_STATUS)
-    if status == b.COMPLETED:
+    state.redis_room.check()
+    await _record(state, batch_id, request)
+    keys = state.keys
+    member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
+    answer = cast(list[bytes], await state.redis.eval(b.RESUME, 1, keys.batch(batch_id)))
+    if not answer:
+        raise NotFound(f"no batch '{batch_id}'")  # (it expired meanwhile)
+    before, resumed = (status.decode() for status in answer)
+    if resumed == b.COMPLETED:
         raise InvalidInput(f"batch '{batch_id}' is complete; there is nothing to resume")
-    planned = bool(record.get(b.F_SHARDS))
     async with state.redis.pipeline(transaction=False) as pipe:
-        pipe.hset(
-            state.keys.batch(batch_id),
-            mapping={
-                b.F_STATUS: b.RUNNING if planned else b.PLANNING,
-                b.F_ERROR: "",
-                b.F_FINISHED: "",
-            },
-        )
-        if planned:
-            pipe.sadd(state.keys.running_batches, batch_id)
-        pipe.zrem(
-            state.keys.store_expiry, u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
-        )
+        if resumed == b.RUNNING:
+            pipe.sadd(keys.running_batches, batch_id)
+        pipe.zrem(keys.store_expiry, member)
         await pipe.execute()
-    await _queue_plan(state, batch_id, resume=True)
+    try:
+        await _queue_plan(state, batch_id, resume=True)
+    except Overloaded as exc:
+        if before not in b.FINISHED:
+            raise  # (it runs on as it did)
+        # Ended again (failed, with the reason), so that it still expires.
+        now = time.time()
+        ended = await state.redis.eval(
+            b.END,
+            1,
+            keys.batch(batch_id),
+            b.F_STATUS,
+            b.FAILED,
+            b.F_ERROR,
+            exc.message,
+            b.F_FINISHED,
+            f"{now:.6f}",
+        )
+        if ended:
+            async with state.redis.pipeline(transaction=False) as pipe:
+                pipe.srem(keys.running_batches, batch_id)
+                pipe.zadd(keys.store_expiry, {member: now + state.settings.batch_retention_s})
+                await pipe.execute()
+        raise
     return json_response(await _status(state, batch_id, request))
 
 
@@ -274,11 +356,20 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
         if rate > 0 and body["status"] == b.RUNNING:
             body["eta_s"] = round((total - done) / rate, 1)
     errors = []
+    rows_failed = 0
+    row_errors: list[dict[str, Any]] = []
     for index, raw in sorted(shards.items(), key=lambda kv: int(kv[0])):
         if b'"error"' in raw:
             errors.append({"shard": int(index), "error": orjson.loads(raw)["error"]})
+        elif b'"rows_failed":0' not in raw and b'"rows_failed"' in raw:
+            committed = orjson.loads(raw)  # (a shard some of whose rows failed)
+            rows_failed += int(committed["rows_failed"])
+            row_errors += committed.get("row_errors", [])[: _ERRORS_SHOWN - len(row_errors)]
     if errors:
         body["errors"] = errors[:_ERRORS_SHOWN]
+    if rows_failed:
+        body["rows_failed"] = rows_failed
+        body["row_errors"] = row_errors
     if record.get(b.F_ERROR):
         body["error"] = record[b.F_ERROR]
     if record.get(b.F_MANIFEST):

@@ -3,9 +3,11 @@ store (see :mod:`sluice.core.batch_jobs.uploads`):
 
 - ``POST /v2/uploads?name=<file name>``: the body is the file, streamed to the store as it
   arrives (never whole in memory), within ``SLUICE_MAX_UPLOAD_BYTES`` (413) and the tenant's
-  ``SLUICE_TENANT_MAX_STORED_BYTES`` (429); ``Sluice-Content-SHA256: <hex>`` is checked
+  ``SLUICE_TENANT_MAX_STORED_BYTES`` (429) and the tenant's ``SLUICE_TENANT_MAX_UPLOADS``
+  (429, arriving and empty uploads included); ``Sluice-Content-SHA256: <hex>`` is checked
   (400 on a mismatch). 201 with the upload and ``Location: /v2/uploads/<id>``. A failed or
-  interrupted upload leaves nothing behind;
+  interrupted upload leaves nothing behind, even when this process dies mid-way (its partial
+  record, see :mod:`sluice.core.batch_jobs.uploads`, is the sweepers' to remove);
 - ``GET /v2/uploads`` (the tenant's), ``GET /v2/uploads/{id}``, ``DELETE /v2/uploads/{id}``.
 
 Another tenant's upload is answered exactly as an unknown one (404).
@@ -18,7 +20,7 @@ import logging
 import re
 import time
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import cast
 
 from fastapi import APIRouter
 from starlette.requests import Request
@@ -119,82 +121,156 @@ async def upload(request: Request) -> Response:
     tenant = tenant_of(request.scope)
     keys = state.keys
     quota = settings.tenant_max_stored_bytes
-    reserve = state.control.script(u.RESERVE)
     stored_key = keys.stored_bytes(tenant)
     if declared is not None:
         stored = int(cast(bytes | None, await state.redis.get(stored_key)) or 0)
         if stored + declared > quota:
             raise QuotaExceeded(quota_message(quota), _QUOTA_RETRY_S)
     upload_id = u.new_upload_id()
-    writer: Writer = await asyncio.to_thread(store.uploads(tenant).writer, upload_id)
-    reserved = 0
+    await _begin(state, tenant, upload_id)
+    reserve = _Reserve(state, tenant, upload_id)
     committed = False
     try:
-        buffer = bytearray()
-        received = 0
-        async for chunk in request.stream():
-            received += len(chunk)
-            if received > limit:
-                raise PayloadTooLarge(f"upload exceeds SLUICE_MAX_UPLOAD_BYTES ({limit} bytes)")
-            buffer += chunk
-            if len(buffer) >= CHUNK_BYTES:
-                reserved += await _reserve(reserve, stored_key, len(buffer), quota)
+        writer: Writer = await asyncio.to_thread(store.uploads(tenant).writer, upload_id)
+        try:
+            buffer = bytearray()
+            received = 0
+            async for chunk in request.stream():
+                received += len(chunk)
+                if received > limit:
+                    raise PayloadTooLarge(f"upload exceeds SLUICE_MAX_UPLOAD_BYTES ({limit} bytes)")
+                buffer += chunk
+                if len(buffer) >= CHUNK_BYTES or reserve.due():
+                    await reserve(len(buffer))
+                    await asyncio.to_thread(writer.write, bytes(buffer))
+                    buffer.clear()
+            if buffer:
+                await reserve(len(buffer))
                 await asyncio.to_thread(writer.write, bytes(buffer))
-                buffer.clear()
-        if buffer:
-            reserved += await _reserve(reserve, stored_key, len(buffer), quota)
-            await asyncio.to_thread(writer.write, bytes(buffer))
-        if declared is not None and received != declared:
-            raise InvalidInput(f"the body has {received} bytes, not its Content-Length {declared}")
-        digest = writer.sha256()
-        if expected is not None and expected.strip().lower() != digest:
-            raise InvalidInput(
-                f"header 'Sluice-Content-SHA256' does not match the body (its SHA-256 is "
-                f"{digest}); nothing was kept"
-            )
-        await asyncio.to_thread(writer.commit)
-        committed = True
+            if declared is not None and received != declared:
+                raise InvalidInput(
+                    f"the body has {received} bytes, not its Content-Length {declared}"
+                )
+            digest = writer.sha256()
+            if expected is not None and expected.strip().lower() != digest:
+                raise InvalidInput(
+                    f"header 'Sluice-Content-SHA256' does not match the body (its SHA-256 is "
+                    f"{digest}); nothing was kept"
+                )
+            await asyncio.to_thread(writer.commit)
+            committed = True
+        except BaseException:
+            await asyncio.to_thread(writer.abort)
+            raise
         now = time.time()
         expires = now + settings.upload_retention_s
-        fields = {
+        fields: dict[str, str | int] = {
             u.F_NAME: name,
             u.F_BYTES: received,
             u.F_SHA256: digest,
             u.F_CREATED: f"{now:.6f}",
             u.F_EXPIRES: f"{expires:.0f}",
-            u.F_USERS: 0,
         }
-        async with state.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(keys.upload(tenant, upload_id), mapping=cast(dict[Any, Any], fields))
-            pipe.zadd(keys.uploads(tenant), {upload_id: now})
-            pipe.zadd(keys.store_expiry, {u.expiry_member(u.UPLOAD, tenant, upload_id): expires})
-            await pipe.execute()
+        member = u.expiry_member(u.UPLOAD, tenant, upload_id)
+        commit = state.control.script(u.COMMIT)
+        values = [item for pair in fields.items() for item in pair]
+        if not int(
+            await commit(
+                keys=[keys.upload(tenant, upload_id), keys.store_expiry],
+                args=[member, expires, *values],
+            )
+        ):
+            raise Conflict(_TAKEN_FOR_DEAD)
     except BaseException:
-        # A failure, a refusal or a client gone mid-body: nothing stays.
+        # A failure, a refusal or a client gone mid-body: nothing stays. (A gateway that
+        # dies here leaves the partial record, which the store sweepers remove.)
         if committed:
             await asyncio.to_thread(store.uploads(tenant).delete, upload_id)
-        else:
-            await asyncio.to_thread(writer.abort)
-        if reserved:
-            await _give_back(state, stored_key, reserved)
+        await _forget(state, tenant, upload_id)
         raise
     log.info("upload %s of tenant %s: %d bytes", upload_id, tenant, received)
-    answer = json_response(u.describe(upload_id, {k: str(v) for k, v in fields.items()}), 201)
+    shown = {k: str(v) for k, v in fields.items()}
+    answer = json_response(u.describe(upload_id, shown), 201)
     answer.headers["Location"] = f"/v2/uploads/{upload_id}"
     return answer
 
 
-async def _reserve(reserve: Any, stored_key: str, size: int, quota: int) -> int:
-    if int(await reserve(keys=[stored_key], args=[size, quota])) < 0:
-        raise QuotaExceeded(quota_message(quota), _QUOTA_RETRY_S)
-    return size
+_TAKEN_FOR_DEAD = (
+    "the upload was removed while it arrived: it sent nothing for too long and was taken "
+    "for abandoned; upload it again"
+)
 
 
-async def _give_back(state: GatewayState, stored_key: str, size: int) -> None:
+async def _begin(state: GatewayState, tenant: str, upload_id: str) -> None:
+    """The upload's partial record (what it counts is written there from its first byte,
+    so that the sweepers can give it back if this process dies), or 429 when its tenant
+    keeps as many uploads as it may."""
+    keys, limit = state.keys, state.settings.tenant_max_uploads
+    now = time.time()
+    begin = state.control.script(u.BEGIN)
+    began = await begin(
+        keys=[keys.upload(tenant, upload_id), keys.uploads(tenant), keys.store_expiry],
+        args=[
+            upload_id,
+            f"{now:.6f}",
+            now + u.PARTIAL_UPLOAD_GRACE_S,
+            u.expiry_member(u.UPLOAD, tenant, upload_id),
+            limit,
+        ],
+    )
+    if int(began) < 0:
+        raise QuotaExceeded(
+            f"this tenant keeps {limit} uploads, as many as SLUICE_TENANT_MAX_UPLOADS allows: "
+            "delete some (DELETE /v2/uploads/{id}) or wait for them to expire",
+            _QUOTA_RETRY_S,
+        )
+
+
+class _Reserve:
+    """Counts an arriving upload's bytes against its tenant's stored bytes (429 past the
+    quota), and renews its partial record's expiry at least every
+    :data:`~sluice.core.batch_jobs.uploads.PARTIAL_RENEW_S`."""
+
+    def __init__(self, state: GatewayState, tenant: str, upload_id: str) -> None:
+        keys = state.keys
+        self.script = state.control.script(u.RESERVE)
+        self.keys = [keys.stored_bytes(tenant), keys.upload(tenant, upload_id), keys.store_expiry]
+        self.member = u.expiry_member(u.UPLOAD, tenant, upload_id)
+        self.quota = state.settings.tenant_max_stored_bytes
+        self.renew_at = time.monotonic() + u.PARTIAL_RENEW_S
+
+    def due(self) -> bool:
+        return time.monotonic() >= self.renew_at
+
+    async def __call__(self, size: int) -> None:
+        self.renew_at = time.monotonic() + u.PARTIAL_RENEW_S
+        expires = time.time() + u.PARTIAL_UPLOAD_GRACE_S
+        total = int(
+            await self.script(keys=self.keys, args=[size, self.quota, expires, self.member])
+        )
+        if total == -1:
+            raise QuotaExceeded(quota_message(self.quota), _QUOTA_RETRY_S)
+        if total == -2:
+            raise Conflict(_TAKEN_FOR_DEAD)
+
+
+async def _forget(state: GatewayState, tenant: str, upload_id: str) -> None:
+    """Remove a failed upload's record, giving back the bytes it counted; when Redis is
+    out of reach, the record stays partial and the sweepers remove it later."""
+    keys = state.keys
+    remove = state.control.script(u.REMOVE)
     try:
-        await state.redis.decrby(stored_key, size)
-    except Exception as exc:  # Redis gone: the count stays high until it is back
-        log.warning("giving back %d stored bytes failed: %s", size, exc)
+        await remove(
+            keys=[
+                keys.upload(tenant, upload_id),
+                keys.uploads(tenant),
+                keys.store_expiry,
+                keys.stored_bytes(tenant),
+            ],
+            args=[upload_id, u.expiry_member(u.UPLOAD, tenant, upload_id)],
+        )
+    except Exception as exc:  # Redis gone: the sweepers take the partial record later
+        log.warning("forgetting upload %s failed: %s", upload_id, exc)
 
 
 async def upload_record(state: GatewayState, tenant: str, upload_id: str) -> dict[str, str]:
@@ -202,9 +278,10 @@ async def upload_record(state: GatewayState, tenant: str, upload_id: str) -> dic
     if not u.is_upload_id(upload_id):
         raise NotFound(f"no upload '{upload_id[:64]}'")
     raw = cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.upload(tenant, upload_id)))
-    if not raw:
+    record = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    if not u.is_whole(record):  # (one still arriving is not there yet)
         raise NotFound(f"no upload '{upload_id}'")
-    return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    return record
 
 
 @upload_router.get("/v2/uploads")
@@ -218,10 +295,11 @@ async def list_uploads(request: Request) -> Response:
         for raw in ids:
             pipe.hgetall(state.keys.upload(tenant, raw.decode()))
         records = cast(list[dict[bytes, bytes]], await pipe.execute())
+    fields = [{k.decode(): v.decode(errors="replace") for k, v in r.items()} for r in records]
     listed = [
-        u.describe(raw.decode(), {k.decode(): v.decode() for k, v in record.items()})
-        for raw, record in zip(ids, records, strict=True)
-        if record
+        u.describe(raw.decode(), record)
+        for raw, record in zip(ids, fields, strict=True)
+        if u.is_whole(record)
     ]
     return json_response({"uploads": listed})
 

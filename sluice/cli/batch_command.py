@@ -386,6 +386,10 @@ def _show(state: dict[str, Any]) -> None:
         console.print(f"[red]{escape(str(state['error']))}[/]")
     for error in state.get("errors", []):
         console.print(f"[red]shard {error.get('shard')}: {escape(str(error.get('error')))}[/]")
+    if state.get("rows_failed"):  # (JSON Lines rows that failed alone; the job went on)
+        console.print(f"[red]{state['rows_failed']:,} row(s) failed[/]")
+        for failed in state.get("row_errors", []):
+            console.print(f"[red]line {failed.get('line')}: {escape(str(failed.get('reason')))}[/]")
     total, done = state.get("rows_total") or 0, state.get("rows_done") or 0
     if total:
         line = f"rows {done:,} of {total:,}"

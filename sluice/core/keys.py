@@ -182,16 +182,19 @@ class Keys:
 
     def batches(self, tenant: str) -> str:
         """Sorted set batch id -> creation time (unix s) of one tenant's batches, for its
-        listing (no tenant sees, or is crowded out by, another's)."""
+        listing (no tenant sees, or is crowded out by, another's); at most
+        SLUICE_TENANT_MAX_BATCHES."""
         return f"{{{self.namespace}}}:batches:{tenant}"
 
     def upload(self, tenant: str, upload_id: str) -> str:
         """Hash of one upload (:mod:`sluice.core.batch_jobs.uploads`): its name, size, digest,
-        expiry, and how many batch jobs use it; the file itself is in the batch store."""
+        expiry, and how many batch jobs use it; the file itself is in the batch store. Made
+        when the upload begins, marked ``partial`` until its file is whole."""
         return f"{{{self.namespace}}}:upload:{tenant}:{upload_id}"
 
     def uploads(self, tenant: str) -> str:
-        """Sorted set upload id -> creation time (unix s) of one tenant's uploads."""
+        """Sorted set upload id -> creation time (unix s) of one tenant's uploads (arriving
+        ones included), at most SLUICE_TENANT_MAX_UPLOADS."""
         return f"{{{self.namespace}}}:uploads:{tenant}"
 
     def stored_bytes(self, tenant: str) -> str:
@@ -207,7 +210,8 @@ class Keys:
         return f"{{{self.namespace}}}:store-expiry"
 
     def batch_reply_stream(self, batch_id: str, shard: int, attempt: int) -> str:
-        """Answers to one attempt of one shard (the shard task reads them itself)."""
+        """Answers to one attempt of one shard (the shard task reads them itself); it expires
+        once the attempt is over, or with its batch job."""
         return f"{self.namespace}:reply:{{batch-{batch_id}-{shard}-{attempt}}}"
 
     @property

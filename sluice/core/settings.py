@@ -640,6 +640,16 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     The upload route has this limit instead of ``max_control_body_bytes``, and its body
     timeout counts from the last bytes received instead of from the headers."""
 
+    tenant_max_uploads: int = Field(1000, ge=1)
+    """Uploads one tenant keeps at once (arriving ones included), however small: each costs
+    a record in Redis and a file in the store, so an empty one counts too. Beyond it, 429 +
+    Retry-After until it deletes some or they expire."""
+
+    tenant_max_batches: int = Field(10_000, ge=1)
+    """Batch jobs one tenant keeps at once, running or finished (a finished one is kept
+    ``batch_retention_s``): each costs records in Redis and a task in the batch queue.
+    Beyond it, 429 + Retry-After until old ones expire."""
+
     max_control_body_bytes: int = Field(1 * MIB, ge=1)
     """Largest accepted request body on every route but inference (shared memory
     registration, repository): they carry small JSON documents."""
@@ -903,7 +913,14 @@ class BatchSettings(BatchStoreSettings, CommonSettings):
 
     batch_max_line_bytes: int = Field(64 * MIB, ge=1)
     """Longest line of a JSON Lines input (one v2 request, as large as one online request
-    may be); a longer line fails its shard, naming the line, and is never held whole."""
+    may be); a longer line fails its row (its answer is the error, naming the line), and is
+    never held whole."""
+
+    batch_max_shard_bytes: int = Field(256 * MIB, ge=1)
+    """Most bytes one shard's rows may take in a batch worker's memory, inputs and outputs
+    (those of fixed size) together: a job is split into shards of fewer rows than its
+    ``options.shard_rows`` where they would take more (large rows, or a client asking for
+    huge shards)."""
 
     batch_max_expanded_bytes: int = Field(8 * GIB, ge=1)
     """Most bytes one compressed ``.npz`` array may expand to (it is expanded once into a

@@ -22,6 +22,7 @@ BATCH = "c" * 32
 
 class _Rows:
     rows = 10
+    row_bytes = 0
 
 
 def _record(redis: Redis) -> dict[bytes, bytes]:

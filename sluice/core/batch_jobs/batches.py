@@ -252,6 +252,41 @@ return 1
 """-> 1: the batch ended so; 0: it had ended already (cancelled while its outputs were
 written up): nothing is written, so a cancel that came first is never undone."""
 
+CANCEL = """
+-- KEYS: batch hash; ARGV: finished (unix s)
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'planning' and status ~= 'running' then return status end
+redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[1])
+return 'cancelled'
+"""
+"""-> the job's status after the cancel (false: no such job). Only a job still planning or
+running is cancelled: one that ended meanwhile (its last shard committed as the cancel came)
+stays as it ended."""
+
+RESUME = """
+-- KEYS: batch hash
+local status = redis.call('HGET', KEYS[1], 'status')
+if not status then return {} end
+if status == 'completed' then return {status, status} end
+local shards = redis.call('HGET', KEYS[1], 'shards')
+local next = 'planning'
+if shards and shards ~= '' then next = 'running' end
+redis.call('HSET', KEYS[1], 'status', next, 'error', '', 'finished', '')
+return {status, next}
+"""
+"""-> {the job's status before, its status once resumed}: ``running``, or ``planning`` when it
+was never planned; ``completed`` when it is (nothing is changed: it completed, perhaps as
+the resume came); {} when there is no such job."""
+
+ADD = """
+-- KEYS: the tenant's batches; ARGV: batch id, created (unix s), the tenant's max batches
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+"""
+"""List a new batch job among its tenant's (1), unless the tenant keeps as many as it may
+(0)."""
+
 COMMIT = """
 -- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt, state (JSON)
 local status = redis.call('HGET', KEYS[1], 'status')

@@ -115,8 +115,13 @@ class Tree(ABC):
     def delete(self, key: str) -> None: ...
 
     @abstractmethod
+    def discard(self, key: str) -> None:
+        """``key`` and what an unfinished write of it left (a writer's process that died:
+        its partial file, or on S3 its multipart upload, which no listing shows)."""
+
+    @abstractmethod
     def delete_tree(self) -> None:
-        """Every file of this tree."""
+        """Every file of this tree (and its unfinished writes)."""
 
     def join(self, key: str) -> str:
         """How ``key`` is named to a client."""
@@ -189,6 +194,13 @@ class LocalTree(Tree):
     def delete(self, key: str) -> None:
         with contextlib.suppress(OSError, ValueError):
             self.path(key).unlink(missing_ok=True)
+
+    def discard(self, key: str) -> None:
+        self.delete(key)
+        with contextlib.suppress(OSError, ValueError):
+            target = self.path(key)
+            for partial in target.parent.glob(f".{target.name}.*.part"):
+                partial.unlink(missing_ok=True)
 
     def delete_tree(self) -> None:
         shutil.rmtree(self.root, ignore_errors=True)
@@ -280,6 +292,10 @@ class S3Tree(Tree):
         with contextlib.suppress(Exception):
             self.client.delete_object(Bucket=self.bucket, Key=self.key(key))
 
+    def discard(self, key: str) -> None:
+        self.delete(key)
+        self._abort_uploads(self.key(key), exact=True)
+
     def delete_tree(self) -> None:
         try:
             pages = self.client.get_paginator("list_objects_v2").paginate(
@@ -290,6 +306,24 @@ class S3Tree(Tree):
                 if objects:
                     self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": objects})
         except Exception:
+            pass
+        self._abort_uploads(self.prefix, exact=False)
+
+    def _abort_uploads(self, prefix: str, exact: bool) -> None:
+        """Abort the multipart uploads under ``prefix`` (``exact``: of that key only): the
+        parts a writer that died had sent, kept (and billed) by S3 until aborted."""
+        try:
+            pages = self.client.get_paginator("list_multipart_uploads").paginate(
+                Bucket=self.bucket, Prefix=prefix
+            )
+            for page in pages:
+                for started in page.get("Uploads", []):
+                    if exact and started["Key"] != prefix:
+                        continue
+                    self.client.abort_multipart_upload(
+                        Bucket=self.bucket, Key=started["Key"], UploadId=started["UploadId"]
+                    )
+        except Exception:  # botocore's errors: best effort, as every deletion here
             pass
 
 

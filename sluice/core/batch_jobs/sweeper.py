@@ -23,6 +23,7 @@ from sluice.core.keys import Keys
 log = logging.getLogger(__name__)
 
 _PER_SWEEP = 100
+_DELETED_AT_ONCE = 1000
 
 
 class StoreSweeper:
@@ -71,8 +72,8 @@ class StoreSweeper:
             return 0  # a batch job took it meanwhile (its score is +inf again)
         self.redis.zrem(keys.store_expiry, member)
         if size >= 0:
-            if self.store is not None:
-                self.store.uploads(tenant).delete(upload_id)
+            if self.store is not None:  # (with what a gateway that died mid-upload left)
+                self.store.uploads(tenant).discard(upload_id)
             log.info("upload %s of tenant %s expired", upload_id, tenant)
         return 1
 
@@ -86,6 +87,7 @@ class StoreSweeper:
             return 0  # resumed since it ended: it expires when it ends again
         if self.store is not None and not record.get(b.F_OUTPUT):
             self.store.batch_outputs(tenant, batch_id).delete_tree()
+        self._reply_streams(batch_id)
         stored = int(record.get(b.F_STORED) or 0)
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.delete(
@@ -112,3 +114,19 @@ class StoreSweeper:
             )
         log.info("batch %s of tenant %s expired", batch_id, tenant)
         return 1
+
+    def _reply_streams(self, batch_id: str) -> None:
+        """Delete the reply streams of every attempt of the batch's shards: one whose batch
+        worker was killed may have been made anew by a late answer, without an expiry."""
+        keys = self.keys
+        attempts = cast(dict[bytes, bytes], self.redis.hgetall(keys.batch_attempts(batch_id)))
+        streams = [
+            keys.batch_reply_stream(batch_id, int(shard), attempt)
+            for shard, newest in attempts.items()
+            for attempt in range(1, int(newest) + 1)
+        ]
+        for first in range(0, len(streams), _DELETED_AT_ONCE):
+            with self.redis.pipeline(transaction=False) as pipe:
+                for stream in streams[first : first + _DELETED_AT_ONCE]:
+                    pipe.delete(stream)  # (one key a command: each in a slot of its own)
+                pipe.execute()

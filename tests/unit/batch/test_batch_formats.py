@@ -8,6 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
+import tracemalloc
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -278,3 +279,27 @@ def test_a_damaged_compressed_npz_member_is_a_clean_error(tmp_path: Path) -> Non
     (tmp_path / "bad.npz").write_bytes(bytes(data))
     with pytest.raises(InvalidInput, match="'input' array 'input': the archive is damaged"):
         open_input(tmp_path / "bad.npz", "npz", CONFIG, "").read(0, 10)
+
+
+def test_a_parquet_list_column_is_read_without_a_python_object_per_value(
+    tmp_path: Path,
+) -> None:
+    """A shard's rows are bounded in bytes (SLUICE_BATCH_MAX_SHARD_BYTES): a list column
+    used to become a Python float per value first, several times those bytes."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = np.random.default_rng(3).standard_normal((20_000, 16)).astype(np.float32)
+    offsets = pa.array(np.arange(0, rows.size + 1, 16, dtype=np.int32))
+    column = pa.ListArray.from_arrays(offsets, pa.array(rows.reshape(-1)))
+    pq.write_table(pa.table({"input": column}), tmp_path / "in.pq", row_group_size=5_000)
+    reader = open_input(tmp_path / "in.pq", "parquet", CONFIG, "")
+    reader.read(0, 10)  # (the file's buffers, once)
+    tracemalloc.start()
+    try:
+        part = reader.read(2_500, 17_500)["input"]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    np.testing.assert_array_equal(part, rows[2_500:17_500])
+    assert peak < 4 * rows[2_500:17_500].nbytes, f"{peak} bytes at the peak"

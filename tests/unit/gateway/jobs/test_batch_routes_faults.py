@@ -1,0 +1,157 @@
+"""The upload and batch routes against races, faults and floods, on a real redis-server
+(:mod:`tests.unit.gateway.jobs.batch_gateway`):
+
+- a cancel that lands as the job completes never turns the completed job into a cancelled
+  one (its outputs hidden), and a resume that lands then never runs it again;
+- a job whose planning task cannot be queued (the broker out of reach) is not left
+  ``planning`` for ever, holding its upload (which could then neither expire nor be
+  deleted): the client gets 503 saying why, and nothing of the job stays;
+- one tenant cannot fill Redis with uploads (an empty one cost nothing against the stored
+  bytes quota) or batch jobs: each is bounded per tenant, with 429 naming the setting, and
+  another tenant is not affected."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sluice.core.batch_jobs import batches as b
+from sluice.gateway.jobs import batch_routes
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
+from tests.unit.gateway.jobs.batch_gateway import MODEL, BatchGateway, batch_gateway
+
+
+@pytest.fixture
+async def gateway(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[BatchGateway]:
+    async with batch_gateway(redis_server.url, tmp_path) as made:
+        yield made
+
+
+async def _upload(gateway: BatchGateway, tenant: str, data: bytes = b"{}\n") -> str:
+    async with gateway.client(tenant) as client:
+        answer = await client.post("/v2/uploads?name=rows.jsonl", content=data)
+    assert answer.status_code == 201, answer.text
+    upload_id: str = answer.json()["id"]
+    return upload_id
+
+
+async def _submit(gateway: BatchGateway, tenant: str, upload_id: str) -> dict[str, Any]:
+    async with gateway.client(tenant) as client:
+        answer = await client.post(
+            "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
+        )
+    assert answer.status_code == 201, answer.text
+    body: dict[str, Any] = answer.json()
+    return body
+
+
+async def _status(gateway: BatchGateway, batch_id: str) -> str:
+    raw = await gateway.redis.hget(gateway.keys.batch(batch_id), b.F_STATUS)
+    assert raw is not None
+    return str(raw.decode())
+
+
+@pytest.mark.parametrize("route", ["cancel", "resume"])
+async def test_a_cancel_or_resume_that_races_completion_leaves_the_job_completed(
+    gateway: BatchGateway, monkeypatch: pytest.MonkeyPatch, route: str
+) -> None:
+    batch_id = (await _submit(gateway, "team-a", await _upload(gateway, "team-a")))["id"]
+    await gateway.redis.hset(gateway.keys.batch(batch_id), b.F_STATUS, b.RUNNING)
+    read = batch_routes._record
+
+    async def completed_meanwhile(*args: Any) -> dict[str, str]:
+        """The route has read the job (running); the batch worker's end lands now."""
+        record = await read(*args)
+        await gateway.redis.hset(
+            gateway.keys.batch(batch_id),
+            mapping={b.F_STATUS: b.COMPLETED, b.F_FILES: '[{"name": "_manifest.json"}]'},
+        )
+        monkeypatch.setattr(batch_routes, "_record", read)
+        return record
+
+    monkeypatch.setattr(batch_routes, "_record", completed_meanwhile)
+    async with gateway.client("team-a") as client:
+        answer = await client.post(f"/v2/batches/{batch_id}/{route}")
+        assert await _status(gateway, batch_id) == b.COMPLETED
+        if route == "cancel":
+            assert answer.status_code == 200 and answer.json()["status"] == b.COMPLETED
+        else:
+            assert answer.status_code == 400 and "complete" in answer.json()["error"]
+        listed = await client.get(f"/v2/batches/{batch_id}/outputs")
+        assert listed.status_code == 200, listed.text
+
+
+async def test_a_job_whose_plan_cannot_be_queued_leaves_nothing_and_frees_its_upload(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    broker = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    async with batch_gateway(redis_server.url, tmp_path, batch_broker_url=broker) as gateway:
+        upload_id = await _upload(gateway, "team-a")
+        async with gateway.client("team-a") as client:
+            answer = await client.post(
+                "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
+            )
+            assert answer.status_code == 503, answer.text
+            assert "could not be queued" in answer.json()["error"]
+            assert int(answer.headers["retry-after"]) > 0
+            assert (await client.get("/v2/batches")).json() == {"batches": []}
+            assert (await client.get(f"/v2/uploads/{upload_id}")).json()["in_use"] is False
+            assert (await client.delete(f"/v2/uploads/{upload_id}")).status_code == 204
+        assert await gateway.redis.zcard(gateway.keys.store_expiry) == 0
+        assert await gateway.redis.zcard(gateway.keys.batches("team-a")) == 0
+
+        # A failed job resumed then: it stays failed (saying why), and still expires.
+        batch_id = "f" * 32
+        await gateway.redis.hset(
+            gateway.keys.batch(batch_id),
+            mapping={b.F_STATUS: b.FAILED, b.F_OWNER: "team-a", b.F_SHARDS: 1},
+        )
+        async with gateway.client("team-a") as client:
+            answer = await client.post(f"/v2/batches/{batch_id}/resume")
+            assert answer.status_code == 503, answer.text
+        assert await _status(gateway, batch_id) == b.FAILED
+        error = await gateway.redis.hget(gateway.keys.batch(batch_id), b.F_ERROR)
+        assert error is not None and b"could not be queued" in error
+        member = f"batch:team-a:{batch_id}"
+        assert await gateway.redis.zscore(gateway.keys.store_expiry, member) is not None
+
+
+async def test_uploads_per_tenant_are_bounded_even_empty_ones(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    async with batch_gateway(redis_server.url, tmp_path, tenant_max_uploads=3) as gateway:
+        kept = [await _upload(gateway, "team-a", b"") for _ in range(3)]
+        async with gateway.client("team-a") as a:
+            refused = await a.post("/v2/uploads?name=rows.jsonl", content=b"")
+            assert refused.status_code == 429, refused.text
+            assert "SLUICE_TENANT_MAX_UPLOADS" in refused.json()["error"]
+            assert int(refused.headers["retry-after"]) > 0
+            assert len((await a.get("/v2/uploads")).json()["uploads"]) == 3
+            await _upload(gateway, "team-b", b"")  # another tenant's room is its own
+            assert (await a.delete(f"/v2/uploads/{kept[0]}")).status_code == 204
+        await _upload(gateway, "team-a", b"")
+        files = list((tmp_path / "team-a" / "uploads").iterdir())
+        assert len(files) == 3, files
+
+
+async def test_batch_jobs_per_tenant_are_bounded(redis_server: RedisServer, tmp_path: Path) -> None:
+    async with batch_gateway(redis_server.url, tmp_path, tenant_max_batches=2) as gateway:
+        upload_id = await _upload(gateway, "team-a")
+        for _ in range(2):
+            await _submit(gateway, "team-a", upload_id)
+        async with gateway.client("team-a") as a:
+            refused = await a.post(
+                "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
+            )
+            assert refused.status_code == 429, refused.text
+            assert "SLUICE_TENANT_MAX_BATCHES" in refused.json()["error"]
+            assert int(refused.headers["retry-after"]) > 0
+            assert len((await a.get("/v2/batches")).json()["batches"]) == 2
+            upload = (await a.get(f"/v2/uploads/{upload_id}")).json()
+            assert upload["in_use"] is True
+        users = await gateway.redis.hget(gateway.keys.upload("team-a", upload_id), "users")
+        assert users == b"2"  # the refused job does not hold the upload
+        await _submit(gateway, "team-b", await _upload(gateway, "team-b"))
