@@ -170,13 +170,14 @@ def _bytes(elements: list[Any], label: str) -> np.ndarray:
 def _numbers(elements: list[Any], datatype: str, label: str) -> np.ndarray:
     """Numbers of ``datatype``, each a JSON number (or true/false) in the type's range."""
     target = numpy_dtype(datatype)
+    for index, value in enumerate(elements):
+        # (Before numpy sees them: a long string among numbers would make it a fixed-width
+        # string array, every element as wide as that string.)
+        if not isinstance(value, int | float):  # (bool is an int)
+            raise InvalidInput(f"{label} element {index} must be a number, got {json_type(value)}")
     array: np.ndarray = np.asarray(elements) if elements else np.zeros(0, dtype=target)
     if array.dtype.kind not in "biuf":
         for index, value in enumerate(elements):
-            if not isinstance(value, int | float):  # (bool is an int)
-                raise InvalidInput(
-                    f"{label} element {index} must be a number, got {json_type(value)}"
-                )
             if isinstance(value, int) and not -(1 << 63) <= value < 1 << 64:
                 raise InvalidInput(f"{label} element {index} is out of range for {datatype}")
         array = np.asarray(elements, dtype=np.float64)  # (int64 and uint64 values mixed)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+import tracemalloc
 from pathlib import Path
 from typing import Any
 
@@ -153,6 +154,27 @@ def test_ragged_nesting_is_flattened_without_recursion() -> None:
 def test_numbers_must_be_numbers_in_range(datatype: str, data: list[Any], reason: str) -> None:
     seq = {"name": "SEQ", "datatype": datatype, "shape": [1, 2], "data": data}
     assert reason in _refused(_request(_text("a"), seq))
+
+
+def test_a_string_among_numbers_costs_no_more_than_its_bytes() -> None:
+    """(numpy would make the list a fixed-width string array: 2,001 elements as wide as
+    the longest, 20,000 characters of 4 bytes each, 160 MB for a 24 KB line.)"""
+    data = ["x" * 20_000] + ["b"] * 2000
+    seq = {"name": "SEQ", "datatype": "INT8", "shape": [1, 1, 2001], "data": data}
+    config = parse_config_text(
+        'name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
+        'input [ { name: "SEQ" data_type: TYPE_INT8 dims: [ 1, 2001 ] } ]\n'
+        'output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]\n',
+        model_name="m",
+    )
+    tracemalloc.start()
+    try:
+        with pytest.raises(InvalidInput, match="element 0 must be a number, got string"):
+            request_arrays({"inputs": [seq]}, config, "'input' line 1")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 10 << 20
 
 
 def test_a_float_overflow_is_refused() -> None:
