@@ -257,9 +257,19 @@ class _Reserve:
 async def _forget(state: GatewayState, tenant: str, upload_id: str) -> None:
     """Remove a failed upload's record, giving back the bytes it counted; when Redis is
     out of reach, the record stays partial and the sweepers remove it later."""
+    try:
+        await _remove_record(state, tenant, upload_id)
+    except Exception as exc:  # Redis gone: the sweepers take the partial record later
+        log.warning("forgetting upload %s failed: %s", upload_id, exc)
+
+
+async def _remove_record(state: GatewayState, tenant: str, upload_id: str) -> int:
+    """Remove an upload's record and give its counted bytes back to the tenant, in one
+    script (:data:`~sluice.core.batch_jobs.uploads.REMOVE`): its size, -1 while a batch
+    job reads it, -2 when there is none."""
     keys = state.keys
     remove = state.control.script(u.REMOVE)
-    try:
+    return int(
         await remove(
             keys=[
                 keys.upload(tenant, upload_id),
@@ -269,8 +279,7 @@ async def _forget(state: GatewayState, tenant: str, upload_id: str) -> None:
             ],
             args=[upload_id, u.expiry_member(u.UPLOAD, tenant, upload_id)],
         )
-    except Exception as exc:  # Redis gone: the sweepers take the partial record later
-        log.warning("forgetting upload %s failed: %s", upload_id, exc)
+    )
 
 
 async def upload_record(state: GatewayState, tenant: str, upload_id: str) -> dict[str, str]:
@@ -316,20 +325,7 @@ async def delete_upload(upload_id: str, request: Request) -> Response:
     state = state_of(request)
     tenant = tenant_of(request.scope)
     await upload_record(state, tenant, upload_id)
-    keys = state.keys
-    member = u.expiry_member(u.UPLOAD, tenant, upload_id)
-    remove = state.control.script(u.REMOVE)
-    size = int(
-        await remove(
-            keys=[
-                keys.upload(tenant, upload_id),
-                keys.uploads(tenant),
-                keys.store_expiry,
-                keys.stored_bytes(tenant),
-            ],
-            args=[upload_id, member],
-        )
-    )
+    size = await _remove_record(state, tenant, upload_id)
     if size == -2:
         raise NotFound(f"no upload '{upload_id}'")
     if size == -1:
