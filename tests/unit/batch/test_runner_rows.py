@@ -74,12 +74,11 @@ def runner(
     made.close()
 
 
-def _run_job(runner: Runner, redis: Redis, source: Path) -> tuple[str, dict[str, str]]:
-    """Plan a JSON Lines job over ``source`` and run its one shard; (id, record)."""
+def _planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
+    """A new job of the tenant over ``source``, planned; its id."""
     batch_id = uuid.uuid4().hex
     keys = Keys(runner.settings.namespace)
-    options = b.BatchOptions(input_format="jsonl", output_format="jsonl")
-    redis.hset(
+    runner.redis.hset(
         keys.batch(batch_id),
         mapping={
             b.F_STATUS: b.PLANNING,
@@ -91,6 +90,13 @@ def _run_job(runner: Runner, redis: Redis, source: Path) -> tuple[str, dict[str,
         },
     )
     runner.plan(batch_id, resume=False)
+    return batch_id
+
+
+def _run_job(runner: Runner, redis: Redis, source: Path) -> tuple[str, dict[str, str]]:
+    """Plan a JSON Lines job over ``source`` and run its one shard; (id, record)."""
+    options = b.BatchOptions(input_format="jsonl", output_format="jsonl")
+    batch_id = _planned(runner, source, options)
     runner.shard(batch_id, 0, True)
     return batch_id, runner.record(batch_id)
 
@@ -200,22 +206,9 @@ def test_a_shard_holds_a_bounded_number_of_bytes(
     monkeypatch.setattr(runner, "_model", lambda record: (config, 1))
     source = tmp_path / "rows.npy"
     np.save(source, np.zeros((200, 4096), dtype=np.float64))  # 32 KiB a row, as it is read
-    keys = Keys(settings.namespace)
-    batch_id = uuid.uuid4().hex
     options = b.BatchOptions(shard_rows=100_000_000, input_format="npy", output_format="npy")
     try:
-        runner.redis.hset(
-            keys.batch(batch_id),
-            mapping={
-                b.F_STATUS: b.PLANNING,
-                b.F_MODEL: "m",
-                b.F_INPUT: str(source),
-                b.F_OUTPUT: "",
-                b.F_OPTIONS: orjson.dumps(options.to_json()),
-                b.F_OWNER: TENANT,
-            },
-        )
-        runner.plan(batch_id, resume=False)
+        batch_id = _planned(runner, source, options)
         record = runner.record(batch_id)
     finally:
         runner.close()
@@ -252,21 +245,9 @@ def test_a_part_past_the_stored_bytes_quota_is_refused_before_it_is_put(
     runner.redis.set(keys.stored_bytes(TENANT), quota - 1000)  # its parts: 1,728 bytes
     source = tmp_path / "rows.npy"
     np.save(source, np.ones((100, 4), dtype=np.float32))
-    batch_id = uuid.uuid4().hex
     options = b.BatchOptions(input_format="npy", output_format="npy")
     try:
-        runner.redis.hset(
-            keys.batch(batch_id),
-            mapping={
-                b.F_STATUS: b.PLANNING,
-                b.F_MODEL: "m",
-                b.F_INPUT: str(source),
-                b.F_OUTPUT: "",
-                b.F_OPTIONS: orjson.dumps(options.to_json()),
-                b.F_OWNER: TENANT,
-            },
-        )
-        runner.plan(batch_id, resume=False)
+        batch_id = _planned(runner, source, options)
         runner.shard(batch_id, 0, True)
         record = runner.record(batch_id)
         stored = int(runner.redis.get(keys.stored_bytes(TENANT)) or 0)
