@@ -12,12 +12,12 @@ keep things per tenant.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from sluice.core.errors import PayloadTooLarge, SluiceError
+from sluice.core.request_parameters import ForwardPattern
 from sluice.core.restricted_api import Restriction, denial, http_category
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.gateway.http.body import check_declared_length
@@ -52,7 +52,7 @@ class EdgeGuard:
         max_header_count: int,
         max_header_bytes: int,
         max_control_body_bytes: int,
-        forward: re.Pattern[str] | None = None,
+        forward: ForwardPattern | None = None,
         restricted: Mapping[str, Restriction] | None = None,
     ):
         self.app = app

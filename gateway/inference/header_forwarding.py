@@ -11,13 +11,12 @@ forwarded header replaces a request parameter of the same name.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from contextvars import ContextVar
 from typing import Any
 
 from sluice.core.errors import InvalidInput
-from sluice.core.request_parameters import is_reserved
+from sluice.core.request_parameters import ForwardPattern, is_reserved
 
 Forwarded = tuple[tuple[str, str], ...]
 
@@ -27,7 +26,7 @@ FORWARDED: ContextVar[Forwarded] = ContextVar("sluice_forwarded_headers", defaul
 _NEVER = frozenset({"authorization"})
 
 
-def matching(pattern: re.Pattern[str], headers: Iterable[tuple[str, str]]) -> Forwarded:
+def matching(pattern: ForwardPattern, headers: Iterable[tuple[str, str]]) -> Forwarded:
     """The headers ``pattern`` forwards, in order (the first of a repeated name)."""
     seen: dict[str, str] = {}
     for name, value in headers:

@@ -5,9 +5,10 @@ starting with ``triton_``), and an ensemble passes them on to each of its steps.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
+
+import re2
 
 RESERVED = frozenset(
     {
@@ -24,18 +25,35 @@ RESERVED = frozenset(
 PREFIX = "triton_"
 
 
-_CASE_SENSITIVE = "(?-i)"
+class ForwardPattern(Protocol):
+    """A compiled header-forward pattern: finds a match anywhere in a header's name."""
+
+    def search(self, text: str) -> object | None: ...
 
 
-def forward_pattern(text: str) -> re.Pattern[str] | None:
+class PatternError(ValueError):
+    """A header-forward pattern that RE2 cannot compile."""
+
+
+def forward_pattern(text: str) -> ForwardPattern | None:
     """A header-forward pattern as Triton reads it (``--http-header-forward-pattern``):
-    matched ignoring case unless it starts with ``(?-i)``; None when empty; ``re.error``
-    when it is not a regular expression."""
+    RE2's syntax, matched in linear time (a header name a client chose cannot make it
+    backtrack), ignoring case unless the pattern turns that off (``(?-i)``); None when
+    empty; :class:`PatternError` when RE2 cannot compile it (Python-only syntax such as
+    look-arounds and back-references included, as Triton refuses it)."""
     if not text:
         return None
-    if text.startswith(_CASE_SENSITIVE):
-        return re.compile(text[len(_CASE_SENSITIVE) :])
-    return re.compile(text, re.IGNORECASE)
+    options = re2.Options()
+    options.case_sensitive = False
+    options.log_errors = False
+    try:
+        pattern: ForwardPattern = re2.compile(text, options)
+    except re2.error as exc:
+        reason = exc.args[0] if exc.args else exc
+        if isinstance(reason, bytes):
+            reason = reason.decode("utf-8", "replace")
+        raise PatternError(str(reason)) from None
+    return pattern
 
 
 def is_reserved(name: str) -> bool:

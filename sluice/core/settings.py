@@ -20,7 +20,7 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from sluice.core.errors import StartupFailed
 from sluice.core.memory_budget import parse_gpu_budgets, parse_size
 from sluice.core.rate_limit import parse_resource_counts
-from sluice.core.request_parameters import forward_pattern
+from sluice.core.request_parameters import PatternError, forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 from sluice.core.torchserve.ports import parse_ports
 
@@ -111,7 +111,7 @@ def _regular_expression(value: str) -> str:
     """A forward pattern must compile (:func:`~sluice.core.request_parameters.forward_pattern`)."""
     try:
         forward_pattern(value)
-    except re.error as exc:
+    except PatternError as exc:
         raise ValueError(f"not a regular expression: {exc}") from None
     return value
 
@@ -507,9 +507,9 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
 
     http_header_forward_pattern: str = ""
     """Triton's --http-header-forward-pattern: request headers whose names match this
-    regular expression (anywhere in the name, ignoring case unless it starts with
-    ``(?-i)``) become string parameters of each inference request; Authorization never
-    does. Empty: none."""
+    regular expression (RE2's syntax, as in Triton; anywhere in the name, ignoring case
+    unless the pattern says ``(?-i)``) become string parameters of each inference
+    request; Authorization never does. Empty: none."""
 
     grpc_header_forward_pattern: str = ""
     """Triton's --grpc-header-forward-pattern: the same for gRPC metadata."""

@@ -3,7 +3,6 @@ records the setting or ``SLUICE_*`` variable its value asks for."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 
 from sluice.cli.triton_flags.values import (
@@ -17,7 +16,7 @@ from sluice.cli.triton_flags.values import (
 )
 from sluice.core.rate_limit import MODES, parse_resource_counts
 from sluice.core.repository import CONFIG_NAME
-from sluice.core.request_parameters import forward_pattern
+from sluice.core.request_parameters import PatternError, forward_pattern
 from sluice.core.restricted_api import parse_restrictions
 
 _DEFAULT_MAX_BATCH_SIZE = "SLUICE_DEFAULT_MAX_BATCH_SIZE"
@@ -117,7 +116,7 @@ def header_pattern(variable: str) -> Callable[[TritonFlag, str, TritonArgs], Non
     def apply(flag: TritonFlag, text: str, out: TritonArgs) -> None:
         try:
             forward_pattern(text)
-        except re.error as exc:
+        except PatternError as exc:
             raise bad_value(flag, f"{text!r} is not a regular expression: {exc}") from None
         out.environment[variable] = text
 
