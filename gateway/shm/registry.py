@@ -25,7 +25,9 @@ the caller's): each tenant has a name space of its own, and a tenant's registrat
 unregistrations and requests see its own regions alone, so that no tenant can read, write,
 unregister or learn of another's (another's region is an unknown one). The host's records
 name a region ``<tenant>/<name>`` (:func:`scoped`; a tenant name holds no ``/``). Without API
-keys there is one tenant, and so one name space, as in Triton.
+keys there is one tenant, and so one name space, as in Triton. With API keys, a tenant
+registers at most ``SLUICE_TENANT_MAX_SHM_REGIONS`` regions on a host, so that it cannot take
+the whole of the host's ``SLUICE_MAX_SHM_REGIONS`` from the others.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from sluice.gateway.shm.store import (
     LocalCounter,
     MemoryRegionStore,
     Records,
+    RegionLimits,
     RegionStore,
     already_registered,
 )
@@ -138,6 +141,17 @@ def client_shm_refusal(settings: GatewaySettings) -> str:
     )
 
 
+def _keyed(settings: GatewaySettings) -> bool:
+    """Whether API keys make tenants here (without them, the one tenant is bounded by the
+    host's ``max_shm_regions`` alone, as before tenants had a bound of their own)."""
+    return bool(
+        settings.api_keys.strip()
+        or settings.api_keys_file
+        or settings.admin_keys.strip()
+        or settings.admin_keys_file
+    )
+
+
 def client_shm_allowed(settings: GatewaySettings) -> bool:
     return not client_shm_refusal(settings)
 
@@ -193,6 +207,7 @@ class RegionRegistry:
         refusal: str = "",
         max_input_bytes: int | None = None,
         max_regions: int = 1024,
+        tenant_max_regions: int = 256,
         store: RegionStore | None = None,
         counter: ChangeCounter | None = None,
         host: str = "",
@@ -200,13 +215,14 @@ class RegionRegistry:
         """``allowed``: whether clients may register regions at all (``refusal`` says why
         not). ``max_input_bytes``: the largest input a request may take from a region (the
         gateway's body limit); outputs are limited by their region. ``max_regions``: the
-        most regions of the host at once. ``store`` and ``counter``: where the host's
+        most regions of the host at once; ``tenant_max_regions``: the most of one tenant's
+        among them. ``store`` and ``counter``: where the host's
         records are and what tells of their changes (default: this process alone);
         ``host``: the host id they belong to."""
         self.allowed = allowed and not refusal
         self.refusal = refusal or "client shared memory is disabled on this gateway"
         self.max_input_bytes = max_input_bytes
-        self.max_regions = max_regions
+        self.limits = RegionLimits(host=max_regions, tenant=tenant_max_regions)
         self.store: RegionStore = store if store is not None else MemoryRegionStore()
         self.counter: ChangeCounter = counter if counter is not None else LocalCounter()
         self.host = host
@@ -237,6 +253,9 @@ class RegionRegistry:
             refusal=client_shm_refusal(settings),
             max_input_bytes=settings.max_body_bytes,
             max_regions=settings.max_shm_regions,
+            tenant_max_regions=(
+                settings.tenant_max_shm_regions if _keyed(settings) else settings.max_shm_regions
+            ),
             store=store,
             counter=counter,
             host=host,
@@ -333,7 +352,7 @@ class RegionRegistry:
                 f"key '{key}'"
             )
         record = {"key": key, "offset": offset, "byte_size": byte_size}
-        await self.store.add("system", scoped(name), orjson.dumps(record), self.max_regions)
+        await self.store.add("system", scoped(name), orjson.dumps(record), self.limits)
         await self._changed()
 
     async def register_cuda(
@@ -348,7 +367,7 @@ class RegionRegistry:
         record = CudaRecord(name, raw_handle, device_id, byte_size)
         field = scoped(name)
         try:
-            await self.store.add("cuda", field, _cuda_json(record), self.max_regions)
+            await self.store.add("cuda", field, _cuda_json(record), self.limits)
         except BaseException:
             _close_quietly(region)
             raise

@@ -8,6 +8,15 @@ handle, device and size) lives in Redis, in a hash per host and kind
 moves. The records expire unless a live gateway of the host renews them at its catalog
 refresh, so a host whose gateways are all gone leaves nothing behind for long.
 
+A record's name is ``<tenant>/<name>`` (:func:`sluice.gateway.shm.registry.scoped`). The
+host holds at most ``SLUICE_MAX_SHM_REGIONS`` records, and each tenant at most
+``SLUICE_TENANT_MAX_SHM_REGIONS`` of them, both checked by the script that adds one (so two
+gateway processes cannot both take the last place); a tenant's are counted by a pass over
+the host's names, no more than the host's bound. Records written before regions belonged
+to tenants (a name without ``/``) are nobody's: no tenant can see, use or unregister them,
+so every load that reads the records removes them (a gateway's first load, as it starts,
+among them), and they no longer count against the host's bound.
+
 The requests in flight that use a region hold a lease on it, next to the records
 (:meth:`sluice.core.keys.Keys.client_region_users`), whatever gateway process of the host runs
 them: unregistering a region that has live leases only marks it *draining* (as Triton, it
@@ -82,9 +91,10 @@ class RegionStore(Protocol):
     """The records of one host's regions, shared by its gateway processes, and the leases
     of the requests in flight that use them."""
 
-    async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
+    async def add(self, kind: Kind, name: str, record: bytes, limits: RegionLimits) -> None:
         """Record a region; the name must be free in both kinds (a draining region still
-        holds it), and fewer than ``limit`` regions recorded (InvalidInput, QuotaExceeded)."""
+        holds it), and fewer regions than ``limits`` allow recorded, the host's and the
+        tenant's (``name``'s, :func:`tenant_of`) (InvalidInput, QuotaExceeded)."""
 
     async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
         """Forget one region of ``kind`` (an unknown name is no error), or (None) all those
@@ -93,7 +103,8 @@ class RegionStore(Protocol):
 
     async def load(self, known: int | None) -> Records | None:
         """The records, or None when their revision is still ``known``; renews them, and
-        first removes the draining regions whose leases all ended or expired."""
+        first removes the draining regions whose leases all ended or expired (and, when it
+        answers the records, those of no tenant, see above)."""
 
     async def hold(self, records: dict[str, bytes], lease: str, ttl_ms: int) -> str | None:
         """Lease each region named in ``records`` for ``ttl_ms`` (a request's time left),
@@ -102,6 +113,19 @@ class RegionStore(Protocol):
 
     async def release(self, names: list[str], lease: str) -> bool:
         """End the lease on these regions; whether a draining one went with it."""
+
+
+@dataclass(frozen=True, slots=True)
+class RegionLimits:
+    """The most regions recorded at once: on the host, and of one tenant on it."""
+
+    host: int
+    tenant: int
+
+
+def tenant_of(name: str) -> str:
+    """The tenant a record's name (``<tenant>/<name>``) belongs to."""
+    return name.partition("/")[0]
 
 
 def _shown(name: str) -> str:
@@ -125,6 +149,14 @@ def too_many(name: str, limit: int) -> QuotaExceeded:
     )
 
 
+def too_many_of_tenant(name: str, limit: int) -> QuotaExceeded:
+    return QuotaExceeded(
+        f"failed to register shared memory region '{_shown(name)}': tenant '{tenant_of(name)}' "
+        f"has {limit} regions registered on this host already, the most "
+        "SLUICE_TENANT_MAX_SHM_REGIONS allows; unregister one first"
+    )
+
+
 @dataclass
 class MemoryRegionStore:
     """The records in this process (one gateway process, no Redis)."""
@@ -134,14 +166,18 @@ class MemoryRegionStore:
     """Region name -> lease -> when it expires (ms)."""
     clock: Clock = deployment_ms
 
-    async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
+    async def add(self, kind: Kind, name: str, record: bytes, limits: RegionLimits) -> None:
         if name in self.records.draining and not self._live(name):
             self._drop([name])
         now = self.records
         if name in now.system or name in now.cuda:
             raise already_registered(name, draining=name in now.draining)
-        if len(now.system) + len(now.cuda) >= limit:
-            raise too_many(name, limit)
+        prefix = tenant_of(name) + "/"
+        owned = sum(1 for n in (*now.system, *now.cuda) if n.startswith(prefix))
+        if owned >= limits.tenant:
+            raise too_many_of_tenant(name, limits.tenant)
+        if len(now.system) + len(now.cuda) >= limits.host:
+            raise too_many(name, limits.host)
         self._set(kind, {**_of(now, kind), name: record})
 
     async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
@@ -231,11 +267,21 @@ local function drop(name)
 end
 """
 
-# ARGV[3..]: the kind's index in KEYS (1 or 2), name, record, limit, ttl ms.
+# ARGV[3..]: the kind's index in KEYS (1 or 2), name, record, the host's limit, ttl ms, the
+# tenant's limit, the start of the tenant's names ('<tenant>/').
 _ADD = (
     _COMMON
     + """
 local kind, name = tonumber(ARGV[3]), ARGV[4]
+local function owned(prefix)
+  local count = 0
+  for i = 1, 2 do
+    for _, field in ipairs(redis.call('HKEYS', KEYS[i])) do
+      if string.sub(field, 1, #prefix) == prefix then count = count + 1 end
+    end
+  end
+  return count
+end
 if redis.call('HEXISTS', KEYS[4], name) == 1 and live(name) == 0 then
   drop(name)
   redis.call('INCR', KEYS[3])
@@ -243,6 +289,9 @@ end
 if redis.call('HEXISTS', KEYS[1], name) == 1 or redis.call('HEXISTS', KEYS[2], name) == 1 then
   if redis.call('HEXISTS', KEYS[4], name) == 1 then return 'draining' end
   return 'exists'
+end
+if owned(ARGV[9]) >= tonumber(ARGV[8]) then
+  return 'tenant-full'
 end
 if redis.call('HLEN', KEYS[1]) + redis.call('HLEN', KEYS[2]) >= tonumber(ARGV[6]) then
   return 'full'
@@ -286,7 +335,9 @@ return changed
 """
 )
 
-# ARGV[3..]: the revision known ('' for none), ttl ms.
+# ARGV[3..]: the revision known ('' for none), ttl ms. Answers the revision alone, or the
+# revision, both kinds' records, the draining names, and how many records of no tenant
+# (written before records were named '<tenant>/<name>') it removed.
 _LOAD = (
     _COMMON
     + """
@@ -303,8 +354,18 @@ for i = 1, 4 do redis.call('PEXPIRE', KEYS[i], ARGV[4]) end
 if revision == ARGV[3] then
   return {revision}
 end
+local legacy = 0
+for _, index in ipairs({1, 2, 4}) do
+  for _, name in ipairs(redis.call('HKEYS', KEYS[index])) do
+    if not string.find(name, '/', 1, true) then
+      drop(name)
+      legacy = legacy + 1
+    end
+  end
+end
+if legacy > 0 then revision = tostring(redis.call('INCR', KEYS[3])) end
 return {revision, redis.call('HGETALL', KEYS[1]), redis.call('HGETALL', KEYS[2]),
-        redis.call('HKEYS', KEYS[4])}
+        redis.call('HKEYS', KEYS[4]), legacy}
 """
 )
 
@@ -383,14 +444,16 @@ class RedisRegionStore:
     def _args(self, *more: str | bytes | int) -> list[str | bytes | int]:
         return [self.users, self.clock(), *more]
 
-    async def add(self, kind: Kind, name: str, record: bytes, limit: int) -> None:
-        outcome = await self._add(
-            keys=self.keys, args=self._args(_index(kind), name, record, limit, self.ttl_ms)
-        )
+    async def add(self, kind: Kind, name: str, record: bytes, limits: RegionLimits) -> None:
+        host, tenant, prefix = limits.host, limits.tenant, tenant_of(name) + "/"
+        args = self._args(_index(kind), name, record, host, self.ttl_ms, tenant, prefix)
+        outcome = await self._add(keys=self.keys, args=args)
         if outcome in (b"exists", b"draining"):
             raise already_registered(name, draining=outcome == b"draining")
+        if outcome == b"tenant-full":
+            raise too_many_of_tenant(name, limits.tenant)
         if outcome == b"full":
-            raise too_many(name, limit)
+            raise too_many(name, limits.host)
 
     async def remove(self, kind: Kind, name: str | None, within: str = "") -> None:
         which = ["all", within] if name is None else ["one", name]
@@ -403,6 +466,12 @@ class RedisRegionStore:
         revision = int(answer[0])
         if len(answer) == 1:
             return None
+        if answer[4]:
+            log.info(
+                "removed %d shared memory region records of no tenant (written before regions "
+                "belonged to tenants): no tenant could see, use or unregister them",
+                answer[4],
+            )
         draining = frozenset(name.decode() for name in answer[3])
         return Records(revision, _pairs(answer[1]), _pairs(answer[2]), draining)
 

@@ -793,6 +793,12 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     """Client shared memory regions (system and CUDA together) registered at once on one
     host, through any of its gateway processes; one more is refused with 429."""
 
+    tenant_max_shm_regions: int = Field(256, ge=0, le=1_000_000)
+    """With API keys: client shared memory regions one tenant registers at once on one
+    host (system and CUDA together); one more is refused with 429, so that no tenant takes
+    the whole of ``max_shm_regions`` from the others, which still bounds the host. Without
+    API keys the one tenant has the host's ``max_shm_regions``."""
+
 
 class RateLimitSettings(BaseSettings):
     """Triton's rate limiter (:mod:`sluice.core.rate_limit`): read by the workers; ``sluice

@@ -4,12 +4,14 @@ for two processes; the Redis store on a real redis-server; ``--gateway-processes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import stat
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import cast
 
 import httpx
 import numpy as np
@@ -31,6 +33,7 @@ from sluice.gateway.shm.store import (
     HostCounter,
     MemoryRegionStore,
     RedisRegionStore,
+    RegionLimits,
     RegionStore,
 )
 from sluice.scheduler.executor.redis_server import RedisServer
@@ -57,11 +60,16 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-def pair(store: RegionStore, directory: Path, max_regions: int = 1024) -> list[RegionRegistry]:
+def pair(
+    store: RegionStore, directory: Path, max_regions: int = 1024, tenant_max_regions: int = 256
+) -> list[RegionRegistry]:
     """Two gateway processes of one host: one store, one counter file."""
     return [
         RegionRegistry(
-            store=store, counter=HostCounter("t", "host", directory), max_regions=max_regions
+            store=store,
+            counter=HostCounter("t", "host", directory),
+            max_regions=max_regions,
+            tenant_max_regions=tenant_max_regions,
         )
         for _ in range(2)
     ]
@@ -113,10 +121,11 @@ async def test_the_records_live_in_redis_per_host(
     keys = Keys(f"t{uuid.uuid4().hex[:6]}")
     await _shared_life(RedisRegionStore(redis, keys, "host-a", ttl_s=30), tmp_path, shm_key)
     store = RedisRegionStore(redis, keys, "host-a", ttl_s=30)
-    await store.add("system", "kept", b'{"key": "/k", "offset": 0, "byte_size": 8}', 10)
+    record = b'{"key": "/k", "offset": 0, "byte_size": 8}'
+    await store.add("system", "anonymous/kept", record, RegionLimits(10, 10))
     assert await redis.pttl(keys.client_regions("host-a", "system")) > 0  # expires unless renewed
     loaded = await store.load(None)
-    assert loaded is not None and set(loaded.system) == {"kept"}
+    assert loaded is not None and set(loaded.system) == {"anonymous/kept"}
     assert await store.load(loaded.revision) is None  # one cheap answer while nothing changed
     elsewhere = await RedisRegionStore(redis, keys, "host-b").load(None)
     assert elsewhere is not None and elsewhere.system == {}  # another host's are its own
@@ -206,6 +215,134 @@ def tenant(name: str) -> Iterator[None]:
         yield
     finally:
         CURRENT_TENANT.reset(token)
+
+
+def fake_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUDA handles that open and close without a GPU (a stand-in for cuda-python)."""
+
+    def open_region(name: str, raw_handle: bytes, device_id: int, byte_size: int) -> CudaRegion:
+        return CudaRegion(name, device_id, byte_size, 1000)
+
+    monkeypatch.setattr("sluice.gateway.shm.registry.open_cuda_region", open_region)
+    monkeypatch.setattr("sluice.gateway.shm.registry.close_cuda_region", lambda region: None)
+
+
+async def _bounded_per_tenant(store: RegionStore, directory: Path, key: str) -> None:
+    one, two = pair(store, directory, max_regions=5, tenant_max_regions=2)
+    with tenant("team-a"):
+        await one.register_system("a1", key, 0, 8)
+        await two.register_system("a2", key, 0, 8)
+        # Before, team-a could take every place of the host and leave none to the others.
+        with pytest.raises(QuotaExceeded, match="SLUICE_TENANT_MAX_SHM_REGIONS") as info:
+            await one.register_system("a3", key, 0, 8)
+        assert info.value.status == 429
+        assert info.value.message.startswith("failed to register shared memory region 'a3': ")
+        assert "tenant 'team-a' has 2 regions registered on this host already" in (
+            info.value.message
+        )
+    with tenant("team-b"):
+        await two.register_system("b1", key, 0, 8)
+        await one.register_cuda("b2", b"\x01" * 64, 0, 8)  # (system and CUDA count together)
+        with pytest.raises(QuotaExceeded, match="SLUICE_TENANT_MAX_SHM_REGIONS"):
+            await two.register_system("b3", key, 0, 8)
+        with pytest.raises(QuotaExceeded, match="SLUICE_TENANT_MAX_SHM_REGIONS"):
+            await two.register_cuda("b3", b"\x01" * 64, 0, 8)
+    with tenant("team-c"):
+        await one.register_system("c1", key, 0, 8)
+        # The host's bound still holds, whatever the tenants' own.
+        with pytest.raises(QuotaExceeded, match="SLUICE_MAX_SHM_REGIONS") as host:
+            await two.register_system("c2", key, 0, 8)
+        assert "SLUICE_TENANT_MAX_SHM_REGIONS" not in host.value.message
+    with tenant("team-a"):
+        await two.unregister_system("a1")
+        await one.register_system("a3", key, 0, 8)  # a place of its own again
+        assert sorted(row["name"] for row in await two.system_status(None)) == ["a2", "a3"]
+
+
+async def test_the_number_of_regions_is_bounded_per_tenant(
+    tmp_path: Path, shm_key: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_cuda(monkeypatch)
+    await _bounded_per_tenant(MemoryRegionStore(), tmp_path, shm_key)
+
+
+async def test_the_number_of_regions_is_bounded_per_tenant_in_redis(
+    tmp_path: Path, shm_key: str, redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_cuda(monkeypatch)
+    keys = Keys(f"t{uuid.uuid4().hex[:6]}")
+    await _bounded_per_tenant(RedisRegionStore(redis, keys, "host-a", ttl_s=30), tmp_path, shm_key)
+
+
+async def test_a_tenants_bound_holds_across_processes_registering_at_once(
+    tmp_path: Path, shm_key: str, redis_server: RedisServer
+) -> None:
+    """Two gateway processes (each its own Redis connection) register a dozen regions of one
+    tenant at once: the bound is checked where the region is added, so no more pass."""
+    keys = Keys(f"t{uuid.uuid4().hex[:6]}")
+    clients = [Redis.from_url(redis_server.url) for _ in range(2)]
+    try:
+        one, two = (
+            RegionRegistry(
+                store=RedisRegionStore(client, keys, "host-a", ttl_s=30),
+                counter=HostCounter("t", "host", tmp_path),
+                tenant_max_regions=3,
+            )
+            for client in clients
+        )
+        with tenant("team-a"):
+            names = [f"r{i}" for i in range(12)]
+            outcomes = await asyncio.gather(
+                *(
+                    (one if i % 2 else two).register_system(name, shm_key, 0, 8)
+                    for i, name in enumerate(names)
+                ),
+                return_exceptions=True,
+            )
+            refused = [o for o in outcomes if isinstance(o, QuotaExceeded)]
+            assert len(refused) == 9 and outcomes.count(None) == 3, outcomes
+            assert len(await one.system_status(None)) == 3
+        stored = cast(list[bytes], await clients[0].hkeys(keys.client_regions("host-a", "system")))
+        assert len(stored) == 3 and all(name.startswith(b"team-a/") for name in stored)
+    finally:
+        for client in clients:
+            await client.aclose()
+
+
+async def test_records_of_no_tenant_are_removed_and_free_their_places(
+    tmp_path: Path, shm_key: str, redis: Redis
+) -> None:
+    """Records written before regions belonged to tenants (``<name>`` without a ``<tenant>/``)
+    were nobody's: invisible, unusable, never unregistered, and counted against the host's
+    bound for as long as a gateway of the host renewed the records."""
+    keys = Keys(f"t{uuid.uuid4().hex[:6]}")
+    system, cuda = keys.client_regions("host-a", "system"), keys.client_regions("host-a", "cuda")
+    record = b'{"key": "/old", "offset": 0, "byte_size": 8}'
+    await redis.hset(system, mapping={"old1": record, "old2": record})
+    await redis.hset(cuda, "oldgpu", b'{"raw_handle": "AQ==", "device_id": 0, "byte_size": 8}')
+    await redis.hset(keys.client_regions_draining("host-a"), "old1", "1")
+    await redis.zadd(keys.client_region_users("host-a", "old1"), {"lease": 2**50})
+    await redis.incr(keys.client_regions_revision("host-a"))
+    store = RedisRegionStore(redis, keys, "host-a", ttl_s=30)
+    one, two = pair(store, tmp_path, max_regions=3)
+    # A gateway process that starts loads the records, and removes them.
+    assert await one.catch_up()
+    assert await redis.hgetall(system) == {} and await redis.hgetall(cuda) == {}
+    assert not await redis.exists(
+        keys.client_regions_draining("host-a"), keys.client_region_users("host-a", "old1")
+    )
+    for name in ("a", "b", "c"):  # the host's three places are free again
+        await one.register_system(name, shm_key, 0, 8)
+    await two.catch_up()
+    assert [row["name"] for row in await two.system_status(None)] == ["a", "b", "c"]
+    # One written by a process of the old kind meanwhile goes at the next load.
+    await one.unregister_system("c")
+    await redis.hset(system, "late", record)
+    await redis.incr(keys.client_regions_revision("host-a"))
+    assert await two.catch_up()
+    assert sorted(await redis.hkeys(system)) == [b"anonymous/a", b"anonymous/b"]
+    await two.register_system("c", shm_key, 0, 8)
+    assert "late" not in two.records.system
 
 
 async def _tenants_apart(store: RegionStore, directory: Path, key: str) -> None:
@@ -357,3 +494,14 @@ def test_a_bad_region_limit_is_refused_naming_it(
     monkeypatch.setenv("SLUICE_MAX_SHM_REGIONS", value)
     with pytest.raises(ValidationError, match="max_shm_regions"):
         GatewaySettings()
+
+
+def test_a_tenants_own_bound_applies_once_api_keys_make_tenants() -> None:
+    keyless = RegionRegistry.from_settings(
+        GatewaySettings(max_shm_regions=1000, tenant_max_shm_regions=10)
+    )
+    assert (keyless.limits.host, keyless.limits.tenant) == (1000, 1000)
+    keyed = RegionRegistry.from_settings(
+        GatewaySettings(max_shm_regions=1000, tenant_max_shm_regions=10, api_keys="a:k")
+    )
+    assert (keyed.limits.host, keyed.limits.tenant) == (1000, 10)
