@@ -39,6 +39,7 @@ class EchoDispatcher:
         self.outputs = outputs
         self.version = version
         self.expired: Counter[str] = Counter()
+        self.cancelled: Counter[str] = Counter()
         self.submitted: list[RequestMessage] = []
 
     async def submit(
