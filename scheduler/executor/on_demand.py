@@ -17,11 +17,12 @@ its live workers anywhere, and its answered count. Then:
   or being computed, one pinned (it is not on demand), one still loading, one loaded less
   than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash protection), or, until the version that needs
   the room has waited ``PATIENCE_S``, one used more in the last minute than it (so it is
-  never starved); and the new workers start once the evicted
-  ones have exited. What they free is kept for the version they were evicted for, while the
-  versions that waited less make room of their own at the same tick. Until there is room the
-  requests wait in their stream, within their timeouts. While loads keep having to evict,
-  room for the next one is kept ahead of demand (:meth:`OnDemand._keep_spare`).
+  never starved); and the new workers start once the evicted ones have exited (one that
+  has not within ``SLUICE_ON_DEMAND_STOP_GRACE_S`` is killed; what it holds counts until it
+  is gone, :mod:`.leaving`). What they free is kept for the version they were evicted for,
+  while the versions that waited less make room of their own at the same tick. Until there
+  is room the requests wait in their stream, within their timeouts. While loads keep having
+  to evict, room for the next one is kept ahead of demand (:meth:`OnDemand._keep_spare`).
 - **Measure** what each worker of this host holds (:mod:`.process_memory`), keep the largest
   seen per version, and share it in ``Keys.model_memory``.
 - **Scale** a loaded version to the instance count the controller's autoscaler wants for it
@@ -30,8 +31,9 @@ its live workers anywhere, and its answered count. Then:
   cold starts have had to evict, only beyond the room kept for the next one); fewer down to
   one (unloading it is eviction's business).
 - **Refuse** a version larger than the whole budget (by its files before it loads, by its
-  measure after), or one that failed to load (the model's loading failed, or its worker
-  kept dying while loading it, :data:`MAX_LOAD_EXITS`): its queued requests are answered
+  measure after), or one that failed to load (the model's loading failed, its worker
+  kept dying while loading it, :data:`MAX_LOAD_EXITS`, or its workers were not ready within
+  ``SLUICE_ON_DEMAND_LOAD_TIMEOUT_S``: they are killed): its queued requests are answered
   503 with the reason, and the gateways refuse new ones with it (a load error of that
   version).
 - **Report** its states (``LOADING``, ``READY``) and its memory to the gateways (expiring:
@@ -80,6 +82,7 @@ from sluice.core.repository import RepositoryModel
 from sluice.core.wire import MalformedEntry, ReplyMessage, decode_request, encode_reply
 from sluice.scheduler.executor.fork_server import ForkServer
 from sluice.scheduler.executor.instances import InstanceSpec
+from sluice.scheduler.executor.leaving import LeavingWorkers
 from sluice.scheduler.executor.model_control import announced
 from sluice.scheduler.executor.process_memory import GpuMemory, host_bytes
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
@@ -207,13 +210,22 @@ class OnDemand:
     min_residency_s: float
     instance_spec: InstanceSpec = field(kw_only=True)
     """One more worker of a version, with its compute threads (autoscaling)."""
+    load_timeout_s: float = field(kw_only=True)
+    """How long a version's workers have, from their start, to be ready: past it the load
+    is abandoned, its workers killed and the version refused
+    (``SLUICE_ON_DEMAND_LOAD_TIMEOUT_S``)."""
+    stop_grace_s: float = field(kw_only=True)
+    """How long a worker asked to stop has to exit before it is killed
+    (``SLUICE_ON_DEMAND_STOP_GRACE_S``, :mod:`.leaving`)."""
     gpu: GpuMemory | None = None
     forks: ForkServer | None = None
     """Forks the workers of the versions loaded, its imports done (:mod:`.fork_server`)."""
     residents: dict[Version, Resident] = field(default_factory=dict)
     refused: dict[Version, str] = field(default_factory=dict)
-    _leaving: list[Child] = field(default_factory=list)
+    _leaving: LeavingWorkers = field(init=False)
     """Workers of evicted versions that have not exited yet: their memory is not free yet."""
+    _gpu_held: dict[int, Footprint] = field(default_factory=dict)
+    """GPU memory by worker pid at this tick (with a GPU budget)."""
     _wanted_since: dict[Version, float] = field(default_factory=dict)
     _measured: dict[Version, Footprint] = field(default_factory=dict)
     """Every version's footprint as last shared in Redis (per instance set)."""
@@ -236,6 +248,9 @@ class OnDemand:
     """A gateway asked for a version lately: its request may land in the stream just after
     the wake-up, so look again soon."""
 
+    def __post_init__(self) -> None:
+        self._leaving = LeavingWorkers(self.stop_grace_s)
+
     @property
     def busy(self) -> bool:
         """Something loads, leaves, waits for room, or was asked for: tick often."""
@@ -251,7 +266,7 @@ class OnDemand:
 
     def tick(self) -> None:
         now = time.monotonic()
-        self._leaving = [c for c in self._leaving if c.running]
+        self._leaving.sweep(now)
         looks = self._look()
         self._queued = {key: look.queued for key, look in looks.items()}
         for key, look in looks.items():
@@ -347,7 +362,7 @@ class OnDemand:
         return looks
 
     def _measure(self) -> None:
-        gpu = self.gpu.by_process() if self.gpu is not None else {}
+        gpu = self._gpu_held = self.gpu.by_process() if self.gpu is not None else {}
         for resident in self.residents.values():
             held: Footprint = {}
             for child in resident.children:
@@ -398,6 +413,13 @@ class OnDemand:
             if announced(self.client, self.keys, name, (version,), resident.children):
                 resident.ready_at = resident.last_used = now
                 self._cold_start(resident)
+            elif now - resident.started >= self.load_timeout_s:
+                reason = (
+                    f"its workers were not ready within {self.load_timeout_s:g} s of their "
+                    "start (SLUICE_ON_DEMAND_LOAD_TIMEOUT_S); the load was abandoned"
+                )
+                # No grace: stuck in the model's loading, a worker does not end on SIGTERM.
+                self._drop(resident, reason, grace_s=0.0)
             return
         over = self._over_budget(self._configured(resident))
         if over:
@@ -426,9 +448,10 @@ class OnDemand:
         reason = self.client.hget(self.keys.load_errors, load_error_field(*resident.key))
         return cast(bytes, reason).decode() if reason else None
 
-    def _drop(self, resident: Resident, reason: str) -> None:
-        """Refuse the version for good: it cannot load, or it does not fit the budget."""
-        self._evict(resident, "refused")
+    def _drop(self, resident: Resident, reason: str, grace_s: float | None = None) -> None:
+        """Refuse the version for good: it cannot load (in time), or it does not fit the
+        budget. Its workers are killed after ``grace_s`` (by default the stop grace)."""
+        self._evict(resident, "refused", grace_s=grace_s)
         self._refuse(resident.key, reason)
 
     def _refuse(self, key: Version, reason: str) -> None:
@@ -439,10 +462,12 @@ class OnDemand:
         self.client.hset(self.keys.load_errors, load_error_field(*key), reason)
         self._answer_refused(key)
 
-    def _evict(self, resident: Resident, reason: str, ahead: bool = False) -> None:
+    def _evict(
+        self, resident: Resident, reason: str, ahead: bool = False, grace_s: float | None = None
+    ) -> None:
         self.residents.pop(resident.key, None)
         self.supervisor.retire(resident.children)
-        self._leaving += [c for c in resident.children if c.running]
+        self._leaving.add(resident.children, grace_s)
         self.client.hincrby(self.keys.stats(*resident.key), eviction_field(reason), 1)
         self.client.delete(self.keys.on_demand_lock(*resident.key))
         if reason == "budget":
@@ -546,7 +571,7 @@ class OnDemand:
         self.supervisor.retire(leaving)
         for child in leaving:
             resident.children.remove(child)
-        self._leaving += [c for c in leaving if c.running]
+        self._leaving.add(leaving)
         resident.footprint = {d: s * wanted // len(running) for d, s in resident.footprint.items()}
         log.info(
             "'%s' version %d: %d -> %d instances (autoscaling)",
@@ -655,11 +680,7 @@ class OnDemand:
         )
 
     def _leaving_footprint(self) -> Footprint:
-        held: Footprint = {}
-        for child in self._leaving:
-            if child.process is not None:
-                held[HOST] = held.get(HOST, 0) + host_bytes(child.process.pid)
-        return held
+        return self._leaving.footprint(self._gpu_held)
 
     def _uses(self, key: Version, queued: bool = True) -> int:
         """Requests of the version answered in the last ``USE_WINDOW_S``, and (``queued``)

@@ -52,7 +52,7 @@ STATE_TTL_S = 10.0
 
 EVICTION_REASONS = ("budget", "refused")
 """``budget``: unloaded to make room for another model; ``refused``: measured larger than
-the whole budget, unloaded for good."""
+the whole budget, or its load failed (its deadline passed included), unloaded for good."""
 
 
 def eviction_field(reason: str) -> str:

@@ -1040,6 +1040,17 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     imports (a cold start then skips the second of CPU they take, and the workers share
     those pages); false: start each as its own process."""
 
+    on_demand_load_timeout_s: float = Field(120.0, gt=0, le=86400)
+    """How long an on-demand model's workers have, from their start, to be ready (their
+    model loaded, their first heartbeat). Past it the load is abandoned: its workers are
+    killed, its memory given back, and the model is unavailable with the reason, its waiting
+    requests answered 503 (until the executor restarts, as another failed load)."""
+
+    on_demand_stop_grace_s: float = Field(30.0, gt=0, le=3600)
+    """How long a worker of an on-demand model asked to stop (unloaded, scaled down) has to
+    answer what it holds and exit before it is killed (SIGKILL). What it holds counts
+    against the memory budget until it has exited."""
+
     @field_validator("memory_budget", mode="before")
     @classmethod
     def _memory_budget_size(cls, value: object) -> object:

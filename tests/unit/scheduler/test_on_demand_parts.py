@@ -30,6 +30,7 @@ from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
 MIB = 1 << 20
 NOW = 1000.0
+LOAD_TIMEOUT_S = 60.0
 
 
 def resident(name: str, last_used: float, size: int, ready_at: float = 0.0) -> Resident:
@@ -52,6 +53,8 @@ def manager(*residents: Resident, min_residency_s: float = 10.0) -> OnDemand:
         instance_spec=lambda m, v, threads: ChildSpec(
             "worker", ["w", "--threads", str(threads)], {}, version=v
         ),
+        load_timeout_s=LOAD_TIMEOUT_S,
+        stop_grace_s=30.0,
     )
     demand.residents = {r.key: r for r in residents}
     return demand
@@ -112,7 +115,7 @@ def test_room_is_kept_ahead_of_demand_only_while_cold_starts_had_to_evict() -> N
     hot, tail = resident("hot", 400, 100 * MIB), resident("tail", 900, 100 * MIB)
     evicted: list[str] = []
     demand = manager(hot, tail)
-    demand._evict = lambda r, reason, ahead=False: evicted.append(r.model.name)  # type: ignore[method-assign]
+    cast(Any, demand)._evict = lambda r, reason, ahead=False: evicted.append(r.model.name)
     demand._answered = {hot.key: deque([(NOW - 50, 0), (NOW, 12)]), tail.key: deque([(NOW, 1)])}
     full = _Room(now={HOST: 50 * MIB}, later={HOST: 50 * MIB})
     demand._keep_spare(full, NOW)
@@ -257,12 +260,13 @@ def loading(*exit_codes: int) -> tuple[OnDemand, Resident, list[str]]:
     the reasons it refuses versions with are recorded."""
     spec = ChildSpec("worker", ["w"], {}, frozenset({EXIT_LOAD_FAILED}), version=1)
     version = resident("crashy", NOW, 100 * MIB)
-    version.ready_at = None
+    version.ready_at, version.started = None, NOW
     version.children = [Child(spec, exit_codes=list(exit_codes))]
     demand = manager(version)
     refused: list[str] = []
-    demand._load_error = lambda r: None  # type: ignore[method-assign]
-    demand._drop = lambda r, reason: refused.append(reason)  # type: ignore[method-assign]
+    patched = cast(Any, demand)  # (these ask Redis)
+    patched._load_error = lambda r: None
+    patched._drop = lambda r, reason, grace_s=None: refused.append(reason)
     return demand, version, refused
 
 
@@ -283,3 +287,27 @@ def test_a_version_whose_worker_keeps_dying_while_it_loads_is_refused(
     demand, version, refused = loading(*[EXIT_LOAD_FAILED] * MAX_LOAD_EXITS)
     demand._follow(version, _Look(queued=5), NOW)
     assert refused == []
+
+
+def test_a_version_not_ready_by_its_load_deadline_is_refused(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A load that hangs (a worker that never becomes ready) is abandoned at
+    ``SLUICE_ON_DEMAND_LOAD_TIMEOUT_S``: its requests are answered with the reason instead
+    of waiting out their timeouts, and the budget it held is given back."""
+    ready = [False]
+    monkeypatch.setattr(on_demand, "announced", lambda *args: ready[0])
+    demand, version, refused = loading()
+    demand._follow(version, _Look(queued=1), NOW + LOAD_TIMEOUT_S - 0.1)
+    assert refused == []
+    demand._follow(version, _Look(queued=1), NOW + LOAD_TIMEOUT_S)
+    assert refused == [
+        f"its workers were not ready within {LOAD_TIMEOUT_S:g} s of their start "
+        "(SLUICE_ON_DEMAND_LOAD_TIMEOUT_S); the load was abandoned"
+    ]
+    # Ready at the deadline's tick: loaded, not refused.
+    demand, version, refused = loading()
+    cast(Any, demand)._cold_start = lambda r: None  # (it writes the statistics)
+    ready[0] = True
+    demand._follow(version, _Look(queued=1), NOW + LOAD_TIMEOUT_S)
+    assert refused == [] and version.ready_at == NOW + LOAD_TIMEOUT_S

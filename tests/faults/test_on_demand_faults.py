@@ -1,0 +1,177 @@
+"""On-demand loads against misbehaving workers: a load that hangs is abandoned at its
+deadline, and a worker that ignores SIGTERM when its model is unloaded is killed after its
+grace, so that the model it made room for loads. Real workers, real Redis, small timeouts."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+from redis import Redis
+
+from sluice.core.keys import Keys
+from tests.support import procs
+from tests.support.model_files import python_config, tensor, write_model
+from tests.support.onnx_models import write_identity
+from tests.support.stack import Stack
+
+MIB = 1 << 20
+LOAD_TIMEOUT_S = 5
+STOP_GRACE_S = 1
+PYTHON_REQUEST = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+ONNX_REQUEST = {
+    "inputs": [{"name": "IN_FP32", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]
+}
+CONFIG = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
+HANGS = """
+import os
+import time
+
+class Model:
+    def __init__(self):
+        with open({pid_file!r}, "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(3600)  # (its load never ends)
+
+    def execute(self, inputs):
+        return {{"y": inputs["x"]}}
+"""
+BALLAST = """
+import ctypes
+import os
+import signal
+
+class Model:
+    def __init__(self):
+        if {stubborn}:
+            # The model loads off the main thread, where signal.signal refuses: ignore
+            # SIGTERM for the whole process through libc.
+            libc = ctypes.CDLL(None)
+            libc.signal.restype = ctypes.c_void_p
+            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            libc.signal(int(signal.SIGTERM), 1)  # SIG_IGN
+        self.ballast = b"x" * (150 << 20)  # (written: the worker's own memory)
+        with open({pid_file!r}, "w") as out:
+            out.write(str(os.getpid()))
+
+    def execute(self, inputs):
+        return {{"y": inputs["x"]}}
+"""
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _index(http: httpx.Client) -> dict[str, dict[str, str]]:
+    return {row["name"]: row for row in http.post("/v2/repository/index").json()}
+
+
+@pytest.mark.timeout(180)
+def test_a_load_that_hangs_is_abandoned_at_its_deadline(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    """A Python model whose loading never ends: at ``SLUICE_ON_DEMAND_LOAD_TIMEOUT_S`` its
+    worker is killed, its waiting request answered 503 with the reason (as later ones
+    are), and the room it held goes to the model waiting for it (the budget holds one of
+    the two, as estimated before either was measured)."""
+    repository = tmp_path / "models"
+    pid_file = tmp_path / "hangs.pid"
+    write_model(repository, "hangs", CONFIG, {"1/model.py": HANGS.format(pid_file=str(pid_file))})
+    write_identity(repository, "quick", ["FP32"])
+    stack = start_stack(
+        repository,
+        env={
+            "SLUICE_MODEL_CONTROL_MODE": "demand",
+            "SLUICE_MEMORY_BUDGET": "200MiB",
+            "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S": str(LOAD_TIMEOUT_S),
+        },
+    )
+    with ThreadPoolExecutor(2) as pool, httpx.Client(base_url=stack.url, timeout=60) as http:
+        sent = time.monotonic()
+        hung = pool.submit(http.post, "/v2/models/hangs/infer", json=PYTHON_REQUEST)
+        assert procs.wait_until(lambda: _pid(pid_file) is not None, 30), "no worker for hangs"
+        worker = _pid(pid_file)
+        assert worker is not None
+        assert _index(http)["hangs"]["state"] == "LOADING"
+        waiting = pool.submit(http.post, "/v2/models/quick/infer", json=ONNX_REQUEST)
+
+        answer = hung.result(60)
+        waited_s = time.monotonic() - sent
+        assert answer.status_code == 503, answer.text
+        error = answer.json()["error"]
+        assert "model 'hangs' version 1 is unavailable" in error, error
+        assert f"not ready within {LOAD_TIMEOUT_S} s" in error, error
+        assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in error, error
+        assert waited_s < LOAD_TIMEOUT_S + 20, waited_s
+        assert procs.wait_until(lambda: not procs.alive(worker), 5), "its worker still runs"
+
+        # The room it held is given back: the model that waited for it loads.
+        answer = waiting.result(60)
+        assert answer.status_code == 200, answer.text
+
+        later = http.post("/v2/models/hangs/infer", json=PYTHON_REQUEST)
+        assert later.status_code == 503, later.text
+        assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in later.json()["error"]
+        # (The gateways read the states every so often.)
+        assert procs.wait_until(lambda: _index(http)["hangs"]["state"] == "UNAVAILABLE", 5)
+        assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in _index(http)["hangs"]["reason"]
+
+
+@pytest.mark.timeout(180)
+def test_a_worker_that_ignores_sigterm_is_killed_to_make_room(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    """The budget holds one of two models of about 190 MiB each. The first one's worker
+    ignores SIGTERM; when the second one needs its room, the first is unloaded, killed
+    after ``SLUICE_ON_DEMAND_STOP_GRACE_S``, and the second loads once it is gone."""
+    repository = tmp_path / "models"
+    stubborn_pid, successor_pid = tmp_path / "stubborn.pid", tmp_path / "successor.pid"
+    for name, ignores_sigterm, pid_file in (
+        ("stubborn", True, stubborn_pid),
+        ("successor", False, successor_pid),
+    ):
+        source = BALLAST.format(stubborn=ignores_sigterm, pid_file=str(pid_file))
+        write_model(repository, name, CONFIG, {"1/model.py": source})
+    stack = start_stack(
+        repository,
+        env={
+            "SLUICE_MODEL_CONTROL_MODE": "demand",
+            "SLUICE_MEMORY_BUDGET": "250MiB",
+            "SLUICE_MIN_RESIDENCY_S": "0",
+            "SLUICE_ON_DEMAND_STOP_GRACE_S": str(STOP_GRACE_S),
+        },
+    )
+    assert stack.redis_url is not None
+    keys = Keys(stack.namespace)
+    redis = Redis.from_url(stack.redis_url)
+    try:
+        with httpx.Client(base_url=stack.url, timeout=60) as http:
+            answer = http.post("/v2/models/stubborn/infer", json=PYTHON_REQUEST)
+            assert answer.status_code == 200, answer.text
+            # Measured (so the second one is known not to fit beside it).
+            assert procs.wait_until(lambda: redis.hexists(keys.model_memory, "stubborn:1"), 10)
+            held = json.loads(redis.hget(keys.model_memory, "stubborn:1") or b"{}")["host"]
+            assert 150 * MIB < held <= 250 * MIB, f"one fits the budget, two do not: {held}"
+            stubborn = _pid(stubborn_pid)
+            assert stubborn is not None and procs.alive(stubborn)
+
+            asked = time.monotonic()
+            answer = http.post("/v2/models/successor/infer", json=PYTHON_REQUEST, timeout=30)
+            took_s = time.monotonic() - asked
+            assert answer.status_code == 200, answer.text
+            assert not procs.alive(stubborn), "the worker that ignored SIGTERM still runs"
+            assert took_s >= STOP_GRACE_S, took_s  # (it did wait for the kill)
+            assert redis.hget(keys.stats("stubborn", 1), "evictions.budget") == b"1"
+        log = "".join(stack.stderr_lines)
+        assert f"did not exit within {STOP_GRACE_S} s of SIGTERM; killing it (SIGKILL)" in log
+    finally:
+        redis.close()
