@@ -88,6 +88,9 @@ class GatewayState:
     scrape: asyncio.Task[bytes] | None = None
     """The ``/metrics`` text being taken, which the scrapes arriving meanwhile share
     (:func:`sluice.gateway.metrics.exposition.metrics_text`)."""
+    torchserve_scrape: asyncio.Task[bytes] | None = None
+    """The same for TorchServe's metrics port
+    (:func:`sluice.gateway.torchserve.ports.metrics_text`)."""
 
 
 def state_of(request: Request) -> GatewayState:

@@ -58,6 +58,7 @@ from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_response
 from sluice.gateway.http.routing_routes import update_routing
 from sluice.gateway.state import GatewayState, state_of
+from sluice.gateway.torchserve.api_description import model_api
 from sluice.gateway.torchserve.archives import Archive, find_archive
 from sluice.gateway.torchserve.config import (
     with_batching,
@@ -65,6 +66,9 @@ from sluice.gateway.torchserve.config import (
     with_workers,
     workers_of,
 )
+from sluice.gateway.torchserve.models import registered, served_versions, version_number
+from sluice.gateway.torchserve.ports import management_path
+from sluice.gateway.torchserve.route_docs import Kind, json_body, query
 from sluice.gateway.torchserve.routes import error_response
 
 log = logging.getLogger(__name__)
@@ -119,26 +123,6 @@ async def current_state(request: Request) -> GatewayState:
     return state
 
 
-def _registered(state: GatewayState, model: str) -> CatalogEntry:
-    entry = state.view.models.get(model)
-    if entry is None or entry.error == UNLOADED:
-        raise NotFound(f"Model not found: {model}")
-    return entry
-
-
-def _served(entry: CatalogEntry) -> dict[int, str]:
-    """Number -> TorchServe's version, of each version served."""
-    parameters = entry.config.parameters if entry.config is not None else {}
-    return {number: record_of(parameters, number).version for number in entry.versions}
-
-
-def _number(entry: CatalogEntry, text: str) -> int:
-    number = find(text, _served(entry))
-    if number is None:
-        raise NotFound(f"Model version: {text} does not exist for model: {entry.name}")
-    return number
-
-
 def _default(state: GatewayState, entry: CatalogEntry) -> int:
     """The version requests naming none go to: the heaviest of the model's split, else
     the newest."""
@@ -163,7 +147,14 @@ async def _workers(state: GatewayState, model: str, version: int) -> list[dict[s
     return workers
 
 
-@router.get("/models")
+PAGES = query(
+    limit=("integer", "At most this many (0 to 100; default 100)"),
+    next_page_token=("integer", "Where the page starts: the previous page's nextPageToken"),
+)
+"""The query of TorchServe's lists (models, workflows)."""
+
+
+@router.get("/models", openapi_extra=PAGES)
 async def list_models(request: Request) -> Response:
     state = await current_state(request)
     params = dict(request.query_params)
@@ -190,13 +181,15 @@ async def list_models(request: Request) -> Response:
 async def describe(request: Request, model: str, version: str | None = None) -> Response:
     try:
         state = await current_state(request)
-        entry = _registered(state, model)
+        entry = registered(state, model)
         if not entry.versions:
             raise NotFound(f"Model not found: {model} ({entry.error})")
         if version == "all":
             numbers = entry.versions
         else:
-            numbers = (_default(state, entry) if version is None else _number(entry, version),)
+            numbers = (
+                _default(state, entry) if version is None else version_number(entry, version),
+            )
         return json_response([await _description(state, entry, n) for n in numbers])
     except SluiceError as exc:
         return error_response(exc)
@@ -258,7 +251,24 @@ async def registration(request: Request) -> tuple[GatewayState, dict[str, str], 
     return state, params, url
 
 
-@router.post("/models")
+_REGISTRATION = {
+    **query(
+        url=("string", "The archive: a file of the model store, or an allowed URL (required)"),
+        model_name=("string", "The model's name, instead of the manifest's"),
+        handler=("string", "The handler, instead of the manifest's"),
+        runtime=("string", "python or python3"),
+        batch_size=("integer", "The largest batch (default: the archive's, else 1)"),
+        max_batch_delay=("integer", "Milliseconds a batch waits to fill (default 100)"),
+        response_timeout=("integer", "Seconds an inference may take"),
+        initial_workers=("integer", "Workers kept running (0: one, while requests come)"),
+        startup_timeout=("integer", "Seconds the workers may take to start"),
+        synchronous=("boolean", "Answer once loaded (default true), or at once with 202"),
+    ),
+    **json_body("The same parameters as a JSON object, instead of the query"),
+}
+
+
+@router.post("/models", openapi_extra=_REGISTRATION)
 async def register(request: Request) -> Response:
     try:
         state, params, url = await registration(request)
@@ -320,7 +330,7 @@ async def register_archive(
         entry.error == UNLOADED or not entry.versions or entry.config is None
     ):
         entry = None  # not loaded (or failed): registered anew
-    served = _served(entry) if entry is not None else {}
+    served = served_versions(entry) if entry is not None else {}
     if entry is not None and entry.config is not None and entry.config.backend != "torchserve":
         raise Conflict(f"model '{name}' is served already, and not from a TorchServe archive")
     if decimal_of(manifest.version) is not None and find(manifest.version, served) is not None:
@@ -440,8 +450,18 @@ async def _load(state: GatewayState, command: ControlCommand, model: str, versio
         ) from None
 
 
-@router.put("/models/{model}")
-@router.put("/models/{model}/{version}")
+_SCALE: dict[str, tuple[Kind, str]] = {
+    "min_worker": ("integer", "Workers kept running (default 1)"),
+    "max_worker": ("integer", "The most workers under load (default: min_worker)"),
+    "synchronous": ("boolean", "Answer once scaled, or at once with 202 (default false)"),
+}
+
+
+@router.put(
+    "/models/{model}",
+    openapi_extra=query(**_SCALE, model_version=("string", "The version (default: the default)")),
+)
+@router.put("/models/{model}/{version}", openapi_extra=query(**_SCALE))
 async def scale(request: Request, model: str, version: str | None = None) -> Response:
     """Workers are per model here (every version served gets the same)."""
     params = dict(request.query_params)
@@ -454,9 +474,9 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
         if maximum < minimum:
             raise InvalidInput("max_worker cannot be less than min_worker.")
         await require_explicit(state)
-        entry = _registered(state, model)
+        entry = registered(state, model)
         version = version or params.get("model_version")
-        number = _number(entry, version) if version is not None else _default(state, entry)
+        number = version_number(entry, version) if version is not None else _default(state, entry)
         if minimum < 0:
             raise InvalidInput(f"'min_worker' must be at least 0, got {minimum}")
         if maximum > MAX_WORKERS:
@@ -484,9 +504,9 @@ async def unregister(request: Request, model: str, version: str | None = None) -
     try:
         state = await current_state(request)
         await require_explicit(state)
-        entry = _registered(state, model)
+        entry = registered(state, model)
         default = _default(state, entry) if entry.versions else None
-        number = _number(entry, version) if version is not None else default
+        number = version_number(entry, version) if version is not None else default
         if len(entry.versions) > 1:
             if number == default:
                 raise Forbidden(f"Cannot remove default version for model {model}")
@@ -511,10 +531,35 @@ async def unload(state: GatewayState, model: str) -> None:
 async def set_default(request: Request, model: str, version: str) -> Response:
     try:
         state = await current_state(request)
-        entry = _registered(state, model)
-        number = _number(entry, version)
+        entry = registered(state, model)
+        number = version_number(entry, version)
         await update_routing(state, model, lambda current: Routing(current.labels, {number: 100}))
         message = f'Default version successfully updated for model "{model}" to "{version}"'
         return json_response({"status": message})
+    except SluiceError as exc:
+        return error_response(exc)
+
+
+@router.options("/models/{model}")
+async def model_description(request: Request, model: str) -> Response:
+    """TorchServe's description of one model's management API."""
+    return await _described(request, model, None)
+
+
+@router.options("/models/{model}/{version}")
+async def version_description(request: Request, model: str, version: str) -> Response:
+    """The same, for a version of the model (404 when it has no such version)."""
+    return await _described(request, model, version)
+
+
+async def _described(request: Request, model: str, version: str | None) -> Response:
+    try:
+        state = await current_state(request)
+        entry = registered(state, model)
+        if version is not None:
+            version_number(entry, version)
+        title = "RESTful Management API for: "
+        document = await model_api(request.app, management_path, model, title)
+        return Response(document, media_type="application/json")
     except SluiceError as exc:
         return error_response(exc)

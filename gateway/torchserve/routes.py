@@ -30,6 +30,10 @@ from sluice.gateway.inference.data_plane import OFFLOAD_BYTES, execute, prepare_
 from sluice.gateway.inference.parsing import parse_infer_document
 from sluice.gateway.inference.request import InferRequest
 from sluice.gateway.state import GatewayState, state_of
+from sluice.gateway.torchserve.api_description import model_api
+from sluice.gateway.torchserve.models import registered, version_number
+from sluice.gateway.torchserve.ports import inference_path
+from sluice.gateway.torchserve.route_docs import raw_body
 
 router = APIRouter()
 
@@ -106,8 +110,11 @@ def _numbered(state: GatewayState, model: str, version: str | None) -> str | Non
     return version if number is None else str(number)
 
 
-@router.post("/predictions/{model}")
-@router.post("/predictions/{model}/{version}")
+_PREDICTION_BODY = raw_body("The model's input, of any content type (its handler reads it)")
+
+
+@router.post("/predictions/{model}", openapi_extra=_PREDICTION_BODY)
+@router.post("/predictions/{model}/{version}", openapi_extra=_PREDICTION_BODY)
 async def predictions(request: Request, model: str, version: str | None = None) -> Response:
     state = state_of(request)
     if version is not None:
@@ -152,3 +159,29 @@ async def predict(
         return (_first_element(answer.data) if answer else b""), media
 
     return await execute(state, prepared, big, encode)
+
+
+@router.options("/predictions/{model}")
+async def model_description(request: Request, model: str) -> Response:
+    """TorchServe's description of one model's inference API."""
+    return await _described(request, model, None)
+
+
+@router.options("/predictions/{model}/{version}")
+async def version_description(request: Request, model: str, version: str) -> Response:
+    """The same, for a version of the model (404 when it has no such version)."""
+    return await _described(request, model, version)
+
+
+async def _described(request: Request, model: str, version: str | None) -> Response:
+    try:
+        state = state_of(request)
+        await follow_changes(state)
+        entry = registered(state, model)
+        if version is not None:
+            version_number(entry, version)
+        title = "RESTful API for: "
+        document = await model_api(request.app, inference_path, model, title)
+        return Response(document, media_type="application/json")
+    except SluiceError as exc:
+        return error_response(exc)

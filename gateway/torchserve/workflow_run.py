@@ -42,6 +42,7 @@ from sluice.gateway.http.body import read_body
 from sluice.gateway.http.protocol import cancel_on_disconnect
 from sluice.gateway.inference.data_plane import OFFLOAD_BYTES
 from sluice.gateway.state import GatewayState, state_of
+from sluice.gateway.torchserve.route_docs import raw_body
 from sluice.gateway.torchserve.routes import DEFAULT_TYPE, error_response, predict
 from sluice.gateway.torchserve.workflows import registered
 
@@ -51,7 +52,10 @@ Answer = tuple[bytes, str]
 """A node's answer: its bytes and their content type."""
 
 
-@router.post("/wfpredict/{name}")
+@router.post(
+    "/wfpredict/{name}",
+    openapi_extra=raw_body("The workflow's input, of any content type (its first nodes read it)"),
+)
 async def wfpredict(request: Request, name: str) -> Response:
     state = state_of(request)
     reservation = state.bodies.reservation()  # (the body is held until the run ends)

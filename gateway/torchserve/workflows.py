@@ -41,11 +41,13 @@ from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import GatewayState
 from sluice.gateway.torchserve.archives import Archive, archive_of, find_archive, find_workflow
 from sluice.gateway.torchserve.management import (
+    PAGES,
     current_state,
     register_archive,
     registration,
     unload,
 )
+from sluice.gateway.torchserve.route_docs import json_body, query
 from sluice.gateway.torchserve.routes import error_response
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,18 @@ async def registered(state: GatewayState, name: str) -> Workflow:
     return Workflow.from_json(raw)
 
 
-@router.post("/workflows")
+_REGISTRATION = {
+    **query(
+        url=("string", "The workflow archive: a file of the store, or an allowed URL (required)"),
+        workflow_name=("string", "The workflow's name, instead of the archive's"),
+        response_timeout=("integer", "Seconds an inference of a node's model may take"),
+        startup_timeout=("integer", "Seconds the workers of a node's model may take to start"),
+    ),
+    **json_body("The same parameters as a JSON object, instead of the query"),
+}
+
+
+@router.post("/workflows", openapi_extra=_REGISTRATION)
 async def register(request: Request) -> Response:
     try:
         state, params, url = await registration(request)
@@ -298,7 +311,7 @@ async def _unregister_nodes(state: GatewayState, models: Iterable[str]) -> list[
     return failures
 
 
-@router.get("/workflows")
+@router.get("/workflows", openapi_extra=PAGES)
 async def list_workflows(request: Request) -> Response:
     try:
         state = await current_state(request)

@@ -6,13 +6,20 @@ with TorchServe's frontend counters (``Requests2XX`` ...) on the metrics port.""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from fastapi.routing import APIRoute
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.routing import BaseRoute
 
+from sluice.core.settings import GatewaySettings
+from sluice.gateway.app import create_app
+from sluice.gateway.http.schema import INFER_PATHS
+from sluice.gateway.torchserve.ports import TorchServePort, inference_path, management_path
 from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
@@ -82,6 +89,112 @@ def test_each_port_answers_its_own_api_only(stack: Stack, ports: tuple[int, int,
         # Sluice's own port still serves everything.
         assert http.get(f"{stack.url}/models").status_code == 200
         assert http.get(f"{stack.url}/ping").status_code == 200
+
+
+def _route_table(served: Callable[[str], bool]) -> set[tuple[str, str]]:
+    """(path, method) of every route of the gateway's route table that a port serving the
+    paths ``served`` accepts lets through, the inference routes of its fast path too."""
+    port = create_app(GatewaySettings()).torchserve_inference
+    assert isinstance(port, TorchServePort)
+    found = {
+        (route.path, method.lower())
+        for route in _api_routes(port.routes.routes)
+        if served(route.path)
+        for method in route.methods or ()
+    }
+    return found | {(path, "post") for path in INFER_PATHS if served(path)}
+
+
+def _api_routes(routes: Sequence[BaseRoute]) -> Iterator[APIRoute]:
+    """The routes of a route table, those of the routers it includes (unprefixed, as the
+    gateway includes them) too."""
+    for route in routes:
+        if isinstance(route, APIRoute):
+            yield route
+        included = getattr(route, "original_router", None)  # (FastAPI's included routers)
+        if included is not None:
+            yield from _api_routes(included.routes)
+
+
+def _operations(document: dict[str, Any]) -> set[tuple[str, str]]:
+    return {(path, method) for path, item in document["paths"].items() for method in item}
+
+
+DESCRIPTION = {("/", "options"), ("/api-description", "get")}
+
+
+def test_each_port_describes_the_api_it_serves(stack: Stack, ports: tuple[int, int, int]) -> None:
+    """TorchServe's ``OPTIONS /`` and ``/api-description``: an OpenAPI document of the
+    port's API, every route the port serves in it (and nothing else)."""
+    inference, management, metrics = ports
+    with httpx.Client(timeout=30) as http:
+        for port, served in ((inference, inference_path), (management, management_path)):
+            described = http.options(_url(port, "/"))
+            assert described.status_code == 200, described.text
+            assert described.headers["content-type"] == "application/json"
+            document = described.json()
+            assert set(document) >= {"openapi", "info", "paths"}
+            assert document["openapi"].startswith("3.")
+            assert document["info"]["title"] == "TorchServe APIs"
+            assert document["info"]["version"]
+            assert _operations(document) == _route_table(served) | DESCRIPTION
+            again = http.get(_url(port, "/api-description"))
+            assert again.status_code == 200 and again.json() == document
+            refused = http.get(_url(port, "/"))
+            assert refused.status_code == 405
+            assert refused.json() == {
+                "code": 405,
+                "type": "MethodNotAllowedException",
+                "message": "Requested method is not allowed, please refer to API document.",
+            }
+        models = http.get(_url(management, "/api-description")).json()["paths"]["/models"]
+        assert {p["name"] for p in models["get"]["parameters"]} == {"limit", "next_page_token"}
+        assert "url" in {p["name"] for p in models["post"]["parameters"]}
+        described = http.options(_url(metrics, "/"))
+        assert described.status_code == 200
+        assert described.headers["content-type"] == "application/json"
+        document = described.json()
+        assert _operations(document) == {("/metrics", "get")} | DESCRIPTION
+        parameters = document["paths"]["/metrics"]["get"]["parameters"]
+        assert [p["name"] for p in parameters] == ["name[]"]
+        assert http.get(_url(metrics, "/api-description")).json() == document
+
+
+def test_a_model_describes_its_api(stack: Stack, ports: tuple[int, int, int]) -> None:
+    """``OPTIONS /predictions/{model}[/{version}]`` on the inference port and
+    ``OPTIONS /models/{model}[/{version}]`` on the management port: TorchServe's
+    description of one model's API (404 for a model or a version not served)."""
+    inference, management, _ = ports
+    with httpx.Client(timeout=30) as http:
+        assert _healthy(inference)
+        described = http.options(_url(inference, "/predictions/ident"))
+        assert described.status_code == 200, described.text
+        assert described.headers["content-type"] == "application/json"
+        document = described.json()
+        assert document["info"]["title"] == "RESTful API for: ident"
+        assert {("/predictions/ident", "post"), ("/v2/models/ident/infer", "post")} <= (
+            _operations(document)
+        )
+        assert all(
+            path.startswith(("/predictions/ident", "/v2/models/ident"))
+            for path in document["paths"]
+        )
+        assert http.options(_url(inference, "/predictions/ident/1")).json() == document
+        missing = http.options(_url(inference, "/predictions/missing"))
+        assert missing.status_code == 404
+        assert missing.json()["message"] == "Model not found: missing"
+        no_version = http.options(_url(inference, "/predictions/ident/9"))
+        assert no_version.status_code == 404
+        assert no_version.json()["message"] == "Model version: 9 does not exist for model: ident"
+        managed = http.options(_url(management, "/models/ident"))
+        assert managed.status_code == 200, managed.text
+        document = managed.json()
+        assert document["info"]["title"] == "RESTful Management API for: ident"
+        assert {("/models/ident", m) for m in ("get", "put", "delete")} <= _operations(document)
+        assert ("/models/ident/{version}/set-default", "put") in _operations(document)
+        assert all(path.startswith("/models/ident") for path in document["paths"])
+        # (Sluice's own port serves TorchServe's routes, their descriptions with them)
+        assert http.options(f"{stack.url}/models/ident").json() == document
 
 
 def test_ts_config_places_the_ports_and_the_metrics_port_counts_answers_by_class(

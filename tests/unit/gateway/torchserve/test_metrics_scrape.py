@@ -1,0 +1,106 @@
+"""TorchServe's metrics port under scrapes that arrive together: like Sluice's own
+``/metrics``, they share one read of Redis (and one rendering), each answered with the
+families its ``name[]`` asks for."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+
+import httpx
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from prometheus_client.parser import text_string_to_metric_families
+from redis.asyncio import Redis
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from sluice.core.keys import Keys
+from sluice.core.settings import GatewaySettings
+from sluice.gateway.control.catalog_view import CatalogView
+from sluice.gateway.control.store import RedisControlPlane
+from sluice.gateway.metrics.snapshot import Snapshot
+from sluice.gateway.torchserve.ports import TorchServeMetrics
+from sluice.scheduler.executor.redis_server import RedisServer
+
+SCRAPES = 20
+
+
+class _GatedControl(RedisControlPlane):
+    """The control plane in Redis, counting its metric reads, each of which waits until
+    released (so that every scrape arrives while the first is being taken)."""
+
+    def __init__(self, redis: Redis, keys: Keys) -> None:
+        super().__init__(redis, keys)
+        self.reads = 0
+        self.release = asyncio.Event()
+
+    async def metric_snapshot(self, view: CatalogView) -> Snapshot:
+        self.reads += 1
+        await self.release.wait()
+        return await super().metric_snapshot(view)
+
+
+class _Arrivals:
+    """``app``, counting the requests that reached it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.count = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        self.count += 1
+        await self.app(scope, receive, send)
+
+
+@pytest.fixture
+async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    client = Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
+
+
+async def test_scrapes_that_arrive_together_read_redis_once(redis: Redis) -> None:
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    control = _GatedControl(redis, keys)
+    routes = FastAPI()
+    routes.state.sluice = SimpleNamespace(
+        control=control, view=CatalogView(keys), settings=GatewaySettings(), torchserve_scrape=None
+    )
+    port = _Arrivals(TorchServeMetrics(routes, hostname="host-a"))
+    server = uvicorn.Server(uvicorn.Config(port, lifespan="off", log_level="error"))
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    serving = asyncio.create_task(server.serve(sockets=[listener]))
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/metrics"
+    limits = httpx.Limits(max_connections=SCRAPES)
+    try:
+        async with asyncio.timeout(60), httpx.AsyncClient(timeout=30, limits=limits) as http:
+            while not server.started:
+                await asyncio.sleep(0.01)
+            whole = [asyncio.create_task(http.get(url)) for _ in range(SCRAPES // 2)]
+            only = [
+                asyncio.create_task(http.get(url, params={"name[]": "Requests4XX"}))
+                for _ in range(SCRAPES // 2)
+            ]
+            while port.count < SCRAPES:  # every scrape has arrived, the first still reading
+                await asyncio.sleep(0.01)
+            control.release.set()
+            answers = await asyncio.gather(*whole, *only)
+            assert [a.status_code for a in answers] == [200] * SCRAPES
+            assert control.reads == 1
+            texts = [a.text for a in answers]
+            assert len(set(texts[: SCRAPES // 2])) == 1 and len(set(texts[SCRAPES // 2 :])) == 1
+            names = [f.name for f in text_string_to_metric_families(texts[0])]
+            assert {"Requests2XX", "Requests4XX", "Requests5XX"} <= set(names)
+            filtered = [f.name for f in text_string_to_metric_families(texts[-1])]
+            assert filtered == ["Requests4XX"]
+            # A scrape after that one reads again.
+            assert (await http.get(url)).status_code == 200
+            assert control.reads == 2
+    finally:
+        server.should_exit = True
+        await serving
