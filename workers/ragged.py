@@ -1,12 +1,16 @@
 """Ragged batching in the worker: what the model receives for a batch whose requests'
 ragged inputs differ in shape, the batch inputs made for it, and each request's part of
 an output scattered back by its input's shape (the configuration's side, and Triton's
-semantics: :mod:`sluice.core.config.ragged`)."""
+semantics: :mod:`sluice.core.config.ragged`).
+
+A Python model takes each request of such a batch with its own shape instead
+(:class:`RaggedInputs`), and may answer each with outputs of its own shape
+(:class:`RaggedOutputs`)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -14,8 +18,88 @@ from sluice.core.config import ModelConfig
 from sluice.core.config.ragged import BatchInput
 from sluice.core.datatypes import numpy_dtype
 from sluice.core.errors import InferenceFailed, InvalidInput
+from sluice.workers.backends.base import PartialOutputs
 
 Shape = tuple[int, ...]
+
+
+class RaggedInputs(dict[str, np.ndarray]):
+    """A Python model's batch whose ragged inputs differ in shape between its requests:
+    the other inputs joined along the batch dimension, as usual, and ``parts[name]``: each
+    request's own array of ragged input ``name``, in order (no one tensor can hold them)."""
+
+    def __init__(
+        self, arrays: Mapping[str, np.ndarray], parts: Mapping[str, Sequence[np.ndarray]]
+    ) -> None:
+        super().__init__(arrays)
+        self.parts = {name: list(own) for name, own in parts.items()}
+
+
+class RaggedOutputs(PartialOutputs):
+    """Whole-batch outputs of which some differ in shape between the batch's requests (a
+    Python model answers each request on its own): ``parts[name]`` is each request's own
+    array of output ``name``, in order; the dict holds their elements one after the other,
+    in one dimension. ``absent``: as :class:`PartialOutputs`."""
+
+    def __init__(
+        self,
+        arrays: Mapping[str, np.ndarray],
+        absent: Mapping[int, frozenset[str]],
+        parts: Mapping[str, Sequence[np.ndarray]],
+    ) -> None:
+        super().__init__(arrays, absent)
+        self.parts = {name: list(own) for name, own in parts.items()}
+
+
+def own_outputs(outputs: Mapping[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+    """Each request's own array of the outputs whose shapes differ (:class:`RaggedOutputs`)."""
+    return outputs.parts if isinstance(outputs, RaggedOutputs) else {}
+
+
+def batch_items(inputs: Mapping[str, np.ndarray]) -> int | None:
+    """The batch dimension of a batch's inputs (a :class:`RaggedInputs` too); None when
+    there are none."""
+    for array in inputs.values():
+        return int(array.shape[0])
+    parts = inputs.parts if isinstance(inputs, RaggedInputs) else {}
+    for own in parts.values():
+        return sum(int(array.shape[0]) for array in own)
+    return None
+
+
+def request_inputs(
+    inputs: Mapping[str, np.ndarray], sizes: Sequence[int], batched: bool
+) -> list[dict[str, np.ndarray]]:
+    """Each request's inputs: its rows of the joined inputs (the whole of them for a model
+    that does not batch) and its own array of each ragged one (:class:`RaggedInputs`)."""
+    parts = inputs.parts if isinstance(inputs, RaggedInputs) else {}
+    requests: list[dict[str, np.ndarray]] = []
+    start = 0
+    for index, items in enumerate(sizes):
+        own = {
+            name: array[start : start + items] if batched else array
+            for name, array in inputs.items()
+        }
+        own.update((name, arrays[index]) for name, arrays in parts.items())
+        requests.append(own)
+        start += items
+    return requests
+
+
+def differ(parts: Sequence[np.ndarray]) -> bool:
+    """Whether the requests' arrays of one tensor differ in shape past the batch dimension
+    (they cannot be joined along it)."""
+    return len({part.shape[1:] for part in parts}) > 1
+
+
+def alike(requests: Sequence[Mapping[str, np.ndarray]]) -> list[list[int]]:
+    """The requests' indices grouped by their inputs' shapes past the batch dimension (in
+    order of first appearance): the requests of a group can be joined into one batch."""
+    groups: dict[tuple[tuple[str, Shape], ...], list[int]] = {}
+    for index, request in enumerate(requests):
+        key = tuple(sorted((name, array.shape[1:]) for name, array in request.items()))
+        groups.setdefault(key, []).append(index)
+    return list(groups.values())
 
 
 def concatenated(parts: Sequence[np.ndarray]) -> np.ndarray:

@@ -1,7 +1,8 @@
 """Combining requests into one batch and splitting the outputs back.
 
 Requests are combined along the batch dimension (dim 0) only when every input
-has the same per-item shape, but for ragged inputs (:mod:`sluice.workers.ragged`);
+has the same per-item shape, but for ragged inputs (:mod:`sluice.workers.ragged`: their
+elements concatenated, or each request's own array for a Python model);
 :func:`shape_key` says which requests can share a batch. Everything here is pure
 computation, run off the event loop.
 
@@ -21,6 +22,7 @@ import numpy as np
 
 from sluice.core.classification import CLASSIFIABLE, classify, unsupported_message
 from sluice.core.config import ModelConfig, TensorSpec
+from sluice.core.config.ragged import keeps_request_shapes
 from sluice.core.datatypes import BYTES, count_bytes_elements, numpy_dtype, to_buffer, to_numpy
 from sluice.core.errors import InferenceFailed, InvalidInput, Unavailable
 from sluice.core.shm import new_segment_name, unlink, write_segment
@@ -55,10 +57,10 @@ def shape_key(message: RequestMessage, config: ModelConfig) -> ShapeKey:
     """Requests with equal keys can be concatenated; non-batching models never share."""
     if config.max_batch_size == 0:
         return ((message.request_key, ()),)
-    concatenated = config.ragged_inputs  # (any shapes: their elements are concatenated)
-    if concatenated:
+    ragged_inputs = config.ragged_inputs  # (any shapes: concatenated, or kept per request)
+    if ragged_inputs:
         return tuple(
-            sorted((t.name, () if t.name in concatenated else t.shape[1:]) for t in message.inputs)
+            sorted((t.name, () if t.name in ragged_inputs else t.shape[1:]) for t in message.inputs)
         )
     return tuple(sorted((t.name, t.shape[1:]) for t in message.inputs))
 
@@ -129,7 +131,8 @@ def _model_shape(
 
 
 def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str, np.ndarray]:
-    """Named arrays for the whole batch, reshaped as the model expects."""
+    """Named arrays for the whole batch, reshaped as the model expects. A Python model's
+    ragged input whose shapes differ stays each request's own (:class:`ragged.RaggedInputs`)."""
     per_input: dict[str, list[np.ndarray]] = {}
     for request in requests:
         offset = 0
@@ -143,19 +146,24 @@ def combine(requests: Sequence[PendingRequest], config: ModelConfig) -> dict[str
             per_input.setdefault(tensor.name, []).append(_input_array(tensor, data))
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
+    per_request = keeps_request_shapes(config.backend)
     arrays: dict[str, np.ndarray] = {}
+    own: dict[str, list[np.ndarray]] = {}
     for name, parts in per_input.items():
-        if name in config.ragged_inputs:
-            arrays[name] = ragged.concatenated(parts)
-            continue
-        array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         spec = config.input(name)
         assert spec is not None
+        if name in config.ragged_inputs and not per_request:
+            arrays[name] = ragged.concatenated(parts)
+            continue
+        if name in config.ragged_inputs and ragged.differ(parts):
+            own[name] = [p.reshape(_model_shape(spec, p.shape[:1], p.shape)) for p in parts]
+            continue
+        array = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
         leading = (total,) if batched else ()
         arrays[name] = array.reshape(_model_shape(spec, leading, array.shape))
     for made in config.batch_inputs:
         arrays[made.target] = ragged.batch_input(made, _source_shapes(requests, made.source))
-    return arrays
+    return ragged.RaggedInputs(arrays, own) if own else arrays
 
 
 def _input_array(tensor: TensorHeader, data: bytes | memoryview) -> np.ndarray:
@@ -209,7 +217,7 @@ def split(
     batched = config.max_batch_size > 0
     total = sum(r.items for r in requests)
     scatter = ragged.scatter_sources(config) if config.batch_outputs else {}
-    parts: dict[str, list[np.ndarray]] = {}
+    parts = dict(ragged.own_outputs(outputs))
     for name, source in scatter.items():
         spec = config.output(name)
         if name in outputs and spec is not None:
@@ -276,7 +284,8 @@ def _part(
     batched: bool,
 ) -> np.ndarray:
     """Request ``index``'s part of output ``name``: scattered by an input's shape (ragged
-    batching), its rows of the batch, or the whole output of a model that does not batch."""
+    batching) or its own array (a Python model's output whose shapes differ), its rows of
+    the batch, or the whole output of a model that does not batch."""
     if name in scattered:
         return scattered[name][index]
     return outputs[name][start : start + items] if batched else outputs[name]

@@ -10,7 +10,9 @@ Sluice's own API, whole batches at a time::
 
 ``execute`` may be ``async def``. It may call other models with the context kept from
 ``initialize``: ``context.infer("other", {"X": x})`` (or ``await context.infer_async(...)``),
-Triton's BLS in this API's style.
+Triton's BLS in this API's style. A batch whose ``allow_ragged_batch`` inputs differ in
+shape runs once per group of requests whose shapes agree (``execute`` takes one array per
+input).
 
 Models written for Triton's Python backend (``class TritonPythonModel``) run
 through :mod:`sluice.workers.backends.triton_python`.
@@ -30,6 +32,7 @@ from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig, config_to_json
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.placement import Placement
+from sluice.workers import ragged
 from sluice.workers.backends.base import Backend, Emit
 from sluice.workers.backends.ensemble_join import split_requests
 from sluice.workers.backends.python_model import (
@@ -42,6 +45,7 @@ from sluice.workers.backends.python_model import (
     module_name_for,
 )
 from sluice.workers.model_calls import CallContext, process_calls
+from sluice.workers.ragged import RaggedInputs, RaggedOutputs
 from sluice.workers.serving import serving_tenant
 
 
@@ -102,6 +106,15 @@ def _call_args(
         list(outputs),
         CallContext(deadline_ns=deadline_ns, tenant=tenant, shared=shared),
     )
+
+
+def _rows(name: str, array: np.ndarray, items: int, start: int, count: int) -> np.ndarray:
+    """Rows ``start`` to ``start + count`` of output ``name`` of a batch of ``items``."""
+    if array.ndim == 0 or array.shape[0] != items:
+        raise InferenceFailed(
+            f"output '{name}' has batch dimension {array.shape[:1]} for {items} batch items"
+        )
+    return array[start : start + count]
 
 
 def _version_of(model_file: Path) -> int:
@@ -169,8 +182,43 @@ class SimplePythonBackend:
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
     ) -> dict[str, np.ndarray]:
+        if isinstance(inputs, RaggedInputs):
+            return self._infer_alike(inputs, outputs, list(request_sizes or [1]))
         result = call_model(self._file, "execute", self._model.execute, dict(inputs))
         return self._checked(result, outputs, "execute", "return")
+
+    def _infer_alike(
+        self, inputs: RaggedInputs, outputs: Sequence[str], sizes: Sequence[int]
+    ) -> dict[str, np.ndarray]:
+        """A batch whose ragged inputs differ in shape: ``execute`` runs once for each group
+        of requests whose shapes agree, and each request gets its rows of its group's
+        outputs (an output whose shapes differ between groups stays each request's own)."""
+        requests = ragged.request_inputs(inputs, sizes, batched=True)
+        answers: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        for group in ragged.alike(requests):
+            joined = {
+                name: np.concatenate([requests[i][name] for i in group], axis=0)
+                for name in requests[group[0]]
+            }
+            result = call_model(self._file, "execute", self._model.execute, joined)
+            arrays = self._checked(result, outputs, "execute", "return")
+            items = sum(sizes[i] for i in group)
+            start = 0
+            for index in group:
+                answers[index] = {
+                    name: _rows(name, array, items, start, sizes[index])
+                    for name, array in arrays.items()
+                }
+                start += sizes[index]
+        merged: dict[str, np.ndarray] = {}
+        own: dict[str, list[np.ndarray]] = {}
+        for name in outputs:
+            parts = [answer[name] for answer in answers]
+            if ragged.differ(parts):
+                own[name], merged[name] = parts, ragged.concatenated(parts)
+            else:
+                merged[name] = np.concatenate(parts, axis=0)
+        return RaggedOutputs(merged, {}, own) if own else merged
 
     def infer_stream(
         self,
@@ -188,7 +236,10 @@ class SimplePythonBackend:
                 "stream(self, inputs), a generator of output dicts"
             )
         sizes = list(request_sizes or [1])
-        parts = split_requests(inputs, sizes, self._batched)
+        if isinstance(inputs, RaggedInputs):
+            parts = ragged.request_inputs(inputs, sizes, self._batched)
+        else:
+            parts = split_requests(inputs, sizes, self._batched)
         for index, part in enumerate(parts):
             try:
                 for response in call_model(self._file, "stream", stream, part):

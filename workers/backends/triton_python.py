@@ -3,10 +3,14 @@
 The worker hands over one combined batch; it is split back into one
 ``InferenceRequest`` per client request (``request_sizes``), ``execute`` answers
 each with an ``InferenceResponse``, and the answers are joined again along the
-batch dimension. A response carrying an error fails only its own request
-(:class:`RequestsFailed`); a response without an output its request asked for answers
-without it, as Triton's does (:class:`PartialOutputs`). Each request carries its
-correlation id and sequence flags (``correlation_id()``, ``flags()``).
+batch dimension. As in Triton, requests whose ``allow_ragged_batch`` inputs differ in
+shape share an ``execute`` call, each keeping its own tensors
+(:class:`~sluice.workers.ragged.RaggedInputs`), and answers whose outputs differ in shape
+stay each request's own (:class:`~sluice.workers.ragged.RaggedOutputs`).
+A response carrying an error fails only its own request (:class:`RequestsFailed`); a
+response without an output its request asked for answers without it, as Triton's does
+(:class:`PartialOutputs`). Each request carries its correlation id and sequence flags
+(``correlation_id()``, ``flags()``).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from sluice.core.errors import (
     Unsupported,
 )
 from sluice.core.placement import Placement
+from sluice.workers import ragged
 from sluice.workers.backends import triton_python_backend_utils as pb
 from sluice.workers.backends.base import (
     Answered,
@@ -41,6 +46,7 @@ from sluice.workers.backends.base import (
     SequenceFlags,
 )
 from sluice.workers.backends.python_model import call_model, forget_module
+from sluice.workers.ragged import RaggedOutputs
 from sluice.workers.serving import serving
 
 FINAL_WAIT_S = 300.0
@@ -215,9 +221,9 @@ class TritonPythonBackend:
     def _sizes(
         self, inputs: Mapping[str, np.ndarray], request_sizes: Sequence[int] | None
     ) -> list[int]:
-        if self._config.max_batch_size == 0 or not inputs:
+        total = ragged.batch_items(inputs)
+        if self._config.max_batch_size == 0 or total is None:
             return [1]
-        total = next(iter(inputs.values())).shape[0]
         if request_sizes is None:
             return [total]
         if sum(request_sizes) != total:
@@ -241,26 +247,21 @@ class TritonPythonBackend:
             sequences = [(0, 0)] * len(sizes)
         if parameters is None or len(parameters) != len(sizes):
             parameters = [{}] * len(sizes)
-        requests: list[pb.InferenceRequest] = []
-        start = 0
-        for items, (correlation_id, flags), own in zip(sizes, sequences, parameters, strict=True):
-            tensors = [
-                pb.Tensor(name, array[start : start + items] if batched else array)
-                for name, array in inputs.items()
-            ]
-            requests.append(
-                pb.InferenceRequest(
-                    self._config.name,
-                    tensors,
-                    outputs,
-                    model_version=self._version,
-                    correlation_id=correlation_id,
-                    flags=flags,
-                    parameters=own,
-                )
+        arrays = ragged.request_inputs(inputs, sizes, batched)
+        return [
+            pb.InferenceRequest(
+                self._config.name,
+                [pb.Tensor(name, array) for name, array in tensors.items()],
+                outputs,
+                model_version=self._version,
+                correlation_id=correlation_id,
+                flags=flags,
+                parameters=own,
             )
-            start += items
-        return requests
+            for tensors, (correlation_id, flags), own in zip(
+                arrays, sequences, parameters, strict=True
+            )
+        ]
 
     def _streamed(
         self, response: Any, outputs: Sequence[str], items: int
@@ -306,7 +307,8 @@ class TritonPythonBackend:
     ) -> dict[str, np.ndarray] | None:
         """Whole-batch outputs; the rows of failed requests, and of requests answered
         without the output, hold zeros (or empty bytes); the latter are named
-        (:class:`PartialOutputs`)."""
+        (:class:`PartialOutputs`). An output whose shapes differ between the requests
+        (past the batch dimension) stays each request's own (:class:`RaggedOutputs`)."""
         done = [answer for answer in answers if answer is not None]
         if not done:
             return None
@@ -314,6 +316,7 @@ class TritonPythonBackend:
             return done[0]
         merged: dict[str, np.ndarray] = {}
         absent: dict[int, set[str]] = {}
+        own: dict[str, list[np.ndarray]] = {}
         for name in outputs:
             template = next((answer[name] for answer in done if name in answer), None)
             if template is None:
@@ -326,15 +329,16 @@ class TritonPythonBackend:
                 if answer is not None:
                     absent.setdefault(index, set()).add(name)
                 parts.append(_filler(template, items))
-            if len({part.shape[1:] for part in parts}) > 1:
-                shapes = ", ".join(str(list(part.shape)) for part in parts)
-                raise InferenceFailed(
-                    f"output '{name}' has different shapes across the requests of one batch "
-                    f"({shapes}); Sluice batches only requests whose outputs can be joined"
-                )
-            merged[name] = np.concatenate(parts, axis=0)
+            if ragged.differ(parts):
+                own[name] = parts
+                merged[name] = ragged.concatenated(parts)
+            else:
+                merged[name] = np.concatenate(parts, axis=0)
+        lacking = {i: frozenset(names) for i, names in absent.items()}
+        if own:
+            return RaggedOutputs(merged, lacking, own)
         if absent:
-            return PartialOutputs(merged, {i: frozenset(names) for i, names in absent.items()})
+            return PartialOutputs(merged, lacking)
         return merged
 
     def close(self) -> None:

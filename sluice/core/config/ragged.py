@@ -15,10 +15,13 @@
   of its own source input (the output's variable dimensions take that input's sizes).
 
 The worker does the batching (:mod:`sluice.workers.ragged`); here are the typed view and
-the checks made when the configuration is read. Backends that take each request on its own
-(Triton Python models, TorchServe handlers) and ensembles get no concatenated batch: for
-them ``allow_ragged_batch`` has no effect (requests of different shapes go in different
-batches) and batch inputs and outputs are refused.
+the checks made when the configuration is read. A Python model gets no concatenated batch:
+as with Triton's Python backend, ``allow_ragged_batch`` lets requests whose shapes differ
+share an ``execute`` call, each request keeping its own tensors. Triton's Python backend
+makes no batch input and scatters no batch output (it reads only the requests' own
+tensors), so Sluice refuses them for Python models rather than ignore them, as for
+TorchServe handlers and ensembles, for which ``allow_ragged_batch`` has no effect
+(requests of different shapes go in different batches).
 """
 
 from __future__ import annotations
@@ -59,7 +62,15 @@ class BatchOutput:
     source: str
 
 
-_PER_REQUEST_BACKENDS = frozenset({"python", "torchserve"})
+PYTHON_BACKEND = "python"
+_PER_REQUEST_BACKENDS = frozenset({PYTHON_BACKEND, "torchserve"})
+
+
+def keeps_request_shapes(backend: str) -> bool:
+    """Whether a batch's ragged inputs reach the model request by request, each with its
+    own shape (Triton's Python backend hands ``execute`` a list of requests), rather than
+    concatenated into one tensor."""
+    return backend == PYTHON_BACKEND
 
 
 def takes_one_tensor(msg: Any) -> bool:
@@ -73,8 +84,12 @@ def takes_one_tensor(msg: Any) -> bool:
 
 
 def ragged_inputs(msg: Any) -> frozenset[str]:
-    """The inputs the worker concatenates (``allow_ragged_batch``, where it applies)."""
-    if not takes_one_tensor(msg):
+    """The inputs whose shapes may differ between the requests of a batch
+    (``allow_ragged_batch``, where it applies): concatenated for a backend that takes one
+    tensor per input, each request's own for a Python model."""
+    if not takes_one_tensor(msg) and not (
+        msg.max_batch_size > 0 and keeps_request_shapes(msg.backend)
+    ):
         return frozenset()
     return frozenset(t.name for t in msg.input if t.allow_ragged_batch)
 
@@ -107,9 +122,15 @@ def ragged_problem(msg: Any) -> str | None:
         return "batch_input and batch_output need a model that batches (max_batch_size > 0)"
     if not takes_one_tensor(msg):
         backend = msg.backend or msg.platform
+        why = (
+            " (Triton's Python backend ignores them: each request of an execute call keeps "
+            "its own tensors)"
+            if keeps_request_shapes(msg.backend)
+            else ""
+        )
         return (
             "batch_input and batch_output are made for backends that take a batch as one "
-            f"tensor per input, not for '{backend}'"
+            f"tensor per input, not for '{backend}'{why}"
         )
     inputs = {tensor.name for tensor in msg.input}
     outputs = {tensor.name for tensor in msg.output}

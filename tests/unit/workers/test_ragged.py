@@ -133,9 +133,10 @@ def test_bad_batch_inputs_and_outputs_are_refused_naming_them(
 
 
 def test_a_model_that_takes_each_request_alone_keeps_its_shapes_apart() -> None:
-    """A Triton Python model gets each request's own tensors: its ragged input is not
-    concatenated, and requests of different shapes go in different batches."""
-    text = GOOD[: GOOD.index("batch_input")].replace('"onnxruntime"', '"python"')
+    """A TorchServe handler gets no concatenated batch: its ragged input is not
+    concatenated, and requests of different shapes go in different batches (a Python
+    model's share one: tests/unit/workers/test_python_ragged.py)."""
+    text = GOOD[: GOOD.index("batch_input")].replace('"onnxruntime"', '"torchserve"')
     config = parse_config_text(text, model_name="r")
     assert config.inputs[0].allow_ragged_batch and config.ragged_inputs == frozenset()
     keys = {request(n, [0.0] * n, config).key for n in (3, 4)}
