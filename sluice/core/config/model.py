@@ -167,13 +167,13 @@ class ModelConfig:
     warmup: tuple[WarmupSample, ...] = ()
     sequence_batching: SequenceBatching | None = None
     ensemble_steps: tuple[EnsembleStep, ...] = ()
+    """``ensemble_scheduling.step``, in config order (empty unless an ensemble)."""
     batch_inputs: tuple[BatchInput, ...] = ()
     """Inputs the server makes for each batch (ragged batching)."""
     batch_outputs: tuple[BatchOutput, ...] = ()
     """Outputs scattered back by an input's shapes (ragged batching)."""
     ragged_inputs: frozenset[str] = frozenset()
     """The inputs with ``allow_ragged_batch`` (of a model that batches)."""
-    """``ensemble_scheduling.step``, in config order (empty unless an ensemble)."""
     raw: Mapping[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     def input(self, name: str) -> TensorSpec | None:
