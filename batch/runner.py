@@ -32,6 +32,7 @@ from sluice.batch.formats import (
 )
 from sluice.batch.jsonl import answer_line, error_line, request_arrays
 from sluice.batch.storage import Storage
+from sluice.batch.stored import OverQuota, Reservation, StoredBytes
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.store import Tree
@@ -50,17 +51,6 @@ from sluice.core.wire import MalformedEntry
 log = logging.getLogger("batch")
 
 SendShard = Callable[[str, int], None]
-
-_CHARGE = """
--- KEYS: a tenant's stored bytes; ARGV: bytes (negative: given back), the tenant's limit
-local size = tonumber(ARGV[1])
-if size > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') + size > tonumber(ARGV[2]) then
-  return -1
-end
-return redis.call('INCRBY', KEYS[1], size)
-"""
-"""Count a batch's file against its tenant's stored bytes: the new total, or -1 (over the
-limit: nothing counted)."""
 
 _FORGET_LEASE = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
@@ -110,7 +100,7 @@ class Runner:
         member = u.expiry_member(u.BATCH, tenant, batch_id)
         values = [item for pair in fields.items() for item in pair]
         if not self.redis.eval(b.END, 1, self.keys.batch(batch_id), *values):
-            log.info("batch %s: cancelled before it ended; it stays cancelled", batch_id)
+            log.info("batch %s: it ended already (cancelled, or stopped); it stays so", batch_id)
             return
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.srem(self.keys.running_batches, batch_id)
@@ -130,36 +120,47 @@ class Runner:
     def _outputs(self, batch_id: str, record: dict[str, str]) -> Tree:
         return self.storage.output_tree(self._tenant(record), batch_id, record[b.F_OUTPUT])
 
-    def _charge(self, batch_id: str, record: dict[str, str], size: int) -> None:
-        """Count ``size`` bytes (negative: given back) of this batch's files in the store
-        against its tenant, refused (InvalidInput: the shard, or the job's outputs, fail
-        saying so) where the tenant would pass SLUICE_TENANT_MAX_STORED_BYTES; files at a
-        location of the client's own are not counted."""
-        if record[b.F_OUTPUT] or not size:
-            return
-        limit = self.settings.tenant_max_stored_bytes
-        stored_key = self.keys.stored_bytes(self._tenant(record))
-        if int(cast(int, self.redis.eval(_CHARGE, 1, stored_key, size, limit))) < 0:
-            raise InvalidInput(
-                f"the tenant keeps more than SLUICE_TENANT_MAX_STORED_BYTES ({limit}) bytes in "
-                "the batch store: delete uploads or let old batch jobs expire, then resume"
-            )
-        self.redis.hincrby(self.keys.batch(batch_id), b.F_STORED, size)
+    def _stored(self, batch_id: str, record: dict[str, str]) -> StoredBytes:
+        """This batch's files counted against its tenant's stored bytes (those at a location
+        of the client's own are not)."""
+        return StoredBytes(
+            self.redis,
+            self.keys,
+            self._tenant(record),
+            batch_id,
+            self.settings.tenant_max_stored_bytes,
+            counted=not record[b.F_OUTPUT],
+        )
 
     def _put(
-        self, batch_id: str, record: dict[str, str], tree: Tree, name: str, source: Path
+        self,
+        batch_id: str,
+        record: dict[str, str],
+        tree: Tree,
+        name: str,
+        source: Path,
+        held: Reservation | None = None,
     ) -> int:
         """Put a finished scratch file in this batch's output tree as ``name``; its size.
-        Counted against the tenant before it is put, so that the stored bytes never pass
-        the quota (nor two shards finishing together)."""
-        replaced = 0 if record[b.F_OUTPUT] else tree.size(name) or 0
-        size = source.stat().st_size
-        self._charge(batch_id, record, size - replaced)
+        Counted against the tenant before it is put (``held``: what was counted while it
+        was written), so that the stored bytes never pass the quota (nor two shards
+        finishing together): OverQuota past it. A file that is not put is removed from the
+        scratch folder and gives back what it counted."""
+        stored = self._stored(batch_id, record)
+        held = held or stored.reservation()
         try:
+            replaced = (tree.size(name) or 0) if stored.counted else 0
+            size = source.stat().st_size
+            held.settle(size - replaced)
             tree.put_file(name, source)
         except BaseException:
-            self._charge(batch_id, record, replaced - size)
+            held.release()
+            source.unlink(missing_ok=True)
             raise
+        held.hand_over()
+        if not stored.exists():  # removed as it was put: its files went before this one
+            tree.delete(name)
+            raise Cancelled(f"batch {batch_id} was removed")
         return size
 
     def _model(self, record: dict[str, str]) -> tuple[ModelConfig, int]:
@@ -314,6 +315,10 @@ class Runner:
             files, sizes, failed = self._run(
                 batch_id, index, attempt, record, options, config, version, lease
             )
+        except OverQuota as exc:
+            self._shard_failed(batch_id, index, attempt, exc.message)
+            self._stop(batch_id, f"shard {index}: {exc.message}")
+            return
         except (ShardFailed, InvalidInput) as exc:
             self._shard_failed(batch_id, index, attempt, exc.message)
             return
@@ -343,10 +348,7 @@ class Runner:
             log.info(
                 "batch %s shard %d attempt %d not committed (%d)", batch_id, index, attempt, outcome
             )
-            tree = self._outputs(batch_id, record)
-            for name in files.values():
-                tree.delete(name)
-                self._charge(batch_id, record, -sizes.get(name, 0))
+            self._withdraw(batch_id, record, sizes)
             return
         self.redis.hset(self.keys.batch_progress(batch_id), str(index), end - start)
         if outcome == 1:
@@ -371,6 +373,21 @@ class Runner:
                 ),
             )
         )
+
+    def _withdraw(self, batch_id: str, record: dict[str, str], sizes: dict[str, int]) -> None:
+        """Remove parts this attempt put in the output tree that will not be committed,
+        giving back what they counted."""
+        tree = self._outputs(batch_id, record)
+        stored = self._stored(batch_id, record)
+        for name, size in sizes.items():
+            tree.delete(name)
+            stored.charge(-size)
+
+    def _stop(self, batch_id: str, error: str) -> None:
+        """End the whole job as failed now (the tenant's quota is full): its other shards
+        stop at their next check instead of computing what could not be written, and the
+        shards it committed stay, readable and counted; resume runs the others."""
+        self._fail(batch_id, error)
 
     def _shard_failed(self, batch_id: str, index: int, attempt: int, error: str) -> None:
         log.warning("batch %s shard %d failed: %s", batch_id, index, error)
@@ -424,38 +441,57 @@ class Runner:
             tenant=self._queue_tenant(record),
         )
         scratch = f"{batch_id}-{index:06d}-a{attempt}"
+        made: list[Path] = []
+
+        def scratch_file(suffix: str) -> Path:
+            path = self.storage.scratch_file(f"{scratch}.{suffix}")
+            made.append(path)
+            return path
+
         failed = RowErrors()
-        try:
-            if isinstance(reader, JsonLinesReader):
-                path = self.storage.scratch_file(f"{scratch}.jsonl")
-                feeder.progress = lambda rows: None  # (a line is a row of the job)
-                with path.open("wb") as stream:  # (each answer written as it comes)
-                    for number, request in reader.requests(start, end):
-                        line = _answer(feeder, config, version, number, request, failed)
-                        stream.write(line + b"\n")
-                        progress(1)
-                written = {"": path}
-            else:
-                outputs = feeder.run(reader.read(start, end))
-                if options.output_format == "npy":
-                    for name, array in outputs.items():
-                        if array.dtype == object:
-                            raise InvalidInput(_NPY_BYTES.format(name=name))
-                written = write_part(
-                    options.output_format,
-                    outputs,
-                    lambda suffix: self.storage.scratch_file(f"{scratch}.{suffix}"),
-                )
-        finally:
-            feeder.close()
-        tree = self._outputs(batch_id, record)
+        held = self._stored(batch_id, record).reservation()
         files: dict[str, str] = {}
         sizes: dict[str, int] = {}
-        for name, written_path in written.items():
-            suffix = written_path.name.split(".", 1)[1]
-            part = f"part-{index:06d}-a{attempt}.{suffix}"
-            sizes[part] = self._put(batch_id, record, tree, part, written_path)
-            files[name] = part
+        try:
+            try:
+                if isinstance(reader, JsonLinesReader):
+                    path = scratch_file("jsonl")
+                    feeder.progress = lambda rows: None  # (a line is a row of the job)
+                    with path.open("wb") as stream:  # (each answer written as it comes)
+                        for number, request in reader.requests(start, end):
+                            line = _answer(feeder, config, version, number, request, failed)
+                            held.cover(stream.tell() + len(line) + 1)  # (counted first)
+                            stream.write(line + b"\n")
+                            progress(1)
+                    written = {"": path}
+                else:
+                    outputs = feeder.run(reader.read(start, end))
+                    if options.output_format == "npy":
+                        for name, array in outputs.items():
+                            if array.dtype == object:
+                                raise InvalidInput(_NPY_BYTES.format(name=name))
+                    written = write_part(options.output_format, outputs, scratch_file)
+            finally:
+                feeder.close()
+            if cancelled():  # (stopped as its rows were computed: nothing more is put)
+                raise Cancelled(f"batch {batch_id} stopped")
+            tree = self._outputs(batch_id, record)
+            for name, written_path in written.items():
+                suffix = written_path.name.split(".", 1)[1]
+                part = f"part-{index:06d}-a{attempt}.{suffix}"
+                sizes[part] = self._put(
+                    batch_id, record, tree, part, written_path, held if name == "" else None
+                )
+                files[name] = part
+        except BaseException:
+            # Nothing of a shard that stopped stays: not its scratch files, not the parts
+            # it put, not what they counted.
+            held.release()
+            for path in made:
+                path.unlink(missing_ok=True)
+            if sizes:
+                self._withdraw(batch_id, record, sizes)
+            raise
         return files, sizes, failed
 
     # -- the end -------------------------------------------------------------------------
@@ -473,6 +509,9 @@ class Runner:
             return
         try:
             manifest, files = self._manifest(batch_id, record)
+        except Cancelled:
+            log.info("batch %s: stopped or removed while its outputs were written up", batch_id)
+            return
         except (OSError, ValueError, SluiceError) as exc:
             self._fail(batch_id, f"writing the outputs failed: {getattr(exc, 'message', exc)}")
             return
@@ -543,21 +582,33 @@ class Runner:
             if first.dtype == object:
                 raise InvalidInput(_NPY_BYTES.format(name=name))
             scratch = self.storage.scratch_file(f"join-{batch_id}-{safe_name(name)}.npy")
-            target = np.lib.format.open_memmap(
-                scratch, mode="w+", dtype=first.dtype, shape=(rows, *first.shape[1:])
-            )
-            for part in parts:
-                start, end = part["rows"]
-                source = path_of(part["files"][name])
-                target[start:end] = np.load(source, mmap_mode="r")
-                if not tree.is_local:
-                    source.unlink(missing_ok=True)
-            target.flush()
-            del target
+            shape = (rows, *first.shape[1:])
+            held = self._stored(batch_id, record).reservation()
+            try:
+                # Counted before its scratch file is written (it is as large as the parts).
+                held.cover(_NPY_HEADER_BYTES + math.prod(shape) * first.dtype.itemsize)
+                target = np.lib.format.open_memmap(
+                    scratch, mode="w+", dtype=first.dtype, shape=shape
+                )
+                for part in parts:
+                    start, end = part["rows"]
+                    source = path_of(part["files"][name])
+                    target[start:end] = np.load(source, mmap_mode="r")
+                    if not tree.is_local:
+                        source.unlink(missing_ok=True)
+                target.flush()
+                del target
+            except BaseException:
+                held.release()
+                Path(scratch).unlink(missing_ok=True)
+                raise
             file = f"{safe_name(name)}.npy"
-            joined[name] = (file, self._put(batch_id, record, tree, file, Path(scratch)))
+            joined[name] = (file, self._put(batch_id, record, tree, file, Path(scratch), held))
         return joined
 
+
+_NPY_HEADER_BYTES = 4096
+"""At least the header of a ``.npy`` file (numpy writes 64 to a few hundred bytes)."""
 
 ROW_ERRORS_KEPT = 20
 """Failed rows a shard keeps the reasons of (the count covers them all)."""

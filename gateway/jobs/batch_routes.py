@@ -5,14 +5,19 @@
   naming the field), the model must be served. ``input`` is ``upload:<id>`` (one of the
   tenant's uploads) or a location the operator allows the tenant (403 otherwise, see
   :mod:`sluice.core.batch_jobs.access`); ``output`` left out: the batch store. A tenant keeps
-  at most ``SLUICE_TENANT_MAX_BATCHES`` jobs (429); a job the broker cannot take is 503, and
-  nothing of it stays;
+  at most ``SLUICE_TENANT_MAX_BATCHES`` jobs (429), and a job writing to the batch store
+  is refused (429) while its tenant keeps ``SLUICE_TENANT_MAX_STORED_BYTES`` there; a job
+  the broker cannot take is 503, and nothing of it stays;
 - ``GET /v2/batches/{id}``: status, rows done of the total, rate, ETA, shards, each failed
   shard's error, and the manifest once complete;
 - ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume`` (each one script on the
-  record: one that lands as the job completes leaves it completed);
+  record: one that lands as the job completes leaves it completed; a resume that would
+  write to a full store is 429 as a new job is);
+- ``DELETE /v2/batches/{id}``: a job that has ended goes now, with its outputs in the store
+  (their bytes given back to the tenant's quota); 409 while it runs;
 - ``GET /v2/batches``: the tenant's newest 100;
-- ``GET /v2/batches/{id}/outputs``: the files of a completed batch (409 before), and
+- ``GET /v2/batches/{id}/outputs``: the files of a completed batch, or those of the shards
+  a failed or cancelled one committed, each with its rows (409 while it runs), and
   ``GET /v2/batches/{id}/outputs/{name}``: one of them, streamed.
 
 The gateway only writes the record and queues the planning task (Celery, on the same
@@ -36,6 +41,7 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 
 from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import output_quota as oq
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
 from sluice.core.batch_jobs.store import Tree, open_tree
@@ -49,6 +55,7 @@ from sluice.core.errors import (
 )
 from sluice.gateway.http.guard import tenant_of
 from sluice.gateway.http.json_body import json_object, json_response
+from sluice.gateway.jobs.store_sweep import store_sweeper
 from sluice.gateway.jobs.upload_routes import batch_data, quota_message, upload_record
 from sluice.gateway.state import GatewayState, state_of
 
@@ -128,10 +135,7 @@ async def submit(request: Request) -> Response:
         await asyncio.to_thread(data.policy.check, tenant, body.output, "output")
     else:
         data.need_store()
-        quota = state.settings.tenant_max_stored_bytes
-        stored = int(cast(bytes | None, await state.redis.get(keys.stored_bytes(tenant))) or 0)
-        if stored >= quota:
-            raise QuotaExceeded(quota_message(quota), 60)
+        await _check_room(state, tenant)
     batch_id = b.new_batch_id()
     now = time.time()
     add = state.control.script(b.ADD)
@@ -182,16 +186,26 @@ async def submit(request: Request) -> Response:
 
 
 _BATCHES_RETRY_S = 3600
+_QUOTA_RETRY_S = 60
+
+
+async def _check_room(state: GatewayState, tenant: str) -> None:
+    """429 naming the quota when ``tenant`` keeps as many bytes in the batch store as
+    SLUICE_TENANT_MAX_STORED_BYTES allows (its uploads and its batch jobs' outputs): a job
+    that would write there is refused before it runs."""
+    quota = state.settings.tenant_max_stored_bytes
+    stored = int(cast(bytes | None, await state.redis.get(state.keys.stored_bytes(tenant))) or 0)
+    if stored >= quota:
+        raise QuotaExceeded(quota_message(quota), _QUOTA_RETRY_S)
 
 
 async def _undo(state: GatewayState, tenant: str, batch_id: str, upload_input: str) -> None:
     """Forget a batch job whose submission failed, and give back the upload it took."""
     keys = state.keys
     try:
-        async with state.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(keys.batch(batch_id))
-            pipe.zrem(keys.batches(tenant), batch_id)
-            await pipe.execute()
+        await state.redis.delete(keys.batch(batch_id))
+        release = state.control.script(oq.RELEASE)
+        await release(keys=oq.quota_keys(keys, tenant), args=[batch_id, 0])
         if upload_input:
             upload_id = b.upload_of(upload_input)
             await state.redis.eval(
@@ -249,7 +263,9 @@ async def cancel(batch_id: str, request: Request) -> Response:
 async def resume(batch_id: str, request: Request) -> Response:
     state = state_of(request)
     state.redis_room.check()
-    await _record(state, batch_id, request)
+    record = await _record(state, batch_id, request)
+    if not record.get(b.F_OUTPUT) and record.get(b.F_STATUS) in (b.FAILED, b.CANCELLED):
+        await _check_room(state, tenant_of(request.scope))
     keys = state.keys
     member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
     answer = cast(list[bytes], await state.redis.eval(b.RESUME, 1, keys.batch(batch_id)))
@@ -288,6 +304,23 @@ async def resume(batch_id: str, request: Request) -> Response:
                 await pipe.execute()
         raise
     return json_response(await _status(state, batch_id, request))
+
+
+@batch_router.delete("/v2/batches/{batch_id}")
+async def delete_batch(batch_id: str, request: Request) -> Response:
+    state = state_of(request)
+    record = await _record(state, batch_id, request)
+    status = record.get(b.F_STATUS, "")
+    if status not in b.FINISHED:
+        raise Conflict(
+            f"batch '{batch_id}' is {status}: cancel it first "
+            f"(POST /v2/batches/{batch_id}/cancel), then delete it"
+        )
+    sweeper = await asyncio.to_thread(store_sweeper, state)  # (its client may connect)
+    tenant = tenant_of(request.scope)
+    if not await asyncio.to_thread(sweeper.remove_batch, tenant, batch_id, record):
+        raise NotFound(f"no batch '{batch_id}'")  # (removed meanwhile)
+    return Response(status_code=204)
 
 
 async def _record(state: GatewayState, batch_id: str, request: Request) -> dict[str, str]:
@@ -379,15 +412,16 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
 
 @batch_router.get("/v2/batches/{batch_id}/outputs")
 async def list_outputs(batch_id: str, request: Request) -> Response:
-    record = await _record(state_of(request), batch_id, request)
-    return json_response({"files": _files(batch_id, record)})
+    state = state_of(request)
+    record = await _record(state, batch_id, request)
+    return json_response({"files": await _files(state, batch_id, record)})
 
 
 @batch_router.get("/v2/batches/{batch_id}/outputs/{name}")
 async def download_output(batch_id: str, name: str, request: Request) -> Response:
     state = state_of(request)
     record = await _record(state, batch_id, request)
-    listed = {f["name"]: f for f in _files(batch_id, record)}
+    listed = {f["name"]: f for f in await _files(state, batch_id, record)}
     if name not in listed:  # the client's text names a listed file, never a path
         raise NotFound(f"batch '{batch_id}' has no output file '{name[:100]}'")
     tree = await asyncio.to_thread(_output_tree, state, record, batch_id)
@@ -405,16 +439,35 @@ async def download_output(batch_id: str, name: str, request: Request) -> Respons
     )
 
 
-def _files(batch_id: str, record: dict[str, str]) -> list[dict[str, Any]]:
-    """The files of a completed batch; 409 (saying why) before it completed."""
+async def _files(
+    state: GatewayState, batch_id: str, record: dict[str, str]
+) -> list[dict[str, Any]]:
+    """The files of a batch that ended: all of a completed one's, or the parts of the shards
+    a failed or cancelled one committed (what it answered is never lost: resume it for the
+    rest); 409 (saying why) while it runs."""
     status = record.get(b.F_STATUS, "")
-    if status != b.COMPLETED or not record.get(b.F_FILES):
+    if status == b.COMPLETED and record.get(b.F_FILES):
+        files: list[dict[str, Any]] = json.loads(record[b.F_FILES])
+        return files
+    if status not in b.FINISHED:
         raise Conflict(
-            f"batch '{batch_id}' is {status or 'unknown'}: its outputs are listed once it "
-            "is completed"
+            f"batch '{batch_id}' is {status or 'unknown'}: its outputs are listed once it has ended"
         )
-    files: list[dict[str, Any]] = json.loads(record[b.F_FILES])
-    return files
+    states = cast(dict[bytes, bytes], await state.redis.hgetall(state.keys.batch_shards(batch_id)))
+    return await asyncio.to_thread(_committed_parts, states)
+
+
+def _committed_parts(states: dict[bytes, bytes]) -> list[dict[str, Any]]:
+    """The part files of the committed shards among ``states`` (a batch's shard states), in
+    input order, each with its size and the rows it holds (``[start, end)``)."""
+    parts = []
+    for _, raw in sorted(states.items(), key=lambda kv: int(kv[0])):
+        if b'"committed"' not in raw:
+            continue
+        shard = orjson.loads(raw)
+        for name, size in sorted(shard.get("sizes", {}).items()):
+            parts.append({"name": name, "bytes": size, "rows": shard["rows"]})
+    return parts
 
 
 def _output_tree(state: GatewayState, record: dict[str, str], batch_id: str) -> Tree:

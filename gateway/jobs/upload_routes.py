@@ -94,7 +94,8 @@ def batch_data(state: GatewayState) -> BatchData:
 def quota_message(limit: int) -> str:
     return (
         f"this tenant keeps more than SLUICE_TENANT_MAX_STORED_BYTES ({limit}) bytes in the "
-        "batch store: delete uploads (DELETE /v2/uploads/{id}) or wait for old batch jobs "
+        "batch store (uploads and batch job outputs): delete uploads (DELETE "
+        "/v2/uploads/{id}) or old batch jobs (DELETE /v2/batches/{id}), or wait for them "
         "to expire"
     )
 

@@ -61,6 +61,9 @@ F_STREAM, F_ENTRY, F_OUTPUTS = "stream", "entry", "outputs"
 F_REPLY, F_DATA, F_ERROR, F_ERROR_KIND = "reply", "data", "error", "error_kind"
 F_RETENTION, F_REQUEST_ID, F_KEY = "retention", "request_id", "idempotency_key"
 F_OWNER, F_CLIENT_ID = "owner", "client_id"
+F_RESULT_LIMIT = "result_limit"
+"""The bytes of answers its tenant's finished jobs of the model may keep, as the job's
+gateway was told (SLUICE_TENANT_MAX_JOB_RESULT_BYTES): FINISH keeps no answer past it."""
 
 _RELEASE = """
 local function release(room, queued, id)
@@ -165,7 +168,7 @@ local entry = redis.call('XADD', KEYS[2], '*', unpack(fields))
 redis.call('HSET', KEYS[1], 'status', 'queued', 'model', ARGV[6], 'version', ARGV[7],
   'created', ARGV[2], 'stream', KEYS[2], 'entry', entry, 'outputs', ARGV[8],
   'retention', ARGV[3], 'request_id', ARGV[9], 'idempotency_key', ARGV[10],
-  'owner', ARGV[11], 'client_id', ARGV[12])
+  'owner', ARGV[11], 'client_id', ARGV[12], 'result_limit', ARGV[17])
 local ttl = tonumber(ARGV[4]) + tonumber(ARGV[3])
 redis.call('EXPIRE', KEYS[1], ttl)
 if KEYS[3] ~= KEYS[1] then redis.call('SET', KEYS[3], ARGV[1] .. ' ' .. ARGV[13], 'EX', ttl) end
@@ -223,9 +226,29 @@ if status == 'cancelling' then
   redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[4])
   redis.call('HINCRBY', KEYS[2], 'job.cancelled', 1)
 elseif status == 'queued' or status == 'in_progress' then
-  redis.call('HSET', KEYS[1], 'status', ARGV[1], 'reply', ARGV[2], 'data', ARGV[3],
-    'finished', ARGV[4], 'error', ARGV[5], 'error_kind', ARGV[6])
-  redis.call('HINCRBY', KEYS[2], 'job.' .. ARGV[1], 1)
+  local outcome, reply, data, err, kind = ARGV[1], ARGV[2], ARGV[3], ARGV[5], ARGV[6]
+  local limit = tonumber(redis.call('HGET', KEYS[1], 'result_limit') or '0') or 0
+  if limit > 0 and #KEYS >= 6 then
+    -- The tenant's answers kept at its limit already (its jobs queued before it was
+    -- reached are answered now): this one is not kept, the job fails saying why.
+    local gone = redis.call('ZRANGEBYSCORE', KEYS[6], '-inf', ARGV[4], 'LIMIT', 0, """
+    + str(_SWEEP_AT_ONCE)
+    + """)
+    for _, id in ipairs(gone) do forget(KEYS[5], KEYS[6], id) end
+    local owner = redis.call('HGET', KEYS[1], 'owner') or ''
+    local kept = tonumber(redis.call('HGET', KEYS[5], 'r:' .. owner) or '0')
+    if kept >= limit then
+      local model = redis.call('HGET', KEYS[1], 'model') or ''
+      outcome, reply, data, kind = 'failed', '', '', 'QuotaExceeded'
+      err = "the answer (" .. (#ARGV[2] + #ARGV[3]) .. " bytes) was not kept: tenant '"
+        .. owner .. "' keeps " .. kept .. " bytes of answers of finished jobs of model '"
+        .. model .. "', its limit (SLUICE_TENANT_MAX_JOB_RESULT_BYTES=" .. limit
+        .. "); delete finished jobs (DELETE /v2/jobs/{id}), then submit it again"
+    end
+  end
+  redis.call('HSET', KEYS[1], 'status', outcome, 'reply', reply, 'data', data,
+    'finished', ARGV[4], 'error', err, 'error_kind', kind)
+  redis.call('HINCRBY', KEYS[2], 'job.' .. outcome, 1)
   answered = true
 else
   return 0
@@ -235,7 +258,9 @@ if retention and retention > 0 then
   redis.call('EXPIRE', KEYS[1], retention)
   if answered and #KEYS >= 6 then
     local owner = redis.call('HGET', KEYS[1], 'owner') or ''
-    local bytes = #ARGV[2] + #ARGV[3] + #ARGV[5]
+    local fields = {'reply', 'data', 'error'}
+    local bytes = 0
+    for _, name in ipairs(fields) do bytes = bytes + redis.call('HSTRLEN', KEYS[1], name) end
     keep(KEYS[5], KEYS[6], ARGV[7], owner, bytes, tonumber(ARGV[4]) + retention,
       math.ceil(retention) + 60)
   end
@@ -243,7 +268,12 @@ end
 return 1
 """
 )
-"""-> 1 when this answer changed the job (0: gone, finished already, or cancelled)."""
+"""-> 1 when this answer changed the job (0: gone, finished already, or cancelled). The
+answer is kept, and counted in its tenant's results account, unless the tenant's kept
+answers of the model are at its limit (``result_limit``, from the job's submission)
+already: the job then fails with a QuotaExceeded (429) naming the limit, and keeps only
+that error. SUBMIT checks the same limit, but the jobs a tenant queued before reaching it
+are answered later: without this check their answers would all be kept, past it."""
 
 CANCEL = (
     _RELEASE

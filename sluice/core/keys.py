@@ -202,6 +202,12 @@ class Keys:
         upload arrives), within SLUICE_TENANT_MAX_STORED_BYTES."""
         return f"{{{self.namespace}}}:stored-bytes:{tenant}"
 
+    def batch_stored(self, tenant: str) -> str:
+        """Hash batch id -> bytes that batch's files keep in the batch store (its outputs,
+        and what a shard still writing reserved), the part of :meth:`stored_bytes` each
+        batch gives back when it is removed (:mod:`sluice.core.batch_jobs.output_quota`)."""
+        return f"{{{self.namespace}}}:batch-stored:{tenant}"
+
     @property
     def store_expiry(self) -> str:
         """Sorted set ``upload:<tenant>:<id>`` / ``batch:<tenant>:<id>`` -> when it expires

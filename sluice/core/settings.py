@@ -380,9 +380,10 @@ class BatchStoreSettings(RepositorySourceSettings):
     """How long an upload is kept; one a batch job uses is kept as long as that job."""
 
     tenant_max_stored_bytes: int = Field(50 * GIB, ge=1)
-    """Bytes one tenant may keep in the store (uploads and batch outputs together); beyond
-    it, uploads and new batch jobs get 429 + Retry-After and running ones fail their next
-    shard."""
+    """Bytes one tenant may keep in the store (uploads and batch outputs together, each
+    output counted before it is written); at it, uploads, new batch jobs and resumes get
+    429 + Retry-After, and a running job whose next output would pass it stops (failed,
+    its committed shards kept)."""
 
     max_batch_input_bytes: int = Field(8 * GIB, ge=1)
     """Largest ``s3://`` input of one batch job, checked before and while downloading."""
@@ -695,7 +696,8 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     """Bytes the answers of one tenant's finished jobs of one model may hold in Redis while
     they are kept (``job_retention_s``); once they hold as many, that tenant's new jobs of
     the model get 429 + Retry-After until some expire or are deleted (``DELETE
-    /v2/jobs/{id}`` of a finished job frees its answer at once)."""
+    /v2/jobs/{id}`` of a finished job frees its answer at once), and an answer that comes
+    then is not kept (its job fails with that 429)."""
 
     tenant_limits_file: str = ""
     """TOML file of each tenant's share and limits (weight, rate and burst, max_in_flight,

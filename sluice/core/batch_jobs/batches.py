@@ -231,7 +231,9 @@ F_FILES = "files"
 """JSON list of ``{"name", "bytes"}``: every file of a completed batch (the manifest, the
 parts, the joined outputs), what ``GET /v2/batches/{id}/outputs`` lists and serves."""
 F_STORED = "stored_bytes"
-"""Bytes this batch keeps in the batch store (counted against its tenant)."""
+"""Bytes this batch counted in the batch store against its tenant, as batch workers of
+0.1.0 counted them (now in ``Keys.batch_stored``, see
+:mod:`sluice.core.batch_jobs.output_quota`); still given back when the batch is removed."""
 
 START = """
 -- KEYS: batch hash; ARGV: field, value, ... (the fields of the batch once planned)

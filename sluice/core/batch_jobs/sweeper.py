@@ -4,7 +4,13 @@
 tenant. Every batch worker and every gateway process with a batch store runs one, so that
 a deployment without batch workers still lets uploads go; ``Keys.store_expiry`` says what
 is due, and each item is taken by one sweeper only (the scripts of
-:mod:`sluice.core.batch_jobs.uploads`, a ``ZREM`` for batches).
+:mod:`sluice.core.batch_jobs.uploads`, a ``ZREM`` for batches). A tenant's
+``DELETE /v2/batches/{id}`` removes a finished batch the same way
+(:meth:`StoreSweeper.remove_batch`).
+
+An item's bytes go back to its tenant in the same step as its record or listing entry,
+before its files are deleted: a sweeper that dies in between leaves files that no longer
+count, never a quota counted for good.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from typing import cast
 from redis import Redis
 
 from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import output_quota as oq
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.store import BatchStore
 from sluice.core.keys import Keys
@@ -85,22 +92,45 @@ class StoreSweeper:
         record = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
         if record and record.get(b.F_STATUS) not in b.FINISHED:
             return 0  # resumed since it ended: it expires when it ends again
+        removed = self.remove_batch(tenant, batch_id, record, now)
+        if removed:
+            log.info("batch %s of tenant %s expired", batch_id, tenant)
+        return int(removed)
+
+    def remove_batch(
+        self, tenant: str, batch_id: str, record: dict[str, str], now: float | None = None
+    ) -> bool:
+        """Remove a finished batch (``record``: its hash as read): out of its tenant's
+        listing with every byte it counted given back, in one step, then its files in the
+        store, its records and reply streams, and its hold on its upload. False when it was
+        removed already (by a sweeper, or by its tenant): nothing is done then."""
+        keys = self.keys
+        now = time.time() if now is None else now
+        given = int(
+            cast(
+                int,
+                self.redis.eval(
+                    oq.RELEASE,
+                    3,
+                    *oq.quota_keys(keys, tenant),
+                    batch_id,
+                    int(record.get(b.F_STORED) or 0),
+                ),
+            )
+        )
+        if given < 0:
+            return False
+        self.redis.zrem(keys.store_expiry, u.expiry_member(u.BATCH, tenant, batch_id))
         if self.store is not None and not record.get(b.F_OUTPUT):
             self.store.batch_outputs(tenant, batch_id).delete_tree()
         self._reply_streams(batch_id)
-        stored = int(record.get(b.F_STORED) or 0)
-        with self.redis.pipeline(transaction=False) as pipe:
-            pipe.delete(
-                keys.batch(batch_id),
-                keys.batch_shards(batch_id),
-                keys.batch_attempts(batch_id),
-                keys.batch_progress(batch_id),
-                keys.batch_leases(batch_id),
-            )
-            pipe.zrem(keys.batches(tenant), batch_id)
-            if stored:
-                pipe.decrby(keys.stored_bytes(tenant), stored)
-            pipe.execute()
+        self.redis.delete(
+            keys.batch(batch_id),
+            keys.batch_shards(batch_id),
+            keys.batch_attempts(batch_id),
+            keys.batch_progress(batch_id),
+            keys.batch_leases(batch_id),
+        )
         source = record.get(b.F_INPUT, "")
         if b.is_upload_input(source):
             upload_id = b.upload_of(source)
@@ -112,8 +142,7 @@ class StoreSweeper:
                 u.expiry_member(u.UPLOAD, tenant, upload_id),
                 repr(now),  # (exactly: rounded up, it would fall due after now)
             )
-        log.info("batch %s of tenant %s expired", batch_id, tenant)
-        return 1
+        return True
 
     def _reply_streams(self, batch_id: str) -> None:
         """Delete the reply streams of every attempt of the batch's shards: one whose batch

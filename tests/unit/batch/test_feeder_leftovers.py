@@ -76,6 +76,7 @@ def test_an_expired_batch_takes_the_reply_streams_of_its_attempts(redis: Redis) 
     keys = Keys(f"t{uuid.uuid4().hex[:8]}")
     batch_id = uuid.uuid4().hex
     redis.hset(keys.batch(batch_id), mapping={b.F_STATUS: b.FAILED, b.F_OUTPUT: "/elsewhere"})
+    redis.zadd(keys.batches("team-a"), {batch_id: 1.0})  # (listed, as the gateway lists it)
     redis.hset(keys.batch_attempts(batch_id), mapping={"0": 2, "1": 1})
     streams = [
         keys.batch_reply_stream(batch_id, 0, 1),

@@ -75,9 +75,11 @@ def runner(
 
 
 def _planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
-    """A new job of the tenant over ``source``, planned; its id."""
+    """A new job of the tenant over ``source`` (listed among its jobs, as the gateway lists
+    it), planned; its id."""
     batch_id = uuid.uuid4().hex
     keys = Keys(runner.settings.namespace)
+    runner.redis.zadd(keys.batches(TENANT), {batch_id: 1.0})
     runner.redis.hset(
         keys.batch(batch_id),
         mapping={

@@ -254,6 +254,35 @@ def test_a_tenants_kept_answers_are_bounded_and_given_back_when_deleted_or_gone(
     assert not js.redis.exists(js.keys.job_results(MODEL))  # nothing lingers
 
 
+def test_answers_of_jobs_queued_under_the_limit_are_not_kept_past_it(js: Jobs) -> None:
+    """Jobs a tenant queued while its kept answers were under its limit are answered
+    later: once the answers kept reach the limit, the next one is not kept (the job fails
+    with a 429 naming it); they used to be kept all, each submission having passed the
+    check, so that a tenant with 10,000 jobs queued could keep 10,000 answers."""
+    js.max_results = 1_000
+    first, second, third = (js.submit("a")[1] for _ in range(3))
+    _, others = js.submit("b")
+    assert js.finish(first, data=b"x" * 600) == 1
+    assert js.finish(second, data=b"x" * 600) == 1  # (under the limit when it came)
+    kept = js.kept("a")
+    assert js.finish(third, data=b"x" * 600) == 1
+    record = cast(dict[bytes, bytes], js.redis.hgetall(js.keys.job(MODEL, third)))
+    assert record[b"status"] == b"failed" and record[b"error_kind"] == b"QuotaExceeded"
+    assert record[b"data"] == b"" and record[b"reply"] == b""
+    error = record[b"error"].decode()
+    assert "SLUICE_TENANT_MAX_JOB_RESULT_BYTES=1000" in error and "tenant 'a'" in error
+    assert js.kept("a") == kept + len(error)  # the error alone is kept
+    assert js.finish(others, data=b"x" * 600) == 1  # another tenant's answer is kept
+    assert js.redis.hget(js.keys.job(MODEL, others), "status") == b"completed"
+    js.now += 61  # their retention over, a's answers no longer count...
+    first, second, third = (js.submit("a")[1] for _ in range(3))
+    assert js.finish(first, data=b"x" * 600) == 1 and js.finish(second, data=b"x" * 600) == 1
+    js.now += 61  # ... nor when they end before a job queued with them is answered
+    assert js.finish(third, data=b"x" * 600) == 1
+    assert js.redis.hget(js.keys.job(MODEL, third), "status") == b"completed"
+    assert js.kept("a") >= 600
+
+
 def test_removing_leaves_unfinished_jobs_and_takes_the_idempotency_key(js: Jobs) -> None:
     _, waiting = js.submit("a")
     assert js.remove(waiting) == "queued"
