@@ -4,6 +4,11 @@ Each beat renews the worker's place among the model version's live workers (a sc
 beats ahead, on the deployment clock) and its advertised host, drops the advertised hosts
 of workers that died without leaving, and renews the slot lease. Other workers take over
 the entries of a worker whose beats stopped (:mod:`sluice.workers.reclaim`).
+
+The beat also carries the model's custom metrics report
+(:mod:`sluice.core.observability.custom_metrics`), with an expiry on the same clock: taken
+back when the model no longer has any family, and when the worker leaves; a worker that
+dies leaves it to expire three beats on (a gateway's scrape then removes it).
 """
 
 from __future__ import annotations
@@ -53,6 +58,8 @@ class Liveness:
         self._measured = False
         self._reported: bytes | None = None
         """The custom metrics report last written (not written again while unchanged)."""
+        self._report_held = False
+        """Whether Redis may hold a custom metrics report of this worker's (to take back)."""
 
     async def beat(self) -> None:
         # A cluster pipeline refuses TIME (it names no key): there the clock is measured
@@ -75,16 +82,20 @@ class Liveness:
             pipe.hset(hosts, self.worker_id, self.host)
             pipe.zrange(key, 0, -1)
             pipe.hkeys(hosts)
-            report = self._custom_report(pipe)
+            report = self._custom_report(pipe, now)
+            taking_back = report is None and self._report_held
             results = await pipe.execute()
         received = time.time_ns()
         if timed:
             (seconds, micros), *results = results
             CLOCK.observe(sent, int(seconds) * 1_000_000_000 + int(micros) * 1_000, received)
         if report is not None:
-            *results, held, _ = results
+            *results, _, held = results
             # (held: what HSET or HEXISTS answered; 0 from HSET is an update, still held)
             self._reported = None if held is False else report
+        elif taking_back:  # (the model has no family left)
+            results = results[:-2]
+            self._reported, self._report_held = None, False
         *_, live, advertised = results
         gone = set(advertised) - set(live)  # workers that died without leaving
         if gone:
@@ -92,21 +103,27 @@ class Liveness:
         if self.lease is not None and not await self.lease.renew():
             self.stopping.set()  # another worker serves the slot now
 
-    def _custom_report(self, pipe: Any) -> bytes | None:
+    def _custom_report(self, pipe: Any, now: float) -> bytes | None:
         """Queue this worker's custom metrics report
-        (:mod:`sluice.core.observability.custom_metrics`) on ``pipe``, with its new expiry; None
-        when the model defines none. An unchanged report is not written again: the pipeline then
-        asks whether Redis still holds it (after a restart it does not, and the next beat writes
-        it)."""
+        (:mod:`sluice.core.observability.custom_metrics`) on ``pipe``, after its new expiry
+        (three beats past ``now``, the deployment clock's: a scrape on another host compares
+        it with its own); None when the model has no family, whose report written before is
+        then taken back. An unchanged report is not written again: the pipeline then asks
+        whether Redis still holds it (after a restart it does not, and the next beat writes
+        it). The expiry goes first, so that a scrape never finds the report without it."""
         if not custom_metrics.REGISTRY:
+            if self._report_held:
+                pipe.hdel(self.keys.custom_metrics, self.worker_id)
+                pipe.zrem(self.keys.custom_metrics_expiry, self.worker_id)
             return None
         report = custom_metrics.encode_report(custom_metrics.REGISTRY.snapshot())
+        expires = now + 3 * self.settings.heartbeat_s
+        pipe.zadd(self.keys.custom_metrics_expiry, {self.worker_id: expires})
         if report == self._reported:
             pipe.hexists(self.keys.custom_metrics, self.worker_id)
         else:
             pipe.hset(self.keys.custom_metrics, self.worker_id, report)
-        expires = time.time() + 3 * self.settings.heartbeat_s
-        pipe.zadd(self.keys.custom_metrics_expiry, {self.worker_id: expires})
+        self._report_held = True
         return report
 
     async def beat_forever(self) -> None:
@@ -147,9 +164,10 @@ class Liveness:
         with contextlib.suppress(RedisError):
             await self.redis.zrem(self.keys.live_workers(self.model, self.version), self.worker_id)
             await self.redis.hdel(self.keys.worker_hosts(self.model, self.version), self.worker_id)
-            if custom_metrics.REGISTRY:
+            if self._report_held:
                 await self.redis.hdel(self.keys.custom_metrics, self.worker_id)
                 await self.redis.zrem(self.keys.custom_metrics_expiry, self.worker_id)
+                self._report_held = False
             if self.lease is not None:
                 await self.lease.release()
 

@@ -11,7 +11,6 @@ gateway counters that belong to no model.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,7 +76,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
         pipe.hgetall(keys.gateway_counters)
         pipe.hgetall(keys.host_memory)
         pipe.hgetall(keys.custom_metrics)
-        pipe.zrangebyscore(keys.custom_metrics_expiry, "-inf", time.time())
+        pipe.zrange(keys.custom_metrics_expiry, 0, -1, withscores=True)
         for name in sorted(view.models):
             entry = view.models[name]
             if not entry.available:
@@ -108,19 +107,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
     now_ms = CLOCK.now_ns() // 1_000_000
     live = [_text(member) for member in _list(results[0])]
     hosts = host_memories(results[2], now) if isinstance(results[2], dict) else []
-    expired = _list(results[4])
-    gone = set(expired)
-    custom = (
-        {k: v for k, v in results[3].items() if k not in gone}
-        if isinstance(results[3], dict)
-        else {}
-    )
-    if expired:  # (workers that died without taking their report back)
-        with contextlib.suppress(RedisError):
-            async with redis.pipeline(transaction=False) as pipe:
-                pipe.hdel(keys.custom_metrics, *expired)
-                pipe.zrem(keys.custom_metrics_expiry, *expired)
-                await pipe.execute()
+    custom = await _custom_reports(redis, keys, results[3], results[4], now)
     position = 5
     for state in versions:
         state.counters = _counters(results[position])
@@ -147,6 +134,29 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
             reports = await pipe.execute(raise_on_error=False)
         gateways = [_counters(report) for report in reports if report]
     return Snapshot(versions, now_ms, gateways, _counters(results[1]), hosts, custom)
+
+
+async def _custom_reports(
+    redis: Redis, keys: Keys, reports: Any, expiries: Any, now: float
+) -> dict[bytes, bytes]:
+    """The custom metrics reports whose expiry (the deployment clock's) is still ahead.
+    The others are removed: those of workers that died without taking theirs back, and a
+    report left with no expiry at all (written back by a worker as a scrape removed it,
+    the worker dying before its next beat), which would otherwise be shown for good."""
+    reports = reports if isinstance(reports, dict) else {}
+    expiries = dict(_list(expiries))
+    live = {worker for worker, expires in expiries.items() if expires > now}
+    stale_reports = [worker for worker in reports if worker not in live]
+    stale_expiries = [worker for worker in expiries if worker not in live]
+    if stale_reports or stale_expiries:
+        with contextlib.suppress(RedisError):
+            async with redis.pipeline(transaction=False) as pipe:
+                if stale_reports:
+                    pipe.hdel(keys.custom_metrics, *stale_reports)
+                if stale_expiries:
+                    pipe.zrem(keys.custom_metrics_expiry, *stale_expiries)
+                await pipe.execute()
+    return {worker: report for worker, report in reports.items() if worker in live}
 
 
 def _text(value: bytes | str) -> str:

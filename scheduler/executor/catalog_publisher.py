@@ -1,4 +1,10 @@
-"""Publishing the repository's models into the Redis catalog."""
+"""Publishing the repository's models into the Redis catalog, and its revision.
+
+The revision moves with every publication, atomically with the catalog it numbers; gateways
+reload the catalog when it moves, and the response cache keys every answer with it
+(:mod:`sluice.core.response_cache`), so an answer kept before a change of what a model
+serves is never served after it. :func:`publish_revision` moves it for a change the catalog
+does not show (new weights behind the same entry)."""
 
 from __future__ import annotations
 
@@ -32,3 +38,19 @@ def publish_catalog(
             )
         pipe.incr(keys.catalog_revision)
         pipe.execute()
+
+
+_NEW_REVISION = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return redis.call('INCR', KEYS[1])
+end
+return false
+"""
+
+
+def publish_revision(redis: Redis, keys: Keys) -> bool:
+    """A new revision of the catalog as it stands: the weights behind an entry changed (a
+    Kubernetes rollout), which the entry does not show. Whether there was a catalog to
+    number: without one nothing is written, so that the catalog's keepers still find it lost
+    and publish it again (with a new revision of its own)."""
+    return redis.eval(_NEW_REVISION, 1, keys.catalog_revision) is not None

@@ -12,7 +12,12 @@ itself. It
   ``kubernetes_selector`` whose annotations name a model version with a wanted count, patches
   the Deployment's ``scale`` subresource when its replicas differ. A Deployment whose model
   version has no count keeps the replicas it has (as a local version keeps its configured
-  workers).
+  workers);
+- every second follows the rollouts of the worker Deployments selected by
+  ``kubernetes_rollout_selector`` (however they are scaled): once one has replaced every pod
+  of an older pod template (new weights in a new image, a new repository snapshot on a
+  restart), it moves the catalog's revision, as a load does on one machine, so that the
+  response cache, keyed by the revision, never answers with the old pods' answers after.
 
 Deployments scaled by KEDA instead carry another ``sluice.dev/scaler`` label and are not
 selected. Every controller replica runs an executor, leader or not: a patch to the count the
@@ -38,7 +43,7 @@ from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.repository import scan_repository
 from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE, ControllerSettings
-from sluice.scheduler.executor.catalog_publisher import publish_catalog
+from sluice.scheduler.executor.catalog_publisher import publish_catalog, publish_revision
 
 log = logging.getLogger("sluice.scheduler.kubernetes")
 
@@ -47,6 +52,9 @@ MODEL_ANNOTATION = "sluice.dev/model"
 holds a label-safe form for selectors)."""
 VERSION_ANNOTATION = "sluice.dev/version"
 """The version a worker Deployment serves."""
+ROLLOUT_ANNOTATION = "deployment.kubernetes.io/revision"
+"""The Deployment controller's number of a Deployment's current pod template: a new one for
+every rollout (an image, the environment, a restart), none for a change of replicas."""
 SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 REQUEST_TIMEOUT_S = 10.0
 """Connect and read timeout of each API call: a hung API server must not stop the executor."""
@@ -123,6 +131,23 @@ def served_field(deployment: Any) -> str | None:
     return f"{model}:{int(version)}"
 
 
+def rolled_out(deployment: Any) -> bool:
+    """Whether every pod of ``deployment`` runs its current pod template, as ``kubectl
+    rollout status`` tells: the Deployment controller has seen the current spec, every
+    replica wanted is of that template, and no pod of an older one is left (pods being
+    terminated no longer count: they answer what they hold, taken before, then exit)."""
+    status = deployment.status
+    if status is None:
+        return False
+    wanted = deployment.spec.replicas if deployment.spec.replicas is not None else 1
+    updated = status.updated_replicas or 0
+    return (
+        (status.observed_generation or 0) >= (deployment.metadata.generation or 0)
+        and updated >= wanted
+        and (status.replicas or 0) <= updated
+    )
+
+
 @dataclass
 class KubernetesExecutor:
     """Publishes the catalog and keeps the worker Deployments' replicas at the wanted
@@ -140,13 +165,21 @@ class KubernetesExecutor:
     (:func:`~sluice.core.repository.config_source`)."""
     default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
     """What autocomplete gives a model that can batch (SLUICE_DEFAULT_MAX_BATCH_SIZE)."""
+    rollout_selector: str = ""
+    """Label selector of the worker Deployments whose rollouts move the catalog's revision
+    (:meth:`follow_rollouts`); empty: none followed."""
     _published: bool = False
     _unlabelled: set[str] = field(default_factory=set)
+    _served: dict[str, str] = field(default_factory=dict)
+    """Deployment name -> the pod template (:data:`ROLLOUT_ANNOTATION`) its pods were all
+    last seen to run; empty when first seen in the middle of a rollout."""
+    _rollouts_listed: bool = True
 
     def tick(self) -> dict[str, int]:
         """One round; returns the replica counts patched (Deployment name -> replicas). Redis
         errors propagate; an API error is logged and the round goes on."""
         self.keep_catalog()
+        self.follow_rollouts()
         raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.desired_instances))
         wanted = {k.decode(): int(v) for k, v in raw.items() if v.isdigit()}
         if not wanted:
@@ -189,6 +222,48 @@ class KubernetesExecutor:
             patched[name] = count
             log.info("'%s': Deployment %s scaled %s -> %d", served, name, current, count)
         return patched
+
+    def follow_rollouts(self) -> list[str]:
+        """Move the catalog's revision once a followed Deployment's rollout is done (every
+        pod of its new template, none of an older one); returns the Deployments whose
+        rollout ended this round. Not at the rollout's start: until it ends, pods of the
+        old template answer too, and what they answer is kept under the revision in force.
+        A Deployment first seen in the middle of a rollout (the controller restarted during
+        one) counts as rolled out anew when it ends. Redis errors propagate, and the
+        rollouts ended are seen again at the next round."""
+        if not self.rollout_selector:
+            return []
+        try:
+            listing = self.apps.list_namespaced_deployment(
+                self.namespace,
+                label_selector=self.rollout_selector,
+                _request_timeout=REQUEST_TIMEOUT_S,
+            )
+        except Exception as exc:  # the client's ApiException, or a connection error
+            if self._rollouts_listed:
+                log.warning("cannot follow the worker Deployments' rollouts: %s", exc)
+            self._rollouts_listed = False
+            return []
+        self._rollouts_listed = True
+        served: dict[str, str] = {}
+        ended: list[str] = []
+        for deployment in listing.items:
+            name = deployment.metadata.name
+            known = self._served.get(name)
+            if not rolled_out(deployment):
+                served[name] = known if known is not None else ""
+                continue
+            template = (deployment.metadata.annotations or {}).get(ROLLOUT_ANNOTATION, "")
+            served[name] = template
+            if known is not None and known != template:
+                ended.append(name)
+        if ended and publish_revision(self.client, self.keys):
+            log.info(
+                "rolled out: %s; the catalog's revision moves (the response cache starts afresh)",
+                ", ".join(f"Deployment {name}" for name in ended),
+            )
+        self._served = served
+        return ended
 
     def keep_catalog(self) -> None:
         """Publish the repository's models (model control mode ``none``) at start, and again
@@ -240,6 +315,7 @@ def start_executor(
         repository,
         config_name=settings.model_config_name,
         default_max_batch_size=settings.default_max_batch_size,
+        rollout_selector=settings.kubernetes_rollout_selector,
     )
     log.info(
         "Kubernetes executor: scaling Deployments in '%s' selected by '%s'",

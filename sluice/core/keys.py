@@ -299,7 +299,8 @@ class Keys:
     @property
     def custom_metrics_expiry(self) -> str:
         """Sorted set worker id -> when its report in :attr:`custom_metrics` expires (unix
-        seconds): what a scrape removes without reading the reports."""
+        seconds, on the deployment clock): a report counts while its expiry is ahead, and a
+        scrape removes the others (and any report without one)."""
         return f"{{{self.namespace}}}:custom-metrics:expiry"
 
     @property

@@ -6,9 +6,10 @@ answered before, without reaching the model.
   answered: the key starts with the tenant), model and version, the same inputs (names,
   datatypes, shapes and bytes), requested outputs and classification counts, and the same
   request parameters (their values with their types), under the same catalog revision. The
-  key is their SHA-256. The revision moves on every load and unload: an answer of a model as
-  it was before one (its weights, its configuration, its ensemble's steps) is never served
-  after it.
+  key is their SHA-256. The revision moves on every load and unload (and on Kubernetes when
+  a worker Deployment's rollout ends, :mod:`sluice.scheduler.executor.kubernetes`): an
+  answer of a model as it was before one (its weights, its configuration, its ensemble's
+  steps) is never served after it.
 - **What is kept**: the answer as the worker gave it (its outputs and their bytes), so a
   hit is encoded for each request's own wire (JSON or binary, HTTP or gRPC). Only
   successful answers are kept; requests with inputs or outputs in shared memory regions,

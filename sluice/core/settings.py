@@ -898,6 +898,11 @@ class ControllerSettings(RepositorySourceSettings, CommonSettings):
     kubernetes_selector: str = "app.kubernetes.io/component=worker,sluice.dev/scaler=controller"
     """Label selector of the worker Deployments the controller scales."""
 
+    kubernetes_rollout_selector: str = "app.kubernetes.io/component=worker"
+    """Label selector of the worker Deployments whose rollouts the controller follows, however
+    they are scaled: once one has replaced all its pods (new weights, say), the catalog's
+    revision moves and the response cache starts afresh. Empty: none followed."""
+
     kubernetes_context: str = ""
     """Outside a cluster: the kubeconfig context to use (empty: the current one)."""
 

@@ -3,7 +3,8 @@
 The official ``kubernetes`` client is configured from a kubeconfig that points at
 :class:`tests.support.kube_api.KubeApi`, a small HTTP server answering the Deployment list
 and ``scale`` calls as the Kubernetes API does (no API server can be installed here: see that
-module). What the client sent is checked request by request.
+module). What the client sent is checked request by request. The Deployments' rollouts are
+followed too: one that ends moves the catalog's revision (the response cache's key).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from tests.support.slow_model import write_slow
 
 NS = "ml"
 SELECTOR = "app.kubernetes.io/component=worker,sluice.dev/scaler=controller"
+WORKERS = "app.kubernetes.io/component=worker"
+"""Every worker Deployment, however scaled: whose rollouts the executor follows."""
 POLICY = """
 parameters { key: "sluice.min_instances" value { string_value: "1" } }
 parameters { key: "sluice.max_instances" value { string_value: "4" } }
@@ -205,6 +208,12 @@ def test_the_controller_publishes_the_catalog_and_its_autoscaler_scales_the_depl
         # so on a busy machine it may read the 4 first and never patch the 2.
         replicas = [p.body["spec"]["replicas"] for p in patches]
         assert replicas in ([2, 4], [4]), replicas
+        # The worker Deployment rolls new weights out: once done, the revision moves.
+        before = revision(redis_client, keys)
+        assert before is not None
+        deployment.roll_out("sluice:v2")
+        deployment.finish()
+        assert wait_until(lambda: revision(redis_client, keys) == before + 1, 10)
         # Redis lost the catalog (a restart without persistence): published again.
         redis_client.delete(keys.catalog, keys.catalog_revision)
         assert wait_until(lambda: redis_client.hexists(keys.catalog, "slow"), 10)
@@ -212,3 +221,82 @@ def test_the_controller_publishes_the_catalog_and_its_autoscaler_scales_the_depl
         stop.set()
         thread.join(15)
     assert not thread.is_alive()
+
+
+def revision(client: Redis, keys: Keys) -> int | None:
+    raw = client.get(keys.catalog_revision)
+    return None if raw is None else int(raw)
+
+
+def test_a_rollout_moves_the_catalog_revision_once_every_pod_is_new(
+    kube_api: KubeApi, redis_server: RedisServer, redis_client: Redis, tmp_path: Path
+) -> None:
+    """New weights reach a model by a rollout of its worker Deployment (a new image, a
+    restart that copies a newer repository): the response cache, keyed by the catalog's
+    revision, must not answer with the old pods' answers after it. The revision moves once,
+    when no pod of the old template is left, for a Deployment however scaled (KEDA's too),
+    and not for a change of replicas."""
+    write_slow(tmp_path, "slow", max_batch_size=1)
+    scaled = kube_api.add(worker("sluice-worker-slow-1", "slow", 1, 2))
+    by_keda = kube_api.add(worker("sluice-worker-cnn-1", "cnn", 1, 2, scaler="keda"))
+    config = settings(redis_server)
+    keys = Keys(config.namespace)
+    executor = KubernetesExecutor(
+        redis_client,
+        keys,
+        apps_api(config),
+        NS,
+        SELECTOR,
+        tmp_path,
+        rollout_selector=WORKERS,
+    )
+    executor.tick()
+    published = revision(redis_client, keys)
+    assert published is not None
+    listing = next(c for c in kube_api.calls("GET") if c.query["labelSelector"] == [WORKERS])
+    assert listing.path == f"/apis/apps/v1/namespaces/{NS}/deployments"
+
+    by_keda.roll_out("sluice:v2")
+    assert executor.follow_rollouts() == []  # not yet seen by the Deployment controller
+    by_keda.progress(updated=1, old=2)
+    assert executor.follow_rollouts() == []  # old pods still answer
+    by_keda.progress(updated=2, old=0)
+    assert executor.tick() == {}
+    assert revision(redis_client, keys) == published + 1
+    assert executor.follow_rollouts() == []  # (once)
+    assert revision(redis_client, keys) == published + 1
+
+    # The controller scales: no new template, no new revision.
+    redis_client.hset(keys.desired_instances, "slow:1", 3)
+    assert executor.tick() == {"sluice-worker-slow-1": 3}
+    assert executor.tick() == {}
+    assert revision(redis_client, keys) == published + 1
+
+    # A controller started in the middle of a rollout counts it when it ends.
+    scaled.roll_out("sluice:v3")
+    scaled.progress(updated=1, old=2)
+    restarted = KubernetesExecutor(
+        redis_client, keys, apps_api(config), NS, SELECTOR, rollout_selector=WORKERS
+    )
+    assert restarted.follow_rollouts() == []
+    scaled.finish()
+    assert restarted.follow_rollouts() == ["sluice-worker-slow-1"]
+    assert revision(redis_client, keys) == published + 2
+
+
+def test_a_rollout_numbers_no_catalog_that_redis_lost(
+    kube_api: KubeApi, redis_server: RedisServer, redis_client: Redis
+) -> None:
+    """Without a catalog (Redis restarted, or none published yet) a rollout writes no
+    revision: its keepers must still find the catalog lost and publish it again."""
+    by_keda = kube_api.add(worker("sluice-worker-cnn-1", "cnn", 1, 1, scaler="keda"))
+    config = settings(redis_server)
+    keys = Keys(config.namespace)
+    executor = KubernetesExecutor(
+        redis_client, keys, apps_api(config), NS, SELECTOR, rollout_selector=WORKERS
+    )
+    assert executor.follow_rollouts() == []
+    by_keda.roll_out("sluice:v2")
+    by_keda.finish()
+    assert executor.follow_rollouts() == ["sluice-worker-cnn-1"]
+    assert revision(redis_client, keys) is None

@@ -70,11 +70,15 @@ class TritonPythonModel:
     def initialize(self, args):
         kinds = pb_utils.MetricFamily
         labels = {"stage": "answer"}
-        self.requests = kinds("model_requests", "Requests seen", kinds.COUNTER).Metric(labels)
-        self.size = kinds("model_last_size", "Elements last seen", kinds.GAUGE).Metric(labels)
-        self.values = kinds("model_values", "Values seen", kinds.HISTOGRAM).Metric(
-            labels, buckets=[1.0, 10.0]
-        )
+        # (the families are kept: deleting one deletes its metrics, as in Triton)
+        self.families = [
+            kinds("model_requests", "Requests seen", kinds.COUNTER),
+            kinds("model_last_size", "Elements last seen", kinds.GAUGE),
+            kinds("model_values", "Values seen", kinds.HISTOGRAM),
+        ]
+        self.requests = self.families[0].Metric(labels)
+        self.size = self.families[1].Metric(labels)
+        self.values = self.families[2].Metric(labels, buckets=[1.0, 10.0])
 
     def execute(self, requests):
         responses = []
@@ -427,7 +431,7 @@ def test_a_dead_workers_report_leaves_with_the_next_scrape(
     metered: Stack, http: httpx.Client, redis_server: RedisServer
 ) -> None:
     """A worker killed without leaving keeps its report in Redis until it expires: the next
-    scrape removes it, and its numbers are not shown."""
+    scrape removes it, and its numbers are not shown; so is a report left with no expiry."""
     keys = Keys(metered.namespace)
     client = Redis.from_url(redis_server.url)
     try:
@@ -451,8 +455,12 @@ def test_a_dead_workers_report_leaves_with_the_next_scrape(
         ]
         client.hset(keys.custom_metrics, "dead-worker", encode_report(report))
         client.zadd(keys.custom_metrics_expiry, {"dead-worker": time.time() - 1})
+        # A report with no expiry at all: written back by its worker just as a scrape
+        # removed both, the worker dying before its next beat would have set the expiry.
+        client.hset(keys.custom_metrics, "orphan-worker", encode_report(report))
         assert "ghost" not in http.get("/metrics").text
         assert not client.hexists(keys.custom_metrics, "dead-worker")
         assert client.zscore(keys.custom_metrics_expiry, "dead-worker") is None
+        assert not client.hexists(keys.custom_metrics, "orphan-worker")
     finally:
         client.close()

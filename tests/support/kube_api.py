@@ -13,6 +13,12 @@ gets (method, path, query, headers, body) for the tests to check:
 - ``PATCH`` of the same path with a JSON merge patch or a strategic merge patch of
   ``spec.replicas`` (as ``kubectl scale`` and the HorizontalPodAutoscaler set replicas).
 
+A Deployment's rollout (:meth:`Deployment.roll_out`, ``progress``, ``finish``) shows as the
+Deployment controller shows it: a new generation the status has not observed yet, then the
+pods of the new template (``updatedReplicas``) beside those of the older one (counted in
+``replicas``), the controller's ``deployment.kubernetes.io/revision`` annotation numbering
+the template.
+
 Anything else is answered 404 with a ``Status``, as the real server answers an unknown path.
 """
 
@@ -31,6 +37,7 @@ PATCH_TYPES = ("application/merge-patch+json", "application/strategic-merge-patc
 _LIST = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments$")
 _SCALE = re.compile(r"^/apis/apps/v1/namespaces/([^/]+)/deployments/([^/]+)/scale$")
 CREATED = "2026-01-01T00:00:00Z"
+ROLLOUT_REVISION = "deployment.kubernetes.io/revision"
 
 
 @dataclass
@@ -42,6 +49,38 @@ class Deployment:
     annotations: dict[str, str] = field(default_factory=dict)
     uid: str = field(default_factory=lambda: str(uuid.uuid4()))
     generation: int = 1
+    image: str = "sluice:test"
+    template: int = 1
+    """The Deployment controller's number of the current pod template (its
+    ``deployment.kubernetes.io/revision`` annotation): one more on every rollout."""
+    observed: int | None = None
+    """``status.observedGeneration``; None: the current generation (the spec was seen)."""
+    updated: int | None = None
+    """Pods of the current template (``status.updatedReplicas``); None: every replica."""
+    old: int = 0
+    """Pods of an older template still running (counted in ``status.replicas``)."""
+
+    def roll_out(self, image: str) -> None:
+        """A new pod template (``kubectl set image``, a ``helm upgrade``), not yet seen by
+        the Deployment controller: every pod is of the older one."""
+        self.image = image
+        self.generation += 1
+        self.observed = self.generation - 1
+        self.old, self.updated = self.replicas, 0
+
+    def progress(self, updated: int, old: int) -> None:
+        """The controller has seen the new template; ``updated`` pods run it, ``old`` pods
+        the older one."""
+        if self.observed is not None:  # (seen now: the template gets its revision)
+            self.template += 1
+            self.observed = None
+        self.updated, self.old = updated, old
+
+    def finish(self) -> None:
+        """The rollout is done: every replica of the current template, none older."""
+        if self.observed is not None:
+            self.progress(self.replicas, 0)
+        self.updated, self.old = None, 0
 
     def metadata(self, version: int) -> dict[str, Any]:
         meta: dict[str, Any] = {
@@ -53,13 +92,14 @@ class Deployment:
             "creationTimestamp": CREATED,
             "labels": dict(self.labels),
         }
-        if self.annotations:
-            meta["annotations"] = dict(self.annotations)
+        # (the Deployment controller writes its revision beside the owner's annotations)
+        meta["annotations"] = {**self.annotations, ROLLOUT_REVISION: str(self.template)}
         return meta
 
     def body(self, version: int) -> dict[str, Any]:
         """The Deployment as an item of a DeploymentList (items carry no kind/apiVersion)."""
         pod_labels = {"app.kubernetes.io/name": self.name}
+        updated = self.replicas if self.updated is None else self.updated
         return {
             "metadata": self.metadata(version),
             "spec": {
@@ -67,7 +107,7 @@ class Deployment:
                 "selector": {"matchLabels": pod_labels},
                 "template": {
                     "metadata": {"labels": pod_labels},
-                    "spec": {"containers": [{"name": "worker", "image": "sluice:test"}]},
+                    "spec": {"containers": [{"name": "worker", "image": self.image}]},
                 },
                 "strategy": {
                     "type": "RollingUpdate",
@@ -77,11 +117,11 @@ class Deployment:
                 "progressDeadlineSeconds": 600,
             },
             "status": {
-                "observedGeneration": self.generation,
-                "replicas": self.replicas,
-                "updatedReplicas": self.replicas,
-                "readyReplicas": self.replicas,
-                "availableReplicas": self.replicas,
+                "observedGeneration": self.generation if self.observed is None else self.observed,
+                "replicas": updated + self.old,
+                "updatedReplicas": updated,
+                "readyReplicas": updated + self.old,
+                "availableReplicas": updated + self.old,
             },
         }
 

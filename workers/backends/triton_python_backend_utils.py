@@ -577,7 +577,11 @@ class MetricFamily:
     ``family.Metric(labels={...})`` (a histogram's with ``buckets=[...]``), whose
     ``increment``, ``set``, ``observe`` and ``value`` show on ``GET /metrics``
     (:mod:`sluice.core.observability.custom_metrics`). A bad name, label or value raises
-    :class:`TritonModelException`."""
+    :class:`TritonModelException`.
+
+    As in Triton, the family keeps the metrics made through it: they show while it lives,
+    and deleting it deletes them from ``/metrics`` (the ``Metric`` objects left then raise
+    on every operation). A model keeps its families as long as it uses their metrics."""
 
     COUNTER = 0
     GAUGE = 1
@@ -588,37 +592,45 @@ class MetricFamily:
         if kind not in self._KINDS:
             raise TritonModelException(f"invalid metric family kind {kind!r}")
         with _metric_errors():
-            self._family = metrics.REGISTRY.family(name, description, self._KINDS[kind])
+            self._hold = metrics.REGISTRY.hold(name, description, self._KINDS[kind])
 
     def Metric(  # (Triton's name)
         self, labels: Mapping[str, str] | None = None, buckets: Sequence[float] | None = None
     ) -> Metric:
         with _metric_errors():
-            return Metric(self._family, metrics.REGISTRY.series(self._family, labels, buckets))
+            return Metric(self._hold, self._hold.metric(labels, buckets))
+
+    def __del__(self) -> None:
+        hold = getattr(self, "_hold", None)  # (None: the constructor raised)
+        if hold is not None:
+            hold.release()
 
 
 class Metric:
     """One series of a :class:`MetricFamily`."""
 
-    def __init__(self, family: metrics.Family, series: metrics.Series) -> None:
-        self._family, self._series = family, series
+    def __init__(self, hold: metrics.FamilyHold, series: metrics.Series) -> None:
+        self._hold, self._series = hold, series
 
     def increment(self, value: float) -> None:
         with _metric_errors():
-            metrics.REGISTRY.increment(self._family, self._series, value)
+            self._hold.increment(self._series, value)
 
     def set(self, value: float) -> None:
         with _metric_errors():
-            metrics.REGISTRY.set(self._family, self._series, value)
+            self._hold.set(self._series, value)
 
     def observe(self, value: float) -> None:
         with _metric_errors():
-            metrics.REGISTRY.observe(self._family, self._series, value)
+            self._hold.observe(self._series, value)
 
     def value(self) -> float:
-        if self._family.kind == "histogram":
-            raise TritonModelException(f"histogram '{self._family.name}' has no single value")
-        return self._series.value
+        with _metric_errors():
+            if self._hold.family.kind == "histogram":
+                raise metrics.MetricError(
+                    f"histogram '{self._hold.family.name}' has no single value"
+                )
+            return self._hold.value(self._series)
 
 
 @contextlib.contextmanager

@@ -10,6 +10,13 @@ host) that report a series with the same name and labels are one series: counter
 histograms add up, a gauge shows the value set last, as Triton's instances share one
 metric in its single process.
 
+Series leave when Triton's do: each ``MetricFamily`` object holds its family
+(:class:`FamilyHold`), and the series made through it live as long as it does. Deleted, its
+series leave the report (unless another object of the same family made the same series)
+and the metrics made through it refuse every operation, with Triton's error; a family with
+no series is not written (as Triton writes none). A worker that exits takes its report
+back, and one that dies leaves it to expire (:mod:`sluice.workers.liveness`).
+
 Bounds: :data:`MAX_FAMILIES` families and :data:`MAX_SERIES` series per worker,
 :data:`MAX_LABELS` labels per series, :data:`MAX_LABEL_CHARS` per label value,
 :data:`MAX_DESCRIPTION_CHARS` per description, :data:`MAX_BUCKETS` per histogram; beyond
@@ -23,6 +30,7 @@ import math
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -35,6 +43,13 @@ MAX_LABEL_CHARS = 256
 MAX_DESCRIPTION_CHARS = 1024
 MAX_BUCKETS = 64
 MAX_FAMILIES = 256
+
+DELETED_FAMILY = (
+    "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. The "
+    "'MetricFamily' object should be deleted AFTER its corresponding 'Metric' objects have "
+    "been deleted."
+)
+"""Triton's error for an operation on a metric whose ``MetricFamily`` object is gone."""
 
 RESERVED_PREFIXES = ("nv_", "sluice_")
 """The server's own families' prefixes (Triton's and Sluice's), which no model may take."""
@@ -60,6 +75,8 @@ class Series:
     """A histogram's observations per bucket (not cumulative), the last past every bound."""
     total: float = 0.0
     observations: int = 0
+    holds: int = 0
+    """The family holds that made this series: it is reported while one is left."""
 
 
 @dataclass
@@ -68,6 +85,8 @@ class Family:
     description: str
     kind: Kind
     series: dict[tuple[tuple[str, str], ...], Series] = field(default_factory=dict)
+    holds: int = 0
+    """The ``MetricFamily`` objects that hold it: it is reported while one is left."""
 
 
 class Registry:
@@ -77,10 +96,14 @@ class Registry:
         self._families: dict[str, Family] = {}
         self._count = 0
         self._lock = threading.Lock()
+        self._released: deque[FamilyHold] = deque()
+        """Holds released and not yet settled. A release comes from a ``__del__``, which
+        may run on any thread at any allocation, this registry's own under its lock
+        included: it only queues, and the next use of the registry settles it."""
 
-    def family(self, name: str, description: str, kind: Kind) -> Family:
-        """The family ``name`` (made on first use; the same one again for the same
-        description and kind)."""
+    def hold(self, name: str, description: str, kind: Kind) -> FamilyHold:
+        """A hold on the family ``name`` (made on first use; the same one again for the same
+        description and kind while any hold on it is left)."""
         if not isinstance(name, str) or not _NAME.fullmatch(name):
             raise MetricError(f"invalid metric family name {name!r}")
         if name.startswith(RESERVED_PREFIXES):
@@ -96,26 +119,29 @@ class Registry:
                 f"{MAX_DESCRIPTION_CHARS} characters"
             )
         with self._lock:
+            self._settle()
             found = self._families.get(name)
             if found is not None:
                 if (found.kind, found.description) != (kind, description):
                     raise MetricError(
                         f"metric family '{name}' exists with another kind or description"
                     )
-                return found
-            if len(self._families) >= MAX_FAMILIES:
+            elif len(self._families) >= MAX_FAMILIES:
                 raise MetricError(f"more than {MAX_FAMILIES} metric families")
-            made = Family(name, description, kind)
-            self._families[name] = made
-            return made
+            else:
+                found = self._families[name] = Family(name, description, kind)
+            found.holds += 1
+            return FamilyHold(self, found)
 
     def series(
         self,
-        family: Family,
+        hold: FamilyHold,
         labels: Mapping[str, str] | None,
         buckets: Sequence[float] | None = None,
     ) -> Series:
-        """The series of ``family`` with ``labels`` (a histogram's needs its ``buckets``)."""
+        """The series of ``hold``'s family with ``labels`` (a histogram's needs its
+        ``buckets``), held by ``hold`` until it is released."""
+        family = hold.family
         key = _labels(labels)
         if family.kind == "histogram":
             if buckets is None:
@@ -126,17 +152,43 @@ class Registry:
         else:
             bounds = ()
         with self._lock:
+            self._settle()
+            if hold.released:
+                raise MetricError(DELETED_FAMILY)
             found = family.series.get(key)
             if found is not None:
                 if found.buckets != bounds:
                     raise MetricError(f"'{family.name}' {dict(key)} exists with other buckets")
-                return found
-            if self._count >= MAX_SERIES:
+            elif self._count >= MAX_SERIES:
                 raise MetricError(f"more than {MAX_SERIES} metrics in one model process")
-            made = Series(key, buckets=bounds, counts=[0] * (len(bounds) + 1) if bounds else [])
-            family.series[key] = made
-            self._count += 1
-            return made
+            else:
+                counts = [0] * (len(bounds) + 1) if bounds else []
+                found = family.series[key] = Series(key, buckets=bounds, counts=counts)
+                self._count += 1
+            if key not in hold.series:
+                hold.series[key] = found
+                found.holds += 1
+            return found
+
+    def queue_release(self, hold: FamilyHold) -> None:
+        """Settle ``hold``'s release at the next use (takes no lock: ``__del__`` calls it)."""
+        self._released.append(hold)
+
+    def _settle(self) -> None:
+        """Apply the releases queued (under the lock): a series no hold is left on leaves
+        its family, and a family no hold is left on leaves the registry."""
+        while self._released:
+            hold = self._released.popleft()
+            family = hold.family
+            for key, series in hold.series.items():
+                series.holds -= 1
+                if series.holds == 0 and family.series.get(key) is series:
+                    del family.series[key]
+                    self._count -= 1
+            hold.series.clear()
+            family.holds -= 1
+            if family.holds == 0 and self._families.get(family.name) is family:
+                del self._families[family.name]
 
     def increment(self, family: Family, series: Series, value: float) -> None:
         number = _number(value)
@@ -169,6 +221,7 @@ class Registry:
     def snapshot(self) -> list[dict[str, Any]]:
         """Every family and series, as :func:`render` reads them (JSON-ready)."""
         with self._lock:
+            self._settle()
             return [
                 {
                     "name": family.name,
@@ -191,7 +244,58 @@ class Registry:
             ]
 
     def __bool__(self) -> bool:
-        return bool(self._families)
+        with self._lock:
+            self._settle()
+            return bool(self._families)
+
+
+class FamilyHold:
+    """One ``MetricFamily`` object's hold on its family, and on the series made through it
+    (Triton's ``MetricFamily`` keeps its ``Metric`` objects, and deleting it deletes them).
+    :meth:`release` when the object goes; the operations of a released hold's metrics
+    raise :data:`DELETED_FAMILY`, as Triton's do."""
+
+    def __init__(self, registry: Registry, family: Family) -> None:
+        self.registry = registry
+        self.family = family
+        self.series: dict[tuple[tuple[str, str], ...], Series] = {}
+        """The series made through this hold, each held once however often it was asked
+        for."""
+        self.released = False
+
+    def metric(
+        self, labels: Mapping[str, str] | None, buckets: Sequence[float] | None = None
+    ) -> Series:
+        """The series of the family with ``labels`` (a histogram's needs its ``buckets``),
+        held until this hold is released."""
+        return self.registry.series(self, labels, buckets)
+
+    def increment(self, series: Series, value: float) -> None:
+        self._check()
+        self.registry.increment(self.family, series, value)
+
+    def set(self, series: Series, value: float) -> None:
+        self._check()
+        self.registry.set(self.family, series, value)
+
+    def observe(self, series: Series, value: float) -> None:
+        self._check()
+        self.registry.observe(self.family, series, value)
+
+    def value(self, series: Series) -> float:
+        self._check()
+        return series.value
+
+    def release(self) -> None:
+        """Let the family and its series go (settled at the registry's next use; safe from
+        ``__del__``, once or more)."""
+        if not self.released:
+            self.released = True
+            self.registry.queue_release(self)
+
+    def _check(self) -> None:
+        if self.released:
+            raise MetricError(DELETED_FAMILY)
 
 
 REGISTRY = Registry()
@@ -240,6 +344,8 @@ def render(reports: Iterable[list[Any]]) -> list[str]:
                 _merge(kind, kept[2], series)
     lines: list[str] = []
     for name, (kind, description, all_series) in sorted(merged.items()):
+        if not all_series:
+            continue  # (a family with no series is not written, as Triton writes none)
         lines += [f"# HELP {name} {_help(description)}", f"# TYPE {name} {kind}"]
         for labels, series in sorted(all_series.items()):
             lines += _series_lines(name, kind, labels, series)

@@ -271,6 +271,13 @@ def test_the_controller_scales_exactly_its_own_worker_deployments(
     assert not any(
         matches(d["metadata"]["labels"], selector) for d in of_kind(other, "Deployment").values()
     )
+    # Its rollouts are followed for every worker Deployment of the release, however scaled.
+    rollouts = env["SLUICE_KUBERNETES_ROLLOUT_SELECTOR"]
+    followed = {n for n, d in workers.items() if matches(d["metadata"]["labels"], rollouts)}
+    assert followed == set(workers) and len(followed) > 1
+    assert not any(
+        matches(d["metadata"]["labels"], rollouts) for d in of_kind(other, "Deployment").values()
+    )
 
     (role,) = of_kind(everything, "Role").values()
     rules = {(tuple(r["resources"]), tuple(r["verbs"])) for r in role["rules"]}

@@ -1,16 +1,21 @@
 """Metrics a model defines itself (:mod:`sluice.core.observability.custom_metrics`), through
-Triton's ``pb_utils.MetricFamily``: what each kind does, what is refused, and how the
-reports of several workers become one family each on ``/metrics``."""
+Triton's ``pb_utils.MetricFamily``: what each kind does, what is refused, how long a series
+lives (as long as the family object that made it, as in Triton), and how the reports of
+several workers become one family each on ``/metrics``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
 from sluice.core.observability import custom_metrics as cm
 from sluice.workers.backends import triton_python_backend_utils as pb_utils
+
+KEPT: list[pb_utils.MetricFamily] = []
+"""Families the one-line cases keep alive (a family deleted deletes its metrics)."""
 
 
 @pytest.fixture(autouse=True)
@@ -18,19 +23,34 @@ def fresh_registry(monkeypatch: pytest.MonkeyPatch) -> Iterator[cm.Registry]:
     registry = cm.Registry()
     monkeypatch.setattr(cm, "REGISTRY", registry)
     yield registry
+    KEPT.clear()
+
+
+def kept(family: pb_utils.MetricFamily) -> Any:
+    """``family``, kept until the test ends (Any: the cases call it with what it refuses)."""
+    KEPT.append(family)
+    return family
+
+
+def names(registry: cm.Registry) -> dict[str, list[dict[str, str]]]:
+    """Each family reported, with the labels of its series."""
+    return {f["name"]: [s["labels"] for s in f["series"]] for f in registry.snapshot()}
 
 
 def test_each_kind_through_tritons_api(fresh_registry: cm.Registry) -> None:
     kinds = pb_utils.MetricFamily
-    counter = kinds("tokens", "Tokens made", kinds.COUNTER).Metric(labels={"model": "m"})
+    tokens = kinds("tokens", "Tokens made", kinds.COUNTER)
+    counter = tokens.Metric(labels={"model": "m"})
     counter.increment(2)
     counter.increment(0.5)
     assert counter.value() == 2.5
-    gauge = kinds("kv_use", "Cache use", kinds.GAUGE).Metric()
+    kv_use = kinds("kv_use", "Cache use", kinds.GAUGE)
+    gauge = kv_use.Metric()
     gauge.set(0.75)
     gauge.increment(-0.25)  # (a gauge may go down)
     assert gauge.value() == 0.5
-    histogram = kinds("wait_ms", "Wait", kinds.HISTOGRAM).Metric(buckets=[1, 5])
+    wait_ms = kinds("wait_ms", "Wait", kinds.HISTOGRAM)
+    histogram = wait_ms.Metric(buckets=[1, 5])
     for value in (0.5, 1, 3, 9):
         histogram.observe(value)
     lines = cm.render([fresh_registry.snapshot()])
@@ -43,7 +63,8 @@ def test_each_kind_through_tritons_api(fresh_registry: cm.Registry) -> None:
         "wait_ms_count 4",
     ]
     # The same family and labels again are the same metric.
-    again = kinds("tokens", "Tokens made", kinds.COUNTER).Metric(labels={"model": "m"})
+    same = kinds("tokens", "Tokens made", kinds.COUNTER)
+    again = same.Metric(labels={"model": "m"})
     again.increment(1)
     assert counter.value() == 3.5
 
@@ -55,26 +76,26 @@ def test_each_kind_through_tritons_api(fresh_registry: cm.Registry) -> None:
         (lambda k: k("nv_inference_count", "", k.COUNTER), "are the server's"),
         (lambda k: k("sluice_x", "", k.GAUGE), "are the server's"),
         (lambda k: k("x", "", 7), "invalid metric family kind"),
-        (lambda k: k("c", "", k.COUNTER).Metric().increment(-1), "cannot decrease"),
-        (lambda k: k("c", "", k.COUNTER).Metric().set(1), "only a gauge is set"),
-        (lambda k: k("c", "", k.COUNTER).Metric().observe(1), "only a histogram observes"),
-        (lambda k: k("c", "", k.COUNTER).Metric().increment(float("nan")), "finite"),
-        (lambda k: k("c", "", k.COUNTER).Metric().increment("1"), "a number"),
-        (lambda k: k("c", "", k.COUNTER).Metric(labels={"1x": "v"}), "invalid label name"),
-        (lambda k: k("c", "", k.COUNTER).Metric(labels={"le": "v"}), "invalid label name"),
-        (lambda k: k("c", "", k.COUNTER).Metric(labels={"a": 1}), "must be a string"),
-        (lambda k: k("c", "", k.COUNTER).Metric(labels={"a": "x" * 257}), "at most 256"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric().increment(-1), "cannot decrease"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric().set(1), "only a gauge is set"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric().observe(1), "only a histogram observes"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric().increment(float("nan")), "finite"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric().increment("1"), "a number"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric(labels={"1x": "v"}), "invalid label name"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric(labels={"le": "v"}), "invalid label name"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric(labels={"a": 1}), "must be a string"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric(labels={"a": "x" * 257}), "at most 256"),
         # (each label adds to every report: a series' labels are bounded, as its values)
         (
-            lambda k: k("c", "", k.COUNTER).Metric(labels={f"l{i}": "v" for i in range(17)}),
+            lambda k: kept(k("c", "", k.COUNTER)).Metric(labels={f"l{i}": "v" for i in range(17)}),
             "at most 16 labels",
         ),
         (lambda k: k("c", "d" * 1025, k.COUNTER), "longer than 1024 characters"),
-        (lambda k: k("c", "", k.COUNTER).Metric(buckets=[1]), "only a histogram has buckets"),
-        (lambda k: k("h", "", k.HISTOGRAM).Metric(), "needs buckets"),
-        (lambda k: k("h", "", k.HISTOGRAM).Metric(buckets=[2, 1]), "increasing"),
-        (lambda k: k("h", "", k.HISTOGRAM).Metric(buckets=[]), "1 to 64 buckets"),
-        (lambda k: k("h", "", k.HISTOGRAM).Metric(buckets=[1]).value(), "no single value"),
+        (lambda k: kept(k("c", "", k.COUNTER)).Metric(buckets=[1]), "only a histogram has buckets"),
+        (lambda k: kept(k("h", "", k.HISTOGRAM)).Metric(), "needs buckets"),
+        (lambda k: kept(k("h", "", k.HISTOGRAM)).Metric(buckets=[2, 1]), "increasing"),
+        (lambda k: kept(k("h", "", k.HISTOGRAM)).Metric(buckets=[]), "1 to 64 buckets"),
+        (lambda k: kept(k("h", "", k.HISTOGRAM)).Metric(buckets=[1]).value(), "no single value"),
     ],
 )
 def test_what_a_model_cannot_ask_for_raises_tritons_exception(make: object, text: str) -> None:
@@ -84,11 +105,13 @@ def test_what_a_model_cannot_ask_for_raises_tritons_exception(make: object, text
 
 def test_a_family_name_keeps_its_kind_and_description() -> None:
     kinds = pb_utils.MetricFamily
-    kinds("x", "One", kinds.COUNTER)
+    held = kinds("x", "One", kinds.COUNTER)
     with pytest.raises(pb_utils.TritonModelException, match="another kind or description"):
         kinds("x", "One", kinds.GAUGE)
     with pytest.raises(pb_utils.TritonModelException, match="another kind or description"):
         kinds("x", "Two", kinds.COUNTER)
+    del held  # (the name is free once no object holds it)
+    kinds("x", "Two", kinds.GAUGE)
 
 
 def test_series_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -149,10 +172,85 @@ def test_what_a_report_must_not_carry_is_left_out() -> None:
         ["not a family"],
     ]
     lines = cm.render(reports)  # type: ignore[arg-type]
-    assert lines == ["# HELP x X", "# TYPE x gauge", 'x{a="b"} 1', "# HELP y X", "# TYPE y gauge"]
+    # (y: its only series left out, a family with no series is not written)
+    assert lines == ["# HELP x X", "# TYPE x gauge", 'x{a="b"} 1']
 
 
 def test_unreadable_reports_are_left_out() -> None:
     live = cm.encode_report(_report("counter", [_series(1)]))  # type: ignore[arg-type]
     raw = [live, b"{not json", json.dumps({}).encode(), json.dumps({"families": 3}).encode()]
     assert len(cm.decode_reports(raw)) == 1
+
+
+def test_deleting_a_family_deletes_its_series_and_its_metrics_raise(
+    fresh_registry: cm.Registry,
+) -> None:
+    """Triton's lifetime: a ``MetricFamily`` object keeps the metrics made through it (one
+    dropped stays while its family lives), and deleting the family deletes them all, from
+    the report too; the ``Metric`` objects left raise Triton's error on every operation."""
+    kinds = pb_utils.MetricFamily
+    family = kinds("queue_depth", "Depth", kinds.GAUGE)
+    first = family.Metric(labels={"q": "a"})
+    family.Metric(labels={"q": "b"}).set(2)  # (its Metric object dropped at once)
+    first.set(1)
+    assert names(fresh_registry) == {"queue_depth": [{"q": "a"}, {"q": "b"}]}
+    del family
+    assert names(fresh_registry) == {}
+    assert not fresh_registry
+    for operation in (lambda: first.set(3), lambda: first.increment(1), first.value):
+        with pytest.raises(pb_utils.TritonModelException) as raised:
+            operation()
+        assert str(raised.value) == (
+            "Invalid metric operation as the corresponding 'MetricFamily' has been deleted. "
+            "The 'MetricFamily' object should be deleted AFTER its corresponding 'Metric' "
+            "objects have been deleted."
+        )
+    # The name is free again, for another kind even.
+    again = kinds("queue_depth", "Depth", kinds.COUNTER)
+    again.Metric().increment(1)
+    assert names(fresh_registry) == {"queue_depth": [{}]}
+
+
+def test_a_series_two_family_objects_made_stays_until_both_are_deleted(
+    fresh_registry: cm.Registry,
+) -> None:
+    """Two objects of one family making the same series share it (Triton counts its
+    references): it stays, with its value, until the last of them is deleted."""
+    kinds = pb_utils.MetricFamily
+    one = kinds("served", "Served", kinds.COUNTER)
+    other = kinds("served", "Served", kinds.COUNTER)
+    one.Metric(labels={"m": "x"}).increment(2)
+    other.Metric(labels={"m": "x"}).increment(3)
+    other.Metric(labels={"m": "y"})
+    del other
+    [family] = fresh_registry.snapshot()
+    assert [(s["labels"], s["value"]) for s in family["series"]] == [({"m": "x"}, 5.0)]
+    del one
+    assert fresh_registry.snapshot() == []
+
+
+def test_deleted_series_make_room(
+    fresh_registry: cm.Registry, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The bound counts the series reported: a model that makes its families afresh (one
+    per request, say) is never refused for those it deleted."""
+    monkeypatch.setattr(cm, "MAX_SERIES", 2)
+    for round_ in range(5):
+        family = pb_utils.MetricFamily("per_request", "", pb_utils.MetricFamily.COUNTER)
+        family.Metric(labels={"i": "0"}).increment(round_)
+        family.Metric(labels={"i": "1"})
+        del family
+    assert fresh_registry.snapshot() == []
+
+
+def test_a_release_while_the_registry_is_in_use_waits_for_its_next_use(
+    fresh_registry: cm.Registry,
+) -> None:
+    """A family's ``__del__`` may run on any thread at any allocation, within the
+    registry's own locked work included: it only queues, and the next use settles it."""
+    kinds = pb_utils.MetricFamily
+    family = kinds("late", "", kinds.COUNTER)
+    family.Metric()
+    with fresh_registry._lock:  # (as a collection during a snapshot would run it)
+        del family
+    assert fresh_registry.snapshot() == []
