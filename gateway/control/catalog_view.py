@@ -128,10 +128,21 @@ class CatalogView:
         return with_tenants([base], self.tenant_members.get((model, version), ()))[1:]
 
     def entry(self, model: str) -> CatalogEntry:
+        """The entry of the model clients name ``model``: NotFound for an unknown one (and
+        for the internal name of a copy, model namespacing), InvalidInput with Triton's
+        words for a name several repositories hold."""
         entry = self.models.get(model)
-        if entry is None:
+        if entry is None or entry.listed_as:
             raise NotFound(f"Request for unknown model: '{model}' is not found")
+        if entry.ambiguous:
+            raise InvalidInput(entry.error or f"model '{model}' is ambiguous")
         return entry
+
+    def listed_as(self, model: str) -> str:
+        """The name the repository index lists ``model`` under (model namespacing: a
+        copy's internal name is not)."""
+        entry = self.models.get(model)
+        return entry.listed_as if entry is not None and entry.listed_as else model
 
     def load_error(self, model: str, version: int) -> str | None:
         return self.load_errors.get(load_error_field(model, version))
@@ -149,7 +160,7 @@ class CatalogView:
             drawn = self.routing.draw(model)
             if drawn is not None and drawn in self.ready.get(model, ()):
                 entry = self.models.get(model)
-                if entry is not None and entry.available:
+                if entry is not None and entry.available and not entry.listed_as:
                     return entry, drawn
         return self.resolve(model, version, label)
 
@@ -205,17 +216,18 @@ class CatalogView:
         waiting: list[str] = []
         for name in sorted(self.models):
             entry = self.models[name]
-            if entry.error == UNLOADED:
+            if entry.error == UNLOADED or entry.ambiguous:
                 continue  # explicit model control: readiness is about the loaded models
+            shown = entry.listed_as or name
             if not entry.available:
-                waiting.append(f"'{name}' (unavailable)")
+                waiting.append(f"'{shown}' (unavailable)")
                 continue
             for version in entry.versions:
                 if entry.on_demand and self.load_error(name, version) is None:
                     continue  # takes requests, loaded or not
                 if not self.is_ready(name, version):
                     state = "unavailable" if self.load_error(name, version) else "loading"
-                    waiting.append(f"'{name}' version {version} ({state})")
+                    waiting.append(f"'{shown}' version {version} ({state})")
         return waiting
 
 

@@ -37,7 +37,11 @@ def _listed(models: list[str], most: int = 5) -> str:
 
 def model_not_ready(state: GatewayState, model: str, version: str | None) -> str | None:
     """Why a model version cannot serve (None: it is ready), after Triton's
-    "Model version not ready"."""
+    "Model version not ready"; a name several repositories hold is not ready (model
+    namespacing: Triton answers so, not with its error)."""
+    found = state.view.models.get(model)
+    if found is not None and found.ambiguous:
+        return f"Model version not ready; {found.error}"
     try:
         entry, number = state.view.resolve(model, version)
     except Unavailable as exc:
@@ -64,39 +68,45 @@ def config_document(state: GatewayState, model: str, version: str | None) -> dic
 
 
 def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]]:
-    """The repository index: one row per model version (per model when unavailable)."""
+    """The repository index: one row per model version (per model when unavailable). With
+    model namespacing, each copy of a name several repositories hold is listed under that
+    name (in the repositories' order), as Triton lists them, and the name itself is not."""
     if not isinstance(ready_only, bool):
         raise InvalidInput(
             f"Invalid value for 'ready': expected a boolean; got {json_type(ready_only)}"
         )
+    view = state.view
     rows: list[dict[str, str]] = []
-    for name in sorted(state.view.models):
-        entry = state.view.models[name]
+    listed = sorted(
+        (view.listed_as(name), name) for name, e in view.models.items() if not e.ambiguous
+    )
+    for shown, name in listed:
+        entry = view.models[name]
         if not entry.available:
             if not ready_only:
-                rows.append({"name": name, "state": "UNAVAILABLE", "reason": entry.error or ""})
+                rows.append({"name": shown, "state": "UNAVAILABLE", "reason": entry.error or ""})
             continue
         for version in entry.versions:
-            error = state.view.load_error(name, version)
-            if state.view.is_ready(name, version):
-                row = {"name": name, "version": str(version), "state": "READY", "reason": ""}
+            error = view.load_error(name, version)
+            if view.is_ready(name, version):
+                row = {"name": shown, "version": str(version), "state": "READY", "reason": ""}
             elif entry.on_demand and error is None:
-                loading = state.view.on_demand.get((name, version)) == LOADING
+                loading = view.on_demand.get((name, version)) == LOADING
                 row = {
-                    "name": name,
+                    "name": shown,
                     "version": str(version),
                     "state": LOADING if loading else ON_DEMAND_UNLOADED,
                     "reason": "",
                 }
             elif error is not None:
                 row = {
-                    "name": name,
+                    "name": shown,
                     "version": str(version),
                     "state": "UNAVAILABLE",
                     "reason": error,
                 }
             else:
-                row = {"name": name, "version": str(version), "state": "LOADING", "reason": ""}
+                row = {"name": shown, "version": str(version), "state": "LOADING", "reason": ""}
             if not ready_only or row["state"] in ("READY", ON_DEMAND_UNLOADED):
                 rows.append(row)
     return rows
@@ -121,7 +131,7 @@ def stats_targets(state: GatewayState, model: str, version: str | None) -> list[
 async def stats_document(state: GatewayState, models: list[tuple[str, int]]) -> dict[str, Any]:
     hashes = await state.control.model_statistics(models)
     stats = [
-        render_model_stats(name, version, *found)
+        render_model_stats(state.view.listed_as(name), version, *found)
         for (name, version), found in zip(models, hashes, strict=True)
     ]
     return {"model_stats": stats}

@@ -18,7 +18,15 @@ from sluice.core.repository import RepositoryModel
 
 
 def to_entry(model: RepositoryModel, on_demand: bool = False) -> CatalogEntry:
-    return CatalogEntry(model.name, model.versions, model.config, model.error, on_demand)
+    return CatalogEntry(
+        model.name,
+        model.versions,
+        model.config,
+        model.error,
+        on_demand,
+        listed_as=model.listed_as,
+        ambiguous=model.ambiguous,
+    )
 
 
 def publish_catalog(

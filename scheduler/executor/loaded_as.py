@@ -24,6 +24,7 @@ from sluice.core.control import ControlCommand, decode_command, encode_command
 from sluice.core.errors import SluiceError
 from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel, read_model
+from sluice.core.repository_namespaces import link_record
 from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.scheduler.repository.staging import check_model_name, stage
 
@@ -138,6 +139,8 @@ def staged_loads(
                 command.files,
                 keep=command.keep_files,
             )
+            if model_dir != repository / name:
+                link_record(repository, model_dir.parent)
         except (SluiceError, OSError) as exc:
             log.warning("cannot load '%s' as it was loaded before: %s", name, exc)
             continue

@@ -65,10 +65,12 @@ from sluice.core.queue_streams import base_streams, tenant_members_sync, with_te
 from sluice.core.repository import (
     DUPLICATE_REASON,
     RepositoryModel,
+    ambiguous_models,
     available_versions,
     duplicate_names,
     read_model,
 )
+from sluice.core.repository_namespaces import Namespaces, link_record, read_namespaces
 from sluice.core.settings import DEFAULT_MAX_BATCH_SIZE
 from sluice.scheduler.executor.dependencies import Groups, loads_first, unloads_after
 from sluice.scheduler.executor.instance_update import (
@@ -78,6 +80,7 @@ from sluice.scheduler.executor.instance_update import (
     plan,
 )
 from sluice.scheduler.executor.loaded_as import forget_load, remember_load
+from sluice.scheduler.executor.namespaced_commands import internal_named, on_each_copy
 from sluice.scheduler.executor.snapshot import Snapshots
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
 from sluice.scheduler.repository.staging import check_model_name, stage
@@ -184,12 +187,18 @@ class ModelControl:
     def catalog(self) -> list[RepositoryModel]:
         """The loaded models, and every other model of the repository as unloaded; in a
         view joining several repositories, a name two or more of them hold as unavailable
-        with Triton's reason (as Triton's index shows it in every mode)."""
+        with Triton's reason (as Triton's index shows it in every mode), or with model
+        namespacing, as ambiguous (its copies listed each under its internal name)."""
         models = {name: model for name, (model, _) in self.loaded.items()}
         if self.repository.is_dir():
+            namespaces = self._namespaces()
             for path in self.repository.iterdir():
                 if path.is_dir() and not path.name.startswith(".") and path.name not in models:
-                    models[path.name] = RepositoryModel(path.name, path, None, (), UNLOADED)
+                    own = path.name if namespaces is None else namespaces.name_of(path.name)
+                    listed_as = own if own != path.name else ""
+                    models[path.name] = RepositoryModel(
+                        path.name, path, None, (), UNLOADED, listed_as
+                    )
             try:
                 duplicates = duplicate_names(self.repository)
             except InvalidConfig as exc:
@@ -199,7 +208,17 @@ class ModelControl:
                 if name not in models:
                     path = self.repository / name
                     models[name] = RepositoryModel(name, path, None, (), DUPLICATE_REASON)
+            for model in ambiguous_models(self.repository, namespaces, set(models)):
+                models[model.name] = model
         return [models[name] for name in sorted(models)]
+
+    def _namespaces(self) -> Namespaces | None:
+        """The repository's record of namespaces (model namespacing), None without."""
+        try:
+            return read_namespaces(self.repository)
+        except InvalidConfig as exc:
+            log.warning("model control: %s", exc.message)
+            return None
 
     def tick(self) -> None:
         try:
@@ -265,7 +284,10 @@ class ModelControl:
             self._newest_token = command.token
         try:
             check_model_name(command.model)
-            if command.op == "unload":
+            if self._internal_named(command):
+                missing = f"failed to load '{command.model}', failed to poll from model repository"
+                self._reply(command, missing if command.op == "load" else None)
+            elif command.op == "unload":
                 self._begin_unload(command, deadline)
             elif command.op != "load":
                 self._reply(command, f"'{command.op}' is the controller's to carry out")
@@ -291,7 +313,28 @@ class ModelControl:
         work.fetch.start()
         self._current = work
 
+    def _internal_named(self, command: ControlCommand) -> bool:
+        """Whether a client's load or unload names a copy of a name several repositories
+        hold by Sluice's own name for it (model namespacing)."""
+        if command.op not in ("load", "unload") or self._groups.owns(command):
+            return False
+        return internal_named(command, self._namespaces())
+
+    def _on_each_copy(self, command: ControlCommand) -> bool:
+        """Carry a client's load or unload of a name several repositories hold out on each
+        copy (model namespacing); False for any other command (a controller's name the
+        view's models as they are)."""
+        if self._groups.owns(command) or command.token:
+            return False
+        loaded = {name: model for name, (model, _) in self.loaded.items()}
+        parts = on_each_copy(command, self._namespaces(), loaded, self._repository_model)
+        if parts:
+            self._in_group(command, parts)
+        return bool(parts)
+
     def _begin_load(self, command: ControlCommand, deadline: float) -> None:
+        if self._on_each_copy(command):
+            return
         name = command.model
         source = self.repository / name
         current = self.loaded.get(name)
@@ -309,6 +352,8 @@ class ModelControl:
             command.files,
             keep=command.keep_files,
         )
+        if model_dir != source:
+            link_record(self.repository, model_dir.parent)
         model = read_model(
             model_dir, self.config_name, default_max_batch_size=self.default_max_batch_size
         )
@@ -369,6 +414,8 @@ class ModelControl:
         )
 
     def _begin_unload(self, command: ControlCommand, deadline: float) -> None:
+        if self._on_each_copy(command):
+            return
         if not self._groups.owns(command):
             parts = unloads_after(command, {n: m for n, (m, _) in self.loaded.items()})
             if parts:

@@ -141,9 +141,10 @@ def wait_ready(
     url = f"{scheme}://{settings.http_host}:{settings.http_port}"
     restricted = parse_restrictions(settings.http_restricted_api).get("model-repository")
     headers = {restricted.header: restricted.value} if restricted is not None else {}
-    announcer = Announcer(
-        url, probe, {m.name for m in models}, instances_per_version(models), headers
-    )
+    # The index lists each model by the name clients know it by (model namespacing: a
+    # copy of a name several repositories hold under that name, the name itself not).
+    expected = {m.listed_as or m.name for m in models if not m.ambiguous}
+    announcer = Announcer(url, probe, expected, instances_per_version(models), headers)
     deadline = time.monotonic() + settings.ready_timeout_s
     gateway_child = supervisor.children[0]
     while not stop.is_set() and not announcer.settled():

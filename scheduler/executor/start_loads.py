@@ -125,10 +125,12 @@ def initially_loaded(
     load_model: Iterable[str], models: list[RepositoryModel], names: set[str]
 ) -> list[RepositoryModel]:
     """The repository's models named by ``load_model`` (``*``: all) or ``names``, and the
-    models each of them calls if an ensemble."""
+    models each of them calls if an ensemble; a name several repositories hold (model
+    namespacing) names each copy."""
     wanted = set(load_model) | names
     if "*" in wanted:
         return models
+    wanted |= {model.name for model in models if model.listed_as and model.listed_as in wanted}
     by_name = {model.name: model for model in models}
     for name in list(wanted):
         model = by_name.get(name)

@@ -19,7 +19,7 @@ def open_source(
     locations: str | Sequence[str], settings: RepositorySourceSettings
 ) -> RepositorySource:
     """The source the ``--model-repository`` values name: one repository, or several
-    joined in a view (:mod:`.union`)."""
+    joined in a view (:mod:`.union`; each a namespace with ``SLUICE_MODEL_NAMESPACING``)."""
     if isinstance(locations, str):
         locations = (locations,)
     if len(locations) == 1:
@@ -27,7 +27,8 @@ def open_source(
     if not locations:
         raise SourceError("no model repository is named")
     sources = [_one_source(location, settings) for location in locations]
-    return UnionSource(sources, view_folder(settings.repository_cache_dir, locations))
+    view = view_folder(settings.repository_cache_dir, locations)
+    return UnionSource(sources, view, namespacing=settings.model_namespacing)
 
 
 def _one_source(location: str, settings: RepositorySourceSettings) -> RepositorySource:

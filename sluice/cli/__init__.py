@@ -108,7 +108,7 @@ def up(
             help="Triton-layout model repository: a local directory, or s3://bucket/prefix "
             "(copied into SLUICE_REPOSITORY_CACHE_DIR at start). Give it more than once to "
             "serve several together, as Triton does: a model name found in two or more is "
-            "unavailable. Default: model_repository.",
+            "unavailable (unless --model-namespacing=true). Default: model_repository.",
             show_default=False,
         ),
     ] = None,

@@ -32,6 +32,13 @@ class CatalogEntry:
     on_demand: bool = False
     """Loaded when a request comes, unloaded when others need the memory
     (:mod:`sluice.core.on_demand`): ready to take requests whether or not a worker runs."""
+    listed_as: str = ""
+    """Model namespacing (:mod:`sluice.core.repository_namespaces`): for a copy of a name
+    several repositories hold, served under the internal name ``name``, the name the
+    repository index lists it under; clients cannot name it. Empty otherwise."""
+    ambiguous: bool = False
+    """Model namespacing: a name several repositories hold, with no model of its own; a
+    request naming it is refused with ``error`` (Triton's words)."""
 
     @property
     def available(self) -> bool:
@@ -47,6 +54,10 @@ def encode_entry(entry: CatalogEntry) -> bytes:
         "error": entry.error,
         "on_demand": entry.on_demand,
     }
+    if entry.listed_as:  # (only with model namespacing: entries are as before otherwise)
+        body["listed_as"] = entry.listed_as
+    if entry.ambiguous:
+        body["ambiguous"] = True
     packed: bytes = msgpack.packb(body)
     return packed
 
@@ -71,6 +82,8 @@ def decode_entry(raw: bytes) -> CatalogEntry:
             config=config,
             error=error,
             on_demand=bool(body.get("on_demand", False)),
+            listed_as=str(body.get("listed_as", "")),
+            ambiguous=bool(body.get("ambiguous", False)),
         )
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise MalformedEntry(f"bad catalog entry: {exc}") from None

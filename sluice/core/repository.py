@@ -9,6 +9,11 @@ A deployment may name a custom configuration (``config_name``, Triton's
 ``--model-config-name``, the setting ``SLUICE_MODEL_CONFIG_NAME``): a model whose folder has
 ``configs/<name>.pbtxt`` is read with that file instead of its ``config.pbtxt``; the others
 as usual. Every reader of one deployment passes the same name.
+
+In a view joining several repositories with model namespacing
+(:mod:`sluice.core.repository_namespaces`), a model served under an internal name is read
+as its own name says, then renamed to its internal name, and an ensemble's steps are
+resolved within its repository.
 """
 
 from __future__ import annotations
@@ -35,6 +40,12 @@ from sluice.core.config.platforms import fallback_model_filename
 from sluice.core.config.python_autocomplete import autocomplete_python, wants_python_autocomplete
 from sluice.core.errors import InvalidConfig
 from sluice.core.repository_agents import check_repository_agents
+from sluice.core.repository_namespaces import (
+    Namespaces,
+    ambiguity,
+    read_namespaces,
+    unresolved_steps,
+)
 from sluice.core.settings import CONFIG_NAME_PATTERN, DEFAULT_MAX_BATCH_SIZE
 
 # Triton ignores version folders that are not plain positive numbers ("01", "v1", "0").
@@ -61,6 +72,12 @@ class RepositoryModel:
     config: ModelConfig | None
     versions: tuple[int, ...]
     error: str | None = None
+    listed_as: str = ""
+    """The name clients know the model by, where ``name`` is an internal name (model
+    namespacing: a copy of a name several repositories hold); empty otherwise."""
+    ambiguous: bool = False
+    """A name several repositories hold (model namespacing): no model of its own; ``error``
+    is Triton's answer to a request naming it."""
 
     @property
     def usable(self) -> bool:
@@ -77,7 +94,8 @@ def scan_repository(
 ) -> list[RepositoryModel]:
     """Every model under ``root``, sorted by name (hidden directories skipped), each with
     its custom configuration ``config_name`` where it has one; in a view joining several
-    repositories, the names two or more of them hold come as unavailable models.
+    repositories, the names two or more of them hold come as unavailable models (with model
+    namespacing: as ambiguous names, each copy served under its internal name).
     ``default_max_batch_size``: what autocomplete gives a model that can batch
     (:func:`autocomplete_from_onnx`)."""
     if not root.exists():
@@ -88,11 +106,13 @@ def scan_repository(
         (p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")),
         key=lambda p: p.name,
     )
-    models = [_read_one(p, config_name, default_max_batch_size) for p in model_dirs]
+    namespaces = read_namespaces(root)
+    models = [_read_one(p, config_name, default_max_batch_size, namespaces) for p in model_dirs]
     models += [
         RepositoryModel(name, root / name, None, (), DUPLICATE_REASON)
         for name in duplicate_names(root)
     ]
+    models += ambiguous_models(root, namespaces, {p.name for p in model_dirs})
     models.sort(key=lambda model: model.name)
     by_name = {model.name: model for model in models}
     return [_with_transaction_policy(model, by_name.get) for model in models]
@@ -112,13 +132,32 @@ def duplicate_names(root: Path) -> list[str]:
     return names
 
 
+def ambiguous_models(
+    root: Path, namespaces: Namespaces | None, folders: set[str]
+) -> list[RepositoryModel]:
+    """The names of ``namespaces`` (the record of the view ``root``) that several
+    repositories hold, each an unavailable model with Triton's answer to a request naming
+    it; none that ``folders`` (the view's) hold."""
+    if namespaces is None:
+        return []
+    return [
+        RepositoryModel(name, root / name, None, (), ambiguity(name, len(copies)), ambiguous=True)
+        for name, copies in namespaces.ambiguous().items()
+        if name not in folders
+    ]
+
+
 def read_model(
     path: Path, config_name: str = "", *, default_max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
 ) -> RepositoryModel:
     """One model directory (with its custom configuration ``config_name`` where it has
     one); model-level problems end up in ``error``. An ensemble's composing models are read
     from the same repository (for its transaction policy)."""
-    model = _read_one(path, config_name, default_max_batch_size)
+    try:
+        namespaces = read_namespaces(path.parent)
+    except InvalidConfig as exc:
+        return RepositoryModel(path.name, path, None, (), exc.message)
+    model = _read_one(path, config_name, default_max_batch_size, namespaces)
     if model.config is None or not model.config.is_ensemble:
         return model
     read: dict[str, RepositoryModel | None] = {}
@@ -127,7 +166,7 @@ def read_model(
         if name not in read:
             folder = path.parent / name
             read[name] = (
-                _read_one(folder, config_name, default_max_batch_size)
+                _read_one(folder, config_name, default_max_batch_size, namespaces)
                 if name and folder.is_dir()
                 else None
             )
@@ -136,12 +175,40 @@ def read_model(
     return _with_transaction_policy(model, sibling)
 
 
-def _read_one(path: Path, config_name: str, default_max_batch_size: int) -> RepositoryModel:
+def _read_one(
+    path: Path, config_name: str, default_max_batch_size: int, namespaces: Namespaces | None
+) -> RepositoryModel:
+    name = path.name
+    own_name = name if namespaces is None else namespaces.name_of(name)
+    listed_as = own_name if own_name != name else ""
     try:
-        config, versions = _load(path, config_name, default_max_batch_size)
+        config, versions = _load(path, config_name, default_max_batch_size, own_name)
+        if namespaces is not None:
+            config = _in_namespace(config, name, namespaces)
     except InvalidConfig as exc:
-        return RepositoryModel(path.name, path, None, (), exc.message)
-    return RepositoryModel(path.name, path, config, versions)
+        return RepositoryModel(name, path, None, (), exc.message, listed_as)
+    return RepositoryModel(name, path, config, versions, listed_as=listed_as)
+
+
+def _in_namespace(config: ModelConfig, view_name: str, namespaces: Namespaces) -> ModelConfig:
+    """``config`` (read under the model's own name) as the view serves it: named
+    ``view_name``, its steps (an ensemble's) calling the models they resolve to from its
+    repository; InvalidConfig with Triton's reason for a step that resolves to none."""
+    index = namespaces.index_of(view_name)
+    steps = [step.model_name for step in config.ensemble_steps]
+    resolved = steps if index is None else [namespaces.resolve(s, index) for s in steps]
+    unresolved = [step for step, to in zip(steps, resolved, strict=True) if to is None]
+    if unresolved:
+        assert index is not None
+        repository = namespaces.repositories[index]
+        raise InvalidConfig(unresolved_steps(repository, config.name, dict.fromkeys(unresolved)))
+    if config.name == view_name and resolved == steps:
+        return config
+    msg = config_to_proto(config)
+    msg.name = view_name
+    for step, to in zip(msg.ensemble_scheduling.step, resolved, strict=True):
+        step.model_name = to
+    return config_from_proto(msg, model_name=view_name)
 
 
 def _with_transaction_policy(
@@ -230,10 +297,11 @@ def config_source(path: Path, config_name: str = "") -> str:
 
 
 def _load(
-    path: Path, config_name: str, default_max_batch_size: int
+    path: Path, config_name: str, default_max_batch_size: int, name: str
 ) -> tuple[ModelConfig, tuple[int, ...]]:
-    name = path.name
-    config = _read_config(path, config_source(path, config_name))
+    """The model in folder ``path``, read as model ``name`` (the folder's name, but for a
+    copy served under an internal name)."""
+    config = _read_config(path, config_source(path, config_name), name)
     available = available_versions(path)
     if not available:
         raise InvalidConfig("no version directory (expected numeric folders such as 1/)")
@@ -287,7 +355,7 @@ def _load(
     return config, versions
 
 
-def _read_config(path: Path, source: str) -> ModelConfig | None:
+def _read_config(path: Path, source: str, name: str) -> ModelConfig | None:
     config_path = path / source
     if not config_path.exists():
         return None
@@ -295,7 +363,7 @@ def _read_config(path: Path, source: str) -> ModelConfig | None:
         text = config_path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise InvalidConfig(f"{source}: cannot read the file: {exc}") from None
-    return parse_config_text(text, model_name=path.name, source=source)
+    return parse_config_text(text, model_name=name, source=source)
 
 
 def _infer_platform(config: ModelConfig, version_dir: Path) -> ModelConfig:

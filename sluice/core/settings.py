@@ -300,6 +300,12 @@ class RepositorySourceSettings(BaseSettings):
     repository_poll_s: float = Field(15.0, gt=0)
     """How often a repository is listed again for changes (Triton's --repository-poll-secs)."""
 
+    model_namespacing: bool = False
+    """Triton's --model-namespacing: with several repositories, each is a namespace, and
+    two of them may hold models of the same name (each served; a request naming the name
+    alone is refused as ambiguous; an ensemble calls the model of its own repository).
+    False: a name two repositories hold is served from neither."""
+
     s3_endpoint_url: str = ""
     """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the
     standard AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL)."""
@@ -967,7 +973,7 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     (copied into ``repository_cache_dir`` at start); several as a JSON list (the command
     line's ``--model-repository`` given more than once), served together as Triton serves
     them: model names are unique across them, and a name found in two or more is
-    unavailable."""
+    unavailable (unless ``model_namespacing``)."""
 
     @field_validator("model_repository", mode="before")
     @classmethod

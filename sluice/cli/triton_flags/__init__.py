@@ -8,8 +8,8 @@
   which the gateways and workers ``sluice up`` starts inherit;
 - ``ignored``: tuning of Triton's own internals that means nothing here; accepted with one
   warning line naming it;
-- ``refused``: ignoring it would quietly change what the deployment does (model namespacing,
-  turning HTTP off, ...); an error says what to do instead.
+- ``refused``: ignoring it would quietly change what the deployment does (turning HTTP off,
+  ...); an error says what to do instead.
 
 A flag may also have values for which Sluice already does what they ask (``--allow-http=true``,
 ``--grpc-use-ssl=false``): those are taken without a word, whatever its kind.

@@ -16,7 +16,8 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
         "int",
         "mapped",
         "SLUICE_SHUTDOWN_TIMEOUT_S: how long a stopping gateway waits for in-flight "
-        "requests (at least 1 s).",
+        "requests (at least 1 s), and SLUICE_WORKER_STOP_GRACE_S: how long a worker asked "
+        "to stop has to answer what it holds before it is killed.",
         handlers.exit_timeout,
     ),
     # Logging
@@ -118,11 +119,11 @@ FLAGS_LIST: tuple[TritonFlag, ...] = (
     TritonFlag(
         "model-namespacing",
         "bool",
-        "refused",
-        "Sluice keeps model names unique across the repositories (a name found in two or "
-        "more is unavailable, as in Triton without namespacing); serve each namespace with "
-        "a sluice up of its own.",
-        fine=handlers.means(False),
+        "mapped",
+        "SLUICE_MODEL_NAMESPACING: each repository is a namespace; a name several hold is "
+        "served from each (an ensemble calls its own repository's), and a request naming it "
+        "alone is refused as ambiguous, as in Triton.",
+        handlers.env_bool("SLUICE_MODEL_NAMESPACING"),
     ),
     # HTTP
     TritonFlag(

@@ -104,7 +104,11 @@ def test_the_issues_command_line() -> None:
 @pytest.mark.parametrize(
     ("args", "overrides", "environment"),
     [
-        (["--exit-timeout-secs=45"], {}, {"SLUICE_SHUTDOWN_TIMEOUT_S": "45"}),
+        (
+            ["--exit-timeout-secs=45"],
+            {},
+            {"SLUICE_SHUTDOWN_TIMEOUT_S": "45", "SLUICE_WORKER_STOP_GRACE_S": "45"},
+        ),
         (["--log-verbose=true"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "1"}),
         (["--log-verbose=False"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "0"}),
         (["--log-verbose=3"], {}, {"SLUICE_LOG_VERBOSE_LEVEL": "3"}),
@@ -285,6 +289,7 @@ def test_mapped_variables_are_settings_that_accept_the_values(
     assert (worker.log_info, worker.log_warning, worker.log_error) == (False, False, False)
     up = UpSettings(**{"metrics_port": 8002, "grpc_port": 8001, **result.overrides})
     assert (up.repository_poll_s, up.exit_on_error) == (2.0, True)
+    assert up.worker_stop_grace_s == 45  # (a worker stopping gets what a gateway gets)
     assert (up.grpc_port, up.metrics_port, up.allow_metrics) == (0, 0, False)
 
 
@@ -295,7 +300,10 @@ def test_exit_on_error_is_off_by_default(monkeypatch: pytest.MonkeyPatch) -> Non
 
 def test_an_exit_timeout_below_one_second_waits_one_second_and_says_so() -> None:
     result = parse(["--exit-timeout-secs=0"])
-    assert result.environment == {"SLUICE_SHUTDOWN_TIMEOUT_S": "1"}
+    assert result.environment == {
+        "SLUICE_SHUTDOWN_TIMEOUT_S": "1",
+        "SLUICE_WORKER_STOP_GRACE_S": "1",
+    }
     [warning] = result.warnings
     assert "--exit-timeout-secs=0" in warning and "1 s" in warning
 
@@ -408,6 +416,18 @@ def test_the_default_max_batch_size_becomes_a_setting() -> None:
         parse(["--backend-config=default-max-batch-size=-1"])
 
 
+def test_model_namespacing_becomes_a_setting_either_way() -> None:
+    """Triton's --model-namespacing is SLUICE_MODEL_NAMESPACING (false too: the flag wins
+    over a variable set before)."""
+    on = parse(["--model-namespacing=true"])
+    assert on.environment == {"SLUICE_MODEL_NAMESPACING": "true"} and not on.warnings
+    assert parse(["--model-namespacing", "off"]).environment == {
+        "SLUICE_MODEL_NAMESPACING": "false"
+    }
+    with pytest.raises(typer.BadParameter, match="invalid value for bool option: maybe"):
+        parse(["--model-namespacing=maybe"])
+
+
 def test_grpc_ping_policies_become_settings() -> None:
     args = ["--grpc-keepalive-permit-without-calls=true", "--grpc-http2-max-ping-strikes=0"]
     args += ["--grpc-http2-min-recv-ping-interval-without-data", "5000"]
@@ -426,11 +446,6 @@ def test_grpc_ping_policies_become_settings() -> None:
 @pytest.mark.parametrize(
     ("args", "shown", "instead"),
     [
-        (
-            ["--model-namespacing=true"],
-            "--model-namespacing=true",
-            "unique across the repositories",
-        ),
         (["--allow-http=false"], "--allow-http=false", "--http-address 127.0.0.1"),
         (["--allow-sagemaker=true"], "--allow-sagemaker=true", "SageMaker"),
         (["--allow-vertex-ai=1"], "--allow-vertex-ai=1", "Vertex AI"),
@@ -449,7 +464,6 @@ def test_refused_flags_name_the_flag_and_say_what_to_do(
 @pytest.mark.parametrize(
     "args",
     [
-        ["--model-namespacing=false"],
         ["--allow-http=true"],
         ["--allow-sagemaker=false"],
         ["--allow-vertex-ai=0"],
