@@ -28,7 +28,9 @@ def _error(status: int, message: str, headers: dict[str, str] | None = None) -> 
 
 async def _sluice_error(_: Request, exc: Exception) -> Response:
     assert isinstance(exc, SluiceError)
-    headers = {"Retry-After": str(exc.retry_after_s)} if isinstance(exc, Overloaded) else None
+    headers = None
+    if isinstance(exc, Overloaded) and exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
     if isinstance(exc, PayloadTooLarge):
         headers = CLOSE  # the rest of the body is not read: the connection cannot go on
     return _error(int(exc.status), exc.message, headers)

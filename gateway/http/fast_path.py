@@ -188,7 +188,7 @@ class InferFastPath:
         except SluiceError as exc:
             status, error = int(exc.status), exc.message
             content, response_headers = encode_error(error), [_JSON]
-            if isinstance(exc, Overloaded):
+            if isinstance(exc, Overloaded) and exc.retry_after_s is not None:
                 response_headers.append((b"retry-after", str(exc.retry_after_s).encode()))
             if unread:  # (refused before its body was read: the connection cannot go on)
                 response_headers.append((b"connection", b"close"))

@@ -354,9 +354,7 @@ async def encode_result(state: GatewayState, record: dict[str, bytes]) -> tuple[
     failed or expired job raises the error the synchronous request would have got."""
     status = record.get(jobs.F_STATUS, b"").decode()
     if status != jobs.COMPLETED:
-        kind = record.get(jobs.F_ERROR_KIND, b"").decode()
-        message = record.get(jobs.F_ERROR, b"").decode(errors="replace")
-        raise error_from_kind(kind or "InferenceFailed", message or f"the job {status}")
+        raise finished_job_error(record)
     fields = {HEADER_FIELD: record.get(jobs.F_REPLY, b""), DATA_FIELD: record.get(jobs.F_DATA, b"")}
     reply, data = decode_reply(fields)
     wanted = [
@@ -369,6 +367,20 @@ async def encode_result(state: GatewayState, record: dict[str, bytes]) -> tuple[
         len(data) > OFFLOAD_BYTES,
         lambda: encode_reply(state.transfer, model, reply, data, wanted, client_id),
     )
+
+
+def finished_job_error(record: dict[str, bytes]) -> SluiceError:
+    """The error a failed or expired job keeps, with its status code; never with
+    ``Retry-After``, even when it is a refusal (a 429 naming the tenant's
+    SLUICE_TENANT_MAX_JOB_RESULT_BYTES, an answer that was not kept): the job is over, and
+    reading its result again answers the same. Submit it again instead."""
+    status = record.get(jobs.F_STATUS, b"").decode()
+    kind = record.get(jobs.F_ERROR_KIND, b"").decode()
+    message = record.get(jobs.F_ERROR, b"").decode(errors="replace")
+    error = error_from_kind(kind or "InferenceFailed", message or f"the job {status}")
+    if isinstance(error, Overloaded):
+        error.retry_after_s = None
+    return error
 
 
 async def cancel_job(state: GatewayState, job_id: str, owner: str) -> str:

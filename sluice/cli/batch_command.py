@@ -1,5 +1,5 @@
-"""``sluice batch submit|status|download|resume|cancel|list|upload|uploads``: offline batch
-jobs from the terminal, through a gateway's HTTP API, from any machine that reaches it.
+"""``sluice batch submit|status|download|resume|cancel|delete|list|upload|uploads``: offline
+batch jobs from the terminal, through a gateway's HTTP API, from any machine that reaches it.
 
 ``submit`` with a local input file uploads it (progress in bytes), runs the job, follows it
 (rows, rate, ETA) and downloads the outputs into a local folder; ``s3://`` locations and
@@ -8,7 +8,8 @@ passed to the server as they are. Progress goes to stderr; stdout says what happ
 
 Closing the terminal or pressing Ctrl-C while watching leaves the job running; ``sluice
 batch status ID --watch`` picks it up again, ``sluice batch download ID --output DIR``
-fetches its outputs.
+fetches its outputs (of a job that failed or was cancelled, the parts it committed; the exit
+status says it did not complete).
 """
 
 from __future__ import annotations
@@ -51,10 +52,13 @@ def _client(url: str, key: str | None) -> Client:
     return Client(url, api_key=key)
 
 
-def _fail(exc: BaseException) -> NoReturn:
-    """Exit 1 with the error's message (the server's, or the local file's problem)."""
+def _fail(exc: BaseException, hint: str | None = None) -> NoReturn:
+    """Exit 1 with the error's message (the server's, or the local file's problem), and
+    what to do about it when there is something to say."""
     message = getattr(exc, "message", None) or str(exc)
     typer.echo(f"error: {message}", err=True)
+    if hint:
+        typer.echo(hint, err=True)
     raise typer.Exit(1)
 
 
@@ -184,7 +188,9 @@ def download(
     url: Url = GATEWAY,
     key: Key = None,
 ) -> None:
-    """Download a completed batch job's output files (kept on the server) into a folder."""
+    """Download a batch job's output files (kept on the server) into a folder: all of a
+    completed job's; of one that failed or was cancelled, the parts of the shards it
+    committed (exit status 1: it did not complete)."""
     from sluice.client import transfers
 
     try:
@@ -192,7 +198,18 @@ def download(
     except OSError as exc:
         _fail(exc)
     with _client(url, key) as client:
+        state = _poll(client, batch_id)
+        partial = state["status"] in _FINISHED and state["status"] != "completed"
+        if partial:
+            _show(state)  # (why it did not complete, first)
         _download(client, batch_id, folder)
+    if partial:
+        ended = "was cancelled" if state["status"] == "cancelled" else state["status"]
+        typer.echo(
+            f"batch {batch_id} {ended}: only the parts of the shards it committed were "
+            f"downloaded; sluice batch resume {batch_id} runs the rest"
+        )
+        raise typer.Exit(1)
 
 
 @batch_app.command("status")
@@ -235,6 +252,24 @@ def cancel(batch_id: str, url: Url = GATEWAY, key: Key = None) -> None:
             _show(client.cancel_batch(batch_id))
     except Exception as exc:
         _fail(exc)
+
+
+@batch_app.command("delete")
+def delete(batch_id: str, url: Url = GATEWAY, key: Key = None) -> None:
+    """Delete a batch job that has ended, with its outputs kept on the server (their bytes
+    go back to the tenant's quota); a job still running must be cancelled first."""
+    from sluice.client import Conflict, NotFound
+
+    try:
+        with _client(url, key) as client:
+            client.delete_batch(batch_id)
+    except Conflict as exc:
+        _fail(exc, f"(sluice batch cancel {batch_id} stops it; delete it once it has ended)")
+    except NotFound as exc:
+        _fail(exc, "(unknown, deleted already or expired, or not this API key's tenant's)")
+    except Exception as exc:
+        _fail(exc)
+    typer.echo(f"batch {batch_id} deleted, with its outputs on the server")
 
 
 @batch_app.command("list")

@@ -215,6 +215,11 @@ class AsyncClient:
     async def batches(self) -> list[dict[str, Any]]:
         return await self._run(calls.batches())
 
+    async def delete_batch(self, batch_id: str) -> None:
+        """Delete a batch job that has ended, with its outputs (see
+        :meth:`~sluice.client.Client.delete_batch`)."""
+        await self._run(calls.delete_batch(batch_id))
+
     async def wait_batch(
         self, batch_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     ) -> dict[str, Any]:
@@ -230,7 +235,8 @@ class AsyncClient:
             await asyncio.sleep(poll_s)
 
     async def batch_outputs(self, batch_id: str) -> list[dict[str, Any]]:
-        """The output files of a completed batch kept in the server's store."""
+        """The output files of a batch that ended kept in the server's store (see
+        :meth:`~sluice.client.Client.batch_outputs`)."""
         return await self._run(calls.batch_outputs(batch_id))
 
     async def download_batch_output(
@@ -292,7 +298,8 @@ class AsyncClient:
         *,
         progress: ProgressCallback | None = None,
     ) -> list[Path]:
-        """Every output file of a completed batch into ``directory`` (created)."""
+        """Every output file of a batch that ended into ``directory`` (created; see
+        :meth:`~sluice.client.Client.download_batch_outputs`)."""
         folder = await asyncio.to_thread(transfers.output_directory, directory)
         files = await self.batch_outputs(batch_id)
         combined = transfers.CombinedProgress(files, progress)

@@ -303,10 +303,17 @@ def job(job_id: str) -> Call[dict[str, Any]]:
 
 
 def job_result(job_id: str, wait_s: float = 0.0) -> Call[dict[str, np.ndarray]]:
+    """A 429 here is the error of a finished job (its answer was not kept, its tenant at
+    its limit): final, so not retried."""
     seconds = max(0, math.ceil(wait_s))
     headers = {"Prefer": f"wait={seconds}"} if seconds else {}
     return Call(
-        "GET", f"{_job_path(job_id)}/result", _result_answer, headers, extra_timeout_s=seconds
+        "GET",
+        f"{_job_path(job_id)}/result",
+        _result_answer,
+        headers,
+        extra_timeout_s=seconds,
+        retry_statuses=RETRY_STATUSES - {429},
     )
 
 
@@ -342,6 +349,10 @@ def resume_batch(batch_id: str) -> Call[dict[str, Any]]:
 
 def batches() -> Call[list[dict[str, Any]]]:
     return Call("GET", "/v2/batches", _batches_answer)
+
+
+def delete_batch(batch_id: str) -> Call[None]:
+    return Call("DELETE", _batch_path(batch_id), raise_for_error)
 
 
 def batch_outputs(batch_id: str) -> Call[list[dict[str, Any]]]:

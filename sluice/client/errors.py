@@ -113,14 +113,15 @@ def error_message(content: bytes, status: int) -> str:
 def error_for(status: int, content: bytes, retry_after: str | None = None) -> SluiceError:
     """The exception for an error answer: the class the server raised, its message.
 
-    503 with ``Retry-After`` is :class:`Overloaded` (it carries the delay), 429 with it
-    :class:`QuotaExceeded` (a tenant over its own limit, an :class:`Overloaded` too); a
-    status of no class of the hierarchy is :class:`SluiceError`, its message prefixed with
-    the status."""
+    503 with ``Retry-After`` is :class:`Overloaded` (it carries the delay), 429
+    :class:`QuotaExceeded` (a tenant over its own limit, an :class:`Overloaded` too; its
+    ``retry_after_s`` None without ``Retry-After``: a refusal that waiting does not lift,
+    such as a finished job's); a status of no class of the hierarchy is
+    :class:`SluiceError`, its message prefixed with the status."""
     message = error_message(content, status)
     delay = retry_after_s(retry_after)
-    if status == 429 and delay is not None:
-        return QuotaExceeded(message, retry_after_s=max(0, round(delay)))
+    if status == 429:
+        return QuotaExceeded(message, None if delay is None else max(0, round(delay)))
     if status == 503 and delay is not None:
         return Overloaded(message, retry_after_s=max(0, round(delay)))
     if status == 410:

@@ -222,6 +222,12 @@ class Client:
     def batches(self) -> list[dict[str, Any]]:
         return self._run(calls.batches())
 
+    def delete_batch(self, batch_id: str) -> None:
+        """Delete a batch job that has ended, with its outputs in the server's store (their
+        bytes go back to the tenant's quota); :class:`Conflict` while it runs (cancel it
+        first), :class:`NotFound` for an unknown one, or another tenant's."""
+        self._run(calls.delete_batch(batch_id))
+
     def wait_batch(
         self, batch_id: str, *, timeout_s: float | None = None, poll_s: float = 1.0
     ) -> dict[str, Any]:
@@ -237,8 +243,11 @@ class Client:
             time.sleep(poll_s)
 
     def batch_outputs(self, batch_id: str) -> list[dict[str, Any]]:
-        """The output files of a completed batch kept in the server's store: each a
-        ``name`` and its ``bytes`` (and ``sha256`` where the server gives it)."""
+        """The output files of a batch that ended kept in the server's store: all of a
+        completed one's, or the parts of the shards a failed or cancelled one committed
+        (each with the ``rows`` ``[start, end)`` it holds); each a ``name`` and its
+        ``bytes`` (and ``sha256`` where the server gives it). :class:`Conflict` while it
+        runs."""
         return self._run(calls.batch_outputs(batch_id))
 
     def download_batch_output(
@@ -299,8 +308,9 @@ class Client:
         *,
         progress: ProgressCallback | None = None,
     ) -> list[Path]:
-        """Every output file of a completed batch into ``directory`` (created), under the
-        names the server lists; ``progress`` sees the bytes of all of them together."""
+        """Every output file of a batch that ended (see :meth:`batch_outputs`: of a failed
+        or cancelled one, only the parts it committed) into ``directory`` (created), under
+        the names the server lists; ``progress`` sees the bytes of all of them together."""
         folder = transfers.output_directory(directory)
         files = self.batch_outputs(batch_id)
         combined = transfers.CombinedProgress(files, progress)

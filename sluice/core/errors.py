@@ -72,9 +72,12 @@ class Overloaded(SluiceError):
     status = HTTPStatus.SERVICE_UNAVAILABLE
     grpc_code = "UNAVAILABLE"
 
-    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+    def __init__(self, message: str, retry_after_s: int | None = 1) -> None:
         super().__init__(message)
         self.retry_after_s = retry_after_s
+        """Seconds the client should wait before it retries (``Retry-After``); None when
+        retrying cannot help, and no ``Retry-After`` is sent: the refusal is final (the
+        error a finished job keeps, which every later read answers alike)."""
 
 
 class ServerBusy(Overloaded):

@@ -703,7 +703,7 @@ class GatewaySettings(BatchStoreSettings, ApiKeySettings, ResponseCacheSettings,
     they are kept (``job_retention_s``); once they hold as many, that tenant's new jobs of
     the model get 429 + Retry-After until some expire or are deleted (``DELETE
     /v2/jobs/{id}`` of a finished job frees its answer at once), and an answer that comes
-    then is not kept (its job fails with that 429)."""
+    then is not kept (its job fails with that 429, read without Retry-After: it is final)."""
 
     tenant_limits_file: str = ""
     """TOML file of each tenant's share and limits (weight, rate and burst, max_in_flight,

@@ -21,6 +21,7 @@ import pytest
 import tritonclient.http as httpclient
 from redis import Redis
 
+from sluice.client import Client, QuotaExceeded
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
 from tests.support.model_files import write_double_and_broken
@@ -507,3 +508,35 @@ def test_a_tenants_kept_answers_are_bounded_and_freed_by_deleting_or_expiring(
             RETENTION_S * 4,
             0.5,
         )
+
+
+def test_an_answer_not_kept_is_a_final_429_without_retry_after(kept_answers: Stack) -> None:
+    """Two jobs queued while the tenant keeps no answer: the one answered second finds the
+    limit reached, its answer is not kept and it fails. Reading its result answers the 429
+    naming the limit, without Retry-After: the job is over, and every read answers the
+    same. It used to say ``Retry-After: 1``, and the Python client retried it."""
+    with httpx.Client(base_url=kept_answers.url, timeout=60) as http:
+        locations = []
+        for index, iters in ((21, 20_000), (22, 0)):  # (the first takes a while)
+            queued = submit(http, "slow", slow_request(index, iters), **TEAM_A)
+            assert queued.status_code == 202, queued.text
+            locations.append(queued.headers["location"])
+        ends = {finished_as(http, location, TEAM_A): location for location in locations}
+        assert sorted(ends) == ["completed", "failed"], ends
+        failed = ends["failed"]
+        status = http.get(failed, headers=TEAM_A).json()
+        assert "SLUICE_TENANT_MAX_JOB_RESULT_BYTES=1" in status["error"], status
+        for prefer in ({}, {"Prefer": "wait=5"}):
+            result = http.get(f"{failed}/result", headers={**TEAM_A, **prefer})
+            assert result.status_code == 429, result.text
+            assert "retry-after" not in result.headers
+            assert result.json()["error"] == status["error"]
+            assert "team-a" in result.json()["error"]
+    job_id = failed.rsplit("/", 1)[1]
+    limit = "SLUICE_TENANT_MAX_JOB_RESULT_BYTES"
+    with (
+        Client(kept_answers.url, api_key="key-a") as client,
+        pytest.raises(QuotaExceeded, match=limit) as info,
+    ):
+        client.wait_job(job_id, timeout_s=30)
+    assert info.value.retry_after_s is None

@@ -32,6 +32,7 @@ from sluice.core.errors import (
     NotFound,
     Overloaded,
     PayloadTooLarge,
+    QuotaExceeded,
     SluiceError,
     Unauthorized,
     Unavailable,
@@ -334,6 +335,7 @@ def test_truncated_binary_bytes_elements_are_malformed() -> None:
         (404, NotFound),
         (410, JobCancelled),
         (413, PayloadTooLarge),
+        (429, QuotaExceeded),
         (500, InferenceFailed),
         (501, Unsupported),
         (503, Unavailable),
@@ -351,6 +353,10 @@ def test_each_status_is_its_error_class_with_the_servers_message(
 def test_retry_after_makes_overloaded_and_odd_answers_keep_their_text() -> None:
     overloaded = error_for(503, b'{"error": "queue full"}', "7")
     assert isinstance(overloaded, Overloaded) and overloaded.retry_after_s == 7
+    over_quota = error_for(429, b'{"error": "over its limit"}', "60")
+    assert isinstance(over_quota, QuotaExceeded) and over_quota.retry_after_s == 60
+    final = error_for(429, b'{"error": "the answer was not kept"}')  # (nothing to wait for)
+    assert isinstance(final, QuotaExceeded) and final.retry_after_s is None
     assert overloaded.message == "queue full"
     teapot = error_for(418, b'{"error": "short and stout"}')
     assert type(teapot) is SluiceError and teapot.message == "HTTP 418: short and stout"
