@@ -59,10 +59,11 @@ from sluice.gateway.inference.data_plane import (
 from sluice.gateway.inference.header_forwarding import FORWARDED, matching
 from sluice.gateway.inference.parsing import parse_infer_document
 from sluice.gateway.inference.queue_turn import QueueTurn
-from sluice.gateway.inference.request import InferRequest
+from sluice.gateway.inference.request import InferRequest, RequestLimits
 from sluice.gateway.shm.transfer import TensorTransfer
 from sluice.gateway.state import GatewayState
 
+from .entry_counts import check_entry_counts
 from .limits import GrpcLimits
 from .protocol import service_pb2
 from .receiving import Receiving
@@ -269,13 +270,17 @@ class InferCalls:
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
-            return _stream_error(request.id if request is not None else "", details)
+            return _stream_error(
+                request.id if request is not None else request_id_of(message), details
+            )
 
     async def decode(self, message: bytes) -> Any:
-        """The ``ModelInferRequest`` (decoded on a thread when large)."""
+        """The ``ModelInferRequest`` (decoded on a thread when large), once its entries are
+        counted (:mod:`.entry_counts`)."""
+        limits = self.state.limits
         if len(message) > OFFLOAD_BYTES:
-            return await asyncio.to_thread(_decode, message)
-        return _decode(message)
+            return await asyncio.to_thread(_decode, message, limits)
+        return _decode(message, limits)
 
     async def infer(
         self,
@@ -449,7 +454,8 @@ def _names_shm_bytes(request: Any) -> bool:
     )
 
 
-def _decode(message: bytes) -> Any:
+def _decode(message: bytes, limits: RequestLimits) -> Any:
+    check_entry_counts(message, limits)
     try:
         return service_pb2.ModelInferRequest.FromString(message)
     except DecodeError as exc:

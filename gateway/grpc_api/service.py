@@ -33,8 +33,8 @@ from sluice.gateway.control.trace_settings import refuse_changes, trace_settings
 from sluice.gateway.shm.cuda import checked_raw_handle
 from sluice.gateway.state import GatewayState
 
+from .parameter_kinds import parameter_value
 from .protocol import model_config_pb2, service_pb2
-from .tensors import parameter_value
 
 pb = service_pb2
 

@@ -6,7 +6,10 @@ plus its tensors' bytes one after the other, each input announced by the
 (:func:`sluice.gateway.inference.parsing.parse_infer_document`) and so every check and message.
 Typed ``contents`` are turned into Triton's binary layout here, as Triton's own gRPC
 handler does (``int_contents`` narrowed to INT8 / INT16, ``bytes_contents`` length-prefixed),
-with Triton's texts when they do not fit the input's datatype.
+with Triton's texts when they do not fit the input's datatype. Reserved parameters must be
+of the kind Triton takes (:mod:`sluice.gateway.grpc_api.parameter_kinds`). Of a tensor's
+parameters only those a tensor can use are read (shared memory, classification): the
+others are ignored, as Triton ignores them, however many there are.
 
 An answer carries every output in ``raw_output_contents``, in order (an empty entry for an
 output written into the client's shared memory), as Triton's does.
@@ -19,11 +22,11 @@ from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
-from google.protobuf.message import Message
 
 from sluice.core.errors import InvalidInput
 from sluice.gateway.inference.response import OutputTensor, checked_nbytes
 
+from .parameter_kinds import class_count, parameter_value, request_parameter
 from .protocol import service_pb2
 
 _LENGTH = struct.Struct("<I")
@@ -31,6 +34,13 @@ _BINARY_SIZE = "binary_data_size"
 _REST_ONLY = frozenset((_BINARY_SIZE, "binary_data", "binary_data_output"))
 """Parameters of the binary tensor extension: meaningless over gRPC, where every tensor
 travels raw, and never taken from a client here."""
+_SHM = "shared_memory_region"
+_SHM_PARAMETERS = (_SHM, "shared_memory_offset", "shared_memory_byte_size")
+_CLASSIFICATION = "classification"
+MAX_DIMS = 64
+"""The most dims a tensor may have: numpy's most, so no worker could hold more. A longer
+shape is refused before it is read (its checks and its error text would take some fifty
+times the bytes it came in)."""
 
 # Typed contents: field -> (the datatype Triton calls it, numpy type of the field's values).
 _CONTENTS: tuple[tuple[str, str, Any], ...] = (
@@ -48,31 +58,48 @@ _NARROWED = {"INT8": np.int8, "INT16": np.int16, "UINT8": np.uint8, "UINT16": np
 _WIDE = {"INT8": "INT32", "INT16": "INT32", "UINT8": "UINT32", "UINT16": "UINT32"}
 
 
-def parameter_value(name: str, parameter: Message) -> Any:
-    """The Python value of an ``InferParameter`` (or a repository parameter)."""
-    which = parameter.WhichOneof("parameter_choice")
-    if which is None:
-        raise InvalidInput(f"invalid value type for '{name}' parameter: no value is set")
-    return getattr(parameter, which)
-
-
-def parameters_dict(parameters: Any, skip: frozenset[str] = frozenset()) -> dict[str, Any]:
-    if not parameters:  # (most tensors and requests carry none: no items view to make)
+def _request_parameters(parameters: Any) -> dict[str, Any]:
+    if not parameters:  # (most requests carry none: no items view to make)
         return {}
     return {
-        name: parameter_value(name, value) for name, value in parameters.items() if name not in skip
+        name: request_parameter(name, value)
+        for name, value in parameters.items()
+        if name not in _REST_ONLY
     }
 
 
+def _tensor_parameters(parameters: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    """The tensor's parameters among ``names`` (looked up, not the whole map read)."""
+    if not parameters:
+        return {}
+    return {name: parameter_value(name, parameters[name]) for name in names if name in parameters}
+
+
+def _output_entry(output: Any) -> dict[str, Any]:
+    """A requested output's REST form; its class count checked as Triton's gRPC does."""
+    given = output.parameters
+    parameters = _tensor_parameters(given, _SHM_PARAMETERS)
+    if given and _CLASSIFICATION in given:
+        parameters[_CLASSIFICATION] = class_count(given[_CLASSIFICATION])
+    return {"name": output.name, "parameters": parameters}
+
+
 def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
-    """The REST form of a ``ModelInferRequest``: its JSON document and its tensors' bytes."""
+    """The REST form of a ``ModelInferRequest``: its JSON document and its tensors' bytes.
+    Its parameters are read first, as Triton reads them."""
     model = request.model_name
+    request_parameters = _request_parameters(request.parameters)
     raw = request.raw_input_contents
-    chunks: list[bytes] = []
+    chunks: list[bytes | bytearray] = []
     inputs: list[dict[str, Any]] = []
     taken = 0
     for tensor in request.inputs:
-        parameters = parameters_dict(tensor.parameters, _REST_ONLY)
+        dims = len(tensor.shape)
+        if dims > MAX_DIMS:
+            raise InvalidInput(
+                f"input '{tensor.name}': 'shape' has {dims} dims, more than the limit of {MAX_DIMS}"
+            )
+        parameters = _tensor_parameters(tensor.parameters, _SHM_PARAMETERS)
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
@@ -81,7 +108,7 @@ def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
         }
         inputs.append(entry)
         has_contents = tensor.HasField("contents")
-        if "shared_memory_region" in parameters:
+        if _SHM in parameters:
             if has_contents:
                 raise InvalidInput(
                     "unexpected 'content' provided when using shared memory for input tensor "
@@ -110,24 +137,22 @@ def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
             f"unexpected additional input data for model '{model}'; the request has "
             f"{len(raw)} raw_input_contents but only {taken} inputs take their data from there"
         )
-    outputs = [
-        {"name": output.name, "parameters": parameters_dict(output.parameters, _REST_ONLY)}
-        for output in request.outputs
-    ]
+    outputs = [_output_entry(output) for output in request.outputs]
     document: dict[str, Any] = {
         "id": request.id,
-        "parameters": parameters_dict(request.parameters, _REST_ONLY),
+        "parameters": request_parameters,
         "inputs": inputs,
         "outputs": outputs,
     }
     return document, memoryview(b"".join(chunks))
 
 
-def _typed_contents(tensor: Any, model: str) -> bytes:
-    """An input's typed contents in Triton's binary layout, checked as Triton checks them."""
+def _typed_contents(tensor: Any, model: str) -> bytes | bytearray:
+    """An input's typed contents in Triton's binary layout, checked as Triton checks them.
+    Values are read one at a time into the result (no object per value is kept)."""
     contents = tensor.contents
     datatype = tensor.datatype
-    found: bytes | None = None
+    found: bytes | bytearray | None = None
     for field, kind, numpy_type in _CONTENTS:
         values = getattr(contents, field)
         if not values:
@@ -144,15 +169,25 @@ def _typed_contents(tensor: Any, model: str) -> bytes:
                 f"'{model}' of type '{kind}', expected datatype '{datatype}'"
             )
         if numpy_type is None:
-            found = b"".join(_LENGTH.pack(len(value)) + value for value in values)
+            found = _length_prefixed(values)
             continue
-        array = np.asarray(values, dtype=numpy_type)
+        array = np.fromiter(values, dtype=numpy_type, count=len(values))
         narrowed = _NARROWED.get(datatype)
         if narrowed is not None:  # the low bytes of each value, as Triton takes them
             array = array.astype(narrowed)
         found = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
     # Empty contents: a tensor of no elements, or a size error from the parser.
     return found if found is not None else b""
+
+
+def _length_prefixed(values: Any) -> bytearray:
+    """``bytes_contents`` in Triton's BYTES layout, each value preceded by its length."""
+    out = bytearray()
+    pack = _LENGTH.pack
+    for value in values:
+        out += pack(len(value))
+        out += value
+    return out
 
 
 def encode_response(

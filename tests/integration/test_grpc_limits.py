@@ -232,6 +232,61 @@ def test_a_flood_of_large_messages_is_refused_not_buffered(stack: Stack) -> None
     small_call_works(stack.grpc_address)
 
 
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(number: int, payload: bytes) -> bytes:
+    return bytes([(number << 3) | 2]) + _varint(len(payload)) + payload
+
+
+ENTRIES_BOUND_MIB = 96
+"""Peak growth allowed for messages of empty entries, one after the other. Decoded as
+they came, the 4 MiB of empty outputs grew the gateway by about 1 GiB, the 2 MiB of empty
+strings by about 170 MiB and the 2 MiB of dims by about 200 MiB (the protobuf form of
+either alone takes some 30)."""
+
+
+@pytest.mark.timeout(120)
+def test_messages_of_empty_entries_do_not_swell_the_gateway(stack: Stack) -> None:
+    """Entries of two bytes each: a message of nothing but ``inputs``, ``outputs`` or
+    ``raw_input_contents`` is refused once counted, before it is decoded; an input of empty
+    ``bytes_contents`` (declared BYTES: it is laid out before the datatype is checked
+    against the model's) is laid out without an object kept per string; a shape of a byte
+    per dim is refused before it is read."""
+    assert stack.process is not None
+    gateway = procs.gateway_pid(stack.process.pid)
+    small_call_works(stack.grpc_address)
+    entries = (BODY_LIMIT - 1024) // 2
+    model = _field(1, b"echo")
+    floods = [model + bytes([(number << 3) | 2, 0]) * entries for number in (5, 6, 7)]
+    strings = entries // 2
+    tensor = _field(1, b"IN_FP32") + _field(2, b"BYTES") + _field(3, _varint(1) + _varint(strings))
+    floods.append(model + _field(5, tensor + _field(5, b"\x42\x00" * strings)))
+    shape = _field(1, b"IN_FP32") + _field(2, b"FP32") + _field(3, b"\x01" * (2 * strings))
+    floods.append(model + _field(5, shape))
+    reset_peak_rss(gateway)
+    before = procs.rss_mb(gateway)
+    with grpc.insecure_channel(stack.grpc_address) as channel:
+        infer = channel.unary_unary(INFER)
+        for message in floods:
+            with pytest.raises(grpc.RpcError) as info:
+                infer(message, timeout=60)
+            assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+    growth = peak_rss_mib(gateway) - before
+    print(f"\nempty entries: peak growth {growth:.0f} MiB")
+    assert f"'shape' has {2 * strings} dims, more than the limit of 64" in (
+        info.value.details() or ""
+    )
+    assert growth < ENTRIES_BOUND_MIB, f"the gateway grew by {growth:.0f} MiB"
+    small_call_works(stack.grpc_address)
+
+
 # -- streams: idle ones end, their number is bounded ----------------------------------------
 
 

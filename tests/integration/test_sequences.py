@@ -14,11 +14,13 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+import grpc
 import httpx
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
@@ -223,6 +225,32 @@ def test_a_correlation_id_of_the_other_kind(stack: Stack) -> None:
         "UINT64, which takes integer correlation IDs, not strings"
     )
     assert _outputs(number)["CORRID_OUT"] == "5150"
+
+
+def test_a_negative_grpc_correlation_id_is_read_as_tritons_core_reads_it(stack: Stack) -> None:
+    """Over gRPC an integer ``sequence_id`` is an ``int64_param`` (tritonclient's), which
+    Triton's core holds as an unsigned 64-bit integer: -1 is the sequence 2^64-1. Another
+    kind of value is refused, with Triton's text, as it is for every model."""
+    with grpcclient.InferenceServerClient(stack.grpc_address) as client:
+        for step, flags in enumerate(({"sequence_start": True}, {"sequence_end": True})):
+            value = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+            value.set_data_from_numpy(np.array([[step]], dtype=np.int32))
+            result = client.infer("echo_u64", [value], sequence_id=-1, **flags)
+            assert result.as_numpy("CORRID_OUT").reshape(-1).tolist() == [(1 << 64) - 1]
+            assert result.as_numpy("COUNT").reshape(-1)[0] == START_AT + step + 1
+    request = service_pb2.ModelInferRequest(model_name="echo_u64")
+    request.inputs.add(name="INPUT", datatype="INT32", shape=[1, 1])
+    request.raw_input_contents.append(np.zeros(1, np.int32).tobytes())
+    request.parameters["sequence_id"].uint64_param = 7
+    request.parameters["sequence_start"].bool_param = True
+    with grpc.insecure_channel(stack.grpc_address) as channel:
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        with pytest.raises(grpc.RpcError) as info:
+            stub.ModelInfer(request, timeout=30)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert info.value.details() == (
+        "invalid value type for 'sequence_id' parameter, expected int64_param or string_param."
+    )
 
 
 def test_requests_without_a_sequence_get_tritons_errors(stack: Stack) -> None:

@@ -7,7 +7,7 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from sluice.core.errors import InferenceFailed, InvalidInput
-from sluice.gateway.grpc_api.tensors import encode_response, request_document
+from sluice.gateway.grpc_api.tensors import MAX_DIMS, encode_response, request_document
 from sluice.gateway.inference.response import OutputTensor
 
 
@@ -100,3 +100,67 @@ def test_answers_carry_every_output_in_order() -> None:
     assert response.outputs[1].parameters["shared_memory_byte_size"].int64_param == 8
     with pytest.raises(InferenceFailed, match="do not fit shape"):
         encode_response("m", "1", "", [OutputTensor("A", "FP32", (3,), b"1234")])
+
+
+def test_only_the_parameters_a_tensor_can_use_are_read() -> None:
+    """Others are ignored, as Triton ignores them, however many (or unset) they are."""
+    request = _request()
+    tensor = request.inputs.add(name="A", datatype="FP32", shape=[1])
+    for index in range(1000):
+        tensor.parameters[f"p{index}"].string_param = "x"
+    tensor.parameters["unset"].SetInParent()
+    request.raw_input_contents.append(b"aaaa")
+    output = request.outputs.add(name="OUT")
+    output.parameters["binary_data"].bool_param = True
+    output.parameters["shared_memory_region"].string_param = "out"
+    output.parameters["shared_memory_byte_size"].int64_param = 4
+    output.parameters["other"].SetInParent()
+    document, _ = request_document(request)
+    assert document["inputs"][0]["parameters"] == {"binary_data_size": 4}
+    assert document["outputs"] == [
+        {
+            "name": "OUT",
+            "parameters": {"shared_memory_region": "out", "shared_memory_byte_size": 4},
+        }
+    ]
+
+
+def test_reserved_parameters_are_read_in_tritons_kinds() -> None:
+    request = _request()
+    request.inputs.add(name="A", datatype="FP32", shape=[1])
+    request.raw_input_contents.append(b"aaaa")
+    request.parameters["sequence_id"].int64_param = -2
+    request.parameters["priority"].int64_param = 3
+    request.parameters["custom"].uint64_param = (1 << 64) - 1
+    document, _ = request_document(request)
+    assert document["parameters"] == {
+        "sequence_id": (1 << 64) - 2,
+        "priority": 3,
+        "custom": (1 << 64) - 1,
+    }
+    request.parameters["timeout"].uint64_param = 5
+    with pytest.raises(InvalidInput, match=r"^invalid value type for 'timeout' parameter"):
+        request_document(request)
+
+
+def test_bytes_contents_of_many_strings() -> None:
+    request = _request()
+    text = request.inputs.add(name="T", datatype="BYTES", shape=[3000])
+    text.contents.bytes_contents.extend([b"", b"xy", b"\x00"] * 1000)
+    _, binary = request_document(request)
+    assert (
+        bytes(binary)
+        == (b"\x00\x00\x00\x00" + b"\x02\x00\x00\x00xy" + b"\x01\x00\x00\x00\x00") * 1000
+    )
+
+
+def test_a_shape_past_the_most_dims_is_refused_before_it_is_read() -> None:
+    request = _request()
+    request.inputs.add(name="A", datatype="FP32", shape=[1] * MAX_DIMS)
+    request.raw_input_contents.append(b"aaaa")
+    assert request_document(request)[0]["inputs"][0]["shape"] == [1] * MAX_DIMS
+    request.inputs[0].shape.append(1)
+    with pytest.raises(
+        InvalidInput, match=r"^input 'A': 'shape' has 65 dims, more than the limit of 64$"
+    ):
+        request_document(request)
