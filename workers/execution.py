@@ -30,6 +30,7 @@ from sluice.workers.backends.base import (
     CancelSignal,
     ConcurrentBackend,
     FollowsCancellation,
+    ReadsParameters,
     RequestContext,
     RequestsFailed,
     SequenceFlags,
@@ -360,6 +361,14 @@ class Execution:
                     for request, own in zip(batch, replied, strict=False):
                         if own:
                             timing.response_parameters[request.entry_id] = own
+            elif self.concurrency == 1 and getattr(backend, "reads_parameters", False):
+                # A TorchServe handler: each request's mark from its route (an explanation).
+                outputs = cast(ReadsParameters, backend).infer(
+                    inputs,
+                    wanted,
+                    request_sizes=[r.items for r in batch],
+                    parameters=[r.message.parameters for r in batch],
+                )
             elif self.concurrency == 1:
                 # (A Python model's calls made meanwhile are its requests' tenant's.)
                 with serving(r.message.tenant for r in batch):

@@ -111,7 +111,8 @@ class EdgeGuard:
                 path.startswith("/v2/models/")
                 and path.endswith(("/infer", "/generate", "/generate_stream"))
             )
-            or path.startswith(("/predictions/", "/wfpredict/"))
+            or path.startswith(("/predictions/", "/explanations/", "/wfpredict/"))
+            or (path.startswith("/v1/models/") and path.endswith((":predict", ":explain")))
             or is_upload(scope)
         ):
             # The inference routes enforce SLUICE_MAX_BODY_BYTES themselves, uploads

@@ -101,16 +101,24 @@ def model_document(
     schema: Mapping[str, Any], served: Callable[[str], bool], model: str, title: str
 ) -> dict[str, Any]:
     """The description of ``model``'s API: the paths of ``schema`` that ``served`` accepts
-    and that name a model, with ``model`` in place of that name."""
+    and that name a model (a segment of its own, or before a verb: KServe v1's
+    ``{model}:explain``), with ``model`` in place of that name."""
     name = quote(model, safe="")
     paths: dict[str, Any] = {}
     for template, item in schema.get("paths", {}).items():
         segments = template.split("/")
-        if _MODEL not in segments or not served(template):
+        if not any(_names_model(s) for s in segments) or not served(template):
             continue
-        path = "/".join(name if segment == _MODEL else segment for segment in segments)
+        path = "/".join(
+            name + segment.removeprefix(_MODEL) if _names_model(segment) else segment
+            for segment in segments
+        )
         paths[path] = {method: _without_model(operation) for method, operation in item.items()}
     return _document(schema, title + model, paths)
+
+
+def _names_model(segment: str) -> bool:
+    return segment == _MODEL or segment.startswith(_MODEL + ":")
 
 
 async def model_api(app: FastAPI, served: Callable[[str], bool], model: str, title: str) -> bytes:

@@ -12,7 +12,7 @@ frontend counters with TorchServe's names, HELP texts and labels (``Level``, ``H
 ``model_name``, ``model_version``, ``hostname``), summed over the gateway processes through
 Redis like every Sluice counter, and TorchServe's ``name[]`` filter. Scrapes that arrive
 while one is being taken share its Redis read and its text, as on Sluice's own
-``/metrics``.
+``/metrics``, and a scrape while Redis is unreachable is answered 503 as there.
 
 Each port also describes its API, as TorchServe's do (``OPTIONS /``, ``/api-description``:
 :mod:`sluice.gateway.torchserve.api_description`). On the inference and management ports
@@ -31,8 +31,10 @@ from typing import Any
 from urllib.parse import parse_qs
 
 from fastapi import FastAPI
+from redis.exceptions import RedisError
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from sluice.core.errors import QUEUE_UNREACHABLE
 from sluice.gateway.control.gateway_report import TORCHSERVE_RESPONSES
 from sluice.gateway.metrics.host import escape_label, family
 from sluice.gateway.metrics.port import answer
@@ -50,6 +52,10 @@ _NOT_FOUND = json.dumps(
         "type": "ResourceNotFoundException",
         "message": "Requested resource is not found, please refer to API document.",
     }
+).encode()
+
+_UNREACHABLE = json.dumps(
+    {"code": 503, "type": "ServiceUnavailableException", "message": QUEUE_UNREACHABLE}
 ).encode()
 
 _INFERENCE_PATHS = (
@@ -174,7 +180,11 @@ class TorchServeMetrics:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         wanted = frozenset(query.get("name[]", []))
-        text = await metrics_text(state, self.hostname)
+        try:
+            text = await metrics_text(state, self.hostname)
+        except RedisError:  # (as Sluice's own /metrics answers it, not a bare 500)
+            await answer(send, 503, _UNREACHABLE, b"application/json")
+            return
         if wanted:
             text = await asyncio.to_thread(only, text, wanted)
         await answer(send, 200, text, b"text/plain; version=0.0.4; charset=utf-8")

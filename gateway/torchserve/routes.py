@@ -1,13 +1,16 @@
 """TorchServe's inference API beside the KServe v2 routes: ``POST /predictions/{model}
-[/{version}]`` and ``GET /ping``.
+[/{version}]``, ``POST /explanations/{model}[/{version}]``, KServe v1's
+``POST /v1/models/{model}:predict`` and ``:explain``, and ``GET /ping``.
 
 The version may be TorchServe's (``1.0``: :mod:`sluice.core.torchserve.versions`). A prediction
 carries the request's body and content type as the model's ``body`` and
 ``content_type`` BYTES inputs (:mod:`sluice.workers.backends.torchserve_backend`): through the
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
-``batch_size`` / ``max_batch_delay`` become Sluice's batching. The answer is the handler's
-``response`` with its ``response_type``; errors use TorchServe's body,
-``{"code", "type", "message"}``.
+``batch_size`` / ``max_batch_delay`` become Sluice's batching. An explanation is the same
+call, marked for the handler (:mod:`sluice.core.torchserve.explanations`). The answer is the
+handler's ``response`` with its ``response_type``; errors use TorchServe's body,
+``{"code", "type", "message"}``, and a model or a version TorchServe would not know is its
+404 (``Model not found: m``, ``Model version: v does not exist for model: m``).
 """
 
 from __future__ import annotations
@@ -18,8 +21,8 @@ from typing import Any
 from fastapi import APIRouter, Request, Response
 
 from sluice.core.config import ModelConfig
-from sluice.core.errors import InvalidInput, SluiceError
-from sluice.core.torchserve.versions import find, record_of
+from sluice.core.errors import InvalidInput, NotFound, SluiceError, Unavailable
+from sluice.core.torchserve.explanations import EXPLAIN
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
 from sluice.gateway.control.inspection import server_not_ready
@@ -96,36 +99,45 @@ async def ping(request: Request) -> Response:
     return json_response({"status": "Healthy"})
 
 
-def _numbered(state: GatewayState, model: str, version: str | None) -> str | None:
-    """A TorchServe version (``1.0``, ``2``) as the number it is served under; anything
-    else as it is (the version checks answer it)."""
-    entry = state.view.models.get(model)
-    if version is None or entry is None or entry.config is None:
-        return version
-    served = {n: record_of(entry.config.parameters, n).version for n in entry.versions}
-    try:
-        number = find(version, served)
-    except InvalidInput:
-        return version
-    return version if number is None else str(number)
-
-
 _PREDICTION_BODY = raw_body("The model's input, of any content type (its handler reads it)")
+_EXPLANATION_BODY = raw_body("The input to explain, of any content type (its handler reads it)")
 
 
 @router.post("/predictions/{model}", openapi_extra=_PREDICTION_BODY)
 @router.post("/predictions/{model}/{version}", openapi_extra=_PREDICTION_BODY)
 async def predictions(request: Request, model: str, version: str | None = None) -> Response:
+    return await _answer(request, model, version, explain=False)
+
+
+@router.post("/explanations/{model}", openapi_extra=_EXPLANATION_BODY)
+@router.post("/explanations/{model}/{version}", openapi_extra=_EXPLANATION_BODY)
+async def explanations(request: Request, model: str, version: str | None = None) -> Response:
+    """The handler's explanation of the body (``explain_handle``) instead of its
+    prediction."""
+    return await _answer(request, model, version, explain=True)
+
+
+@router.post("/v1/models/{model}:predict", openapi_extra=_PREDICTION_BODY)
+async def kserve_v1_predict(request: Request, model: str) -> Response:
+    """KServe v1's prediction, as TorchServe serves it: the body goes to the handler as it
+    is (a KServe handler reads its ``instances``)."""
+    return await _answer(request, model, None, explain=False)
+
+
+@router.post("/v1/models/{model}:explain", openapi_extra=_EXPLANATION_BODY)
+async def kserve_v1_explain(request: Request, model: str) -> Response:
+    """KServe v1's explanation, as TorchServe serves it."""
+    return await _answer(request, model, None, explain=True)
+
+
+async def _answer(request: Request, model: str, version: str | None, explain: bool) -> Response:
     state = state_of(request)
-    if version is not None:
-        await follow_changes(state)  # (a version another gateway process just registered)
-        version = _numbered(state, model, version)
     reservation = state.bodies.reservation()  # (the body is held until it is answered)
     try:
         body = await read_body(request, state.settings.max_body_bytes, reservation)
         content_type = request.headers.get("content-type", DEFAULT_TYPE)
         cancel_on_disconnect(request.scope)
-        answer, media = await predict(state, model, version, body, content_type)
+        answer, media = await predict(state, model, version, body, content_type, explain=explain)
         return Response(answer, media_type=media)
     except SluiceError as exc:
         return error_response(exc)
@@ -134,10 +146,17 @@ async def predictions(request: Request, model: str, version: str | None = None) 
 
 
 async def predict(
-    state: GatewayState, model: str, version: str | None, body: bytes, content_type: str
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    content_type: str,
+    *,
+    explain: bool = False,
 ) -> tuple[bytes, str]:
-    """What TorchServe model ``model`` answers ``body`` of ``content_type``: the handler's
-    response and its content type (also a workflow's step: :mod:`.workflow_run`)."""
+    """What TorchServe model ``model`` answers ``body`` of ``content_type`` (its explanation
+    with ``explain``): the handler's response and its content type (also a workflow's step:
+    :mod:`.workflow_run`). ``version``: as TorchServe names it (``1.0``) or as Sluice does."""
     kind = content_type.encode("latin-1")
     big = len(body) > OFFLOAD_BYTES
 
@@ -145,9 +164,17 @@ async def predict(
         # On a thread when the body is big: the tensors are a copy of it.
         document = _document(config, body, kind)
         binary = memoryview(_element(body) + _element(kind))
-        return parse_infer_document(document, binary, config, state.limits, state.regions)
+        parsed = parse_infer_document(document, binary, config, state.limits, state.regions)
+        if explain:
+            parsed.parameters[EXPLAIN] = True
+        return parsed
 
-    prepared = await prepare_with(state, model, version, parse, heavy=big)
+    number = await _served_version(state, model, version)
+    try:
+        prepared = await prepare_with(state, model, number, parse, heavy=big)
+    except (NotFound, Unavailable):
+        registered(state, model)  # (TorchServe's 404 when it is not registered at all)
+        raise
     transfer = state.transfer
     outputs = prepared.parsed.outputs
 
@@ -161,13 +188,24 @@ async def predict(
     return await execute(state, prepared, big, encode)
 
 
+async def _served_version(state: GatewayState, model: str, version: str | None) -> str | None:
+    """The number a TorchServe version (``1.0``, ``2``) is served under; TorchServe's 404
+    for a model or a version it does not serve."""
+    if version is None:
+        return None
+    await follow_changes(state)  # (a version another gateway process just registered)
+    return str(version_number(registered(state, model), version))
+
+
 @router.options("/predictions/{model}")
+@router.options("/explanations/{model}")
 async def model_description(request: Request, model: str) -> Response:
     """TorchServe's description of one model's inference API."""
     return await _described(request, model, None)
 
 
 @router.options("/predictions/{model}/{version}")
+@router.options("/explanations/{model}/{version}")
 async def version_description(request: Request, model: str, version: str) -> Response:
     """The same, for a version of the model (404 when it has no such version)."""
     return await _described(request, model, version)

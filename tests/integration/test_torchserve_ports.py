@@ -172,11 +172,21 @@ def test_a_model_describes_its_api(stack: Stack, ports: tuple[int, int, int]) ->
         assert described.headers["content-type"] == "application/json"
         document = described.json()
         assert document["info"]["title"] == "RESTful API for: ident"
-        assert {("/predictions/ident", "post"), ("/v2/models/ident/infer", "post")} <= (
-            _operations(document)
-        )
+        assert {
+            ("/predictions/ident", "post"),
+            ("/explanations/ident", "post"),
+            ("/v1/models/ident:explain", "post"),
+            ("/v2/models/ident/infer", "post"),
+        } <= _operations(document)
         assert all(
-            path.startswith(("/predictions/ident", "/v2/models/ident"))
+            path.startswith(
+                (
+                    "/predictions/ident",
+                    "/explanations/ident",
+                    "/v1/models/ident:",
+                    "/v2/models/ident",
+                )
+            )
             for path in document["paths"]
         )
         assert http.options(_url(inference, "/predictions/ident/1")).json() == document

@@ -156,6 +156,23 @@ class FollowsCancellation(Protocol):
     ) -> dict[str, np.ndarray]: ...
 
 
+class ReadsParameters(Protocol):
+    """A backend that declares ``reads_parameters = True`` (TorchServe's handlers), as the
+    worker calls it: with each request's parameters as the gateway sent them, those Triton
+    reserves for the server included (a route's mark: an explanation,
+    :mod:`sluice.core.torchserve.explanations`)."""
+
+    reads_parameters: bool
+
+    def infer(
+        self,
+        inputs: Mapping[str, np.ndarray],
+        outputs: Sequence[str],
+        request_sizes: Sequence[int] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
+    ) -> dict[str, np.ndarray]: ...
+
+
 class BackendFactory(Protocol):
     def __call__(self, config: ModelConfig, model_path: Path, placement: Placement) -> Backend: ...
 

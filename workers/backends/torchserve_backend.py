@@ -9,7 +9,10 @@ with a ``handle`` function), a built-in handler's name, or the handler a registr
 instead of the manifest's (:mod:`sluice.core.torchserve.versions`). Its ``context`` is
 TorchServe's: the manifest, ``system_properties`` (``model_dir``, ``gpu_id``,
 ``batch_size``), the archive's ``model-config.yaml`` (``model_yaml_config``), and each
-request's headers.
+request's headers, ``explain`` among them (``"True"`` for a request that came through
+``/explanations``, :mod:`sluice.core.torchserve.explanations`: ``BaseHandler.handle`` then
+calls ``explain_handle``; predictions and explanations batched together go to the handler
+apart).
 
 As TorchServe runs a worker, the model's folder is the process's working directory and is
 on ``sys.path``, so that a handler opens the files of its archive (``--extra-files``) by
@@ -47,6 +50,7 @@ from sluice.core.config import ModelConfig
 from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.placement import Placement
 from sluice.core.torchserve.archives import unpack
+from sluice.core.torchserve.explanations import HEADER, header_value, is_explanation
 from sluice.core.torchserve.versions import record_of
 from sluice.workers.backends.base import RequestsFailed, missing_extra
 
@@ -111,7 +115,30 @@ def _texts(array: np.ndarray | None, count: int, default: str) -> list[str]:
     return values
 
 
+def explanation_rows(
+    rows: int,
+    request_sizes: Sequence[int] | None,
+    parameters: Sequence[Mapping[str, Any]] | None,
+) -> list[bool]:
+    """Whether each row of a batch belongs to a request marked for explanation (a request
+    of several rows, from a KServe v2 client, marks all of them)."""
+    if parameters is None:
+        return [False] * rows
+    sizes = list(request_sizes) if request_sizes is not None else [rows]
+    marks = [
+        is_explanation(own)
+        for own, size in zip(parameters, sizes, strict=True)
+        for _ in range(size)
+    ]
+    if len(marks) != rows:
+        raise InferenceFailed(f"the batch's requests hold {len(marks)} rows, not {rows}")
+    return marks
+
+
 class TorchServeBackend:
+    reads_parameters = True
+    """The worker hands over each request's parameters: the mark of an explanation."""
+
     def __init__(self, config: ModelConfig, model_path: Path, placement: Placement) -> None:
         try:
             from ts.metrics.metric_cache_yaml_impl import MetricsCacheYamlImpl
@@ -166,6 +193,7 @@ class TorchServeBackend:
         inputs: Mapping[str, np.ndarray],
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
+        parameters: Sequence[Mapping[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]:
         bodies = inputs[BODY].reshape(len(inputs[BODY]), -1)[:, 0]
         types = _texts(inputs.get(CONTENT_TYPE), len(bodies), _BINARY)
@@ -173,31 +201,58 @@ class TorchServeBackend:
             request_entry(kind, body if isinstance(body, bytes) else str(body).encode())
             for kind, body in zip(types, bodies, strict=True)
         ]
-        try:
-            answers = self._handle(requests, range(len(requests)))
-        except SluiceError:
+        marks = explanation_rows(len(requests), request_sizes, parameters)
+        answers: list[tuple[bytes, str]] = [(b"", _TEXT)] * len(requests)
+        failures: dict[int, SluiceError] = {}
+        # TorchServe's handlers read the mark of a batch's first request for all of it:
+        # predictions and explanations batched together go to the handler apart.
+        for explain in (False, True):
+            rows = [row for row, marked in enumerate(marks) if marked is explain]
+            if rows:
+                self._answer(requests, rows, explain, answers, failures)
+        if failures:
             if len(requests) == 1:
-                raise
-            answers, failures = [], {}
-            for index in range(len(requests)):
-                try:
-                    answers.extend(self._handle([requests[index]], [index]))
-                except SluiceError as error:
-                    failures[index] = error
-                    answers.append((b"", _TEXT))
-            if failures:
-                raise RequestsFailed(failures, self._arrays(answers)) from None
+                raise failures[0]
+            raise RequestsFailed(failures, self._arrays(answers))
         return self._arrays(answers)
 
+    def _answer(
+        self,
+        requests: list[tuple[dict[str, Any], dict[str, Any]]],
+        rows: list[int],
+        explain: bool,
+        answers: list[tuple[bytes, str]],
+        failures: dict[int, SluiceError],
+    ) -> None:
+        """The handler's answers to ``rows`` of the batch, in ``answers``; a handler that
+        raises on several is run again on each alone, so that its error fails only the
+        request that caused it (in ``failures``)."""
+        try:
+            for row, answer in zip(
+                rows, self._handle([requests[i] for i in rows], rows, explain), strict=True
+            ):
+                answers[row] = answer
+            return
+        except SluiceError as error:
+            if len(rows) == 1:
+                failures[rows[0]] = error
+                return
+        for row in rows:
+            self._answer(requests, [row], explain, answers, failures)
+
     def _handle(
-        self, requests: list[tuple[dict[str, Any], dict[str, Any]]], ids: Sequence[int]
+        self,
+        requests: list[tuple[dict[str, Any], dict[str, Any]]],
+        ids: Sequence[int],
+        explain: bool,
     ) -> list[tuple[bytes, str]]:
         from ts.context import RequestProcessor
         from ts.utils.util import PredictionException
 
         context = self._service.context
         context.request_ids = {i: str(request_id) for i, request_id in enumerate(ids)}
-        context.request_processor = [RequestProcessor(headers) for _, headers in requests]
+        mark = {HEADER: header_value(explain)}
+        context.request_processor = [RequestProcessor(headers | mark) for _, headers in requests]
         context.metrics.request_ids = context.request_ids
         batch = [entry for entry, _ in requests]
         try:

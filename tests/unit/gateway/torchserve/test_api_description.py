@@ -59,6 +59,7 @@ def test_a_model_document_names_the_model_in_its_paths() -> None:
     assert document["info"]["title"] == "RESTful API for: a b/c"
     paths = document["paths"]
     assert "/predictions/a%20b%2Fc" in paths and "/v2/models/a%20b%2Fc/infer" in paths
+    assert {"/explanations/a%20b%2Fc", "/v1/models/a%20b%2Fc:explain"} <= set(paths)
     assert all("/a%20b%2Fc" in path and "{model}" not in path for path in paths)
     infer = paths["/v2/models/a%20b%2Fc/versions/{version}/infer"]["post"]
     assert [p["name"] for p in infer["parameters"]] == ["version"]

@@ -1,5 +1,5 @@
-"""TorchServe's inference routes (``POST /predictions/{model}``, ``POST /wfpredict/{name}``)
-hold their clients' bodies within the gateway process's budget
+"""TorchServe's inference routes (``POST /predictions/{model}``, ``/explanations/{model}``,
+``/wfpredict/{name}``) hold their clients' bodies within the gateway process's budget
 (``SLUICE_MAX_BUFFERED_BODY_BYTES``), as the v2 routes do: a flood of large bodies is
 refused (503) instead of exhausting the host's memory, and a body's bytes go back to the
 budget once its request is answered."""
@@ -52,7 +52,9 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, asyncio.Event]:
     go = asyncio.Event()
     spec = WorkflowArchive("w", "models:\n  a: {url: a.mar}\ndag:\n  a: []\n", "", {})
 
-    async def predict(state: Any, model: str, version: Any, body: bytes, kind: str) -> Any:
+    async def predict(
+        state: Any, model: str, version: Any, body: bytes, kind: str, **_: Any
+    ) -> Any:
         await go.wait()
         return b"ok", "text/plain"
 
@@ -67,6 +69,7 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, asyncio.Event]:
 
 ROUTES: list[tuple[str, Route]] = [
     ("/predictions/m", lambda r: routes.predictions(r, "m")),
+    ("/explanations/m", lambda r: routes.explanations(r, "m")),
     ("/wfpredict/w", lambda r: workflow_run.wfpredict(r, "w")),
 ]
 

@@ -1,6 +1,7 @@
 """TorchServe's metrics port under scrapes that arrive together: like Sluice's own
 ``/metrics``, they share one read of Redis (and one rendering), each answered with the
-families its ``name[]`` asks for."""
+families its ``name[]`` asks for; and, as there, a scrape while Redis is unreachable is
+answered 503, not 500."""
 
 from __future__ import annotations
 
@@ -18,13 +19,14 @@ from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from sluice.core.errors import QUEUE_UNREACHABLE
 from sluice.core.keys import Keys
 from sluice.core.settings import GatewaySettings
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.store import RedisControlPlane
 from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.torchserve.ports import TorchServeMetrics
-from sluice.scheduler.executor.redis_server import RedisServer
+from sluice.scheduler.executor.redis_server import RedisServer, free_port
 
 SCRAPES = 20
 
@@ -104,3 +106,30 @@ async def test_scrapes_that_arrive_together_read_redis_once(redis: Redis) -> Non
     finally:
         server.should_exit = True
         await serving
+
+
+async def test_a_scrape_while_redis_is_unreachable_is_answered_503() -> None:
+    """A Redis nobody listens for: the port answers as Sluice's own ``/metrics`` does (503,
+    saying that Redis is unreachable, in TorchServe's error body), not with a bare 500."""
+    unreachable = Redis.from_url(f"redis://127.0.0.1:{free_port()}/0", socket_timeout=2)
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    routes = FastAPI()
+    routes.state.sluice = SimpleNamespace(
+        control=RedisControlPlane(unreachable, keys),
+        view=CatalogView(keys),
+        settings=GatewaySettings(),
+        torchserve_scrape=None,
+    )
+    transport = httpx.ASGITransport(app=TorchServeMetrics(routes, hostname="host-a"))
+    try:
+        async with httpx.AsyncClient(transport=transport, base_url="http://metrics") as http:
+            answer = await http.get("/metrics")
+            assert answer.status_code == 503, answer.text
+            assert answer.json() == {
+                "code": 503,
+                "type": "ServiceUnavailableException",
+                "message": QUEUE_UNREACHABLE,
+            }
+            assert (await http.get("/metrics", params={"name[]": "Requests2XX"})).status_code == 503
+    finally:
+        await unreachable.aclose()
