@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from sluice.core.errors import InvalidInput
+from sluice.gateway.inference.fields import MAX_DIMS
 from sluice.gateway.inference.response import OutputTensor, checked_nbytes
 
 from .parameter_kinds import class_count, parameter_value, request_parameter
@@ -37,10 +38,6 @@ travels raw, and never taken from a client here."""
 _SHM = "shared_memory_region"
 _SHM_PARAMETERS = (_SHM, "shared_memory_offset", "shared_memory_byte_size")
 _CLASSIFICATION = "classification"
-MAX_DIMS = 64
-"""The most dims a tensor may have: numpy's most, so no worker could hold more. A longer
-shape is refused before it is read (its checks and its error text would take some fifty
-times the bytes it came in)."""
 
 # Typed contents: field -> (the datatype Triton calls it, numpy type of the field's values).
 _CONTENTS: tuple[tuple[str, str, Any], ...] = (

@@ -20,6 +20,10 @@ _TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
 
 
 _MAX_DIM = (1 << 63) - 1
+MAX_DIMS = 64
+"""The most dims a tensor may have (REST and gRPC): numpy's most, so no worker could hold
+more. A longer shape is refused before its dims are read (their checks and an error text
+naming the shape would take some fifty times the bytes it came in)."""
 """Triton holds dims, element counts and byte sizes in signed 64-bit integers."""
 
 
@@ -107,6 +111,10 @@ def parse_shape(label: str, value: Any) -> tuple[int, ...]:
         raise InvalidInput(f"{label}: 'shape' is required")
     if not isinstance(value, list):
         raise InvalidInput(f"{label}: 'shape' must be a list, got {json_type(value)}")
+    if len(value) > MAX_DIMS:
+        raise InvalidInput(
+            f"{label}: 'shape' has {len(value)} dims, more than the limit of {MAX_DIMS}"
+        )
     for index, dim in enumerate(value):
         if isinstance(dim, bool) or not isinstance(dim, int) or not 0 <= dim <= _MAX_DIM:
             shown = dim if isinstance(dim, int) and not isinstance(dim, bool) else json_type(dim)

@@ -449,3 +449,15 @@ def test_a_huge_bytes_request_does_not_stall_other_clients(
         f"a health probe took {probed.slowest_s:.2f} s during the big request "
         f"({probed.took_s:.2f} s; allowed {allowed:.2f} s)"
     )
+
+
+def test_a_shape_of_more_dims_than_any_tensor_holds_is_refused_before_its_dims_are_read(
+    http: httpx.Client,
+) -> None:
+    # A million dims is two megabytes of JSON; checking them and naming the shape in the
+    # error took some fifty times that. A shape of more than numpy's 64 dims is refused first.
+    dims = b",".join([b"1"] * 1_000_000)
+    tensor = b'{"name": "input", "shape": [%s], "datatype": "FP32", "data": [1]}' % dims
+    response = http.post("/v2/models/mlp/infer", content=b'{"inputs": [%s]}' % tensor)
+    assert response.status_code == 400, response.text
+    assert "'shape' has 1000000 dims, more than the limit of 64" in _error(response)

@@ -7,7 +7,8 @@ import pytest
 from tritonclient.grpc import service_pb2
 
 from sluice.core.errors import InferenceFailed, InvalidInput
-from sluice.gateway.grpc_api.tensors import MAX_DIMS, encode_response, request_document
+from sluice.gateway.grpc_api.tensors import encode_response, request_document
+from sluice.gateway.inference.fields import MAX_DIMS
 from sluice.gateway.inference.response import OutputTensor
 
 
