@@ -85,17 +85,16 @@ def _timeout_us(request: InferRequest, state: GatewayState, model_default_us: in
 
 
 def _priority(request: InferRequest, dynamic: DynamicBatching | None) -> int:
-    """The priority level whose stream takes the request (0: the model has no levels)."""
+    """The priority level whose stream takes the request (0: the model has no levels). As in
+    Triton, a priority of 0 or past the model's levels takes its default level."""
     priority = request.parameters.get("priority", 0)
     if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
         raise InvalidInput("parameter 'priority' must be a non-negative integer")
     levels = dynamic.priority_levels if dynamic else 0
     if not levels:
         return 0
-    if priority == 0:
+    if priority == 0 or priority > levels:
         return (dynamic.default_priority_level if dynamic else 0) or levels
-    if priority > levels:
-        raise InvalidInput(f"parameter 'priority' must be between 1 and {levels}, got {priority}")
     return priority
 
 
