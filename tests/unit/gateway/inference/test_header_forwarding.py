@@ -63,9 +63,7 @@ def test_re2_syntax_is_taken_and_python_only_syntax_is_refused_as_triton_refuses
     # RE2 turns case back on anywhere in the pattern, as Triton reads it.
     pattern = forward_pattern("x-(?-i)Tenant")
     assert pattern is not None
-    assert [n for n, _ in matching(pattern, [("X-Tenant", "1"), ("x-tenant", "2")])] == [
-        "X-Tenant"
-    ]
+    assert [n for n, _ in matching(pattern, [("X-Tenant", "1"), ("x-tenant", "2")])] == ["X-Tenant"]
     for python_only in ("(?=my)", "(a)\\1", "(?<!x)y"):
         with pytest.raises(PatternError):
             forward_pattern(python_only)
