@@ -111,7 +111,11 @@ class ForkServer:
                 self.on_exit()
 
     def stop(self) -> None:
-        """End the server (its workers get SIGTERM and answer what they hold)."""
+        """End the server. When ``sluice up`` stops, the supervisor has stopped its workers
+        first (killing one still running after the stop grace) while the server reaped
+        them. Otherwise (it could not start a worker) the server stops those left itself:
+        SIGTERM, then it waits 10 s and exits; one that outlives it is still supervised by
+        its pid, and killed after the grace once it is retired (:mod:`.leaving`)."""
         process, self.process = self.process, None
         if process is None:
             return

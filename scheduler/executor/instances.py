@@ -2,7 +2,8 @@
 
 Every half second ``sluice up`` reads ``Keys.desired_instances`` and, for each model version
 it serves that has a wanted count, starts workers or retires some (SIGTERM: a worker answers
-what it holds before it exits). A version with no count keeps the workers its configuration
+what it holds before it exits; one still running ``SLUICE_WORKER_STOP_GRACE_S`` later is
+killed, :mod:`.leaving`). A version with no count keeps the workers its configuration
 asks for. New workers get the cores divided among all the workers running then, so a model
 that scales up does not oversubscribe the machine.
 """

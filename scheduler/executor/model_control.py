@@ -19,16 +19,19 @@ carries commands out one at a time, from its main loop, without blocking it:
   missing workers start, and those beyond the new count are retired. A worker that exits
   while loading is started again as often as ``--model-load-retry-count`` allows (the
   supervisor does it); a load that fails after that (the
-  configuration, the model file, a failing warm-up, a timeout) stops the new workers and
-  leaves what was serving as it was; the answer says why. The new workers report a load
+  configuration, the model file, a failing warm-up, a timeout) kills the new workers at
+  once and leaves what was serving as it was; the answer says why. The new workers report a load
   failure to a hash of the command's own, so the serving version is never marked
   unavailable by its failed successor.
 - **unload**: take the model out of the catalog (gateways stop admitting its requests
   within a refresh), wait until its streams are empty (every request admitted is answered),
-  then stop its workers (each answers what it holds first).
+  then stop its workers (each answers what it holds first; one still running
+  ``SLUICE_WORKER_STOP_GRACE_S`` later is killed, :mod:`.leaving`).
 
 An ensemble's load also loads the models it calls, and its unload with
-``unload_dependents`` unloads them (:mod:`.dependencies`).
+``unload_dependents`` unloads them (:mod:`.dependencies`). With model namespacing, a load or
+unload naming a name several repositories hold applies to each copy
+(:mod:`.namespaced_commands`).
 """
 
 from __future__ import annotations
@@ -495,7 +498,9 @@ class ModelControl:
             self._abandon(work, f"not ready within {self.timeout_s:.0f} s")
 
     def _abandon(self, work: _InProgress, reason: str) -> None:
-        self.supervisor.retire(work.children)
+        # No grace: its workers hold no request yet, and one stuck in its model's loading
+        # does not end on SIGTERM (:mod:`.leaving`).
+        self.supervisor.retire(work.children, grace_s=0.0)
         self._unstage(work.command)
         self._finish(work, f"failed to load '{work.command.model}', {reason}")
 

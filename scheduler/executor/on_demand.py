@@ -18,11 +18,12 @@ its live workers anywhere, and its answered count. Then:
   than ``SLUICE_MIN_RESIDENCY_S`` ago (thrash protection), or, until the version that needs
   the room has waited ``PATIENCE_S``, one used more in the last minute than it (so it is
   never starved); and the new workers start once the evicted ones have exited (one that
-  has not within ``SLUICE_ON_DEMAND_STOP_GRACE_S`` is killed; what it holds counts until it
-  is gone, :mod:`.leaving`). What they free is kept for the version they were evicted for,
-  while the versions that waited less make room of their own at the same tick. Until there
-  is room the requests wait in their stream, within their timeouts. While loads keep having
-  to evict, room for the next one is kept ahead of demand (:meth:`OnDemand._keep_spare`).
+  has not within ``SLUICE_WORKER_STOP_GRACE_S`` is killed by the supervisor; what it holds
+  counts until it is gone, :mod:`.leaving`). What they free is kept for the version they
+  were evicted for, while the versions that waited less make room of their own at the same
+  tick. Until there is room the requests wait in their stream, within their timeouts. While
+  loads keep having to evict, room for the next one is kept ahead of demand
+  (:meth:`OnDemand._keep_spare`).
 - **Measure** what each worker of this host holds (:mod:`.process_memory`), keep the largest
   seen per version, and share it in ``Keys.model_memory``.
 - **Scale** a loaded version to the instance count the controller's autoscaler wants for it
@@ -82,7 +83,7 @@ from sluice.core.repository import RepositoryModel
 from sluice.core.wire import MalformedEntry, ReplyMessage, decode_request, encode_reply
 from sluice.scheduler.executor.fork_server import ForkServer
 from sluice.scheduler.executor.instances import InstanceSpec
-from sluice.scheduler.executor.leaving import LeavingWorkers
+from sluice.scheduler.executor.leaving import footprint
 from sluice.scheduler.executor.model_control import announced
 from sluice.scheduler.executor.process_memory import GpuMemory, host_bytes
 from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
@@ -214,16 +215,14 @@ class OnDemand:
     """How long a version's workers have, from their start, to be ready: past it the load
     is abandoned, its workers killed and the version refused
     (``SLUICE_ON_DEMAND_LOAD_TIMEOUT_S``)."""
-    stop_grace_s: float = field(kw_only=True)
-    """How long a worker asked to stop has to exit before it is killed
-    (``SLUICE_ON_DEMAND_STOP_GRACE_S``, :mod:`.leaving`)."""
     gpu: GpuMemory | None = None
     forks: ForkServer | None = None
     """Forks the workers of the versions loaded, its imports done (:mod:`.fork_server`)."""
     residents: dict[Version, Resident] = field(default_factory=dict)
     refused: dict[Version, str] = field(default_factory=dict)
-    _leaving: LeavingWorkers = field(init=False)
-    """Workers of evicted versions that have not exited yet: their memory is not free yet."""
+    _leaving: list[Child] = field(default_factory=list)
+    """Workers of evicted versions that have not exited yet: their memory is not free yet
+    (the supervisor kills one still running after the stop grace, :mod:`.leaving`)."""
     _gpu_held: dict[int, Footprint] = field(default_factory=dict)
     """GPU memory by worker pid at this tick (with a GPU budget)."""
     _wanted_since: dict[Version, float] = field(default_factory=dict)
@@ -248,9 +247,6 @@ class OnDemand:
     """A gateway asked for a version lately: its request may land in the stream just after
     the wake-up, so look again soon."""
 
-    def __post_init__(self) -> None:
-        self._leaving = LeavingWorkers(self.stop_grace_s)
-
     @property
     def busy(self) -> bool:
         """Something loads, leaves, waits for room, or was asked for: tick often."""
@@ -266,7 +262,7 @@ class OnDemand:
 
     def tick(self) -> None:
         now = time.monotonic()
-        self._leaving.sweep(now)
+        self._leaving = [c for c in self._leaving if c.running]
         looks = self._look()
         self._queued = {key: look.queued for key, look in looks.items()}
         for key, look in looks.items():
@@ -450,7 +446,8 @@ class OnDemand:
 
     def _drop(self, resident: Resident, reason: str, grace_s: float | None = None) -> None:
         """Refuse the version for good: it cannot load (in time), or it does not fit the
-        budget. Its workers are killed after ``grace_s`` (by default the stop grace)."""
+        budget. Its workers are killed after ``grace_s`` (by default the stop grace,
+        :meth:`.Supervisor.retire`)."""
         self._evict(resident, "refused", grace_s=grace_s)
         self._refuse(resident.key, reason)
 
@@ -466,8 +463,8 @@ class OnDemand:
         self, resident: Resident, reason: str, ahead: bool = False, grace_s: float | None = None
     ) -> None:
         self.residents.pop(resident.key, None)
-        self.supervisor.retire(resident.children)
-        self._leaving.add(resident.children, grace_s)
+        self.supervisor.retire(resident.children, grace_s)
+        self._leaving += [c for c in resident.children if c.running]
         self.client.hincrby(self.keys.stats(*resident.key), eviction_field(reason), 1)
         self.client.delete(self.keys.on_demand_lock(*resident.key))
         if reason == "budget":
@@ -571,7 +568,7 @@ class OnDemand:
         self.supervisor.retire(leaving)
         for child in leaving:
             resident.children.remove(child)
-        self._leaving.add(leaving)
+        self._leaving += [c for c in leaving if c.running]
         resident.footprint = {d: s * wanted // len(running) for d, s in resident.footprint.items()}
         log.info(
             "'%s' version %d: %d -> %d instances (autoscaling)",
@@ -680,7 +677,7 @@ class OnDemand:
         )
 
     def _leaving_footprint(self) -> Footprint:
-        return self._leaving.footprint(self._gpu_held)
+        return footprint(self._leaving, self._gpu_held)
 
     def _uses(self, key: Version, queued: bool = True) -> int:
         """Requests of the version answered in the last ``USE_WINDOW_S``, and (``queued``)

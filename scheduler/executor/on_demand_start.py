@@ -108,7 +108,6 @@ def start_on_demand(
         settings.min_residency_s,
         instance_spec=instance_spec(env),
         load_timeout_s=settings.on_demand_load_timeout_s,
-        stop_grace_s=settings.on_demand_stop_grace_s,
         gpu=gpu,
         forks=ForkServer(env, on_exit) if settings.fork_server else None,
     )

@@ -5,7 +5,12 @@ again at once only as many times as ``load_retries`` allows (Triton's
 --model-load-retry-count), then no more. A child that ran healthily for a while and then
 died is restarted at once; one that keeps dying soon after its start is restarted with a
 growing delay.
-Stopping sends SIGTERM to all, waits, then kills the rest.
+
+Every child asked to stop gets SIGTERM, and SIGKILL if it has not exited once its grace
+has passed (:mod:`.leaving`): a worker retired (its model unloaded or replaced, scaled down)
+after ``stop_grace_s`` (``SLUICE_WORKER_STOP_GRACE_S``), the workers of a load abandoned at
+its deadline at once. Stopping asks every child: the workers get the same grace, the other
+children (a gateway finishing its requests) their own time.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sluice.core.runtime import die_with_parent
+from sluice.scheduler.executor.leaving import LeavingWorkers
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +32,14 @@ _MAX_BACKOFF_S = 30.0
 LOAD_RETRIES_LEFT = "SLUICE_LOAD_RETRIES_LEFT"
 HEALTHY_AFTER_S = 10.0
 """A child that ran this long before it exited was healthy: its back-off starts over."""
+STOP_GRACE_S = 30.0
+"""How long a worker asked to stop has to exit before it is killed (the default of
+``SLUICE_WORKER_STOP_GRACE_S``, as Triton's ``--exit-timeout-secs``)."""
+OTHERS_STOP_S = 15.0
+"""How long the other children (gateways, batch workers) have to exit when everything
+stops: a gateway drains its requests for ``SLUICE_SHUTDOWN_TIMEOUT_S`` (10 s) first."""
+_KILLED_EXIT_S = 5.0
+"""How long a stop waits for a killed child to be gone (one stuck in the kernel may not)."""
 
 
 @dataclass
@@ -94,19 +108,24 @@ class Supervisor:
         *,
         healthy_after_s: float = HEALTHY_AFTER_S,
         load_retries: int = 0,
+        stop_grace_s: float = STOP_GRACE_S,
     ) -> None:
         self._healthy_after_s = healthy_after_s
         self.load_retries = load_retries
         """How many times a child that exited with a permanent-failure status is started
         again before it counts as failed."""
         self.children = [Child(spec, backoff=Backoff(healthy_after_s)) for spec in specs]
+        self.leaving = LeavingWorkers(stop_grace_s)
+        """The children asked to stop that have not exited yet."""
         self._stopping = False
 
     @property
     def busy(self) -> bool:
-        """A child waits to be restarted (after its back-off): tick often until it is."""
-        return not self._stopping and any(
-            c.process is None and not (c.failed or c.retiring) for c in self.children
+        """A child waits to be restarted (after its back-off), or one asked to stop has not
+        exited yet (it is killed on time): tick often until then."""
+        return not self._stopping and (
+            bool(self.leaving)
+            or any(c.process is None and not (c.failed or c.retiring) for c in self.children)
         )
 
     def prepared(self, spec: ChildSpec, tries: int = 0) -> ChildSpec:
@@ -151,20 +170,24 @@ class Supervisor:
         log.info("started %s (pid %d, forked)", spec.name, process.pid)
         return child
 
-    def retire(self, children: Sequence[Child]) -> None:
-        """Ask ``children`` to stop (SIGTERM: a worker answers what it holds first); they
+    def retire(self, children: Sequence[Child], grace_s: float | None = None) -> None:
+        """Ask ``children`` to stop (SIGTERM: a worker answers what it holds first); one
+        still running ``grace_s`` later (by default the stop grace) is killed, on a later
+        :meth:`tick`. ``grace_s`` 0 kills them now (a load abandoned at its deadline). They
         are not restarted and leave :attr:`children` once they have exited."""
         for child in children:
             child.retiring = True
-            if child.running:
+            if child.running and grace_s != 0:
                 assert child.process is not None
                 child.process.terminate()
+        self.leaving.add(children, grace_s)
 
     def tick(self) -> None:
         """Reap exited children and respawn those due; call periodically."""
         if self._stopping:
             return
         now = time.monotonic()
+        self.leaving.sweep(now)
         self.children = [c for c in self.children if not (c.retiring and not c.running)]
         for child in self.children:
             if child.failed or child.retiring:
@@ -206,17 +229,19 @@ class Supervisor:
             if child.process is None and now >= child.restart_at:
                 self._spawn(child)
 
-    def stop(self, timeout_s: float = 15.0) -> None:
+    def stop(self, timeout_s: float = OTHERS_STOP_S) -> None:
+        """Stop every child and wait until they have exited: a worker is killed once the
+        stop grace has passed, any other child after ``timeout_s``."""
         self._stopping = True
-        live = [
-            c.process for c in self.children if c.process is not None and c.process.poll() is None
-        ]
-        for process in live:
-            process.terminate()
-        deadline = time.monotonic() + timeout_s
-        for process in live:
-            try:
-                process.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+        live = [c for c in self.children if c.running]
+        self.retire([c for c in live if c.spec.version is not None])
+        self.retire([c for c in live if c.spec.version is None], timeout_s)
+        give_up = time.monotonic() + max(self.leaving.grace_s, timeout_s) + _KILLED_EXIT_S
+        while self.leaving and time.monotonic() < give_up:
+            time.sleep(0.02)
+            self.leaving.sweep()
+        for child in [c for c in live if c.running]:
+            assert child.process is not None
+            log.error(
+                "%s (pid %d) is still running after SIGKILL", child.spec.name, child.process.pid
+            )

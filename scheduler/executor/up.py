@@ -152,6 +152,9 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             )
             if on_demand is not None:
                 stack.callback(on_demand.stop)
+                # The children stop first, those the fork server forked with the others,
+                # while it still reaps them; then the fork server (ExitStack: last in first).
+                stack.callback(supervisor.stop)
             CommandWatch(
                 lambda timeout_s: connect(redis_url, socket_timeout=timeout_s),
                 [namespace.control_requests, namespace.demand_requests],
@@ -244,9 +247,9 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
     """The supervisor, started with the gateways (none with ``--no-gateway``) on the ports
     held here for as long as we run: a restarted gateway serves on them again, and
     connections arriving meanwhile wait in their backlog. Stopped before the ports close."""
-    retries = settings.model_load_retry_count
+    retries, grace_s = settings.model_load_retry_count, settings.worker_stop_grace_s
     if not settings.gateway:
-        supervisor = Supervisor([], load_retries=retries)
+        supervisor = Supervisor([], load_retries=retries, stop_grace_s=grace_s)
     else:
         try:
             listeners = open_listeners(settings)
@@ -258,7 +261,9 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
         except ListenError as exc:
             raise StartupFailed(str(exc)) from None
         supervisor = Supervisor(
-            gateway_specs(settings, gateway_env, listeners), load_retries=retries
+            gateway_specs(settings, gateway_env, listeners),
+            load_retries=retries,
+            stop_grace_s=grace_s,
         )
     stack.callback(supervisor.stop)
     supervisor.start()

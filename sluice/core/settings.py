@@ -1059,10 +1059,20 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     killed, its memory given back, and the model is unavailable with the reason, its waiting
     requests answered 503 (until the executor restarts, as another failed load)."""
 
-    on_demand_stop_grace_s: float = Field(30.0, gt=0, le=3600)
-    """How long a worker of an on-demand model asked to stop (unloaded, scaled down) has to
-    answer what it holds and exit before it is killed (SIGKILL). What it holds counts
-    against the memory budget until it has exited."""
+    worker_stop_grace_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        validation_alias=AliasChoices(
+            "SLUICE_WORKER_STOP_GRACE_S", "SLUICE_ON_DEMAND_STOP_GRACE_S"
+        ),
+    )
+    """How long a worker asked to stop (its model unloaded, replaced or scaled down, an
+    on-demand model unloaded to make room, ``sluice up`` stopping) has to answer what it
+    holds and exit before it is killed (SIGKILL); Triton's ``--exit-timeout-secs`` sets it
+    too. A load abandoned at its deadline gets none: its workers are killed at once. With
+    on-demand models, what a leaving worker holds counts against the memory budget until it
+    has exited."""
 
     @field_validator("memory_budget", mode="before")
     @classmethod

@@ -99,6 +99,7 @@ def exit_timeout(flag: TritonFlag, text: str, out: TritonArgs) -> None:
         )
         seconds = 1
     out.environment["SLUICE_SHUTDOWN_TIMEOUT_S"] = str(seconds)
+    out.environment["SLUICE_WORKER_STOP_GRACE_S"] = str(seconds)
 
 
 def exit_on_error(flag: TritonFlag, text: str, out: TritonArgs) -> None:

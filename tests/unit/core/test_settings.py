@@ -98,3 +98,18 @@ def test_grpc_tls_without_its_certificate_or_roots_is_refused_naming_them() -> N
     assert taken.grpc_use_ssl and not taken.grpc_server_cert  # (the HTTP certificate serves)
     with pytest.raises(ValidationError, match="SLUICE_GRPC_SERVER_KEY is the key"):
         GatewaySettings(grpc_use_ssl=True, ssl_certfile="http.pem", grpc_server_key="k.pem")
+
+
+def test_the_worker_stop_grace_is_read_under_its_on_demand_name_too(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(It was on-demand's own before it applied to every worker.)"""
+    assert UpSettings().worker_stop_grace_s == 30
+    monkeypatch.setenv("SLUICE_ON_DEMAND_STOP_GRACE_S", "2")
+    assert UpSettings().worker_stop_grace_s == 2
+    monkeypatch.setenv("SLUICE_WORKER_STOP_GRACE_S", "3")
+    assert UpSettings().worker_stop_grace_s == 3  # (its own name first)
+    monkeypatch.setenv("SLUICE_WORKER_STOP_GRACE_S", "0")
+    with pytest.raises(StartupFailed) as caught:
+        read_settings(UpSettings)
+    assert "SLUICE_WORKER_STOP_GRACE_S" in caught.value.message

@@ -1,5 +1,6 @@
 """Workers asked to stop are followed until they are gone: one that ignores SIGTERM is
-killed once its grace has passed, and what it holds counts until then (real processes)."""
+killed once its grace has passed, and what it holds counts until then (real processes).
+The supervisor follows every child it retires so (``test_retiring_children.py``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 
 from sluice.core.memory_budget import HOST
-from sluice.scheduler.executor.leaving import LeavingWorkers
+from sluice.scheduler.executor.leaving import LeavingWorkers, footprint
 from sluice.scheduler.executor.supervisor import Child, ChildSpec
 
 MIB = 1 << 20
@@ -73,11 +74,11 @@ def test_a_worker_that_ignores_sigterm_is_killed_after_its_grace(started: list[C
     leaving.sweep()
     assert child.running and len(leaving) == 1  # within its grace: left alone
     # Until it is gone, what it holds counts: its own memory, and its GPU memory.
-    held = leaving.footprint({pid: {"gpu0": 5 * MIB}})
+    held = footprint([child], {pid: {"gpu0": 5 * MIB}})
     assert held[HOST] > 8 * MIB and held["gpu0"] == 5 * MIB
     assert _gone(leaving, within_s=5.0)
     assert child.process.poll() == -signal.SIGKILL
-    assert leaving.footprint({pid: {"gpu0": 5 * MIB}}) == {}
+    assert footprint([child], {pid: {"gpu0": 5 * MIB}}) == {}
 
 
 def test_a_worker_that_exits_on_sigterm_is_not_killed(started: list[Child]) -> None:
@@ -98,5 +99,20 @@ def test_no_grace_kills_at_once(started: list[Child]) -> None:
     leaving = LeavingWorkers(grace_s=30.0)
     _stop(leaving, child, grace_s=0.0)
     assert child.process.wait(5) == -signal.SIGKILL
+    leaving.sweep()
+    assert not leaving
+
+
+def test_a_worker_followed_twice_keeps_the_earlier_deadline(started: list[Child]) -> None:
+    """Retired with the stop grace, then given none (everything stops, or its load is
+    abandoned): it is killed at once, and followed once."""
+    child = _worker(STUBBORN)
+    started.append(child)
+    assert child.process is not None
+    leaving = LeavingWorkers(grace_s=30.0)
+    _stop(leaving, child)
+    _stop(leaving, child, grace_s=0.0)
+    assert child.process.wait(5) == -signal.SIGKILL
+    leaving.add([child], grace_s=60.0)  # (gone: not followed again)
     leaving.sweep()
     assert not leaving

@@ -54,7 +54,6 @@ def manager(*residents: Resident, min_residency_s: float = 10.0) -> OnDemand:
             "worker", ["w", "--threads", str(threads)], {}, version=v
         ),
         load_timeout_s=LOAD_TIMEOUT_S,
-        stop_grace_s=30.0,
     )
     demand.residents = {r.key: r for r in residents}
     return demand

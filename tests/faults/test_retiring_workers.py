@@ -1,0 +1,172 @@
+"""Workers asked to stop that never do, outside on-demand loading: an unload whose worker
+ignores SIGTERM, a load abandoned at ``SLUICE_MODEL_CONTROL_TIMEOUT_S`` whose worker hangs
+in its model's loading, and the stop of ``sluice up`` with a worker the fork server forked
+that ignores SIGTERM. Each worker is killed (after ``SLUICE_WORKER_STOP_GRACE_S``, or at
+once for the abandoned load). Real workers, real Redis, small timeouts."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support import procs
+from tests.support.model_files import python_config, tensor, write_model
+from tests.support.stack import Stack
+
+STOP_GRACE_S = 1
+CONTROL_TIMEOUT_S = 8
+REQUEST = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
+CONFIG = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
+IGNORES_SIGTERM = """
+import ctypes
+import os
+import signal
+
+class Model:
+    def __init__(self):
+        # The model loads off the main thread, where signal.signal refuses: ignore SIGTERM
+        # for the whole process through libc.
+        libc = ctypes.CDLL(None)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        libc.signal(int(signal.SIGTERM), 1)  # SIG_IGN
+        with open({pid_file!r}, "w") as out:
+            out.write(str(os.getpid()))
+
+    def execute(self, inputs):
+        return {{"y": inputs["x"]}}
+"""
+HANGS = """
+import os
+import time
+
+class Model:
+    def __init__(self):
+        with open({pid_file!r}, "w") as out:
+            out.write(str(os.getpid()))
+        time.sleep(3600)  # (its load never ends)
+
+    def execute(self, inputs):
+        return {{"y": inputs["x"]}}
+"""
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _fork_server_runs(parent: int) -> bool:
+    """(It starts with the executor's first tick, after the stack is ready.)"""
+    return any("--fork-server" in procs.cmdline(pid) for pid in procs.children(parent))
+
+
+def _log(stack: Stack) -> str:
+    return "".join(stack.stderr_lines)
+
+
+@pytest.fixture(scope="module")
+def explicit(
+    tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer
+) -> Iterator[Stack]:
+    root = tmp_path_factory.mktemp("retiring")
+    repository = root / "models"
+    for name, source in (("stubborn", IGNORES_SIGTERM), ("hangs", HANGS)):
+        pid_file = root / f"{name}.pid"
+        write_model(repository, name, CONFIG, {"1/model.py": source.format(pid_file=str(pid_file))})
+    stack = Stack(
+        repository,
+        redis_server.url,
+        env={
+            "SLUICE_MODEL_CONTROL_MODE": "explicit",
+            "SLUICE_MODEL_CONTROL_TIMEOUT_S": str(CONTROL_TIMEOUT_S),
+            "SLUICE_WORKER_STOP_GRACE_S": str(STOP_GRACE_S),
+        },
+    )
+    stack.start()
+    yield stack
+    stack.stop()
+
+
+@pytest.mark.timeout(120)
+def test_an_unload_kills_a_worker_that_ignores_sigterm_after_the_grace(explicit: Stack) -> None:
+    """The unload answers once the worker is gone: without the kill it never would, and
+    model control would carry out no other command."""
+    pid_file = Path(str(explicit.repository)).parent / "stubborn.pid"
+    with httpx.Client(base_url=explicit.url, timeout=60) as http:
+        answer = http.post("/v2/repository/models/stubborn/load")
+        assert answer.status_code == 200, answer.text
+        assert http.post("/v2/models/stubborn/infer", json=REQUEST).status_code == 200
+        worker = _pid(pid_file)
+        assert worker is not None and procs.alive(worker)
+
+        asked = time.monotonic()
+        answer = http.post("/v2/repository/models/stubborn/unload")
+        took_s = time.monotonic() - asked
+        assert answer.status_code == 200, answer.text
+        assert STOP_GRACE_S <= took_s < CONTROL_TIMEOUT_S, took_s
+        assert not procs.alive(worker), "the worker that ignored SIGTERM still runs"
+    killed = f"did not exit within {STOP_GRACE_S} s of SIGTERM; killing it (SIGKILL)"
+    assert killed in _log(explicit)
+
+
+@pytest.mark.timeout(120)
+def test_a_load_abandoned_at_its_deadline_kills_its_worker(explicit: Stack) -> None:
+    """A Python model whose loading never ends: a worker stuck there does not end on
+    SIGTERM, so at ``SLUICE_MODEL_CONTROL_TIMEOUT_S`` it is killed at once."""
+    pid_file = Path(str(explicit.repository)).parent / "hangs.pid"
+    with httpx.Client(base_url=explicit.url, timeout=60) as http:
+        answer = http.post("/v2/repository/models/hangs/load")
+        # (The gateway waits as long as the executor does: either may tell first.)
+        assert answer.status_code in (400, 503), answer.text
+        worker = _pid(pid_file)
+        assert worker is not None
+        assert procs.wait_until(lambda: not procs.alive(worker), 5), "its worker still runs"
+    failed = (
+        f"load of 'hangs' failed: failed to load 'hangs', not ready within {CONTROL_TIMEOUT_S} s"
+    )
+    assert failed in _log(explicit)
+
+
+@pytest.mark.timeout(120)
+def test_the_stop_kills_a_forked_worker_that_ignores_sigterm_after_the_grace(
+    tmp_path: Path, start_stack: Callable[..., Stack]
+) -> None:
+    """A worker the fork server forked is stopped with every other child, while the fork
+    server still reaps it: the stop takes the grace, not the fork server's own wait (10 s)
+    and then the supervisor's."""
+    repository = tmp_path / "models"
+    pid_file = tmp_path / "stubborn.pid"
+    source = IGNORES_SIGTERM.format(pid_file=str(pid_file))
+    write_model(repository, "stubborn", CONFIG, {"1/model.py": source})
+    stack = start_stack(
+        repository,
+        env={
+            "SLUICE_MODEL_CONTROL_MODE": "demand",
+            "SLUICE_WORKER_STOP_GRACE_S": str(STOP_GRACE_S),
+        },
+    )
+    assert stack.process is not None
+    parent = stack.process.pid
+    assert procs.wait_until(lambda: _fork_server_runs(parent), 30), "no fork server"
+    with httpx.Client(base_url=stack.url, timeout=60) as http:
+        answer = http.post("/v2/models/stubborn/infer", json=REQUEST)
+        assert answer.status_code == 200, answer.text
+    worker = _pid(pid_file)
+    assert worker is not None and procs.alive(worker)
+    assert f"(pid {worker}, forked)" in _log(stack)
+
+    asked = time.monotonic()
+    assert stack.stop() == 0
+    took_s = time.monotonic() - asked
+    assert not procs.alive(worker), "the worker that ignored SIGTERM still runs"
+    assert took_s < 15, took_s  # (it took the fork server's 10 s, then the supervisor's 15)
+    killed = f"did not exit within {STOP_GRACE_S} s of SIGTERM; killing it (SIGKILL)"
+    assert killed in _log(stack)
