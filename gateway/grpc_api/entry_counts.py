@@ -14,6 +14,7 @@ the decoder to say.
 from __future__ import annotations
 
 from sluice.core.errors import InvalidInput
+from sluice.gateway.grpc_api.wire_fields import top_level_fields
 from sluice.gateway.inference.request import RequestLimits
 
 MAX_OUTPUTS = 4096
@@ -34,49 +35,14 @@ def check_entry_counts(message: bytes, limits: RequestLimits) -> None:
     }
     counts = dict.fromkeys(bounds, 0)
     most_fields = sum(bound for _, bound in bounds.values()) + _SINGULAR_FIELDS
-    position, end = 0, len(message)
-    for _ in range(most_fields):
-        if position >= end:
-            return
-        key, position = _varint(message, position)
-        if key is None:
-            return
-        number, wire_type = key >> 3, key & 7
-        if wire_type == 0:
-            _, position = _varint(message, position)
-            if position < 0:
-                return
-        elif wire_type == 1:
-            position += 8
-        elif wire_type == 5:
-            position += 4
-        elif wire_type == 2:
-            length, position = _varint(message, position)
-            if length is None:
-                return
-            position += length
-        else:
-            return
-        if number in counts:
-            counts[number] += 1
-            name, bound = bounds[number]
-            if counts[number] > bound:
+    for index, field in enumerate(top_level_fields(message)):
+        if index == most_fields:
+            raise InvalidInput(
+                f"the ModelInferRequest has more than {most_fields} fields, more than any "
+                "request needs"
+            )
+        if field.number in counts:
+            counts[field.number] += 1
+            name, bound = bounds[field.number]
+            if counts[field.number] > bound:
                 raise InvalidInput(f"request '{name}' has more entries than the limit of {bound}")
-    if position < end:
-        raise InvalidInput(
-            f"the ModelInferRequest has more than {most_fields} fields, more than any request needs"
-        )
-
-
-def _varint(data: bytes, position: int) -> tuple[int | None, int]:
-    """The varint at ``position`` and the position after it ((None, -1) if malformed)."""
-    value = shift = 0
-    end = len(data)
-    while position < end and shift < 64:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
-    return None, -1
