@@ -18,7 +18,6 @@ feeder):
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,22 +30,10 @@ from sluice.batch.runner import Runner
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs.store import LocalTree, open_store
 from sluice.core.batch_jobs.sweeper import StoreSweeper
-from sluice.core.config import parse_config_text
 from sluice.core.keys import Keys
-from sluice.core.settings import BatchSettings
 from sluice.scheduler.executor.redis_server import RedisServer
+from tests.unit.batch.runners import TENANT, make_runner, planned
 
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    backend: "python"
-    max_batch_size: 8
-    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
-TENANT = "team-a"
 QUOTA = 1 << 20
 PART_BYTES = 128 + 100 * 4 * 4
 """A part of 100 rows of 4 FP32 values, as ``.npy``."""
@@ -56,41 +43,13 @@ PART_BYTES = 128 + 100 * 4 * 4
 def runner(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Runner]:
-    settings = BatchSettings(
-        redis_url=redis_server.url,
-        namespace=f"t{uuid.uuid4().hex[:8]}",
-        batch_store=str(tmp_path / "store"),
-        batch_root=str(tmp_path),
-        tenant_max_stored_bytes=QUOTA,
-    )
-    made = Runner(settings, lambda batch_id, index: None)
-    monkeypatch.setattr(made, "_model", lambda record: (CONFIG, 1))
+    made = make_runner(redis_server, tmp_path, monkeypatch, tenant_max_stored_bytes=QUOTA)
     yield made
     made.close()
 
 
 def _keys(runner: Runner) -> Keys:
     return Keys(runner.settings.namespace)
-
-
-def _planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
-    """A new job of the tenant over ``source``, listed as the gateway lists it, planned."""
-    batch_id = uuid.uuid4().hex
-    keys = _keys(runner)
-    runner.redis.zadd(keys.batches(TENANT), {batch_id: 1.0})
-    runner.redis.hset(
-        keys.batch(batch_id),
-        mapping={
-            b.F_STATUS: b.PLANNING,
-            b.F_MODEL: "m",
-            b.F_INPUT: str(source),
-            b.F_OUTPUT: "",
-            b.F_OPTIONS: orjson.dumps(options.to_json()),
-            b.F_OWNER: TENANT,
-        },
-    )
-    runner.plan(batch_id, resume=False)
-    return batch_id
 
 
 def _stored(runner: Runner) -> int:
@@ -121,7 +80,7 @@ def test_a_job_past_the_quota_stops_whole_and_keeps_what_it_committed(
     source = tmp_path / "rows.npy"
     np.save(source, np.arange(1200, dtype=np.float32).reshape(300, 4))
     options = b.BatchOptions(shard_rows=100, input_format="npy", output_format="npy")
-    batch_id = _planned(runner, source, options)
+    batch_id = planned(runner, source, options)
     for index in range(3):
         runner.shard(batch_id, index, True)
     record = runner.record(batch_id)
@@ -161,7 +120,7 @@ def test_a_json_lines_part_stops_before_it_passes_the_quota(
     source = tmp_path / "requests.jsonl"
     source.write_bytes(b"".join(_line(f"r{i}") + b"\n" for i in range(200)))
     options = b.BatchOptions(input_format="jsonl", output_format="jsonl")
-    batch_id = _planned(runner, source, options)
+    batch_id = planned(runner, source, options)
     runner.shard(batch_id, 0, True)
     record = runner.record(batch_id)
 
@@ -182,7 +141,7 @@ def test_a_batch_removed_while_a_part_is_put_counts_nothing_more(
     source = tmp_path / "rows.npy"
     np.save(source, np.ones((100, 4), dtype=np.float32))
     options = b.BatchOptions(input_format="npy", output_format="npy")
-    batch_id = _planned(runner, source, options)
+    batch_id = planned(runner, source, options)
     sweeper = StoreSweeper(runner.redis, keys, open_store(runner.settings))
     put_file = LocalTree.put_file
 

@@ -36,18 +36,7 @@ from sluice.core.config import parse_config_text
 from sluice.core.keys import Keys
 from sluice.core.settings import BatchSettings
 from sluice.scheduler.executor.redis_server import RedisServer
-
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    backend: "python"
-    max_batch_size: 8
-    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
-TENANT = "team-a"
+from tests.unit.batch.runners import TENANT, make_runner, planned
 
 
 def _line(request_id: str, values: list[Any], datatype: str = "FP32") -> bytes:
@@ -62,43 +51,15 @@ def _line(request_id: str, values: list[Any], datatype: str = "FP32") -> bytes:
 def runner(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[Runner]:
-    settings = BatchSettings(
-        redis_url=redis_server.url,
-        namespace=f"t{uuid.uuid4().hex[:8]}",
-        batch_store=str(tmp_path / "store"),
-        batch_root=str(tmp_path),
-    )
-    made = Runner(settings, lambda batch_id, index: None)
-    monkeypatch.setattr(made, "_model", lambda record: (CONFIG, 1))
+    made = make_runner(redis_server, tmp_path, monkeypatch)
     yield made
     made.close()
-
-
-def _planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
-    """A new job of the tenant over ``source`` (listed among its jobs, as the gateway lists
-    it), planned; its id."""
-    batch_id = uuid.uuid4().hex
-    keys = Keys(runner.settings.namespace)
-    runner.redis.zadd(keys.batches(TENANT), {batch_id: 1.0})
-    runner.redis.hset(
-        keys.batch(batch_id),
-        mapping={
-            b.F_STATUS: b.PLANNING,
-            b.F_MODEL: "m",
-            b.F_INPUT: str(source),
-            b.F_OUTPUT: "",
-            b.F_OPTIONS: orjson.dumps(options.to_json()),
-            b.F_OWNER: TENANT,
-        },
-    )
-    runner.plan(batch_id, resume=False)
-    return batch_id
 
 
 def _run_job(runner: Runner, redis: Redis, source: Path) -> tuple[str, dict[str, str]]:
     """Plan a JSON Lines job over ``source`` and run its one shard; (id, record)."""
     options = b.BatchOptions(input_format="jsonl", output_format="jsonl")
-    batch_id = _planned(runner, source, options)
+    batch_id = planned(runner, source, options)
     runner.shard(batch_id, 0, True)
     return batch_id, runner.record(batch_id)
 
@@ -210,7 +171,7 @@ def test_a_shard_holds_a_bounded_number_of_bytes(
     np.save(source, np.zeros((200, 4096), dtype=np.float64))  # 32 KiB a row, as it is read
     options = b.BatchOptions(shard_rows=100_000_000, input_format="npy", output_format="npy")
     try:
-        batch_id = _planned(runner, source, options)
+        batch_id = planned(runner, source, options)
         record = runner.record(batch_id)
     finally:
         runner.close()
@@ -249,7 +210,7 @@ def test_a_part_past_the_stored_bytes_quota_is_refused_before_it_is_put(
     np.save(source, np.ones((100, 4), dtype=np.float32))
     options = b.BatchOptions(input_format="npy", output_format="npy")
     try:
-        batch_id = _planned(runner, source, options)
+        batch_id = planned(runner, source, options)
         runner.shard(batch_id, 0, True)
         record = runner.record(batch_id)
         stored = int(runner.redis.get(keys.stored_bytes(TENANT)) or 0)

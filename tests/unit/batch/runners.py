@@ -1,0 +1,70 @@
+"""A batch worker's runner on a real redis-server and a real store, over a stand-in model
+``m`` (X → Y, FP32 [-1], batch 8), and its jobs planned as the gateway lists them: what
+the runner's tests share."""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+
+from sluice.batch.runner import Runner
+from sluice.core.batch_jobs import batches as b
+from sluice.core.config import parse_config_text
+from sluice.core.keys import Keys
+from sluice.core.settings import BatchSettings
+from sluice.scheduler.executor.redis_server import RedisServer
+
+CONFIG = parse_config_text(
+    """
+    name: "m"
+    backend: "python"
+    max_batch_size: 8
+    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
+    """,
+    model_name="m",
+)
+TENANT = "team-a"
+
+
+def make_runner(
+    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any
+) -> Runner:
+    """A runner in a namespace of its own whose jobs all run ``m`` (close it after)."""
+    made = Runner(
+        BatchSettings(
+            redis_url=redis_server.url,
+            namespace=f"t{uuid.uuid4().hex[:8]}",
+            batch_store=str(tmp_path / "store"),
+            batch_root=str(tmp_path),
+            **settings,
+        ),
+        lambda batch_id, index: None,
+    )
+    monkeypatch.setattr(made, "_model", lambda record: (CONFIG, 1))
+    return made
+
+
+def planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
+    """A new job of :data:`TENANT` over ``source`` (listed among its jobs, as the gateway
+    lists it), planned; its id."""
+    batch_id = uuid.uuid4().hex
+    keys = Keys(runner.settings.namespace)
+    runner.redis.zadd(keys.batches(TENANT), {batch_id: 1.0})
+    runner.redis.hset(
+        keys.batch(batch_id),
+        mapping={
+            b.F_STATUS: b.PLANNING,
+            b.F_MODEL: "m",
+            b.F_INPUT: str(source),
+            b.F_OUTPUT: "",
+            b.F_OPTIONS: orjson.dumps(options.to_json()),
+            b.F_OWNER: TENANT,
+        },
+    )
+    runner.plan(batch_id, resume=False)
+    return batch_id
