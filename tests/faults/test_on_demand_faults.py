@@ -16,59 +16,17 @@ from redis import Redis
 
 from sluice.core.keys import Keys
 from tests.support import procs
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_model
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
+from tests.support.stubborn_models import CONFIG, REQUEST, model_source, pid_in
 
 MIB = 1 << 20
 LOAD_TIMEOUT_S = 5
 STOP_GRACE_S = 1
-PYTHON_REQUEST = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
 ONNX_REQUEST = {
     "inputs": [{"name": "IN_FP32", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]
 }
-CONFIG = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
-HANGS = """
-import os
-import time
-
-class Model:
-    def __init__(self):
-        with open({pid_file!r}, "w") as out:
-            out.write(str(os.getpid()))
-        time.sleep(3600)  # (its load never ends)
-
-    def execute(self, inputs):
-        return {{"y": inputs["x"]}}
-"""
-BALLAST = """
-import ctypes
-import os
-import signal
-
-class Model:
-    def __init__(self):
-        if {stubborn}:
-            # The model loads off the main thread, where signal.signal refuses: ignore
-            # SIGTERM for the whole process through libc.
-            libc = ctypes.CDLL(None)
-            libc.signal.restype = ctypes.c_void_p
-            libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-            libc.signal(int(signal.SIGTERM), 1)  # SIG_IGN
-        self.ballast = b"x" * (150 << 20)  # (written: the worker's own memory)
-        with open({pid_file!r}, "w") as out:
-            out.write(str(os.getpid()))
-
-    def execute(self, inputs):
-        return {{"y": inputs["x"]}}
-"""
-
-
-def _pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _index(http: httpx.Client) -> dict[str, dict[str, str]]:
@@ -85,7 +43,7 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
     the two, as estimated before either was measured)."""
     repository = tmp_path / "models"
     pid_file = tmp_path / "hangs.pid"
-    write_model(repository, "hangs", CONFIG, {"1/model.py": HANGS.format(pid_file=str(pid_file))})
+    write_model(repository, "hangs", CONFIG, {"1/model.py": model_source(pid_file, hangs=True)})
     write_identity(repository, "quick", ["FP32"])
     stack = start_stack(
         repository,
@@ -97,9 +55,9 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
     )
     with ThreadPoolExecutor(2) as pool, httpx.Client(base_url=stack.url, timeout=60) as http:
         sent = time.monotonic()
-        hung = pool.submit(http.post, "/v2/models/hangs/infer", json=PYTHON_REQUEST)
-        assert procs.wait_until(lambda: _pid(pid_file) is not None, 30), "no worker for hangs"
-        worker = _pid(pid_file)
+        hung = pool.submit(http.post, "/v2/models/hangs/infer", json=REQUEST)
+        assert procs.wait_until(lambda: pid_in(pid_file) is not None, 30), "no worker for hangs"
+        worker = pid_in(pid_file)
         assert worker is not None
         assert _index(http)["hangs"]["state"] == "LOADING"
         waiting = pool.submit(http.post, "/v2/models/quick/infer", json=ONNX_REQUEST)
@@ -118,7 +76,7 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
         answer = waiting.result(60)
         assert answer.status_code == 200, answer.text
 
-        later = http.post("/v2/models/hangs/infer", json=PYTHON_REQUEST)
+        later = http.post("/v2/models/hangs/infer", json=REQUEST)
         assert later.status_code == 503, later.text
         assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in later.json()["error"]
         # (The gateways read the states every so often.)
@@ -139,7 +97,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_to_make_room(
         ("stubborn", True, stubborn_pid),
         ("successor", False, successor_pid),
     ):
-        source = BALLAST.format(stubborn=ignores_sigterm, pid_file=str(pid_file))
+        source = model_source(pid_file, ignores_sigterm=ignores_sigterm, ballast_mib=150)
         write_model(repository, name, CONFIG, {"1/model.py": source})
     stack = start_stack(
         repository,
@@ -155,17 +113,17 @@ def test_a_worker_that_ignores_sigterm_is_killed_to_make_room(
     redis = Redis.from_url(stack.redis_url)
     try:
         with httpx.Client(base_url=stack.url, timeout=60) as http:
-            answer = http.post("/v2/models/stubborn/infer", json=PYTHON_REQUEST)
+            answer = http.post("/v2/models/stubborn/infer", json=REQUEST)
             assert answer.status_code == 200, answer.text
             # Measured (so the second one is known not to fit beside it).
             assert procs.wait_until(lambda: redis.hexists(keys.model_memory, "stubborn:1"), 10)
             held = json.loads(redis.hget(keys.model_memory, "stubborn:1") or b"{}")["host"]
             assert 150 * MIB < held <= 250 * MIB, f"one fits the budget, two do not: {held}"
-            stubborn = _pid(stubborn_pid)
+            stubborn = pid_in(stubborn_pid)
             assert stubborn is not None and procs.alive(stubborn)
 
             asked = time.monotonic()
-            answer = http.post("/v2/models/successor/infer", json=PYTHON_REQUEST, timeout=30)
+            answer = http.post("/v2/models/successor/infer", json=REQUEST, timeout=30)
             took_s = time.monotonic() - asked
             assert answer.status_code == 200, answer.text
             assert not procs.alive(stubborn), "the worker that ignored SIGTERM still runs"

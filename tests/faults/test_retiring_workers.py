@@ -15,52 +15,12 @@ import pytest
 
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
-from tests.support.model_files import python_config, tensor, write_model
+from tests.support.model_files import write_model
 from tests.support.stack import Stack
+from tests.support.stubborn_models import CONFIG, REQUEST, model_source, pid_in
 
 STOP_GRACE_S = 1
 CONTROL_TIMEOUT_S = 8
-REQUEST = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}
-CONFIG = python_config([tensor("x", "TYPE_FP32", "2")], [tensor("y", "TYPE_FP32", "2")])
-IGNORES_SIGTERM = """
-import ctypes
-import os
-import signal
-
-class Model:
-    def __init__(self):
-        # The model loads off the main thread, where signal.signal refuses: ignore SIGTERM
-        # for the whole process through libc.
-        libc = ctypes.CDLL(None)
-        libc.signal.restype = ctypes.c_void_p
-        libc.signal.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        libc.signal(int(signal.SIGTERM), 1)  # SIG_IGN
-        with open({pid_file!r}, "w") as out:
-            out.write(str(os.getpid()))
-
-    def execute(self, inputs):
-        return {{"y": inputs["x"]}}
-"""
-HANGS = """
-import os
-import time
-
-class Model:
-    def __init__(self):
-        with open({pid_file!r}, "w") as out:
-            out.write(str(os.getpid()))
-        time.sleep(3600)  # (its load never ends)
-
-    def execute(self, inputs):
-        return {{"y": inputs["x"]}}
-"""
-
-
-def _pid(path: Path) -> int | None:
-    try:
-        return int(path.read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _fork_server_runs(parent: int) -> bool:
@@ -78,9 +38,10 @@ def explicit(
 ) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("retiring")
     repository = root / "models"
-    for name, source in (("stubborn", IGNORES_SIGTERM), ("hangs", HANGS)):
+    for name, options in (("stubborn", {"ignores_sigterm": True}), ("hangs", {"hangs": True})):
         pid_file = root / f"{name}.pid"
-        write_model(repository, name, CONFIG, {"1/model.py": source.format(pid_file=str(pid_file))})
+        source = model_source(pid_file, **options)
+        write_model(repository, name, CONFIG, {"1/model.py": source})
     stack = Stack(
         repository,
         redis_server.url,
@@ -104,7 +65,7 @@ def test_an_unload_kills_a_worker_that_ignores_sigterm_after_the_grace(explicit:
         answer = http.post("/v2/repository/models/stubborn/load")
         assert answer.status_code == 200, answer.text
         assert http.post("/v2/models/stubborn/infer", json=REQUEST).status_code == 200
-        worker = _pid(pid_file)
+        worker = pid_in(pid_file)
         assert worker is not None and procs.alive(worker)
 
         asked = time.monotonic()
@@ -126,7 +87,7 @@ def test_a_load_abandoned_at_its_deadline_kills_its_worker(explicit: Stack) -> N
         answer = http.post("/v2/repository/models/hangs/load")
         # (The gateway waits as long as the executor does: either may tell first.)
         assert answer.status_code in (400, 503), answer.text
-        worker = _pid(pid_file)
+        worker = pid_in(pid_file)
         assert worker is not None
         assert procs.wait_until(lambda: not procs.alive(worker), 5), "its worker still runs"
     failed = (
@@ -144,7 +105,7 @@ def test_the_stop_kills_a_forked_worker_that_ignores_sigterm_after_the_grace(
     and then the supervisor's."""
     repository = tmp_path / "models"
     pid_file = tmp_path / "stubborn.pid"
-    source = IGNORES_SIGTERM.format(pid_file=str(pid_file))
+    source = model_source(pid_file, ignores_sigterm=True)
     write_model(repository, "stubborn", CONFIG, {"1/model.py": source})
     stack = start_stack(
         repository,
@@ -159,7 +120,7 @@ def test_the_stop_kills_a_forked_worker_that_ignores_sigterm_after_the_grace(
     with httpx.Client(base_url=stack.url, timeout=60) as http:
         answer = http.post("/v2/models/stubborn/infer", json=REQUEST)
         assert answer.status_code == 200, answer.text
-    worker = _pid(pid_file)
+    worker = pid_in(pid_file)
     assert worker is not None and procs.alive(worker)
     assert f"(pid {worker}, forked)" in _log(stack)
 
