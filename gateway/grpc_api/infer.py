@@ -48,6 +48,7 @@ from sluice.core.routing import HEADER
 from sluice.core.tenants import ANONYMOUS, CURRENT_TENANT
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.body_budget import BodyReservation
+from sluice.gateway.grpc_api.wire_fields import varint
 from sluice.gateway.inference import request_id
 from sluice.gateway.inference.data_plane import (
     OFFLOAD_BYTES,
@@ -367,7 +368,7 @@ class InferCalls:
             if not stream:
                 return answer
             # The stream response's field 2 is the ModelInferResponse: its bytes, framed.
-            return b"".join((_STREAM_FIELD, _varint(len(answer)), answer))
+            return b"".join((_STREAM_FIELD, varint(len(answer)), answer))
 
         if sink is not None and prepared.decoupled:
             if turn is not None:  # (a decoupled model's requests keep no order)
@@ -422,7 +423,7 @@ async def _decoupled(
             flag.parameters[_FINAL].bool_param = reply.final
             # Protocol buffers merge concatenated messages: the answer gains the parameter.
             field = flag.SerializeToString()
-            answer = answer + _STREAM_FIELD + _varint(len(field)) + field
+            answer = answer + _STREAM_FIELD + varint(len(field)) + field
         await sink(answer)
 
 
@@ -481,15 +482,6 @@ def _trace_of(metadata: dict[str, str]) -> TraceParent | None:
 
 
 _STREAM_FIELD = bytes([(2 << 3) | 2])  # ModelStreamInferResponse.infer_response, length-delimited
-
-
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 def _log_failure(code: grpc.StatusCode, details: str) -> None:

@@ -1,4 +1,5 @@
-"""The top-level fields of an encoded protobuf message, walked without decoding it.
+"""The top-level fields of an encoded protobuf message, walked without decoding it (and a
+varint written, for the fields written by hand).
 
 Each field is skipped, not read: a length-delimited one costs one varint whatever its
 length, so a caller that stops after N fields has done N steps of work whatever the
@@ -48,6 +49,16 @@ def top_level_fields(message: bytes) -> Iterator[Field]:
         else:
             return
         yield Field(number, wire_type, start, position)
+
+
+def varint(value: int) -> bytes:
+    """``value`` (not negative) as a protobuf varint."""
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 def _varint(data: bytes, position: int) -> tuple[int | None, int]:

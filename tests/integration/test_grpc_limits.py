@@ -22,6 +22,7 @@ import tritonclient.grpc as grpcclient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tritonclient.grpc import service_pb2
 
+from sluice.gateway.grpc_api.wire_fields import varint
 from tests.support import procs
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
@@ -232,17 +233,8 @@ def test_a_flood_of_large_messages_is_refused_not_buffered(stack: Stack) -> None
     small_call_works(stack.grpc_address)
 
 
-def _varint(value: int) -> bytes:
-    out = bytearray()
-    while value > 0x7F:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
 def _field(number: int, payload: bytes) -> bytes:
-    return bytes([(number << 3) | 2]) + _varint(len(payload)) + payload
+    return bytes([(number << 3) | 2]) + varint(len(payload)) + payload
 
 
 ENTRIES_BOUND_MIB = 96
@@ -266,7 +258,7 @@ def test_messages_of_empty_entries_do_not_swell_the_gateway(stack: Stack) -> Non
     model = _field(1, b"echo")
     floods = [model + bytes([(number << 3) | 2, 0]) * entries for number in (5, 6, 7)]
     strings = entries // 2
-    tensor = _field(1, b"IN_FP32") + _field(2, b"BYTES") + _field(3, _varint(1) + _varint(strings))
+    tensor = _field(1, b"IN_FP32") + _field(2, b"BYTES") + _field(3, varint(1) + varint(strings))
     floods.append(model + _field(5, tensor + _field(5, b"\x42\x00" * strings)))
     shape = _field(1, b"IN_FP32") + _field(2, b"FP32") + _field(3, b"\x01" * (2 * strings))
     floods.append(model + _field(5, shape))
