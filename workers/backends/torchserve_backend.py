@@ -24,9 +24,12 @@ Requests take TorchServe's shape: one dict per request, ``{"body": ...}`` for a 
 (decoded as TorchServe's frontend does: JSON parsed, ``text/*`` as text, anything else as
 bytes) or one entry per field of a ``multipart/form-data`` body. The model's tensors are
 ``body`` and ``content_type`` (BYTES) in, ``response`` and ``response_type`` (BYTES) out:
-what ``POST /predictions/{model}`` sends, and what a KServe v2 client can send too. A
-handler that raises on a batch of several requests is run again on each request alone, so
-its error fails only the request that caused it.
+what ``POST /predictions/{model}`` sends, and what a KServe v2 client can send too. Each
+row of the batch is one entry of the handler's list, so a KServe v2 request of several rows
+is several entries. A handler that raises on a batch of several entries is run again on
+each entry alone, so its error fails only the request that entry belongs to: a request
+fails when any of its rows failed, with its first failed row's error, and the others of the
+batch are answered.
 """
 
 from __future__ import annotations
@@ -115,6 +118,17 @@ def _texts(array: np.ndarray | None, count: int, default: str) -> list[str]:
     return values
 
 
+def row_owners(rows: int, request_sizes: Sequence[int] | None) -> list[int]:
+    """The index in the batch of the request each row belongs to (``request_sizes`` None:
+    the whole batch is one request). The handler is given one entry per row, so a request
+    of several rows, from a KServe v2 client, owns several entries."""
+    sizes = list(request_sizes) if request_sizes is not None else [rows]
+    owners = [request for request, size in enumerate(sizes) for _ in range(size)]
+    if len(owners) != rows:
+        raise InferenceFailed(f"the batch's requests hold {len(owners)} rows, not {rows}")
+    return owners
+
+
 def explanation_rows(
     rows: int,
     request_sizes: Sequence[int] | None,
@@ -124,15 +138,23 @@ def explanation_rows(
     of several rows, from a KServe v2 client, marks all of them)."""
     if parameters is None:
         return [False] * rows
-    sizes = list(request_sizes) if request_sizes is not None else [rows]
-    marks = [
-        is_explanation(own)
-        for own, size in zip(parameters, sizes, strict=True)
-        for _ in range(size)
-    ]
-    if len(marks) != rows:
-        raise InferenceFailed(f"the batch's requests hold {len(marks)} rows, not {rows}")
-    return marks
+    owners = row_owners(rows, request_sizes)
+    requests = len(request_sizes) if request_sizes is not None else 1
+    if len(parameters) != requests:
+        raise InferenceFailed(f"the batch has {len(parameters)} parameters for {requests} requests")
+    return [is_explanation(parameters[owner]) for owner in owners]
+
+
+def request_failures(
+    failed_rows: Mapping[int, SluiceError], owners: Sequence[int]
+) -> dict[int, SluiceError]:
+    """Each failed request's error, by its index in the batch, from the errors of the
+    batch's failed rows (``owners``: :func:`row_owners`): a request fails when any of its
+    rows failed, with the error of the first of them."""
+    failures: dict[int, SluiceError] = {}
+    for row in sorted(failed_rows):
+        failures.setdefault(owners[row], failed_rows[row])
+    return failures
 
 
 class TorchServeBackend:
@@ -201,17 +223,20 @@ class TorchServeBackend:
             request_entry(kind, body if isinstance(body, bytes) else str(body).encode())
             for kind, body in zip(types, bodies, strict=True)
         ]
+        owners = row_owners(len(requests), request_sizes)
         marks = explanation_rows(len(requests), request_sizes, parameters)
         answers: list[tuple[bytes, str]] = [(b"", _TEXT)] * len(requests)
-        failures: dict[int, SluiceError] = {}
+        failed_rows: dict[int, SluiceError] = {}
         # TorchServe's handlers read the mark of a batch's first request for all of it:
         # predictions and explanations batched together go to the handler apart.
         for explain in (False, True):
             rows = [row for row, marked in enumerate(marks) if marked is explain]
             if rows:
-                self._answer(requests, rows, explain, answers, failures)
-        if failures:
-            if len(requests) == 1:
+                self._answer(requests, rows, explain, answers, failed_rows)
+        if failed_rows:
+            # (the worker reads failures by request, not by row)
+            failures = request_failures(failed_rows, owners)
+            if request_sizes is None or len(request_sizes) == 1:
                 raise failures[0]
             raise RequestsFailed(failures, self._arrays(answers))
         return self._arrays(answers)
@@ -222,11 +247,11 @@ class TorchServeBackend:
         rows: list[int],
         explain: bool,
         answers: list[tuple[bytes, str]],
-        failures: dict[int, SluiceError],
+        failed_rows: dict[int, SluiceError],
     ) -> None:
         """The handler's answers to ``rows`` of the batch, in ``answers``; a handler that
         raises on several is run again on each alone, so that its error fails only the
-        request that caused it (in ``failures``)."""
+        row that caused it (in ``failed_rows``)."""
         try:
             for row, answer in zip(
                 rows, self._handle([requests[i] for i in rows], rows, explain), strict=True
@@ -235,10 +260,10 @@ class TorchServeBackend:
             return
         except SluiceError as error:
             if len(rows) == 1:
-                failures[rows[0]] = error
+                failed_rows[rows[0]] = error
                 return
         for row in rows:
-            self._answer(requests, [row], explain, answers, failures)
+            self._answer(requests, [row], explain, answers, failed_rows)
 
     def _handle(
         self,

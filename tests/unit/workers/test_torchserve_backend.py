@@ -15,13 +15,19 @@ import numpy as np
 import pytest
 
 from sluice.core.config import parse_config_text
-from sluice.core.errors import InvalidConfig
+from sluice.core.errors import InferenceFailed, InvalidConfig
 from sluice.core.placement import Placement
 from sluice.core.torchserve.archives import MANIFEST
 from sluice.core.torchserve.config import triton_config
 from sluice.core.torchserve.explanations import EXPLAIN
 from sluice.core.torchserve.versions import VersionRecord
-from sluice.workers.backends.torchserve_backend import TorchServeBackend, explanation_rows
+from sluice.workers.backends.base import RequestsFailed
+from sluice.workers.backends.torchserve_backend import (
+    TorchServeBackend,
+    explanation_rows,
+    request_failures,
+    row_owners,
+)
 
 pytest.importorskip("ts")
 # TorchServe's metrics cache (ts.metrics.metric_cache_yaml_impl) leaves its YAML file open.
@@ -58,6 +64,18 @@ class Explained:
         if explain == "True":
             return [f"why {text} in {len(data)} ({explain})" for text in texts]
         return [f"{text.upper()} in {len(data)} ({explain})" for text in texts]
+"""
+
+ROW_FAILING = """
+def handle(data, context):
+    \"\"\"Fails a batch holding a row "bad": on a prediction, or "worse" on an explanation.\"\"\"
+    if data is None:
+        return None
+    explain = context.get_request_header(0, "explain") == "True"
+    texts = [row["body"] for row in data]
+    if ("worse" if explain else "bad") in texts:
+        raise ValueError("the row " + ("worse" if explain else "bad"))
+    return [("why " if explain else "") + text.upper() for text in texts]
 """
 
 
@@ -167,3 +185,72 @@ def test_a_request_of_several_rows_marks_each_of_them() -> None:
     assert explanation_rows(2, None, [marked]) == [True, True]
     assert explanation_rows(2, [1, 1], None) == [False, False]
     assert explanation_rows(1, None, [{EXPLAIN: "True"}]) == [False]  # (True itself only)
+
+
+def _rows(texts: list[bytes]) -> dict[str, np.ndarray]:
+    body = np.array([[text] for text in texts], dtype=np.object_)
+    kind = np.array([[b"text/plain"]] * len(texts), dtype=np.object_)
+    return {"body": body, "content_type": kind}
+
+
+def _said(outputs: dict[str, np.ndarray], rows: list[int]) -> list[str]:
+    return [bytes(outputs["response"][row, 0]).decode() for row in rows]
+
+
+def test_a_failed_row_fails_the_request_it_belongs_to(tmp_path: Path) -> None:
+    """The handler is given one entry per row; a request of several rows (a KServe v2
+    client's) fails when one of them fails, and the batch's other requests keep their
+    answers. The worker reads the failures by request, not by row."""
+    _, backend = _model(tmp_path, source=("row_failing.py", ROW_FAILING))
+    try:
+        with pytest.raises(RequestsFailed) as raised:
+            backend.infer(
+                _rows([b"a", b"b", b"bad", b"c", b"d"]), ["response"], request_sizes=[1, 3, 1]
+            )
+        assert set(raised.value.failures) == {1}
+        assert raised.value.failures[1].message == "the handler failed: ValueError: the row bad"
+        assert raised.value.outputs is not None
+        assert _said(raised.value.outputs, [0, 4]) == ["A", "D"]
+        # A batch of one request of several rows: that request's error itself.
+        with pytest.raises(InferenceFailed) as alone:
+            backend.infer(_rows([b"a", b"bad", b"c"]), ["response"], request_sizes=[3])
+        assert not isinstance(alone.value, RequestsFailed)
+        assert alone.value.message == "the handler failed: ValueError: the row bad"
+        with pytest.raises(InferenceFailed, match=r"the row bad$") as whole:
+            backend.infer(_rows([b"bad", b"a"]), ["response"])
+        assert not isinstance(whole.value, RequestsFailed)
+    finally:
+        backend.close()
+
+
+def test_predictions_and_explanations_apart_keep_the_rows_requests(tmp_path: Path) -> None:
+    """A mixed batch goes to the handler apart, by kind: the rows that fail in either part
+    still fail the requests they belong to."""
+    _, backend = _model(tmp_path, source=("row_failing_explained.py", ROW_FAILING))
+    marked = {EXPLAIN: True}
+    try:
+        with pytest.raises(RequestsFailed) as raised:
+            backend.infer(
+                _rows([b"a", b"b", b"c", b"d", b"bad", b"worse", b"e", b"f", b"bad"]),
+                ["response"],
+                request_sizes=[2, 1, 2, 2, 1, 1],
+                parameters=[{}, marked, {}, marked, {}, marked],
+            )
+        assert {i: e.message for i, e in raised.value.failures.items()} == {
+            2: "the handler failed: ValueError: the row bad",
+            3: "the handler failed: ValueError: the row worse",
+        }
+        assert raised.value.outputs is not None
+        assert _said(raised.value.outputs, [0, 1, 2, 7, 8]) == ["A", "B", "why C", "F", "why BAD"]
+    finally:
+        backend.close()
+
+
+def test_each_row_s_request_and_each_request_s_first_failure() -> None:
+    assert row_owners(5, [1, 3, 1]) == [0, 1, 1, 1, 2]
+    assert row_owners(2, None) == [0, 0]
+    with pytest.raises(InferenceFailed, match="hold 4 rows, not 5"):
+        row_owners(5, [1, 3])
+    first, second = InferenceFailed("first"), InferenceFailed("second")
+    assert request_failures({3: second, 2: first}, [0, 1, 1, 1, 2]) == {1: first}
+    assert request_failures({4: second, 0: first}, [0, 1, 1, 1, 2]) == {0: first, 2: second}
