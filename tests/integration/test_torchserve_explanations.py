@@ -7,7 +7,6 @@ counted in ``ts_inference_requests_total`` as predictions are."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -18,7 +17,7 @@ import pytest
 from sluice.core.torchserve.explanations import EXPLAIN
 from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import import_mar, make_archive
+from tests.support.torchserve_archives import import_with_models, make_archive
 
 EXPLAINER = '''
 from ts.torch_handler.base_handler import BaseHandler
@@ -65,16 +64,7 @@ def stack(
     tmp = tmp_path_factory.mktemp("ts-explanations")
     make_archive(tmp / "store", MODEL, EXPLAINER)
     models = {MODEL: {"1.0": {"batchSize": 8, "maxBatchDelay": 50}}}
-    (tmp / "config.properties").write_text(f"models={json.dumps(models)}\n")
-    repository = tmp / "repository"
-    imported = import_mar(
-        str(tmp / "store"),
-        "--model-repository",
-        str(repository),
-        "--config-properties",
-        str(tmp / "config.properties"),
-    )
-    assert imported.returncode == 0, imported.stderr
+    repository = import_with_models(tmp / "store", models)
     stack = Stack(
         repository,
         redis_server.url,

@@ -5,7 +5,6 @@ request batched with it, predictions and explanations alike, gets its own answer
 
 from __future__ import annotations
 
-import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -17,7 +16,7 @@ import pytest
 
 from sluice.scheduler.executor.redis_server import RedisServer, free_port
 from tests.support.stack import Stack
-from tests.support.torchserve_archives import import_mar, make_archive
+from tests.support.torchserve_archives import import_with_models, make_archive
 
 HANDLER = '''
 def handle(data, context):
@@ -60,16 +59,7 @@ def stack(
     tmp = tmp_path_factory.mktemp("ts-row-failures")
     make_archive(tmp / "store", MODEL, f"LOG = {str(calls_log)!r}\n" + HANDLER)
     models = {MODEL: {"1.0": {"batchSize": BATCH, "maxBatchDelay": 5000}}}
-    (tmp / "config.properties").write_text(f"models={json.dumps(models)}\n")
-    repository = tmp / "repository"
-    imported = import_mar(
-        str(tmp / "store"),
-        "--model-repository",
-        str(repository),
-        "--config-properties",
-        str(tmp / "config.properties"),
-    )
-    assert imported.returncode == 0, imported.stderr
+    repository = import_with_models(tmp / "store", models)
     with (repository / MODEL / "config.pbtxt").open("a") as config:  # (the whole window)
         config.write('parameters { key: "adaptive_batching" value { string_value: "false" } }\n')
     stack = Stack(

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -92,6 +94,20 @@ def import_mar(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
+
+
+def import_with_models(store: Path, models: dict[str, Any]) -> Path:
+    """Import ``store``'s archives with ``sluice import-mar``, given a ``config.properties``
+    whose ``models`` is ``models`` (TorchServe's per-model batch settings), into a
+    repository beside ``store``; the repository's path."""
+    properties = store.parent / "config.properties"
+    properties.write_text(f"models={json.dumps(models)}\n")
+    repository = store.parent / "repository"
+    imported = import_mar(
+        str(store), "--model-repository", str(repository), "--config-properties", str(properties)
+    )
+    assert imported.returncode == 0, imported.stderr
+    return repository
 
 
 def make_workflow(
