@@ -52,3 +52,12 @@ def test_a_request_past_them_is_refused(message: bytes, text: str) -> None:
 @pytest.mark.parametrize("message", [b"\xff", b"\x2a\xff\xff", b"\x0b\x00", b"\x2a\x05ab"])
 def test_what_is_malformed_is_left_to_the_decoder(message: bytes) -> None:
     check_entry_counts(message, LIMITS)
+
+
+def test_a_message_too_short_to_pass_any_bound_is_not_walked() -> None:
+    # Every field takes two bytes or more, so a message shorter than twice the smallest
+    # bound (plus one) cannot pass it: such messages (most requests) cost one comparison.
+    short = b"\x2a\x00" * LIMITS.max_inputs
+    check_entry_counts(short, LIMITS)
+    with pytest.raises(InvalidInput, match="'inputs' has more entries"):
+        check_entry_counts(short + b"\x2a\x00", LIMITS)
