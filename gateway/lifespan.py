@@ -77,7 +77,7 @@ def _state(
         settings=settings,
         keys=keys,
         redis=redis,
-        view=CatalogView(keys),
+        view=CatalogView(keys, namespacing=settings.model_namespacing),
         dispatcher=dispatcher,
         limits=RequestLimits(max_elements=settings.max_tensor_elements),
         admission=Admission(

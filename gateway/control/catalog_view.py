@@ -25,6 +25,15 @@ from sluice.gateway.control.routing_view import RoutingView
 log = logging.getLogger(__name__)
 
 
+class UnknownNamespacedModel(InvalidInput, NotFound):
+    """A name the catalog does not hold while model namespacing is on: Triton looks every
+    name up in its namespaces' map first, and answers a name it does not find there
+    INVALID_ARG (400), not NOT_FOUND (core ``ModelRepositoryManager::FindModelIdentifier``),
+    with the same words. Still a NotFound to the code that catches one: a request that
+    misses catches up with the catalog, TorchServe's API answers its own 404, and readiness
+    answers as without namespacing."""
+
+
 @dataclass
 class CatalogView:
     keys: Keys
@@ -45,6 +54,9 @@ class CatalogView:
     loaded: bool = False
     routing: RoutingView = field(default_factory=RoutingView)
     """Version labels and traffic splits (gateway.routing), refreshed beside the catalog."""
+    namespacing: bool = False
+    """Triton's model namespacing is on (``SLUICE_MODEL_NAMESPACING``): an unknown name is
+    :class:`UnknownNamespacedModel`."""
 
     def only_on(self, model: str, version: int, host: str) -> bool:
         """Whether every live worker of the version is on ``host`` (and there is one)."""
@@ -129,11 +141,13 @@ class CatalogView:
 
     def entry(self, model: str) -> CatalogEntry:
         """The entry of the model clients name ``model``: NotFound for an unknown one (and
-        for the internal name of a copy, model namespacing), InvalidInput with Triton's
-        words for a name several repositories hold."""
+        for the internal name of a copy; with model namespacing, Triton's 400:
+        :class:`UnknownNamespacedModel`), InvalidInput with Triton's words for a name
+        several repositories hold."""
         entry = self.models.get(model)
         if entry is None or entry.listed_as:
-            raise NotFound(f"Request for unknown model: '{model}' is not found")
+            unknown = f"Request for unknown model: '{model}' is not found"
+            raise UnknownNamespacedModel(unknown) if self.namespacing else NotFound(unknown)
         if entry.ambiguous:
             raise InvalidInput(entry.error or f"model '{model}' is ambiguous")
         return entry

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sluice.core.errors import InvalidInput, Unavailable
+from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.fields import json_type
 from sluice.core.observability.statistics import render_model_stats
 from sluice.core.on_demand import LOADING
 from sluice.core.on_demand import UNLOADED as ON_DEMAND_UNLOADED
+from sluice.gateway.control.catalog_view import UnknownNamespacedModel
 from sluice.gateway.control.metadata import model_metadata
 from sluice.gateway.state import GatewayState
 
@@ -38,12 +39,16 @@ def _listed(models: list[str], most: int = 5) -> str:
 def model_not_ready(state: GatewayState, model: str, version: str | None) -> str | None:
     """Why a model version cannot serve (None: it is ready), after Triton's
     "Model version not ready"; a name several repositories hold is not ready (model
-    namespacing: Triton answers so, not with its error)."""
+    namespacing: Triton answers so, not with its error). An unknown model is the NotFound it
+    is without namespacing: Triton's readiness drops the lookup's error, whose code alone
+    namespacing changes."""
     found = state.view.models.get(model)
     if found is not None and found.ambiguous:
         return f"Model version not ready; {found.error}"
     try:
         entry, number = state.view.resolve(model, version)
+    except UnknownNamespacedModel as exc:
+        raise NotFound(exc.message) from None
     except Unavailable as exc:
         return f"Model version not ready; {exc.message}"
     if not state.view.is_ready(model, number) and not entry.on_demand:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Sequence
 
 from sluice.core.observability import custom_metrics
 from sluice.core.observability.statistics import (
@@ -32,12 +33,13 @@ from sluice.core.observability.statistics import (
     failure_field,
     ns_field,
 )
+from sluice.core.repository_namespaces import copy_index
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import segment_bytes
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.metrics import gpu, sluice_families
 from sluice.gateway.metrics.host import HOST, escape_label, family
-from sluice.gateway.metrics.snapshot import Snapshot
+from sluice.gateway.metrics.snapshot import Snapshot, VersionState
 from sluice.gateway.metrics.torchserve_families import torchserve_lines
 from sluice.gateway.state import GatewayState
 from sluice.gateway.tenants import metrics as tenant_metrics
@@ -162,7 +164,11 @@ def _text(
     snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits, tenants: tuple[str, ...]
 ) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
-    lines = triton_lines(snapshot, cache=settings.response_cache_bytes > 0)
+    lines = triton_lines(
+        snapshot,
+        cache=settings.response_cache_bytes > 0,
+        repositories=settings.model_repository,
+    )
     if settings.torchserve_metrics:
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
@@ -176,30 +182,45 @@ def _text(
     )
 
 
-def triton_lines(snapshot: Snapshot, *, cache: bool = False) -> list[str]:
+def triton_lines(
+    snapshot: Snapshot, *, cache: bool = False, repositories: Sequence[str] = ()
+) -> list[str]:
     """Triton's per-model families for every served model version (``cache``: the response
-    cache's too)."""
-    versions = snapshot.versions
+    cache's too; ``repositories``: the model repositories, in the order given, which name a
+    copy's namespace: :func:`_model_labels`)."""
+    versions = [(state, _model_labels(state, repositories)) for state in snapshot.versions]
     lines: list[str] = []
     for name, help_text, field_name, divisor in _COUNTERS + (_CACHE_COUNTERS if cache else ()):
         family(lines, name, help_text, "counter")
-        for state in versions:
+        for state, labels in versions:
             value = state.counters.get(field_name, 0) // divisor
-            lines.append(_sample(name, state.model, state.version, value))
+            lines.append(_sample(name, labels, value))
     family(lines, *_FAILURE, "counter")
-    for state in versions:
+    for state, labels in versions:
         for reason in FAILURE_REASONS:
             count = state.counters.get(failure_field(reason), 0)
-            lines.append(_sample(_FAILURE[0], state.model, state.version, count, reason=reason))
+            lines.append(_sample(_FAILURE[0], labels, count, reason=reason))
     family(lines, *_PENDING, "gauge")
-    for state in versions:
+    for state, labels in versions:
         waiting = sum(stream.waiting for stream in state.streams)
-        lines.append(_sample(_PENDING[0], state.model, state.version, waiting))
+        lines.append(_sample(_PENDING[0], labels, waiting))
     return lines
 
 
-def _sample(name: str, model: str, version: int, value: float, reason: str = "") -> str:
-    labels = f'model="{escape_label(model)}",version="{version}"'
+def _model_labels(state: VersionState, repositories: Sequence[str]) -> str:
+    """A model version's labels, ``model`` and ``version``. A copy of a name several
+    repositories hold (model namespacing) is labelled as Triton labels a namespaced model:
+    by that name, and by its repository as ``namespace`` (Triton's metric reporter), so
+    that the copies' series stay apart; by its internal name where the repositories are
+    not known here (a gateway started without ``SLUICE_MODEL_REPOSITORY``)."""
+    index = copy_index(state.model) if state.listed_as else None
+    if index is not None and index < len(repositories):
+        model, namespace = escape_label(state.listed_as), escape_label(repositories[index])
+        return f'model="{model}",namespace="{namespace}",version="{state.version}"'
+    return f'model="{escape_label(state.model)}",version="{state.version}"'
+
+
+def _sample(name: str, labels: str, value: float, reason: str = "") -> str:
     if reason:
         labels = f'{labels},reason="{reason}"'
     return f"{name}{{{labels}}} {value}"

@@ -52,6 +52,9 @@ class VersionState:
     live_workers: int = 0
     expected_instances: int = 1
     load_error: bool = False
+    listed_as: str = ""
+    """Model namespacing: for a copy of a name several repositories hold (``model`` its
+    internal name), that name (:attr:`sluice.core.catalog.CatalogEntry.listed_as`)."""
 
 
 @dataclass
@@ -82,7 +85,7 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
             if not entry.available:
                 continue
             for version in sorted(entry.versions):
-                state = VersionState(name, version)
+                state = VersionState(name, version, listed_as=entry.listed_as)
                 if entry.config is not None:
                     state.expected_instances = entry.config.total_instances
                 state.load_error = view.load_error(name, version) is not None

@@ -53,6 +53,7 @@ from sluice.core.torchserve.config import MAX_WORKERS, check_model_name, triton_
 from sluice.core.torchserve.settings import ArchiveSettings
 from sluice.core.torchserve.versions import VersionRecord, decimal_of, find, number_for, record_of
 from sluice.gateway.control.catalog_follow import follow_changes
+from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.model_control import carry_out, require_explicit
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_response
@@ -154,6 +155,33 @@ PAGES = query(
 """The query of TorchServe's lists (models, workflows)."""
 
 
+def _listed(view: CatalogView) -> dict[str, str]:
+    """The registered models, each by the name clients know it by -> the catalog's model
+    that stands for it. With model namespacing, a name several repositories hold is one
+    model to TorchServe's API, listed once (for its first copy, in the repository index's
+    order) while any copy is registered, as the repository index lists a row for each
+    copy under the name; a copy's internal name is never listed."""
+    listed: dict[str, str] = {}
+    for name, entry in sorted(view.models.items()):
+        if entry.error != UNLOADED and not entry.ambiguous:
+            listed.setdefault(entry.listed_as or name, name)
+    return listed
+
+
+def _describable(state: GatewayState, model: str) -> CatalogEntry:
+    """The registered model a description names; TorchServe's 404 when it is not
+    registered, a copy's internal name included (model namespacing: clients cannot name
+    one). A name several repositories hold, listed by ``GET /models``, names no one model:
+    a 400 with Triton's words (TorchServe's answer to a request it cannot carry out as
+    asked)."""
+    found = state.view.models.get(model)
+    if found is not None and found.ambiguous and model in _listed(state.view):
+        raise InvalidInput(found.error or f"model '{model}' is ambiguous")
+    if found is not None and (found.listed_as or found.ambiguous):
+        raise NotFound(f"Model not found: {model}")
+    return registered(state, model)
+
+
 @router.get("/models", openapi_extra=PAGES)
 async def list_models(request: Request) -> Response:
     state = await current_state(request)
@@ -161,11 +189,12 @@ async def list_models(request: Request) -> Response:
     limit = _whole(params, "limit")
     limit = 100 if limit is None or not 0 <= limit <= 100 else limit
     token = max(0, _whole(params, "next_page_token") or 0)
-    names = sorted(n for n, e in state.view.models.items() if e.error != UNLOADED)
+    listed = _listed(state.view)
+    names = sorted(listed)
     last = token + limit
     models = []
     for name in names[token:last]:
-        entry = state.view.models[name]
+        entry = state.view.models[listed[name]]
         url = f"{name}.mar"
         if entry.config is not None and entry.versions:
             url = record_of(entry.config.parameters, _default(state, entry)).url or url
@@ -181,7 +210,7 @@ async def list_models(request: Request) -> Response:
 async def describe(request: Request, model: str, version: str | None = None) -> Response:
     try:
         state = await current_state(request)
-        entry = registered(state, model)
+        entry = _describable(state, model)
         if not entry.versions:
             raise NotFound(f"Model not found: {model} ({entry.error})")
         if version == "all":

@@ -304,7 +304,8 @@ class RepositorySourceSettings(BaseSettings):
     """Triton's --model-namespacing: with several repositories, each is a namespace, and
     two of them may hold models of the same name (each served; a request naming the name
     alone is refused as ambiguous; an ensemble calls the model of its own repository).
-    False: a name two repositories hold is served from neither."""
+    False: a name two repositories hold is served from neither. Gateways answer an unknown
+    name 400 with it, as Triton: one started apart from ``sluice up`` needs it too."""
 
     s3_endpoint_url: str = ""
     """S3-compatible endpoint (MinIO, Ceph, ...): ``http://host:9000``; empty: AWS (or the

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
+from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
 from sluice.scheduler.executor.redis_server import RedisServer
@@ -27,6 +28,8 @@ AMBIGUOUS = (
     "There are 2 identifiers of model '{}' in global map, model namespace must be provided "
     "to resolve ambiguity."
 )
+
+UNKNOWN = "Request for unknown model: '{}' is not found"
 
 _TIMES = """
 class Model:
@@ -99,6 +102,22 @@ def _index(http: httpx.Client) -> list[tuple[str, str]]:
     return sorted((row["name"], row.get("state", "")) for row in rows)
 
 
+def _labelled_copies(metrics: str) -> set[tuple[str, str]]:
+    """(model, namespace) of Triton's success counter's series that have a namespace; no
+    series names a copy by Sluice's internal name."""
+    [family] = [
+        f
+        for f in text_string_to_metric_families(metrics)
+        if f.name == "nv_inference_request_success"
+    ]
+    assert not any("@" in sample.labels["model"] for sample in family.samples)
+    return {
+        (sample.labels["model"], sample.labels["namespace"])
+        for sample in family.samples
+        if "namespace" in sample.labels
+    }
+
+
 def test_each_repository_is_a_namespace(tmp_path: Path, redis_server: RedisServer) -> None:
     stack = _stack(tmp_path, redis_server.url)
     stack.start()
@@ -117,6 +136,13 @@ def test_each_repository_is_a_namespace(tmp_path: Path, redis_server: RedisServe
             assert caught.value.message() == AMBIGUOUS.format("comp")
             assert not client.is_model_ready("comp")
             assert client.is_server_ready()
+            with pytest.raises(InferenceServerException) as caught:
+                client.get_model_metadata("nope")  # Triton's 400 for an unknown name
+            assert caught.value.status() == "StatusCode.INVALID_ARGUMENT"
+            assert caught.value.message() == UNKNOWN.format("nope")
+            assert not client.is_model_ready("nope")
+        refused = _refusal(stack, "nope")
+        assert (refused.status(), refused.message()) == ("400", UNKNOWN.format("nope"))
         with httpx.Client(base_url=stack.url, timeout=30) as http:
             assert _index(http) == [
                 ("comp", "READY"),
@@ -131,8 +157,26 @@ def test_each_repository_is_a_namespace(tmp_path: Path, redis_server: RedisServe
                 400,
                 {"error": AMBIGUOUS.format("comp")},
             )
-            assert http.get("/v2/models/comp@1").status_code == 404  # Sluice's own name
+            internal = http.get("/v2/models/comp@1")  # Sluice's own name: unknown
+            assert (internal.status_code, internal.json()) == (
+                400,
+                {"error": UNKNOWN.format("comp@1")},
+            )
+            assert http.get("/v2/models/nope/ready").status_code == 404  # (as without)
             assert http.get("/v2/health/ready").status_code == 200
+            listed = http.get("/models").json()["models"]  # TorchServe's management API
+            assert [row["modelName"] for row in listed] == ["comp", "pipe", "via_a", "via_b"]
+            described = http.get("/models/comp")
+            assert (described.status_code, described.json()["message"]) == (
+                400,
+                AMBIGUOUS.format("comp"),
+            )
+            assert _labelled_copies(http.get("/metrics").text) == {
+                ("comp", str(tmp_path / "addsub_repo")),
+                ("comp", str(tmp_path / "subadd_repo")),
+                ("pipe", str(tmp_path / "addsub_repo")),
+                ("pipe", str(tmp_path / "subadd_repo")),
+            }
     finally:
         stack.stop()
 
