@@ -26,10 +26,13 @@ from typing import Any
 from urllib.parse import quote
 
 import orjson
-from fastapi import FastAPI
+from fastapi import Request
 from starlette.types import Scope, Send
 
 from sluice import __version__
+from sluice.gateway.control.catalog_follow import follow_changes
+from sluice.gateway.state import state_of
+from sluice.gateway.torchserve.models import registered, version_number
 
 DESCRIPTION_PATH = "/api-description"
 TITLE = "TorchServe APIs"
@@ -121,12 +124,19 @@ def _names_model(segment: str) -> bool:
     return segment == _MODEL or segment.startswith(_MODEL + ":")
 
 
-async def model_api(app: FastAPI, served: Callable[[str], bool], model: str, title: str) -> bytes:
-    """:func:`model_document` of the application's schema, as JSON (made on a thread: the
-    first call builds the whole schema)."""
-    return await asyncio.to_thread(
-        lambda: _encode(model_document(app.openapi(), served, model, title))
-    )
+async def model_api(
+    request: Request, served: Callable[[str], bool], model: str, version: str | None, title: str
+) -> bytes:
+    """:func:`model_document` of the application's schema for a registered ``model`` (and
+    ``version``, when one is named), as JSON: NotFound with TorchServe's texts otherwise.
+    Made on a thread: the first call builds the whole schema."""
+    state = state_of(request)
+    await follow_changes(state)
+    entry = registered(state, model)
+    if version is not None:
+        version_number(entry, version)
+    schema = request.app.openapi
+    return await asyncio.to_thread(lambda: _encode(model_document(schema(), served, model, title)))
 
 
 class PortDescription:

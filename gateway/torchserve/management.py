@@ -583,12 +583,9 @@ async def version_description(request: Request, model: str, version: str) -> Res
 
 async def _described(request: Request, model: str, version: str | None) -> Response:
     try:
-        state = await current_state(request)
-        entry = registered(state, model)
-        if version is not None:
-            version_number(entry, version)
-        title = "RESTful Management API for: "
-        document = await model_api(request.app, management_path, model, title)
-        return Response(document, media_type="application/json")
+        document = await model_api(
+            request, management_path, model, version, "RESTful Management API for: "
+        )
     except SluiceError as exc:
         return error_response(exc)
+    return Response(document, media_type="application/json")

@@ -213,13 +213,7 @@ async def version_description(request: Request, model: str, version: str) -> Res
 
 async def _described(request: Request, model: str, version: str | None) -> Response:
     try:
-        state = state_of(request)
-        await follow_changes(state)
-        entry = registered(state, model)
-        if version is not None:
-            version_number(entry, version)
-        title = "RESTful API for: "
-        document = await model_api(request.app, inference_path, model, title)
-        return Response(document, media_type="application/json")
+        document = await model_api(request, inference_path, model, version, "RESTful API for: ")
     except SluiceError as exc:
         return error_response(exc)
+    return Response(document, media_type="application/json")
