@@ -166,6 +166,12 @@ def _after_submit(
         raise typer.Exit(130)
     _show(state)
     if state["status"] != "completed":
+        where = local_output if local_output is not None else "DIR"
+        if server_output is None:
+            typer.echo(
+                f"what it committed: sluice batch download {batch_id} --output {where}; "
+                f"the rest: sluice batch resume {batch_id}"
+            )
         raise typer.Exit(1)
     if local_output is not None and download:
         _download(client, batch_id, local_output)

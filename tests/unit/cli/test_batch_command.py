@@ -149,6 +149,9 @@ def test_a_failed_job_shows_its_reason_first_and_no_empty_rows(rows: Path, tmp_p
     assert "rows 0" not in stdout and "0/?" not in stdout + stderr
     assert not (tmp_path / "o").exists() and fake.count("GET", "/v2/batches/") > 0
     assert all("/outputs" not in path for _, path, _ in fake.requests)
+    # What the job committed stays on the server: the command says how to fetch it.
+    batch_id = lines[0].split()[1]
+    assert f"sluice batch download {batch_id} --output {tmp_path / 'o'}" in stdout
 
 
 def test_no_download_leaves_the_results_on_the_server(
