@@ -18,7 +18,7 @@ from sluice.core.exits import EXIT_LOAD_FAILED
 from sluice.core.observability.logs import configure_logging
 from sluice.core.observability.tracing import tracing_from_settings
 from sluice.core.placement import Placement
-from sluice.core.runtime import die_with_parent, tune_garbage_collector
+from sluice.core.runtime import die_with_parent, exit_after_parent, tune_garbage_collector
 from sluice.core.settings import WorkerSettings, settings_at_start
 from sluice.workers.inprocess import worker_for
 from sluice.workers.lifecycle import install_signal_handlers
@@ -82,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     settings = settings_at_start(WorkerSettings)
     configure_logging("worker", settings)
+    exit_after_parent(settings.worker_stop_grace_s)
     threads = settings.threads or args.threads  # 0: every usable core
     placement = Placement(kind=args.kind, gpu=args.gpu, threads=threads)
     return run_worker(
@@ -96,13 +97,15 @@ FORK_SERVER_FLAG = "--fork-server"
 def fork_server() -> int:
     """Import what a worker needs once, then fork a worker for each order on stdin.
 
-    An order is one JSON line, ``{"argv": [...], "env": {...}}`` (this module's arguments
-    and the worker's environment); the answer on stdout is ``started <pid>``, and
-    ``exited <pid> <status>`` once that worker has ended (the executor cannot wait for a
-    grandchild itself). A forked worker skips the second or so the imports take, and shares
-    their memory with its siblings until it writes to it. Nothing here has started a thread
-    or an event loop when it forks. An end of input (the executor stopped) stops the workers
-    and this process."""
+    It says ``ready`` once its imports are done. An order is one JSON line, ``{"argv":
+    [...], "env": {...}}`` (this module's arguments and the worker's environment); each
+    order gets one answer on stdout, in order: ``started <pid>``, or ``failed <why>`` when
+    it cannot fork (out of processes or memory; the other workers go on), and ``exited
+    <pid> <status>`` once that worker has ended (the executor cannot wait for a grandchild
+    itself). A forked worker skips the second or so the imports take, and shares their
+    memory with its siblings until it writes to it. Nothing here has started a thread or an
+    event loop when it forks. An end of input (the executor stopped) stops the workers and
+    this process."""
     import selectors
     import signal
 
@@ -123,6 +126,8 @@ def fork_server() -> int:
     orders.register(wake_read, selectors.EVENT_READ)
     out = sys.stdout
     children: set[int] = set()
+    out.write("ready\n")
+    out.flush()
     while True:
         for key, _ in orders.select():
             if key.fileobj == wake_read:
@@ -133,8 +138,13 @@ def fork_server() -> int:
             if not line:
                 _stop_children(children, out)
                 return 0
-            order = json.loads(line)
-            pid = os.fork()
+            try:
+                order = json.loads(line)
+                pid = os.fork()
+            except (OSError, ValueError) as exc:
+                out.write(f"failed {' '.join(str(exc).split())}\n")
+                out.flush()
+                continue
             if pid == 0:
                 _become_worker(order, (wake_read, wake_write))
             children.add(pid)

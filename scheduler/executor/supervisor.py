@@ -10,7 +10,12 @@ Every child asked to stop gets SIGTERM, and SIGKILL if it has not exited once it
 has passed (:mod:`.leaving`): a worker retired (its model unloaded or replaced, scaled down)
 after ``stop_grace_s`` (``SLUICE_WORKER_STOP_GRACE_S``), the workers of a load abandoned at
 its deadline at once. Stopping asks every child: the workers get the same grace, the other
-children (a gateway finishing its requests) their own time.
+children (a gateway finishing its requests) their own time (:func:`gateway_stop_s`).
+
+A child that cannot even be started (``fork`` or ``exec`` fails: out of processes or
+memory) counts as one that exited at once (:data:`COULD_NOT_START`): it is started again
+with the same back-off, and a worker loading on demand is refused after as many tries as
+one that keeps dying.
 """
 
 from __future__ import annotations
@@ -35,11 +40,25 @@ HEALTHY_AFTER_S = 10.0
 STOP_GRACE_S = 30.0
 """How long a worker asked to stop has to exit before it is killed (the default of
 ``SLUICE_WORKER_STOP_GRACE_S``, as Triton's ``--exit-timeout-secs``)."""
-OTHERS_STOP_S = 15.0
-"""How long the other children (gateways, batch workers) have to exit when everything
-stops: a gateway drains its requests for ``SLUICE_SHUTDOWN_TIMEOUT_S`` (10 s) first."""
+SHUTDOWN_TIMEOUT_S = 10.0
+"""The default of ``SLUICE_SHUTDOWN_TIMEOUT_S``: how long a stopping gateway drains."""
+STOP_MARGIN_S = 5.0
+"""What a stopping gateway has beyond its drain to close up (its gRPC server, its reply
+reader, the spans it still buffers) and exit before it is killed."""
+COULD_NOT_START = 127
+"""The exit status recorded for a child that could not be started (as a shell's)."""
+_MIN_START_RETRY_S = 0.5
+"""The least a start that failed waits for its next try (the first restart after an exit
+is immediate; a start that failed would fail again at once)."""
 _KILLED_EXIT_S = 5.0
 """How long a stop waits for a killed child to be gone (one stuck in the kernel may not)."""
+
+
+def gateway_stop_s(shutdown_timeout_s: float = SHUTDOWN_TIMEOUT_S) -> float:
+    """How long the children other than workers (gateways, batch workers) have to exit when
+    everything stops before they are killed: a gateway's drain (``shutdown_timeout_s``,
+    Triton's ``--exit-timeout-secs``) and :data:`STOP_MARGIN_S`."""
+    return shutdown_timeout_s + STOP_MARGIN_S
 
 
 @dataclass
@@ -109,8 +128,11 @@ class Supervisor:
         healthy_after_s: float = HEALTHY_AFTER_S,
         load_retries: int = 0,
         stop_grace_s: float = STOP_GRACE_S,
+        others_stop_s: float = gateway_stop_s(SHUTDOWN_TIMEOUT_S),
     ) -> None:
         self._healthy_after_s = healthy_after_s
+        self.others_stop_s = others_stop_s
+        """How long the other children have to exit when everything stops."""
         self.load_retries = load_retries
         """How many times a child that exited with a permanent-failure status is started
         again before it counts as failed."""
@@ -139,15 +161,28 @@ class Supervisor:
     def _spawn(self, child: Child) -> None:
         permanent = child.spec.permanent_exit_codes
         tries = sum(1 for code in child.exit_codes if code in permanent)
-        process = subprocess.Popen(
-            list(child.spec.argv),
-            env=self.prepared(child.spec, tries).env,
-            stdout=sys.stderr.fileno(),
-            start_new_session=True,
-            preexec_fn=die_with_parent,
-            pass_fds=child.spec.pass_fds,
-        )
-        child.process, child.started_at = process, time.monotonic()
+        now = time.monotonic()
+        try:
+            process = subprocess.Popen(
+                list(child.spec.argv),
+                env=self.prepared(child.spec, tries).env,
+                stdout=sys.stderr.fileno(),
+                start_new_session=True,
+                preexec_fn=die_with_parent,
+                pass_fds=child.spec.pass_fds,
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            child.exit_codes.append(COULD_NOT_START)
+            delay = child.backoff.delay_after(0.0)
+            child.restart_at = now + max(delay, _MIN_START_RETRY_S)
+            log.error(
+                "%s could not be started (%s); trying again in %.1f s",
+                child.spec.name,
+                exc,
+                child.restart_at - now,
+            )
+            return
+        child.process, child.started_at = process, now
         log.info("started %s (pid %d)", child.spec.name, process.pid)
 
     def start(self) -> None:
@@ -229,9 +264,11 @@ class Supervisor:
             if child.process is None and now >= child.restart_at:
                 self._spawn(child)
 
-    def stop(self, timeout_s: float = OTHERS_STOP_S) -> None:
+    def stop(self, timeout_s: float | None = None) -> None:
         """Stop every child and wait until they have exited: a worker is killed once the
-        stop grace has passed, any other child after ``timeout_s``."""
+        stop grace has passed, any other child after ``timeout_s`` (by default
+        :attr:`others_stop_s`)."""
+        timeout_s = self.others_stop_s if timeout_s is None else timeout_s
         self._stopping = True
         live = [c for c in self.children if c.running]
         self.retire([c for c in live if c.spec.version is not None])

@@ -51,7 +51,7 @@ from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServe
 from sluice.scheduler.executor.segment_sweeper import SegmentSweeper
 from sluice.scheduler.executor.snapshot import Snapshots
 from sluice.scheduler.executor.start_loads import StartLoads
-from sluice.scheduler.executor.supervisor import Supervisor
+from sluice.scheduler.executor.supervisor import Supervisor, gateway_stop_s
 from sluice.scheduler.executor.ticks import CommandWatch, Tick, Wakeup, run_ticks
 from sluice.scheduler.repository.local import LocalSource
 from sluice.scheduler.repository.locations import open_source, snapshot_repository
@@ -95,6 +95,11 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 os.environ,
                 SLUICE_REDIS_URL=redis_url,
                 SLUICE_NAMESPACE=settings.namespace,
+                # What the supervisor times its children's stops by: a gateway drains for
+                # as long as it is given, a worker left behind when this process is killed
+                # exits after the grace.
+                SLUICE_SHUTDOWN_TIMEOUT_S=str(settings.shutdown_timeout_s),
+                SLUICE_WORKER_STOP_GRACE_S=str(settings.worker_stop_grace_s),
                 **batch_data_env(settings),
             )
             explicit = settings.model_control_mode == "explicit"
@@ -246,10 +251,14 @@ def _first_publish(client: Redis, namespace: Keys, catalog: CatalogKeeper, redis
 def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitStack) -> Supervisor:
     """The supervisor, started with the gateways (none with ``--no-gateway``) on the ports
     held here for as long as we run: a restarted gateway serves on them again, and
-    connections arriving meanwhile wait in their backlog. Stopped before the ports close."""
+    connections arriving meanwhile wait in their backlog. Stopped before the ports close:
+    a gateway then has its drain (``SLUICE_SHUTDOWN_TIMEOUT_S``) and a margin to exit."""
     retries, grace_s = settings.model_load_retry_count, settings.worker_stop_grace_s
+    others_s = gateway_stop_s(settings.shutdown_timeout_s)
     if not settings.gateway:
-        supervisor = Supervisor([], load_retries=retries, stop_grace_s=grace_s)
+        supervisor = Supervisor(
+            [], load_retries=retries, stop_grace_s=grace_s, others_stop_s=others_s
+        )
     else:
         try:
             listeners = open_listeners(settings)
@@ -264,6 +273,7 @@ def _supervisor(settings: UpSettings, gateway_env: dict[str, str], stack: ExitSt
             gateway_specs(settings, gateway_env, listeners),
             load_retries=retries,
             stop_grace_s=grace_s,
+            others_stop_s=others_s,
         )
     stack.callback(supervisor.stop)
     supervisor.start()

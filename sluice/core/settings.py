@@ -869,6 +869,19 @@ class WorkerSettings(RateLimitSettings, ResponseCacheSettings, CommonSettings):
     model (--model-load-retry-count): while some are left, a failure is not published as the
     model's load error (the model stays LOADING)."""
 
+    worker_stop_grace_s: float = Field(
+        30.0,
+        gt=0,
+        le=3600,
+        validation_alias=AliasChoices(
+            "SLUICE_WORKER_STOP_GRACE_S", "SLUICE_ON_DEMAND_STOP_GRACE_S"
+        ),
+    )
+    """When the process that started this worker dies (``sluice up`` or its fork server,
+    even killed with SIGKILL), the worker gets SIGTERM; one still running this long later
+    (it ignores SIGTERM, or hangs in its model's code) kills itself (SIGKILL). ``sluice up``
+    passes its own value."""
+
 
 class ControllerSettings(RepositorySourceSettings, CommonSettings):
     """Settings of a controller process; several may run, one leads (see
@@ -1074,6 +1087,11 @@ class UpSettings(RepositorySourceSettings, RateLimitSettings, CommonSettings):
     too. A load abandoned at its deadline gets none: its workers are killed at once. With
     on-demand models, what a leaving worker holds counts against the memory budget until it
     has exited."""
+
+    shutdown_timeout_s: float = Field(10.0, gt=0)
+    """How long a stopping gateway waits for in-flight requests (the gateways read it too;
+    Triton's ``--exit-timeout-secs`` sets it): when ``sluice up`` stops, a gateway still
+    running 5 s after that is killed (SIGKILL)."""
 
     @field_validator("memory_budget", mode="before")
     @classmethod

@@ -23,9 +23,10 @@ STOP_GRACE_S = 1
 CONTROL_TIMEOUT_S = 8
 
 
-def _fork_server_runs(parent: int) -> bool:
-    """(It starts with the executor's first tick, after the stack is ready.)"""
-    return any("--fork-server" in procs.cmdline(pid) for pid in procs.children(parent))
+def _fork_server_ready(stack: Stack) -> bool:
+    """(It starts with the executor's first tick, after the stack is ready, and forks once
+    it has done its imports: a load before starts its worker as a process of its own.)"""
+    return "the fork server has done its imports" in _log(stack)
 
 
 def _log(stack: Stack) -> str:
@@ -115,8 +116,7 @@ def test_the_stop_kills_a_forked_worker_that_ignores_sigterm_after_the_grace(
         },
     )
     assert stack.process is not None
-    parent = stack.process.pid
-    assert procs.wait_until(lambda: _fork_server_runs(parent), 30), "no fork server"
+    assert procs.wait_until(lambda: _fork_server_ready(stack), 60), "no fork server"
     with httpx.Client(base_url=stack.url, timeout=60) as http:
         answer = http.post("/v2/models/stubborn/infer", json=REQUEST)
         assert answer.status_code == 200, answer.text

@@ -27,6 +27,7 @@ from sluice.scheduler.executor.on_demand import (
 )
 from sluice.scheduler.executor.process_memory import GpuMemory, NvmlMissing, host_bytes
 from sluice.scheduler.executor.supervisor import Child, ChildSpec
+from tests.support import procs
 
 MIB = 1 << 20
 NOW = 1000.0
@@ -161,6 +162,7 @@ def test_the_fork_server_forks_the_worker_it_is_told_to_be() -> None:
     server = ForkServer(dict(os.environ), lambda: exits.append(1))
     server.ensure()
     try:
+        assert procs.wait_until(lambda: server.ready, 60), "it never said it was ready"
         spec = ChildSpec("worker x", [sys.executable, "-m", "sluice.workers", "--no-such-flag"], {})
         process = server.spawn(spec)
         assert process is not None and process.poll() in (None, 2)

@@ -18,7 +18,13 @@ from sluice.core.keys import Keys
 from sluice.core.repository import RepositoryModel
 from sluice.scheduler.executor.instances import Fleet, InstanceReconciler
 from sluice.scheduler.executor.redis_server import RedisServer
-from sluice.scheduler.executor.supervisor import Child, ChildSpec, Supervisor
+from sluice.scheduler.executor.supervisor import (
+    STOP_MARGIN_S,
+    Child,
+    ChildSpec,
+    Supervisor,
+    gateway_stop_s,
+)
 from tests.support import procs
 
 STUBBORN = "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(120)\n"
@@ -144,3 +150,19 @@ def test_a_scale_down_kills_a_worker_that_ignores_sigterm_after_the_grace(
     assert _gone(supervisor, [leaving], 10), "the worker scaled away still runs"
     assert leaving.process is not None and leaving.process.poll() == -signal.SIGKILL
     assert kept.running
+
+
+def test_the_stop_gives_a_gateway_its_drain_and_a_margin_then_kills_it() -> None:
+    """``SLUICE_SHUTDOWN_TIMEOUT_S`` (Triton's ``--exit-timeout-secs``) and 5 s: not a fixed
+    15 s, which cut a longer drain short."""
+    assert gateway_stop_s(60) == 60 + STOP_MARGIN_S
+    supervisor = Supervisor([], stop_grace_s=GRACE_S, others_stop_s=1.0)
+    [child] = supervisor.add([_worker_spec(version=None)])  # (a gateway that never exits)
+    assert child.process is not None
+    pid = child.process.pid
+    assert procs.wait_until(lambda: _ignores_sigterm(pid), 10), "never ready"
+    started = time.monotonic()
+    supervisor.stop()
+    took_s = time.monotonic() - started
+    assert child.process.poll() == -signal.SIGKILL
+    assert 1.0 <= took_s < 5, took_s

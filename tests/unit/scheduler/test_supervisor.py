@@ -16,7 +16,7 @@ from sluice.core.repository import RepositoryModel
 from sluice.scheduler.executor.catalog_keeper import CatalogKeeper
 from sluice.scheduler.executor.catalog_publisher import publish_catalog
 from sluice.scheduler.executor.redis_server import RedisServer
-from sluice.scheduler.executor.supervisor import Backoff, ChildSpec, Supervisor
+from sluice.scheduler.executor.supervisor import COULD_NOT_START, Backoff, ChildSpec, Supervisor
 from tests.support import procs
 
 
@@ -127,3 +127,28 @@ def test_catalog_and_load_errors_are_published_again_after_redis_lost_them(
         assert client.get(keys.control_mode) == b"explicit"  # the gateways' load / unload
     finally:
         client.close()
+
+
+def test_a_child_that_cannot_be_started_is_tried_again_with_back_off(tmp_path: Path) -> None:
+    """``exec`` fails (here: its program is missing; out of processes or memory alike): the
+    start counts as an exit, the caller (the tick loop) goes on, and a later tick tries
+    again, which starts it once it can."""
+    program = tmp_path / "program"
+    supervisor = Supervisor([ChildSpec("missing", [str(program)], dict(os.environ))])
+    try:
+        supervisor.start()
+        child = supervisor.children[0]
+        assert child.process is None and child.exit_codes == [COULD_NOT_START]
+        assert child.restart_at > time.monotonic() and supervisor.busy
+        supervisor.tick()
+        assert child.process is None  # (not again at once)
+        program.write_text("#!/bin/sh\nexec sleep 30\n")
+        program.chmod(0o755)
+
+        def started() -> bool:
+            supervisor.tick()
+            return child.running
+
+        assert procs.wait_until(started, 10, 0.05), "not started once it could be"
+    finally:
+        supervisor.stop()
