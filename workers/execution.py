@@ -362,13 +362,21 @@ class Execution:
                         if own:
                             timing.response_parameters[request.entry_id] = own
             elif self.concurrency == 1 and getattr(backend, "reads_parameters", False):
-                # A TorchServe handler: each request's mark from its route (an explanation).
-                outputs = cast(ReadsParameters, backend).infer(
-                    inputs,
-                    wanted,
-                    request_sizes=[r.items for r in batch],
-                    parameters=[r.message.parameters for r in batch],
-                )
+                # A TorchServe handler: each request's mark from its route (an explanation),
+                # and the status the handler gave its answer.
+                statuses: list[dict[str, Any]] = []
+                try:
+                    outputs = cast(ReadsParameters, backend).infer(
+                        inputs,
+                        wanted,
+                        request_sizes=[r.items for r in batch],
+                        parameters=[r.message.parameters for r in batch],
+                        response_parameters=statuses,
+                    )
+                finally:
+                    for request, own in zip(batch, statuses, strict=False):
+                        if own:
+                            timing.response_parameters[request.entry_id] = own
             elif self.concurrency == 1:
                 # (A Python model's calls made meanwhile are its requests' tenant's.)
                 with serving(r.message.tenant for r in batch):

@@ -17,6 +17,9 @@ with TorchServe's answers (its frontend's status codes and messages):
   default of several cannot go, 403), the model with its last version;
 - ``PUT /models/{m}/{v}/set-default``: requests naming no version go to ``v``.
 
+As TorchServe, a version is named in the path only (``?version=`` is not read), and a
+version the model does not serve is its 404, a name that is no number (``abc``) too.
+
 As TorchServe reads them, a query number that is not one (``batch_size=dd``) takes its
 default, and so does ``synchronous`` that is not ``true`` or ``false``. Where TorchServe
 answers plainly wrong (500 for a negative ``min_worker``) Sluice answers 400. Sluice's
@@ -81,7 +84,8 @@ _MAX_REGISTER_JSON = 64 << 10
 
 
 class WorkersFailed(InferenceFailed):
-    """TorchServe's 500 when a model's workers do not start (named in its body's ``type``)."""
+    """TorchServe's 500 when a model's workers do not start (an ``InternalServerException``
+    in its body's ``type``)."""
 
 
 _INT = re.compile(r"[+-]?[0-9]{1,10}")
@@ -206,8 +210,18 @@ async def list_models(request: Request) -> Response:
 
 
 @router.get("/models/{model}")
+async def describe(request: Request, model: str) -> Response:
+    """The model's default version (TorchServe reads no version from the query)."""
+    return await _describe(request, model, None)
+
+
 @router.get("/models/{model}/{version}")
-async def describe(request: Request, model: str, version: str | None = None) -> Response:
+async def describe_version(request: Request, model: str, version: str) -> Response:
+    """The version named, or all of them (``all``)."""
+    return await _describe(request, model, version)
+
+
+async def _describe(request: Request, model: str, version: str | None) -> Response:
     try:
         state = await current_state(request)
         entry = _describable(state, model)
@@ -490,9 +504,17 @@ _SCALE: dict[str, tuple[Kind, str]] = {
     "/models/{model}",
     openapi_extra=query(**_SCALE, model_version=("string", "The version (default: the default)")),
 )
-@router.put("/models/{model}/{version}", openapi_extra=query(**_SCALE))
-async def scale(request: Request, model: str, version: str | None = None) -> Response:
+async def scale(request: Request, model: str) -> Response:
     """Workers are per model here (every version served gets the same)."""
+    return await _scale(request, model, None)
+
+
+@router.put("/models/{model}/{version}", openapi_extra=query(**_SCALE))
+async def scale_version(request: Request, model: str, version: str) -> Response:
+    return await _scale(request, model, version)
+
+
+async def _scale(request: Request, model: str, version: str | None) -> Response:
     params = dict(request.query_params)
     try:
         state = await current_state(request)
@@ -528,8 +550,17 @@ async def scale(request: Request, model: str, version: str | None = None) -> Res
 
 
 @router.delete("/models/{model}")
+async def unregister(request: Request, model: str) -> Response:
+    """The model's default version (the model, with its last one)."""
+    return await _unregister(request, model, None)
+
+
 @router.delete("/models/{model}/{version}")
-async def unregister(request: Request, model: str, version: str | None = None) -> Response:
+async def unregister_version(request: Request, model: str, version: str) -> Response:
+    return await _unregister(request, model, version)
+
+
+async def _unregister(request: Request, model: str, version: str | None) -> Response:
     try:
         state = await current_state(request)
         await require_explicit(state)

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from sluice.core.catalog import UNLOADED, CatalogEntry
 from sluice.core.errors import NotFound
-from sluice.core.torchserve.versions import find, record_of
+from sluice.core.torchserve.versions import decimal_of, find, record_of
 from sluice.gateway.state import GatewayState
+from sluice.gateway.torchserve.exception_types import ModelVersionNotFound
 
 
 def registered(state: GatewayState, model: str) -> CatalogEntry:
@@ -25,8 +26,9 @@ def served_versions(entry: CatalogEntry) -> dict[int, str]:
 
 def version_number(entry: CatalogEntry, text: str) -> int:
     """The number of the version TorchServe calls ``text`` (``1.0``, or Sluice's ``1``);
-    TorchServe's 404 when the model has no such version."""
-    number = find(text, served_versions(entry))
+    TorchServe's 404 when the model has no such version, a name that is no number (``abc``)
+    included: TorchServe's versions are names, and that one is not served."""
+    number = find(text, served_versions(entry)) if decimal_of(text) is not None else None
     if number is None:
-        raise NotFound(f"Model version: {text} does not exist for model: {entry.name}")
+        raise ModelVersionNotFound(f"Model version: {text} does not exist for model: {entry.name}")
     return number

@@ -8,21 +8,25 @@ carries the request's body and content type as the model's ``body`` and
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
 ``batch_size`` / ``max_batch_delay`` become Sluice's batching. An explanation is the same
 call, marked for the handler (:mod:`sluice.core.torchserve.explanations`). The answer is the
-handler's ``response`` with its ``response_type``; errors use TorchServe's body,
-``{"code", "type", "message"}``, and a model or a version TorchServe would not know is its
-404 (``Model not found: m``, ``Model version: v does not exist for model: m``).
+handler's ``response`` with its ``response_type``, and the status the handler set for it
+(:mod:`sluice.core.torchserve.statuses`); errors use TorchServe's body,
+``{"code", "type", "message"}`` (its exception's name as the type:
+:mod:`.exception_types`), and a model or a version TorchServe would not know is its 404
+(``Model not found: m``, ``Model version: v does not exist for model: m``, a version that
+is no number too). As TorchServe, the routes without a version read none from the query.
 """
 
 from __future__ import annotations
 
 import struct
-from typing import Any
+from typing import Any, NamedTuple
 
 from fastapi import APIRouter, Request, Response
 
 from sluice.core.config import ModelConfig
 from sluice.core.errors import InvalidInput, NotFound, SluiceError, Unavailable
 from sluice.core.torchserve.explanations import EXPLAIN
+from sluice.core.torchserve.statuses import reply_status
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
 from sluice.gateway.control.inspection import server_not_ready
@@ -34,6 +38,7 @@ from sluice.gateway.inference.parsing import parse_infer_document
 from sluice.gateway.inference.request import InferRequest
 from sluice.gateway.state import GatewayState, state_of
 from sluice.gateway.torchserve.api_description import model_api
+from sluice.gateway.torchserve.exception_types import exception_type
 from sluice.gateway.torchserve.models import registered, version_number
 from sluice.gateway.torchserve.ports import inference_path
 from sluice.gateway.torchserve.route_docs import raw_body
@@ -47,7 +52,7 @@ DEFAULT_TYPE = "application/octet-stream"
 
 def error_response(error: SluiceError) -> Response:
     """TorchServe's error body, ``{"code", "type", "message"}``."""
-    body = {"code": int(error.status), "type": type(error).__name__, "message": error.message}
+    body = {"code": int(error.status), "type": exception_type(error), "message": error.message}
     return json_response(body, int(error.status))
 
 
@@ -104,16 +109,25 @@ _EXPLANATION_BODY = raw_body("The input to explain, of any content type (its han
 
 
 @router.post("/predictions/{model}", openapi_extra=_PREDICTION_BODY)
+async def predictions(request: Request, model: str) -> Response:
+    """The model's answer, by its default version."""
+    return await _answer(request, model, None, explain=False)
+
+
 @router.post("/predictions/{model}/{version}", openapi_extra=_PREDICTION_BODY)
-async def predictions(request: Request, model: str, version: str | None = None) -> Response:
+async def version_predictions(request: Request, model: str, version: str) -> Response:
     return await _answer(request, model, version, explain=False)
 
 
 @router.post("/explanations/{model}", openapi_extra=_EXPLANATION_BODY)
-@router.post("/explanations/{model}/{version}", openapi_extra=_EXPLANATION_BODY)
-async def explanations(request: Request, model: str, version: str | None = None) -> Response:
+async def explanations(request: Request, model: str) -> Response:
     """The handler's explanation of the body (``explain_handle``) instead of its
     prediction."""
+    return await _answer(request, model, None, explain=True)
+
+
+@router.post("/explanations/{model}/{version}", openapi_extra=_EXPLANATION_BODY)
+async def version_explanations(request: Request, model: str, version: str) -> Response:
     return await _answer(request, model, version, explain=True)
 
 
@@ -137,12 +151,22 @@ async def _answer(request: Request, model: str, version: str | None, explain: bo
         body = await read_body(request, state.settings.max_body_bytes, reservation)
         content_type = request.headers.get("content-type", DEFAULT_TYPE)
         cancel_on_disconnect(request.scope)
-        answer, media = await predict(state, model, version, body, content_type, explain=explain)
-        return Response(answer, media_type=media)
+        answer = await predict_answer(state, model, version, body, content_type, explain=explain)
+        return Response(answer.body, answer.status, media_type=answer.media)
     except SluiceError as exc:
         return error_response(exc)
     finally:
         reservation.release()
+
+
+class HandlerAnswer(NamedTuple):
+    """A handler's answer to one request."""
+
+    body: bytes
+    media: str
+    """Its content type."""
+    status: int
+    """The status the handler set for it (200 when none)."""
 
 
 async def predict(
@@ -155,8 +179,22 @@ async def predict(
     explain: bool = False,
 ) -> tuple[bytes, str]:
     """What TorchServe model ``model`` answers ``body`` of ``content_type`` (its explanation
-    with ``explain``): the handler's response and its content type (also a workflow's step:
+    with ``explain``): the handler's response and its content type (a workflow's step:
     :mod:`.workflow_run`). ``version``: as TorchServe names it (``1.0``) or as Sluice does."""
+    answer = await predict_answer(state, model, version, body, content_type, explain=explain)
+    return answer.body, answer.media
+
+
+async def predict_answer(
+    state: GatewayState,
+    model: str,
+    version: str | None,
+    body: bytes,
+    content_type: str,
+    *,
+    explain: bool = False,
+) -> HandlerAnswer:
+    """:func:`predict`'s answer, with the status the handler set for it."""
     kind = content_type.encode("latin-1")
     big = len(body) > OFFLOAD_BYTES
 
@@ -178,12 +216,13 @@ async def predict(
     transfer = state.transfer
     outputs = prepared.parsed.outputs
 
-    def encode(reply: ReplyMessage, data: memoryview) -> tuple[bytes, str]:
+    def encode(reply: ReplyMessage, data: memoryview) -> HandlerAnswer:
         tensors = {t.name: t for t in transfer.unpack(reply.outputs, data, outputs)}
         answer = tensors.get(RESPONSE)
         kind = tensors.get(RESPONSE_TYPE)
         media = _first_element(kind.data).decode("latin-1") if kind else DEFAULT_TYPE
-        return (_first_element(answer.data) if answer else b""), media
+        status = reply_status(reply.parameters) if reply.parameters else 200
+        return HandlerAnswer(_first_element(answer.data) if answer else b"", media, status)
 
     return await execute(state, prepared, big, encode)
 

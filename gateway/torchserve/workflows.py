@@ -28,7 +28,7 @@ import orjson
 from fastapi import APIRouter, Request, Response
 
 from sluice.core.catalog import UNLOADED
-from sluice.core.errors import Conflict, InferenceFailed, NotFound, SluiceError
+from sluice.core.errors import Conflict, InferenceFailed, SluiceError
 from sluice.core.torchserve.workflows import (
     Workflow,
     WorkflowArchive,
@@ -40,6 +40,7 @@ from sluice.gateway.control.model_control import require_explicit
 from sluice.gateway.http.json_body import json_response
 from sluice.gateway.state import GatewayState
 from sluice.gateway.torchserve.archives import Archive, archive_of, find_archive, find_workflow
+from sluice.gateway.torchserve.exception_types import WorkflowNotFound
 from sluice.gateway.torchserve.management import (
     PAGES,
     current_state,
@@ -132,7 +133,7 @@ async def registered(state: GatewayState, name: str) -> Workflow:
     """The workflow registered as ``name``; TorchServe's 404 when there is none."""
     raw = await state.redis.hget(state.keys.torchserve_workflows, name)
     if raw is None or _is_claim(raw):
-        raise NotFound(f"Workflow not found: {name}")
+        raise WorkflowNotFound(f"Workflow not found: {name}")
     return Workflow.from_json(raw)
 
 
@@ -370,7 +371,7 @@ async def unregister(request: Request, name: str) -> Response:
         key = state.keys.torchserve_workflows
         raw = await state.redis.hget(key, name)
         if raw is None or _is_claim(raw):
-            raise NotFound(f"Workflow not found: {name}")
+            raise WorkflowNotFound(f"Workflow not found: {name}")
         workflow = Workflow.from_json(raw)
         # The workflow becomes a claim naming its models until they are all unregistered:
         # it runs no more, its name is not registered again meanwhile, and should this
@@ -378,7 +379,7 @@ async def unregister(request: Request, name: str) -> Response:
         # takes the lapsed claim over).
         claim = _claim_of(state, workflow)
         if not await state.redis.eval(_TAKE_OVER, 1, key, name, raw, claim):
-            raise NotFound(f"Workflow not found: {name}")  # (another unregistered it)
+            raise WorkflowNotFound(f"Workflow not found: {name}")  # (another unregistered it)
         failures = await _unregister_nodes(state, (n.model for n in workflow.nodes.values()))
         if failures:
             # Still registered (some of its nodes gone): it may be unregistered again.

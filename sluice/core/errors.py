@@ -141,6 +141,37 @@ class InferenceFailed(SluiceError):
     status = HTTPStatus.INTERNAL_SERVER_ERROR
 
 
+class HandlerFailed(InferenceFailed):
+    """A model's own code failed a request with a status of its choosing: a TorchServe
+    handler's ``PredictionException`` code, or TorchServe's 503 (``Prediction failed``) and
+    507 (``Out of resources``) for a handler that raised. The status is the instance's (a
+    client error, 400 to 499, or a server error, 500 to 599; any other is 500), and travels
+    between processes in the error's kind (``HandlerFailed:422``)."""
+
+    def __init__(self, message: str, status: int = HTTPStatus.SERVICE_UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.status = _error_status(status)
+        self.grpc_code = _GRPC_CODES.get(self.status, "INTERNAL")
+
+
+_GRPC_CODES = {
+    HTTPStatus.BAD_REQUEST: "INVALID_ARGUMENT",
+    HTTPStatus.NOT_FOUND: "NOT_FOUND",
+    HTTPStatus.TOO_MANY_REQUESTS: "RESOURCE_EXHAUSTED",
+    HTTPStatus.SERVICE_UNAVAILABLE: "UNAVAILABLE",
+    HTTPStatus.INSUFFICIENT_STORAGE: "RESOURCE_EXHAUSTED",
+}
+"""The gRPC code of a :class:`HandlerFailed` status, as the fixed classes map theirs."""
+
+
+def _error_status(code: int) -> HTTPStatus:
+    try:
+        status = HTTPStatus(code)
+    except ValueError:
+        return HTTPStatus.INTERNAL_SERVER_ERROR
+    return status if 400 <= status < 600 else HTTPStatus.INTERNAL_SERVER_ERROR
+
+
 _BY_NAME: dict[str, type[SluiceError]] = {
     cls.__name__: cls
     for cls in (
@@ -165,13 +196,22 @@ _BY_NAME: dict[str, type[SluiceError]] = {
 
 
 def error_kind(error: SluiceError) -> str:
-    """The name under which an error travels between processes."""
+    """The name under which an error travels between processes (with its status, for an
+    error whose status is its own: :class:`HandlerFailed`)."""
+    if isinstance(error, HandlerFailed):
+        return f"{HandlerFailed.__name__}:{int(error.status)}"
     return type(error).__name__
 
 
 def error_from_kind(kind: str, message: str) -> SluiceError:
     """Rebuild an error received from another process; unknown kinds become the root."""
-    return _BY_NAME.get(kind, SluiceError)(message)
+    known = _BY_NAME.get(kind)
+    if known is not None:
+        return known(message)
+    name, _, code = kind.partition(":")
+    if name == HandlerFailed.__name__ and code.isdigit() and len(code) == 3:
+        return HandlerFailed(message, int(code))
+    return SluiceError(message)
 
 
 class StartupFailed(Exception):

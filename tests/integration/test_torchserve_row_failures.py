@@ -120,13 +120,14 @@ def test_a_failed_row_fails_its_own_request_and_the_batch_s_others_are_answered(
     (response,) = answers["rows"].json()["outputs"]
     assert (response["shape"], response["data"]) == ([2, 1], ["X", "Y"])
 
+    # TorchServe's answer to a handler that raised: 503, "Prediction failed".
     failed = answers["failing rows"]
-    assert failed.status_code == 500, failed.text
-    assert failed.json() == {"error": "the handler failed: ValueError: the row bad"}
+    assert failed.status_code == 503, failed.text
+    assert failed.json() == {"error": "Prediction failed"}
     refused = answers["failing explanation"]
-    assert refused.status_code == 500, refused.text
+    assert refused.status_code == 503, refused.text
     assert refused.json() == {
-        "code": 500,
-        "type": "InferenceFailed",
-        "message": "the handler failed: ValueError: the row worse",
+        "code": 503,
+        "type": "InternalServerException",
+        "message": "Prediction failed",
     }

@@ -160,7 +160,9 @@ class ReadsParameters(Protocol):
     """A backend that declares ``reads_parameters = True`` (TorchServe's handlers), as the
     worker calls it: with each request's parameters as the gateway sent them, those Triton
     reserves for the server included (a route's mark: an explanation,
-    :mod:`sluice.core.torchserve.explanations`)."""
+    :mod:`sluice.core.torchserve.explanations`); it fills ``response_parameters`` with
+    each request's reply parameters (a handler's status:
+    :mod:`sluice.core.torchserve.statuses`)."""
 
     reads_parameters: bool
 
@@ -170,6 +172,7 @@ class ReadsParameters(Protocol):
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
+        response_parameters: list[dict[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]: ...
 
 

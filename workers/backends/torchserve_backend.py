@@ -29,7 +29,11 @@ row of the batch is one entry of the handler's list, so a KServe v2 request of s
 is several entries. A handler that raises on a batch of several entries is run again on
 each entry alone, so its error fails only the request that entry belongs to: a request
 fails when any of its rows failed, with its first failed row's error, and the others of the
-batch are answered.
+batch are answered. The error is TorchServe's (:func:`handler_failure`): 503 ``Prediction
+failed``, a ``PredictionException``'s code and message, 507 ``Out of resources``; the
+handler's exception goes to the worker's log. A status the handler set for an entry
+(``context.set_response_status``) goes on its request's reply
+(:mod:`sluice.core.torchserve.statuses`): a request's is its first row's other than 200.
 """
 
 from __future__ import annotations
@@ -50,10 +54,11 @@ from typing import Any
 import numpy as np
 
 from sluice.core.config import ModelConfig
-from sluice.core.errors import InferenceFailed, InvalidConfig, SluiceError
+from sluice.core.errors import HandlerFailed, InferenceFailed, InvalidConfig, SluiceError
 from sluice.core.placement import Placement
 from sluice.core.torchserve.archives import unpack
 from sluice.core.torchserve.explanations import HEADER, header_value, is_explanation
+from sluice.core.torchserve.statuses import STATUS, handler_status
 from sluice.core.torchserve.versions import record_of
 from sluice.workers.backends.base import RequestsFailed, missing_extra
 
@@ -63,6 +68,9 @@ BODY, CONTENT_TYPE = "body", "content_type"
 RESPONSE, RESPONSE_TYPE = "response", "response_type"
 
 _JSON, _TEXT, _BINARY = "application/json", "text/plain", "application/octet-stream"
+
+Answer = tuple[bytes, str, int]
+"""One entry's answer: its bytes, their content type, and the status its handler set."""
 
 
 def decode_value(content_type: str, value: bytes) -> Any:
@@ -97,6 +105,30 @@ def request_entry(content_type: str, body: bytes) -> tuple[dict[str, Any], dict[
             headers[str(name)] = {"content-type": part_type}
         return entry, headers
     return {BODY: decode_value(content_type, body)}, {BODY: {"content-type": content_type}}
+
+
+def handler_failure(exc: BaseException) -> HandlerFailed:
+    """What TorchServe answers every request of a batch whose handler raised ``exc``
+    (``ts/service.py``): a ``PredictionException``'s own code and message, 507 ``Out of
+    resources`` for memory (CUDA's included), else 503 ``Prediction failed``."""
+    from ts.utils.util import PredictionException
+
+    if isinstance(exc, PredictionException):
+        code = exc.error_code if isinstance(exc.error_code, int) else 500
+        return HandlerFailed(str(exc.message), code)
+    if isinstance(exc, MemoryError) or "CUDA" in str(exc):
+        return HandlerFailed("Out of resources", 507)
+    return HandlerFailed("Prediction failed", 503)
+
+
+def request_statuses(statuses: Sequence[int], owners: Sequence[int], requests: int) -> list[int]:
+    """Each request's status from its rows' (``owners``: :func:`row_owners`): its first
+    row's other than 200, else 200."""
+    found = [200] * requests
+    for row, status in enumerate(statuses):
+        if status != 200 and found[owners[row]] == 200:
+            found[owners[row]] = status
+    return found
 
 
 def encode_response(value: Any, content_type: str | None) -> tuple[bytes, str]:
@@ -216,7 +248,10 @@ class TorchServeBackend:
         outputs: Sequence[str],
         request_sizes: Sequence[int] | None = None,
         parameters: Sequence[Mapping[str, Any]] | None = None,
+        response_parameters: list[dict[str, Any]] | None = None,
     ) -> dict[str, np.ndarray]:
+        """``response_parameters``: filled with each request's reply parameters, in order
+        (the status its handler set, when not 200)."""
         bodies = inputs[BODY].reshape(len(inputs[BODY]), -1)[:, 0]
         types = _texts(inputs.get(CONTENT_TYPE), len(bodies), _BINARY)
         requests = [
@@ -225,7 +260,7 @@ class TorchServeBackend:
         ]
         owners = row_owners(len(requests), request_sizes)
         marks = explanation_rows(len(requests), request_sizes, parameters)
-        answers: list[tuple[bytes, str]] = [(b"", _TEXT)] * len(requests)
+        answers: list[Answer] = [(b"", _TEXT, 200)] * len(requests)
         failed_rows: dict[int, SluiceError] = {}
         # TorchServe's handlers read the mark of a batch's first request for all of it:
         # predictions and explanations batched together go to the handler apart.
@@ -233,6 +268,10 @@ class TorchServeBackend:
             rows = [row for row, marked in enumerate(marks) if marked is explain]
             if rows:
                 self._answer(requests, rows, explain, answers, failed_rows)
+        if response_parameters is not None:
+            count = len(request_sizes) if request_sizes is not None else 1
+            statuses = request_statuses([status for _, _, status in answers], owners, count)
+            response_parameters.extend({STATUS: s} if s != 200 else {} for s in statuses)
         if failed_rows:
             # (the worker reads failures by request, not by row)
             failures = request_failures(failed_rows, owners)
@@ -246,7 +285,7 @@ class TorchServeBackend:
         requests: list[tuple[dict[str, Any], dict[str, Any]]],
         rows: list[int],
         explain: bool,
-        answers: list[tuple[bytes, str]],
+        answers: list[Answer],
         failed_rows: dict[int, SluiceError],
     ) -> None:
         """The handler's answers to ``rows`` of the batch, in ``answers``; a handler that
@@ -270,9 +309,8 @@ class TorchServeBackend:
         requests: list[tuple[dict[str, Any], dict[str, Any]]],
         ids: Sequence[int],
         explain: bool,
-    ) -> list[tuple[bytes, str]]:
+    ) -> list[Answer]:
         from ts.context import RequestProcessor
-        from ts.utils.util import PredictionException
 
         context = self._service.context
         context.request_ids = {i: str(request_id) for i, request_id in enumerate(ids)}
@@ -282,26 +320,37 @@ class TorchServeBackend:
         batch = [entry for entry, _ in requests]
         try:
             answers = self._service._entry_point(batch, context)
-        except PredictionException as exc:
-            raise InferenceFailed(f"the handler refused the request: {exc.message}") from None
         except Exception as exc:
-            raise InferenceFailed(f"the handler failed: {type(exc).__name__}: {exc}") from None
-        if not isinstance(answers, list) or len(answers) != len(batch):
-            got = len(answers) if isinstance(answers, list) else type(answers).__name__
-            raise InferenceFailed(
-                f"the handler answered {got} for {len(batch)} request(s): it must return "
-                "a list with one answer per request"
+            log.warning("model '%s': the handler failed", context.model_name, exc_info=True)
+            raise handler_failure(exc) from None
+        if not isinstance(answers, list):
+            log.warning(
+                "model '%s': the handler answered %s, not a list",
+                context.model_name,
+                type(answers).__name__,
             )
+            raise HandlerFailed("Invalid model predict output", 503)
+        if len(answers) != len(batch):
+            log.warning(
+                "model '%s': the handler answered %d for %d request(s)",
+                context.model_name,
+                len(answers),
+                len(batch),
+            )
+            raise HandlerFailed("number of batch response mismatched", 503)
         return [
-            encode_response(value, context.get_response_content_type(index))
+            (
+                *encode_response(value, context.get_response_content_type(index)),
+                handler_status(context.get_response_status(index)[0]),
+            )
             for index, value in enumerate(answers)
         ]
 
     @staticmethod
-    def _arrays(answers: list[tuple[bytes, str]]) -> dict[str, np.ndarray]:
+    def _arrays(answers: list[Answer]) -> dict[str, np.ndarray]:
         response = np.empty((len(answers), 1), dtype=np.object_)
         kinds = np.empty((len(answers), 1), dtype=np.object_)
-        for index, (data, kind) in enumerate(answers):
+        for index, (data, kind, _) in enumerate(answers):
             response[index, 0], kinds[index, 0] = data, kind.encode()
         return {RESPONSE: response, RESPONSE_TYPE: kinds}
 

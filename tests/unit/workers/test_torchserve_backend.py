@@ -15,11 +15,12 @@ import numpy as np
 import pytest
 
 from sluice.core.config import parse_config_text
-from sluice.core.errors import InferenceFailed, InvalidConfig
+from sluice.core.errors import HandlerFailed, InferenceFailed, InvalidConfig
 from sluice.core.placement import Placement
 from sluice.core.torchserve.archives import MANIFEST
 from sluice.core.torchserve.config import triton_config
 from sluice.core.torchserve.explanations import EXPLAIN
+from sluice.core.torchserve.statuses import STATUS
 from sluice.core.torchserve.versions import VersionRecord
 from sluice.workers.backends.base import RequestsFailed
 from sluice.workers.backends.torchserve_backend import (
@@ -208,15 +209,15 @@ def test_a_failed_row_fails_the_request_it_belongs_to(tmp_path: Path) -> None:
                 _rows([b"a", b"b", b"bad", b"c", b"d"]), ["response"], request_sizes=[1, 3, 1]
             )
         assert set(raised.value.failures) == {1}
-        assert raised.value.failures[1].message == "the handler failed: ValueError: the row bad"
+        assert raised.value.failures[1].message == "Prediction failed"
         assert raised.value.outputs is not None
         assert _said(raised.value.outputs, [0, 4]) == ["A", "D"]
         # A batch of one request of several rows: that request's error itself.
         with pytest.raises(InferenceFailed) as alone:
             backend.infer(_rows([b"a", b"bad", b"c"]), ["response"], request_sizes=[3])
         assert not isinstance(alone.value, RequestsFailed)
-        assert alone.value.message == "the handler failed: ValueError: the row bad"
-        with pytest.raises(InferenceFailed, match=r"the row bad$") as whole:
+        assert alone.value.message == "Prediction failed"
+        with pytest.raises(InferenceFailed, match=r"^Prediction failed$") as whole:
             backend.infer(_rows([b"bad", b"a"]), ["response"])
         assert not isinstance(whole.value, RequestsFailed)
     finally:
@@ -237,8 +238,8 @@ def test_predictions_and_explanations_apart_keep_the_rows_requests(tmp_path: Pat
                 parameters=[{}, marked, {}, marked, {}, marked],
             )
         assert {i: e.message for i, e in raised.value.failures.items()} == {
-            2: "the handler failed: ValueError: the row bad",
-            3: "the handler failed: ValueError: the row worse",
+            2: "Prediction failed",
+            3: "Prediction failed",
         }
         assert raised.value.outputs is not None
         assert _said(raised.value.outputs, [0, 1, 2, 7, 8]) == ["A", "B", "why C", "F", "why BAD"]
@@ -254,3 +255,79 @@ def test_each_row_s_request_and_each_request_s_first_failure() -> None:
     first, second = InferenceFailed("first"), InferenceFailed("second")
     assert request_failures({3: second, 2: first}, [0, 1, 1, 1, 2]) == {1: first}
     assert request_failures({4: second, 0: first}, [0, 1, 1, 1, 2]) == {0: first, 2: second}
+
+
+STATUSES = """
+from ts.utils.util import PredictionException
+
+
+def handle(data, context):
+    \"\"\"Answers each entry by its text: "teapot" with a status of its own (and its body),
+    "refuse" with a PredictionException, "boom" by raising, "few" with too few answers,
+    "dict" with no list at all.\"\"\"
+    if data is None:
+        return None
+    texts = [row["body"] for row in data]
+    if "refuse" in texts:
+        raise PredictionException("no such thing", 422)
+    if "boom" in texts:
+        raise RuntimeError("a handler's own trouble")
+    if "few" in texts:
+        return texts[1:]
+    if "dict" in texts:
+        return {"not": "a list"}
+    for index, text in enumerate(texts):
+        if text == "teapot":
+            context.set_response_status(418, "I'm a teapot", index)
+    return ["short and stout" if text == "teapot" else text.upper() for text in texts]
+"""
+
+
+def test_a_status_the_handler_sets_goes_on_its_request_s_reply(tmp_path: Path) -> None:
+    """TorchServe answers an entry with the status its handler set for it
+    (``context.set_response_status``); a request of several rows has its first row's."""
+    _, backend = _model(tmp_path, source=("statuses_set.py", STATUSES))
+    try:
+        replied: list[dict[str, object]] = []
+        answer = backend.infer(
+            _rows([b"a", b"teapot", b"b", b"c", b"teapot"]),
+            ["response"],
+            request_sizes=[1, 1, 2, 1],
+            response_parameters=replied,
+        )
+        assert replied == [{}, {STATUS: 418}, {}, {STATUS: 418}]
+        assert _said(answer, [0, 1, 2, 4]) == ["A", "short and stout", "B", "short and stout"]
+        # (the next batch starts from 200 again)
+        replied.clear()
+        backend.infer(_rows([b"a"]), ["response"], response_parameters=replied)
+        assert replied == [{}]
+    finally:
+        backend.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "status", "message"),
+    [
+        (b"refuse", 422, "no such thing"),
+        (b"boom", 503, "Prediction failed"),
+        (b"few", 503, "number of batch response mismatched"),
+        (b"dict", 503, "Invalid model predict output"),
+    ],
+)
+def test_a_handler_that_fails_is_answered_with_torchserve_s_status_and_text(
+    tmp_path: Path, text: bytes, status: int, message: str
+) -> None:
+    """TorchServe's answers (ts/service.py): a PredictionException's code and message, else
+    503 with its own words; only the request whose entry failed gets it."""
+    _, backend = _model(tmp_path, source=(f"statuses_{text.decode()}.py", STATUSES))
+    try:
+        with pytest.raises(RequestsFailed) as raised:
+            backend.infer(_rows([b"a", text, b"b"]), ["response"], request_sizes=[1, 1, 1])
+        (failure,) = raised.value.failures.values()
+        assert set(raised.value.failures) == {1}
+        assert isinstance(failure, HandlerFailed)
+        assert (int(failure.status), failure.message) == (status, message)
+        assert raised.value.outputs is not None
+        assert _said(raised.value.outputs, [0, 2]) == ["A", "B"]
+    finally:
+        backend.close()

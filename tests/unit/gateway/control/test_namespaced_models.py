@@ -156,11 +156,11 @@ async def test_torchserve_lists_a_name_held_twice_once_and_cannot_describe_it(
         ]
     }
     assert ambiguous.status_code == 400
-    assert ambiguous.json() == {"code": 400, "type": "InvalidInput", "message": AMBIGUOUS}
+    assert ambiguous.json() == {"code": 400, "type": "BadRequestException", "message": AMBIGUOUS}
     assert internal.status_code == 404
     assert internal.json() == {
         "code": 404,
-        "type": "NotFound",
+        "type": "ModelNotFoundException",
         "message": "Model not found: comp@1",
     }
     assert alone.status_code == 200

@@ -58,10 +58,14 @@ def gateway(monkeypatch: pytest.MonkeyPatch) -> tuple[Any, asyncio.Event]:
         await go.wait()
         return b"ok", "text/plain"
 
+    async def predict_answer(*args: Any, **kwargs: Any) -> routes.HandlerAnswer:
+        body, media = await predict(*args, **kwargs)
+        return routes.HandlerAnswer(body, media, 200)
+
     async def registered(state: Any, name: str) -> Any:
         return parse_workflow(spec, "w.war")
 
-    monkeypatch.setattr(routes, "predict", predict)
+    monkeypatch.setattr(routes, "predict_answer", predict_answer)
     monkeypatch.setattr(workflow_run, "predict", predict)
     monkeypatch.setattr(workflow_run, "registered", registered)
     return state, go
