@@ -1,9 +1,10 @@
 """``ModelInfer`` and ``ModelStreamInfer``: gRPC requests on the REST path's data plane.
 
-Both take the request message as bytes and decode it here, on a thread when it is large, and
-answer bytes encoded the same way, so that no work proportional to a tensor's size runs on
-the event loop (gRPC's own deserializer would run there). From the decoded message on, a
-request takes :func:`sluice.gateway.inference.data_plane.prepare_with` and
+Both take the request message as bytes and decode it here, on a thread when it is large or
+holds many elements (:mod:`.offload`), and answer bytes encoded the same way, so that no
+work proportional to a tensor's size runs on the event loop (gRPC's own deserializer would
+run there). From the decoded message on, a request takes
+:func:`sluice.gateway.inference.data_plane.prepare_with` and
 :func:`sluice.gateway.inference.data_plane.execute`, as a REST one does: the same
 validation, admission control, deadlines, priorities, version labels, shared memory and
 shadow traffic. A gRPC deadline caps the request's timeout.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING, Any
@@ -66,6 +68,7 @@ from sluice.gateway.state import GatewayState
 
 from .entry_counts import check_entry_counts
 from .limits import GrpcLimits
+from .offload import decoded_on_thread
 from .protocol import service_pb2
 from .receiving import Receiving
 from .status import describe, status_of
@@ -128,8 +131,8 @@ class InferCalls:
         remaining = context.time_remaining()
         reservation = self.state.bodies.reservation()
         try:
-            request, size = await self._received(context, reservation)
-            return await self.infer(request, size, metadata, remaining)
+            request, size, on_thread = await self._received(context, reservation)
+            return await self.infer(request, size, metadata, remaining, on_thread=on_thread)
         except Exception as exc:
             _fail(context, exc)
             return b""  # (not sent: the call ends with the error's status)
@@ -138,11 +141,13 @@ class InferCalls:
 
     async def _received(
         self, context: grpc.aio.ServicerContext[bytes, bytes], reservation: BodyReservation
-    ) -> tuple[Any, int]:
-        """The call's request, decoded, and its size, charged to ``reservation``."""
+    ) -> tuple[Any, int, bool]:
+        """The call's request, decoded, its size, charged to ``reservation``, and whether it
+        is parsed on a thread."""
         message = await self.receiving.one(context)
         reservation.ensure(len(message))
-        return await self.decode(message), len(message)
+        on_thread = decoded_on_thread(message)
+        return await self.decode(message, on_thread), len(message), on_thread
 
     async def model_stream_infer(
         self, messages: AsyncIterator[bytes], context: grpc.aio.ServicerContext[bytes, bytes]
@@ -266,8 +271,11 @@ class InferCalls:
         decoupled model's responses go to ``sink`` as they come, and this is empty)."""
         request: Any = None
         try:
-            request = await self.decode(message)
-            return await self.infer(request, len(message), metadata, None, sink=sink, turn=turn)
+            on_thread = decoded_on_thread(message)
+            request = await self.decode(message, on_thread)
+            return await self.infer(
+                request, len(message), metadata, None, sink=sink, turn=turn, on_thread=on_thread
+            )
         except Exception as exc:
             code, details = status_of(exc)
             _log_failure(code, details)
@@ -275,11 +283,11 @@ class InferCalls:
                 request.id if request is not None else request_id_of(message), details
             )
 
-    async def decode(self, message: bytes) -> Any:
-        """The ``ModelInferRequest`` (decoded on a thread when large), once its entries are
-        counted (:mod:`.entry_counts`)."""
+    async def decode(self, message: bytes, on_thread: bool) -> Any:
+        """The ``ModelInferRequest`` (decoded on a thread when ``on_thread``: see
+        :mod:`.offload`), once its entries are counted (:mod:`.entry_counts`)."""
         limits = self.state.limits
-        if len(message) > OFFLOAD_BYTES:
+        if on_thread:
             return await asyncio.to_thread(_decode, message, limits)
         return _decode(message, limits)
 
@@ -292,13 +300,15 @@ class InferCalls:
         *,
         sink: Sink | None = None,
         turn: QueueTurn | None = None,
+        on_thread: bool,
     ) -> bytes:
         """One decoded request of ``size`` bytes (already charged to the body budget by the
-        caller), checked, queued, answered: the ``ModelInferResponse`` bytes (with a
-        stream's ``sink``: the ``ModelStreamInferResponse`` bytes holding it, or, for a
-        decoupled model, each of its responses given to ``sink`` and b""); raises what the
-        client is to see. With tracing on, the call is a ``receive`` span of its own
-        (:mod:`sluice.core.observability.otel`), the parent of what the request makes."""
+        caller; parsed on a thread when ``on_thread``), checked, queued, answered: the
+        ``ModelInferResponse`` bytes (with a stream's ``sink``: the
+        ``ModelStreamInferResponse`` bytes holding it, or, for a decoupled model, each of its
+        responses given to ``sink`` and b""); raises what the client is to see. With tracing
+        on, the call is a ``receive`` span of its own (:mod:`sluice.core.observability.otel`),
+        the parent of what the request makes."""
         model, version = request.model_name, request.model_version or None
         if len(model) > self.state.limits.max_string_length or len(version or "") > 64:
             raise InvalidInput("'model_name' or 'model_version' is too long")
@@ -315,10 +325,11 @@ class InferCalls:
             trace = span.context
         if trace is not None:
             TRACE_ID.set(trace.trace_id)
+        infer = functools.partial(self._infer, request, size, on_thread, remaining_s, label, trace)
         if span is None:
-            return await self._infer(request, size, remaining_s, label, trace, None, sink, turn)
+            return await infer(None, sink, turn)
         try:
-            answer = await self._infer(request, size, remaining_s, label, trace, span, sink, turn)
+            answer = await infer(span, sink, turn)
         except asyncio.CancelledError:
             span.end_call(None, request_id.current(), "the client went away")
             raise
@@ -333,6 +344,7 @@ class InferCalls:
         self,
         request: Any,
         size: int,
+        on_thread: bool,
         remaining_s: float | None,
         label: str | None,
         trace: TraceParent | None,
@@ -350,7 +362,7 @@ class InferCalls:
             document, binary = request_document(request)
             return parse_infer_document(document, binary, config, limits, state.regions)
 
-        heavy = big or _names_shm_bytes(request)
+        heavy = on_thread or _names_shm_bytes(request)
         deadline_us = 0 if remaining_s is None else max(1, int(remaining_s * 1_000_000))
         prepared = await prepare_with(
             state,

@@ -56,10 +56,18 @@ _NS_PER_US = 1_000
 OFFLOAD_BYTES = 64 * 1024
 """Requests (and answers) with more bytes than this are parsed, packed and encoded on a
 thread, so that no work proportional to a tensor's size runs on the event loop."""
+PARSED_ON_LOOP_BYTES = 4 * 1024
+"""The most bytes of a request parsed element by element (JSON, typed gRPC contents, BYTES
+elements) that are parsed on the event loop; beyond, on a thread. Such bytes cost up to
+~150 ns each to parse (a JSON list of empty strings, or gRPC ``bytes_contents``), so the
+loop is held at most ~0.6 ms; below, a thread's hand-off (~35 µs of the loop's own time
+and ~50 µs of the request's) would cost about what it saves. Tensors in binary form are
+sliced, not read, and stay on the loop up to :data:`OFFLOAD_BYTES` (``bench.parse_cost``
+measures both)."""
 _SHM_MARK = SHM_REGION.encode()
 _BYTES_MARK = BYTES.encode()
-"""A BYTES input in a shared memory region is read and counted while parsed: a request
-whose body names both may be heavy whatever its size (two memchr-fast searches)."""
+"""A BYTES input's elements are counted one by one while parsed (read from its region when
+in shared memory): a header that names one may be heavy whatever its size."""
 _ESCAPE = b"\\u"
 """JSON may write any letter of those names as an escape (``BYTE\\u0053``)."""
 
@@ -161,25 +169,38 @@ async def prepare(
 
 
 def parsed_heavily(body: bytes, json_length: int | None) -> bool:
-    """Whether a REST request is parsed on a thread: a large one, or one with a BYTES input
-    in a shared memory region. Its names are looked for in the bytes; a small body that
-    lacks one but has escapes is decoded here to look at its inputs."""
-    if len(body) > OFFLOAD_BYTES or (_SHM_MARK in body and _BYTES_MARK in body):
+    """Whether a REST request is parsed on a thread: a large one, one with more JSON than
+    :data:`PARSED_ON_LOOP_BYTES`, one with as many bytes of binary data when its header
+    names a BYTES input (whose elements are counted one by one), or one with a BYTES input
+    in a shared memory region. Looked for in the bytes, without parsing them; a small
+    header that lacks those names but has escapes is decoded here to look at its inputs."""
+    size = len(body)
+    if size > OFFLOAD_BYTES:
         return True
-    if _ESCAPE not in body or json_length == 0:  # (0: a raw binary request, no JSON)
+    if json_length is not None and not 0 < json_length <= size:
+        return False  # raw binary (0: one tensor, a slice of the body), or refused at once
+    header = body if json_length is None else body[:json_length]
+    if len(header) > PARSED_ON_LOOP_BYTES:
+        return True
+    counted = size - len(header) > PARSED_ON_LOOP_BYTES  # (too many to count BYTES in here)
+    if _BYTES_MARK in header and (counted or _SHM_MARK in header):
+        return True
+    if _ESCAPE not in header:
         return False
     try:
-        document = orjson.loads(body if json_length is None else body[:json_length])
+        document = orjson.loads(header)
     except orjson.JSONDecodeError:
         return False  # (the parser says why)
     inputs = document.get("inputs") if isinstance(document, dict) else None
-    return isinstance(inputs, list) and any(
-        isinstance(item, dict)
-        and item.get("datatype") == BYTES
-        and isinstance(item.get("parameters"), dict)
-        and SHM_REGION in item["parameters"]
-        for item in inputs
-    )
+    return isinstance(inputs, list) and any(_heavy_bytes_input(item, counted) for item in inputs)
+
+
+def _heavy_bytes_input(item: object, counted: bool) -> bool:
+    """A BYTES input whose elements are too many (``counted``) or in a shared memory region."""
+    if not isinstance(item, dict) or item.get("datatype") != BYTES:
+        return False
+    parameters = item.get("parameters")
+    return counted or (isinstance(parameters, dict) and SHM_REGION in parameters)
 
 
 async def prepare_with(
