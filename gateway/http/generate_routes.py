@@ -31,11 +31,11 @@ from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_object
 from sluice.gateway.http.protocol import cancel_on_disconnect
 from sluice.gateway.inference.data_plane import (
-    OFFLOAD_BYTES,
     Prepared,
     encode_reply,
     execute,
     execute_stream,
+    parsed_heavily,
     prepare_with,
 )
 from sluice.gateway.inference.parsing import parse_infer_document
@@ -126,10 +126,10 @@ async def _prepare(
     The body counts in the process's ``reservation`` until the caller releases it."""
     state = state_of(request)
     body = await read_body(request, state.settings.max_body_bytes, reservation)
-    big = len(body) > OFFLOAD_BYTES
+    big = parsed_heavily(body, None)
 
     def parse(config: ModelConfig) -> InferRequest:
-        # On a thread when the body is big, as a JSON /infer request's.
+        # On a thread past a few KiB of JSON, as a JSON /infer request's.
         document = generate_document(json_object(body), config)
         return parse_infer_document(document, memoryview(b""), config, state.limits)
 

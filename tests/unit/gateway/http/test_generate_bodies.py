@@ -69,3 +69,28 @@ async def test_bodies_held_at_once_are_bounded_by_the_process_budget(
     go.set()
     assert (await first).status_code == 200
     assert state.bodies.held == 0
+
+
+async def test_a_body_of_many_json_elements_is_parsed_on_a_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """As a JSON ``/infer`` body: past a few KiB of JSON (read element by element), the
+    parse goes to a thread rather than holding the event loop."""
+    state = SimpleNamespace(
+        settings=SimpleNamespace(max_body_bytes=1 << 20), bodies=BodyBudget(1 << 21), transfer=None
+    )
+    asked: list[bool] = []
+
+    async def prepare_with(state: Any, model: str, version: Any, parse: Any, heavy: bool) -> Any:
+        asked.append(heavy)
+        return SimpleNamespace(parsed=None, decoupled=False)
+
+    async def execute(state: Any, prepared: Any, big: bool, encode: Any) -> bytes:
+        return b"{}"
+
+    monkeypatch.setattr(generate_routes, "prepare_with", prepare_with)
+    monkeypatch.setattr(generate_routes, "execute", execute)
+    many = b'{"x": [' + b",".join([b'""'] * 4000) + b"]}"  # (12 KB, far below 64 KiB)
+    for body in (b'{"x": "a"}', many):
+        assert (await generate_routes.generate(request(state, body), "m")).status_code == 200
+    assert asked == [False, True]
