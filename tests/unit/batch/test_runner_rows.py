@@ -124,7 +124,8 @@ def test_a_bad_row_fails_that_row_alone_and_is_reported(
 def test_a_shards_answers_are_written_as_they_come(
     runner: Runner, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """300 answers of about 330 KB of JSON each: held together, about 100 MB."""
+    """120 answers of about 330 KB of JSON each: held together, about 40 MB (written as
+    they come, the peak is about 9 MB)."""
     width = 1 << 14
 
     def run(self: Feeder, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -132,7 +133,7 @@ def test_a_shards_answers_are_written_as_they_come(
 
     monkeypatch.setattr(Feeder, "run", run)
     source = tmp_path / "requests.jsonl"
-    source.write_bytes(b"".join(_line(f"r{i}", [1.0]) + b"\n" for i in range(300)))
+    source.write_bytes(b"".join(_line(f"r{i}", [1.0]) + b"\n" for i in range(120)))
     tracemalloc.start()
     try:
         batch_id, record = _run_job(runner, runner.redis, source)
@@ -140,8 +141,8 @@ def test_a_shards_answers_are_written_as_they_come(
     finally:
         tracemalloc.stop()
     assert record[b.F_STATUS] == b.COMPLETED, record
-    assert peak < 30 << 20, f"{peak} bytes at the peak"
-    assert len(_output_lines(tmp_path / "store", batch_id)) == 300
+    assert peak < 20 << 20, f"{peak} bytes at the peak"
+    assert len(_output_lines(tmp_path / "store", batch_id)) == 120
 
 
 def test_a_shard_holds_a_bounded_number_of_bytes(
