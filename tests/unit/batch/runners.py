@@ -5,6 +5,7 @@ the runner's tests share."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -13,28 +14,40 @@ import pytest
 
 from sluice.batch.runner import Runner
 from sluice.core.batch_jobs import batches as b
-from sluice.core.config import parse_config_text
+from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.keys import Keys
 from sluice.core.settings import BatchSettings
 from sluice.scheduler.executor.redis_server import RedisServer
 
-CONFIG = parse_config_text(
-    """
-    name: "m"
-    backend: "python"
-    max_batch_size: 8
-    input [ { name: "X" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    output [ { name: "Y" data_type: TYPE_FP32 dims: [ -1 ] } ]
-    """,
-    model_name="m",
-)
+
+def model_config(dims: str = "-1", max_batch_size: int = 8) -> ModelConfig:
+    """The stand-in model ``m``: X → Y, FP32 of ``dims``."""
+    return parse_config_text(
+        f"""
+        name: "m"
+        backend: "python"
+        max_batch_size: {max_batch_size}
+        input [ {{ name: "X" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+        output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ {dims} ] }} ]
+        """,
+        model_name="m",
+    )
+
+
+CONFIG = model_config()
 TENANT = "team-a"
 
 
 def make_runner(
-    redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **settings: Any
+    redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    config: ModelConfig = CONFIG,
+    on_shard: Callable[[str, int], None] = lambda batch_id, index: None,
+    **settings: Any,
 ) -> Runner:
-    """A runner in a namespace of its own whose jobs all run ``m`` (close it after)."""
+    """A runner in a namespace of its own whose jobs all run ``config`` (close it after);
+    ``on_shard`` sees each shard it queues."""
     made = Runner(
         BatchSettings(
             redis_url=redis_server.url,
@@ -43,9 +56,9 @@ def make_runner(
             batch_root=str(tmp_path),
             **settings,
         ),
-        lambda batch_id, index: None,
+        on_shard,
     )
-    monkeypatch.setattr(made, "_model", lambda record: (CONFIG, 1))
+    monkeypatch.setattr(made, "_model", lambda record: (config, 1))
     return made
 
 

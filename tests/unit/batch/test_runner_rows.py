@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import tracemalloc
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,11 +31,9 @@ from redis import Redis
 from sluice.batch.feeder import Feeder, RequestFailed
 from sluice.batch.runner import Runner
 from sluice.core.batch_jobs import batches as b
-from sluice.core.config import parse_config_text
 from sluice.core.keys import Keys
-from sluice.core.settings import BatchSettings
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.unit.batch.runners import TENANT, make_runner, planned
+from tests.unit.batch.runners import TENANT, make_runner, model_config, planned
 
 
 def _line(request_id: str, values: list[Any], datatype: str = "FP32") -> bytes:
@@ -148,26 +145,15 @@ def test_a_shards_answers_are_written_as_they_come(
 def test_a_shard_holds_a_bounded_number_of_bytes(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = parse_config_text(
-        """
-        name: "m"
-        backend: "python"
-        max_batch_size: 8
-        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4096 ] } ]
-        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4096 ] } ]
-        """,
-        model_name="m",
-    )
-    settings = BatchSettings(
-        redis_url=redis_server.url,
-        namespace=f"t{uuid.uuid4().hex[:8]}",
-        batch_store=str(tmp_path / "store"),
-        batch_root=str(tmp_path),
+    sent: list[int] = []
+    runner = make_runner(
+        redis_server,
+        tmp_path,
+        monkeypatch,
+        model_config("4096"),
+        lambda batch_id, index: sent.append(index),
         batch_max_shard_bytes=256 << 10,
     )
-    sent: list[int] = []
-    runner = Runner(settings, lambda batch_id, index: sent.append(index))
-    monkeypatch.setattr(runner, "_model", lambda record: (config, 1))
     source = tmp_path / "rows.npy"
     np.save(source, np.zeros((200, 4096), dtype=np.float64))  # 32 KiB a row, as it is read
     options = b.BatchOptions(shard_rows=100_000_000, input_format="npy", output_format="npy")
@@ -184,28 +170,12 @@ def test_a_shard_holds_a_bounded_number_of_bytes(
 def test_a_part_past_the_stored_bytes_quota_is_refused_before_it_is_put(
     redis_server: RedisServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    config = parse_config_text(
-        """
-        name: "m"
-        backend: "python"
-        max_batch_size: 8
-        input [ { name: "X" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        output [ { name: "Y" data_type: TYPE_FP32 dims: [ 4 ] } ]
-        """,
-        model_name="m",
-    )
     quota = 1 << 20
-    settings = BatchSettings(
-        redis_url=redis_server.url,
-        namespace=f"t{uuid.uuid4().hex[:8]}",
-        batch_store=str(tmp_path / "store"),
-        batch_root=str(tmp_path),
-        tenant_max_stored_bytes=quota,
+    runner = make_runner(
+        redis_server, tmp_path, monkeypatch, model_config("4"), tenant_max_stored_bytes=quota
     )
-    runner = Runner(settings, lambda batch_id, index: None)
-    monkeypatch.setattr(runner, "_model", lambda record: (config, 1))
     monkeypatch.setattr(Feeder, "run", lambda self, inputs: {"Y": inputs["X"]})
-    keys = Keys(settings.namespace)
+    keys = Keys(runner.settings.namespace)
     runner.redis.set(keys.stored_bytes(TENANT), quota - 1000)  # its parts: 1,728 bytes
     source = tmp_path / "rows.npy"
     np.save(source, np.ones((100, 4), dtype=np.float32))
