@@ -10,7 +10,10 @@ loop only when those bytes are at most
 most :data:`~sluice.gateway.inference.data_plane.OFFLOAD_BYTES`. The small message of the
 hot path (a few raw tensors) stays on the loop; telling costs a walk of at most
 :data:`FIELDS_ON_LOOP` top-level fields (:mod:`.wire_fields`), and nothing for a message of
-at most ``PARSED_ON_LOOP_BYTES``, whatever it holds. ``bench.parse_cost`` measures each kind.
+at most :data:`SHORT_BYTES`. A message with more fields goes to a thread, however short:
+its entries are counted before it is decoded (:mod:`.entry_counts`), a walk of up to one
+field per 2 bytes (a 4 KiB message of empty entries took 4.5 ms of the loop).
+``bench.parse_cost`` measures each kind.
 """
 
 from __future__ import annotations
@@ -23,6 +26,10 @@ FIELDS_ON_LOOP = 32
 """The most top-level fields walked on the loop: a message with more goes to a thread
 (each of its entries is an object once decoded; a walk costs ~1.5 µs a field)."""
 
+SHORT_BYTES = 512
+"""A message this short holds at most 256 fields (each takes 2 bytes or more): it is decoded,
+counted and parsed on the loop without a look."""
+
 _INPUTS, _RAW = 5, 7
 _BYTES = b"BYTES"
 
@@ -32,7 +39,7 @@ def decoded_on_thread(message: bytes) -> bool:
     size = len(message)
     if size > OFFLOAD_BYTES:
         return True
-    if size <= PARSED_ON_LOOP_BYTES:
+    if size <= SHORT_BYTES:
         return False
     raw = 0
     inputs: list[tuple[int, int]] = []
@@ -45,5 +52,7 @@ def decoded_on_thread(message: bytes) -> bool:
             inputs.append((field.start, field.end))
     if size - raw > PARSED_ON_LOOP_BYTES:
         return True  # (typed contents, or many small fields)
+    if raw <= PARSED_ON_LOOP_BYTES:
+        return False
     # The raw tensors are more than PARSED_ON_LOOP_BYTES: a BYTES one is counted.
     return any(message.find(_BYTES, start, end) >= 0 for start, end in inputs)
