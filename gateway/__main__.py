@@ -57,7 +57,8 @@ def serve(settings: GatewaySettings) -> None:
             port=settings.http_port,
             lifespan="on",
             **options,  # type: ignore[arg-type]
-        )
+        ),
+        exiting=app.exiting,
     )
     sockets = [socket.socket(fileno=settings.http_fd)] if settings.http_fd >= 0 else None
     followers = [
@@ -106,8 +107,10 @@ class _Server(uvicorn.Server):
     TICK_S: float | None = 1.0
     """None: no tick of its own (a follower, ticked by the main server)."""
 
-    def __init__(self, config: uvicorn.Config) -> None:
+    def __init__(self, config: uvicorn.Config, exiting: asyncio.Event | None = None) -> None:
         self._exit_flag = False
+        self._exiting = exiting
+        """Set once this server stops taking connections, before it drains them."""
         self._woken: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self.followers: list[_Server] = []
@@ -139,6 +142,8 @@ class _Server(uvicorn.Server):
                     if follower.started:  # (its Date header)
                         await follower.on_tick(0)
             should_exit = await self.on_tick(0)
+        if self._exiting is not None:
+            self._exiting.set()
 
 
 class _Follower(_Server):

@@ -10,7 +10,8 @@ from the same process state."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import asyncio
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
@@ -51,6 +52,9 @@ class GatewayApp:
     (8082), when served (:mod:`sluice.gateway.torchserve.ports`); none has a lifespan."""
     torchserve_management: ASGIApp
     torchserve_metrics: ASGIApp
+    exiting: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by the server once it was asked to stop, before it drains its HTTP connections:
+    the lifespan then drains gRPC at the same time, not after."""
 
 
 class _RoutesApp(FastAPI):
@@ -61,7 +65,8 @@ class _RoutesApp(FastAPI):
 
 
 def create_app(settings: GatewaySettings) -> GatewayApp:
-    routes = _routes_app(settings)
+    exiting = asyncio.Event()
+    routes = _routes_app(settings, exiting)
     http = _guarded(settings, InferFastPath(routes))
     return GatewayApp(
         http=http,
@@ -69,6 +74,7 @@ def create_app(settings: GatewaySettings) -> GatewayApp:
         torchserve_inference=TorchServePort(http, routes, inference_path),
         torchserve_management=TorchServePort(http, routes, management_path),
         torchserve_metrics=_guarded(settings, TorchServeMetrics(routes)),
+        exiting=exiting,
     )
 
 
@@ -85,8 +91,8 @@ def _guarded(settings: GatewaySettings, app: ASGIApp) -> ASGIApp:
     )
 
 
-def _routes_app(settings: GatewaySettings) -> FastAPI:
-    app = _RoutesApp(title="Sluice", version="v2", lifespan=gateway_lifespan(settings))
+def _routes_app(settings: GatewaySettings, exiting: asyncio.Event) -> FastAPI:
+    app = _RoutesApp(title="Sluice", version="v2", lifespan=gateway_lifespan(settings, exiting))
     app.include_router(router)
     app.include_router(torchserve_router)
     app.include_router(generate_router)

@@ -102,10 +102,11 @@ def _state(
 
 
 def gateway_lifespan(
-    settings: GatewaySettings,
+    settings: GatewaySettings, exiting: asyncio.Event | None = None
 ) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
     """The lifespan, for :class:`FastAPI`; the state goes to ``app.state.sluice``. The
-    tenant limits are read now: InvalidConfig when they cannot be used."""
+    tenant limits are read now: InvalidConfig when they cannot be used. Once ``exiting`` is
+    set (the server was asked to stop), gRPC drains while the server drains HTTP."""
     limits = load_at_start(settings)
 
     @contextlib.asynccontextmanager
@@ -122,14 +123,21 @@ def gateway_lifespan(
         sweeper = asyncio.create_task(sweep_loop(state), name="shm-sweeper")
         store_sweeper = asyncio.create_task(store_sweep_loop(state), name="store-sweeper")
         grpc_server = GrpcServer(state) if settings.grpc_port else None
+        stop_signal = exiting if exiting is not None else asyncio.Event()
+        grpc_drain: asyncio.Task[None] | None = None
         try:
             if grpc_server is not None:
                 await grpc_server.start()
+                grpc_drain = asyncio.create_task(
+                    _stop_when_set(stop_signal, grpc_server, settings.shutdown_timeout_s),
+                    name="grpc-drain",
+                )
             state.tracing = tracing_from_settings(settings, "gateway")
             yield
         finally:
-            if grpc_server is not None:
-                await grpc_server.stop(settings.shutdown_timeout_s)
+            stop_signal.set()
+            if grpc_drain is not None:
+                await grpc_drain
             for task in (refresher, sweeper, store_sweeper):
                 task.cancel()
             await asyncio.gather(refresher, sweeper, store_sweeper, return_exceptions=True)
@@ -146,3 +154,10 @@ def gateway_lifespan(
                 await asyncio.to_thread(tracing.shutdown)
 
     return lifespan
+
+
+async def _stop_when_set(exiting: asyncio.Event, server: GrpcServer, grace_s: float) -> None:
+    """gRPC's drain, begun as soon as the gateway is asked to stop: new calls are refused
+    and the calls in flight get ``grace_s`` while HTTP drains its own, at the same time."""
+    await exiting.wait()
+    await server.stop(grace_s)

@@ -1,6 +1,7 @@
 """How long ``sluice up``'s children have when it stops or dies: a gateway drains for the
-whole ``--exit-timeout-secs`` (not a fixed 15 s), and a worker that ignores SIGTERM does not
-outlive a ``sluice up`` killed with SIGKILL by more than ``SLUICE_WORKER_STOP_GRACE_S``.
+whole ``--exit-timeout-secs`` (not a fixed 15 s), gRPC at the same time as HTTP, and a
+worker that ignores SIGTERM does not outlive a ``sluice up`` killed with SIGKILL by more
+than ``SLUICE_WORKER_STOP_GRACE_S``.
 Real stacks, a real held request, a real stubborn worker."""
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import grpc
 import httpx
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 from redis import Redis
 
 from sluice.scheduler.executor.redis_server import RedisServer
@@ -31,6 +34,19 @@ EXIT_TIMEOUT_S = 160
 HELD_FOR_S = 16.0
 """How long after the stop the held request is answered: past the fixed 15 s a gateway
 had before it was killed."""
+
+
+def _grpc_refuses_new_calls(address: str) -> bool:
+    """Whether the gateway's gRPC server is draining: its health check answers NOT_SERVING
+    or the call is refused (a draining grpc server refuses new calls)."""
+    with grpc.insecure_channel(address) as channel:
+        try:
+            answer = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=""), timeout=5
+            )
+        except grpc.RpcError:
+            return True
+    return bool(answer.status == health_pb2.HealthCheckResponse.NOT_SERVING)
 
 
 def _held_by_a_worker(redis: Redis, stack: Stack) -> bool:
@@ -70,9 +86,12 @@ def test_a_gateway_drains_for_the_whole_exit_timeout(
         assert stack.process is not None
         caller.start()
         assert procs.wait_until(lambda: _held_by_a_worker(redis, stack), 30), "never held"
+        assert not _grpc_refuses_new_calls(stack.grpc_address)
         stack.process.send_signal(signal.SIGTERM)
         stopped = time.monotonic()
-        time.sleep(HELD_FOR_S)
+        # gRPC drains while HTTP does, not after it: new calls are refused during the hold.
+        assert procs.wait_until(lambda: _grpc_refuses_new_calls(stack.grpc_address), 10)
+        time.sleep(max(0.0, HELD_FOR_S - (time.monotonic() - stopped)))
         assert stack.process.poll() is None, "sluice up ended before the request did"
         open_gate(gate, "slow")
         caller.join(60)
