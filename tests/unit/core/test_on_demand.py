@@ -5,6 +5,8 @@ from __future__ import annotations
 import orjson
 import pytest
 from redis import Redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from sluice.core.catalog import CatalogEntry, decode_entry, encode_entry
 from sluice.core.config import ModelConfig, parse_config_text
@@ -91,5 +93,5 @@ def test_a_batch_shard_wakes_the_executors(redis_server: RedisServer) -> None:
     finally:
         client.delete(keys.demand_requests)
         client.close()
-    unreachable = Redis(port=1, socket_connect_timeout=0.5)
+    unreachable = Redis(port=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
     wake_blocking(unreachable, keys, "m", 3)
