@@ -4,7 +4,11 @@ The revision moves with every publication, atomically with the catalog it number
 reload the catalog when it moves, and the response cache keys every answer with it
 (:mod:`sluice.core.response_cache`), so an answer kept before a change of what a model
 serves is never served after it. :func:`publish_revision` moves it for a change the catalog
-does not show (new weights behind the same entry)."""
+does not show (new weights behind the same entry).
+
+A revision is never given twice, even when its key alone is lost: a missing key starts again
+from Redis's clock in microseconds, past every number counted before (a counter started
+again at 1 would name a revision under which answers of older weights may still be cached)."""
 
 from __future__ import annotations
 
@@ -26,6 +30,7 @@ def to_entry(model: RepositoryModel, on_demand: bool = False) -> CatalogEntry:
         on_demand,
         listed_as=model.listed_as,
         ambiguous=model.ambiguous,
+        namespace=model.namespace,
     )
 
 
@@ -44,8 +49,19 @@ def publish_catalog(
                 keys.catalog,
                 mapping={m.name: encode_entry(to_entry(m, m.name in on_demand)) for m in models},
             )
-        pipe.incr(keys.catalog_revision)
+        pipe.eval(_NEXT_REVISION, 1, keys.catalog_revision)
         pipe.execute()
+
+
+_NEXT_REVISION = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+    return redis.call('INCR', KEYS[1])
+end
+local now = redis.call('TIME')
+local start = tonumber(now[1]) * 1000000 + tonumber(now[2])
+redis.call('SET', KEYS[1], string.format('%.0f', start))
+return start
+"""
 
 
 _NEW_REVISION = """
