@@ -38,20 +38,15 @@ from sluice.gateway.inference.data_plane import (
     parsed_heavily,
     prepare_with,
 )
+from sluice.gateway.inference.json_tensors import flatten
 from sluice.gateway.inference.parsing import parse_infer_document
-from sluice.gateway.inference.request import InferRequest
+from sluice.gateway.inference.request import DEFAULT_LIMITS, InferRequest, RequestLimits
 from sluice.gateway.state import state_of
 
 router = APIRouter()
 
 _RESERVED = ("parameters", "id")
 _SSE = "text/event-stream; charset=utf-8"
-
-
-def _flat(value: Any) -> list[Any]:
-    if isinstance(value, list):
-        return [item for element in value for item in _flat(element)]
-    return [value]
 
 
 def _shape(config: ModelConfig, name: str, dims: tuple[int, ...], count: int) -> list[int]:
@@ -70,8 +65,11 @@ def _shape(config: ModelConfig, name: str, dims: tuple[int, ...], count: int) ->
     return [1, *shape] if config.max_batch_size > 0 else shape
 
 
-def generate_document(body: dict[str, Any], config: ModelConfig) -> dict[str, Any]:
-    """The KServe v2 request document of a generate request."""
+def generate_document(
+    body: dict[str, Any], config: ModelConfig, limits: RequestLimits = DEFAULT_LIMITS
+) -> dict[str, Any]:
+    """The KServe v2 request document of a generate request. A value's nesting is flattened
+    within ``limits.max_json_depth`` (as ``/infer``'s ``data`` is), never by recursion."""
     parameters = body.get("parameters", {})
     if not isinstance(parameters, dict):
         raise InvalidInput("'parameters' must be an object")
@@ -88,7 +86,7 @@ def generate_document(body: dict[str, Any], config: ModelConfig) -> dict[str, An
             raise InvalidInput(
                 f"generate request for model '{config.name}' has no value for input '{spec.name}'"
             )
-        data = _flat(value)
+        data = flatten(f"input '{spec.name}'", value, limits.max_json_depth)
         inputs.append(
             {
                 "name": spec.name,
@@ -130,8 +128,13 @@ async def _prepare(
 
     def parse(config: ModelConfig) -> InferRequest:
         # On a thread past a few KiB of JSON, as a JSON /infer request's.
-        document = generate_document(json_object(body), config)
-        return parse_infer_document(document, memoryview(b""), config, state.limits)
+        document = generate_document(json_object(body), config, state.limits)
+        parsed = parse_infer_document(document, memoryview(b""), config, state.limits)
+        for output in parsed.outputs:
+            # The generate answer is JSON only (as Triton's), whatever the request's
+            # 'binary_data_output' says: it must not turn the answer into a 500.
+            output.binary = False
+        return parsed
 
     prepared = await prepare_with(state, model, version, parse, heavy=big)
     parsed, transfer = prepared.parsed, state.transfer
@@ -171,8 +174,10 @@ async def generate_stream(request: Request, model: str, version: str | None = No
     reservation = state.bodies.reservation()
     try:
         prepared, big, encode = await _prepare(request, model, version, reservation)
+        # A client gone before the first response takes its request back, as on /generate
+        # (a decoupled model's first response may be long in coming).
+        cancel_on_disconnect(request.scope)
         if not prepared.decoupled:
-            cancel_on_disconnect(request.scope)
             answer = await execute(state, prepared, big, encode)
             return Response(b"data: " + answer + b"\n\n", media_type=_SSE)
         responses = execute_stream(state, prepared, big, encode)

@@ -168,6 +168,15 @@ def _json_bytes(
     return serialize_bytes(flat)
 
 
+def flatten(label: str, value: Any, max_depth: int) -> list[Any]:
+    """The row-major elements of ``value`` (one element, or a nested list of them at most
+    ``max_depth`` levels deep), without recursion: a client's nesting can be as deep as the
+    JSON parser allows. Deeper is refused with Triton's text, naming ``label``."""
+    if not isinstance(value, list):
+        return [value]
+    return _leaves(label, value, max_depth)[0]
+
+
 def _leaves(label: str, data: list[Any], max_depth: int) -> tuple[list[Any], set[type]]:
     """Row-major leaves of a (possibly ragged) nested list, ``data`` being depth 1, and
     their types. Regular nesting (each level all lists, or no lists) is flattened a level

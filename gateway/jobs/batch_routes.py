@@ -368,7 +368,9 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
         progress, shards = await pipe.execute()
     body = _summary(batch_id, record)
     total = int(record.get(b.F_ROWS_TOTAL) or 0)
-    done = min(total, sum(int(v) for v in progress)) if total else 0
+    # (A batch may have up to MAX_SHARDS shards, as many as the client's shard_rows makes.)
+    rows, shard_errors = await asyncio.to_thread(_shard_summary, progress, shards)
+    done = min(total, rows) if total else 0
     started, finished = _number(record.get(b.F_STARTED)), _number(record.get(b.F_FINISHED))
     body.update(
         rows_total=total,
@@ -388,26 +390,36 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
         body["rows_per_s"] = round(rate, 1)
         if rate > 0 and body["status"] == b.RUNNING:
             body["eta_s"] = round((total - done) / rate, 1)
-    errors = []
-    rows_failed = 0
-    row_errors: list[dict[str, Any]] = []
-    for index, raw in sorted(shards.items(), key=lambda kv: int(kv[0])):
-        if b'"error"' in raw:
-            errors.append({"shard": int(index), "error": orjson.loads(raw)["error"]})
-        elif b'"rows_failed":0' not in raw and b'"rows_failed"' in raw:
-            committed = orjson.loads(raw)  # (a shard some of whose rows failed)
-            rows_failed += int(committed["rows_failed"])
-            row_errors += committed.get("row_errors", [])[: _ERRORS_SHOWN - len(row_errors)]
-    if errors:
-        body["errors"] = errors[:_ERRORS_SHOWN]
-    if rows_failed:
-        body["rows_failed"] = rows_failed
-        body["row_errors"] = row_errors
+    body.update(shard_errors)
     if record.get(b.F_ERROR):
         body["error"] = record[b.F_ERROR]
     if record.get(b.F_MANIFEST):
         body["manifest"] = record[b.F_MANIFEST]
     return body
+
+
+def _shard_summary(progress: list[bytes], shards: dict[bytes, bytes]) -> tuple[int, dict[str, Any]]:
+    """The rows the shards have done (``progress``: each one's count) and what failed: the
+    first failed shards' errors, the rows that failed in committed shards and the first
+    of their errors. Proportional to the shards: the caller runs it on a thread."""
+    errors: list[dict[str, Any]] = []
+    rows_failed = 0
+    row_errors: list[dict[str, Any]] = []
+    for index, raw in sorted(shards.items(), key=lambda kv: int(kv[0])):
+        if b'"error"' in raw:
+            if len(errors) < _ERRORS_SHOWN:
+                errors.append({"shard": int(index), "error": orjson.loads(raw)["error"]})
+        elif b'"rows_failed":0' not in raw and b'"rows_failed"' in raw:
+            committed = orjson.loads(raw)  # (a shard some of whose rows failed)
+            rows_failed += int(committed["rows_failed"])
+            row_errors += committed.get("row_errors", [])[: _ERRORS_SHOWN - len(row_errors)]
+    found: dict[str, Any] = {}
+    if errors:
+        found["errors"] = errors
+    if rows_failed:
+        found["rows_failed"] = rows_failed
+        found["row_errors"] = row_errors
+    return sum(int(v) for v in progress), found
 
 
 @batch_router.get("/v2/batches/{batch_id}/outputs")

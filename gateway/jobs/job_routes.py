@@ -21,6 +21,7 @@ from starlette.responses import Response
 from sluice.core import jobs
 from sluice.gateway.http.guard import tenant_of
 from sluice.gateway.http.json_body import json_response
+from sluice.gateway.http.protocol import cancel_on_disconnect
 from sluice.gateway.jobs.async_jobs import (
     cancel_job,
     encode_result,
@@ -48,6 +49,10 @@ async def get_result(job_id: str, request: Request) -> Response:
     state = state_of(request)
     owner = tenant_of(request.scope)
     wait_s = preferred_wait_s(request.headers.get("prefer"), state.settings.max_job_wait_s)
+    if wait_s:
+        # A client gone while it waits stops the polling for it (else each connection
+        # opened and dropped would leave a poller of Redis for up to SLUICE_MAX_JOB_WAIT_S).
+        cancel_on_disconnect(request.scope)
     record = await wait_for_result(state, job_id, owner, wait_s)
     status = record.get(jobs.F_STATUS, b"").decode()
     if status == jobs.CANCELLED:

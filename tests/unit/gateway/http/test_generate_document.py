@@ -35,3 +35,16 @@ def test_values_take_the_input_s_shape_and_other_keys_become_parameters() -> Non
 def test_two_variable_dimensions_cannot_be_filled() -> None:
     with pytest.raises(InvalidInput, match="can fill one variable dimension only"):
         generate_document({"x": [1, 2, 3, 4]}, _config("-1, -1"))  # type: ignore[arg-type]
+
+
+def test_a_value_nested_as_deep_as_json_allows_is_refused_without_recursion() -> None:
+    """A value is flattened as ``/infer``'s ``data`` is: past Triton's depth limit (100)
+    a 400 naming the input, where the recursive flattening crashed (RecursionError, a 500)
+    on nesting the JSON parser accepts (up to 1024 levels)."""
+    value: object = 1.0
+    for _ in range(1000):
+        value = [value]
+    with pytest.raises(InvalidInput, match="input 'x': 'data' is nested deeper than 100 levels"):
+        generate_document({"x": value}, _config("-1"))  # type: ignore[arg-type]
+    ragged: object = [1.0, [2.0, [3.0]]]
+    assert generate_document({"x": ragged}, _config("-1"))["inputs"][0]["data"] == [1, 2, 3]  # type: ignore[arg-type]

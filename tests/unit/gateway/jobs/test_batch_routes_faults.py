@@ -8,14 +8,19 @@
   deleted): the client gets 503 saying why, and nothing of the job stays;
 - one tenant cannot fill Redis with uploads (an empty one cost nothing against the stored
   bytes quota) or batch jobs: each is bounded per tenant, with 429 naming the setting, and
-  another tenant is not affected."""
+  another tenant is not affected;
+- a batch of as many shards as its client's ``shard_rows`` makes is summed up for its
+  status on a thread, never on the event loop."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import orjson
 import pytest
 
 from sluice.core.batch_jobs import batches as b
@@ -155,3 +160,46 @@ async def test_batch_jobs_per_tenant_are_bounded(redis_server: RedisServer, tmp_
         users = await gateway.redis.hget(gateway.keys.upload("team-a", upload_id), "users")
         assert users == b"2"  # the refused job does not hold the upload
         await _submit(gateway, "team-b", await _upload(gateway, "team-b"))
+
+
+async def test_a_batch_of_many_shards_is_summed_up_off_the_event_loop(
+    gateway: BatchGateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A client's ``shard_rows`` decides how many shards a batch has (up to
+    ``MAX_SHARDS``): reading their states for ``GET /v2/batches/{id}`` is work proportional
+    to them, done on a thread, never on the event loop; what it shows is bounded."""
+    batch_id = (await _submit(gateway, "team-a", await _upload(gateway, "team-a")))["id"]
+    shards = 2000
+    states = {
+        str(i): orjson.dumps(
+            {"error": f"shard {i} broke", "attempt": 1}
+            if i % 2
+            else {"committed": True, "rows": [i, i + 1], "rows_failed": 1, "row_errors": [i]}
+        )
+        for i in range(shards)
+    }
+    await gateway.redis.hset(gateway.keys.batch_shards(batch_id), mapping=states)  # type: ignore[arg-type]
+    await gateway.redis.hset(
+        gateway.keys.batch_progress(batch_id), mapping={str(i): 1 for i in range(shards)}
+    )
+    await gateway.redis.hset(gateway.keys.batch(batch_id), b.F_ROWS_TOTAL, shards)
+    loop_thread = threading.current_thread()
+    parsed_on: set[threading.Thread] = set()
+
+    def loads(raw: bytes) -> Any:
+        parsed_on.add(threading.current_thread())
+        return orjson.loads(raw)
+
+    monkeypatch.setattr(batch_routes, "orjson", SimpleNamespace(loads=loads, dumps=orjson.dumps))
+    async with gateway.client("team-a") as client:
+        answer = await client.get(f"/v2/batches/{batch_id}")
+    assert answer.status_code == 200, answer.text
+    status = answer.json()
+    assert status["rows_done"] == shards
+    assert status["errors"][:2] == [
+        {"shard": 1, "error": "shard 1 broke"},
+        {"shard": 3, "error": "shard 3 broke"},
+    ]
+    assert len(status["errors"]) == len(status["row_errors"]) == 20
+    assert status["rows_failed"] == shards // 2
+    assert parsed_on and loop_thread not in parsed_on
