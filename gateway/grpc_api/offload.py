@@ -2,10 +2,12 @@
 
 Decoding a ``ModelInferRequest`` and turning it into the REST path's form costs per
 element, not per byte, for what lies in its ``inputs`` (typed contents: up to ~150 ns a
-byte for ``bytes_contents`` of empty strings, ~45 for varint integers, ~11 for
-``fp32_contents``) and for BYTES tensors in ``raw_input_contents`` (their elements are
-counted one by one); other raw tensors are taken whole. A message is decoded on the event
-loop only when those bytes are at most
+byte for ``bytes_contents`` of empty strings, ~45 for varint integers of more than one
+byte; ~5 for integers and booleans of one byte and under 1 for ``fp32_contents`` /
+``fp64_contents``, taken from their packed encoding: :mod:`.packed_contents`) and for BYTES
+tensors in ``raw_input_contents`` (their elements are counted one by one); other raw
+tensors are taken whole. A message is decoded on the event loop only when those bytes are
+at most
 :data:`~sluice.gateway.inference.data_plane.PARSED_ON_LOOP_BYTES` and the whole message at
 most :data:`~sluice.gateway.inference.data_plane.OFFLOAD_BYTES`. The small message of the
 hot path (a few raw tensors) stays on the loop; telling costs a walk of at most

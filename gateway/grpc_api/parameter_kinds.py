@@ -1,6 +1,7 @@
 """The value of an ``InferParameter``, checked against the kind (oneof) Triton's gRPC
 frontend wants for its reserved names, with Triton's texts (server ``src/grpc``:
-``SetInferenceRequestMetadata``, ``ParseClassificationParams``).
+``SetInferenceRequestMetadata``, ``ParseClassificationParams``,
+``ParseSharedMemoryParams``).
 
 Over REST a parameter's type is its JSON type, checked by the shared parser. A gRPC
 parameter says more: ``int64_param`` and ``uint64_param`` both become Python integers, and
@@ -31,6 +32,23 @@ _REQUEST_KINDS: dict[str, tuple[str, ...]] = {
 }
 """Request parameters Triton reads itself, and the kinds it takes for each."""
 
+_RESERVED_PREFIX = "triton_"
+_RESERVED = (
+    f"parameter keys starting with '{_RESERVED_PREFIX}' are reserved for Triton usage. "
+    f"Only the following keys starting with '{_RESERVED_PREFIX}' are allowed: "
+    + " ".join(name for name in _REQUEST_KINDS if name.startswith(_RESERVED_PREFIX))
+)
+"""Triton's answer to a request parameter in its reserved space that it does not read."""
+
+_SHM_REGION = "shared_memory_region"
+_SHM_OFFSET = "shared_memory_offset"
+_SHM_SIZE = "shared_memory_byte_size"
+_SHM_KINDS = (
+    (_SHM_REGION, "string_param"),
+    (_SHM_OFFSET, "int64_param"),
+    (_SHM_SIZE, "int64_param"),
+)
+
 
 def parameter_value(name: str, parameter: Message) -> Any:
     """The Python value of an ``InferParameter`` (or a repository parameter)."""
@@ -44,9 +62,12 @@ def request_parameter(name: str, parameter: Message) -> Any:
     """The value of the request parameter ``name``, in the kind Triton takes for it.
 
     An ``int64_param`` correlation id is read as Triton's core holds it, an unsigned 64-bit
-    integer (-1 is 2^64-1); a negative ``int64_param`` priority is refused."""
+    integer (-1 is 2^64-1); a negative ``int64_param`` priority is refused, and so is a name
+    starting with ``triton_`` that Triton does not read."""
     kinds = _REQUEST_KINDS.get(name)
     if kinds is None:
+        if name.startswith(_RESERVED_PREFIX):
+            raise InvalidInput(_RESERVED)
         return parameter_value(name, parameter)
     which = parameter.WhichOneof(_CHOICE)
     if which not in kinds:
@@ -73,3 +94,34 @@ def class_count(parameter: Message) -> int:
     if count <= 0:
         raise InvalidInput("invalid value for 'classification' parameter, expected >= 1")
     return count
+
+
+def shared_memory_parameters(tensor: str, parameters: Any) -> dict[str, Any]:
+    """The shared memory parameters of the input or requested output ``tensor``, checked as
+    Triton's gRPC frontend checks them (``ParseSharedMemoryParams``), in its order: the
+    region a ``string_param``; offset and byte size ``int64_param`` (``uint64_param``
+    refused too) and only with a region; the byte size always with it. Only these names are
+    looked up, not the whole map read."""
+    if not parameters:
+        return {}
+    found: dict[str, Any] = {}
+    for name, kind in _SHM_KINDS:
+        if name not in parameters:
+            continue
+        if name != _SHM_REGION and _SHM_REGION not in found:
+            raise InvalidInput(
+                f"'{name}' can not be specified without '{_SHM_REGION}' parameter for "
+                f"tensor '{tensor}'"
+            )
+        parameter = parameters[name]
+        if parameter.WhichOneof(_CHOICE) != kind:
+            raise InvalidInput(
+                f"invalid value type for '{name}' parameter for tensor '{tensor}', expected {kind}."
+            )
+        found[name] = getattr(parameter, kind)
+    if found and _SHM_SIZE not in found:
+        raise InvalidInput(
+            f"'{_SHM_SIZE}' must be specified along with '{_SHM_REGION}' parameter for "
+            f"tensor '{tensor}'"
+        )
+    return found

@@ -27,7 +27,8 @@ from sluice.core.errors import InvalidInput
 from sluice.gateway.inference.fields import MAX_DIMS
 from sluice.gateway.inference.response import OutputTensor, checked_nbytes
 
-from .parameter_kinds import class_count, parameter_value, request_parameter
+from .packed_contents import contents_bytes
+from .parameter_kinds import class_count, request_parameter, shared_memory_parameters
 from .protocol import service_pb2
 
 _LENGTH = struct.Struct("<I")
@@ -36,7 +37,6 @@ _REST_ONLY = frozenset((_BINARY_SIZE, "binary_data", "binary_data_output"))
 """Parameters of the binary tensor extension: meaningless over gRPC, where every tensor
 travels raw, and never taken from a client here."""
 _SHM = "shared_memory_region"
-_SHM_PARAMETERS = (_SHM, "shared_memory_offset", "shared_memory_byte_size")
 _CLASSIFICATION = "classification"
 
 # Typed contents: field -> (the datatype Triton calls it, numpy type of the field's values).
@@ -65,17 +65,10 @@ def _request_parameters(parameters: Any) -> dict[str, Any]:
     }
 
 
-def _tensor_parameters(parameters: Any, names: tuple[str, ...]) -> dict[str, Any]:
-    """The tensor's parameters among ``names`` (looked up, not the whole map read)."""
-    if not parameters:
-        return {}
-    return {name: parameter_value(name, parameters[name]) for name in names if name in parameters}
-
-
 def _output_entry(output: Any) -> dict[str, Any]:
     """A requested output's REST form; its class count checked as Triton's gRPC does."""
     given = output.parameters
-    parameters = _tensor_parameters(given, _SHM_PARAMETERS)
+    parameters = shared_memory_parameters(output.name, given)
     if given and _CLASSIFICATION in given:
         parameters[_CLASSIFICATION] = class_count(given[_CLASSIFICATION])
     return {"name": output.name, "parameters": parameters}
@@ -87,7 +80,7 @@ def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
     model = request.model_name
     request_parameters = _request_parameters(request.parameters)
     raw = request.raw_input_contents
-    chunks: list[bytes | bytearray] = []
+    chunks: list[bytes | bytearray | memoryview] = []
     inputs: list[dict[str, Any]] = []
     taken = 0
     for tensor in request.inputs:
@@ -96,7 +89,7 @@ def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
             raise InvalidInput(
                 f"input '{tensor.name}': 'shape' has {dims} dims, more than the limit of {MAX_DIMS}"
             )
-        parameters = _tensor_parameters(tensor.parameters, _SHM_PARAMETERS)
+        parameters = shared_memory_parameters(tensor.name, tensor.parameters)
         entry: dict[str, Any] = {
             "name": tensor.name,
             "datatype": tensor.datatype,
@@ -144,12 +137,12 @@ def request_document(request: Any) -> tuple[dict[str, Any], memoryview]:
     return document, memoryview(b"".join(chunks))
 
 
-def _typed_contents(tensor: Any, model: str) -> bytes | bytearray:
-    """An input's typed contents in Triton's binary layout, checked as Triton checks them.
-    Values are read one at a time into the result (no object per value is kept)."""
+def _typed_contents(tensor: Any, model: str) -> bytes | bytearray | memoryview:
+    """An input's typed contents in Triton's binary layout, checked as Triton checks them
+    (numeric ones from their packed encoding: :mod:`.packed_contents`)."""
     contents = tensor.contents
     datatype = tensor.datatype
-    found: bytes | bytearray | None = None
+    found: bytes | bytearray | memoryview | None = None
     for field, kind, numpy_type in _CONTENTS:
         values = getattr(contents, field)
         if not values:
@@ -168,11 +161,8 @@ def _typed_contents(tensor: Any, model: str) -> bytes | bytearray:
         if numpy_type is None:
             found = _length_prefixed(values)
             continue
-        array = np.fromiter(values, dtype=numpy_type, count=len(values))
-        narrowed = _NARROWED.get(datatype)
-        if narrowed is not None:  # the low bytes of each value, as Triton takes them
-            array = array.astype(narrowed)
-        found = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        # (narrowed: the low bytes of each value, as Triton takes them)
+        found = contents_bytes(contents, field, numpy_type, _NARROWED.get(datatype))
     # Empty contents: a tensor of no elements, or a size error from the parser.
     return found if found is not None else b""
 

@@ -86,6 +86,49 @@ def test_a_reserved_parameter_of_another_kind_gets_tritons_answer(
     assert refused(stub.ModelInfer, request) == (grpc.StatusCode.INVALID_ARGUMENT, text)
 
 
+def test_a_triton_parameter_triton_does_not_read_gets_its_answer(stub: Any) -> None:
+    request = iris_request()
+    request.parameters["triton_anything"].bool_param = True
+    assert refused(stub.ModelInfer, request) == (
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "parameter keys starting with 'triton_' are reserved for Triton usage. Only the "
+        "following keys starting with 'triton_' are allowed: triton_enable_empty_final_response",
+    )
+
+
+@pytest.mark.parametrize(
+    ("name", "kind", "value", "expected"),
+    [
+        ("shared_memory_region", "int64_param", 1, "string_param"),
+        ("shared_memory_offset", "string_param", "0", "int64_param"),
+        ("shared_memory_offset", "uint64_param", 0, "int64_param"),
+        ("shared_memory_byte_size", "uint64_param", 32, "int64_param"),
+    ],
+)
+def test_shared_memory_parameters_of_another_kind_get_tritons_answer(
+    stub: Any, name: str, kind: str, value: Any, expected: str
+) -> None:
+    """Of an input and of a requested output, before any region is looked up."""
+    for tensor in ("input", "probabilities"):
+        request = service_pb2.ModelInferRequest(model_name="iris", id="hostile")
+        request.inputs.add(name="input", datatype="FP32", shape=[2, 4])
+        parameters = (
+            request.inputs[0].parameters
+            if tensor == "input"
+            else request.outputs.add(name=tensor).parameters
+        )
+        if tensor != "input":
+            request.raw_input_contents.append(IRIS.tobytes())
+        parameters["shared_memory_region"].string_param = "unregistered"
+        parameters["shared_memory_byte_size"].int64_param = 32
+        setattr(parameters[name], kind, value)
+        assert refused(stub.ModelInfer, request) == (
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"invalid value type for '{name}' parameter for tensor '{tensor}', "
+            f"expected {expected}.",
+        )
+
+
 def test_reserved_parameters_of_their_own_kinds_are_taken(stub: Any) -> None:
     request = iris_request()
     request.parameters["sequence_id"].int64_param = -1  # (Triton's core: 2^64-1)
