@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 
 from fastapi import FastAPI
 from redis.asyncio import Redis
@@ -77,7 +77,11 @@ def _state(
         settings=settings,
         keys=keys,
         redis=redis,
-        view=CatalogView(keys, namespacing=settings.model_namespacing),
+        view=CatalogView(
+            keys,
+            namespacing=settings.model_namespacing,
+            sole_repository=_sole(settings.model_repository),
+        ),
         dispatcher=dispatcher,
         limits=RequestLimits(max_elements=settings.max_tensor_elements),
         admission=Admission(
@@ -161,3 +165,9 @@ async def _stop_when_set(exiting: asyncio.Event, server: GrpcServer, grace_s: fl
     and the calls in flight get ``grace_s`` while HTTP drains its own, at the same time."""
     await exiting.wait()
     await server.stop(grace_s)
+
+
+def _sole(repositories: Sequence[str]) -> str:
+    """The one model repository named, if only one is (every model's namespace with model
+    namespacing); empty otherwise."""
+    return repositories[0] if len(repositories) == 1 else ""

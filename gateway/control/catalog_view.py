@@ -19,6 +19,7 @@ from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.keys import Keys, load_error_field
 from sluice.core.on_demand import version_states
 from sluice.core.queue_streams import with_tenants
+from sluice.core.repository_namespaces import identifier
 from sluice.core.wire import MalformedEntry
 from sluice.gateway.control.routing_view import RoutingView
 
@@ -56,7 +57,11 @@ class CatalogView:
     """Version labels and traffic splits (gateway.routing), refreshed beside the catalog."""
     namespacing: bool = False
     """Triton's model namespacing is on (``SLUICE_MODEL_NAMESPACING``): an unknown name is
-    :class:`UnknownNamespacedModel`."""
+    :class:`UnknownNamespacedModel`, and a known model is named by its namespace too
+    (:meth:`identifier`)."""
+    sole_repository: str = ""
+    """With namespacing and one model repository: that repository, every model's namespace
+    (the catalog records a model's repository only where several are joined)."""
 
     def only_on(self, model: str, version: int, host: str) -> bool:
         """Whether every live worker of the version is on ``host`` (and there is one)."""
@@ -158,6 +163,30 @@ class CatalogView:
         entry = self.models.get(model)
         return entry.listed_as if entry is not None and entry.listed_as else model
 
+    def refuse_unloaded(self, model: str, entry: CatalogEntry) -> None:
+        """With model namespacing, Triton's answer to a request naming a model of the
+        repository that is not loaded (explicit model control), which it looks up in its map
+        of namespaces first (core ``ModelRepositoryManager::FindModelIdentifier``): one never
+        loaded is not there, an unknown name (400); one loaded once is, without a model
+        (404). Without namespacing (or for another model) nothing: it is unavailable."""
+        if not (self.namespacing and entry.error == UNLOADED and not entry.listed_as):
+            return
+        if entry.once_loaded:
+            raise NotFound(f"Identifier of model '{model}' is not found in global map")
+        raise UnknownNamespacedModel(f"Request for unknown model: '{model}' is not found")
+
+    def namespace_of(self, entry: CatalogEntry) -> str:
+        """The namespace of ``entry``'s model while namespacing is on (the repository it
+        comes from), empty otherwise or where not known."""
+        if not self.namespacing:
+            return ""
+        return entry.namespace or self.sole_repository
+
+    def identifier(self, model: str, entry: CatalogEntry) -> str:
+        """How Triton's texts name the model clients call ``model``: ``<namespace>::<name>``
+        while namespacing is on, the name alone otherwise."""
+        return identifier(self.namespace_of(entry), model)
+
     def load_error(self, model: str, version: int) -> str | None:
         return self.load_errors.get(load_error_field(model, version))
 
@@ -194,9 +223,10 @@ class CatalogView:
         Triton would answer "not at ready state" there."""
         number = None if version is None else parse_version(version)
         entry = self.entry(model)
+        self.refuse_unloaded(model, entry)
         if label is not None:
             number = self.routing.labelled(model, label)
-        unknown = f"Request for unknown model: '{model}'"
+        unknown = f"Request for unknown model: '{self.identifier(model, entry)}'"
         if not entry.available:
             where = "has no available versions" if number is None else _not_ready(number)
             raise Unavailable(f"{unknown} {where}; model '{model}' is unavailable: {entry.error}")

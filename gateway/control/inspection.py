@@ -45,6 +45,11 @@ def model_not_ready(state: GatewayState, model: str, version: str | None) -> str
     found = state.view.models.get(model)
     if found is not None and found.ambiguous:
         return f"Model version not ready; {found.error}"
+    if found is not None:
+        try:
+            state.view.refuse_unloaded(model, found)
+        except NotFound as exc:  # (a model not loaded is not ready, as without namespacing)
+            return f"Model version not ready; {exc.message}"
     try:
         entry, number = state.view.resolve(model, version)
     except UnknownNamespacedModel as exc:
@@ -59,6 +64,7 @@ def model_not_ready(state: GatewayState, model: str, version: str | None) -> str
 def metadata_document(state: GatewayState, model: str, version: str | None) -> dict[str, Any]:
     if version is None:
         entry = state.view.entry(model)
+        state.view.refuse_unloaded(model, entry)
         if not entry.available:
             raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
         return model_metadata(entry, list(entry.versions))
@@ -128,6 +134,7 @@ def stats_targets(state: GatewayState, model: str, version: str | None) -> list[
         )
     if version is None:
         entry = state.view.entry(model)
+        state.view.refuse_unloaded(model, entry)
         return [(model, number) for number in entry.versions]
     _, number = state.view.resolve(model, version)
     return [(model, number)]

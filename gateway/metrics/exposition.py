@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
 
 from sluice.core.observability import custom_metrics
 from sluice.core.observability.statistics import (
@@ -33,7 +32,6 @@ from sluice.core.observability.statistics import (
     failure_field,
     ns_field,
 )
-from sluice.core.repository_namespaces import copy_index
 from sluice.core.settings import GatewaySettings
 from sluice.core.shm import segment_bytes
 from sluice.core.tenant_limits import TenantLimits
@@ -164,11 +162,7 @@ def _text(
     snapshot: Snapshot, settings: GatewaySettings, limits: TenantLimits, tenants: tuple[str, ...]
 ) -> bytes:
     segments = segment_bytes(settings.namespace) if settings.shm_same_host else None
-    lines = triton_lines(
-        snapshot,
-        cache=settings.response_cache_bytes > 0,
-        repositories=settings.model_repository,
-    )
+    lines = triton_lines(snapshot, cache=settings.response_cache_bytes > 0)
     if settings.torchserve_metrics:
         lines += torchserve_lines(snapshot)
     lines += HOST.lines()
@@ -182,13 +176,10 @@ def _text(
     )
 
 
-def triton_lines(
-    snapshot: Snapshot, *, cache: bool = False, repositories: Sequence[str] = ()
-) -> list[str]:
+def triton_lines(snapshot: Snapshot, *, cache: bool = False) -> list[str]:
     """Triton's per-model families for every served model version (``cache``: the response
-    cache's too; ``repositories``: the model repositories, in the order given, which name a
-    copy's namespace: :func:`_model_labels`)."""
-    versions = [(state, _model_labels(state, repositories)) for state in snapshot.versions]
+    cache's too)."""
+    versions = [(state, _model_labels(state)) for state in snapshot.versions]
     lines: list[str] = []
     for name, help_text, field_name, divisor in _COUNTERS + (_CACHE_COUNTERS if cache else ()):
         family(lines, name, help_text, "counter")
@@ -207,17 +198,16 @@ def triton_lines(
     return lines
 
 
-def _model_labels(state: VersionState, repositories: Sequence[str]) -> str:
-    """A model version's labels, ``model`` and ``version``. A copy of a name several
-    repositories hold (model namespacing) is labelled as Triton labels a namespaced model:
-    by that name, and by its repository as ``namespace`` (Triton's metric reporter), so
-    that the copies' series stay apart; by its internal name where the repositories are
-    not known here (a gateway started without ``SLUICE_MODEL_REPOSITORY``)."""
-    index = copy_index(state.model) if state.listed_as else None
-    if index is not None and index < len(repositories):
-        model, namespace = escape_label(state.listed_as), escape_label(repositories[index])
+def _model_labels(state: VersionState) -> str:
+    """A model version's labels, ``model`` and ``version``. With model namespacing, as
+    Triton's metric reporter labels every model: by its repository too, ``namespace``; a
+    copy of a name several repositories hold by that name (never by Sluice's internal name
+    for it), its series and the other copies' kept apart by their namespaces."""
+    model = escape_label(state.listed_as or state.model)
+    if state.namespace:
+        namespace = escape_label(state.namespace)
         return f'model="{model}",namespace="{namespace}",version="{state.version}"'
-    return f'model="{escape_label(state.model)}",version="{state.version}"'
+    return f'model="{model}",version="{state.version}"'
 
 
 def _sample(name: str, labels: str, value: float, reason: str = "") -> str:

@@ -55,6 +55,9 @@ class VersionState:
     listed_as: str = ""
     """Model namespacing: for a copy of a name several repositories hold (``model`` its
     internal name), that name (:attr:`sluice.core.catalog.CatalogEntry.listed_as`)."""
+    namespace: str = ""
+    """Model namespacing: the repository the model comes from
+    (:meth:`sluice.gateway.control.catalog_view.CatalogView.namespace_of`)."""
 
 
 @dataclass
@@ -85,7 +88,9 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
             if not entry.available:
                 continue
             for version in sorted(entry.versions):
-                state = VersionState(name, version, listed_as=entry.listed_as)
+                state = VersionState(
+                    name, version, listed_as=entry.listed_as, namespace=view.namespace_of(entry)
+                )
                 if entry.config is not None:
                     state.expected_instances = entry.config.total_instances
                 state.load_error = view.load_error(name, version) is not None

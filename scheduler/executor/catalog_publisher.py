@@ -31,6 +31,7 @@ def to_entry(model: RepositoryModel, on_demand: bool = False) -> CatalogEntry:
         listed_as=model.listed_as,
         ambiguous=model.ambiguous,
         namespace=model.namespace,
+        once_loaded=model.once_loaded,
     )
 
 

@@ -156,6 +156,9 @@ class ModelControl:
     _groups: Groups = field(default_factory=Groups)
     """Commands of this executor's own that carry out one client's together
     (:mod:`.dependencies`: an ensemble and the models it calls)."""
+    _unloaded: set[str] = field(default_factory=set)
+    """The models unloaded since this executor started: Triton keeps their names known
+    (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`)."""
 
     def start(self) -> None:
         """Join the live executors, reading the commands sent from now on (those sent
@@ -199,8 +202,16 @@ class ModelControl:
                 if path.is_dir() and not path.name.startswith(".") and path.name not in models:
                     own = path.name if namespaces is None else namespaces.name_of(path.name)
                     listed_as = own if own != path.name else ""
+                    namespace = "" if namespaces is None else namespaces.repository_of(path.name)
                     models[path.name] = RepositoryModel(
-                        path.name, path, None, (), UNLOADED, listed_as
+                        path.name,
+                        path,
+                        None,
+                        (),
+                        UNLOADED,
+                        listed_as,
+                        namespace=namespace,
+                        once_loaded=path.name in self._unloaded,
                     )
             try:
                 duplicates = duplicate_names(self.repository)
@@ -429,6 +440,7 @@ class ModelControl:
         if loaded is None:
             self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
             return
+        self._unloaded.add(command.model)
         self.on_change()
         model, children = loaded
         self._current = _InProgress(

@@ -28,7 +28,9 @@ def open_source(
         raise SourceError("no model repository is named")
     sources = [_one_source(location, settings) for location in locations]
     view = view_folder(settings.repository_cache_dir, locations)
-    return UnionSource(sources, view, namespacing=settings.model_namespacing)
+    return UnionSource(
+        sources, view, namespacing=settings.model_namespacing, names=tuple(locations)
+    )
 
 
 def _one_source(location: str, settings: RepositorySourceSettings) -> RepositorySource:

@@ -67,11 +67,19 @@ class UnionSource(RepositorySource):
     ``namespacing``, each source a namespace of its own."""
 
     def __init__(
-        self, sources: Sequence[RepositorySource], view: Path, *, namespacing: bool = False
+        self,
+        sources: Sequence[RepositorySource],
+        view: Path,
+        *,
+        namespacing: bool = False,
+        names: Sequence[str] = (),
     ) -> None:
         self.sources = tuple(sources)
         self.view = view
         self.namespacing = namespacing
+        self.names = tuple(names) or tuple(source.location for source in self.sources)
+        """Each source's namespace with namespacing: its location as the user named it
+        (Triton's namespace is the repository path as given)."""
         self.location = ", ".join(source.location for source in self.sources)
         self._owner: dict[str, tuple[int, str]] | None = None
         """The view's name of each model served -> (the source holding it, its name
@@ -163,7 +171,7 @@ class UnionSource(RepositorySource):
         self._duplicates = set()
         self._owner = owner
         self._namespaces = Namespaces(
-            tuple(source.location for source in self.sources),
+            self.names,
             {view_name: (name, index) for view_name, (index, name) in owner.items()},
         )
         return Listing(models, refused, tuple(ignored))

@@ -39,6 +39,14 @@ class CatalogEntry:
     ambiguous: bool = False
     """Model namespacing: a name several repositories hold, with no model of its own; a
     request naming it is refused with ``error`` (Triton's words)."""
+    namespace: str = ""
+    """Model namespacing: the repository the model comes from (its location as named), which
+    Triton's texts and metric labels name it by; empty otherwise."""
+    once_loaded: bool = False
+    """Explicit model control: a model not loaded (``error`` :data:`UNLOADED`) that was
+    loaded once since the executors started. With model namespacing Triton answers it
+    otherwise than one never loaded: it keeps the names it has loaded in its map of
+    namespaces, without a model once unloaded."""
 
     @property
     def available(self) -> bool:
@@ -58,6 +66,10 @@ def encode_entry(entry: CatalogEntry) -> bytes:
         body["listed_as"] = entry.listed_as
     if entry.ambiguous:
         body["ambiguous"] = True
+    if entry.namespace:
+        body["namespace"] = entry.namespace
+    if entry.once_loaded:
+        body["once_loaded"] = True
     packed: bytes = msgpack.packb(body)
     return packed
 
@@ -84,6 +96,8 @@ def decode_entry(raw: bytes) -> CatalogEntry:
             on_demand=bool(body.get("on_demand", False)),
             listed_as=str(body.get("listed_as", "")),
             ambiguous=bool(body.get("ambiguous", False)),
+            namespace=str(body.get("namespace", "")),
+            once_loaded=bool(body.get("once_loaded", False)),
         )
     except (KeyError, TypeError, ValueError, msgpack.UnpackException) as exc:
         raise MalformedEntry(f"bad catalog entry: {exc}") from None

@@ -78,6 +78,12 @@ class RepositoryModel:
     ambiguous: bool = False
     """A name several repositories hold (model namespacing): no model of its own; ``error``
     is Triton's answer to a request naming it."""
+    namespace: str = ""
+    """Model namespacing: the repository the model comes from (its location as named),
+    Triton's namespace of the model; empty otherwise."""
+    once_loaded: bool = False
+    """Explicit model control: an unloaded model that was loaded, and unloaded, since the
+    executor started (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`)."""
 
     @property
     def usable(self) -> bool:
@@ -181,19 +187,24 @@ def _read_one(
     name = path.name
     own_name = name if namespaces is None else namespaces.name_of(name)
     listed_as = own_name if own_name != name else ""
+    namespace = "" if namespaces is None else namespaces.repository_of(name)
     try:
         config, versions = _load(path, config_name, default_max_batch_size, own_name)
         if namespaces is not None:
             config = _in_namespace(config, name, namespaces)
     except InvalidConfig as exc:
-        return RepositoryModel(name, path, None, (), exc.message, listed_as)
-    return RepositoryModel(name, path, config, versions, listed_as=listed_as)
+        return RepositoryModel(name, path, None, (), exc.message, listed_as, namespace=namespace)
+    return RepositoryModel(name, path, config, versions, listed_as=listed_as, namespace=namespace)
 
 
 def _in_namespace(config: ModelConfig, view_name: str, namespaces: Namespaces) -> ModelConfig:
     """``config`` (read under the model's own name) as the view serves it: named
     ``view_name``, its steps (an ensemble's) calling the models they resolve to from its
-    repository; InvalidConfig with Triton's reason for a step that resolves to none."""
+    repository; InvalidConfig with Triton's reason for a step that resolves to none.
+
+    Each step's ``model_namespace`` is the repository of the model it resolves to, as
+    Triton writes it there: the field is Triton's own (reserved: what a configuration sets
+    is not read, steps resolve by name alone)."""
     index = namespaces.index_of(view_name)
     steps = [step.model_name for step in config.ensemble_steps]
     resolved = steps if index is None else [namespaces.resolve(s, index) for s in steps]
@@ -202,12 +213,14 @@ def _in_namespace(config: ModelConfig, view_name: str, namespaces: Namespaces) -
         assert index is not None
         repository = namespaces.repositories[index]
         raise InvalidConfig(unresolved_steps(repository, config.name, dict.fromkeys(unresolved)))
-    if config.name == view_name and resolved == steps:
+    if config.name == view_name and not steps:
         return config
     msg = config_to_proto(config)
     msg.name = view_name
     for step, to in zip(msg.ensemble_scheduling.step, resolved, strict=True):
+        assert to is not None
         step.model_name = to
+        step.model_namespace = namespaces.repository_of(to)
     return config_from_proto(msg, model_name=view_name)
 
 

@@ -44,12 +44,18 @@ def ambiguity(name: str, count: int) -> str:
     )
 
 
+def identifier(namespace: str, name: str) -> str:
+    """Triton's identifier of a model in its texts, ``<namespace>::<name>`` (its namespace
+    the repository it comes from), or the name alone where there is no namespace."""
+    return f"{namespace}::{name}" if namespace else name
+
+
 def unresolved_steps(repository: str, ensemble: str, names: Iterable[str]) -> str:
     """Triton's reason an ensemble of ``repository`` is unavailable: steps naming models
     that several other repositories hold (``<repository>::<name>``, Triton's identifier)."""
     listed = ", ".join(names)
     return (
-        f"ensemble {repository}::{ensemble} contains models that are not available or "
+        f"ensemble {identifier(repository, ensemble)} contains models that are not available or "
         f"ambiguous: {listed}"
     )
 
@@ -113,6 +119,12 @@ class Namespaces:
         """The index of the repository of the view's model ``view_name``."""
         found = self.models.get(view_name)
         return None if found is None else found[1]
+
+    def repository_of(self, view_name: str) -> str:
+        """The repository (its location, as named) the view's model ``view_name`` comes
+        from: Triton's namespace of the model; empty when not listed."""
+        found = self.models.get(view_name)
+        return "" if found is None else self.repositories[found[1]]
 
     def ambiguous(self) -> dict[str, tuple[str, ...]]:
         """Each name two or more repositories hold -> its copies' internal names, in the

@@ -103,8 +103,8 @@ def _index(http: httpx.Client) -> list[tuple[str, str]]:
 
 
 def _labelled_copies(metrics: str) -> set[tuple[str, str]]:
-    """(model, namespace) of Triton's success counter's series that have a namespace; no
-    series names a copy by Sluice's internal name."""
+    """(model, namespace) of Triton's success counter's series that have a namespace (with
+    namespacing, every one); no series names a copy by Sluice's internal name."""
     [family] = [
         f
         for f in text_string_to_metric_families(metrics)
@@ -171,12 +171,20 @@ def test_each_repository_is_a_namespace(tmp_path: Path, redis_server: RedisServe
                 400,
                 AMBIGUOUS.format("comp"),
             )
+            first, second = str(tmp_path / "addsub_repo"), str(tmp_path / "subadd_repo")
             assert _labelled_copies(http.get("/metrics").text) == {
-                ("comp", str(tmp_path / "addsub_repo")),
-                ("comp", str(tmp_path / "subadd_repo")),
-                ("pipe", str(tmp_path / "addsub_repo")),
-                ("pipe", str(tmp_path / "subadd_repo")),
+                ("comp", first),
+                ("comp", second),
+                ("pipe", first),
+                ("pipe", second),
+                ("via_a", first),
+                ("via_b", second),
             }
+            missing = http.get("/v2/models/via_b/versions/9")  # named by its repository too
+            assert (missing.status_code, missing.json()) == (
+                404,
+                {"error": f"Request for unknown model: '{second}::via_b' version 9 is not found"},
+            )
     finally:
         stack.stop()
 
@@ -206,6 +214,14 @@ def test_a_load_or_unload_of_a_name_held_twice_applies_to_each_copy(
             assert internal.json() == {
                 "error": "failed to load 'comp@1', failed to poll from model repository"
             }
+            never = http.get("/v2/models/via_a")  # never loaded: unknown, as in Triton
+            assert (never.status_code, never.json()) == (400, {"error": UNKNOWN.format("via_a")})
+            assert http.post("/v2/repository/models/via_b/unload").status_code == 200
+            gone = http.get("/v2/models/via_b")  # loaded once: known, with no model
+            assert (gone.status_code, gone.json()) == (
+                404,
+                {"error": "Identifier of model 'via_b' is not found in global map"},
+            )
     finally:
         stack.stop()
 

@@ -16,6 +16,7 @@ from sluice.core.repository_namespaces import (
     Namespaces,
     ambiguity,
     copy_index,
+    identifier,
     internal_names,
     link_record,
     read_namespaces,
@@ -118,3 +119,20 @@ def test_the_catalog_carries_a_copys_name_and_an_ambiguous_name() -> None:
     ambiguous = CatalogEntry("comp", (), None, ambiguity("comp", 2), ambiguous=True)
     assert decode_entry(encode_entry(copy)) == copy
     assert decode_entry(encode_entry(ambiguous)) == ambiguous
+
+
+def test_the_catalog_carries_a_models_repository_and_whether_it_was_loaded_once() -> None:
+    spaced = CatalogEntry("alone", (1,), None, namespace="/models/a")
+    unloaded = CatalogEntry("idle", (), None, "unloaded", namespace="/models/a", once_loaded=True)
+    assert decode_entry(encode_entry(spaced)) == spaced
+    assert decode_entry(encode_entry(unloaded)) == unloaded
+    assert msgpack.unpackb(encode_entry(spaced))["namespace"] == "/models/a"
+
+
+def test_a_model_is_named_by_its_repository_as_triton_names_it() -> None:
+    record = Namespaces(("first", "/models/b"), {"alone": ("alone", 0), "comp@2": ("comp", 1)})
+    assert record.repository_of("alone") == "first"
+    assert record.repository_of("comp@2") == "/models/b"
+    assert record.repository_of("other") == ""
+    assert identifier("/models/b", "comp") == "/models/b::comp"
+    assert identifier("", "comp") == "comp"

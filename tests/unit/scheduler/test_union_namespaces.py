@@ -11,6 +11,7 @@ import shutil
 from pathlib import Path
 from typing import cast
 
+import pytest
 from redis import Redis
 
 from sluice.core.catalog import UNLOADED
@@ -232,3 +233,61 @@ def test_a_model_loaded_at_start_by_a_name_held_twice_is_each_copy(tmp_path: Pat
     models = scan_repository(root)
     chosen = [m.name for m in initially_loaded(["pipe"], models, set())]
     assert chosen == ["comp@1", "comp@2", "pipe", "pipe@1", "pipe@2"]
+
+
+def test_each_model_comes_with_its_repository_as_named(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Triton's namespace of a model is its repository's path as given (relative here),
+    which its texts and metric labels show, and which it writes in each ensemble step's
+    ``model_namespace`` (a field of its own: what a configuration sets there is not read)."""
+    _repositories(tmp_path)
+    (tmp_path / "second" / "pipe" / "config.pbtxt").write_text(
+        (tmp_path / "second" / "pipe" / "config.pbtxt")
+        .read_text()
+        .replace("model_version: -1", 'model_version: -1 model_namespace: "third"')
+    )
+    monkeypatch.chdir(tmp_path)
+    root = snapshot_repository(["first", "second", "third"], _settings(tmp_path))
+    models = _scan(root)
+    assert {name: models[name].namespace for name in ("alone", "comp@1", "comp@2", "found")} == {
+        "alone": "first",
+        "comp@1": "first",
+        "comp@2": "second",
+        "found": "third",
+    }
+    assert not models["comp"].namespace  # (a name held twice: no model of its own)
+    steps: dict[str, list[tuple[str, str]]] = {}
+    for name in ("pipe@1", "pipe@2", "found"):
+        config = models[name].config
+        assert config is not None
+        steps[name] = [
+            (step["model_name"], step["model_namespace"])
+            for step in config.raw["ensemble_scheduling"]["step"]
+        ]
+    assert steps == {
+        "pipe@1": [("comp@1", "first")],
+        "pipe@2": [("comp@2", "second")],
+        "found": [("alone", "first")],
+    }
+    assert models["lost"].error == (
+        "ensemble third::lost contains models that are not available or ambiguous: comp"
+    )
+
+
+def test_the_executors_catalog_says_where_each_model_is_and_what_was_unloaded(
+    tmp_path: Path,
+) -> None:
+    root = snapshot_repository([str(r) for r in _repositories(tmp_path)], _settings(tmp_path))
+    models = _scan(root)
+    control = _control(root, tmp_path)
+    control.loaded["alone"] = (models["alone"], [])
+    before = {m.name: m for m in control.catalog()}
+    assert before["alone"].usable and before["alone"].namespace == str(tmp_path / "first")
+    assert before["comp@2"].namespace == str(tmp_path / "second")
+    assert not any(m.once_loaded for m in before.values())
+    control._begin_unload(ControlCommand("unload", "alone"), deadline=0.0)
+    after = {m.name: m for m in control.catalog()}
+    assert (after["alone"].error, after["alone"].once_loaded) == (UNLOADED, True)
+    assert after["alone"].namespace == str(tmp_path / "first")
+    assert not after["found"].once_loaded

@@ -2,9 +2,13 @@
 Triton's --model-namespacing=true), in process: every request naming it is refused with
 Triton's words, it is not ready, the repository index and the statistics list each copy
 under it, TorchServe's management API lists it once, and a copy's internal name is unknown
-to clients, answered as any unknown name is while namespacing is on: Triton's 400."""
+to clients, answered as any unknown name is while namespacing is on: Triton's 400. Triton's
+other texts name a model by its repository too, and a model not loaded is unknown until it
+was loaded once, then missing from Triton's map of namespaces."""
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -180,3 +184,106 @@ async def test_torchserve_knows_no_name_none_of_whose_copies_is_loaded(
     assert [row["modelName"] for row in listed.json()["models"]] == ["alone"]
     assert described.status_code == 404
     assert described.json()["message"] == "Model not found: comp"
+
+
+def _in_repository(gateway: InferFastPath) -> None:
+    """``alone`` from ``/models/a``, as the catalog of a view joining repositories says."""
+    view = gateway.app.state.sluice.view
+    view.models["alone"] = replace(view.models["alone"], namespace="/models/a")
+
+
+async def test_a_known_models_missing_version_is_named_by_its_repository_too(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    """Triton's texts name a model ``<namespace>::<name>`` once it has found its identifier
+    (core ``ModelLifeCycle::GetModel``): with namespacing, by its repository."""
+    _in_repository(gateway)
+    async with client:
+        answers = [
+            await client.post("/v2/models/alone/versions/9/infer", json=BODY),
+            await client.get("/v2/models/alone/versions/9"),
+            await client.get("/v2/models/alone/versions/9/config"),
+        ]
+    for answer in answers:
+        assert (answer.status_code, answer.json()) == (
+            404,
+            {"error": "Request for unknown model: '/models/a::alone' version 9 is not found"},
+        ), answer.url
+
+
+async def test_with_one_repository_a_missing_version_is_named_by_it(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    gateway.app.state.sluice.view.sole_repository = "models"
+    async with client:
+        answer = await client.post("/v2/models/alone/versions/9/infer", json=BODY)
+    assert answer.json() == {
+        "error": "Request for unknown model: 'models::alone' version 9 is not found"
+    }
+
+
+async def test_without_namespacing_a_missing_version_is_named_by_the_name_alone(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    _in_repository(gateway)
+    gateway.app.state.sluice.view.namespacing = False
+    async with client:
+        answer = await client.post("/v2/models/alone/versions/9/infer", json=BODY)
+    assert (answer.status_code, answer.json()) == (
+        404,
+        {"error": "Request for unknown model: 'alone' version 9 is not found"},
+    )
+
+
+def _unloaded(gateway: InferFastPath, *, once_loaded: bool) -> None:
+    """``idle``: a model of the repository not loaded (explicit model control)."""
+    gateway.app.state.sluice.view.models["idle"] = CatalogEntry(
+        "idle", (), None, UNLOADED, namespace="/models/a", once_loaded=once_loaded
+    )
+
+
+async def test_a_model_never_loaded_is_unknown_as_in_triton(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    """Triton's map of namespaces holds no name it has not loaded: INVALID_ARG, as for a
+    name no repository holds. Readiness: not ready."""
+    _unloaded(gateway, once_loaded=False)
+    async with client:
+        answers = await _asked_of(client, "idle")
+        ready = await client.get("/v2/models/idle/ready")
+    for answer in answers:
+        assert (answer.status_code, answer.json()) == (400, _unknown("idle")), answer.url
+    assert (ready.status_code, ready.json()) == (
+        400,
+        {"error": "Model version not ready; Request for unknown model: 'idle' is not found"},
+    )
+
+
+async def test_a_model_unloaded_after_a_load_is_not_in_the_global_map(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    """Once loaded, Triton keeps the name in its map, with no model after the unload."""
+    _unloaded(gateway, once_loaded=True)
+    missing = {"error": "Identifier of model 'idle' is not found in global map"}
+    async with client:
+        answers = await _asked_of(client, "idle")
+        ready = await client.get("/v2/models/idle/ready")
+    for answer in answers:
+        assert (answer.status_code, answer.json()) == (404, missing), answer.url
+    assert ready.status_code == 400
+    assert ready.json() == {"error": f"Model version not ready; {missing['error']}"}
+
+
+async def test_without_namespacing_a_model_not_loaded_is_unavailable(
+    gateway: InferFastPath, client: httpx.AsyncClient
+) -> None:
+    _unloaded(gateway, once_loaded=True)
+    gateway.app.state.sluice.view.namespacing = False
+    async with client:
+        answer = await client.post("/v2/models/idle/infer", json=BODY)
+        metadata = await client.get("/v2/models/idle")
+    assert answer.status_code == 503
+    assert answer.json()["error"].startswith(
+        "Request for unknown model: 'idle' has no available versions"
+    )
+    assert metadata.status_code == 503

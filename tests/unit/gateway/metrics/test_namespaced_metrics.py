@@ -1,7 +1,8 @@
-"""Triton's metric families with model namespacing (``--model-namespacing=true``): each
-copy of a name several repositories hold is labelled as Triton labels it, by that name and
-by its repository (``namespace``), never by Sluice's internal name for it; its series and
-the other copy's stay apart. Without the repositories known, the internal name is kept."""
+"""Triton's metric families with model namespacing (``--model-namespacing=true``): every
+model is labelled as Triton's metric reporter labels it, by its name and by its repository
+(``namespace``), which the catalog records; a copy of a name several repositories hold by
+that name, never by Sluice's internal name for it, its series and the other copy's kept
+apart. With one repository, that repository; without namespacing, no ``namespace``."""
 
 from __future__ import annotations
 
@@ -33,27 +34,32 @@ async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
-def _entry(name: str, listed_as: str = "") -> CatalogEntry:
+def _entry(name: str, listed_as: str = "", namespace: str = "") -> CatalogEntry:
     config = parse_config_text(
         f'name: "{name}"\nbackend: "python"\nmax_batch_size: 0\n', model_name=name
     )
-    return CatalogEntry(name, (1,), config, listed_as=listed_as)
+    return CatalogEntry(name, (1,), config, listed_as=listed_as, namespace=namespace)
 
 
-async def _scrape(redis: Redis, repositories: tuple[str, ...]) -> str:
-    """``alone``, and ``comp`` held by both repositories (its second copy answered 3)."""
-    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
-    view = CatalogView(keys, namespacing=True)
-    view.models = {
-        "alone": _entry("alone"),
-        "comp@1": _entry("comp@1", "comp"),
-        "comp@2": _entry("comp@2", "comp"),
-        "comp": CatalogEntry("comp", (), None, ambiguity("comp", 2), ambiguous=True),
-    }
-    await redis.hset(keys.stats("comp@2", 1), mapping={st.count_field("success"): 3})
-    taken = await snapshot.take(redis, keys, view)
+async def _scrape(redis: Redis, view: CatalogView, repositories: tuple[str, ...] = ()) -> str:
+    await redis.hset(view.keys.stats("comp@2", 1), mapping={st.count_field("success"): 3})
+    taken = await snapshot.take(redis, view.keys, view)
     settings = GatewaySettings(model_repository=repositories)
     return exposition._text(taken, settings, TenantLimits(), ()).decode()
+
+
+def _joined() -> CatalogView:
+    """``alone`` (the first repository's), and ``comp`` held by both repositories (its
+    second copy answered 3), as the catalog of a view joining them records them."""
+    first, second = REPOSITORIES
+    view = CatalogView(Keys(f"t{uuid.uuid4().hex[:8]}"), namespacing=True)
+    view.models = {
+        "alone": _entry("alone", namespace=first),
+        "comp@1": _entry("comp@1", "comp", first),
+        "comp@2": _entry("comp@2", "comp", second),
+        "comp": CatalogEntry("comp", (), None, ambiguity("comp", 2), ambiguous=True),
+    }
+    return view
 
 
 def _success(text: str) -> list[tuple[dict[str, str], float]]:
@@ -61,14 +67,14 @@ def _success(text: str) -> list[tuple[dict[str, str], float]]:
     return [(sample.labels, sample.value) for sample in found["nv_inference_request_success"]]
 
 
-async def test_a_copy_is_labelled_by_its_name_and_its_repository(redis: Redis) -> None:
-    text = await _scrape(redis, REPOSITORIES)
+async def test_every_model_is_labelled_by_its_name_and_its_repository(redis: Redis) -> None:
+    text = await _scrape(redis, _joined())
     assert _success(text) == [
-        ({"model": "alone", "version": "1"}, 0),
+        ({"model": "alone", "namespace": "/models/addsub", "version": "1"}, 0),
         ({"model": "comp", "namespace": "/models/addsub", "version": "1"}, 0),
         ({"model": "comp", "namespace": "/models/subadd", "version": "1"}, 3),
     ]
-    assert 'nv_inference_request_success{model="alone",version="1"} 0\n' in text
+    assert 'nv_inference_request_success{model="alone",namespace="/models/addsub",' in text
     assert (
         'nv_inference_request_failure{model="comp",namespace="/models/subadd",version="1",'
         'reason="BACKEND"} 0\n'
@@ -76,9 +82,27 @@ async def test_a_copy_is_labelled_by_its_name_and_its_repository(redis: Redis) -
     assert "comp@" not in "".join(line for line in text.splitlines() if line.startswith("nv_"))
 
 
-async def test_without_the_repositories_a_copy_keeps_its_internal_name(redis: Redis) -> None:
-    assert _success(await _scrape(redis, ())) == [
-        ({"model": "alone", "version": "1"}, 0),
-        ({"model": "comp@1", "version": "1"}, 0),
-        ({"model": "comp@2", "version": "1"}, 3),
+async def test_a_gateway_not_told_the_repositories_labels_them_from_the_catalog(
+    redis: Redis,
+) -> None:
+    """The catalog says which repository holds each model: a gateway started apart, without
+    ``SLUICE_MODEL_REPOSITORY``, labels as one ``sluice up`` starts."""
+    assert _success(await _scrape(redis, _joined(), ())) == _success(
+        await _scrape(redis, _joined(), REPOSITORIES)
+    )
+
+
+async def test_with_one_repository_every_model_is_in_it(redis: Redis) -> None:
+    view = CatalogView(
+        Keys(f"t{uuid.uuid4().hex[:8]}"), namespacing=True, sole_repository="/models/one"
+    )
+    view.models = {"alone": _entry("alone")}
+    assert _success(await _scrape(redis, view)) == [
+        ({"model": "alone", "namespace": "/models/one", "version": "1"}, 0)
     ]
+
+
+async def test_without_namespacing_no_model_has_a_namespace(redis: Redis) -> None:
+    view = CatalogView(Keys(f"t{uuid.uuid4().hex[:8]}"), sole_repository="/models/one")
+    view.models = {"alone": _entry("alone")}
+    assert _success(await _scrape(redis, view)) == [({"model": "alone", "version": "1"}, 0)]
