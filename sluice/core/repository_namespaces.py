@@ -83,17 +83,6 @@ def internal_names(
     return names
 
 
-def copy_index(internal: str) -> int | None:
-    """The index of the repository whose copy the internal name ``internal`` names (the
-    inverse of :func:`internal_names`: ``<name>@<index + 1>``, then any ``@`` added to keep
-    it apart); None for a name of no such form."""
-    base, at, number = internal.rstrip("@").rpartition("@")
-    if not (at and base and number.isascii() and number.isdigit()) or len(number) > 9:
-        return None
-    index = int(number) - 1
-    return index if index >= 0 else None
-
-
 @dataclass(frozen=True)
 class Namespaces:
     """Which repository each model of a view comes from."""

@@ -15,7 +15,6 @@ from sluice.core.repository_namespaces import (
     NAMESPACES_FILE,
     Namespaces,
     ambiguity,
-    copy_index,
     identifier,
     internal_names,
     link_record,
@@ -37,16 +36,6 @@ def test_each_copy_is_named_after_its_repository_and_never_as_a_real_model() -> 
     long_name = "m" * 250
     [(_, internal)] = internal_names({long_name: [0]}, []).items()
     assert len(internal.encode()) <= 255 and internal.endswith("@1")
-
-
-def test_an_internal_name_gives_its_repository_back() -> None:
-    holders = {"comp": [2, 0], "m" * 250: [1]}
-    names = internal_names(holders, ["comp", "comp@1"])  # (so the first copy is comp@1@)
-    assert len(names) == 3
-    for (_, index), internal in names.items():
-        assert copy_index(internal) == index, internal
-    for other in ("comp", "comp@", "@1", "comp@0", "comp@x", "comp@1" + "0" * 40, "comp@\u0661"):
-        assert copy_index(other) is None, other
 
 
 def test_a_step_resolves_to_its_own_repository_first_then_to_the_one_model() -> None:
