@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from sluice.core.catalog import UNLOADED
 from sluice.core.errors import InvalidInput, NotFound, Unavailable
 from sluice.core.fields import json_type
 from sluice.core.observability.statistics import render_model_stats
@@ -79,7 +80,8 @@ def config_document(state: GatewayState, model: str, version: str | None) -> dic
 
 
 def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]]:
-    """The repository index: one row per model version (per model when unavailable). With
+    """The repository index: one row per model version (per model when unavailable; by its
+    name alone for a model of the repository never loaded, as Triton lists it). With
     model namespacing, each copy of a name several repositories hold is listed under that
     name (in the repositories' order), as Triton lists them, and the name itself is not."""
     if not isinstance(ready_only, bool):
@@ -93,6 +95,10 @@ def repository_rows(state: GatewayState, ready_only: Any) -> list[dict[str, str]
     )
     for shown, name in listed:
         entry = view.models[name]
+        if entry.error == UNLOADED and not entry.once_loaded:
+            if not ready_only:  # (Triton: a model it never loaded is listed by name alone)
+                rows.append({"name": shown})
+            continue
         if not entry.available:
             if not ready_only:
                 rows.append({"name": shown, "state": "UNAVAILABLE", "reason": entry.error or ""})

@@ -156,9 +156,9 @@ class ModelControl:
     _groups: Groups = field(default_factory=Groups)
     """Commands of this executor's own that carry out one client's together
     (:mod:`.dependencies`: an ensemble and the models it calls)."""
-    _unloaded: set[str] = field(default_factory=set)
-    """The models unloaded since this executor started: Triton keeps their names known
-    (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`)."""
+    _known: set[str] = field(default_factory=set)
+    """The models unloaded, or whose load failed, since this executor started: Triton keeps
+    their names known (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`)."""
 
     def start(self) -> None:
         """Join the live executors, reading the commands sent from now on (those sent
@@ -211,7 +211,7 @@ class ModelControl:
                         UNLOADED,
                         listed_as,
                         namespace=namespace,
-                        once_loaded=path.name in self._unloaded,
+                        once_loaded=path.name in self._known,
                     )
             try:
                 duplicates = duplicate_names(self.repository)
@@ -259,12 +259,20 @@ class ModelControl:
             log.info("model control: %s of '%s' done", command.op, command.model)
         else:
             log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
+        self._note_failure(command, error)
         if self._groups.owns(command):
             settled = self._groups.settle(command, error, self._queue)
             if settled is None:
                 return
             command, error = settled
+            self._note_failure(command, error)
         send_reply(self.client, self.keys, command.command_id, error, self.executor_id)
+
+    def _note_failure(self, command: ControlCommand, error: str | None) -> None:
+        """A model whose load failed is known from now on (Triton lists it UNAVAILABLE)."""
+        if error is not None and command.op == "load" and command.model not in self._known:
+            self._known.add(command.model)
+            self.on_change()
 
     def _in_group(self, command: ControlCommand, parts: list[ControlCommand]) -> None:
         """Carry ``command`` out as ``parts``, from the next tick on."""
@@ -440,7 +448,7 @@ class ModelControl:
         if loaded is None:
             self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
             return
-        self._unloaded.add(command.model)
+        self._known.add(command.model)
         self.on_change()
         model, children = loaded
         self._current = _InProgress(

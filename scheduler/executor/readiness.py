@@ -96,8 +96,8 @@ class Announcer:
         for row in rows:
             name, version, state = str(row.get("name")), row.get("version", ""), row.get("state")
             what = f"model '{name}'" + (f" version {version}" if version else "")
-            if row.get("reason") == UNLOADED:
-                continue  # explicit model control: not asked for
+            if row.get("reason") == UNLOADED or "state" not in row:
+                continue  # explicit model control: not asked for (never loaded: a name alone)
             if name not in self.expected:  # loaded on demand: ready for requests as it is
                 if (name, version) not in self.announced:
                     self.announced.add((name, version))

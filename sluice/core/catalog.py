@@ -44,9 +44,11 @@ class CatalogEntry:
     Triton's texts and metric labels name it by; empty otherwise."""
     once_loaded: bool = False
     """Explicit model control: a model not loaded (``error`` :data:`UNLOADED`) that was
-    loaded once since the executors started. With model namespacing Triton answers it
-    otherwise than one never loaded: it keeps the names it has loaded in its map of
-    namespaces, without a model once unloaded."""
+    loaded, or failed to load, since the executors started. Triton keeps the names it has
+    tried in its map of namespaces: its repository index lists them with a state (one never
+    tried by its name alone), and with model namespacing it answers a request naming one
+    otherwise than one never loaded.
+    """
 
     @property
     def available(self) -> bool:

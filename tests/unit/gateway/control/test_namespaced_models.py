@@ -287,3 +287,21 @@ async def test_without_namespacing_a_model_not_loaded_is_unavailable(
         "Request for unknown model: 'idle' has no available versions"
     )
     assert metadata.status_code == 503
+
+
+@pytest.mark.parametrize("namespacing", [True, False])
+async def test_the_index_lists_a_model_never_loaded_by_its_name_alone(
+    gateway: InferFastPath, client: httpx.AsyncClient, namespacing: bool
+) -> None:
+    """As Triton's index: a model of the repository it never loaded has a name and no state;
+    one unloaded after a load is UNAVAILABLE, "unloaded"."""
+    gateway.app.state.sluice.view.namespacing = namespacing
+    _unloaded(gateway, once_loaded=False)
+    async with client:
+        never = (await client.post("/v2/repository/index", json={})).json()
+        ready_only = (await client.post("/v2/repository/index", json={"ready": True})).json()
+        _unloaded(gateway, once_loaded=True)
+        unloaded = (await client.post("/v2/repository/index", json={})).json()
+    assert {"name": "idle"} in never
+    assert all(row["name"] != "idle" for row in ready_only)
+    assert {"name": "idle", "state": "UNAVAILABLE", "reason": UNLOADED} in unloaded
