@@ -203,6 +203,9 @@ class Runner:
     # -- planning ------------------------------------------------------------------------
 
     def plan(self, batch_id: str, resume: bool) -> None:
+        if resume:
+            # A resume from now on queues a plan of its own: this one reads the job after.
+            self.redis.hdel(self.keys.batch(batch_id), b.F_RESUME_QUEUED)
         record = self.record(batch_id)
         if not record:
             return
@@ -254,7 +257,9 @@ class Runner:
             self.send_shard(batch_id, index)
 
     def _resume(self, batch_id: str, record: dict[str, str]) -> None:
-        """Queue every shard not committed yet (the gateway set the status to running)."""
+        """Queue every shard not committed yet that no worker holds (the gateway set the
+        status to running). A shard whose lease is live is being computed: it commits,
+        or its lease runs out and the reaper queues it again."""
         if record.get(b.F_STATUS) != b.RUNNING or not record.get(b.F_SHARDS):
             if record.get(b.F_STATUS) == b.PLANNING:
                 self.plan(batch_id, resume=False)
@@ -265,13 +270,28 @@ class Runner:
         if failed:
             self.redis.hdel(self.keys.batch_shards(batch_id), *failed)
             self.redis.hset(self.keys.batch(batch_id), b.F_SHARDS_FAILED, 0)
-        waiting = [i for i in range(int(record[b.F_SHARDS])) if i not in committed]
-        log.info("batch %s resumed: %d shard(s) to run", batch_id, len(waiting))
-        if not waiting:  # (cancelled while its outputs were written up: they are all there)
+        left = [i for i in range(int(record[b.F_SHARDS])) if i not in committed]
+        if not left:  # (cancelled while its outputs were written up: they are all there)
+            log.info("batch %s resumed: every shard is committed", batch_id)
             self._finish(batch_id)
             return
-        for index in waiting:
+        held = self._leased(batch_id)
+        lost = [i for i in left if i not in held]
+        log.info(
+            "batch %s resumed: %d shard(s) to run, %d running",
+            batch_id,
+            len(lost),
+            len(left) - len(lost),
+        )
+        for index in lost:
             self.send_shard(batch_id, index)
+
+    def _leased(self, batch_id: str) -> set[int]:
+        """The shards of ``batch_id`` a live attempt holds (its lease not run out)."""
+        CLOCK.sync_blocking(self.redis)  # (leases are written by batch workers on other hosts)
+        now = CLOCK.now()
+        leases = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_leases(batch_id)))
+        return {int(shard) for shard, until in leases.items() if float(until) > now}
 
     # -- one shard -----------------------------------------------------------------------
 
@@ -290,6 +310,15 @@ class Runner:
             self._attempt(batch_id, index, attempt, record, options, transient_tries_left, lease)
         finally:
             lease.stop()
+            self._let_go(batch_id, index, attempt)
+
+    def _let_go(self, batch_id: str, index: int, attempt: int) -> None:
+        """Give up the lease of an attempt that stopped with its batch (cancelled), so that
+        a resume sends the shard again at once (best effort: the lease runs out anyway)."""
+        try:
+            self._shard_script(b.LET_GO, batch_id, index, attempt)
+        except RedisError as exc:
+            log.warning("batch %s shard %d: giving up its lease failed: %s", batch_id, index, exc)
 
     def _take(self, batch_id: str, index: int) -> int:
         CLOCK.sync_blocking(self.redis)  # (its lease is read by batch workers on other hosts)

@@ -12,7 +12,8 @@
   shard's error, and the manifest once complete;
 - ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume`` (each one script on the
   record: one that lands as the job completes leaves it completed; a resume that would
-  write to a full store is 429 as a new job is);
+  write to a full store is 429 as a new job is; a resume while an earlier one still waits
+  for a batch worker queues nothing more, and is answered as that one will be);
 - ``DELETE /v2/batches/{id}``: a job that has ended goes now, with its outputs in the store
   (their bytes given back to the tenant's quota); 409 while it runs;
 - ``GET /v2/batches``: the tenant's newest 100;
@@ -45,6 +46,7 @@ from sluice.core.batch_jobs import output_quota as oq
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
 from sluice.core.batch_jobs.store import Tree, open_tree
+from sluice.core.clock import CLOCK
 from sluice.core.errors import (
     Conflict,
     InvalidInput,
@@ -129,6 +131,8 @@ async def submit(request: Request) -> Response:
     entry = state.view.entry(body.model)  # 404 for an unknown model
     if body.version is not None and body.version not in entry.versions:
         raise InvalidInput(f"'version': model '{body.model}' does not serve version {body.version}")
+    if entry.config is not None:
+        b.check_input_name(body.options, body.model, [spec.name for spec in entry.config.inputs])
     if not upload_name:
         await asyncio.to_thread(data.policy.check, tenant, body.input, "input")
     if body.output:
@@ -268,10 +272,15 @@ async def resume(batch_id: str, request: Request) -> Response:
         await _check_room(state, tenant_of(request.scope))
     keys = state.keys
     member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
-    answer = cast(list[bytes], await state.redis.eval(b.RESUME, 1, keys.batch(batch_id)))
+    answer = cast(
+        list[bytes | int],
+        await state.redis.eval(
+            b.RESUME, 1, keys.batch(batch_id), f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S
+        ),
+    )
     if not answer:
         raise NotFound(f"no batch '{batch_id}'")  # (it expired meanwhile)
-    before, resumed = (status.decode() for status in answer)
+    before, resumed = (cast(bytes, status).decode() for status in answer[:2])
     if resumed == b.COMPLETED:
         raise InvalidInput(f"batch '{batch_id}' is complete; there is nothing to resume")
     async with state.redis.pipeline(transaction=False) as pipe:
@@ -279,9 +288,14 @@ async def resume(batch_id: str, request: Request) -> Response:
             pipe.sadd(keys.running_batches, batch_id)
         pipe.zrem(keys.store_expiry, member)
         await pipe.execute()
+    if not answer[2]:
+        # A resume queued before waits for a batch worker: it resumes the job as it is
+        # when it runs, so this one is answered as it will be, and queues nothing more.
+        return json_response(await _status(state, batch_id, request))
     try:
         await _queue_plan(state, batch_id, resume=True)
     except Overloaded as exc:
+        await state.redis.hdel(keys.batch(batch_id), b.F_RESUME_QUEUED)  # (nothing waits)
         if before not in b.FINISHED:
             raise  # (it runs on as it did)
         # Ended again (failed, with the reason), so that it still expires.

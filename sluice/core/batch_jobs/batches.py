@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import PurePosixPath
 from typing import Any
@@ -131,6 +132,17 @@ class BatchRequest:
     options: BatchOptions
 
 
+def check_input_name(options: BatchOptions, model: str, inputs: Sequence[str]) -> None:
+    """400 naming ``options.input_name`` and the model's inputs when it names none of
+    them (checked at submission against the model as served then; the batch worker checks
+    it again against the model as it is when the job runs)."""
+    if options.input_name and options.input_name not in inputs:
+        raise InvalidInput(
+            f"'options.input_name' must be one of the inputs of model '{model}': "
+            f"{', '.join(inputs)[:1000]}"
+        )
+
+
 def format_of(location: str, given: str) -> str:
     """The data format of ``location``: ``given``, else its extension."""
     if given:
@@ -230,6 +242,12 @@ F_SHARDS_FAILED = "shards_failed"
 F_FILES = "files"
 """JSON list of ``{"name", "bytes"}``: every file of a completed batch (the manifest, the
 parts, the joined outputs), what ``GET /v2/batches/{id}/outputs`` lists and serves."""
+F_RESUME_QUEUED = "resume_queued"
+"""When (the deployment's unix s) a resume last queued a plan task that no batch worker
+has run yet; removed as one runs it (see :data:`RESUME`)."""
+RESUME_QUEUED_S = 900.0
+"""How long a queued resume holds back the next ones: a plan task not run by then counts
+as lost (a broker that lost it), and the next resume queues one again."""
 F_STORED = "stored_bytes"
 """Bytes this batch counted in the batch store against its tenant, as batch workers of
 0.1.0 counted them (now in ``Keys.batch_stored``, see
@@ -266,19 +284,28 @@ running is cancelled: one that ended meanwhile (its last shard committed as the 
 stays as it ended."""
 
 RESUME = """
--- KEYS: batch hash
+-- KEYS: batch hash; ARGV: now (unix s), how long a queued resume holds (s)
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {} end
-if status == 'completed' then return {status, status} end
+if status == 'completed' then return {status, status, 0} end
 local shards = redis.call('HGET', KEYS[1], 'shards')
 local next = 'planning'
 if shards and shards ~= '' then next = 'running' end
 redis.call('HSET', KEYS[1], 'status', next, 'error', '', 'finished', '')
-return {status, next}
+local queued = tonumber(redis.call('HGET', KEYS[1], 'resume_queued') or '') or 0
+if queued > 0 and tonumber(ARGV[1]) - queued < tonumber(ARGV[2]) then
+  return {status, next, 0}
+end
+redis.call('HSET', KEYS[1], 'resume_queued', ARGV[1])
+return {status, next, 1}
 """
-"""-> {the job's status before, its status once resumed}: ``running``, or ``planning`` when it
-was never planned; ``completed`` when it is (nothing is changed: it completed, perhaps as
-the resume came); {} when there is no such job."""
+"""-> {the job's status before, its status once resumed, 1 when the caller queues the plan
+task that resumes it}: ``running``, or ``planning`` when it was never planned;
+``completed`` when it is (nothing is changed: it completed, perhaps as the resume came);
+{} when there is no such job. One resume waits for a batch worker at a time (the field
+``resume_queued``, younger than ARGV[2]): a resume while it waits sets the status alone,
+and the waiting one resumes what there is when it runs, so that a client resuming in a
+loop queues one plan task, not one per call (each sends every shard not committed)."""
 
 ADD = """
 -- KEYS: the tenant's batches; ARGV: batch id, created (unix s), the tenant's max batches
@@ -347,3 +374,14 @@ redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 1
 """
 """-> 1 renewed; 0 a newer attempt took the shard over (this one must stop)."""
+
+LET_GO = """
+-- KEYS: batch hash, shard states, attempts, leases; ARGV: shard, attempt
+if redis.call('HGET', KEYS[1], 'status') == 'running' then return 0 end
+if tonumber(redis.call('HGET', KEYS[3], ARGV[1]) or '0') ~= tonumber(ARGV[2]) then return 0 end
+return redis.call('HDEL', KEYS[4], ARGV[1])
+"""
+"""-> 1: the lease of an attempt that stopped (it no longer runs) is given up, as the batch
+is not running (cancelled, stopped): a resume sends the shard again at once rather than
+leave it to the reaper once the lease has run out; 0: kept (the batch runs: a resume came
+first and skipped the shard as held, so the reaper queues it once the lease runs out)."""

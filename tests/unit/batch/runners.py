@@ -44,14 +44,15 @@ def make_runner(
     monkeypatch: pytest.MonkeyPatch,
     config: ModelConfig = CONFIG,
     on_shard: Callable[[str, int], None] = lambda batch_id, index: None,
+    namespace: str = "",
     **settings: Any,
 ) -> Runner:
-    """A runner in a namespace of its own whose jobs all run ``config`` (close it after);
-    ``on_shard`` sees each shard it queues."""
+    """A runner in a namespace of its own (or ``namespace``: a gateway's under test) whose
+    jobs all run ``config`` (close it after); ``on_shard`` sees each shard it queues."""
     made = Runner(
         BatchSettings(
             redis_url=redis_server.url,
-            namespace=f"t{uuid.uuid4().hex[:8]}",
+            namespace=namespace or f"t{uuid.uuid4().hex[:8]}",
             batch_store=str(tmp_path / "store"),
             batch_root=str(tmp_path),
             **settings,
