@@ -10,7 +10,8 @@ registered is a .mar. The answers: an empty ``url``, a path that climbs (``..``)
 allowed and an entry not in the store are 404 (TorchServe's ModelNotFoundException); a
 download that fails (the server answers 404, say) is 400 (its DownloadArchiveException).
 A workflow archive (``POST /workflows?url=``) is found the same way in the workflow store
-(``SLUICE_WORKFLOW_STORE``, else the model store), with TorchServe's texts for workflows.
+(``SLUICE_WORKFLOW_STORE``, else the model store), with TorchServe's texts and exception
+for workflows (WorkflowNotFoundException).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from sluice.core.torchserve.archives import MarManifest, UnpackLimits
 from sluice.core.torchserve.forms import pack
 from sluice.core.torchserve.settings import ArchiveSettings, read_archive_settings
 from sluice.core.torchserve.workflows import MAX_WAR_BYTES, WorkflowArchive, read_war
+from sluice.gateway.torchserve.exception_types import WorkflowNotFound
 
 MAX_REGISTER_BYTES = 256 << 20
 """A registered archive travels to ``sluice up`` in a control command; a larger one is laid
@@ -62,11 +64,17 @@ async def find_archive(url: str, store: Path | None, allowed: str) -> Archive:
 
 async def find_workflow(url: str, store: Path | None, allowed: str) -> WorkflowArchive:
     """The workflow archive (.war) ``url`` names, read and checked, as TorchServe's
-    ``POST /workflows?url=`` finds it: in the workflow store, or at a URL allowed."""
+    ``POST /workflows?url=`` finds it: in the workflow store, or at a URL allowed. Each
+    archive it cannot find is TorchServe's ``WorkflowNotFoundException`` (a URL not
+    allowed, a relative path and an entry not in the store included), as TorchServe's
+    workflow archive raises no other for them."""
     with tempfile.TemporaryDirectory(prefix="sluice-workflow-") as scratch:
-        source = await _fetched(url, store, allowed, Path(scratch), "Workflow")
+        try:
+            source = await _fetched(url, store, allowed, Path(scratch), "Workflow")
+        except NotFound as missing:
+            raise WorkflowNotFound(missing.message) from None
         if not source.is_file():
-            raise NotFound(f"Workflow not found at: {url}")
+            raise WorkflowNotFound(f"Workflow not found at: {url}")
         if source.stat().st_size > MAX_WAR_BYTES:
             raise InvalidInput(f"'{url}' is larger than {MAX_WAR_BYTES >> 20} MiB")
         return await asyncio.to_thread(read_war, source)

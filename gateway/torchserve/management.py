@@ -17,8 +17,10 @@ with TorchServe's answers (its frontend's status codes and messages):
   default of several cannot go, 403), the model with its last version;
 - ``PUT /models/{m}/{v}/set-default``: requests naming no version go to ``v``.
 
-As TorchServe, a version is named in the path only (``?version=`` is not read), and a
-version the model does not serve is its 404, a name that is no number (``abc``) too.
+As TorchServe, a version is named in the path only (``?version=`` is not read), by its
+exact text (``2`` and ``2.0`` are two versions), and a version the model does not serve is
+its 404, a name that is no number (``abc``) too. With model namespacing, a name several
+repositories hold is refused on every route that names it (:mod:`.models`).
 
 As TorchServe reads them, a query number that is not one (``batch_size=dd``) takes its
 default, and so does ``synchronous`` that is not ``true`` or ``false``. Where TorchServe
@@ -54,9 +56,8 @@ from sluice.core.errors import (
 from sluice.core.routing import Routing
 from sluice.core.torchserve.config import MAX_WORKERS, check_model_name, triton_config
 from sluice.core.torchserve.settings import ArchiveSettings
-from sluice.core.torchserve.versions import VersionRecord, decimal_of, find, number_for, record_of
+from sluice.core.torchserve.versions import VersionRecord, find, number_for, record_of
 from sluice.gateway.control.catalog_follow import follow_changes
-from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.model_control import carry_out, require_explicit
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_response
@@ -70,7 +71,8 @@ from sluice.gateway.torchserve.config import (
     with_workers,
     workers_of,
 )
-from sluice.gateway.torchserve.models import registered, served_versions, version_number
+from sluice.gateway.torchserve.exception_types import ModelVersionNotFound
+from sluice.gateway.torchserve.models import listed, registered, served_versions, version_number
 from sluice.gateway.torchserve.ports import management_path
 from sluice.gateway.torchserve.route_docs import Kind, json_body, query
 from sluice.gateway.torchserve.routes import error_response
@@ -159,33 +161,6 @@ PAGES = query(
 """The query of TorchServe's lists (models, workflows)."""
 
 
-def _listed(view: CatalogView) -> dict[str, str]:
-    """The registered models, each by the name clients know it by -> the catalog's model
-    that stands for it. With model namespacing, a name several repositories hold is one
-    model to TorchServe's API, listed once (for its first copy, in the repository index's
-    order) while any copy is registered, as the repository index lists a row for each
-    copy under the name; a copy's internal name is never listed."""
-    listed: dict[str, str] = {}
-    for name, entry in sorted(view.models.items()):
-        if entry.error != UNLOADED and not entry.ambiguous:
-            listed.setdefault(entry.listed_as or name, name)
-    return listed
-
-
-def _describable(state: GatewayState, model: str) -> CatalogEntry:
-    """The registered model a description names; TorchServe's 404 when it is not
-    registered, a copy's internal name included (model namespacing: clients cannot name
-    one). A name several repositories hold, listed by ``GET /models``, names no one model:
-    a 400 with Triton's words (TorchServe's answer to a request it cannot carry out as
-    asked)."""
-    found = state.view.models.get(model)
-    if found is not None and found.ambiguous and model in _listed(state.view):
-        raise InvalidInput(found.error or f"model '{model}' is ambiguous")
-    if found is not None and (found.listed_as or found.ambiguous):
-        raise NotFound(f"Model not found: {model}")
-    return registered(state, model)
-
-
 @router.get("/models", openapi_extra=PAGES)
 async def list_models(request: Request) -> Response:
     state = await current_state(request)
@@ -193,12 +168,12 @@ async def list_models(request: Request) -> Response:
     limit = _whole(params, "limit")
     limit = 100 if limit is None or not 0 <= limit <= 100 else limit
     token = max(0, _whole(params, "next_page_token") or 0)
-    listed = _listed(state.view)
-    names = sorted(listed)
+    names_of = listed(state.view)
+    names = sorted(names_of)
     last = token + limit
     models = []
     for name in names[token:last]:
-        entry = state.view.models[listed[name]]
+        entry = state.view.models[names_of[name]]
         url = f"{name}.mar"
         if entry.config is not None and entry.versions:
             url = record_of(entry.config.parameters, _default(state, entry)).url or url
@@ -224,7 +199,7 @@ async def describe_version(request: Request, model: str, version: str) -> Respon
 async def _describe(request: Request, model: str, version: str | None) -> Response:
     try:
         state = await current_state(request)
-        entry = _describable(state, model)
+        entry = registered(state, model)
         if not entry.versions:
             raise NotFound(f"Model not found: {model} ({entry.error})")
         if version == "all":
@@ -376,7 +351,7 @@ async def register_archive(
     served = served_versions(entry) if entry is not None else {}
     if entry is not None and entry.config is not None and entry.config.backend != "torchserve":
         raise Conflict(f"model '{name}' is served already, and not from a TorchServe archive")
-    if decimal_of(manifest.version) is not None and find(manifest.version, served) is not None:
+    if find(manifest.version, served) is not None:
         raise Conflict(f"Model version {manifest.version} is already registered for model {name}")
     number = number_for(manifest.version, served, f"model archive {url}")
     record = VersionRecord(
@@ -592,7 +567,10 @@ async def set_default(request: Request, model: str, version: str) -> Response:
     try:
         state = await current_state(request)
         entry = registered(state, model)
-        number = version_number(entry, version)
+        number = find(version, served_versions(entry))
+        if number is None:
+            # (TorchServe's words here, unlike its other routes', have no colons)
+            raise ModelVersionNotFound(f"Model version {version} does not exist for model {model}")
         await update_routing(state, model, lambda current: Routing(current.labels, {number: 100}))
         message = f'Default version successfully updated for model "{model}" to "{version}"'
         return json_response({"status": message})

@@ -1,19 +1,44 @@
 """The models and versions TorchServe's API names, with TorchServe's 404s for those that
-are not registered (shared by the management routes and the API descriptions)."""
+are not registered (shared by the management routes, the inference routes and the API
+descriptions).
+
+With model namespacing (:mod:`sluice.core.repository_namespaces`), a name several
+repositories hold is one model to TorchServe's API: listed once while any copy is
+registered, and refused with Triton's words (400) wherever a request names it, as it names
+no one copy; a copy's internal name is unknown to clients (TorchServe's 404)."""
 
 from __future__ import annotations
 
 from sluice.core.catalog import UNLOADED, CatalogEntry
-from sluice.core.errors import NotFound
-from sluice.core.torchserve.versions import decimal_of, find, record_of
+from sluice.core.errors import InvalidInput, NotFound
+from sluice.core.torchserve.versions import find, record_of
+from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.state import GatewayState
 from sluice.gateway.torchserve.exception_types import ModelVersionNotFound
 
 
+def listed(view: CatalogView) -> dict[str, str]:
+    """The registered models, each by the name clients know it by -> the catalog's model
+    that stands for it. With model namespacing, a name several repositories hold is listed
+    once (for its first copy, in the repository index's order) while any copy is
+    registered, as the repository index lists a row for each copy under the name; a
+    copy's internal name is never listed."""
+    names: dict[str, str] = {}
+    for name, entry in sorted(view.models.items()):
+        if entry.error != UNLOADED and not entry.ambiguous:
+            names.setdefault(entry.listed_as or name, name)
+    return names
+
+
 def registered(state: GatewayState, model: str) -> CatalogEntry:
-    """The catalog entry of ``model``; TorchServe's 404 when it is not registered."""
+    """The catalog entry of ``model``; TorchServe's 404 when it is not registered, a copy's
+    internal name included (model namespacing: clients cannot name one). A name several
+    repositories hold names no one model while a copy of it is registered: a 400 with
+    Triton's words (TorchServe's answer to a request it cannot carry out as asked)."""
     entry = state.view.models.get(model)
-    if entry is None or entry.error == UNLOADED:
+    if entry is not None and entry.ambiguous and model in listed(state.view):
+        raise InvalidInput(entry.error or f"model '{model}' is ambiguous")
+    if entry is None or entry.error == UNLOADED or entry.listed_as or entry.ambiguous:
         raise NotFound(f"Model not found: {model}")
     return entry
 
@@ -25,10 +50,10 @@ def served_versions(entry: CatalogEntry) -> dict[int, str]:
 
 
 def version_number(entry: CatalogEntry, text: str) -> int:
-    """The number of the version TorchServe calls ``text`` (``1.0``, or Sluice's ``1``);
+    """The number of the version TorchServe calls ``text`` (exactly: ``2`` is not ``2.0``);
     TorchServe's 404 when the model has no such version, a name that is no number (``abc``)
-    included: TorchServe's versions are names, and that one is not served."""
-    number = find(text, served_versions(entry)) if decimal_of(text) is not None else None
+    included."""
+    number = find(text, served_versions(entry))
     if number is None:
         raise ModelVersionNotFound(f"Model version: {text} does not exist for model: {entry.name}")
     return number

@@ -2,9 +2,10 @@
 [/{version}]``, ``POST /explanations/{model}[/{version}]``, KServe v1's
 ``POST /v1/models/{model}:predict`` and ``:explain``, and ``GET /ping``.
 
-The version may be TorchServe's (``1.0``: :mod:`sluice.core.torchserve.versions`). A prediction
-carries the request's body and content type as the model's ``body`` and
-``content_type`` BYTES inputs (:mod:`sluice.workers.backends.torchserve_backend`): through the
+The version is TorchServe's, by its exact text (``1.0``, not ``1``:
+:mod:`sluice.core.torchserve.versions`). A prediction carries the request's body and
+content type as the model's ``body`` and ``content_type`` BYTES inputs
+(:mod:`sluice.workers.backends.torchserve_backend`): through the
 same validation, admission, queue and batcher as a v2 request, so TorchServe's
 ``batch_size`` / ``max_batch_delay`` become Sluice's batching. An explanation is the same
 call, marked for the handler (:mod:`sluice.core.torchserve.explanations`). The answer is the
@@ -180,7 +181,7 @@ async def predict(
 ) -> tuple[bytes, str]:
     """What TorchServe model ``model`` answers ``body`` of ``content_type`` (its explanation
     with ``explain``): the handler's response and its content type (a workflow's step:
-    :mod:`.workflow_run`). ``version``: as TorchServe names it (``1.0``) or as Sluice does."""
+    :mod:`.workflow_run`). ``version``: as TorchServe names it (``1.0``)."""
     answer = await predict_answer(state, model, version, body, content_type, explain=explain)
     return answer.body, answer.media
 
@@ -228,8 +229,8 @@ async def predict_answer(
 
 
 async def _served_version(state: GatewayState, model: str, version: str | None) -> str | None:
-    """The number a TorchServe version (``1.0``, ``2``) is served under; TorchServe's 404
-    for a model or a version it does not serve."""
+    """The number a TorchServe version (``1.0``) is served under; TorchServe's 404 for a
+    model or a version it does not serve."""
     if version is None:
         return None
     await follow_changes(state)  # (a version another gateway process just registered)

@@ -9,9 +9,14 @@ TorchServe's data flow:
 - nodes whose parents have all answered run at once, side by side;
 - a node's call that fails on the server's side (5xx) or passes the node's ``timeout-ms``
   is tried again, up to its ``retry-attempts`` more times; then the run fails with
-  TorchServe's 500 naming the node (and, beyond TorchServe's text, why). A client's error
-  (a model gone, a tenant's limit: 4xx) and a model's refusal for a full queue (503: retry
-  later) fail the run at once with their status;
+  TorchServe's 500 naming the node (and, beyond TorchServe's text, why). The node's
+  handler failing is such a failure whatever its code (a ``PredictionException(msg,
+  422)`` as well: TorchServe's workflow takes any error its worker reports for the node's
+  failure). A client's error (a model gone, a tenant's limit: 4xx) and a model's refusal
+  for a full queue (503: retry later) fail the run at once with their status;
+- a status a node's handler sets for its answer (``context.set_response_status``) is not
+  the run's, as in TorchServe (whose workflow takes the node's body alone): the answer
+  goes on to the node's children, or is the run's answer, with 200;
 - the answer is the one leaf's answer, or with several leaves a JSON object of each leaf's
   answer by its name (as it came where it is JSON, else as text). What a node is given,
   and the answers of several leaves together, are at most what a request's body may be.
@@ -30,6 +35,7 @@ from collections.abc import Awaitable
 from fastapi import APIRouter, Request, Response
 
 from sluice.core.errors import (
+    HandlerFailed,
     InferenceFailed,
     Overloaded,
     PayloadTooLarge,
@@ -130,35 +136,40 @@ def _forget_answered(
 
 
 async def _call(state: GatewayState, node: WorkflowNode, given: Answer) -> Answer:
-    """One node's answer to ``given``, tried again as the node's settings say when the call
-    fails on the server's side or times out (as TorchServe, which does not try again a
-    model that is not found); a client's error (4xx) fails at once, with its status, and so
-    does a refusal for a full queue (tried again at once, it would only be refused again
-    and add to the load: the client is told to retry later)."""
+    """One node's answer to ``given`` (the status its handler set dropped, as TorchServe
+    drops it), tried again as the node's settings say when the call fails on the server's
+    side, its handler fails (whatever its code), or it times out (as TorchServe, which does
+    not try again a model that is not found); a client's error (4xx) fails at once, with
+    its status, and so does a refusal for a full queue (tried again at once, it would only
+    be refused again and add to the load: the client is told to retry later)."""
     attempt = 0
     while True:
         try:
             call: Awaitable[Answer] = predict(state, node.model, None, *given)
             return await asyncio.wait_for(call, node.timeout_ms / 1000)
         except (SluiceError, TimeoutError) as exc:
-            final = isinstance(exc, SluiceError) and (exc.status < 500 or _refused(exc))
+            final = isinstance(exc, SluiceError) and _not_the_node_s(exc)
             if final or attempt >= node.retry_attempts:
                 raise _node_failed(node, exc) from None
             attempt += 1
 
 
-def _refused(exc: SluiceError) -> bool:
-    """Admission's refusal (a full queue, a gateway holding all it may): the call never ran."""
-    return isinstance(exc, Overloaded)
+def _not_the_node_s(exc: SluiceError) -> bool:
+    """Whether ``exc`` is no failure of the node's own, and fails the run with its status:
+    a client's error (4xx) or admission's refusal (a full queue, a gateway holding all it
+    may: the call never ran). A handler's failure is the node's, whatever its code."""
+    if isinstance(exc, HandlerFailed):
+        return False
+    return exc.status < 500 or isinstance(exc, Overloaded)
 
 
 def _node_failed(node: WorkflowNode, exc: SluiceError | TimeoutError) -> SluiceError:
-    """TorchServe's ``Error executing <node>``, with why; a client's error and a refusal
-    for load keep their kind."""
+    """TorchServe's ``Error executing <node>`` (500), with why; a client's error and a
+    refusal for load keep their kind."""
     if not isinstance(exc, SluiceError):
         return InferenceFailed(f"Error executing {node.name} (timed out)")
     message = f"Error executing {node.name} ({exc.message})"
-    if exc.status < 500 or _refused(exc):
+    if _not_the_node_s(exc):
         return error_from_kind(error_kind(exc), message)
     return InferenceFailed(message)
 

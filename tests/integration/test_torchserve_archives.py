@@ -251,7 +251,7 @@ def test_a_base_handler_answers_as_in_process(stack: Stack, linear: torch.jit.Sc
     assert answer.headers["content-type"].startswith("application/json")
     assert answer.json()["y"] == pytest.approx(_expected(linear, row), rel=1e-6)
     form = httpx.post(
-        f"{stack.url}/predictions/linear/1",
+        f"{stack.url}/predictions/linear/1.0",
         files={"data": ("row.json", json.dumps(row).encode(), "application/json")},
         timeout=30,
     )
@@ -399,7 +399,7 @@ def test_the_management_api_registers_scales_describes_and_unregisters(managed: 
         (described,) = http.get("/models/shout/1.0").json()
         assert (described["minWorkers"], described["maxWorkers"]) == (1, 2)
 
-        default = http.put("/models/shout/1/set-default")
+        default = http.put("/models/shout/1.0/set-default")
         assert default.status_code == 200, default.text
         assert http.post("/predictions/shout", content="again").text == "AGAIN"
 
@@ -503,11 +503,11 @@ def test_bad_scale_and_default_values_say_what_is_wrong(stack: Stack) -> None:
         assert refused.status_code == 503 and "polling is enabled" in refused.json()["message"]
         unknown = http.put("/models/shout/7/set-default")
         assert unknown.status_code == 404
-        assert unknown.json()["message"] == "Model version: 7 does not exist for model: shout"
+        assert unknown.json()["message"] == "Model version 7 does not exist for model shout"
         bad = http.put("/models/shout/v1.x/set-default")  # (a version TorchServe lacks)
         assert bad.status_code == 404
         assert bad.json() == {
             "code": 404,
             "type": "ModelVersionNotFoundException",
-            "message": "Model version: v1.x does not exist for model: shout",
+            "message": "Model version v1.x does not exist for model shout",
         }

@@ -55,6 +55,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         archive_format="tgz",
         file_name="shout-v2.tar.gz",
     )
+    make_archive(store, "shout", ECHO_HANDLER, version="2", file_name="shout-2.mar")
     make_archive(
         store,
         "greeter",
@@ -77,6 +78,13 @@ def test_a_second_version_is_added_beside_the_first_which_stays_the_default(stac
         assert said(again, 409) == "Model version 1.0 is already registered for model shout"
         second = http.post("/models", params={"url": "shout-v2.tar.gz"})
         assert "Version: 2.0 registered" in said(second, 200)
+
+        # TorchServe keys versions by their text: 2 is a version beside 2.0, not the same.
+        third = http.post("/models", params={"url": "shout-2.mar"})
+        assert said(third, 200).startswith('Model "shout" Version: 2 registered')
+        assert http.post("/predictions/shout/2", content="hi").text == "HI (v2)"
+        assert http.post("/predictions/shout/2.0", content="hi").text == "HI (v2.0)"
+        assert said(http.delete("/models/shout/2"), 200) == 'Model "shout" unregistered'
 
         every = http.get("/models/shout/all").json()
         assert [(d["modelVersion"], d["modelUrl"]) for d in every] == [
@@ -209,10 +217,10 @@ def test_a_model_folder_registers_with_its_model_config(stack: Stack) -> None:
         assert (described["batchSize"], described["maxBatchDelay"]) == (3, 15)
         assert (described["minWorkers"], described["maxWorkers"]) == (1, 2)
         assert http.post("/predictions/greeter", content="hi").text == "hello there"
-        for path in ("/models/greeter/0.0", "/models/greeter/0.0/set-default"):
-            method = "GET" if path.endswith("0.0") else "PUT"
-            missing = http.request(method, path)
-            assert said(missing, 404) == "Model version: 0.0 does not exist for model: greeter"
+        missing = http.get("/models/greeter/0.0")
+        assert said(missing, 404) == "Model version: 0.0 does not exist for model: greeter"
+        missing = http.put("/models/greeter/0.0/set-default")  # (TorchServe's own words)
+        assert said(missing, 404) == "Model version 0.0 does not exist for model greeter"
         assert said(http.delete("/models/greeter/0.0"), 404).startswith("Model version: 0.0")
         listed = http.get("/models", params={"limit": 1}).json()
         assert listed["models"][0]["modelName"] == "greeter"

@@ -189,7 +189,7 @@ def test_a_model_describes_its_api(stack: Stack, ports: tuple[int, int, int]) ->
             )
             for path in document["paths"]
         )
-        assert http.options(_url(inference, "/predictions/ident/1")).json() == document
+        assert http.options(_url(inference, "/predictions/ident/1.0")).json() == document
         missing = http.options(_url(inference, "/predictions/missing"))
         assert missing.status_code == 404
         assert missing.json()["message"] == "Model not found: missing"

@@ -106,7 +106,8 @@ def test_a_handler_reads_its_archive_s_files_by_relative_path(stack: Stack) -> N
         second = http.post("/predictions/words/2.0", content="0")
         assert second.status_code == 200, second.text
         assert (second.json()["word"], second.json()["version"]) == ("uno", "2.0")
-        assert http.post("/predictions/words/2", content="1").json()["word"] == "dos"
+        assert http.post("/predictions/words/2.0", content="1").json()["word"] == "dos"
+        assert http.post("/predictions/words/2", content="1").status_code == 404  # (not 2.0)
         assert http.post("/predictions/words", content="1").json()["version"] == "2.0"
 
 

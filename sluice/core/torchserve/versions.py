@@ -1,13 +1,15 @@
 """TorchServe's model versions (the manifest's ``modelVersion``: ``"1.0"``, ``"2.0"``, any
 positive decimal) as Sluice's numbered version folders.
 
-A whole version keeps its number (``"2.0"`` is version 2); another (``"1.5"``) takes the
-next free number. What each number stands for is kept in the model's configuration, as the
-parameter ``torchserve.version.<number>``, beside the archive it came from
-(``torchserve.url.<number>``) and the handler a registration named instead of the
-manifest's (``torchserve.handler.<number>``), so that TorchServe's API shows and accepts
-TorchServe's versions: ``/models/m/1.5`` finds the version registered as ``1.5``, and
-``/models/m/2`` the same as ``/models/m/2.0``.
+A whole version keeps its number (``"2.0"`` is version 2) while that number is free;
+another (``"1.5"``, or ``"2"`` beside ``"2.0"``) takes the next free number, so that no
+registration lays an archive over another version's. What each number stands for is kept
+in the model's configuration, as the parameter ``torchserve.version.<number>``, beside the
+archive it came from (``torchserve.url.<number>``) and the handler a registration named
+instead of the manifest's (``torchserve.handler.<number>``), so that TorchServe's API shows
+and accepts TorchServe's versions: ``/models/m/1.5`` finds the version registered as
+``1.5``. As TorchServe keys a model's versions by their text, a version is named by its
+exact text: ``2`` and ``2.0`` are two versions (:func:`find`).
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ class VersionRecord:
 
 
 def decimal_of(text: str) -> Decimal | None:
-    """A version's value (``"2"`` and ``"2.0"`` are one version); None when it is not a plain
-    decimal number."""
+    """A version's value (``"2"`` and ``"2.0"`` have one value, and are two versions: only
+    the number a version takes reads its value); None when it is not a plain decimal
+    number."""
     text = text.strip()
     return Decimal(text) if _DECIMAL.fullmatch(text) else None
 
@@ -74,13 +77,11 @@ def without_version(parameters: Mapping[str, str], number: int) -> dict[str, str
 
 
 def find(text: str, served: Mapping[int, str]) -> int | None:
-    """The number of the served version ``text`` names (``served``: number -> TorchServe's
-    version), None if none; :class:`InvalidInput` when ``text`` is no version at all."""
-    value = decimal_of(text)
-    if value is None:
-        raise InvalidInput(f"'{text}' is not a model version (a number such as 1.0)")
+    """The number of the served version named ``text`` (``served``: number -> TorchServe's
+    version), None if none. Versions are compared as text, as TorchServe compares them
+    (its versions are the keys of a map of strings): ``2`` does not name ``2.0``."""
     for number, version in served.items():
-        if decimal_of(version) == value:
+        if version == text:
             return number
     return None
 

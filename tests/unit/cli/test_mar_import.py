@@ -143,11 +143,22 @@ def test_every_form_of_the_store_is_laid_out_and_one_name_s_archives_are_version
 
 def test_one_version_twice_is_refused_naming_both(tmp_path: Path) -> None:
     _mar(tmp_path / "a.mar", "m", "1.0")
-    _mar(tmp_path / "b.mar", "m", "1")
-    with pytest.raises(InvalidConfig, match=r"model 'm' version 1 is in both a\.mar and b\.mar"):
+    _mar(tmp_path / "b.mar", "m", "1.0")
+    with pytest.raises(InvalidConfig, match=r"model 'm' version 1\.0 is in both a\.mar and b\.mar"):
         import_archives(
             [tmp_path / "a.mar", tmp_path / "b.mar"], tmp_path / "repo", StoreSettings()
         )
+
+
+def test_versions_of_one_value_are_two_versions(tmp_path: Path) -> None:
+    """TorchServe keys versions by their text: ``1`` beside ``1.0`` is a version of its own,
+    laid out in a folder of its own."""
+    _mar(tmp_path / "a.mar", "m", "1.0")
+    _mar(tmp_path / "b.mar", "m", "1")
+    import_archives([tmp_path / "a.mar", tmp_path / "b.mar"], tmp_path / "repo", StoreSettings())
+    config = _config(tmp_path / "repo", "m")
+    assert config.version_policy.versions == (1, 2)
+    assert {record_of(config.parameters, n).version for n in (1, 2)} == {"1.0", "1"}
 
 
 def test_the_archive_s_model_config_comes_before_config_properties(

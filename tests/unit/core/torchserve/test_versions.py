@@ -28,13 +28,20 @@ def test_whole_versions_keep_their_number_and_others_take_the_next() -> None:
             number_for(bad, {}, "a.mar")
 
 
-def test_a_version_is_found_by_its_value() -> None:
-    served = {1: "1.0", 3: "1.5"}
-    assert find("1", served) == 1 and find("1.00", served) == 1 and find("1.5", served) == 3
+def test_a_version_is_found_by_its_text_as_torchserve_finds_it() -> None:
+    """TorchServe keys a model's versions by their text: ``1`` and ``1.0`` are two."""
+    served = {1: "1.0", 3: "1.5", 4: "v1.x"}
+    assert find("1.0", served) == 1 and find("1.5", served) == 3 and find("v1.x", served) == 4
+    assert find("1", served) is None and find("1.00", served) is None
     assert find("0.0", served) is None and find("2.0", served) is None
-    with pytest.raises(InvalidInput, match=r"'v1\.x' is not a model version"):
-        find("v1.x", served)
     assert decimal_of(" 2.0 ") == decimal_of("2") and decimal_of("nan") is None
+
+
+def test_a_version_of_the_same_value_takes_another_number() -> None:
+    """``2`` beside ``2.0`` is a version of its own, laid out in a folder of its own."""
+    assert find("2", {2: "2.0"}) is None
+    assert number_for("2", {1: "1.0", 2: "2.0"}, "a.mar") == 3
+    assert number_for("2.0", {2: "2"}, "a.mar") == 3
 
 
 def test_records_live_in_the_parameters() -> None:

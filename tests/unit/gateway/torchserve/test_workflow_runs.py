@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 
 from sluice.core.errors import (
+    HandlerFailed,
     InferenceFailed,
     NotFound,
     Overloaded,
@@ -21,7 +22,7 @@ from sluice.core.errors import (
 from sluice.core.tenants import CURRENT_TENANT
 from sluice.core.torchserve.workflows import Workflow, WorkflowArchive, parse_workflow
 from sluice.gateway.state import GatewayState
-from sluice.gateway.torchserve import workflow_run
+from sluice.gateway.torchserve import routes, workflow_run
 
 STATE = cast(GatewayState, SimpleNamespace(settings=SimpleNamespace(max_body_bytes=1000)))
 
@@ -70,6 +71,42 @@ async def test_a_server_error_is_tried_again_as_the_node_says(
     with pytest.raises(InferenceFailed, match=r"^Error executing a \(the handler failed\)$"):
         await workflow_run.run(STATE, workflow("  a: []\n", retries=2), (b"x", "text/plain"))
     assert called == ["a", "a", "a"]
+
+
+async def test_a_handler_s_failure_is_the_node_s_whatever_its_code(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A ``PredictionException(msg, 422)`` fails its request 422 on ``/predictions``; in a
+    workflow TorchServe takes any error the node's worker reports for the node's failure:
+    tried again, then the run's 500."""
+    called = stand_in(monkeypatch, raising(HandlerFailed("no such word", 422)))
+    with pytest.raises(InferenceFailed) as failed:
+        await workflow_run.run(STATE, workflow("  a: []\n", retries=1), (b"x", "text/plain"))
+    assert called == ["a", "a"]
+    assert not isinstance(failed.value, HandlerFailed) and failed.value.status == 500
+    assert failed.value.message == "Error executing a (no such word)"
+
+
+async def test_a_status_a_node_s_handler_sets_is_not_the_run_s(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """TorchServe's workflow takes a node's body alone: the answer a handler gave with
+    ``context.set_response_status(404, ...)`` goes on to the next node, and the run answers
+    the last node's answer (200)."""
+    given: list[bytes] = []
+
+    async def predict_answer(
+        state: Any, model: str, version: Any, body: bytes, kind: str, *, explain: bool = False
+    ) -> routes.HandlerAnswer:
+        given.append(body)
+        if model == "w__a":
+            return routes.HandlerAnswer(b"not here", "text/plain", 404)
+        return routes.HandlerAnswer(b"after " + body, "text/plain", 200)
+
+    monkeypatch.setattr(routes, "predict_answer", predict_answer)
+    answer = await workflow_run.run(STATE, workflow("  a: [b]\n"), (b"x", "text/plain"))
+    assert given == [b"x", b"not here"]
+    assert answer == b"after not here"
 
 
 async def test_parents_answering_more_than_a_body_may_hold_are_refused(
