@@ -61,9 +61,9 @@ def parameter_value(name: str, parameter: Message) -> Any:
 def request_parameter(name: str, parameter: Message) -> Any:
     """The value of the request parameter ``name``, in the kind Triton takes for it.
 
-    An ``int64_param`` correlation id is read as Triton's core holds it, an unsigned 64-bit
-    integer (-1 is 2^64-1); a negative ``int64_param`` priority is refused, and so is a name
-    starting with ``triton_`` that Triton does not read."""
+    An ``int64_param`` correlation id or timeout is read as Triton's core holds it, an
+    unsigned 64-bit integer (-1 is 2^64-1); a negative ``int64_param`` priority is refused,
+    and so is a name starting with ``triton_`` that Triton does not read."""
     kinds = _REQUEST_KINDS.get(name)
     if kinds is None:
         if name.startswith(_RESERVED_PREFIX):
@@ -76,7 +76,7 @@ def request_parameter(name: str, parameter: Message) -> Any:
         )
     value = getattr(parameter, which)
     if which == "int64_param" and value < 0:
-        if name == "sequence_id":
+        if name in ("sequence_id", "timeout"):
             return value + _UINT64
         if name == "priority":
             raise InvalidInput("invalid value for 'priority', expected value >= 0.")

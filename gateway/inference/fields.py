@@ -1,5 +1,5 @@
 """The request's own JSON fields (``id``, ``parameters``) and the field rules its tensors
-share (shapes, non-negative integer parameters)."""
+share (shapes)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,19 @@ from typing import Any
 from sluice.core.datatypes import ELEMENT_SIZE
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
+from sluice.gateway.inference.json_parameters import (
+    CUSTOM_TYPE_TEXT,
+    RESERVED_PREFIX,
+    RESERVED_TEXT,
+    check_request_parameter,
+)
 from sluice.gateway.inference.json_tensors import fmt_shape
 from sluice.gateway.inference.request import RequestLimits
 
-_RESERVED_PREFIX = "triton_"
-
-
-_TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
-"""Reserved names Triton's frontends read themselves (gRPC streams of decoupled models)."""
+TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
+"""Reserved names Triton's gRPC frontend reads itself (streams of decoupled models), and
+that Sluice's generate routes take too. Triton's HTTP frontend refuses every reserved name:
+``/infer`` takes none (:func:`sluice.gateway.inference.parsing.parse_infer_request`)."""
 
 
 _MAX_DIM = (1 << 63) - 1
@@ -57,11 +62,14 @@ def tensor_entry(
 
 
 def parse_request_parameters(
-    value: Any, limits: RequestLimits
+    value: Any, limits: RequestLimits, allowed: frozenset[str] = TRITON_PARAMETERS
 ) -> tuple[dict[str, Any], bool | None]:
     """The request's parameters but ``binary_data_output``, and that (None when absent).
     At most ``limits.max_parameters`` of them, names within ``limits.max_string_length``;
-    a number is finite (the JSON text a Python model reads can hold no other)."""
+    a number is finite (the JSON text a Python model reads can hold no other). Those
+    Triton's HTTP frontend reads are checked in order as it reads them, with its texts
+    (:mod:`sluice.gateway.inference.json_parameters`); a name starting with ``triton_``
+    is refused unless ``allowed``."""
     if value is None:
         return {}, None
     if not isinstance(value, dict):
@@ -79,28 +87,18 @@ def parse_request_parameters(
                 f"request parameter '{key[:64]}...': the name is longer than "
                 f"{limits.max_string_length} characters"
             )
-        if key in _TRITON_PARAMETERS:
+        check_request_parameter(key, item)
+        if key.startswith(RESERVED_PREFIX):
+            if key not in allowed:
+                raise InvalidInput(RESERVED_TEXT)
             if not isinstance(item, bool):
                 raise InvalidInput(f"request parameter '{key}' must be a boolean")
-        elif key.startswith(_RESERVED_PREFIX):
-            raise InvalidInput(
-                f"request parameter '{key}' is reserved "
-                f"(names starting with '{_RESERVED_PREFIX}' are reserved)"
-            )
         if not isinstance(item, str | int | float):  # bool is an int
-            raise InvalidInput(
-                f"request parameter '{key}' must be a string, number or boolean, "
-                f"got {json_type(item)}"
-            )
+            raise InvalidInput(CUSTOM_TYPE_TEXT.format(key))
         if isinstance(item, float) and not math.isfinite(item):  # (gRPC's double_param)
             raise InvalidInput(f"request parameter '{key}' must be a finite number, got {item}")
         if key == "binary_data_output":
-            if not isinstance(item, bool):
-                raise InvalidInput(
-                    f"request parameter 'binary_data_output' must be a boolean, "
-                    f"got {json_type(item)}"
-                )
-            binary_default = item
+            binary_default = item is True  # (a boolean: checked above)
         else:
             parameters[key] = item
     return parameters, binary_default
@@ -145,13 +143,3 @@ def check_size_fits(name: str, shape: tuple[int, ...], datatype: str) -> None:
             f"byte size overflow for input '{name}': shape {fmt_shape(shape)} of {datatype} "
             f"is {count * element_size} bytes, more than {_MAX_DIM}"
         )
-
-
-def natural_parameter(label: str, name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
-        raise InvalidInput(
-            f"{label}: parameters.{name} must be a non-negative integer, "
-            f"got {shown if shown is not None else json_type(value)}"
-        )
-    return value

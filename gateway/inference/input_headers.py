@@ -8,12 +8,8 @@ from typing import TYPE_CHECKING, Any
 from sluice.core.datatypes import DATATYPES
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
-from sluice.gateway.inference.fields import (
-    check_size_fits,
-    natural_parameter,
-    parse_shape,
-    tensor_entry,
-)
+from sluice.gateway.inference.fields import check_size_fits, parse_shape, tensor_entry
+from sluice.gateway.inference.json_parameters import uint64_parameter
 from sluice.gateway.inference.pending_input import PendingInput, ShmParameters
 from sluice.gateway.inference.request import RequestLimits
 from sluice.gateway.inference.request_errors import input_count_message, log_request
@@ -27,6 +23,12 @@ BINARY_SIZE = "binary_data_size"
 
 
 _DATATYPE_LIST = ", ".join(sorted(DATATYPES))
+
+_CONTENT = (
+    f"Input must set only one of the following fields: 'data', '{BINARY_SIZE}' in "
+    f"'parameters', '{SHM_REGION}' in 'parameters'. But"
+)
+"""Triton's text for an input that gives its data in none or several ways."""
 
 
 def parse_input_headers(
@@ -62,20 +64,10 @@ def parse_input_headers(
                 f"{label}: unknown datatype {shown!r}; expected one of {_DATATYPE_LIST}"
             )
         check_size_fits(name, shape, datatype)
-        binary_size, shm = parse_input_parameters(label, item.get("parameters"))
         data = item.get("data")
-        if shm is not None:
-            if data is not None or binary_size is not None:
-                raise InvalidInput(
-                    f"{label}: an input in shared memory (parameters.{SHM_REGION}) must not "
-                    "also carry 'data' or 'parameters.binary_data_size'"
-                )
-        elif (data is None) == (binary_size is None):
-            which = "both" if data is not None else "neither"
-            raise InvalidInput(
-                f"{label}: exactly one of 'data' or 'parameters.binary_data_size' "
-                f"must be given, got {which}"
-            )
+        binary_size, shm = parse_input_parameters(
+            label, name, item.get("parameters"), data is not None
+        )
         pending.append(PendingInput(label, name, datatype, shape, data, binary_size, shm))
 
     # Triton checks the input count first, then each name (core InferenceRequest::Normalize).
@@ -98,14 +90,30 @@ def parse_input_headers(
     return pending
 
 
-def parse_input_parameters(label: str, value: Any) -> tuple[int | None, ShmParameters | None]:
-    """The input's binary_data_size and shared memory reference (None when absent)."""
+def parse_input_parameters(
+    label: str, name: str, value: Any, has_data: bool
+) -> tuple[int | None, ShmParameters | None]:
+    """The input's binary_data_size and shared memory reference (None when absent), read as
+    Triton's HTTP frontend reads them: first which of ``data``, ``binary_data_size`` and
+    ``shared_memory_region`` the input gives (exactly one), then their values."""
     if value is None:
-        return None, None
-    if not isinstance(value, dict):
+        value = {}
+    elif not isinstance(value, dict):
         raise InvalidInput(f"{label}: 'parameters' must be an object, got {json_type(value)}")
-    shm = parse_shm_parameters(label, value)
-    size = value.get(BINARY_SIZE)
-    if size is None:
-        return None, shm
-    return natural_parameter(label, BINARY_SIZE, size), shm
+    has_binary = BINARY_SIZE in value
+    has_shm = SHM_REGION in value
+    if has_data + has_binary + has_shm != 1:
+        given = [
+            field
+            for field, present in (
+                ("'data'", has_data),
+                (f"'{BINARY_SIZE}'", has_binary),
+                (f"'{SHM_REGION}'", has_shm),
+            )
+            if present
+        ]
+        found = f" set {' '.join(given)}" if given else " no field is set"
+        raise InvalidInput(f"{_CONTENT}{found}; {label}")
+    size = uint64_parameter(BINARY_SIZE, value[BINARY_SIZE], f"; {label}") if has_binary else None
+    shm = parse_shm_parameters(label, name, value) if value else None
+    return size, shm

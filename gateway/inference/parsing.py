@@ -24,7 +24,11 @@ import orjson
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
 from sluice.gateway.inference.binary_tensors import parse_raw, slice_binary
-from sluice.gateway.inference.fields import parse_id, parse_request_parameters
+from sluice.gateway.inference.fields import (
+    TRITON_PARAMETERS,
+    parse_id,
+    parse_request_parameters,
+)
 from sluice.gateway.inference.input_headers import parse_input_headers
 from sluice.gateway.inference.json_tensors import (
     BytesCountMismatch,
@@ -45,6 +49,9 @@ from sluice.gateway.shm.references import NoRegions, RegionLookup, shm_input
 
 if TYPE_CHECKING:
     from sluice.core.config import ModelConfig
+
+_NO_TRITON_NAMES: frozenset[str] = frozenset()
+"""Triton's HTTP frontend refuses every request parameter starting with ``triton_``."""
 
 
 def parse_infer_request(
@@ -83,7 +90,9 @@ def parse_infer_request(
         raise InvalidInput(malformed_body_message(exc, limits)) from None
     if not isinstance(doc, dict):
         raise InvalidInput(f"malformed request body: expected a JSON object, got {json_type(doc)}")
-    return parse_infer_document(doc, binary, config, limits, lookup, header_length is None)
+    return parse_infer_document(
+        doc, binary, config, limits, lookup, header_length is None, allowed=_NO_TRITON_NAMES
+    )
 
 
 _ORJSON_TOO_DEEP = "depth limit exceeded"
@@ -104,14 +113,17 @@ def parse_infer_document(
     limits: RequestLimits = DEFAULT_LIMITS,
     regions: RegionLookup | None = None,
     no_header: bool = False,
+    *,
+    allowed: frozenset[str] = TRITON_PARAMETERS,
 ) -> InferRequest:
     """Validate a request already decoded into the JSON form (``doc``) whose binary inputs
     lie one after the other in ``binary``: the JSON body's header and the gRPC message
     (see :mod:`sluice.gateway.grpc_api.tensors`) both end here, so both are checked the same way.
-    ``no_header``: the body came without Inference-Header-Content-Length (for the hint)."""
+    ``no_header``: the body came without Inference-Header-Content-Length (for the hint).
+    ``allowed``: the request parameters starting with ``triton_`` it may carry."""
     lookup: RegionLookup = regions if regions is not None else NoRegions()
     request_id = parse_id(doc.get("id"), limits)
-    parameters, binary_output = parse_request_parameters(doc.get("parameters"), limits)
+    parameters, binary_output = parse_request_parameters(doc.get("parameters"), limits, allowed)
     pending = parse_input_headers(doc.get("inputs"), config, limits, request_id)
     outputs, classes = parse_outputs(
         doc.get("outputs"), config, binary_output, limits, lookup, request_id

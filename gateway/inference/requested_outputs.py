@@ -9,6 +9,12 @@ from sluice.core.classification import CLASSIFIABLE, unsupported_message
 from sluice.core.errors import InvalidInput
 from sluice.core.fields import json_type
 from sluice.gateway.inference.fields import tensor_entry
+from sluice.gateway.inference.json_parameters import (
+    NON_BOOLEAN,
+    NON_UNSIGNED,
+    is_uint64,
+    unparsable,
+)
 from sluice.gateway.inference.pending_input import ShmParameters
 from sluice.gateway.inference.request import RequestedOutput, RequestLimits
 from sluice.gateway.inference.request_errors import log_request
@@ -19,6 +25,8 @@ if TYPE_CHECKING:
 
 
 _MAX_CLASSES = (1 << 32) - 1  # Triton keeps the count in a uint32
+_CLASSIFICATION = "classification"
+_BINARY = "binary_data"
 
 
 def parse_outputs(
@@ -67,22 +75,15 @@ def parse_outputs(
                 raise InvalidInput(
                     f"{label}: 'parameters' must be an object, got {json_type(parameters)}"
                 )
-            shm = parse_shm_parameters(label, parameters)
-            if "classification" in parameters:
-                count = _classification(label, spec, parameters["classification"], shm)
-            flag = parameters.get("binary_data")
-            if flag is not None:
+            _check_shm_conflicts(label, parameters)
+            if _CLASSIFICATION in parameters:
+                count = _classification(label, spec, parameters[_CLASSIFICATION])
+            shm = parse_shm_parameters(label, name, parameters)
+            if shm is None and _BINARY in parameters:
+                flag = parameters[_BINARY]
                 if not isinstance(flag, bool):
-                    raise InvalidInput(
-                        f"{label}: parameters.binary_data must be a boolean, got {json_type(flag)}"
-                    )
+                    raise InvalidInput(f"{unparsable(_BINARY, NON_BOOLEAN)}; {label}")
                 binary, json_asked = flag, not flag
-                if flag and shm is not None:
-                    raise InvalidInput(
-                        "Output can't set both 'shared_memory_region' and 'binary_data'; "
-                        f"{label}: an output in shared memory (parameters.{SHM_REGION}) "
-                        "cannot also ask for parameters.binary_data"
-                    )
         if shm is None:
             outputs.append(RequestedOutput(name, binary, None, "", count, json_asked))
             if count:
@@ -94,18 +95,35 @@ def parse_outputs(
     return outputs, classes
 
 
-def _classification(label: str, spec: TensorSpec, value: Any, shm: ShmParameters | None) -> int:
+def _check_shm_conflicts(label: str, parameters: dict[str, Any]) -> None:
+    """Triton's first check of an output in shared memory: it asks for no classification,
+    and ``binary_data`` (when given) is a boolean, and false."""
+    if SHM_REGION not in parameters:
+        return
+    if _CLASSIFICATION in parameters:
+        raise InvalidInput(f"Output can't set both '{SHM_REGION}' and '{_CLASSIFICATION}'; {label}")
+    if _BINARY in parameters:
+        flag = parameters[_BINARY]
+        if not isinstance(flag, bool):
+            raise InvalidInput(f"{unparsable(_BINARY, NON_BOOLEAN, 'set')}; {label}")
+        if flag:
+            raise InvalidInput(
+                f"Output can't set both '{SHM_REGION}' and '{_BINARY}'; {label}: an output in "
+                f"shared memory (parameters.{SHM_REGION}) cannot also ask for "
+                f"parameters.{_BINARY}"
+            )
+
+
+def _classification(label: str, spec: TensorSpec, value: Any) -> int:
     """The requested class count (0: no classification), checked as Triton checks it."""
-    if shm is not None:
+    if not is_uint64(value):
+        raise InvalidInput(f"{unparsable(_CLASSIFICATION, NON_UNSIGNED, 'set')}; {label}")
+    if value > _MAX_CLASSES:
         raise InvalidInput(
-            f"Output can't set both 'shared_memory_region' and 'classification'; {label}"
+            f"Unable to set '{_CLASSIFICATION}': {label}: parameters.{_CLASSIFICATION} must be "
+            f"an unsigned 32-bit integer, got {value}"
         )
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_CLASSES:
-        shown = value if isinstance(value, int) and not isinstance(value, bool) else None
-        raise InvalidInput(
-            f"Unable to set 'classification': {label}: parameters.classification must be an "
-            f"unsigned 32-bit integer, got {shown if shown is not None else json_type(value)}"
-        )
-    if value and spec.datatype not in CLASSIFIABLE:
+    count: int = value
+    if count and spec.datatype not in CLASSIFIABLE:
         raise InvalidInput(f"{unsupported_message(spec.datatype)}; {label}")
-    return value
+    return count

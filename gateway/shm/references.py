@@ -8,9 +8,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from sluice.core.datatypes import ELEMENT_SIZE, count_bytes_elements
 from sluice.core.errors import InvalidInput
-from sluice.core.fields import json_type
 from sluice.core.wire import ShmRef
-from sluice.gateway.inference.fields import natural_parameter
+from sluice.gateway.inference.json_parameters import NON_STRING, uint64_parameter, unparsable
 from sluice.gateway.inference.json_tensors import fmt_shape
 from sluice.gateway.inference.pending_input import PendingInput, ShmParameters
 from sluice.gateway.inference.request import InputTensor
@@ -49,25 +48,37 @@ class NoRegions:
         raise InvalidInput(f"{label}: unknown shared memory region '{region}'")
 
 
-def parse_shm_parameters(label: str, parameters: dict[str, Any]) -> ShmParameters | None:
-    """Triton's rules: region and byte size go together, the offset is optional (0)."""
-    if not (SHM_REGION in parameters or SHM_SIZE in parameters or SHM_OFFSET in parameters):
+def parse_shm_parameters(
+    label: str, tensor: str, parameters: dict[str, Any]
+) -> ShmParameters | None:
+    """The shared memory reference of tensor ``tensor`` (``label`` names it in Sluice's
+    detail), read as Triton's HTTP frontend reads it: the region a string, then offset and
+    byte size unsigned 64-bit integers, with its texts. Where that frontend would go on
+    without a region (an offset or a byte size alone is ignored) or with a byte size of 0
+    (no byte size given), the request is refused with Triton's gRPC texts for them (see
+    ``docs/differences.md``). The offset is optional (0)."""
+    has_region = SHM_REGION in parameters
+    has_offset = SHM_OFFSET in parameters
+    has_size = SHM_SIZE in parameters
+    if not (has_region or has_offset or has_size):
         return None
-    region, size = parameters.get(SHM_REGION), parameters.get(SHM_SIZE)
-    if region is None or size is None:
+    suffix = f"; {label}"
+    region = parameters.get(SHM_REGION)
+    if has_region and not isinstance(region, str):
+        raise InvalidInput(f"{unparsable(SHM_REGION, NON_STRING)}{suffix}")
+    offset = uint64_parameter(SHM_OFFSET, parameters[SHM_OFFSET], suffix) if has_offset else 0
+    size = uint64_parameter(SHM_SIZE, parameters[SHM_SIZE], suffix) if has_size else None
+    if region is None:
+        alone = SHM_OFFSET if has_offset else SHM_SIZE
         raise InvalidInput(
-            f"{label}: parameters.{SHM_REGION} and parameters.{SHM_SIZE} must be given together"
+            f"'{alone}' can not be specified without '{SHM_REGION}' parameter for tensor '{tensor}'"
         )
-    if not isinstance(region, str) or not region:
-        shown = "empty" if region == "" else json_type(region)
+    if size is None:
         raise InvalidInput(
-            f"{label}: parameters.{SHM_REGION} must be a non-empty string, got {shown}"
+            f"'{SHM_SIZE}' must be specified along with '{SHM_REGION}' parameter for tensor "
+            f"'{tensor}'"
         )
-    return ShmParameters(
-        region,
-        natural_parameter(label, SHM_OFFSET, parameters.get(SHM_OFFSET, 0)),
-        natural_parameter(label, SHM_SIZE, size),
-    )
+    return ShmParameters(region, offset, size)
 
 
 def shm_input(

@@ -310,7 +310,7 @@ def test_raw_http_rules_for_references(shm_stack: Stack, region: Region) -> None
             (
                 {**inp, "parameters": {"shared_memory_region": "raw"}},
                 None,
-                "must be given together",
+                "'shared_memory_byte_size' must be specified along with 'shared_memory_region'",
             ),
             (
                 {
@@ -319,7 +319,7 @@ def test_raw_http_rules_for_references(shm_stack: Stack, region: Region) -> None
                     "parameters": {"shared_memory_region": "raw", "shared_memory_byte_size": 16},
                 },
                 None,
-                "must not also carry 'data'",
+                "But set 'data' 'shared_memory_region'",
             ),
             (
                 {**inp, "data": [1, 2, 3, 4]},

@@ -331,7 +331,9 @@ def test_ensemble_responses_carry_the_sequence_parameters_over_http(stack: Stack
         "sequence_end": False,
     }
     assert refused.status_code == 400
-    assert refused.json()["error"] == "parameter 'sequence_end' must be a boolean"
+    assert refused.json()["error"] == (
+        "Unable to parse 'sequence_end': attempt to access JSON non-boolean as boolean"
+    )
 
 
 def test_a_streamed_ensemble_sequence_carries_its_flags(stack: Stack) -> None:

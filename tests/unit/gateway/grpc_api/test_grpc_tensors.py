@@ -135,11 +135,14 @@ def test_reserved_parameters_are_read_in_tritons_kinds() -> None:
     request.parameters["sequence_id"].int64_param = -2
     request.parameters["priority"].int64_param = 3
     request.parameters["custom"].uint64_param = (1 << 64) - 1
+    # Triton's core holds a timeout as an unsigned integer: -1 is the longest one.
+    request.parameters["timeout"].int64_param = -1
     document, _ = request_document(request)
     assert document["parameters"] == {
         "sequence_id": (1 << 64) - 2,
         "priority": 3,
         "custom": (1 << 64) - 1,
+        "timeout": (1 << 64) - 1,
     }
     request.parameters["timeout"].uint64_param = 5
     with pytest.raises(InvalidInput, match=r"^invalid value type for 'timeout' parameter"):
