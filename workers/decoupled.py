@@ -66,6 +66,7 @@ def compute_streaming(
     contexts: list[RequestContext] | None = None,
     tally: ResponseTally | None = None,
     response_parameters: dict[bytes, dict[str, Any]] | None = None,
+    every_response: list[dict[str, Any]] | None = None,
 ) -> list[Answer]:
     """A decoupled model's batch: each request's final answer (its partial ones are sent
     as they come). A request whose final response carries no outputs is answered with none
@@ -75,7 +76,10 @@ def compute_streaming(
     stopped at its next response once its request is cancelled: its generator is closed,
     and the request ends as cancelled. ``tally`` counts each response
     (Triton's ``response_stats``); ``response_parameters`` gets the parameters of each
-    request's final response (by entry id; its other responses carry theirs)."""
+    request's final response (by entry id; its other responses carry theirs).
+    ``every_response``: parameters each request's partial responses carry as well (a
+    decoupled ensemble's sequence parameters, which Triton puts on each of its responses;
+    the final one gets them from its caller)."""
     finals: dict[int, Answer] = {}
     sent = [0] * len(batch)
     """Each request's partial responses so far: the next one's index."""
@@ -107,6 +111,8 @@ def compute_streaming(
         assert not isinstance(result, SluiceError)
         headers, payload = result
         at = sent[index]
+        if every_response is not None:
+            carried = {**every_response[index], **carried}
         reply = ReplyMessage(
             request.message.request_key,
             version,

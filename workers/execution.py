@@ -326,6 +326,11 @@ class Execution:
                 self._contexts(batch, signals) if self.concurrency > 1 else None,
                 ResponseTally(timing.responses),
                 timing.response_parameters,
+                # (Every response of an ensemble carries its request's sequence parameters,
+                # as Triton's do: the partial ones of a decoupled ensemble too.)
+                [ensemble_response_parameters(r.message.parameters) for r in batch]
+                if self.config.is_ensemble
+                else None,
             )
             timing.infer_ns = time.perf_counter_ns() - t0
             return answers
