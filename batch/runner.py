@@ -53,11 +53,21 @@ log = logging.getLogger("batch")
 SendShard = Callable[[str, int], None]
 
 _FORGET_LEASE = """
+-- KEYS: leases, in flight; ARGV: shard, its lease's end, now (unix s)
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then
+  if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+    redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
+  end
   return redis.call('HDEL', KEYS[1], ARGV[1])
 end
 return 0
 """
+"""The lease of a shard whose worker is gone is forgotten as the shard is sent again; in
+the job's window, the shard counts as sent now (see :data:`b.DISPATCH`)."""
+
+_PASSED_AT_ONCE = 1024
+"""Most shards one :data:`b.DISPATCH` passes over (after a resume, the cursor walks over
+the committed ones): Redis is never held long by one call."""
 
 
 class Runner:
@@ -104,6 +114,7 @@ class Runner:
             return
         with self.redis.pipeline(transaction=False) as pipe:
             pipe.srem(self.keys.running_batches, batch_id)
+            pipe.delete(self.keys.batch_in_flight(batch_id))  # (a resume makes it anew)
             pipe.zadd(self.keys.store_expiry, {member: now + self.settings.batch_retention_s})
             pipe.execute()
 
@@ -240,6 +251,7 @@ class Runner:
             b.F_SHARDS_DONE: 0,
             b.F_SHARDS_FAILED: 0,
             b.F_STARTED: f"{time.time():.6f}",
+            b.F_NEXT_SHARD: 0,
             b.F_OPTIONS: orjson.dumps({**options.to_json(), "shard_rows": rows_per_shard}),
         }
         fields = [item for pair in planned.items() for item in pair]
@@ -253,13 +265,14 @@ class Runner:
         )
         if shards == 0:
             self._finish(batch_id)
-        for index in range(shards):
-            self.send_shard(batch_id, index)
+            return
+        self._top_up(batch_id, "as it was planned")
 
     def _resume(self, batch_id: str, record: dict[str, str]) -> None:
-        """Queue every shard not committed yet that no worker holds (the gateway set the
-        status to running). A shard whose lease is live is being computed: it commits,
-        or its lease runs out and the reaper queues it again."""
+        """Queue again, within the job's window, every shard not committed yet that no
+        worker holds (the gateway set the status to running); the others follow as shards
+        end. A shard whose lease is live is being computed: it commits, or its lease runs
+        out and the reaper queues it again."""
         if record.get(b.F_STATUS) != b.RUNNING or not record.get(b.F_SHARDS):
             if record.get(b.F_STATUS) == b.PLANNING:
                 self.plan(batch_id, resume=False)
@@ -275,23 +288,84 @@ class Runner:
             log.info("batch %s resumed: every shard is committed", batch_id)
             self._finish(batch_id)
             return
-        held = self._leased(batch_id)
-        lost = [i for i in left if i not in held]
-        log.info(
-            "batch %s resumed: %d shard(s) to run, %d running",
-            batch_id,
-            len(lost),
-            len(left) - len(lost),
-        )
-        for index in lost:
-            self.send_shard(batch_id, index)
-
-    def _leased(self, batch_id: str) -> set[int]:
-        """The shards of ``batch_id`` a live attempt holds (its lease not run out)."""
+        keys = self.keys
         CLOCK.sync_blocking(self.redis)  # (leases are written by batch workers on other hosts)
-        now = CLOCK.now()
-        leases = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_leases(batch_id)))
-        return {int(shard) for shard, until in leases.items() if float(until) > now}
+        rewound = self.redis.eval(
+            b.REWIND,
+            4,
+            keys.batch(batch_id),
+            keys.batch_shards(batch_id),
+            keys.batch_leases(batch_id),
+            keys.batch_in_flight(batch_id),
+            min(left),
+            f"{CLOCK.now():.3f}",
+        )
+        if not rewound:
+            log.info("batch %s: stopped again before it was resumed", batch_id)
+            return
+        log.info("batch %s resumed: %d shard(s) not committed", batch_id, len(left))
+        self._top_up(batch_id, "as it was resumed")
+
+    def send_next(self, batch_id: str) -> int:
+        """Fill the job's window (:data:`b.DISPATCH`): the shards that ended leave it, the
+        next ones are sent, and so is one whose message was lost; how many were sent. Run
+        as a shard ends, and for every running job by the batch workers' periodic round
+        (:class:`Reaper`), which tops up a window a worker killed at the wrong moment left
+        short."""
+        keys = self.keys
+        CLOCK.sync_blocking(self.redis)  # (the window is read by batch workers on other hosts)
+        count, more = 0, True
+        while more:
+            reply = cast(
+                list[int],
+                self.redis.eval(
+                    b.DISPATCH,
+                    4,
+                    keys.batch(batch_id),
+                    keys.batch_shards(batch_id),
+                    keys.batch_leases(batch_id),
+                    keys.batch_in_flight(batch_id),
+                    self.settings.batch_shards_in_flight,
+                    f"{CLOCK.now():.3f}",
+                    self.settings.batch_visibility_timeout_s,
+                    _PASSED_AT_ONCE,
+                ),
+            )
+            more = bool(reply[0])
+            self._send(batch_id, [int(index) for index in reply[1:]])
+            count += len(reply) - 1
+        return count
+
+    def _send(self, batch_id: str, shards: list[int]) -> None:
+        """Queue ``shards``, now in the window. Those not queued when the broker refuses
+        one count as sent long ago, so that the next round sends them again at once."""
+        for number, index in enumerate(shards):
+            try:
+                self.send_shard(batch_id, index)
+            except Exception:
+                unsent = shards[number:]
+                try:
+                    self.redis.hset(
+                        self.keys.batch_in_flight(batch_id),
+                        items=[item for shard in unsent for item in (shard, 0)],
+                    )
+                except RedisError as exc:
+                    log.warning("batch %s: %d shard(s) not sent: %s", batch_id, len(unsent), exc)
+                raise
+
+    def _top_up(self, batch_id: str, when: str) -> None:
+        """:meth:`send_next`, best effort: the job is running, and a window left short (Redis
+        or the broker out of reach for a moment) is topped up by the periodic round, so
+        this task neither fails nor is retried for it."""
+        try:
+            self.send_next(batch_id)
+        except Exception as exc:
+            log.warning(
+                "batch %s: sending shards %s failed (the periodic round sends them): %s",
+                batch_id,
+                when,
+                exc,
+            )
 
     # -- one shard -----------------------------------------------------------------------
 
@@ -382,6 +456,8 @@ class Runner:
         self.redis.hset(self.keys.batch_progress(batch_id), str(index), end - start)
         if outcome == 1:
             self._finish(batch_id)
+        else:
+            self._top_up(batch_id, f"after shard {index}")
 
     def _shard_script(self, script: str, batch_id: str, index: int, *args: Any) -> int:
         """One of :mod:`sluice.core.batch_jobs.batches`' shard scripts (KEYS: the batch, its shard
@@ -421,8 +497,11 @@ class Runner:
     def _shard_failed(self, batch_id: str, index: int, attempt: int, error: str) -> None:
         log.warning("batch %s shard %d failed: %s", batch_id, index, error)
         state = orjson.dumps({"error": error, "attempt": attempt})
-        if self._shard_script(b.FAIL_SHARD, batch_id, index, attempt, state) == 1:
+        outcome = self._shard_script(b.FAIL_SHARD, batch_id, index, attempt, state)
+        if outcome == 1:
             self._finish(batch_id)
+        elif outcome == 0:
+            self._top_up(batch_id, f"after shard {index}")
 
     def _run(
         self,
@@ -740,7 +819,9 @@ class Reaper:
     """Gives the shards of dead workers to live ones: every few seconds (:attr:`every_s`), a
     shard of a running batch whose lease ran out is queued again (once per attempt,
     whichever worker sees it first). The broker would redeliver it too, but only after its
-    visibility timeout."""
+    visibility timeout. The same round tops up every running batch's window
+    (:meth:`Runner.send_next`): a worker killed between a shard's commit and sending the
+    next leaves it short, and nothing else would send that next shard."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -770,10 +851,19 @@ class Reaper:
                 if redis.set(marker, 1, nx=True, ex=ttl):
                     # The lease is forgotten (unless the shard was taken meanwhile): the
                     # shard waits in the queue, and its next attempt takes a lease of its own.
-                    redis.eval(_FORGET_LEASE, 1, keys.batch_leases(batch_id), shard, until)
+                    redis.eval(
+                        _FORGET_LEASE,
+                        2,
+                        keys.batch_leases(batch_id),
+                        keys.batch_in_flight(batch_id),
+                        shard,
+                        until,
+                        f"{now:.3f}",
+                    )
                     log.warning(
                         "batch %s shard %s: its worker is gone; queued again",
                         batch_id,
                         shard.decode(),
                     )
                     runner.send_shard(batch_id, int(shard))
+            runner.send_next(batch_id)

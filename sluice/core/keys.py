@@ -175,6 +175,11 @@ class Keys:
         renews it every second; past it, the shard is given to another worker."""
         return f"{self.namespace}:batch:{{{batch_id}}}:leases"
 
+    def batch_in_flight(self, batch_id: str) -> str:
+        """Hash shard index -> when it was last sent (unix s): the shards of a running job
+        queued or running now, at most ``SLUICE_BATCH_SHARDS_IN_FLIGHT`` (its window)."""
+        return f"{self.namespace}:batch:{{{batch_id}}}:in-flight"
+
     @property
     def running_batches(self) -> str:
         """Set of the batch ids running now (what the batch workers' reapers look at)."""

@@ -939,7 +939,16 @@ class BatchSettings(BatchStoreSettings, CommonSettings):
 
     batch_visibility_timeout_s: float = Field(3600.0, gt=0)
     """The broker's last resort: a shard task message not acknowledged for this long is
-    delivered again (a redelivery while its shard is leased does nothing)."""
+    delivered again (a redelivery while its shard is leased does nothing); a shard sent
+    this long ago that no attempt ever took (its message lost) is sent again."""
+
+    batch_shards_in_flight: int = Field(16, ge=1, le=100_000)
+    """Shard tasks one running batch job keeps queued or running at once (its window): the
+    next is sent as one ends, so that a job of many shards takes little room in Redis and
+    the jobs of every tenant take turns in the batch queue. 16 keeps busy as many batch
+    workers as ``sluice up`` starts at most (``SLUICE_BATCH_WORKERS``, with the default
+    ``SLUICE_BATCH_CONCURRENCY``); raise it where more batch worker threads should work on
+    one job at once."""
 
     batch_task_time_limit_s: float = Field(3600.0, gt=0)
     """A shard task running longer is stopped (and retried)."""

@@ -3,11 +3,14 @@
 A batch job pushes a whole data set through one model version. The gateway checks the
 request (:func:`parse_batch_request`), writes the job's record and hands a *plan* task to
 Celery (broker: the deployment's Redis). A batch worker plans it (counts the rows, splits
-them into shards of bounded work) and queues one *shard* task per shard. Each shard task
-feeds its rows to the model's background stream with a bounded number of requests in
-flight, writes its output part under a name of its own attempt, and commits it with a
-script that accepts only the shard's newest attempt: a zombie attempt (a worker thought
-dead that wakes up) cannot overwrite a newer one. Completion is counted in Redis; the
+them into shards of bounded work) and queues *shard* tasks, at most
+``SLUICE_BATCH_SHARDS_IN_FLIGHT`` of the job at once (its window, :data:`DISPATCH`): the
+next is sent as one ends, so a job of 100,000 shards neither fills Redis nor takes the
+whole batch queue ahead of other tenants' jobs. Each shard task feeds its rows to the
+model's background stream with a bounded number of requests in flight, writes its output
+part under a name of its own attempt, and commits it with a script that accepts only the
+shard's newest attempt: a zombie attempt (a worker thought dead that wakes up) cannot
+overwrite a newer one. Completion is counted in Redis; the
 attempt that commits the last shard writes the manifest (and, for local ``.npy`` output,
 the outputs joined in input order).
 
@@ -20,7 +23,9 @@ touch each other's files.
 
 Record layout: ``Keys.batch(id)`` (hash, fields below), ``Keys.batch_shards(id)`` (hash
 shard index -> JSON state), ``Keys.batch_attempts(id)`` (hash shard index -> newest
-attempt), ``Keys.batches(tenant)`` (sorted set id -> creation time, for listing). A finished
+attempt), ``Keys.batch_leases(id)`` (hash shard index -> when its running attempt's lease
+ends), ``Keys.batch_in_flight(id)`` (hash shard index -> when it was sent: the window),
+``Keys.batches(tenant)`` (sorted set id -> creation time, for listing). A finished
 batch expires ``SLUICE_BATCH_RETENTION_S`` after it ended (``Keys.store_expiry``), with its
 files in the store.
 """
@@ -248,6 +253,10 @@ has run yet; removed as one runs it (see :data:`RESUME`)."""
 RESUME_QUEUED_S = 900.0
 """How long a queued resume holds back the next ones: a plan task not run by then counts
 as lost (a broker that lost it), and the next resume queues one again."""
+F_NEXT_SHARD = "next_shard"
+"""The lowest shard :data:`DISPATCH` has not looked at yet (the window's cursor). A job
+planned by batch workers of before the window has none: all its shards were queued as it
+was planned, and nothing more is sent (until a resume, which sets it)."""
 F_STORED = "stored_bytes"
 """Bytes this batch counted in the batch store against its tenant, as batch workers of
 0.1.0 counted them (now in ``Keys.batch_stored``, see
@@ -385,3 +394,77 @@ return redis.call('HDEL', KEYS[4], ARGV[1])
 is not running (cancelled, stopped): a resume sends the shard again at once rather than
 leave it to the reaper once the lease has run out; 0: kept (the batch runs: a resume came
 first and skipped the shard as held, so the reaper queues it once the lease runs out)."""
+
+DISPATCH = """
+-- KEYS: batch hash, shard states, leases, in flight
+-- ARGV: window, now (unix s), resend after (s), most shards the cursor passes
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return {0} end
+local cursor = tonumber(redis.call('HGET', KEYS[1], 'next_shard') or '')
+if not cursor then return {0} end
+local shards = tonumber(redis.call('HGET', KEYS[1], 'shards') or '0')
+local window, now = tonumber(ARGV[1]), tonumber(ARGV[2])
+local function ended(shard)
+  local state = redis.call('HGET', KEYS[2], shard)
+  return state and (string.find(state, '"committed"', 1, true)
+    or string.find(state, '"error"', 1, true))
+end
+local sent, count = {0}, 0
+local flying = redis.call('HGETALL', KEYS[4])
+for i = 1, #flying, 2 do
+  local shard = flying[i]
+  if ended(shard) then
+    redis.call('HDEL', KEYS[4], shard)
+  else
+    count = count + 1
+    if now - tonumber(flying[i + 1]) >= tonumber(ARGV[3])
+        and redis.call('HEXISTS', KEYS[3], shard) == 0 then
+      redis.call('HSET', KEYS[4], shard, ARGV[2])
+      table.insert(sent, tonumber(shard))
+    end
+  end
+end
+local budget = tonumber(ARGV[4])
+while count < window and cursor < shards and budget > 0 do
+  local shard = tostring(cursor)
+  if not ended(shard) and redis.call('HEXISTS', KEYS[4], shard) == 0 then
+    redis.call('HSET', KEYS[4], shard, ARGV[2])
+    table.insert(sent, cursor)
+    count = count + 1
+  end
+  cursor = cursor + 1
+  budget = budget - 1
+end
+redis.call('HSET', KEYS[1], 'next_shard', cursor)
+if count < window and cursor < shards then sent[1] = 1 end
+return sent
+"""
+"""-> {1 when the caller calls again (the cursor passed ARGV[4] shards, ended ones after a
+resume, and the window has room still), then the shards the caller sends now}. The window
+of a running job: the shards it has in flight (``Keys.batch_in_flight``) that ended
+(committed, or failed for good) leave it, and shards from the cursor on fill it up to
+ARGV[1] (one that ended, or is in flight already, is passed over). One sent ARGV[3] s ago or
+more that no attempt ever leased (its message lost: the worker that was to send it died, or
+the broker refused it) is sent again. Atomic, so that two batch workers whose shards end at
+once never send the same next shard, nor skip one. Nothing for a job not running (cancelled,
+failed) nor for one planned before the window (no ``next_shard``)."""
+
+REWIND = """
+-- KEYS: batch hash, shard states, leases, in flight; ARGV: lowest shard not committed, now
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+redis.call('DEL', KEYS[4])
+local leases = redis.call('HGETALL', KEYS[3])
+for i = 1, #leases, 2 do
+  local state = redis.call('HGET', KEYS[2], leases[i])
+  if tonumber(leases[i + 1]) > tonumber(ARGV[2])
+      and not (state and string.find(state, '"committed"', 1, true)) then
+    redis.call('HSET', KEYS[4], leases[i], ARGV[2])
+  end
+end
+redis.call('HSET', KEYS[1], 'next_shard', ARGV[1])
+return 1
+"""
+"""-> 1: a resumed job's window starts again: in flight are the shards a live attempt holds
+(its lease not run out), and the cursor goes back to the lowest shard not committed, so that
+:data:`DISPATCH` sends again, in turn, every shard that is lost (not committed, nobody
+computing it); 0: the job is not running (cancelled again), nothing changed. A job planned
+before the window gets one so."""

@@ -130,6 +130,7 @@ class StoreSweeper:
             keys.batch_attempts(batch_id),
             keys.batch_progress(batch_id),
             keys.batch_leases(batch_id),
+            keys.batch_in_flight(batch_id),
         )
         source = record.get(b.F_INPUT, "")
         if b.is_upload_input(source):
