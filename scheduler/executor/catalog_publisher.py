@@ -50,7 +50,8 @@ def publish_catalog(
                 keys.catalog,
                 mapping={m.name: encode_entry(to_entry(m, m.name in on_demand)) for m in models},
             )
-        pipe.eval(_NEXT_REVISION, 1, keys.catalog_revision)
+        # (as a plain command: a cluster's pipeline has no eval() of its own)
+        pipe.execute_command("EVAL", _NEXT_REVISION, 1, keys.catalog_revision)
         pipe.execute()
 
 
