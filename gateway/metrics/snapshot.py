@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.on_demand import HostMemory, host_memories
+from sluice.core.torchserve.versions import VERSION_KEY
 from sluice.gateway.control.catalog_view import CatalogView
 
 ModelVersion = tuple[str, int]
@@ -58,6 +59,9 @@ class VersionState:
     namespace: str = ""
     """Model namespacing: the repository the model comes from
     (:meth:`sluice.gateway.control.catalog_view.CatalogView.namespace_of`)."""
+    torchserve_version: str = ""
+    """TorchServe's name for the version (:mod:`sluice.core.torchserve.versions`), as its
+    configuration records it; empty where it records none."""
 
 
 @dataclass
@@ -93,6 +97,9 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                 )
                 if entry.config is not None:
                     state.expected_instances = entry.config.total_instances
+                    state.torchserve_version = entry.config.parameters.get(
+                        f"{VERSION_KEY}{version}", ""
+                    )
                 state.load_error = view.load_error(name, version) is not None
                 pipe.hgetall(keys.stats(name, version))
                 # Heartbeats hold their expiry (unix seconds): count those in the future.

@@ -11,7 +11,7 @@ allowed and an entry not in the store are 404 (TorchServe's ModelNotFoundExcepti
 download that fails (the server answers 404, say) is 400 (its DownloadArchiveException).
 A workflow archive (``POST /workflows?url=``) is found the same way in the workflow store
 (``SLUICE_WORKFLOW_STORE``, else the model store), with TorchServe's texts and exception
-for workflows (WorkflowNotFoundException).
+for workflows (WorkflowNotFoundException; an empty ``url``: ``Workflow not found at: ``).
 """
 
 from __future__ import annotations
@@ -92,7 +92,7 @@ async def _fetched(url: str, store: Path | None, allowed: str, scratch: Path, ki
     """Where the entry ``url`` names is: in ``store``, or downloaded into ``scratch``
     (``kind``: "Model" or "Workflow", as TorchServe's answers name it)."""
     if not url:
-        raise NotFound("empty url")
+        raise NotFound(_empty_url(store, kind))
     if ".." in url:
         raise NotFound(f"Relative path is not allowed in url: {url}")
     if "://" in url:
@@ -102,13 +102,26 @@ async def _fetched(url: str, store: Path | None, allowed: str, scratch: Path, ki
     return _in_store(url, store, kind)
 
 
-def _in_store(url: str, store: Path | None, kind: str) -> Path:
-    """The entry of the store named by the file name ``url`` ends with."""
+def _empty_url(store: Path | None, kind: str) -> str:
+    """TorchServe's answer to an empty ``url`` (once the store is known to be configured):
+    a model's is ``empty url``; a workflow's has no check of its own, so the empty name
+    names the store's folder itself, which is no archive (``Workflow not found at: ``)."""
+    _configured(store, kind)
+    return "empty url" if kind == "Model" else f"{kind} not found at: "
+
+
+def _configured(store: Path | None, kind: str) -> Path:
     if store is None:
         raise NotFound(
             f"{kind} store has not been configured (SLUICE_{kind.upper()}_STORE): nothing "
             "to register"
         )
+    return store
+
+
+def _in_store(url: str, store: Path | None, kind: str) -> Path:
+    """The entry of the store named by the file name ``url`` ends with."""
+    store = _configured(store, kind)
     name = url.rstrip("/").rsplit("/", 1)[-1]
     path = Path(store) / name
     where = f"{kind} not found in {kind.lower()} store: {url}"

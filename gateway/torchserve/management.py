@@ -20,7 +20,8 @@ with TorchServe's answers (its frontend's status codes and messages):
 As TorchServe, a version is named in the path only (``?version=`` is not read), by its
 exact text (``2`` and ``2.0`` are two versions), and a version the model does not serve is
 its 404, a name that is no number (``abc``) too. With model namespacing, a name several
-repositories hold is refused on every route that names it (:mod:`.models`).
+repositories hold is refused on every route that names it, registration included
+(:mod:`.models`).
 
 As TorchServe reads them, a query number that is not one (``batch_size=dd``) takes its
 default, and so does ``synchronous`` that is not ``true`` or ``false``. Where TorchServe
@@ -72,7 +73,13 @@ from sluice.gateway.torchserve.config import (
     workers_of,
 )
 from sluice.gateway.torchserve.exception_types import ModelVersionNotFound
-from sluice.gateway.torchserve.models import listed, registered, served_versions, version_number
+from sluice.gateway.torchserve.models import (
+    listed,
+    registered,
+    registrable,
+    served_versions,
+    version_number,
+)
 from sluice.gateway.torchserve.ports import management_path
 from sluice.gateway.torchserve.route_docs import Kind, json_body, query
 from sluice.gateway.torchserve.routes import error_response
@@ -343,7 +350,7 @@ async def register_archive(
     line = settings.ignored_line(name)
     if line:
         log.warning("%s", line)
-    entry = state.view.models.get(name)
+    entry = registrable(state, name)
     if entry is not None and (
         entry.error == UNLOADED or not entry.versions or entry.config is None
     ):

@@ -5,7 +5,8 @@ descriptions).
 With model namespacing (:mod:`sluice.core.repository_namespaces`), a name several
 repositories hold is one model to TorchServe's API: listed once while any copy is
 registered, and refused with Triton's words (400) wherever a request names it, as it names
-no one copy; a copy's internal name is unknown to clients (TorchServe's 404)."""
+no one copy (a registration too, whether a copy is registered or not); a copy's internal
+name is unknown to clients (TorchServe's 404)."""
 
 from __future__ import annotations
 
@@ -30,14 +31,31 @@ def listed(view: CatalogView) -> dict[str, str]:
     return names
 
 
+def ambiguity(entry: CatalogEntry) -> InvalidInput:
+    """The 400, in Triton's words, for a request naming a name several repositories hold
+    (TorchServe's answer to a request it cannot carry out as asked)."""
+    return InvalidInput(entry.error or f"model '{entry.name}' is ambiguous")
+
+
+def registrable(state: GatewayState, model: str) -> CatalogEntry | None:
+    """The catalog entry a registration of ``model`` adds a version to, if any. A name
+    several repositories hold is refused (:func:`ambiguity`) whether a copy of it is
+    registered or not: each repository's copy would take the archive as a version of its
+    own, laid over what that repository holds."""
+    entry = state.view.models.get(model)
+    if entry is not None and entry.ambiguous:
+        raise ambiguity(entry)
+    return entry
+
+
 def registered(state: GatewayState, model: str) -> CatalogEntry:
     """The catalog entry of ``model``; TorchServe's 404 when it is not registered, a copy's
     internal name included (model namespacing: clients cannot name one). A name several
     repositories hold names no one model while a copy of it is registered: a 400 with
-    Triton's words (TorchServe's answer to a request it cannot carry out as asked)."""
+    Triton's words (:func:`ambiguity`)."""
     entry = state.view.models.get(model)
     if entry is not None and entry.ambiguous and model in listed(state.view):
-        raise InvalidInput(entry.error or f"model '{model}' is ambiguous")
+        raise ambiguity(entry)
     if entry is None or entry.error == UNLOADED or entry.listed_as or entry.ambiguous:
         raise NotFound(f"Model not found: {model}")
     return entry

@@ -199,7 +199,7 @@ def _versions(name: str, found: list[_Found]) -> dict[int, _Found]:
     taken: dict[int, str] = {}
     for item in sorted(found, key=_whole_first):
         version = item.manifest.version
-        same = find(version, taken) if decimal_of(version) is not None else None
+        same = find(version, taken)
         if same is not None:
             raise InvalidConfig(
                 f"model '{name}' version {version} is in both {numbers[same].source.name} "
@@ -211,7 +211,11 @@ def _versions(name: str, found: list[_Found]) -> dict[int, _Found]:
 
 
 def _whole_first(found: _Found) -> tuple[int, Decimal, str]:
-    value = decimal_of(found.manifest.version) or Decimal(0)
+    """Whole positive versions first (they keep their numbers where free), then the other
+    numbers, then versions that are no number (``v1``), each kind in order."""
+    value = decimal_of(found.manifest.version)
+    if value is None or value <= 0:
+        return (2, Decimal(0), found.source.name)
     return (0 if value == value.to_integral_value() else 1, value, found.source.name)
 
 

@@ -325,7 +325,7 @@ def test_torchserve_s_metric_names_count_the_predictions(stack: Stack) -> None:
     assert _ts_requests(stack) >= before + 3
     text = httpx.get(f"{stack.url}/metrics").text
     assert "# TYPE ts_inference_latency_microseconds counter" in text
-    assert 'ts_queue_latency_microseconds{model_name="linear",model_version="1",' in text
+    assert 'ts_queue_latency_microseconds{model_name="linear",model_version="1.0",' in text
 
 
 def _ts_requests(stack: Stack) -> float:

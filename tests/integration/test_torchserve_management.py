@@ -56,6 +56,9 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         file_name="shout-v2.tar.gz",
     )
     make_archive(store, "shout", ECHO_HANDLER, version="2", file_name="shout-2.mar")
+    # torch-model-archiver takes any text as --version, as TorchServe does.
+    make_archive(store, "texty", ECHO_HANDLER, version="2024-01", file_name="texty-a.mar")
+    make_archive(store, "texty", ECHO_HANDLER, version="v1/../2", file_name="texty-b.mar")
     make_archive(
         store,
         "greeter",
@@ -108,6 +111,22 @@ def test_a_second_version_is_added_beside_the_first_which_stays_the_default(stac
         assert http.post("/predictions/shout", content="yo").text == "YO (v2.0)"
         assert said(http.delete("/models/shout"), 200) == 'Model "shout" unregistered'
         assert http.get("/models/shout").status_code == 404
+
+
+def test_any_version_text_registers_and_is_named_by_it(stack: Stack) -> None:
+    """TorchServe takes any text as a version (``2024-01``); one with a path separator is
+    refused, naming it (it would never be reachable in ``/models/{m}/{v}``)."""
+    with httpx.Client(base_url=stack.url, timeout=120) as http:
+        first = http.post("/models", params={"url": "texty-a.mar"})
+        assert said(first, 200).startswith('Model "texty" Version: 2024-01 registered')
+        (described,) = http.get("/models/texty/2024-01").json()
+        assert (described["modelVersion"], described["modelUrl"]) == ("2024-01", "texty-a.mar")
+        assert http.post("/predictions/texty/2024-01", content="hi").text == "HI (v2024-01)"
+        refused = http.post("/models", params={"url": "texty-b.mar"})
+        assert "model version 'v1/../2'" in said(refused, 400)
+        assert refused.json()["type"] == "BadRequestException"
+        assert [d["modelVersion"] for d in http.get("/models/texty/all").json()] == ["2024-01"]
+        assert said(http.delete("/models/texty"), 200) == 'Model "texty" unregistered'
 
 
 def test_scaling_answers_as_torchserve_does(stack: Stack) -> None:

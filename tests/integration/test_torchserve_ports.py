@@ -263,7 +263,7 @@ def _count_answers_by_class(inference: int, management: int, metrics: int) -> No
     assert moved == [4, 2, 0]
     text = httpx.get(_url(metrics, "/metrics"), timeout=30).text
     assert "# HELP Requests2XX Torchserve prometheus counter metric with unit: Count" in text
-    assert 'ts_inference_requests_total{model_name="ident",model_version="1",hostname=' in text
+    assert 'ts_inference_requests_total{model_name="ident",model_version="1.0",hostname=' in text
     only = httpx.get(_url(metrics, "/metrics"), params={"name[]": "Requests4XX"}).text
     assert [f.name for f in text_string_to_metric_families(only)] == ["Requests4XX"]
     # TorchServe's host gauges, with its units and labels.

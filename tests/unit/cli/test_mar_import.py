@@ -18,7 +18,7 @@ from sluice.cli.mar_import import (
     read_store_settings,
 )
 from sluice.core.config import ModelConfig, parse_config_text
-from sluice.core.errors import InvalidConfig
+from sluice.core.errors import InvalidConfig, InvalidInput
 from sluice.core.torchserve.archives import MANIFEST, triton_config
 from sluice.core.torchserve.versions import record_of
 from sluice.workers.backends.torchserve_backend import encode_response, request_entry
@@ -159,6 +159,38 @@ def test_versions_of_one_value_are_two_versions(tmp_path: Path) -> None:
     config = _config(tmp_path / "repo", "m")
     assert config.version_policy.versions == (1, 2)
     assert {record_of(config.parameters, n).version for n in (1, 2)} == {"1.0", "1"}
+
+
+def test_versions_that_are_no_number_are_laid_out_after_the_whole_ones(tmp_path: Path) -> None:
+    """TorchServe takes any version text (``v1``, ``2024-01``): each takes the next free
+    folder once the whole versions have kept theirs (``v1`` sorts before ``1.0`` by name, and
+    still does not take folder 1), and a second ``v1`` is refused as any version twice."""
+    sources = [
+        _mar(tmp_path / "a.mar", "m", "v1"),
+        _mar(tmp_path / "b.mar", "m", "2024-01"),
+        _mar(tmp_path / "c.mar", "m", "1.0"),
+        _mar(tmp_path / "d.mar", "m", "1.2.1"),
+    ]
+    import_archives(sources, tmp_path / "repo", StoreSettings())
+    config = _config(tmp_path / "repo", "m")
+    shown = {n: record_of(config.parameters, n).version for n in config.version_policy.versions}
+    assert shown == {1: "1.0", 2: "v1", 3: "2024-01", 4: "1.2.1"}
+    assert sorted(p.name for p in (tmp_path / "repo" / "m").iterdir() if p.is_dir()) == [
+        "1",
+        "2",
+        "3",
+        "4",
+    ]
+    _mar(tmp_path / "e.mar", "m", "v1")
+    with pytest.raises(InvalidConfig, match=r"version v1 is in both a\.mar and e\.mar"):
+        import_archives([*sources, tmp_path / "e.mar"], tmp_path / "again", StoreSettings())
+
+
+def test_a_version_that_cannot_travel_safely_is_refused(tmp_path: Path) -> None:
+    _mar(tmp_path / "a.mar", "m", "1/../2")
+    with pytest.raises(InvalidInput, match=r"a\.mar: model version '1/\.\./2' .*path separator"):
+        import_archives([tmp_path / "a.mar"], tmp_path / "repo", StoreSettings())
+    assert not (tmp_path / "repo" / "m").exists()
 
 
 def test_the_archive_s_model_config_comes_before_config_properties(

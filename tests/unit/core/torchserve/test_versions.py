@@ -23,9 +23,34 @@ def test_whole_versions_keep_their_number_and_others_take_the_next() -> None:
     assert number_for("2", {1: "1.0"}, "a.mar") == 2
     assert number_for("1.5", {1: "1.0", 2: "2.0"}, "a.mar") == 3
     assert number_for("3.0", {1: "1.0", 3: "1.5"}, "a.mar") == 4  # 3 is taken
-    for bad in ("0.0", "-1", "v2", "1.0.0", ""):
-        with pytest.raises(InvalidInput, match=r"a\.mar: model version .* is not a positive"):
-            number_for(bad, {}, "a.mar")
+
+
+@pytest.mark.parametrize("version", ["v2", "1.2.1", "2024-01", "0.0", "0", "-1", "1e3", "ünï"])
+def test_any_text_is_a_version_as_in_torchserve(version: str) -> None:
+    """TorchServe takes any text as a version (model-archiver's ``--version`` too); one that
+    is no whole positive number takes the next free folder."""
+    assert number_for(version, {}, "a.mar") == 1
+    assert number_for(version, {1: "1.0", 4: "4.0"}, "a.mar") == 5
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("1\n2", "control character"),
+        ("1\x00", "control character"),
+        ("v\x7f", "control character"),
+        ("a\u2028b", "line separator"),
+        ("\ud800", "control character"),
+        ("1/2", "path separator"),
+        ("..\\x", "path separator"),
+        ("9" * 129, "longer than 128 characters"),
+    ],
+)
+def test_a_version_that_cannot_travel_safely_is_refused_by_name(version: str, why: str) -> None:
+    with pytest.raises(InvalidInput, match=rf"a\.mar: model version .*{why}") as refused:
+        number_for(version, {}, "a.mar")
+    assert repr(version[:128]) in refused.value.message
+    assert number_for("9" * 128, {}, "a.mar") == 1  # (a whole number this long is no folder)
 
 
 def test_a_version_is_found_by_its_text_as_torchserve_finds_it() -> None:

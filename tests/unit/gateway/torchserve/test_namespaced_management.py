@@ -1,9 +1,13 @@
 """TorchServe's management port with model namespacing (Triton's --model-namespacing=true),
-in process: a name several repositories hold names no one model, so scaling,
+in process: a name several repositories hold names no one model, so registering, scaling,
 unregistering it and setting its default version are refused as describing it is (400,
 Triton's words), and a copy's internal name is unknown (TorchServe's 404)."""
 
 from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
 
 import httpx
 import pytest
@@ -11,6 +15,8 @@ import pytest
 from sluice.core.catalog import UNLOADED, CatalogEntry
 from sluice.core.config import parse_config_text
 from sluice.core.repository_namespaces import ambiguity
+from sluice.core.settings import GatewaySettings
+from sluice.core.torchserve.archives import MANIFEST
 from sluice.gateway.torchserve.management import router as management
 from sluice.gateway.torchserve.ports import TorchServePort, management_path
 from tests.support.onnx_models import identity_config
@@ -35,13 +41,18 @@ def control() -> MemoryControlPlane:
 
 
 @pytest.fixture
-def port(control: MemoryControlPlane) -> TorchServePort:
+def port(control: MemoryControlPlane, tmp_path: Path) -> TorchServePort:
     """``comp`` held by two repositories (its copies ``comp@1`` and ``comp@2`` served),
-    behind the management port's filter."""
+    behind the management port's filter; the model store holds an archive of ``comp``."""
+    manifest = {"model": {"modelName": "comp", "handler": "h.py", "modelVersion": "2.0"}}
+    with zipfile.ZipFile(tmp_path / "comp.mar", "w") as archive:
+        archive.writestr(MANIFEST, json.dumps(manifest))
+        archive.writestr("h.py", "def handle(data, context):\n    return data\n")
     app = in_process_gateway(
         "alone",
         identity_config("alone", ["FP32"], [-1], 8),
         EchoDispatcher(["OUT_FP32"]),
+        GatewaySettings(model_store=tmp_path),
         control=control,
     )
     app.app.include_router(management)
@@ -68,6 +79,25 @@ async def test_a_name_held_twice_is_refused_by_every_route_naming_it(
         assert answer.status_code == 400, (answer.request.url, answer.text)
         assert answer.json() == {"code": 400, "type": "BadRequestException", "message": AMBIGUOUS}
     assert control.commands == []  # (nothing loaded, unloaded or scaled)
+
+
+@pytest.mark.parametrize("registered", [True, False])
+@pytest.mark.parametrize("query", ["url=comp.mar", "url=comp.mar&model_name=comp"])
+async def test_a_name_held_twice_is_not_registered(
+    port: TorchServePort, control: MemoryControlPlane, registered: bool, query: str
+) -> None:
+    """Registering the name (the archive's, or ``model_name``) would lay the archive into
+    each repository's copy: refused as every other route naming it is, and so while no copy
+    is registered (where those answer 404: there is nothing to register as new either)."""
+    if not registered:
+        view = port.routes.state.sluice.view
+        for copy in ("comp@1", "comp@2"):
+            view.models[copy] = CatalogEntry(copy, (), None, UNLOADED, listed_as="comp")
+    async with _client(port) as client:
+        answer = await client.post(f"/models?{query}")
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"code": 400, "type": "BadRequestException", "message": AMBIGUOUS}
+    assert control.commands == []
 
 
 async def test_a_copy_s_own_name_is_not_found(port: TorchServePort) -> None:
