@@ -8,7 +8,7 @@ bootstrap:
 run: bootstrap
 	.venv/bin/sluice up --model-repository model_repository --http-port $(PORT)
 
-# Everything: the static checks, then unit, integration and fault tests (about 13 minutes).
+# Everything: the static checks, then unit, integration and fault tests (about 20 minutes on two cores).
 test: bootstrap
 	scripts/test.sh
 
