@@ -14,18 +14,13 @@ import httpx
 import pytest
 
 from sluice.core.catalog import UNLOADED, CatalogEntry
-from sluice.core.config import parse_config_text
-from sluice.core.repository_namespaces import ambiguity
 from sluice.gateway.http.fast_path import InferFastPath
 from sluice.gateway.torchserve.management import router as management
 from tests.support.onnx_models import identity_config
 from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
 from tests.unit.gateway.memory_control_plane import MemoryControlPlane
+from tests.unit.gateway.name_held_twice import AMBIGUOUS, hold_comp_twice
 
-AMBIGUOUS = (
-    "There are 2 identifiers of model 'comp' in global map, model namespace must be provided "
-    "to resolve ambiguity."
-)
 BODY = {"inputs": [{"name": "IN_FP32", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
 
 
@@ -46,13 +41,7 @@ def gateway(control: MemoryControlPlane) -> InferFastPath:
         control=control,
     )
     app.app.include_router(management)
-    view = app.app.state.sluice.view
-    view.namespacing = True
-    for copy in ("comp@1", "comp@2"):
-        config = parse_config_text(identity_config(copy, ["FP32"], [-1], 8), model_name=copy)
-        view.models[copy] = CatalogEntry(copy, (1,), config, listed_as="comp")
-        view.ready[copy] = frozenset((1,))
-    view.models["comp"] = CatalogEntry("comp", (), None, ambiguity("comp", 2), ambiguous=True)
+    hold_comp_twice(app)
     return app
 
 

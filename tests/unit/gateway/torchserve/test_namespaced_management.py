@@ -13,8 +13,6 @@ import httpx
 import pytest
 
 from sluice.core.catalog import UNLOADED, CatalogEntry
-from sluice.core.config import parse_config_text
-from sluice.core.repository_namespaces import ambiguity
 from sluice.core.settings import GatewaySettings
 from sluice.core.torchserve.archives import MANIFEST
 from sluice.gateway.torchserve.management import router as management
@@ -22,8 +20,8 @@ from sluice.gateway.torchserve.ports import TorchServePort, management_path
 from tests.support.onnx_models import identity_config
 from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
 from tests.unit.gateway.memory_control_plane import MemoryControlPlane
+from tests.unit.gateway.name_held_twice import AMBIGUOUS, hold_comp_twice
 
-AMBIGUOUS = ambiguity("comp", 2)
 REQUESTS = (
     ("GET", "/models/comp"),
     ("PUT", "/models/comp?min_worker=2"),
@@ -56,13 +54,7 @@ def port(control: MemoryControlPlane, tmp_path: Path) -> TorchServePort:
         control=control,
     )
     app.app.include_router(management)
-    view = app.app.state.sluice.view
-    view.namespacing = True
-    for copy in ("comp@1", "comp@2"):
-        config = parse_config_text(identity_config(copy, ["FP32"], [-1], 8), model_name=copy)
-        view.models[copy] = CatalogEntry(copy, (1,), config, listed_as="comp")
-        view.ready[copy] = frozenset((1,))
-    view.models["comp"] = CatalogEntry("comp", (), None, AMBIGUOUS, ambiguous=True)
+    hold_comp_twice(app)
     return TorchServePort(app, app.app, management_path)
 
 
