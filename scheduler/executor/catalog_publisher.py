@@ -51,7 +51,9 @@ def publish_catalog(
                 mapping={m.name: encode_entry(to_entry(m, m.name in on_demand)) for m in models},
             )
         # (as a plain command: a cluster's pipeline has no eval() of its own)
-        pipe.execute_command("EVAL", _NEXT_REVISION, 1, keys.catalog_revision)
+        pipe.execute_command(  # type: ignore[no-untyped-call]
+            "EVAL", _NEXT_REVISION, 1, keys.catalog_revision
+        )
         pipe.execute()
 
 
