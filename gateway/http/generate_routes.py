@@ -129,7 +129,9 @@ async def _prepare(
     def parse(config: ModelConfig) -> InferRequest:
         # On a thread past a few KiB of JSON, as a JSON /infer request's.
         document = generate_document(json_object(body), config, state.limits)
-        parsed = parse_infer_document(document, memoryview(b""), config, state.limits)
+        # Triton's generate refuses no name starting with 'triton_' (as /infer does): such
+        # a key goes to the model as a parameter like any other.
+        parsed = parse_infer_document(document, memoryview(b""), config, state.limits, allowed=None)
         for output in parsed.outputs:
             # The generate answer is JSON only (as Triton's), whatever the request's
             # 'binary_data_output' says: it must not turn the answer into a 500.

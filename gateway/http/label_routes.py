@@ -27,10 +27,10 @@ async def label_ready(request: Request, model: str, label: str) -> Response:
     """As ``/v2/models/{m}/versions/{v}/ready`` for the version the label names."""
     view = state_of(request).view
     try:
-        entry, number = view.resolve(model, None, label)
+        _, number = view.resolve(model, None, label)
     except Unavailable as exc:
         return json_response({"error": f"Model version not ready; {exc.message}"}, 400)
     if not view.is_ready(model, number):
         detail = f"model '{model}' version {number} has no live worker yet"
         return json_response({"error": f"Model version not ready; {detail}"}, 400)
-    return json_response({"name": entry.name, "ready": True})
+    return Response(status_code=200)  # (no body, as Triton's answer for a version)

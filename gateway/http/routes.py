@@ -51,18 +51,23 @@ router.include_router(trace_router)
 Handler = Callable[..., Awaitable[Response]]
 
 
+def _empty(status: int = 200) -> Response:
+    """Triton's health answer: a status and no body (``content-length: 0``, no content type)."""
+    return Response(status_code=status)
+
+
 @router.get("/v2/health/live")
 async def live() -> Response:
-    return json_response({"live": True})
+    return _empty()
 
 
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
+    """200 or 400, with no body either way, as Triton (which says nothing of why it is not
+    ready: the repository index lists each model's state)."""
     state = state_of(request)
     problem = await asked_fresh(state, lambda: server_not_ready(state), is_problem)
-    if problem is not None:
-        return json_response({"error": problem}, 400)
-    return json_response({"ready": True})
+    return _empty() if problem is None else _empty(400)
 
 
 @router.get("/metrics")
@@ -112,12 +117,13 @@ async def metadata(request: Request, model: str, version: str | None = None) -> 
 
 @_route("GET", "/ready")
 async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
-    """Triton answers 400 "Model version not ready" for a known model that cannot serve."""
+    """200 with no body, as Triton; 400 "Model version not ready" (with why) for a known
+    model that cannot serve."""
     state = state_of(request)
     problem = await asked_fresh(state, lambda: model_not_ready(state, model, version), is_problem)
     if problem is not None:
         return json_response({"error": problem}, 400)
-    return json_response({"name": state.view.entry(model).name, "ready": True})
+    return _empty()
 
 
 @_route("GET", "/config")

@@ -19,9 +19,10 @@ from sluice.gateway.inference.json_tensors import fmt_shape
 from sluice.gateway.inference.request import RequestLimits
 
 TRITON_PARAMETERS = frozenset({"triton_enable_empty_final_response"})
-"""Reserved names Triton's gRPC frontend reads itself (streams of decoupled models), and
-that Sluice's generate routes take too. Triton's HTTP frontend refuses every reserved name:
-``/infer`` takes none (:func:`sluice.gateway.inference.parsing.parse_infer_request`)."""
+"""Reserved names Triton's gRPC frontend reads itself (streams of decoupled models). Triton's
+HTTP frontend refuses every reserved name: ``/infer`` takes none
+(:func:`sluice.gateway.inference.parsing.parse_infer_request`); its generate extension
+checks none (``allowed=None``: each goes to the model as any other parameter)."""
 
 
 _MAX_DIM = (1 << 63) - 1
@@ -62,14 +63,15 @@ def tensor_entry(
 
 
 def parse_request_parameters(
-    value: Any, limits: RequestLimits, allowed: frozenset[str] = TRITON_PARAMETERS
+    value: Any, limits: RequestLimits, allowed: frozenset[str] | None = TRITON_PARAMETERS
 ) -> tuple[dict[str, Any], bool | None]:
     """The request's parameters but ``binary_data_output``, and that (None when absent).
     At most ``limits.max_parameters`` of them, names within ``limits.max_string_length``;
     a number is finite (the JSON text a Python model reads can hold no other). Those
     Triton's HTTP frontend reads are checked in order as it reads them, with its texts
     (:mod:`sluice.gateway.inference.json_parameters`); a name starting with ``triton_``
-    is refused unless ``allowed``."""
+    is refused unless ``allowed`` (a boolean then), or ``allowed`` is None (Triton's
+    generate extension: such a name is a parameter as any other)."""
     if value is None:
         return {}, None
     if not isinstance(value, dict):
@@ -88,7 +90,7 @@ def parse_request_parameters(
                 f"{limits.max_string_length} characters"
             )
         check_request_parameter(key, item)
-        if key.startswith(RESERVED_PREFIX):
+        if allowed is not None and key.startswith(RESERVED_PREFIX):
             if key not in allowed:
                 raise InvalidInput(RESERVED_TEXT)
             if not isinstance(item, bool):

@@ -114,13 +114,14 @@ def parse_infer_document(
     regions: RegionLookup | None = None,
     no_header: bool = False,
     *,
-    allowed: frozenset[str] = TRITON_PARAMETERS,
+    allowed: frozenset[str] | None = TRITON_PARAMETERS,
 ) -> InferRequest:
     """Validate a request already decoded into the JSON form (``doc``) whose binary inputs
     lie one after the other in ``binary``: the JSON body's header and the gRPC message
     (see :mod:`sluice.gateway.grpc_api.tensors`) both end here, so both are checked the same way.
     ``no_header``: the body came without Inference-Header-Content-Length (for the hint).
-    ``allowed``: the request parameters starting with ``triton_`` it may carry."""
+    ``allowed``: the request parameters starting with ``triton_`` it may carry (None: any,
+    as plain parameters)."""
     lookup: RegionLookup = regions if regions is not None else NoRegions()
     request_id = parse_id(doc.get("id"), limits)
     parameters, binary_output = parse_request_parameters(doc.get("parameters"), limits, allowed)

@@ -69,11 +69,11 @@ def test_tritons_command_line_serves_as_it_says(tmp_path: Path, redis_server: Re
         assert _refused(stack.grpc_port)  # --allow-grpc=false wins over --grpc-port
         assert _refused(stack.metrics_port)  # --allow-metrics=false closes the metrics port
         with httpx.Client(base_url=stack.url, timeout=30) as http:
-            assert http.get("/v2/health/live").json() == {"live": True}
+            assert http.get("/v2/health/live").status_code == 200
             assert http.get("/metrics").status_code == 404
             # A broken model, yet ready: --strict-readiness=false; still running:
             # --exit-on-error=false.
-            assert http.get("/v2/health/ready").json() == {"ready": True}
+            assert http.get("/v2/health/ready").status_code == 200
             index = {row["name"]: row for row in http.post("/v2/repository/index").json()}
             assert index["broken"]["state"] == "UNAVAILABLE"
             assert index["ident"]["state"] == "READY"

@@ -56,6 +56,7 @@ def test_health_and_server_metadata(client: httpclient.InferenceServerClient) ->
 def test_model_metadata_and_config(client: httpclient.InferenceServerClient) -> None:
     assert client.is_model_ready("iris")
     assert client.is_model_ready("iris", "1")
+    assert not client.is_model_ready("broken_config")
     metadata = client.get_model_metadata("iris")
     assert metadata["versions"] == ["1"]
     assert metadata["platform"] == "onnxruntime_onnx"

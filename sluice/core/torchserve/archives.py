@@ -195,11 +195,32 @@ def _parse_manifest(path: Path, data: bytes) -> MarManifest:
         handler=_text(model.get("handler"), "handler", path, required=True),
         serialized_file=_text(model.get("serializedFile"), "serializedFile", path),
         model_file=_text(model.get("modelFile"), "modelFile", path),
-        version=_text(model.get("modelVersion"), "modelVersion", path) or "1.0",
+        version=_version(path, data, model.get("modelVersion")),
         requirements_file=_text(model.get("requirementsFile"), "requirementsFile", path),
         raw=manifest,
         config_file=_text(model.get("configFile"), "configFile", path),
     )
+
+
+def _version(path: Path, data: bytes, value: Any) -> str:
+    """The manifest's ``modelVersion`` (its JSON ``data`` held for a number's text), read as
+    TorchServe reads it: required (its 400 ``Model version is not defined.``), a number or a
+    boolean taken as its JSON text (``2``, ``1.50``, ``true``). An empty text, which
+    TorchServe takes, is refused: no version URL could name it."""
+    if value is None:
+        raise bad_archive(path, "Model version is not defined.")
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        # Again, with each number kept as its text (a hand-made manifest only).
+        value = json.loads(data, parse_int=str, parse_float=str)["model"]["modelVersion"]
+    if not isinstance(value, str):
+        raise bad_archive(path, "manifest field 'model.modelVersion' must be a string")
+    if not value:
+        raise bad_archive(
+            path, "manifest field 'model.modelVersion' is empty: no URL could name the version"
+        )
+    return value
 
 
 def read_member(path: Path, name: str, max_bytes: int) -> bytes:

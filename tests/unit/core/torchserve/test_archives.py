@@ -121,6 +121,46 @@ def test_a_bad_manifest_says_what_is_wrong(
         read_manifest(_archive(tmp_path, entries))
 
 
+def _with_version(tmp_path: Path, version_json: str) -> Path:
+    """An archive whose manifest's modelVersion is ``version_json`` (its JSON text; "" for
+    none), as a hand-made manifest may have it."""
+    field = f', "modelVersion": {version_json}' if version_json else ""
+    text = '{"runtime": "python", "model": {"modelName": "m", "handler": "h.py"' + field + "}}"
+    return _archive(tmp_path, {MANIFEST: text.encode()})
+
+
+@pytest.mark.parametrize("version_json", ["", "null"])
+def test_a_manifest_without_a_version_is_refused_as_torchserve_does(
+    tmp_path: Path, version_json: str
+) -> None:
+    """TorchServe answers 400 ``Model version is not defined.``; Sluice took 1.0."""
+    with pytest.raises(InvalidConfig, match=r"Model version is not defined\.$"):
+        read_manifest(_with_version(tmp_path, version_json))
+
+
+@pytest.mark.parametrize(
+    ("version_json", "version"),
+    [("2", "2"), ("1.0", "1.0"), ("1.50", "1.50"), ("1e3", "1e3"), ("true", "true")],
+)
+def test_a_number_version_is_its_json_text_as_in_torchserve(
+    tmp_path: Path, version_json: str, version: str
+) -> None:
+    """TorchServe's manifest reader (Gson) takes a JSON number or boolean for a text as its
+    text; Sluice refused it ("must be a non-empty string")."""
+    assert read_manifest(_with_version(tmp_path, version_json)).version == version
+
+
+@pytest.mark.parametrize(
+    ("version_json", "reason"),
+    [('""', "'model.modelVersion' is empty"), ("[1]", "'model.modelVersion' must be a string")],
+)
+def test_an_empty_or_structured_version_is_refused(
+    tmp_path: Path, version_json: str, reason: str
+) -> None:
+    with pytest.raises(InvalidConfig, match=reason):
+        read_manifest(_with_version(tmp_path, version_json))
+
+
 def test_a_file_that_is_not_a_zip_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "x.mar"
     path.write_bytes(b"not a zip")

@@ -19,7 +19,7 @@ from sluice.core.torchserve.settings import (
 
 
 def _archive(tmp_path: Path, config: str | None, config_file: str = "model-config.yaml") -> Path:
-    model = {"modelName": "m", "handler": "h.py", "configFile": config_file}
+    model = {"modelName": "m", "handler": "h.py", "modelVersion": "1.0", "configFile": config_file}
     path = tmp_path / "m.mar"
     with zipfile.ZipFile(path, "w") as archive:
         archive.writestr(MANIFEST, json.dumps({"model": model}))
@@ -53,7 +53,8 @@ def test_the_keys_with_an_equivalent_are_read_and_the_rest_named(tmp_path: Path)
 def test_an_archive_without_a_config_file_sets_nothing(tmp_path: Path) -> None:
     path = tmp_path / "plain.mar"
     with zipfile.ZipFile(path, "w") as archive:
-        archive.writestr(MANIFEST, json.dumps({"model": {"modelName": "m", "handler": "h"}}))
+        manifest = {"model": {"modelName": "m", "handler": "h", "modelVersion": "1.0"}}
+        archive.writestr(MANIFEST, json.dumps(manifest))
     assert read_archive_settings(path, read_manifest(path)) == ArchiveSettings()
     assert parse_archive_settings(b"", "x") == ArchiveSettings()
 
