@@ -155,9 +155,10 @@ def read_manifest(path: Path) -> MarManifest:
         return _manifest(path, archive)
 
 
-def _manifest(path: Path, archive: zipfile.ZipFile) -> MarManifest:
+def _manifest(path: Path, archive: zipfile.ZipFile, *, registering: bool = True) -> MarManifest:
     missing = f"{MANIFEST} is missing (not made by torch-model-archiver?)"
-    return _parse_manifest(path, _member(path, archive, MANIFEST, MAX_MANIFEST_BYTES, missing))
+    data = _member(path, archive, MANIFEST, MAX_MANIFEST_BYTES, missing)
+    return _parse_manifest(path, data, registering=registering)
 
 
 def _member(path: Path, archive: zipfile.ZipFile, name: str, max_bytes: int, missing: str) -> bytes:
@@ -179,8 +180,11 @@ def _member(path: Path, archive: zipfile.ZipFile, name: str, max_bytes: int, mis
     return data
 
 
-def _parse_manifest(path: Path, data: bytes) -> MarManifest:
-    """The manifest of the archive at ``path`` (named in errors), from its bytes."""
+def _parse_manifest(path: Path, data: bytes, *, registering: bool = True) -> MarManifest:
+    """The manifest of the archive at ``path`` (named in errors), from its bytes.
+    ``registering``: read as TorchServe reads it when it registers the archive (its version
+    required); else as a worker unpacks one already laid out, whose version is its folder's
+    (an archive laid out by hand without one serves as ``1.0``)."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise bad_archive(path, f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -195,18 +199,20 @@ def _parse_manifest(path: Path, data: bytes) -> MarManifest:
         handler=_text(model.get("handler"), "handler", path, required=True),
         serialized_file=_text(model.get("serializedFile"), "serializedFile", path),
         model_file=_text(model.get("modelFile"), "modelFile", path),
-        version=_version(path, data, model.get("modelVersion")),
+        version=_version(path, data, model.get("modelVersion"), registering),
         requirements_file=_text(model.get("requirementsFile"), "requirementsFile", path),
         raw=manifest,
         config_file=_text(model.get("configFile"), "configFile", path),
     )
 
 
-def _version(path: Path, data: bytes, value: Any) -> str:
+def _version(path: Path, data: bytes, value: Any, registering: bool) -> str:
     """The manifest's ``modelVersion`` (its JSON ``data`` held for a number's text), read as
     TorchServe reads it: required (its 400 ``Model version is not defined.``), a number or a
     boolean taken as its JSON text (``2``, ``1.50``, ``true``). An empty text, which
     TorchServe takes, is refused: no version URL could name it."""
+    if not registering and value in (None, ""):
+        return "1.0"
     if value is None:
         raise bad_archive(path, "Model version is not defined.")
     if isinstance(value, bool):
@@ -348,7 +354,7 @@ def unpack(
     limits = limits or UnpackLimits(total_bytes=max_bytes)
     with _open(path, limits.entries) as archive:
         members = _check_members(path, archive, limits.entries, limits)
-        manifest = _manifest(path, archive)
+        manifest = _manifest(path, archive, registering=False)
         destination.mkdir(parents=True)
         try:
             written = 0
