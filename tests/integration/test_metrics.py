@@ -22,10 +22,10 @@ from sluice.core.keys import Keys
 from sluice.core.observability.custom_metrics import encode_report
 from sluice.core.settings import auto_gateway_processes
 from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
 from tests.support.load import slow_request
 from tests.support.model_files import python_config, tensor, write_fragile, write_model
 from tests.support.onnx_models import write_identity
-from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
 TRITON_HELP = {
@@ -56,9 +56,6 @@ TRITON_HELP = {
     ),
 }
 MODELS = {"ident", "fragile", "queued", "slow", "counted"}
-SLOW_ITERS = 600_000
-"""Rounds of the slow model that compute for seconds: several times what the test does
-meanwhile."""
 REFRESH_S = 0.5
 """How often each gateway process reads the queues' depths (its catalog refresh)."""
 Samples = dict[tuple[str, str, str, str], float]
@@ -97,12 +94,15 @@ class TritonPythonModel:
 @pytest.fixture(scope="module")
 def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -> Iterator[Stack]:
     root = tmp_path_factory.mktemp("metrics")
+    gate = tmp_path_factory.mktemp("gate")
     write_identity(root, "ident", ["FP32"])
     write_fragile(root)
-    write_slow(
-        root, "queued", extra="dynamic_batching { default_queue_policy { max_queue_size: 1 } }"
-    )
-    write_slow(root, "slow", max_batch_size=1)
+    # Gate models: a request holds its worker until the test has seen what it needed
+    # (tests/support/gate_model.py), not for a time guessed to be long enough.
+    queued = write_gate(root, "queued", max_batch_size=8) / "config.pbtxt"
+    with queued.open("a") as config:
+        config.write("dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n")
+    write_gate(root, "slow")
     write_model(
         root,
         "counted",
@@ -110,7 +110,11 @@ def metered(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer)
         {"1/model.py": COUNTED_MODEL},
     )
     # An idle gateway process refreshes its view of the queues every 2 s by default.
-    stack = Stack(root, redis_server.url, env={"SLUICE_CATALOG_IDLE_REFRESH_S": str(REFRESH_S)})
+    stack = Stack(
+        root,
+        redis_server.url,
+        env={"SLUICE_CATALOG_IDLE_REFRESH_S": str(REFRESH_S), "SLUICE_TEST_GATE": str(gate)},
+    )
     stack.start()
     yield stack
     stack.stop()
@@ -231,7 +235,7 @@ def test_backend_failures_are_counted_as_backend(http: httpx.Client) -> None:
 
 
 def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> None:
-    """A slow request holds the worker: meanwhile a full queue refuses (REJECTED), a
+    """A held request holds the worker: meanwhile a full queue refuses (REJECTED), a
     request queued behind it shows as pending, and one whose deadline passes while it
     waits is dropped by the worker (REJECTED too)."""
     before = scrape(http)
@@ -245,7 +249,7 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
             answers[name] = client.post(f"/v2/models/{model}/infer", json=body).status_code
 
     def watch() -> None:
-        # Scrapes all along: what the gauges show while the slow request computes does
+        # Scrapes all along: what the gauges show while the held request waits does
         # not depend on when one scrape happens to land.
         with httpx.Client(base_url=metered.url, timeout=60) as client:
             while not busy_over.is_set():
@@ -255,8 +259,8 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     watcher = threading.Thread(target=watch)
     watcher.start()
     busy = [
-        threading.Thread(target=send, args=("queued", "queued", slow_request(1, SLOW_ITERS))),
-        threading.Thread(target=send, args=("slow", "slow", slow_request(2, SLOW_ITERS))),
+        threading.Thread(target=send, args=("queued", "queued", slow_request(1, BLOCKER_ITERS))),
+        threading.Thread(target=send, args=("slow", "slow", slow_request(2, BLOCKER_ITERS))),
     ]
     for thread in busy:
         thread.start()
@@ -271,6 +275,9 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     refused = http.post("/v2/models/queued/infer", json=slow_request(4))
     # Waits in the stream, behind the slow request, past its deadline.
     expired = http.post("/v2/models/slow/infer", json=slow_request(5, timeout_us=200_000))
+    gate = Path(metered.env["SLUICE_TEST_GATE"])
+    open_gate(gate, "queued")
+    open_gate(gate, "slow")
     for thread in [*busy, waiting]:
         thread.join(60)
     busy_over.set()
@@ -307,7 +314,7 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
     assert moved("sluice_admission_rejects_total", "queued", reason="in_flight") == 0
     assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="queue") == 1)
     assert wait_for(lambda: moved("sluice_deadline_misses_total", "slow", stage="gateway") == 1)
-    assert max(oldest_ages) > 0.1, oldest_ages  # requests aged while the slow one computed
+    assert max(oldest_ages) > 0.1, oldest_ages  # requests aged while the held one waited
     assert max(queue_lengths) >= 1, queue_lengths
     assert sample(everything(http), "sluice_oldest_request_age_seconds", "slow") == 0
 

@@ -80,6 +80,7 @@ def test_a_changed_page_is_named_stale(
     assert generator.stale_pages(pages, tmp_path) == ["cli.md", "errors.md"]
 
 
+@pytest.mark.slow
 def test_check_mode_exits_zero_on_the_committed_pages() -> None:
     result = subprocess.run(
         [sys.executable, str(GENERATOR), "--check"], capture_output=True, text=True, cwd=ROOT

@@ -109,6 +109,7 @@ def test_a_fork_that_fails_fails_that_worker_only(
     assert pid_alive(first.pid)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(120)
 def test_a_stalled_fork_server_is_waited_for_once_and_its_late_fork_killed(
     repository: Path, servers: list[ForkServer], redis_server: RedisServer

@@ -73,6 +73,7 @@ def test_only_one_of_many_contenders_leads(redis: Redis, keys: Keys) -> None:
             assert 0 < claim.expires_in_s <= 3.0
 
 
+@pytest.mark.slow
 def test_renewals_keep_the_lease_past_its_ttl(redis: Redis, keys: Keys) -> None:
     clock = FakeClock()
     lease = Lease(redis, keys, "a", ttl_s=0.6, clock=clock)
@@ -196,6 +197,7 @@ def test_the_margin_must_be_below_the_ttl(redis: Redis, keys: Keys) -> None:
         Lease(redis, keys, "a", ttl_s=1.0, margin_s=1.0)
 
 
+@pytest.mark.slow
 def test_a_controller_that_stops_hands_over_to_the_standby_at_once(
     redis_server: RedisServer, redis: Redis, keys: Keys
 ) -> None:

@@ -152,6 +152,7 @@ def test_a_scale_down_kills_a_worker_that_ignores_sigterm_after_the_grace(
     assert kept.running
 
 
+@pytest.mark.slow
 def test_the_stop_gives_a_gateway_its_drain_and_a_margin_then_kills_it() -> None:
     """``SLUICE_SHUTDOWN_TIMEOUT_S`` (Triton's ``--exit-timeout-secs``) and 5 s: not a fixed
     15 s, which cut a longer drain short."""

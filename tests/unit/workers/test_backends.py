@@ -147,6 +147,7 @@ def test_torchscript_reads_read_only_request_buffers(
     np.testing.assert_allclose(result["SUM__0"], xs @ module.weight.numpy(), rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_torch_export_orders_inputs_by_forward_names_and_reads_dict_outputs(
     tmp_path: Path, torch: ModuleType, load
 ) -> None:

@@ -83,6 +83,7 @@ def _post_head(length: int) -> bytes:
     return head.encode() + b"\r\n"
 
 
+@pytest.mark.slow
 def test_a_body_sent_at_once_is_answered_however_slowly_the_server_reads(port: int) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         started = time.monotonic()

@@ -46,6 +46,7 @@ def dripping() -> Iterator[str]:
     server.server_close()
 
 
+@pytest.mark.slow
 async def test_a_download_that_never_ends_fails_at_its_deadline(
     dripping: str, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
