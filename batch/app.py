@@ -51,7 +51,10 @@ def create_app(settings: BatchSettings) -> tuple[Celery, Runner]:
     def send_shard(batch_id: str, index: int) -> None:
         app.send_task(b.SHARD_TASK, args=[batch_id, index], queue=queue)
 
-    runner = Runner(settings, send_shard)
+    def send_plan(batch_id: str) -> None:
+        app.send_task(b.PLAN_TASK, args=[batch_id, True], queue=queue)
+
+    runner = Runner(settings, send_shard, send_plan)
 
     # Celery's decorators are untyped; the tasks keep their own annotations.
     @app.task(name=b.PLAN_TASK, bind=True, max_retries=_PLAN_RETRIES)  # type: ignore[untyped-decorator]

@@ -36,6 +36,7 @@ from sluice.batch.stored import OverQuota, Reservation, StoredBytes
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.store import Tree
+from sluice.core.batch_jobs.turns import SendPlan, Turns
 from sluice.core.catalog import decode_entry
 from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig
@@ -71,12 +72,18 @@ the committed ones): Redis is never held long by one call."""
 
 
 class Runner:
-    def __init__(self, settings: BatchSettings, send_shard: SendShard) -> None:
+    def __init__(
+        self, settings: BatchSettings, send_shard: SendShard, send_plan: SendPlan | None = None
+    ) -> None:
+        """``send_plan`` queues a job's plan task (resuming it): how the job next in its
+        tenant's line starts as one ends; without it, a job that ends gives its turn back
+        and another batch worker's periodic round starts the next."""
         self.settings = settings
         self.keys = Keys(settings.namespace)
         self.redis = connect(settings.redis_url, socket_timeout=10, socket_connect_timeout=5)
         self.storage = Storage(settings)
         self.send_shard = send_shard
+        self.turns = Turns(self.redis, self.keys, settings.tenant_max_running_batches, send_plan)
         self._readers: dict[str, InputReader] = {}
 
     def close(self) -> None:
@@ -103,7 +110,8 @@ class Runner:
 
     def _end(self, batch_id: str, fields: dict[str, str]) -> None:
         """The job's final status (and what goes with it); no longer running, and expiring
-        ``SLUICE_BATCH_RETENTION_S`` from now."""
+        ``SLUICE_BATCH_RETENTION_S`` from now. Its turn goes to its tenant's next job in
+        line, which starts."""
         now = time.time()
         fields[b.F_FINISHED] = f"{now:.6f}"
         tenant = self._tenant(self.record(batch_id))
@@ -117,6 +125,14 @@ class Runner:
             pipe.delete(self.keys.batch_in_flight(batch_id))  # (a resume makes it anew)
             pipe.zadd(self.keys.store_expiry, {member: now + self.settings.batch_retention_s})
             pipe.execute()
+        try:
+            self.turns.leave(tenant, batch_id)
+        except Exception as exc:
+            log.warning(
+                "batch %s: giving its turn on failed (the periodic round gives it): %s",
+                batch_id,
+                exc,
+            )
 
     @staticmethod
     def _tenant(record: dict[str, str]) -> str:
@@ -303,6 +319,7 @@ class Runner:
         if not rewound:
             log.info("batch %s: stopped again before it was resumed", batch_id)
             return
+        self.redis.sadd(keys.running_batches, batch_id)  # (resumed from its tenant's line)
         log.info("batch %s resumed: %d shard(s) not committed", batch_id, len(left))
         self._top_up(batch_id, "as it was resumed")
 
@@ -821,7 +838,9 @@ class Reaper:
     whichever worker sees it first). The broker would redeliver it too, but only after its
     visibility timeout. The same round tops up every running batch's window
     (:meth:`Runner.send_next`): a worker killed between a shard's commit and sending the
-    next leaves it short, and nothing else would send that next shard."""
+    next leaves it short, and nothing else would send that next shard; and it moves the
+    tenants' turns (:meth:`Turns.sweep`): a job that ended without giving its turn on (its
+    worker killed then) gives it now, and a job given a turn that did not start starts."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner
@@ -831,6 +850,12 @@ class Reaper:
         return max(1.0, self.runner.settings.batch_shard_lease_s / 3)
 
     def sweep(self) -> None:
+        try:
+            self._leases()
+        finally:
+            self.runner.turns.sweep()
+
+    def _leases(self) -> None:
         runner, keys = self.runner, self.runner.keys
         redis = runner.redis
         CLOCK.sync_blocking(redis)  # (leases are written by batch workers on other hosts)

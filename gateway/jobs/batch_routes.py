@@ -7,15 +7,19 @@
   :mod:`sluice.core.batch_jobs.access`); ``output`` left out: the batch store. A tenant keeps
   at most ``SLUICE_TENANT_MAX_BATCHES`` jobs (429), and a job writing to the batch store
   is refused (429) while its tenant keeps ``SLUICE_TENANT_MAX_STORED_BYTES`` there; a job
-  the broker cannot take is 503, and nothing of it stays;
+  the broker cannot take is 503, and nothing of it stays. While the tenant has
+  ``SLUICE_TENANT_MAX_RUNNING_BATCHES`` jobs running, a new one waits ``queued`` in line
+  (:mod:`sluice.core.batch_jobs.turns`) and starts as one of them ends;
 - ``GET /v2/batches/{id}``: status, rows done of the total, rate, ETA, shards, each failed
-  shard's error, and the manifest once complete;
+  shard's error, the manifest once complete, and a waiting job's ``place`` in line;
 - ``POST /v2/batches/{id}/cancel``, ``POST /v2/batches/{id}/resume`` (each one script on the
   record: one that lands as the job completes leaves it completed; a resume that would
   write to a full store is 429 as a new job is; a resume while an earlier one still waits
-  for a batch worker queues nothing more, and is answered as that one will be);
-- ``DELETE /v2/batches/{id}``: a job that has ended goes now, with its outputs in the store
-  (their bytes given back to the tenant's quota); 409 while it runs;
+  for a batch worker queues nothing more, and is answered as that one will be; a job that
+  had ended waits for a turn as a new one does; a resume of a job waiting in line changes
+  nothing);
+- ``DELETE /v2/batches/{id}``: a job that has ended, or waits in line, goes now, with its
+  outputs in the store (their bytes given back to the tenant's quota); 409 while it runs;
 - ``GET /v2/batches``: the tenant's newest 100;
 - ``GET /v2/batches/{id}/outputs``: the files of a completed batch, or those of the shards
   a failed or cancelled one committed, each with its rows (409 while it runs), and
@@ -43,6 +47,7 @@ from starlette.responses import Response, StreamingResponse
 
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import output_quota as oq
+from sluice.core.batch_jobs import turns
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.celery_config import broker_url, celery_app, queue_name
 from sluice.core.batch_jobs.store import Tree, open_tree
@@ -113,6 +118,46 @@ async def _queue_plan(state: GatewayState, batch_id: str, resume: bool) -> None:
 _QUEUE_RETRY_S = 5
 
 
+def _turns(state: GatewayState) -> turns.Turns:
+    """The tenants' turns as this gateway gives them on (a job it cancels or deletes), with
+    a blocking client: its calls run on a thread."""
+    settings = state.settings
+
+    def send_plan(batch_id: str) -> None:
+        _celery_of(state).send_task(
+            b.PLAN_TASK, args=[batch_id, True], queue=queue_name(settings.namespace)
+        )
+
+    client = store_sweeper(state).redis  # (the gateway's blocking client; it may connect)
+    return turns.Turns(client, state.keys, settings.tenant_max_running_batches, send_plan)
+
+
+async def _take_turn(state: GatewayState, tenant: str, batch_id: str) -> bool:
+    """Give the ``queued`` job a turn of its tenant's, or put it in line (where it waits
+    until one of the tenant's running jobs ends); True when it got one and started: the
+    caller queues its plan task (resuming it)."""
+    keys, now = state.keys, f"{CLOCK.now():.3f}"
+    admit = state.control.script(turns.ADMIT)
+    limit = state.settings.tenant_max_running_batches
+    place = await admit(keys=turns.tenant_keys(keys, tenant), args=[batch_id, limit, tenant, now])
+    if int(place):
+        return False
+    start = state.control.script(turns.START)
+    before, send = await start(keys=[keys.batch(batch_id)], args=[now, b.RESUME_QUEUED_S])
+    return bool(before == b.QUEUED.encode() and send)
+
+
+async def _give_turn(state: GatewayState, tenant: str, batch_id: str) -> None:
+    """The job ended here (cancelled, deleted, or not queued after all): its turn goes to
+    the tenant's next job in line, which starts (best effort: the batch workers' periodic
+    round does it otherwise)."""
+    try:
+        leave = (await asyncio.to_thread(_turns, state)).leave
+        await asyncio.to_thread(leave, tenant, batch_id)
+    except Exception as exc:
+        log.warning("batch %s: giving its turn on failed (the batch workers do): %s", batch_id, exc)
+
+
 @batch_router.post("/v2/batches")
 async def submit(request: Request) -> Response:
     state = state_of(request)
@@ -168,7 +213,7 @@ async def submit(request: Request) -> Response:
         await state.redis.hset(
             keys.batch(batch_id),
             mapping={
-                b.F_STATUS: b.PLANNING,
+                b.F_STATUS: b.QUEUED,
                 b.F_MODEL: body.model,
                 b.F_VERSION: body.version or "",
                 b.F_INPUT: body.input,
@@ -178,7 +223,8 @@ async def submit(request: Request) -> Response:
                 b.F_OWNER: tenant,
             },
         )
-        await _queue_plan(state, batch_id, resume=False)
+        if await _take_turn(state, tenant, batch_id):
+            await _queue_plan(state, batch_id, resume=True)
     except BaseException:
         # Nothing stays of a job that was not queued: no record left planning for ever,
         # no upload held by it (it could neither expire nor be deleted), no room taken.
@@ -208,6 +254,7 @@ async def _undo(state: GatewayState, tenant: str, batch_id: str, upload_input: s
     keys = state.keys
     try:
         await state.redis.delete(keys.batch(batch_id))
+        await _give_turn(state, tenant, batch_id)
         release = state.control.script(oq.RELEASE)
         await release(keys=oq.quota_keys(keys, tenant), args=[batch_id, 0])
         if upload_input:
@@ -260,6 +307,7 @@ async def cancel(batch_id: str, request: Request) -> Response:
             pipe.srem(state.keys.running_batches, batch_id)
             pipe.zadd(state.keys.store_expiry, {member: now + state.settings.batch_retention_s})
             await pipe.execute()
+        await _give_turn(state, tenant_of(request.scope), batch_id)
     return json_response(await _status(state, batch_id, request))
 
 
@@ -288,13 +336,24 @@ async def resume(batch_id: str, request: Request) -> Response:
             pipe.sadd(keys.running_batches, batch_id)
         pipe.zrem(keys.store_expiry, member)
         await pipe.execute()
-    if not answer[2]:
+    if resumed == b.QUEUED:
+        # It had ended: it waits for a turn as a new job does. One waiting already keeps
+        # its place (and one a gateway stopped between the two steps left out of the line
+        # goes back in it).
+        if not await _take_turn(state, tenant_of(request.scope), batch_id):
+            return json_response(await _status(state, batch_id, request))
+    elif not answer[2]:
         # A resume queued before waits for a batch worker: it resumes the job as it is
         # when it runs, so this one is answered as it will be, and queues nothing more.
         return json_response(await _status(state, batch_id, request))
     try:
         await _queue_plan(state, batch_id, resume=True)
     except Overloaded as exc:
+        if before == b.QUEUED:
+            # It waited in line and started here: its plan task counts as lost, so that
+            # the batch workers' periodic round queues it again.
+            await state.redis.hset(keys.batch(batch_id), b.F_RESUME_QUEUED, "1")
+            raise
         await state.redis.hdel(keys.batch(batch_id), b.F_RESUME_QUEUED)  # (nothing waits)
         if before not in b.FINISHED:
             raise  # (it runs on as it did)
@@ -316,6 +375,7 @@ async def resume(batch_id: str, request: Request) -> Response:
                 pipe.srem(keys.running_batches, batch_id)
                 pipe.zadd(keys.store_expiry, {member: now + state.settings.batch_retention_s})
                 await pipe.execute()
+            await _give_turn(state, tenant_of(request.scope), batch_id)
         raise
     return json_response(await _status(state, batch_id, request))
 
@@ -325,13 +385,20 @@ async def delete_batch(batch_id: str, request: Request) -> Response:
     state = state_of(request)
     record = await _record(state, batch_id, request)
     status = record.get(b.F_STATUS, "")
+    tenant = tenant_of(request.scope)
+    if status == b.QUEUED:
+        # Out of line first (cancelled), so that no batch worker starts it as it goes.
+        withdraw = state.control.script(turns.WITHDRAW)
+        if int(await withdraw(keys=[state.keys.batch(batch_id)], args=[f"{time.time():.6f}"])):
+            await _give_turn(state, tenant, batch_id)
+        record = await _record(state, batch_id, request)
+        status = record.get(b.F_STATUS, "")
     if status not in b.FINISHED:
         raise Conflict(
             f"batch '{batch_id}' is {status}: cancel it first "
             f"(POST /v2/batches/{batch_id}/cancel), then delete it"
         )
     sweeper = await asyncio.to_thread(store_sweeper, state)  # (its client may connect)
-    tenant = tenant_of(request.scope)
     if not await asyncio.to_thread(sweeper.remove_batch, tenant, batch_id, record):
         raise NotFound(f"no batch '{batch_id}'")  # (removed meanwhile)
     return Response(status_code=204)
@@ -405,6 +472,12 @@ async def _status(state: GatewayState, batch_id: str, request: Request) -> dict[
         if rate > 0 and body["status"] == b.RUNNING:
             body["eta_s"] = round((total - done) / rate, 1)
     body.update(shard_errors)
+    if body["status"] == b.QUEUED:
+        # Its place in its tenant's line (1: next); none while it is being started.
+        line = keys.tenant_queued_batches(record.get(b.F_OWNER, ""))
+        rank = cast(int | None, await state.redis.zrank(line, batch_id))
+        if rank is not None:
+            body["place"] = rank + 1
     if record.get(b.F_ERROR):
         body["error"] = record[b.F_ERROR]
     if record.get(b.F_MANIFEST):

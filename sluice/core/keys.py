@@ -191,6 +191,23 @@ class Keys:
         SLUICE_TENANT_MAX_BATCHES."""
         return f"{{{self.namespace}}}:batches:{tenant}"
 
+    def tenant_running_batches(self, tenant: str) -> str:
+        """Sorted set batch id -> when it got its turn (unix s) of one tenant's jobs that
+        hold one of its SLUICE_TENANT_MAX_RUNNING_BATCHES turns (planning or running; see
+        :mod:`sluice.core.batch_jobs.turns`)."""
+        return f"{{{self.namespace}}}:batch-turns:{tenant}"
+
+    def tenant_queued_batches(self, tenant: str) -> str:
+        """Sorted set batch id -> its number in line of one tenant's jobs waiting for a turn
+        (status ``queued``), first in line first."""
+        return f"{{{self.namespace}}}:batch-line:{tenant}"
+
+    @property
+    def batch_turn_tenants(self) -> str:
+        """Set of the tenants with jobs holding or waiting for a turn (what the batch
+        workers' periodic round looks at)."""
+        return f"{{{self.namespace}}}:batch-turn-tenants"
+
     def upload(self, tenant: str, upload_id: str) -> str:
         """Hash of one upload (:mod:`sluice.core.batch_jobs.uploads`): its name, size, digest,
         expiry, and how many batch jobs use it; the file itself is in the batch store. Made

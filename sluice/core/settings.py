@@ -395,6 +395,16 @@ class BatchStoreSettings(RepositorySourceSettings):
     max_batch_input_bytes: int = Field(8 * GIB, ge=1)
     """Largest ``s3://`` input of one batch job, checked before and while downloading."""
 
+    tenant_max_running_batches: int = Field(4, ge=1, le=100_000)
+    """Batch jobs one tenant has running at once (planning or running); a job submitted or
+    resumed beyond it is accepted and waits ``queued``, in order, and starts as one of the
+    tenant's running jobs ends. Each running job keeps up to ``SLUICE_BATCH_SHARDS_IN_FLIGHT``
+    shard tasks in the batch queue, so 4 bounds a tenant's part of that queue at 64 tasks
+    (about 64 KiB of Redis, where 10,000 running jobs took 160 MB) and at four times the
+    turns of a tenant with one job, while a tenant of small jobs (fewer shards than a
+    window) still keeps the batch workers busy between the end of one job and the planning
+    of the next. Every gateway and batch worker of a deployment must use the same value."""
+
     store_sweep_s: float = Field(60.0, gt=0)
     """How often each batch worker and gateway process removes expired uploads and batch
     jobs (with their files)."""

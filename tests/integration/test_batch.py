@@ -478,3 +478,37 @@ def test_sluice_batch_from_the_terminal(stack: Stack, root: Path) -> None:
         timeout=60,
     )
     assert missing.returncode == 1 and "error: no batch" in missing.stderr
+
+
+def test_one_tenants_jobs_beyond_its_bound_wait_in_line_and_start_in_order(
+    client: Client, root: Path
+) -> None:
+    """Without API keys every job is the one tenant's: at most
+    SLUICE_TENANT_MAX_RUNNING_BATCHES (4) run at once; the others wait ``queued`` with their
+    place and start, in the order they came, as the batch worker ends the running ones."""
+    rows = np.random.default_rng(12).standard_normal((100_000, 16), dtype=np.float32)
+    np.save(root / "turns.npy", rows)
+    jobs = [
+        client.submit_batch(
+            "mlp", str(root / "turns.npy"), str(root / "turns-out"), shard_rows=10_000
+        )
+        for _ in range(6)
+    ]
+    assert [job["status"] for job in jobs[4:]] == ["queued", "queued"], jobs
+    assert [job["place"] for job in jobs[4:]] == [1, 2]
+    most = 0
+
+    def ended() -> bool:
+        nonlocal most
+        states = [client.batch(job["id"]) for job in jobs]
+        most = max(most, sum(state["status"] in ("planning", "running") for state in states))
+        return all(state["status"] in FINISHED for state in states)
+
+    assert wait_until(ended, 240, 0.1)
+    assert 1 <= most <= 4
+    states = [client.batch(job["id"]) for job in jobs]
+    assert {state["status"] for state in states} == {"completed"}, states
+    started = [state["started"] for state in states]
+    assert started == sorted(started)
+    output = np.load(root / "turns-out" / jobs[5]["id"] / "output.npy")
+    np.testing.assert_allclose(output, in_process("mlp", rows), rtol=1e-5, atol=1e-5)

@@ -2,8 +2,10 @@
 
 A batch job pushes a whole data set through one model version. The gateway checks the
 request (:func:`parse_batch_request`), writes the job's record and hands a *plan* task to
-Celery (broker: the deployment's Redis). A batch worker plans it (counts the rows, splits
-them into shards of bounded work) and queues *shard* tasks, at most
+Celery (broker: the deployment's Redis), or, while its tenant has
+``SLUICE_TENANT_MAX_RUNNING_BATCHES`` jobs running, puts it in line (status ``queued``,
+:mod:`sluice.core.batch_jobs.turns`) until one of them ends. A batch worker plans it
+(counts the rows, splits them into shards of bounded work) and queues *shard* tasks, at most
 ``SLUICE_BATCH_SHARDS_IN_FLIGHT`` of the job at once (its window, :data:`DISPATCH`): the
 next is sent as one ends, so a job of 100,000 shards neither fills Redis nor takes the
 whole batch queue ahead of other tenants' jobs. Each shard task feeds its rows to the
@@ -47,7 +49,8 @@ PLAN_TASK = "sluice.batch.plan"
 SHARD_TASK = "sluice.batch.shard"
 QUEUE = "sluice-batch"
 
-PLANNING, RUNNING, COMPLETED, FAILED = "planning", "running", "completed", "failed"
+QUEUED, PLANNING, RUNNING = "queued", "planning", "running"
+COMPLETED, FAILED = "completed", "failed"
 CANCELLING, CANCELLED = "cancelling", "cancelled"
 FINISHED = (COMPLETED, FAILED, CANCELLED)
 
@@ -284,19 +287,23 @@ written up): nothing is written, so a cancel that came first is never undone."""
 CANCEL = """
 -- KEYS: batch hash; ARGV: finished (unix s)
 local status = redis.call('HGET', KEYS[1], 'status')
-if status ~= 'planning' and status ~= 'running' then return status end
+if status ~= 'queued' and status ~= 'planning' and status ~= 'running' then return status end
 redis.call('HSET', KEYS[1], 'status', 'cancelled', 'finished', ARGV[1])
 return 'cancelled'
 """
-"""-> the job's status after the cancel (false: no such job). Only a job still planning or
-running is cancelled: one that ended meanwhile (its last shard committed as the cancel came)
-stays as it ended."""
+"""-> the job's status after the cancel (false: no such job). Only a job still waiting for
+its turn, planning or running is cancelled: one that ended meanwhile (its last shard
+committed as the cancel came) stays as it ended."""
 
 RESUME = """
 -- KEYS: batch hash; ARGV: now (unix s), how long a queued resume holds (s)
 local status = redis.call('HGET', KEYS[1], 'status')
 if not status then return {} end
-if status == 'completed' then return {status, status, 0} end
+if status == 'completed' or status == 'queued' then return {status, status, 0} end
+if status == 'failed' or status == 'cancelled' then
+  redis.call('HSET', KEYS[1], 'status', 'queued', 'error', '', 'finished', '')
+  return {status, 'queued', 0}
+end
 local shards = redis.call('HGET', KEYS[1], 'shards')
 local next = 'planning'
 if shards and shards ~= '' then next = 'running' end
@@ -311,10 +318,13 @@ return {status, next, 1}
 """-> {the job's status before, its status once resumed, 1 when the caller queues the plan
 task that resumes it}: ``running``, or ``planning`` when it was never planned;
 ``completed`` when it is (nothing is changed: it completed, perhaps as the resume came);
-{} when there is no such job. One resume waits for a batch worker at a time (the field
-``resume_queued``, younger than ARGV[2]): a resume while it waits sets the status alone,
-and the waiting one resumes what there is when it runs, so that a client resuming in a
-loop queues one plan task, not one per call (each sends every shard not committed)."""
+``queued`` for a job that had ended (failed, cancelled): it waits for a turn of its tenant's
+(:mod:`sluice.core.batch_jobs.turns`), and the caller gives it one or puts it in line; and
+for one waiting already (nothing is changed); {} when there is no such job. One resume
+waits for a batch worker at a time (the field ``resume_queued``, younger than ARGV[2]): a
+resume while it waits sets the status alone, and the waiting one resumes what there is when
+it runs, so that a client resuming in a loop queues one plan task, not one per call (each
+sends every shard not committed)."""
 
 ADD = """
 -- KEYS: the tenant's batches; ARGV: batch id, created (unix s), the tenant's max batches

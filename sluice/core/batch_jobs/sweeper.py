@@ -23,6 +23,7 @@ from redis import Redis
 
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import output_quota as oq
+from sluice.core.batch_jobs import turns
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.store import BatchStore
 from sluice.core.keys import Keys
@@ -121,6 +122,7 @@ class StoreSweeper:
         if given < 0:
             return False
         self.redis.zrem(keys.store_expiry, u.expiry_member(u.BATCH, tenant, batch_id))
+        turns.forget(self.redis, keys, tenant, batch_id)  # (a turn it still held, if any)
         if self.store is not None and not record.get(b.F_OUTPUT):
             self.store.batch_outputs(tenant, batch_id).delete_tree()
         self._reply_streams(batch_id)

@@ -14,6 +14,8 @@ import pytest
 
 from sluice.batch.runner import Runner
 from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import turns
+from sluice.core.clock import CLOCK
 from sluice.core.config import ModelConfig, parse_config_text
 from sluice.core.keys import Keys
 from sluice.core.settings import BatchSettings
@@ -45,10 +47,12 @@ def make_runner(
     config: ModelConfig = CONFIG,
     on_shard: Callable[[str, int], None] = lambda batch_id, index: None,
     namespace: str = "",
+    on_plan: Callable[[str], None] | None = None,
     **settings: Any,
 ) -> Runner:
     """A runner in a namespace of its own (or ``namespace``: a gateway's under test) whose
-    jobs all run ``config`` (close it after); ``on_shard`` sees each shard it queues."""
+    jobs all run ``config`` (close it after); ``on_shard`` sees each shard it queues,
+    ``on_plan`` each plan task (of a job whose turn came)."""
     made = Runner(
         BatchSettings(
             redis_url=redis_server.url,
@@ -58,6 +62,7 @@ def make_runner(
             **settings,
         ),
         on_shard,
+        on_plan,
     )
     monkeypatch.setattr(made, "_model", lambda record: (config, 1))
     return made
@@ -82,3 +87,15 @@ def planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
     )
     runner.plan(batch_id, resume=False)
     return batch_id
+
+
+def resumed(runner: Runner, batch_id: str, tenant: str = TENANT) -> int:
+    """``POST /v2/batches/{id}/resume`` as the gateway makes it, without its plan task: a
+    job that ended takes a free turn of its tenant's and starts; its place in the tenant's
+    line (0: it started)."""
+    key = runner.keys.batch(batch_id)
+    runner.redis.eval(b.RESUME, 1, key, f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S)
+    place = runner.turns.admit(tenant, batch_id)
+    if not place:
+        runner.redis.eval(turns.START, 1, key, f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S)
+    return place

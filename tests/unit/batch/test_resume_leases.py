@@ -18,9 +18,8 @@ import pytest
 from sluice.batch.feeder import Cancelled
 from sluice.batch.runner import Runner
 from sluice.core.batch_jobs import batches as b
-from sluice.core.clock import CLOCK
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.unit.batch.runners import make_runner, planned
+from tests.unit.batch.runners import make_runner, planned, resumed
 
 
 @pytest.fixture
@@ -68,7 +67,7 @@ def test_a_shard_cancelled_mid_way_is_sent_again_by_the_resume(
     assert runner.redis.hget(runner.keys.batch_leases(batch_id), "0") is None
 
     sent.clear()  # (what planning queued)
-    runner.redis.eval(b.RESUME, 1, key, f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S)
+    assert resumed(runner, batch_id) == 0
     runner.plan(batch_id, resume=True)
     assert sent == [(batch_id, 0), (batch_id, 1)]
 

@@ -28,7 +28,7 @@ from sluice.batch.runner import Reaper, Runner
 from sluice.core.batch_jobs import batches as b
 from sluice.core.clock import CLOCK
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.unit.batch.runners import TENANT, make_runner, planned
+from tests.unit.batch.runners import TENANT, make_runner, planned, resumed
 
 ROWS = 40
 
@@ -277,9 +277,7 @@ def test_the_reaper_queues_again_a_shard_whose_worker_died_within_the_window(
 
 def _resume(runner: Runner, batch_id: str) -> None:
     """``POST /v2/batches/{id}/resume`` and its plan task."""
-    key = runner.keys.batch(batch_id)
-    runner.redis.eval(b.RESUME, 1, key, f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S)
-    runner.redis.sadd(runner.keys.running_batches, batch_id)
+    assert resumed(runner, batch_id) == 0
     runner.plan(batch_id, resume=True)
 
 
