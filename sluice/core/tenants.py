@@ -7,7 +7,8 @@ of its own, named after a hash of the key, so that deployments set up before ten
 keep each key's jobs apart. Without any key the deployment has one tenant, ``anonymous``.
 
 Tenant names go into Redis keys and storage paths, so they are restricted to
-:data:`TENANT_NAME`; an entry with another name is refused at start.
+:data:`TENANT_NAME`, less :data:`RESERVED_TENANT_NAMES`; an entry with another name is
+refused at start.
 """
 
 from __future__ import annotations
@@ -30,9 +31,13 @@ with the request without every route passing it along."""
 
 TENANT_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
 
+RESERVED_TENANT_NAMES = frozenset({"running"})
+"""Names a tenant cannot have: its batch listing, ``Keys.batches(tenant)``, would be the
+deployment's set of running batches (``Keys.running_batches``)."""
+
 
 def is_tenant_name(value: str) -> bool:
-    return bool(TENANT_NAME.fullmatch(value))
+    return bool(TENANT_NAME.fullmatch(value)) and value not in RESERVED_TENANT_NAMES
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,7 +58,9 @@ def parse_key_entry(entry: str, default_tenant: str | None = None) -> KeyEntry:
     if not is_tenant_name(tenant):
         raise ValueError(
             f"'{tenant[:64]}' is not a tenant name (1 to 64 letters, digits, '_', '.', '-', "
-            "starting with a letter or digit)"
+            "starting with a letter or digit; not "
+            + ", ".join(f"'{name}'" for name in sorted(RESERVED_TENANT_NAMES))
+            + ")"
         )
     return KeyEntry(tenant, key.encode())
 
