@@ -55,6 +55,24 @@ class BatchGateway:
             timeout=30,
         )
 
+    async def upload(self, tenant: str, data: bytes = b"{}\n") -> str:
+        """A new upload of ``tenant`` holding ``data``; its id."""
+        async with self.client(tenant) as client:
+            answer = await client.post("/v2/uploads?name=rows.jsonl", content=data)
+        assert answer.status_code == 201, answer.text
+        upload_id: str = answer.json()["id"]
+        return upload_id
+
+    async def submit(self, tenant: str, upload_id: str) -> dict[str, Any]:
+        """A job of ``tenant`` over its upload ``upload_id``: the 201's body."""
+        async with self.client(tenant) as client:
+            answer = await client.post(
+                "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
+            )
+        assert answer.status_code == 201, answer.text
+        body: dict[str, Any] = answer.json()
+        return body
+
 
 @asynccontextmanager
 async def batch_gateway(

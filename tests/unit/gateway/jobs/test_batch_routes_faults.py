@@ -35,24 +35,6 @@ async def gateway(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[Ba
         yield made
 
 
-async def _upload(gateway: BatchGateway, tenant: str, data: bytes = b"{}\n") -> str:
-    async with gateway.client(tenant) as client:
-        answer = await client.post("/v2/uploads?name=rows.jsonl", content=data)
-    assert answer.status_code == 201, answer.text
-    upload_id: str = answer.json()["id"]
-    return upload_id
-
-
-async def _submit(gateway: BatchGateway, tenant: str, upload_id: str) -> dict[str, Any]:
-    async with gateway.client(tenant) as client:
-        answer = await client.post(
-            "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
-        )
-    assert answer.status_code == 201, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
-
-
 async def _status(gateway: BatchGateway, batch_id: str) -> str:
     raw = await gateway.redis.hget(gateway.keys.batch(batch_id), b.F_STATUS)
     assert raw is not None
@@ -63,7 +45,7 @@ async def _status(gateway: BatchGateway, batch_id: str) -> str:
 async def test_a_cancel_or_resume_that_races_completion_leaves_the_job_completed(
     gateway: BatchGateway, monkeypatch: pytest.MonkeyPatch, route: str
 ) -> None:
-    batch_id = (await _submit(gateway, "team-a", await _upload(gateway, "team-a")))["id"]
+    batch_id = (await gateway.submit("team-a", await gateway.upload("team-a")))["id"]
     await gateway.redis.hset(gateway.keys.batch(batch_id), b.F_STATUS, b.RUNNING)
     read = batch_routes._record
 
@@ -94,7 +76,7 @@ async def test_a_job_whose_plan_cannot_be_queued_leaves_nothing_and_frees_its_up
 ) -> None:
     broker = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
     async with batch_gateway(redis_server.url, tmp_path, batch_broker_url=broker) as gateway:
-        upload_id = await _upload(gateway, "team-a")
+        upload_id = await gateway.upload("team-a")
         async with gateway.client("team-a") as client:
             answer = await client.post(
                 "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
@@ -128,25 +110,25 @@ async def test_uploads_per_tenant_are_bounded_even_empty_ones(
     redis_server: RedisServer, tmp_path: Path
 ) -> None:
     async with batch_gateway(redis_server.url, tmp_path, tenant_max_uploads=3) as gateway:
-        kept = [await _upload(gateway, "team-a", b"") for _ in range(3)]
+        kept = [await gateway.upload("team-a", b"") for _ in range(3)]
         async with gateway.client("team-a") as a:
             refused = await a.post("/v2/uploads?name=rows.jsonl", content=b"")
             assert refused.status_code == 429, refused.text
             assert "SLUICE_TENANT_MAX_UPLOADS" in refused.json()["error"]
             assert int(refused.headers["retry-after"]) > 0
             assert len((await a.get("/v2/uploads")).json()["uploads"]) == 3
-            await _upload(gateway, "team-b", b"")  # another tenant's room is its own
+            await gateway.upload("team-b", b"")  # another tenant's room is its own
             assert (await a.delete(f"/v2/uploads/{kept[0]}")).status_code == 204
-        await _upload(gateway, "team-a", b"")
+        await gateway.upload("team-a", b"")
         files = list((tmp_path / "team-a" / "uploads").iterdir())
         assert len(files) == 3, files
 
 
 async def test_batch_jobs_per_tenant_are_bounded(redis_server: RedisServer, tmp_path: Path) -> None:
     async with batch_gateway(redis_server.url, tmp_path, tenant_max_batches=2) as gateway:
-        upload_id = await _upload(gateway, "team-a")
+        upload_id = await gateway.upload("team-a")
         for _ in range(2):
-            await _submit(gateway, "team-a", upload_id)
+            await gateway.submit("team-a", upload_id)
         async with gateway.client("team-a") as a:
             refused = await a.post(
                 "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
@@ -159,7 +141,7 @@ async def test_batch_jobs_per_tenant_are_bounded(redis_server: RedisServer, tmp_
             assert upload["in_use"] is True
         users = await gateway.redis.hget(gateway.keys.upload("team-a", upload_id), "users")
         assert users == b"2"  # the refused job does not hold the upload
-        await _submit(gateway, "team-b", await _upload(gateway, "team-b"))
+        await gateway.submit("team-b", await gateway.upload("team-b"))
 
 
 async def test_a_batch_of_many_shards_is_summed_up_off_the_event_loop(
@@ -168,7 +150,7 @@ async def test_a_batch_of_many_shards_is_summed_up_off_the_event_loop(
     """A client's ``shard_rows`` decides how many shards a batch has (up to
     ``MAX_SHARDS``): reading their states for ``GET /v2/batches/{id}`` is work proportional
     to them, done on a thread, never on the event loop; what it shows is bounded."""
-    batch_id = (await _submit(gateway, "team-a", await _upload(gateway, "team-a")))["id"]
+    batch_id = (await gateway.submit("team-a", await gateway.upload("team-a")))["id"]
     shards = 2000
     states = {
         str(i): orjson.dumps(

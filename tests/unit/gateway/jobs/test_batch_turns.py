@@ -33,24 +33,6 @@ async def gateway(redis_server: RedisServer, tmp_path: Path) -> AsyncIterator[Ba
         yield made
 
 
-async def _upload(gateway: BatchGateway, tenant: str) -> str:
-    async with gateway.client(tenant) as client:
-        answer = await client.post("/v2/uploads?name=rows.jsonl", content=b"{}\n")
-    assert answer.status_code == 201, answer.text
-    upload_id: str = answer.json()["id"]
-    return upload_id
-
-
-async def _submit(gateway: BatchGateway, tenant: str, upload_id: str) -> dict[str, Any]:
-    async with gateway.client(tenant) as client:
-        answer = await client.post(
-            "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
-        )
-    assert answer.status_code == 201, answer.text
-    body: dict[str, Any] = answer.json()
-    return body
-
-
 async def _get(gateway: BatchGateway, tenant: str, batch_id: str) -> dict[str, Any]:
     async with gateway.client(tenant) as client:
         answer = await client.get(f"/v2/batches/{batch_id}")
@@ -73,14 +55,14 @@ async def _plans(gateway: BatchGateway) -> list[str]:
 async def test_jobs_beyond_the_bound_wait_in_line_and_start_as_others_end(
     gateway: BatchGateway,
 ) -> None:
-    upload_id = await _upload(gateway, "team-a")
-    jobs = [await _submit(gateway, "team-a", upload_id) for _ in range(5)]
+    upload_id = await gateway.upload("team-a")
+    jobs = [await gateway.submit("team-a", upload_id) for _ in range(5)]
     ids = [job["id"] for job in jobs]
     assert [job["status"] for job in jobs] == [b.PLANNING] * 2 + [b.QUEUED] * 3
     assert [job.get("place") for job in jobs] == [None, None, 1, 2, 3]
     assert await _plans(gateway) == ids[:2]
     # Another tenant's job starts at once.
-    theirs = await _submit(gateway, "team-b", await _upload(gateway, "team-b"))
+    theirs = await gateway.submit("team-b", await gateway.upload("team-b"))
     assert theirs["status"] == b.PLANNING and "place" not in theirs
     assert await _plans(gateway) == [*ids[:2], theirs["id"]]
 
@@ -129,9 +111,9 @@ async def test_jobs_beyond_the_bound_wait_in_line_and_start_as_others_end(
 async def test_waiting_jobs_count_against_the_tenants_max_batches(
     gateway: BatchGateway,
 ) -> None:
-    upload_id = await _upload(gateway, "team-a")
+    upload_id = await gateway.upload("team-a")
     for _ in range(6):
-        await _submit(gateway, "team-a", upload_id)
+        await gateway.submit("team-a", upload_id)
     async with gateway.client("team-a") as client:
         refused = await client.post(
             "/v2/batches", json={"model": MODEL, "input": f"upload:{upload_id}"}
