@@ -425,6 +425,8 @@ def _show(state: dict[str, Any]) -> None:
     )
     if state.get("error"):
         console.print(f"[red]{escape(str(state['error']))}[/]")
+    if isinstance(state.get("place"), int):  # (a job waiting for one of its tenant's turns)
+        console.print(f"waiting for a turn: {state['place']:,} in line (1: next)")
     for error in state.get("errors", []):
         console.print(f"[red]shard {error.get('shard')}: {escape(str(error.get('error')))}[/]")
     if state.get("rows_failed"):  # (JSON Lines rows that failed alone; the job went on)

@@ -299,3 +299,13 @@ def test_sluice_infer_and_routing_take_sluice_url_too(
     runner.invoke(app, ["routing", "show", "m"], env={"SLUICE_URL": url})
     paths = [path for _, path, _ in fake.requests]
     assert paths == ["/v2/models/m/infer", "/v2/repository/models/m/routing"]
+
+
+def test_a_job_waiting_for_a_turn_shows_its_place() -> None:
+    """A tenant's jobs beyond SLUICE_TENANT_MAX_RUNNING_BATCHES wait queued, in line."""
+    waiting = {"id": "b" * 32, "model": "mlp", "status": "queued", "place": 2, "polls": 0}
+    with fake_gateway(FakeGateway(polls_before_rows=10)) as (url, fake):
+        fake.batches[waiting["id"]] = waiting
+        code, stdout, _ = run("status", "b" * 32, "--url", url)
+    assert code == 0
+    assert "queued" in stdout and "waiting for a turn: 2 in line (1: next)" in stdout, stdout
