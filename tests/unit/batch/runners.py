@@ -68,23 +68,31 @@ def make_runner(
     return made
 
 
-def planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
-    """A new job of :data:`TENANT` over ``source`` (listed among its jobs, as the gateway
-    lists it), planned; its id."""
+def written(
+    runner: Runner, source: Path, options: b.BatchOptions, tenant: str = TENANT, status: str = ""
+) -> str:
+    """A new job record of ``tenant`` over ``source`` (listed among its jobs, as the gateway
+    lists it), in ``status`` (planning when not given); its id."""
     batch_id = uuid.uuid4().hex
     keys = Keys(runner.settings.namespace)
-    runner.redis.zadd(keys.batches(TENANT), {batch_id: 1.0})
+    runner.redis.zadd(keys.batches(tenant), {batch_id: 1.0})
     runner.redis.hset(
         keys.batch(batch_id),
         mapping={
-            b.F_STATUS: b.PLANNING,
+            b.F_STATUS: status or b.PLANNING,
             b.F_MODEL: "m",
             b.F_INPUT: str(source),
             b.F_OUTPUT: "",
             b.F_OPTIONS: orjson.dumps(options.to_json()),
-            b.F_OWNER: TENANT,
+            b.F_OWNER: tenant,
         },
     )
+    return batch_id
+
+
+def planned(runner: Runner, source: Path, options: b.BatchOptions) -> str:
+    """A new job of :data:`TENANT` over ``source``, planned; its id."""
+    batch_id = written(runner, source, options)
     runner.plan(batch_id, resume=False)
     return batch_id
 

@@ -13,12 +13,10 @@ turn; jobs submitted as the gateway submits them):
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
-import orjson
 import pytest
 
 from sluice.batch.feeder import Feeder
@@ -27,7 +25,7 @@ from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import turns
 from sluice.core.clock import CLOCK
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.unit.batch.runners import make_runner
+from tests.unit.batch.runners import make_runner, written
 
 ACTIVE = (b.PLANNING, b.RUNNING)
 
@@ -117,21 +115,9 @@ def worker(
 def submit(runner: Runner, broker: Broker, tenant: str, source: Path) -> tuple[str, int]:
     """``POST /v2/batches`` as the gateway makes it: the job written ``queued``, then a
     turn of its tenant's (it starts: its plan task) or a place in line; its id and place."""
-    batch_id = uuid.uuid4().hex
-    keys = runner.keys
-    runner.redis.zadd(keys.batches(tenant), {batch_id: 1.0})
     options = b.BatchOptions(shard_rows=1, input_format="npy", output_format="npy")
-    runner.redis.hset(
-        keys.batch(batch_id),
-        mapping={
-            b.F_STATUS: b.QUEUED,
-            b.F_MODEL: "m",
-            b.F_INPUT: str(source),
-            b.F_OUTPUT: "",
-            b.F_OPTIONS: orjson.dumps(options.to_json()),
-            b.F_OWNER: tenant,
-        },
-    )
+    batch_id = written(runner, source, options, tenant, b.QUEUED)
+    keys = runner.keys
     broker.jobs.setdefault(tenant, []).append(batch_id)
     place = runner.turns.admit(tenant, batch_id)
     if place == 0:
