@@ -18,6 +18,7 @@ from typing import Any
 from google.protobuf.message import Message
 
 from sluice.core.errors import InvalidInput
+from sluice.gateway.shm.references import without_region, without_size
 
 _CHOICE = "parameter_choice"
 _UINT64 = 1 << 64
@@ -109,10 +110,7 @@ def shared_memory_parameters(tensor: str, parameters: Any) -> dict[str, Any]:
         if name not in parameters:
             continue
         if name != _SHM_REGION and _SHM_REGION not in found:
-            raise InvalidInput(
-                f"'{name}' can not be specified without '{_SHM_REGION}' parameter for "
-                f"tensor '{tensor}'"
-            )
+            raise InvalidInput(without_region(name, tensor))
         parameter = parameters[name]
         if parameter.WhichOneof(_CHOICE) != kind:
             raise InvalidInput(
@@ -120,8 +118,5 @@ def shared_memory_parameters(tensor: str, parameters: Any) -> dict[str, Any]:
             )
         found[name] = getattr(parameter, kind)
     if found and _SHM_SIZE not in found:
-        raise InvalidInput(
-            f"'{_SHM_SIZE}' must be specified along with '{_SHM_REGION}' parameter for "
-            f"tensor '{tensor}'"
-        )
+        raise InvalidInput(without_size(tensor))
     return found

@@ -69,16 +69,22 @@ def parse_shm_parameters(
     offset = uint64_parameter(SHM_OFFSET, parameters[SHM_OFFSET], suffix) if has_offset else 0
     size = uint64_parameter(SHM_SIZE, parameters[SHM_SIZE], suffix) if has_size else None
     if region is None:
-        alone = SHM_OFFSET if has_offset else SHM_SIZE
-        raise InvalidInput(
-            f"'{alone}' can not be specified without '{SHM_REGION}' parameter for tensor '{tensor}'"
-        )
+        raise InvalidInput(without_region(SHM_OFFSET if has_offset else SHM_SIZE, tensor))
     if size is None:
-        raise InvalidInput(
-            f"'{SHM_SIZE}' must be specified along with '{SHM_REGION}' parameter for tensor "
-            f"'{tensor}'"
-        )
+        raise InvalidInput(without_size(tensor))
     return ShmParameters(region, offset, size)
+
+
+def without_region(name: str, tensor: str) -> str:
+    """Triton's text (gRPC frontend) for an offset or byte size given without a region."""
+    return f"'{name}' can not be specified without '{SHM_REGION}' parameter for tensor '{tensor}'"
+
+
+def without_size(tensor: str) -> str:
+    """Triton's text (gRPC frontend) for a region given without its byte size."""
+    return (
+        f"'{SHM_SIZE}' must be specified along with '{SHM_REGION}' parameter for tensor '{tensor}'"
+    )
 
 
 def shm_input(
