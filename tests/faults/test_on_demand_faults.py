@@ -59,6 +59,8 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
         assert procs.wait_until(lambda: pid_in(pid_file) is not None, 30), "no worker for hangs"
         worker = pid_in(pid_file)
         assert worker is not None
+        # (The gateways read the hosts' states every refresh: not at once.)
+        assert procs.wait_until(lambda: _index(http)["hangs"]["state"] != "UNLOADED_ON_DEMAND", 30)
         assert _index(http)["hangs"]["state"] == "LOADING"
         waiting = pool.submit(http.post, "/v2/models/quick/infer", json=ONNX_REQUEST)
 
