@@ -500,7 +500,10 @@ def test_one_tenants_jobs_beyond_its_bound_wait_in_line_and_start_in_order(
 
     def ended() -> bool:
         nonlocal most
-        states = [client.batch(job["id"]) for job in jobs]
+        # Read last job first: a job starts only once one submitted before it ended, so
+        # a job that starts between two reads is seen before it started (never a job seen
+        # running before it ended and the one that took its turn seen started).
+        states = [client.batch(job["id"]) for job in reversed(jobs)]
         most = max(most, sum(state["status"] in ("planning", "running") for state in states))
         return all(state["status"] in FINISHED for state in states)
 
