@@ -34,6 +34,7 @@ from sluice.batch.jsonl import answer_line, error_line, request_arrays
 from sluice.batch.storage import Storage
 from sluice.batch.stored import OverQuota, Reservation, StoredBytes
 from sluice.core.batch_jobs import batches as b
+from sluice.core.batch_jobs import turns
 from sluice.core.batch_jobs import uploads as u
 from sluice.core.batch_jobs.store import Tree
 from sluice.core.batch_jobs.turns import SendPlan, Turns
@@ -230,9 +231,21 @@ class Runner:
     # -- planning ------------------------------------------------------------------------
 
     def plan(self, batch_id: str, resume: bool) -> None:
-        if resume:
-            # A resume from now on queues a plan of its own: this one reads the job after.
-            self.redis.hdel(self.keys.batch(batch_id), b.F_RESUME_QUEUED)
+        """The job's plan task: plan it (``resume``: or resume it, when it was planned).
+        From the moment it is taken until the job runs, listed among the running jobs
+        with its window sent (or has ended), the record says so (:data:`turns.PLAN_TAKEN`):
+        a batch worker killed in between leaves the mark, and the periodic round sends the
+        plan task again once it is old (:data:`turns.RESEND`). A task that raises keeps the
+        mark too (it is retried, or the job ends failed)."""
+        key = self.keys.batch(batch_id)
+        # A resume from now on queues a plan of its own: this one reads the job after.
+        taken = f"{CLOCK.now():.3f}"
+        marked = self.redis.eval(turns.PLAN_TAKEN, 1, key, taken, int(resume))
+        self._plan(batch_id, resume)
+        if marked:
+            self.redis.eval(turns.PLAN_DONE, 1, key, taken)
+
+    def _plan(self, batch_id: str, resume: bool) -> None:
         record = self.record(batch_id)
         if not record:
             return
@@ -291,7 +304,7 @@ class Runner:
         out and the reaper queues it again."""
         if record.get(b.F_STATUS) != b.RUNNING or not record.get(b.F_SHARDS):
             if record.get(b.F_STATUS) == b.PLANNING:
-                self.plan(batch_id, resume=False)
+                self._plan(batch_id, resume=False)
             return
         states = cast(dict[bytes, bytes], self.redis.hgetall(self.keys.batch_shards(batch_id)))
         committed = {int(k) for k, v in states.items() if b'"committed"' in v}
@@ -840,7 +853,9 @@ class Reaper:
     (:meth:`Runner.send_next`): a worker killed between a shard's commit and sending the
     next leaves it short, and nothing else would send that next shard; and it moves the
     tenants' turns (:meth:`Turns.sweep`): a job that ended without giving its turn on (its
-    worker killed then) gives it now, and a job given a turn that did not start starts."""
+    worker killed then) gives it now, a job given a turn that did not start starts, one a
+    gateway left out of its tenant's turns and line goes in, and one whose plan task's
+    worker was killed before it ran gets its plan task again."""
 
     def __init__(self, runner: Runner) -> None:
         self.runner = runner

@@ -147,6 +147,29 @@ async def _take_turn(state: GatewayState, tenant: str, batch_id: str) -> bool:
     return bool(before == b.QUEUED.encode() and send)
 
 
+async def _intend(state: GatewayState, tenant: str, batch_id: str) -> str:
+    """Say, in the turns' slot, that the job is about to be made ``queued`` here and then
+    admitted (:data:`turns.INTEND`): were this process to stop in between, the batch
+    workers' periodic round admits it. When it was written (the caller's
+    :func:`_not_coming`)."""
+    now = f"{CLOCK.now():.3f}"
+    intend = state.control.script(turns.INTEND)
+    await intend(keys=turns.tenant_keys(state.keys, tenant), args=[batch_id, tenant, now])
+    return now
+
+
+async def _not_coming(state: GatewayState, tenant: str, batch_id: str, since: str) -> None:
+    """The job was not made ``queued`` after all: the entry of :func:`_intend` goes (best
+    effort: the periodic round drops it later otherwise)."""
+    try:
+        lapse = state.control.script(turns.LAPSE)
+        await lapse(keys=turns.tenant_keys(state.keys, tenant), args=[tenant, batch_id, since])
+    except Exception as exc:
+        log.warning(
+            "batch %s: dropping its way in failed (the batch workers do): %s", batch_id, exc
+        )
+
+
 async def _give_turn(state: GatewayState, tenant: str, batch_id: str) -> None:
     """The job ended here (cancelled, deleted, or not queued after all): its turn goes to
     the tenant's next job in line, which starts (best effort: the batch workers' periodic
@@ -210,6 +233,7 @@ async def submit(request: Request) -> Response:
             )
             if not used:
                 raise NotFound(f"no upload '{upload_id}'")
+        await _intend(state, tenant, batch_id)  # (before the record: see turns)
         await state.redis.hset(
             keys.batch(batch_id),
             mapping={
@@ -319,13 +343,19 @@ async def resume(batch_id: str, request: Request) -> Response:
     if not record.get(b.F_OUTPUT) and record.get(b.F_STATUS) in (b.FAILED, b.CANCELLED):
         await _check_room(state, tenant_of(request.scope))
     keys = state.keys
-    member = u.expiry_member(u.BATCH, tenant_of(request.scope), batch_id)
+    tenant = tenant_of(request.scope)
+    member = u.expiry_member(u.BATCH, tenant, batch_id)
+    # A job that had ended becomes queued: its way into the turns is written first, so that
+    # the periodic round admits it were this process to stop before it does.
+    since = await _intend(state, tenant, batch_id)
     answer = cast(
         list[bytes | int],
         await state.redis.eval(
             b.RESUME, 1, keys.batch(batch_id), f"{CLOCK.now():.6f}", b.RESUME_QUEUED_S
         ),
     )
+    if not answer or answer[1] != b.QUEUED.encode():
+        await _not_coming(state, tenant, batch_id, since)
     if not answer:
         raise NotFound(f"no batch '{batch_id}'")  # (it expired meanwhile)
     before, resumed = (cast(bytes, status).decode() for status in answer[:2])
@@ -338,9 +368,8 @@ async def resume(batch_id: str, request: Request) -> Response:
         await pipe.execute()
     if resumed == b.QUEUED:
         # It had ended: it waits for a turn as a new job does. One waiting already keeps
-        # its place (and one a gateway stopped between the two steps left out of the line
-        # goes back in it).
-        if not await _take_turn(state, tenant_of(request.scope), batch_id):
+        # its place.
+        if not await _take_turn(state, tenant, batch_id):
             return json_response(await _status(state, batch_id, request))
     elif not answer[2]:
         # A resume queued before waits for a batch worker: it resumes the job as it is
@@ -375,7 +404,7 @@ async def resume(batch_id: str, request: Request) -> Response:
                 pipe.srem(keys.running_batches, batch_id)
                 pipe.zadd(keys.store_expiry, {member: now + state.settings.batch_retention_s})
                 await pipe.execute()
-            await _give_turn(state, tenant_of(request.scope), batch_id)
+            await _give_turn(state, tenant, batch_id)
         raise
     return json_response(await _status(state, batch_id, request))
 

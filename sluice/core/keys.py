@@ -202,6 +202,12 @@ class Keys:
         (status ``queued``), first in line first."""
         return f"{{{self.namespace}}}:batch-line:{tenant}"
 
+    def tenant_admitting_batches(self, tenant: str) -> str:
+        """Sorted set batch id -> when (unix s) a gateway began to admit it, of one tenant's
+        jobs on their way into its turns or line (written before the job is ``queued``, so
+        that the periodic round finds one whose gateway stopped between the two)."""
+        return f"{{{self.namespace}}}:batch-admitting:{tenant}"
+
     @property
     def batch_turn_tenants(self) -> str:
         """Set of the tenants with jobs holding or waiting for a turn (what the batch

@@ -253,6 +253,9 @@ parts, the joined outputs), what ``GET /v2/batches/{id}/outputs`` lists and serv
 F_RESUME_QUEUED = "resume_queued"
 """When (the deployment's unix s) a resume last queued a plan task that no batch worker
 has run yet; removed as one runs it (see :data:`RESUME`)."""
+F_PLAN_TAKEN = "plan_taken"
+"""When (the deployment's unix s) a batch worker took the job's plan task, until that task
+has the job running with its window sent (see :data:`sluice.core.batch_jobs.turns.RESEND`)."""
 RESUME_QUEUED_S = 900.0
 """How long a queued resume holds back the next ones: a plan task not run by then counts
 as lost (a broker that lost it), and the next resume queues one again."""

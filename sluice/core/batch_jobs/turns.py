@@ -17,6 +17,23 @@ gives its turn to the next in line and starts it; the batch workers' periodic ro
 back the turns of jobs that ended, starts those given a turn and still ``queued``, and
 sends again a plan task not run within :data:`~sluice.core.batch_jobs.batches.RESUME_QUEUED_S`.
 
+Where the step in the record's slot comes first, the step before it in the namespace's slot
+says it is coming, so that a process killed between the two leaves something the periodic
+round finds:
+
+- a gateway (a job submitted, or resumed after it ended) writes the job into its tenant's
+  ``Keys.tenant_admitting_batches`` (:data:`INTEND`) before it writes the job ``queued``,
+  and :data:`ADMIT` takes it out. The round admits a job found there ``queued`` (a turn, or
+  its place in line), and drops an entry older than :data:`ADMITTING_GRACE_S` whose job is
+  not (never written: its gateway stopped before; or not resumed after all);
+- a batch worker that takes a job's plan task marks it in the record
+  (:data:`PLAN_TAKEN`, in the same step that clears ``resume_queued``) and clears the mark
+  once the job runs with its window filled (:data:`PLAN_DONE`). The job holds its turn all
+  along, so the round sees it; one still planning or running whose mark is older than
+  ``RESUME_QUEUED_S`` lost its batch worker in between (before it was planned, or between
+  starting and being listed among the running jobs the reapers top up): the round sends its
+  plan task again, which resumes it as it is.
+
 A plan task sent here always resumes (``resume=True``): it plans a job never planned, and
 resumes one that was. ``resume_queued`` is set as it is sent, so that the client's resumes
 meanwhile queue nothing more (:data:`~sluice.core.batch_jobs.batches.RESUME`).
@@ -40,8 +57,9 @@ SendPlan = Callable[[str], None]
 """Queue the plan task (``resume=True``) of a batch job."""
 
 ADMIT = """
--- KEYS: the tenant's running batches, its line, the tenants with turns
+-- KEYS: the tenant's running batches, its line, the tenants with turns, its admitting
 -- ARGV: batch id, the tenant's max running batches, tenant, now (unix s)
+redis.call('ZREM', KEYS[4], ARGV[1])
 if redis.call('ZSCORE', KEYS[1], ARGV[1]) then return 0 end
 local rank = redis.call('ZRANK', KEYS[2], ARGV[1])
 if rank then return rank + 1 end
@@ -57,14 +75,16 @@ redis.call('ZADD', KEYS[2], number, ARGV[1])
 return redis.call('ZCARD', KEYS[2])
 """
 """-> 0: the job holds a turn (it had one, or one was free and nobody waits); else its place
-in the tenant's line (1: next), at the end unless it was in line already. Idempotent."""
+in the tenant's line (1: next), at the end unless it was in line already. Idempotent. The
+job is no longer on its way in (:data:`INTEND`)."""
 
 LEAVE = """
--- KEYS: the tenant's running batches, its line, the tenants with turns
+-- KEYS: the tenant's running batches, its line, the tenants with turns, its admitting
 -- ARGV: tenant, the tenant's max running batches (0: give no turns), now, batch id...
 for i = 4, #ARGV do
   redis.call('ZREM', KEYS[1], ARGV[i])
   redis.call('ZREM', KEYS[2], ARGV[i])
+  redis.call('ZREM', KEYS[4], ARGV[i])
 end
 local given = {}
 local room = tonumber(ARGV[2]) - redis.call('ZCARD', KEYS[1])
@@ -75,14 +95,40 @@ if room > 0 then
     table.insert(given, id)
   end
 end
-if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0 then
+if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0
+    and redis.call('ZCARD', KEYS[4]) == 0 then
   redis.call('SREM', KEYS[3], ARGV[1])
 end
 return given
 """
 """-> the jobs given a turn now, first in line first (the caller starts them): the jobs
-named leave (their turn, or their place in line), and the first in line take the turns
-free."""
+named leave (their turn, their place in line, or their way in), and the first in line take
+the turns free."""
+
+INTEND = """
+-- KEYS: the tenant's running batches, its line, the tenants with turns, its admitting
+-- ARGV: batch id, tenant, now (unix s)
+redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
+redis.call('SADD', KEYS[3], ARGV[2])
+return 1
+"""
+"""A gateway is about to make the job ``queued`` (a new job, or one resumed after it
+ended), then :data:`ADMIT` it: until then the periodic round finds it here."""
+
+LAPSE = """
+-- KEYS: the tenant's running batches, its line, the tenants with turns, its admitting
+-- ARGV: tenant, batch id, the latest time (unix s) an entry dropped was written
+local since = tonumber(redis.call('ZSCORE', KEYS[4], ARGV[2]) or '')
+if not since or since > tonumber(ARGV[3]) then return 0 end
+redis.call('ZREM', KEYS[4], ARGV[2])
+if redis.call('ZCARD', KEYS[1]) == 0 and redis.call('ZCARD', KEYS[2]) == 0
+    and redis.call('ZCARD', KEYS[4]) == 0 then
+  redis.call('SREM', KEYS[3], ARGV[1])
+end
+return 1
+"""
+"""-> 1: the job's way in (:data:`INTEND`), written at ARGV[3] or before, is dropped (a job
+that is not to be admitted); 0: there is none, or a newer one (another gateway's): kept."""
 
 START = """
 -- KEYS: batch hash; ARGV: now (unix s), how long a queued plan task holds (s)
@@ -108,13 +154,42 @@ RESEND = """
 -- KEYS: batch hash; ARGV: now (unix s), how long a queued plan task holds (s)
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'planning' and status ~= 'running' then return 0 end
-local queued = tonumber(redis.call('HGET', KEYS[1], 'resume_queued') or '') or 0
-if queued == 0 or tonumber(ARGV[1]) - queued < tonumber(ARGV[2]) then return 0 end
+local since = tonumber(redis.call('HGET', KEYS[1], 'resume_queued') or '') or 0
+local lost = 1
+if since == 0 then
+  since = tonumber(redis.call('HGET', KEYS[1], 'plan_taken') or '') or 0
+  lost = 2
+end
+if since == 0 or tonumber(ARGV[1]) - since < tonumber(ARGV[2]) then return 0 end
 redis.call('HSET', KEYS[1], 'resume_queued', ARGV[1])
-return 1
+redis.call('HDEL', KEYS[1], 'plan_taken')
+return lost
 """
 """-> 1: the plan task sent for this job ARGV[2] s ago or more was never run (lost, or
-never sent: its sender died or the broker refused it): the caller sends it again."""
+never sent: its sender died or the broker refused it); 2: the one a batch worker took
+ARGV[2] s ago or more never got the job running with its window (:data:`PLAN_TAKEN`; its
+worker was killed): the caller sends it again; 0: nothing to do."""
+
+PLAN_TAKEN = """
+-- KEYS: batch hash; ARGV: now (unix s), 1 for a plan task that resumes
+if ARGV[2] == '1' then redis.call('HDEL', KEYS[1], 'resume_queued') end
+local status = redis.call('HGET', KEYS[1], 'status')
+if status ~= 'planning' and status ~= 'running' then return 0 end
+redis.call('HSET', KEYS[1], 'plan_taken', ARGV[1])
+return 1
+"""
+"""A batch worker runs the job's plan task: a resume from now on queues a plan task of its
+own (this one reads the job after), and until :data:`PLAN_DONE` the job says a plan task
+was taken at ARGV[1] (for :data:`RESEND`). -> 1: marked; 0: the job is not planning nor
+running (nothing to mark)."""
+
+PLAN_DONE = """
+-- KEYS: batch hash; ARGV: when the plan task was taken (as PLAN_TAKEN wrote it)
+if redis.call('HGET', KEYS[1], 'plan_taken') ~= ARGV[1] then return 0 end
+return redis.call('HDEL', KEYS[1], 'plan_taken')
+"""
+"""The plan task taken at ARGV[1] is done: its mark goes (unless a newer task's replaced
+it)."""
 
 WITHDRAW = """
 -- KEYS: batch hash; ARGV: finished (unix s)
@@ -129,20 +204,30 @@ _NEVER = "1"
 """``resume_queued`` of a plan task that was not sent: long ago, so that the next periodic
 round sends it."""
 
+ADMITTING_GRACE_S = 300.0
+"""How long an entry of :data:`INTEND` whose job is not ``queued`` is kept: its gateway may
+still be between the two steps (each a Redis command, failing within seconds), or it
+stopped before the job was written (or resumed) and the entry goes."""
+
 
 def tenant_keys(keys: Keys, tenant: str) -> list[str]:
-    """KEYS of :data:`ADMIT` and :data:`LEAVE`."""
+    """KEYS of :data:`ADMIT`, :data:`LEAVE`, :data:`INTEND` and :data:`LAPSE` (one hash
+    slot: the namespace's)."""
     return [
         keys.tenant_running_batches(tenant),
         keys.tenant_queued_batches(tenant),
         keys.batch_turn_tenants,
+        keys.tenant_admitting_batches(tenant),
     ]
+
+
+_TENANT_KEYS = 4
 
 
 def forget(redis: Redis, keys: Keys, tenant: str, batch_id: str) -> None:
     """Take a job out of its tenant's turns and line, giving no turn to another (a job
     removed; the periodic round gives the turn it held)."""
-    redis.eval(LEAVE, 3, *tenant_keys(keys, tenant), tenant, 0, 0, batch_id)
+    redis.eval(LEAVE, _TENANT_KEYS, *tenant_keys(keys, tenant), tenant, 0, 0, batch_id)
 
 
 class Turns:
@@ -160,7 +245,13 @@ class Turns:
             cast(
                 int,
                 self.redis.eval(
-                    ADMIT, 3, *tenant_keys(self.keys, tenant), batch_id, self.limit, tenant, now
+                    ADMIT,
+                    _TENANT_KEYS,
+                    *tenant_keys(self.keys, tenant),
+                    batch_id,
+                    self.limit,
+                    tenant,
+                    now,
                 ),
             )
         )
@@ -174,7 +265,7 @@ class Turns:
         limit = self.limit if self.send_plan is not None else 0
         given = self.redis.eval(
             LEAVE,
-            3,
+            _TENANT_KEYS,
             *tenant_keys(self.keys, tenant),
             tenant,
             limit,
@@ -222,13 +313,16 @@ class Turns:
             self.redis.hset(self.keys.batch(batch_id), b.F_RESUME_QUEUED, _NEVER)
 
     def sweep(self) -> None:
-        """The periodic round: for every tenant with turns, the turns of jobs that ended
-        (their ender killed before it gave them on) go to the next in line, jobs given a
-        turn that are still ``queued`` start, and a plan task never run is sent again."""
+        """The periodic round: for every tenant with turns, a job ``queued`` whose gateway
+        stopped before it took a turn or a place in line takes one (:meth:`_admitting`),
+        the turns of jobs that ended (their ender killed before it gave them on) go to the
+        next in line, jobs given a turn that are still ``queued`` start, and a plan task
+        never run, or whose batch worker was killed before the job ran, is sent again."""
         CLOCK.sync_blocking(self.redis)
         now = CLOCK.now()
         for raw in cast(set[bytes], self.redis.smembers(self.keys.batch_turn_tenants)):
             tenant = raw.decode()
+            self._admitting(tenant, now)
             holding = cast(
                 list[bytes], self.redis.zrange(self.keys.tenant_running_batches(tenant), 0, -1)
             )
@@ -241,13 +335,46 @@ class Turns:
                     gone.append(batch_id)
                 elif status.decode() == b.QUEUED:
                     waiting.append(batch_id)
-                elif self.send_plan is not None and self.redis.eval(
-                    RESEND, 1, self.keys.batch(batch_id), f"{now:.3f}", b.RESUME_QUEUED_S
-                ):
-                    log.warning("batch %s: its plan task was never run; sent again", batch_id)
-                    self._send(batch_id)
+                elif self.send_plan is not None:
+                    lost = self.redis.eval(
+                        RESEND, 1, self.keys.batch(batch_id), f"{now:.3f}", b.RESUME_QUEUED_S
+                    )
+                    if lost:
+                        log.warning(
+                            "batch %s: its plan task %s; sent again",
+                            batch_id,
+                            "was never run" if lost == 1 else "stopped with its batch worker",
+                        )
+                        self._send(batch_id)
             if self.send_plan is not None:
                 self.start(tenant, waiting)
             if gone:
                 log.info("batch jobs of tenant %s ended: %d turn(s) given on", tenant, len(gone))
             self.leave(tenant, *gone)  # (with none gone: gives the turns free, if any)
+
+    def _admitting(self, tenant: str, now: float) -> None:
+        """The tenant's jobs on their way in (:data:`INTEND`): one ``queued`` takes its turn
+        or its place in line (its gateway stopped before it did, or is about to: admitting is
+        idempotent), and starts below if it got a turn; one that is not and whose entry is
+        older than :data:`ADMITTING_GRACE_S` is dropped (never written, or not resumed)."""
+        key = self.keys.tenant_admitting_batches(tenant)
+        for raw_id in cast(list[bytes], self.redis.zrange(key, 0, -1)):
+            batch_id = raw_id.decode()
+            status = cast(bytes | None, self.redis.hget(self.keys.batch(batch_id), b.F_STATUS))
+            if status == b.QUEUED.encode():
+                place = self.admit(tenant, batch_id)
+                log.warning(
+                    "batch %s: queued outside its tenant's turns and line (its gateway "
+                    "stopped, or is slow); it %s",
+                    batch_id,
+                    "has a turn" if place == 0 else f"waits in line ({place})",
+                )
+            else:
+                self.redis.eval(
+                    LAPSE,
+                    _TENANT_KEYS,
+                    *tenant_keys(self.keys, tenant),
+                    tenant,
+                    batch_id,
+                    f"{now - ADMITTING_GRACE_S:.3f}",
+                )

@@ -9,7 +9,13 @@ turn; jobs submitted as the gateway submits them):
 - another tenant's job starts at once, and ends before the first tenant's waiting ones start;
 - a batch worker killed as a job ended (its turn not given on, or given and the next job not
   started), or a plan task lost, does not leave the tenant's line waiting for ever: the
-  batch workers' periodic round gives the turn and starts the job."""
+  batch workers' periodic round gives the turn and starts the job;
+- a batch worker killed between starting a job (planned, or resumed from the line) and
+  listing it among the running jobs does not leave it running with no shard sent: the
+  periodic round sends its plan task again once the one taken is old;
+- a gateway killed between writing its way into the tenant's turns and writing the job
+  leaves an entry the periodic round drops once it is old (and admits while it is young,
+  should the job appear ``queued``)."""
 
 from __future__ import annotations
 
@@ -25,7 +31,7 @@ from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs import turns
 from sluice.core.clock import CLOCK
 from sluice.scheduler.executor.redis_server import RedisServer
-from tests.unit.batch.runners import make_runner, written
+from tests.unit.batch.runners import make_runner, resumed, written
 
 ACTIVE = (b.PLANNING, b.RUNNING)
 
@@ -228,3 +234,100 @@ def test_a_job_that_ends_as_it_gets_its_turn_gives_the_turn_on(
     assert broker.plans == [first, third]
     broker.drain()
     assert status(runner, third) == b.COMPLETED
+
+
+def _later(monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+    """The deployment's clock ``seconds`` on from now (as the periodic round reads it)."""
+    now = CLOCK.now
+    monkeypatch.setattr(CLOCK, "now", lambda: now() + seconds)
+
+
+@pytest.mark.parametrize("start", ["planned", "resumed"])
+def test_a_job_whose_worker_was_killed_before_it_listed_it_running_runs_all_the_same(
+    worker: Callable[[int], tuple[Runner, Broker]],
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    start: str,
+) -> None:
+    runner, broker = worker(1)
+    keys = runner.keys
+    batch_id, _ = submit(runner, broker, "team-a", source)
+    if start == "resumed":
+        # It ran, was cancelled, and is resumed: it takes the free turn and starts (its
+        # plan task resumes it).
+        broker.run_one()
+        runner.redis.eval(b.CANCEL, 1, keys.batch(batch_id), "1")
+        runner.redis.srem(keys.running_batches, batch_id)
+        runner.turns.leave("team-a", batch_id)
+        broker.queue.clear()
+        assert resumed(runner, batch_id, "team-a") == 0
+        broker.plan(batch_id)
+    # Its plan task runs: the job runs, and the worker is killed before it lists it among
+    # the running jobs (nor is the task redelivered).
+    with monkeypatch.context() as killed:
+        killed.setattr(runner.redis, "sadd", _killed)
+        with pytest.raises(RuntimeError, match="killed"):
+            broker.run_one()
+    assert status(runner, batch_id) == b.RUNNING and broker.queue == []
+    assert not runner.redis.sismember(keys.running_batches, batch_id)
+
+    Reaper(runner).sweep()  # (a task taken this recently may still be running)
+    assert broker.queue == []
+    with monkeypatch.context() as later:
+        _later(later, b.RESUME_QUEUED_S * 2)
+        Reaper(runner).sweep()
+        assert broker.queue == [(batch_id, -1)]
+        Reaper(runner).sweep()  # (sent again once)
+        assert broker.queue == [(batch_id, -1)]
+    broker.drain()
+    assert status(runner, batch_id) == b.COMPLETED
+    assert not runner.redis.exists(keys.tenant_running_batches("team-a"))
+    assert b.F_PLAN_TAKEN not in runner.record(batch_id)
+
+
+def test_a_plan_task_that_runs_leaves_no_mark_and_is_never_sent_again(
+    worker: Callable[[int], tuple[Runner, Broker]],
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, broker = worker(1)
+    batch_id, _ = submit(runner, broker, "team-a", source)
+    broker.run_one()  # (planned: running, its shards sent)
+    assert b.F_PLAN_TAKEN not in runner.record(batch_id)
+    with monkeypatch.context() as later:
+        _later(later, b.RESUME_QUEUED_S * 10)
+        Reaper(runner).sweep()  # (its shards, never leased, are sent again; not its plan)
+    assert broker.plans == [batch_id] and (batch_id, -1) not in broker.queue
+    broker.drain()
+    assert status(runner, batch_id) == b.COMPLETED
+
+
+def test_a_way_in_without_its_job_is_dropped_once_old_and_admitted_once_queued(
+    worker: Callable[[int], tuple[Runner, Broker]],
+    source: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runner, broker = worker(1)
+    keys = runner.keys
+    tenant_keys = turns.tenant_keys(keys, "team-a")
+    admitting = keys.tenant_admitting_batches("team-a")
+    # A gateway wrote a job's way in, and was killed before it wrote the job.
+    never = "0" * 32
+    runner.redis.eval(turns.INTEND, 4, *tenant_keys, never, "team-a", f"{CLOCK.now():.3f}")
+    Reaper(runner).sweep()  # (young: its gateway may be writing it)
+    assert runner.redis.zscore(admitting, never) is not None
+    with monkeypatch.context() as later:
+        _later(later, turns.ADMITTING_GRACE_S * 2)
+        Reaper(runner).sweep()
+    assert not runner.redis.exists(admitting)
+    assert not runner.redis.sismember(keys.batch_turn_tenants, "team-a")
+
+    # One whose job is written queued is admitted, even young: it starts.
+    options = b.BatchOptions(shard_rows=1, input_format="npy", output_format="npy")
+    batch_id = written(runner, source, options, "team-a", b.QUEUED)
+    runner.redis.eval(turns.INTEND, 4, *tenant_keys, batch_id, "team-a", f"{CLOCK.now():.3f}")
+    Reaper(runner).sweep()
+    assert status(runner, batch_id) == b.PLANNING and broker.plans == [batch_id]
+    assert not runner.redis.exists(admitting)
+    broker.drain()
+    assert status(runner, batch_id) == b.COMPLETED

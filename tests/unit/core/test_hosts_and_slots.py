@@ -82,6 +82,7 @@ def test_the_control_plane_is_one_slot_and_models_spread() -> None:
         keys.tenant_running_batches("team-a"),  # (the keys of one turns script)
         keys.tenant_queued_batches("team-a"),
         keys.batch_turn_tenants,
+        keys.tenant_admitting_batches("team-a"),
     ]
     assert len({slot(key) for key in control}) == 1
     batch = [keys.batch("b1"), keys.batch_shards("b1"), keys.batch_leases("b1")]

@@ -8,7 +8,10 @@
   task the gateway queues;
 - a job waiting in line can be cancelled (it never starts), deleted (it goes, its upload
   freed) and resumed (nothing changes: it keeps its place, 200 with its status); a job that
-  had ended and is resumed waits in line as a new one does."""
+  had ended and is resumed waits in line as a new one does;
+- a gateway killed between writing a job ``queued`` (submitted, or resumed after it ended)
+  and putting it in its tenant's turns or line does not leave it waiting until its client
+  resumes it: the batch workers' periodic round gives it a turn (it starts) or its place."""
 
 from __future__ import annotations
 
@@ -19,9 +22,12 @@ from typing import Any
 
 import pytest
 
+from sluice.batch.runner import Reaper, Runner
 from sluice.core.batch_jobs import batches as b
 from sluice.core.batch_jobs.celery_config import queue_name
+from sluice.gateway.jobs import batch_routes
 from sluice.scheduler.executor.redis_server import RedisServer
+from tests.unit.batch.runners import make_runner
 from tests.unit.gateway.jobs.batch_gateway import MODEL, BatchGateway, batch_gateway
 
 
@@ -120,3 +126,74 @@ async def test_waiting_jobs_count_against_the_tenants_max_batches(
         )
     assert refused.status_code == 429, refused.text
     assert "SLUICE_TENANT_MAX_BATCHES" in refused.json()["error"]
+
+
+class Killed(Exception):
+    """The gateway process stops here."""
+
+
+async def _killed(*args: object) -> bool:
+    raise Killed
+
+
+@pytest.mark.parametrize("route", ["submit", "resume"])
+async def test_a_job_whose_gateway_was_killed_before_it_took_its_turn_starts_all_the_same(
+    gateway: BatchGateway,
+    redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    route: str,
+) -> None:
+    """The job is written ``queued`` (or resumed so), and the gateway is killed before it
+    takes a turn or a place in line (nor does it undo anything, killed)."""
+    plans: list[str] = []
+    runner: Runner = make_runner(
+        redis_server,
+        tmp_path,
+        monkeypatch,
+        namespace=gateway.state.settings.namespace,
+        on_plan=plans.append,
+        tenant_max_running_batches=2,
+    )
+    try:
+        upload_id = await gateway.upload("team-a")
+        running = (await gateway.submit("team-a", upload_id))["id"]
+        lost: list[str] = []
+        async with gateway.client("team-a") as client:
+            for _ in range(2):  # the first gets the free turn, the second waits in line
+                if route == "resume":
+                    batch_id = (await gateway.submit("team-a", upload_id))["id"]
+                    await client.post(f"/v2/batches/{batch_id}/cancel")
+                with monkeypatch.context() as killed:
+                    killed.setattr(batch_routes, "_take_turn", _killed)
+                    killed.setattr(batch_routes, "_undo", _killed)
+                    with pytest.raises(Killed):
+                        if route == "resume":
+                            await client.post(f"/v2/batches/{batch_id}/resume")
+                        else:
+                            body = {"model": MODEL, "input": f"upload:{upload_id}"}
+                            await client.post("/v2/batches", json=body)
+                if route == "submit":
+                    listed = await client.get("/v2/batches")
+                    batch_id = listed.json()["batches"][0]["id"]
+                lost.append(batch_id)
+        for batch_id in lost:
+            job = await _get(gateway, "team-a", batch_id)
+            assert job["status"] == b.QUEUED and "place" not in job
+        turns = gateway.keys.tenant_running_batches("team-a")
+        assert await gateway.redis.zcard(turns) == 1
+
+        Reaper(runner).sweep()
+        assert (await _get(gateway, "team-a", lost[0]))["status"] == b.PLANNING
+        if route == "submit":
+            assert plans == [lost[0]]  # (its plan task, sent by the round)
+        else:  # (the one queued as it was first submitted, not run yet, resumes it)
+            assert plans == [] and lost[0] in await _plans(gateway)
+        assert (await _get(gateway, "team-a", lost[1]))["place"] == 1
+        # The running one ends: the one in line takes its turn, as any waiting job does.
+        async with gateway.client("team-a") as client:
+            await client.post(f"/v2/batches/{running}/cancel")
+        assert (await _get(gateway, "team-a", lost[1]))["status"] == b.PLANNING
+        assert not await gateway.redis.exists(gateway.keys.tenant_admitting_batches("team-a"))
+    finally:
+        runner.close()
