@@ -35,6 +35,13 @@ class UnknownNamespacedModel(InvalidInput, NotFound):
     answers as without namespacing."""
 
 
+class NoReadyVersion(NotFound):
+    """A model of the repository none of whose versions is ready, its load failed, asked
+    for without a version: Triton's NOT_FOUND "has no available versions" (core
+    ``ModelLifeCycle::GetModel``). Readiness answers it "not ready"; TorchServe's
+    predictions, unavailable."""
+
+
 @dataclass
 class CatalogView:
     keys: Keys
@@ -228,8 +235,11 @@ class CatalogView:
             number = self.routing.labelled(model, label)
         unknown = f"Request for unknown model: '{self.identifier(model, entry)}'"
         if not entry.available:
+            detail = f"model '{model}' is unavailable: {entry.error}"
+            if entry.error != UNLOADED:  # its load failed: Triton's answers, as below
+                raise _not_served(unknown, number, entry.versions, detail)
             where = "has no available versions" if number is None else _not_ready(number)
-            raise Unavailable(f"{unknown} {where}; model '{model}' is unavailable: {entry.error}")
+            raise Unavailable(f"{unknown} {where}; {detail}")
         if label is not None and number not in entry.versions:
             raise Unavailable(
                 f"model '{model}' version label '{label}' names version {number}, which is "
@@ -248,10 +258,10 @@ class CatalogView:
         ]
         if not candidates:
             newest = entry.versions[-1]
-            raise Unavailable(
-                f"{unknown} has no available versions; version {newest} is unavailable: "
-                f"{self.load_error(model, newest)}"
-            )
+            detail = f"version {newest} is unavailable: {self.load_error(model, newest)}"
+            if entry.on_demand:  # (refused by the budget: 503, as the requests that waited)
+                raise Unavailable(f"{unknown} has no available versions; {detail}")
+            raise _not_served(unknown, None, entry.versions, detail)
         return entry, candidates[-1]
 
     def not_ready(self) -> list[str]:
@@ -296,6 +306,20 @@ def parse_version(version: str) -> int:
 
 def _not_ready(version: int) -> str:
     return f"version {version} is not at ready state"
+
+
+def _not_served(
+    unknown: str, number: int | None, versions: tuple[int, ...], detail: str
+) -> NotFound | Unavailable:
+    """Triton's answer to a request for a model whose load failed (core
+    ``ModelLifeCycle::GetModel``): without a version, NOT_FOUND "has no available versions";
+    a version it tried, UNAVAILABLE "not at ready state"; any other, NOT_FOUND "is not
+    found". Sluice's ``detail`` (why) follows."""
+    if number is None:
+        return NoReadyVersion(f"{unknown} has no available versions; {detail}")
+    if number in versions:
+        return Unavailable(f"{unknown} {_not_ready(number)}; {detail}")
+    return NotFound(f"{unknown} version {number} is not found")
 
 
 def _text(value: bytes | str) -> str:

@@ -13,7 +13,7 @@ from sluice.core.fields import json_type
 from sluice.core.observability.statistics import render_model_stats
 from sluice.core.on_demand import LOADING
 from sluice.core.on_demand import UNLOADED as ON_DEMAND_UNLOADED
-from sluice.gateway.control.catalog_view import UnknownNamespacedModel
+from sluice.gateway.control.catalog_view import NoReadyVersion, UnknownNamespacedModel
 from sluice.gateway.control.metadata import model_metadata
 from sluice.gateway.state import GatewayState
 
@@ -55,7 +55,7 @@ def model_not_ready(state: GatewayState, model: str, version: str | None) -> str
         entry, number = state.view.resolve(model, version)
     except UnknownNamespacedModel as exc:
         raise NotFound(exc.message) from None
-    except Unavailable as exc:
+    except (Unavailable, NoReadyVersion) as exc:
         return f"Model version not ready; {exc.message}"
     if not state.view.is_ready(model, number) and not entry.on_demand:
         return f"Model version not ready; model '{model}' version {number} has no live worker yet"
@@ -63,13 +63,15 @@ def model_not_ready(state: GatewayState, model: str, version: str | None) -> str
 
 
 def metadata_document(state: GatewayState, model: str, version: str | None) -> dict[str, Any]:
+    """Triton's model metadata: refused as an inference request naming the model (and
+    version) would be; without a version, every version served but those whose load
+    failed."""
+    view = state.view
+    entry, number = view.resolve(model, version)
     if version is None:
-        entry = state.view.entry(model)
-        state.view.refuse_unloaded(model, entry)
-        if not entry.available:
-            raise Unavailable(f"model '{model}' is unavailable: {entry.error}")
-        return model_metadata(entry, list(entry.versions))
-    entry, number = state.view.resolve(model, version)
+        return model_metadata(
+            entry, [v for v in entry.versions if view.load_error(model, v) is None]
+        )
     return model_metadata(entry, [number])
 
 

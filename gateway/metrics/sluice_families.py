@@ -110,6 +110,24 @@ class _Families:
     """The tenants that exist: per-tenant series of others (gone with their keys) are left
     out. None: every tenant's."""
 
+    namespaced: bool = field(init=False, default=False)
+    """The models have a namespace (model namespacing): every family with model labels
+    labels each series by it too, as Triton's families do."""
+    label_names: list[str] = field(init=False, default_factory=list)
+    """Each family's model labels."""
+
+    def __post_init__(self) -> None:
+        self.namespaced = any(state.namespace for state in self.snapshot.versions)
+        self.label_names = ["model", "namespace", "version"] if self.namespaced else _LABELS
+
+    def _labels(self, state: VersionState) -> list[str]:
+        """A version's label values: the name clients use (never a copy's internal name),
+        and with namespacing its repository."""
+        model = state.listed_as or state.model
+        if self.namespaced:
+            return [model, state.namespace, str(state.version)]
+        return [model, str(state.version)]
+
     def collect(self) -> Iterator[Metric]:
         versions = self.snapshot.versions
         yield from self._queue(versions)
@@ -124,32 +142,32 @@ class _Families:
         length = GaugeMetricFamily(
             "sluice_stream_length",
             "Entries in the model version's request stream (waiting and being computed)",
-            labels=[*_LABELS, "priority"],
+            labels=[*self.label_names, "priority"],
         )
         lag = GaugeMetricFamily(
             "sluice_consumer_lag",
             "Entries not yet delivered to any worker (the consumer group's lag)",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         pending = GaugeMetricFamily(
             "sluice_pending_entries",
             "Entries delivered to a worker and not yet answered",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         age = GaugeMetricFamily(
             "sluice_oldest_request_age_seconds",
             "Age of the oldest request not yet answered (0 when none)",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         drain = GaugeMetricFamily(
             "sluice_drain_time_seconds",
             "Estimated time to answer every queued request at the recent answer rate "
             "(+Inf when requests wait and none was answered lately, NaN until two scrapes)",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         now = time.monotonic()
         for state in versions:
-            labels = [state.model, str(state.version)]
+            labels = self._labels(state)
             for stream in state.streams:
                 length.add_metric([*labels, str(stream.priority)], stream.length)
             lag.add_metric(labels, sum(s.waiting for s in state.streams))
@@ -177,47 +195,47 @@ class _Families:
         reclaimed = CounterMetricFamily(
             "sluice_reclaimed_entries",
             "Entries a worker took over from a dead or stuck worker",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         dead = CounterMetricFamily(
             "sluice_dead_letter_entries",
             "Entries moved to the dead-letter stream after too many deliveries",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         misses = CounterMetricFamily(
             "sluice_deadline_misses",
             "Requests whose deadline passed, in the queue or waiting at the gateway",
-            labels=[*_LABELS, "stage"],
+            labels=[*self.label_names, "stage"],
         )
         rejects = CounterMetricFamily(
             "sluice_admission_rejects",
             "Requests a gateway refused before queueing them, by reason",
-            labels=[*_LABELS, "reason"],
+            labels=[*self.label_names, "reason"],
         )
         decisions = CounterMetricFamily(
             "sluice_rollout_decisions",
             "Decisions of rollouts with this version as the candidate (start, step, passed, "
             "inconclusive, promote, rollback, promoted, rolled_back)",
-            labels=[*_LABELS, "decision"],
+            labels=[*self.label_names, "decision"],
         )
         jobs = CounterMetricFamily(
             "sluice_jobs",
             "Asynchronous jobs of this version, by outcome (submitted, completed, failed, "
             "expired: deadline passed in the queue, cancelled)",
-            labels=[*_LABELS, "outcome"],
+            labels=[*self.label_names, "outcome"],
         )
         batch_rows = CounterMetricFamily(
             "sluice_batch_rows",
             "Rows of offline batch jobs this version answered (a rate of it: rows/s)",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         shard_retries = CounterMetricFamily(
             "sluice_batch_shard_retries",
             "Attempts of batch-job shards after their first (a worker lost, an error)",
-            labels=_LABELS,
+            labels=self.label_names,
         )
         for state in versions:
-            labels = [state.model, str(state.version)]
+            labels = self._labels(state)
             counters = state.counters
             batch_rows.add_metric(labels, counters.get(st.BATCH_ROWS, 0))
             shard_retries.add_metric(labels, counters.get(st.BATCH_SHARD_RETRIES, 0))
@@ -240,10 +258,10 @@ class _Families:
             "sluice_instances",
             "Model instances (worker processes) by state: ready (heartbeating), loading "
             "(expected, not yet ready) and failed (the version could not be loaded)",
-            labels=[*_LABELS, "state"],
+            labels=[*self.label_names, "state"],
         )
         for state in versions:
-            labels = [state.model, str(state.version)]
+            labels = self._labels(state)
             missing = max(0, state.expected_instances - state.live_workers)
             instances.add_metric([*labels, "ready"], state.live_workers)
             instances.add_metric([*labels, "loading"], 0 if state.load_error else missing)
@@ -255,10 +273,10 @@ class _Families:
             "sluice_batch_closes",
             "Batches by why they closed: full (max_batch_size), preferred (a preferred size), "
             "window (max_queue_delay ran out), adaptive (waiting no longer paid), stopping",
-            labels=[*_LABELS, "reason"],
+            labels=[*self.label_names, "reason"],
         )
         for state in versions:
-            labels = [state.model, str(state.version)]
+            labels = self._labels(state)
             for reason in st.BATCH_CLOSE_REASONS:
                 closes.add_metric(
                     [*labels, reason], state.counters.get(st.batch_close_field(reason), 0)
@@ -267,23 +285,23 @@ class _Families:
 
     def _histograms(self, versions: list[VersionState]) -> Iterable[Metric]:
         for name, help_text, histogram in _HISTOGRAMS:
-            family = HistogramMetricFamily(name, help_text, labels=_LABELS)
+            family = HistogramMetricFamily(name, help_text, labels=self.label_names)
             for state in versions:
                 buckets, total = histogram.read(state.counters)
-                family.add_metric([state.model, str(state.version)], buckets, total)
+                family.add_metric(self._labels(state), buckets, total)
             yield family
         tenants = HistogramMetricFamily(
             "sluice_tenant_queue_duration_seconds",
             "Time from the gateway's enqueue to the start of the batch's computation, per "
             "tenant (requests of named tenants)",
-            labels=[*_LABELS, "tenant"],
+            labels=[*self.label_names, "tenant"],
         )
         for state in versions:
             for tenant in hist.tenant_queue_tenants(state.counters):
                 if self.tenants is not None and tenant not in self.tenants:
                     continue
                 buckets, total = hist.tenant_queue(tenant).read(state.counters)
-                tenants.add_metric([state.model, str(state.version), tenant], buckets, total)
+                tenants.add_metric([*self._labels(state), tenant], buckets, total)
         yield tenants
 
     def _on_demand(self, versions: list[VersionState]) -> Iterable[Metric]:
@@ -291,12 +309,12 @@ class _Families:
             "sluice_model_evictions",
             "On-demand model versions unloaded: budget (to make room for another), refused "
             "(measured larger than the whole budget)",
-            labels=[*_LABELS, "reason"],
+            labels=[*self.label_names, "reason"],
         )
         for state in versions:
             for reason in EVICTION_REASONS:
                 count = state.counters.get(eviction_field(reason), 0)
-                evictions.add_metric([state.model, str(state.version), reason], count)
+                evictions.add_metric([*self._labels(state), reason], count)
         budget = GaugeMetricFamily(
             "sluice_memory_budget_bytes",
             "Memory the model workers of a host may hold together, by device "

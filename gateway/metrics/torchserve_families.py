@@ -36,12 +36,17 @@ def torchserve_lines(snapshot: Snapshot, hostname: str | None = None) -> list[st
     description shows and ``/predictions/{model}/{version}`` names), not Sluice's folder
     number. TorchServe labels a request by the version it named (``default`` when it named
     none); Sluice's counters are kept per version served, so every request counts under the
-    version that answered it."""
+    version that answered it. With model namespacing, a model is named as its clients name
+    it (a copy of a name several repositories hold by that name, not Sluice's internal
+    one) and every series is labelled by its ``namespace`` too, as Triton's families are,
+    which keeps the copies apart."""
     host = escape_label(hostname or socket.gethostname())
+    namespaced = any(state.namespace for state in snapshot.versions)
     labelled = [
         (
-            f'model_name="{escape_label(state.model)}",'
-            f'model_version="{escape_label(_shown(state))}",hostname="{host}"',
+            f'model_name="{escape_label(state.listed_as or state.model)}",'
+            + (f'namespace="{escape_label(state.namespace)}",' if namespaced else "")
+            + f'model_version="{escape_label(_shown(state))}",hostname="{host}"',
             state.counters,
         )
         for state in snapshot.versions

@@ -55,6 +55,7 @@ from sluice.core.errors import (
     SluiceError,
 )
 from sluice.core.routing import Routing
+from sluice.core.torchserve.archives import RUNTIMES, registered_runtime
 from sluice.core.torchserve.config import MAX_WORKERS, check_model_name, triton_config
 from sluice.core.torchserve.settings import ArchiveSettings
 from sluice.core.torchserve.versions import VersionRecord, find, number_for, record_of
@@ -88,7 +89,6 @@ log = logging.getLogger(__name__)
 
 router = APIRouter()
 
-RUNTIMES = ("python", "python3")
 _MAX_REGISTER_JSON = 64 << 10
 
 
@@ -347,6 +347,7 @@ async def register_archive(
     manifest, settings = archive.manifest, archive.settings
     name = params.get("model_name") or manifest.model_name
     check_model_name(name, f"model archive {url.rsplit('/', 1)[-1]}")
+    registered_runtime(manifest, params.get("runtime"), url.rsplit("/", 1)[-1])
     line = settings.ignored_line(name)
     if line:
         log.warning("%s", line)

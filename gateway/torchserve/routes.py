@@ -30,6 +30,7 @@ from sluice.core.torchserve.explanations import EXPLAIN
 from sluice.core.torchserve.statuses import reply_status
 from sluice.core.wire import ReplyMessage
 from sluice.gateway.control.catalog_follow import asked_fresh, follow_changes, is_problem
+from sluice.gateway.control.catalog_view import NoReadyVersion
 from sluice.gateway.control.inspection import server_not_ready
 from sluice.gateway.http.body import read_body
 from sluice.gateway.http.json_body import json_response
@@ -211,6 +212,9 @@ async def predict_answer(
     number = await _served_version(state, model, version)
     try:
         prepared = await prepare_with(state, model, number, parse, heavy=big)
+    except NoReadyVersion as exc:  # (registered, no version loaded: TorchServe's 503)
+        registered(state, model)
+        raise Unavailable(exc.message) from None
     except (NotFound, Unavailable):
         registered(state, model)  # (TorchServe's 404 when it is not registered at all)
         raise

@@ -296,9 +296,19 @@ def test_errors_carry_tritons_codes_and_texts(
     with pytest.raises(InferenceServerException) as info:
         rest.infer("iris", [rest_wrong], request_id="r1")
     assert info.value.message() == message  # the same text on both wires
+    # A model whose load failed: Triton's NOT_FOUND without a version, UNAVAILABLE for one
+    # it tried.
     rejected(
         lambda: client.infer("corrupt_model", [_fp32("IN_FP32", np.ones((1, 2)))]),
+        "NOT_FOUND",
+        "Request for unknown model: 'corrupt_model' has no available versions",
+    )
+    rejected(
+        lambda: client.infer(
+            "corrupt_model", [_fp32("IN_FP32", np.ones((1, 2)))], model_version="1"
+        ),
         "UNAVAILABLE",
+        "Request for unknown model: 'corrupt_model' version 1 is not at ready state",
     )
     rejected(lambda: client.infer("iris", [iris_input()], model_version="9"), "NOT_FOUND")
 

@@ -104,18 +104,21 @@ def _index(http: httpx.Client) -> list[tuple[str, str]]:
 
 def _labelled_copies(metrics: str) -> set[tuple[str, str]]:
     """(model, namespace) of Triton's success counter's series that have a namespace (with
-    namespacing, every one); no series names a copy by Sluice's internal name."""
-    [family] = [
-        f
-        for f in text_string_to_metric_families(metrics)
-        if f.name == "nv_inference_request_success"
-    ]
-    assert not any("@" in sample.labels["model"] for sample in family.samples)
-    return {
-        (sample.labels["model"], sample.labels["namespace"])
-        for sample in family.samples
-        if "namespace" in sample.labels
-    }
+    namespacing, every one); no series of any family names a copy by Sluice's internal
+    name, and Sluice's families label the models as Triton's do."""
+    families = {f.name: f for f in text_string_to_metric_families(metrics)}
+    for family in families.values():
+        assert not any("@" in sample.labels.get("model", "") for sample in family.samples)
+
+    def labelled(name: str) -> set[tuple[str, str]]:
+        return {
+            (sample.labels["model"], sample.labels["namespace"])
+            for sample in families[name].samples
+            if "namespace" in sample.labels
+        }
+
+    assert labelled("sluice_consumer_lag") == labelled("nv_inference_request_success")
+    return labelled("nv_inference_request_success")
 
 
 def test_each_repository_is_a_namespace(tmp_path: Path, redis_server: RedisServer) -> None:

@@ -288,7 +288,11 @@ def test_a_bad_load_parameter_makes_the_model_unavailable_naming_it(mixed: Stack
         assert row["state"] == "UNAVAILABLE"
         assert "sluice.load is 'sometimes'; it may be on_demand or always" in row["reason"]
         answer = http.post("/v2/models/typo/infer", json=REQUEST)
-        assert answer.status_code == 503 and "sluice.load" in answer.json()["error"]
+        # (Triton's answer to a model whose load failed, asked without a version)
+        assert answer.status_code == 404, answer.text
+        message = answer.json()["error"]
+        assert message.startswith("Request for unknown model: 'typo' has no available versions")
+        assert "sluice.load" in message
 
 
 def test_a_worker_killed_while_loading_is_started_again_and_its_requests_kept(

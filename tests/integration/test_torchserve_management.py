@@ -6,13 +6,16 @@ accepts, ignores or fails."""
 
 from __future__ import annotations
 
+import json
 import time
+import zipfile
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from sluice.core.torchserve.archives import MANIFEST
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.stack import Stack
 from tests.support.torchserve_archives import make_archive, said, store_stack
@@ -67,6 +70,16 @@ def stack(tmp_path_factory: pytest.TempPathFactory, redis_server: RedisServer) -
         config="batchSize: 3\nmaxBatchDelay: 15\nminWorkers: 1\nmaxWorkers: 2\n",
         archive_format="no-archive",
     )
+    # A manifest edited by hand to a runtime TorchServe does not know.
+    with (
+        zipfile.ZipFile(store / "shout.mar") as made,
+        zipfile.ZipFile(store / "no-runtime.mar", "w") as edited,
+    ):
+        for member in made.infolist():
+            data = made.read(member)
+            if member.filename == MANIFEST:
+                data = json.dumps({**json.loads(data), "runtime": None}).encode()
+            edited.writestr(member, data)
     stack = store_stack(tmp, redis_server.url, store)
     stack.start()
     yield stack
@@ -210,6 +223,7 @@ def test_registration_parameters_torchserve_takes_or_ignores(
         ),
         ({"handler": "invalidHandler"}, 500, "Failed to start workers for model failing"),
         ({"url": ""}, 404, "empty url"),
+        ({"url": "no-runtime.mar"}, 400, "no-runtime.mar: Runtime is not defined or invalid."),
     ],
 )
 def test_registrations_torchserve_fails_fail_alike_and_leave_nothing(

@@ -235,11 +235,20 @@ def test_unknown_model_and_versions(
 
 
 def test_model_that_failed_to_load(http: httpx.Client) -> None:
+    """Triton's answers (core ``ModelLifeCycle::GetModel``): the version it tried is not at
+    ready state (503); asked without a version, it has none available (404)."""
     body = {"inputs": [{"name": "IN_FP32", "shape": [1, 1], "datatype": "FP32", "data": [1]}]}
     message = error(http.post("/v2/models/broken/versions/1/infer", json=body), 503)
     assert message.startswith("Request for unknown model: 'broken' version 1 is not at ready state")
-    message = error(infer(http, body, "broken"), 503)
-    assert message.startswith("Request for unknown model: 'broken' has no available versions")
+    assert error(http.get("/v2/models/broken/versions/1/config"), 503) == message
+    assert error(http.get("/v2/models/broken/versions/2"), 404) == (
+        "Request for unknown model: 'broken' version 2 is not found"
+    )
+    none_available = "Request for unknown model: 'broken' has no available versions"
+    for answer in (infer(http, body, "broken"), http.get("/v2/models/broken")):
+        assert error(answer, 404).startswith(none_available)
+    ready = http.get("/v2/models/broken/ready")
+    assert error(ready, 400).startswith(f"Model version not ready; {none_available}")
 
 
 def test_input_and_output_names(http: httpx.Client) -> None:

@@ -30,8 +30,12 @@ def test_broken_models_are_unavailable_with_a_reason_and_others_serve(stack: Sta
         assert index["broken_config"]["state"] == "UNAVAILABLE"
         assert "config.pbtxt" in index["broken_config"]["reason"]
         for model in ("corrupt_model", "broken_config"):
+            # (Triton's answer to a model whose load failed, asked without a version)
             response = http.post(f"/v2/models/{model}/infer", content=b'{"inputs": []}')
-            assert response.status_code == 503
+            assert response.status_code == 404
+            assert response.json()["error"].startswith(
+                f"Request for unknown model: '{model}' has no available versions; "
+            )
             assert "unavailable" in response.json()["error"]
             assert http.get(f"/v2/models/{model}/ready").status_code in (400, 503)
         # Triton's strict readiness: not ready while a model is unavailable.

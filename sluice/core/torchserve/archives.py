@@ -34,6 +34,10 @@ from sluice.core.errors import InvalidConfig
 from sluice.core.torchserve.config import triton_config as triton_config  # (its old home)
 
 MANIFEST = "MAR-INF/MANIFEST.json"
+RUNTIMES = ("python", "python3")
+"""The runtimes TorchServe knows (its manifest's ``RuntimeType``)."""
+NO_RUNTIME = "Runtime is not defined or invalid."
+"""TorchServe's 400 for a manifest whose ``runtime`` it does not know."""
 MAX_ENTRIES = 10_000
 MAX_MANIFEST_BYTES = 1 << 20
 MAX_UNPACKED_BYTES = 4 << 30
@@ -79,6 +83,10 @@ class MarManifest:
     config_file: str = ""
     """TorchServe's per-model configuration in the archive (``model-config.yaml``, from
     ``torch-model-archiver --config-file``): :mod:`sluice.core.torchserve.settings`."""
+    runtime: str = "python"
+    """The manifest's top-level ``runtime`` (one of :data:`RUNTIMES`), TorchServe's default
+    ``python`` where it names none; empty where it names one TorchServe does not know
+    (``null``, ``java``), which a registration refuses (:func:`registered_runtime`)."""
 
 
 def bad_archive(path: Path, reason: str) -> InvalidConfig:
@@ -203,7 +211,28 @@ def _parse_manifest(path: Path, data: bytes, *, registering: bool = True) -> Mar
         requirements_file=_text(model.get("requirementsFile"), "requirementsFile", path),
         raw=manifest,
         config_file=_text(model.get("configFile"), "configFile", path),
+        runtime=_runtime(manifest),
     )
+
+
+def _runtime(manifest: dict[str, Any]) -> str:
+    """The manifest's ``runtime`` as TorchServe reads it (Gson, into a manifest whose
+    runtime is ``python`` until read): absent, ``python``; a value it does not know, or
+    ``null``, none (empty)."""
+    value = manifest.get("runtime", "python")
+    return value if isinstance(value, str) and value in RUNTIMES else ""
+
+
+def registered_runtime(manifest: MarManifest, asked: str | None, archive: str) -> str:
+    """The runtime a registration gives the model: the one ``asked`` (the registration's
+    ``runtime`` parameter, which TorchServe sets before it checks the manifest), else the
+    manifest's; TorchServe's 400 ``Runtime is not defined or invalid.`` when neither names
+    one. Only a registration checks it: a worker serves an archive laid out by hand
+    whatever its manifest's runtime."""
+    runtime = asked or manifest.runtime
+    if not runtime:
+        raise InvalidConfig(f"model archive {archive}: {NO_RUNTIME}")
+    return runtime
 
 
 def _version(path: Path, data: bytes, value: Any, registering: bool) -> str:

@@ -12,7 +12,13 @@ from typing import Any
 import pytest
 
 from sluice.core.errors import InvalidConfig
-from sluice.core.torchserve.archives import MANIFEST, UnpackLimits, read_manifest, unpack
+from sluice.core.torchserve.archives import (
+    MANIFEST,
+    UnpackLimits,
+    read_manifest,
+    registered_runtime,
+    unpack,
+)
 
 MANIFEST_DOC = {
     "createdOn": "25/11/2026 08:00:00",
@@ -159,6 +165,50 @@ def test_an_empty_or_structured_version_is_refused(
 ) -> None:
     with pytest.raises(InvalidConfig, match=reason):
         read_manifest(_with_version(tmp_path, version_json))
+
+
+def _with_runtime(tmp_path: Path, runtime_json: str) -> Path:
+    """An archive whose manifest's runtime is ``runtime_json`` (its JSON text; "" for
+    none)."""
+    field = f'"runtime": {runtime_json}, ' if runtime_json else ""
+    model = '"model": {"modelName": "m", "handler": "h.py", "modelVersion": "1.0"}'
+    return _archive(tmp_path, {MANIFEST: ("{" + field + model + "}").encode()})
+
+
+@pytest.mark.parametrize(
+    ("runtime_json", "runtime"),
+    [
+        ("", "python"),
+        ('"python"', "python"),
+        ('"python3"', "python3"),
+        ("null", ""),
+        ('"java"', ""),
+        ('"python2"', ""),
+        ("3", ""),
+        ("true", ""),
+    ],
+)
+def test_the_runtime_is_read_as_torchserve_reads_it(
+    tmp_path: Path, runtime_json: str, runtime: str
+) -> None:
+    """Absent: TorchServe's default, python; one it does not know: none."""
+    assert read_manifest(_with_runtime(tmp_path, runtime_json)).runtime == runtime
+
+
+def test_a_registration_refuses_an_unknown_runtime_unless_it_names_one(tmp_path: Path) -> None:
+    """TorchServe's 400 ``Runtime is not defined or invalid.``; Sluice registered it."""
+    manifest = read_manifest(_with_runtime(tmp_path, "null"))
+    with pytest.raises(InvalidConfig, match=r"^model archive m\.mar: Runtime is not defined"):
+        registered_runtime(manifest, None, "m.mar")
+    assert registered_runtime(manifest, "python3", "m.mar") == "python3"
+
+
+def test_a_worker_serves_an_archive_laid_out_by_hand_whatever_its_runtime(
+    tmp_path: Path,
+) -> None:
+    """Only a registration checks the runtime (as a missing modelVersion)."""
+    manifest = unpack(_with_runtime(tmp_path, '"java"'), tmp_path / "out", max_bytes=1 << 20)
+    assert (manifest.model_name, manifest.runtime) == ("m", "")
 
 
 def test_a_file_that_is_not_a_zip_is_refused(tmp_path: Path) -> None:

@@ -106,3 +106,61 @@ async def test_without_namespacing_no_model_has_a_namespace(redis: Redis) -> Non
     view = CatalogView(Keys(f"t{uuid.uuid4().hex[:8]}"), sole_repository="/models/one")
     view.models = {"alone": _entry("alone")}
     assert _success(await _scrape(redis, view)) == [({"model": "alone", "version": "1"}, 0)]
+
+
+def _series(text: str, prefix: str) -> dict[str, list[tuple[dict[str, str], float]]]:
+    """Every family of ``text`` whose name starts with ``prefix``: its samples' labels and
+    values."""
+    return {
+        family.name: [(sample.labels, sample.value) for sample in family.samples]
+        for family in text_string_to_metric_families(text)
+        if family.name.startswith(prefix)
+    }
+
+
+async def _scrape_all(redis: Redis, view: CatalogView) -> str:
+    """The whole text, TorchServe's families included."""
+    await redis.hset(view.keys.stats("comp@2", 1), mapping={st.count_field("success"): 3})
+    taken = await snapshot.take(redis, view.keys, view)
+    settings = GatewaySettings(torchserve_metrics=True)
+    return exposition._text(taken, settings, TenantLimits(), ()).decode()
+
+
+async def test_sluices_and_torchserves_families_name_a_copy_as_its_clients_do(
+    redis: Redis,
+) -> None:
+    """Sluice's and TorchServe's families label a copy by the name clients use and by its
+    repository, as Triton's do: never by Sluice's internal name for it. Every series of a
+    family has the same labels."""
+    text = await _scrape_all(redis, _joined())
+    first, second = REPOSITORIES
+    assert "comp@" not in text
+    lag = _series(text, "sluice_consumer_lag")["sluice_consumer_lag"]
+    assert [labels for labels, _ in lag] == [
+        {"model": "alone", "namespace": first, "version": "1"},
+        {"model": "comp", "namespace": first, "version": "1"},
+        {"model": "comp", "namespace": second, "version": "1"},
+    ]
+    requests = _series(text, "ts_inference_requests")["ts_inference_requests"]
+    assert [
+        (labels["model_name"], labels["namespace"], labels["model_version"], value)
+        for labels, value in requests
+    ] == [("alone", first, "1.0", 0), ("comp", first, "1.0", 0), ("comp", second, "1.0", 3)]
+    for name, samples in {**_series(text, "sluice_"), **_series(text, "ts_")}.items():
+        per_model = [
+            labels for labels, _ in samples if "version" in labels or "model_name" in labels
+        ]
+        keys = {frozenset(labels) - {"le"} for labels in per_model}
+        assert len(keys) <= 1, (name, keys)
+        assert all(labels.get("namespace") in REPOSITORIES for labels in per_model), name
+
+
+async def test_without_namespacing_sluices_families_have_no_namespace(redis: Redis) -> None:
+    view = CatalogView(Keys(f"t{uuid.uuid4().hex[:8]}"), sole_repository="/models/one")
+    view.models = {"alone": _entry("alone")}
+    text = await _scrape_all(redis, view)
+    assert _series(text, "sluice_consumer_lag")["sluice_consumer_lag"] == [
+        ({"model": "alone", "version": "1"}, 0)
+    ]
+    (requests,) = _series(text, "ts_inference_requests").values()
+    assert "namespace" not in requests[0][0]
