@@ -4,9 +4,11 @@ Gauges that belong to a process (requests in flight, its Redis round-trip time, 
 shared memory of its host) go to a hash of its own that expires a few seconds after its last
 report, so a scrape of any gateway sums the live ones and a dead process leaves no stale
 series (the limited tenants' requests and bytes held, which the other processes add to
-theirs, and their demand, by which the processes divide a rate, are among them). Counters
-(admission refusals, deadline misses at the gateway, the tenants' requests and refusals)
-are added to the shared statistics hashes, where they survive the process.
+theirs, and their demand, by which the processes divide a rate, are among them). The hash
+also says which catalog revision the process's view holds, which an executor that unloads
+a model waits for (:mod:`sluice.core.catalog_applied`). Counters (admission refusals,
+deadline misses at the gateway, the tenants' requests and refusals) are added to the
+shared statistics hashes, where they survive the process.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections import Counter
 
 from redis.exceptions import RedisError
 
+from sluice.core.catalog_applied import APPLIED_REVISION, REPORT_TTL_S, revision_number
 from sluice.core.clock import CLOCK
 from sluice.core.keys import base_stream
 from sluice.core.observability import statistics as st
@@ -24,9 +27,6 @@ from sluice.gateway.tenants.metrics import give_back_tenant_counts, take_tenant_
 from sluice.gateway.tenants.sync import demand_field, in_flight_field, queued_bytes_field
 
 log = logging.getLogger(__name__)
-
-REPORT_TTL_S = 5
-"""A gateway's report outlives its last refresh by this much."""
 
 BODY_BUDGET_REJECTS = "body_budget.rejects"
 """Field of the gateway counters: requests refused by SLUICE_MAX_BUFFERED_BODY_BYTES."""
@@ -60,6 +60,9 @@ async def report(state: GatewayState, gateway_id: str, round_trip_s: float) -> N
             CLIENT_SHM_BYTES: state.regions.system_bytes(),
             CLIENT_SHM_HOST: state.regions.host_tag(),
         }
+        applied = revision_number(state.view.revision) if state.view.loaded else None
+        if applied is not None:  # (an executor waits for it: :mod:`sluice.core.catalog_applied`)
+            gauges[APPLIED_REVISION] = applied
         for tenant, (in_flight, queued_bytes) in state.quota.own_usage().items():
             gauges[in_flight_field(tenant)] = in_flight
             gauges[queued_bytes_field(tenant)] = queued_bytes

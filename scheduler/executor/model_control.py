@@ -23,10 +23,12 @@ carries commands out one at a time, from its main loop, without blocking it:
   once and leaves what was serving as it was; the answer says why. The new workers report a load
   failure to a hash of the command's own, so the serving version is never marked
   unavailable by its failed successor.
-- **unload**: take the model out of the catalog (gateways stop admitting its requests
-  within a refresh), wait until its streams are empty (every request admitted is answered),
-  then stop its workers (each answers what it holds first; one still running
-  ``SLUICE_WORKER_STOP_GRACE_S`` later is killed, :mod:`.leaving`).
+- **unload**: take the model out of the catalog, wait until every live gateway reports that
+  it holds the new catalog (then none admits the model's requests any more,
+  :mod:`sluice.core.catalog_applied`), then until its streams are empty (every request
+  admitted is answered), then stop its workers (each answers what it holds first; one
+  still running ``SLUICE_WORKER_STOP_GRACE_S`` later is killed, :mod:`.leaving`). The
+  workers of versions a load no longer serves are stopped the same way.
 
 An ensemble's load also loads the models it calls, and its unload with
 ``unload_dependents`` unloads them (:mod:`.dependencies`). With model namespacing, a load or
@@ -52,6 +54,7 @@ from redis import Redis
 from redis.exceptions import RedisError
 
 from sluice.core.catalog import UNLOADED
+from sluice.core.catalog_applied import CATCH_UP_S, lagging_gateways, published_revision
 from sluice.core.clock import CLOCK
 from sluice.core.control import (
     EXECUTOR_TTL_S,
@@ -90,12 +93,32 @@ from sluice.scheduler.repository.staging import check_model_name, stage
 
 log = logging.getLogger("sluice.up")
 
-_DRAIN_SETTLE_S = 1.5
-"""Wait at least this long after unpublishing a model before judging its streams empty:
-gateways read the catalog every 0.5 s, and may admit requests until they have."""
 _DRAIN_TIMEOUT_S = 60.0
+"""After unpublishing a model, retire its workers this long later even if its streams
+still hold requests."""
+_APPEND_GRACE_S = 0.5
+"""Once every live gateway has applied the change, wait this long more before judging the
+streams: a request a gateway matched to the model before its refresh may still be on its
+way into a stream (an append takes milliseconds; this allows a busy event loop)."""
 
 WorkerSpecs = Callable[[RepositoryModel, Path, dict[str, str]], list[ChildSpec]]
+
+
+@dataclass
+class _Unpublished:
+    """A catalog change that took a model, or some of its versions, away: a gateway that
+    has not applied it yet may still admit their requests, so their streams are judged
+    empty only once every live gateway reports its revision (or a later one)."""
+
+    since: float
+    """When it was published (``time.monotonic()``)."""
+    revision: int | None = None
+    """The catalog's revision once the change was published, read at the first look (it
+    may be a later one: the revision only grows); None: no catalog in Redis, nothing to
+    wait for."""
+    read: bool = False
+    applied_at: float | None = None
+    """When every live gateway had reported it (or :data:`CATCH_UP_S` passed)."""
 
 
 @dataclass
@@ -106,7 +129,8 @@ class _InProgress:
     model: RepositoryModel | None = None
     phase: str = "starting"
     """``fetching`` (a remote repository), ``starting``, ``draining``, ``stopping``."""
-    settle_until: float = 0.0
+    unpublished: _Unpublished | None = None
+    """An unload's change of the catalog (phase ``draining``)."""
     errors_key: str = ""
     kept: list[Child] = field(default_factory=list)
     """Workers of the model already serving that go on serving it (versions unchanged)."""
@@ -149,7 +173,7 @@ class ModelControl:
     """The newest fencing token seen on a controller's command."""
     _queue: list[ControlCommand] = field(default_factory=list)
     _current: _InProgress | None = None
-    _draining: list[tuple[RepositoryModel, list[Child], float]] = field(default_factory=list)
+    _draining: list[tuple[RepositoryModel, list[Child], _Unpublished]] = field(default_factory=list)
     """Versions no longer served, with their workers, until their streams are empty."""
     _files: dict[str, Fingerprint] = field(default_factory=dict)
     """The files each loaded model's workers loaded, to tell an update from a reload."""
@@ -457,7 +481,7 @@ class ModelControl:
             children,
             model,
             phase="draining",
-            settle_until=time.monotonic() + _DRAIN_SETTLE_S,
+            unpublished=self._unpublished(),
         )
 
     # -- progress ------------------------------------------------------------------------
@@ -479,8 +503,12 @@ class ModelControl:
             self._progress_load(work)
         elif work.phase == "draining":
             now = time.monotonic()
-            drained = now >= work.settle_until and self._streams_empty(work.model)
-            if drained or now > work.settle_until + _DRAIN_TIMEOUT_S:
+            unpublished = work.unpublished
+            assert unpublished is not None
+            if not self._gateways_applied(unpublished, work.command.model, now):
+                return
+            drained = self._streams_empty(work.model)
+            if drained or now > unpublished.since + _DRAIN_TIMEOUT_S:
                 if not drained:
                     log.warning("model control: '%s' still had queued requests", work.command.model)
                 self.supervisor.retire(work.children)
@@ -511,7 +539,7 @@ class ModelControl:
                 leaving = [c for c in old if c not in same_versions]
                 if leaving:
                     self._draining.append(
-                        (replace(replaced[0], versions=gone), leaving, time.monotonic())
+                        (replace(replaced[0], versions=gone), leaving, self._unpublished())
                     )
             self._finish(work, None)
         elif time.monotonic() > work.deadline:
@@ -595,13 +623,46 @@ class ModelControl:
         """Stop the workers of versions no longer served once their streams are empty."""
         now = time.monotonic()
         waiting = []
-        for model, children, since in self._draining:
-            settled = now >= since + _DRAIN_SETTLE_S
-            if settled and (self._streams_empty(model) or now > since + _DRAIN_TIMEOUT_S):
+        for model, children, unpublished in self._draining:
+            applied = self._gateways_applied(unpublished, model.name, now)
+            if applied and (
+                self._streams_empty(model) or now > unpublished.since + _DRAIN_TIMEOUT_S
+            ):
                 self.supervisor.retire(children)
             else:
-                waiting.append((model, children, since))
+                waiting.append((model, children, unpublished))
         self._draining = waiting
+
+    def _unpublished(self) -> _Unpublished:
+        """The catalog change just published (:attr:`on_change`), to wait for."""
+        return _Unpublished(time.monotonic())
+
+    def _gateways_applied(self, unpublished: _Unpublished, model: str, now: float) -> bool:
+        """Whether every live gateway has applied the catalog change: from then on none
+        admits a request for what it took away, and the model's streams may be judged.
+        With no live gateway, at once; after :data:`CATCH_UP_S`, whatever they report
+        (naming those behind)."""
+        if not unpublished.read:
+            unpublished.revision = published_revision(self.client, self.keys)
+            unpublished.read = True
+        if unpublished.applied_at is not None:
+            return now >= unpublished.applied_at + _APPEND_GRACE_S
+        if unpublished.revision is None:
+            return True
+        lagging = lagging_gateways(self.client, self.keys, unpublished.revision)
+        if lagging and now < unpublished.since + CATCH_UP_S:
+            return False
+        if lagging:
+            log.warning(
+                "model control: gateway(s) %s did not report catalog revision %d within "
+                "%.0f s; judging the queues of '%s' without them",
+                ", ".join(lagging),
+                unpublished.revision,
+                CATCH_UP_S,
+                model,
+            )
+        unpublished.applied_at = now
+        return False  # (the appends already on their way land meanwhile)
 
     def _streams_empty(self, model: RepositoryModel | None) -> bool:
         if model is None or model.config is None:
