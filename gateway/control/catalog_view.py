@@ -279,6 +279,8 @@ class CatalogView:
             for version in entry.versions:
                 if entry.on_demand and self.load_error(name, version) is None:
                     continue  # takes requests, loaded or not
+                if self.load_error(name, version) == UNLOADED:
+                    continue  # (loaded, then let go as another version failed: as Triton)
                 if not self.is_ready(name, version):
                     state = "unavailable" if self.load_error(name, version) else "loading"
                     waiting.append(f"'{shown}' version {version} ({state})")

@@ -22,7 +22,9 @@ carries commands out one at a time, from its main loop, without blocking it:
   configuration, the model file, a failing warm-up, a timeout) kills the new workers at
   once and leaves what was serving as it was; the answer says why. The new workers report a load
   failure to a hash of the command's own, so the serving version is never marked
-  unavailable by its failed successor.
+  unavailable by its failed successor. A model that was not serving is then listed as
+  Triton lists it (:meth:`ModelControl._set_failed`): ``UNAVAILABLE`` with the reason, until
+  a load succeeds or an unload clears it.
 - **unload**: take the model out of the catalog, wait until every live gateway reports that
   it holds the new catalog (then none admits the model's requests any more,
   :mod:`sluice.core.catalog_applied`), then until its streams are empty (every request
@@ -180,9 +182,15 @@ class ModelControl:
     _groups: Groups = field(default_factory=Groups)
     """Commands of this executor's own that carry out one client's together
     (:mod:`.dependencies`: an ensemble and the models it calls)."""
-    _known: set[str] = field(default_factory=set)
-    """The models unloaded, or whose load failed, since this executor started: Triton keeps
-    their names known (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`)."""
+    known: set[str] = field(default_factory=set)
+    """The models unloaded, or whose load failed: Triton keeps their names known
+    (:attr:`sluice.core.catalog.CatalogEntry.once_loaded`). Those since this executor
+    started, and those the live executors' catalog listed so when it joined them
+    (:func:`~sluice.scheduler.executor.start_loads.known_to_others`)."""
+    _failed: dict[str, tuple[RepositoryModel, dict[int, str]]] = field(default_factory=dict)
+    """The models of the repository not serving whose last load failed, as the catalog lists
+    them, each with why each version it tried is unavailable (in ``Keys.load_errors``; none:
+    the model's ``error`` says why)."""
 
     def start(self) -> None:
         """Join the live executors, reading the commands sent from now on (those sent
@@ -205,6 +213,9 @@ class ModelControl:
         self.client.eval(
             REGISTER_EXECUTOR, 1, self.keys.executors, self.executor_id, EXECUTOR_TTL_S
         )
+        reasons = _fields(self._failed)
+        if reasons:  # (again: an executor that starts clears them, as does a Redis restart)
+            self.client.hset(self.keys.load_errors, mapping=reasons)  # type: ignore[arg-type]
         if now >= self._trim_due:
             self._trim_due = now + 60.0
             trim_commands(self.client, self.keys.control_requests)
@@ -215,7 +226,8 @@ class ModelControl:
         return bool(self._current is not None or self._queue or self._draining)
 
     def catalog(self) -> list[RepositoryModel]:
-        """The loaded models, and every other model of the repository as unloaded; in a
+        """The loaded models, every other model of the repository as unloaded (or as its
+        last load failed, when it did); in a
         view joining several repositories, a name two or more of them hold as unavailable
         with Triton's reason (as Triton's index shows it in every mode), or with model
         namespacing, as ambiguous (its copies listed each under its internal name)."""
@@ -227,15 +239,22 @@ class ModelControl:
                     own = path.name if namespaces is None else namespaces.name_of(path.name)
                     listed_as = own if own != path.name else ""
                     namespace = "" if namespaces is None else namespaces.repository_of(path.name)
-                    models[path.name] = RepositoryModel(
-                        path.name,
-                        path,
-                        None,
-                        (),
-                        UNLOADED,
-                        listed_as,
-                        namespace=namespace,
-                        once_loaded=path.name in self._known,
+                    failed = self._failed.get(path.name)
+                    models[path.name] = (
+                        replace(
+                            failed[0], listed_as=listed_as, namespace=namespace, once_loaded=True
+                        )
+                        if failed is not None
+                        else RepositoryModel(
+                            path.name,
+                            path,
+                            None,
+                            (),
+                            UNLOADED,
+                            listed_as,
+                            namespace=namespace,
+                            once_loaded=path.name in self.known,
+                        )
                     )
             try:
                 duplicates = duplicate_names(self.repository)
@@ -283,20 +302,55 @@ class ModelControl:
             log.info("model control: %s of '%s' done", command.op, command.model)
         else:
             log.warning("model control: %s of '%s' failed: %s", command.op, command.model, error)
-        self._note_failure(command, error)
         if self._groups.owns(command):
             settled = self._groups.settle(command, error, self._queue)
             if settled is None:
                 return
-            command, error = settled
-            self._note_failure(command, error)
+            whole, whole_error = settled
+            if whole_error is not None and whole.op == "load" and whole.model != command.model:
+                # An ensemble not begun: a model it calls failed to load (said why).
+                self._fail_model(whole.model, error or whole_error)
+            command, error = whole, whole_error
         send_reply(self.client, self.keys, command.command_id, error, self.executor_id)
 
-    def _note_failure(self, command: ControlCommand, error: str | None) -> None:
-        """A model whose load failed is known from now on (Triton lists it UNAVAILABLE)."""
-        if error is not None and command.op == "load" and command.model not in self._known:
-            self._known.add(command.model)
-            self.on_change()
+    # -- failed loads --------------------------------------------------------------------
+
+    def _fail_model(self, name: str, reason: str) -> None:
+        """A load of ``name`` failed before any of its workers started (its configuration
+        or files as read, its versions, its copy from a remote repository, a model it calls):
+        listed ``UNAVAILABLE`` with ``reason``, as a model whose configuration cannot be read
+        is listed from the start."""
+        self._set_failed(RepositoryModel(name, self.repository / name, None, (), reason), {})
+
+    def _set_failed(self, model: RepositoryModel, reasons: dict[int, str]) -> None:
+        """The load of ``model`` failed: unless one of its versions serves (a failed reload
+        keeps what serves, as in Triton) or it is no model of the repository, the catalog
+        lists it so from now on, as Triton's repository index does (``UNAVAILABLE``, each
+        version tried with its reason: ``reasons``, kept where the workers report theirs,
+        ``Keys.load_errors``), and the gateways answer it with Triton's texts for a model
+        whose load failed. Until a load succeeds, or an unload clears it."""
+        name = model.name
+        if name in self.loaded or not (self.repository / name).is_dir():
+            return
+        before = list(_fields({name: self._failed[name]})) if name in self._failed else []
+        fields = _fields({name: (model, reasons)})
+        with self.client.pipeline(transaction=False) as pipe:
+            if before:
+                pipe.hdel(self.keys.load_errors, *before)
+            if fields:
+                pipe.hset(self.keys.load_errors, mapping=fields)  # type: ignore[arg-type]
+            pipe.execute()
+        self._failed[name] = (replace(model, path=self.repository / name), reasons)
+        self.known.add(name)
+        self.on_change()
+
+    def _clear_failed(self, name: str) -> bool:
+        """``name`` no longer failed (loaded, or unloaded): whether it had."""
+        before = self._failed.pop(name, None)
+        fields = _fields({name: before}) if before is not None else {}
+        if fields:
+            self.client.hdel(self.keys.load_errors, *fields)
+        return before is not None
 
     def _in_group(self, command: ControlCommand, parts: list[ControlCommand]) -> None:
         """Carry ``command`` out as ``parts``, from the next tick on."""
@@ -405,6 +459,7 @@ class ModelControl:
         )
         if model.error is not None or model.config is None:
             self._unstage(command)
+            self._fail_model(name, model.error or "its configuration cannot be read")
             self._reply(command, f"failed to load '{name}', {model.error}")
             return
         if not self._groups.owns(command):
@@ -420,6 +475,7 @@ class ModelControl:
             if missing:
                 listed = ", ".join(map(str, missing))
                 self._unstage(command)
+                self._fail_model(name, f"no version {listed} in the repository")
                 self._reply(
                     command, f"failed to load '{name}', no version {listed} in the repository"
                 )
@@ -427,6 +483,7 @@ class ModelControl:
             model = replace(model, versions=command.versions)
         if not model.versions:
             self._unstage(command)
+            self._fail_model(name, "no version is available")
             self._reply(command, f"failed to load '{name}', no version is available")
             return
         errors_key = f"{self.keys.namespace}:control:load-errors:{command.command_id}"
@@ -470,9 +527,12 @@ class ModelControl:
         loaded = self.loaded.pop(command.model, None)
         self._files.pop(command.model, None)
         if loaded is None:
+            if self._clear_failed(command.model):  # (listed as unloaded from now on)
+                self.known.add(command.model)
+                self.on_change()
             self._reply(command, None)  # as Triton: unloading what is not loaded succeeds
             return
-        self._known.add(command.model)
+        self.known.add(command.model)
         self.on_change()
         model, children = loaded
         self._current = _InProgress(
@@ -493,6 +553,7 @@ class ModelControl:
             self._current = None
             if work.fetch_error is not None:
                 name = work.command.model
+                self._fail_model(name, work.fetch_error)
                 self._reply(work.command, f"failed to load '{name}', {work.fetch_error}")
                 return
             try:
@@ -521,10 +582,12 @@ class ModelControl:
         retries = self.supervisor.load_retries
         failed = [c for c in work.children if c.failed or len(c.exit_codes) > retries]
         if failed:
-            self._abandon(work, self._load_error(work) or "its worker exited while loading")
+            reason = self._load_error(work) or "its worker exited while loading"
+            self._abandon(work, reason, {c.spec.version for c in failed})
         elif self._announced(work.children):
             replaced = self.loaded.get(name)
             assert work.model is not None
+            self._clear_failed(name)
             self.loaded[name] = (work.model, [*work.kept, *work.children])
             self._files[name] = work.files
             self.on_change()
@@ -543,14 +606,39 @@ class ModelControl:
                     )
             self._finish(work, None)
         elif time.monotonic() > work.deadline:
-            self._abandon(work, f"not ready within {self.timeout_s:.0f} s")
+            self._abandon(work, f"not ready within {self.timeout_s:.0f} s", self._waiting(work))
 
-    def _abandon(self, work: _InProgress, reason: str) -> None:
+    def _abandon(self, work: _InProgress, reason: str, culprits: set[int | None]) -> None:
+        """Give the load up for ``reason``, which concerns the versions ``culprits``."""
         # No grace: its workers hold no request yet, and one stuck in its model's loading
         # does not end on SIGTERM (:mod:`.leaving`).
         self.supervisor.retire(work.children, grace_s=0.0)
         self._unstage(work.command)
+        if work.model is not None:
+            # As Triton's versions: each with why it failed; one that loaded, "unloaded" (it
+            # goes with the others).
+            reasons = {
+                version: self._version_error(work, version)
+                or (reason if version in culprits or not culprits else UNLOADED)
+                for version in work.model.versions
+            }
+            self._set_failed(replace(work.model, error=None), reasons)
         self._finish(work, f"failed to load '{work.command.model}', {reason}")
+
+    def _waiting(self, work: _InProgress) -> set[int | None]:
+        """The versions of the load some of whose workers have not announced themselves."""
+        assert work.model is not None
+        return {
+            version
+            for version in work.model.versions
+            if not announced(
+                self.client,
+                self.keys,
+                work.model.name,
+                (version,),
+                [c for c in work.children if c.spec.version == version],
+            )
+        }
 
     def _link_beside(self, staged_root: Path, name: str) -> None:
         """An ensemble loaded from a request's configuration or files is staged alone, yet
@@ -607,10 +695,16 @@ class ModelControl:
     def _load_error(self, work: _InProgress) -> str | None:
         assert work.model is not None
         for version in work.model.versions:
-            reason = self.client.hget(work.errors_key, load_error_field(work.model.name, version))
+            reason = self._version_error(work, version)
             if reason:
-                return cast(bytes, reason).decode()
+                return reason
         return None
+
+    def _version_error(self, work: _InProgress, version: int) -> str | None:
+        """Why a worker of the load could not load ``version``, as it reported."""
+        assert work.model is not None
+        reason = self.client.hget(work.errors_key, load_error_field(work.model.name, version))
+        return cast(bytes, reason).decode() if reason else None
 
     def _announced(self, children: list[Child]) -> bool:
         """Whether every worker started for the load has sent its first heartbeat."""
@@ -700,6 +794,15 @@ def announced(
         if not any(member.startswith(prefix) for member in live):
             return False
     return True
+
+
+def _fields(failed: dict[str, tuple[RepositoryModel, dict[int, str]]]) -> dict[str, str]:
+    """The ``Keys.load_errors`` fields of the failed loads ``failed``."""
+    return {
+        load_error_field(name, version): reason
+        for name, (_, reasons) in failed.items()
+        for version, reason in reasons.items()
+    }
 
 
 def _same_model(old: RepositoryModel, new: RepositoryModel) -> bool:

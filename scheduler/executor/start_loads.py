@@ -121,6 +121,25 @@ class StartLoads:
         return names, commands
 
 
+def known_to_others(client: Redis, keys: Keys) -> set[str]:
+    """The models the live executors' catalog lists as known though not loaded (unloaded, or
+    whose load failed: :attr:`~sluice.core.catalog.CatalogEntry.once_loaded`), read before
+    this executor publishes its own: one that joins them answers those models as they do.
+    None alone: a start alone starts afresh, as Triton's does."""
+    if not live_executors(client, keys):
+        return set()
+    raw = cast(dict[bytes, bytes], client.hgetall(keys.catalog))
+    names = set()
+    for value in raw.values():
+        try:
+            entry = decode_entry(value)
+        except MalformedEntry:
+            continue
+        if entry.once_loaded:
+            names.add(entry.name)
+    return names
+
+
 def initially_loaded(
     load_model: Iterable[str], models: list[RepositoryModel], names: set[str]
 ) -> list[RepositoryModel]:

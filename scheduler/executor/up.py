@@ -50,7 +50,7 @@ from sluice.scheduler.executor.readiness import probe_key, wait_ready, with_prob
 from sluice.scheduler.executor.redis_server import RedisNotInstalled, RedisServer, new_password
 from sluice.scheduler.executor.segment_sweeper import SegmentSweeper
 from sluice.scheduler.executor.snapshot import Snapshots
-from sluice.scheduler.executor.start_loads import StartLoads
+from sluice.scheduler.executor.start_loads import StartLoads, known_to_others
 from sluice.scheduler.executor.supervisor import Supervisor, gateway_stop_s
 from sluice.scheduler.executor.ticks import CommandWatch, Tick, Wakeup, run_ticks
 from sluice.scheduler.repository.local import LocalSource
@@ -112,6 +112,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
             else:
                 loaded = models
             loaded = [m for m in loaded if m.name not in demanded]
+            known = _known_to_others(client, namespace)
             control: ModelControl | None = None
             catalog = CatalogKeeper(
                 client,
@@ -148,6 +149,7 @@ def up(settings: UpSettings, *, redis_url_given: bool, keys: ApiKeySettings | No
                 config_name=settings.model_config_name,
                 default_max_batch_size=settings.default_max_batch_size,
                 snapshots=snapshots if explicit else None,
+                known=known,
             )
             control.refresh = _refresher(settings)
             control.start()
@@ -237,6 +239,16 @@ def _private_redis(
         settings.redis_maxmemory >> 20,
     )
     return server
+
+
+def _known_to_others(client: Redis, namespace: Keys) -> set[str]:
+    """The models the live executors know though not loaded, read before this one publishes
+    its catalog (:func:`known_to_others`)."""
+    try:
+        return known_to_others(client, namespace)
+    except RedisError as exc:
+        log.warning("cannot read from Redis which models the other executors know: %s", exc)
+        return set()
 
 
 def _first_publish(client: Redis, namespace: Keys, catalog: CatalogKeeper, redis_url: str) -> None:

@@ -1,6 +1,7 @@
 """Triton's explicit model control against a running stack, through tritonclient: load and
 unload while serving, configuration and file overrides, a failed load that leaves the
-serving model untouched, and an unload that answers every admitted request first."""
+serving model untouched (and one of a model not serving, listed as failed, as in Triton),
+and an unload that answers every admitted request first."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from tritonclient.utils import InferenceServerException
 from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.load import slow_request
-from tests.support.model_files import write_fragile
+from tests.support.model_files import DOUBLE_MODEL, write_fragile
 from tests.support.onnx_models import write_identity
 from tests.support.procs import wait_until
 from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
+UNLOADABLE = 'raise RuntimeError("the weights are missing")\n'
+"""A Python model that cannot be loaded."""
 IDENT = {"inputs": [{"name": "IN_FP32", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
 DOUBLE = {"inputs": [{"name": "x", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
 
@@ -43,6 +46,8 @@ def explicit(
     write_identity(root, "ident", ["FP32"])
     write_fragile(root, "double")
     write_slow(root, "slow", max_batch_size=1)
+    write_fragile(root, "flaky")
+    (root / "flaky" / "1" / "model.py").write_text(UNLOADABLE)
     stack = Stack(
         root, redis_server.url, args=["--model-control-mode", "explicit", "--load-model", "ident"]
     )
@@ -199,6 +204,50 @@ def test_a_failed_load_leaves_the_serving_model_untouched(
     assert answers and set(answers) == {200}, answers
     assert client.get_model_config("ident")["max_batch_size"] == 8
     assert states(client)["ident"] == ("READY", "")
+
+
+def test_a_failed_load_is_listed_unavailable_until_a_load_succeeds(
+    explicit: Stack, client: httpclient.InferenceServerClient
+) -> None:
+    """As in Triton, a model whose load failed (not serving before) is UNAVAILABLE in the
+    repository index with why, answered 404 `has no available versions` (REST and gRPC),
+    and the server is not ready; files fixed, a load serves it. (Sluice's unload clears the
+    failure: listed unloaded, and the server is ready again.)"""
+    with pytest.raises(InferenceServerException) as failure:
+        client.load_model("flaky")
+    assert "failed to load 'flaky'" in str(failure.value)
+    assert "the weights are missing" in str(failure.value)
+    state, reason = states(client)["flaky"]
+    assert state == "UNAVAILABLE" and "the weights are missing" in reason, reason
+    refused = httpx.post(f"{explicit.url}/v2/models/flaky/infer", json=DOUBLE, timeout=30)
+    assert refused.status_code == 404, refused.text
+    unknown = "Request for unknown model: 'flaky' has no available versions"
+    assert refused.json()["error"].startswith(unknown)
+    with grpcclient.InferenceServerClient(explicit.grpc_address) as rpc:
+        tensor = grpcclient.InferInput("x", [1, 2], "FP32")
+        tensor.set_data_from_numpy(np.array([[1, 2]], dtype=np.float32))
+        with pytest.raises(InferenceServerException) as rpc_failure:
+            rpc.infer("flaky", [tensor])
+    assert rpc_failure.value.status() == "StatusCode.NOT_FOUND"
+    assert str(rpc_failure.value.message()).startswith(unknown)
+    assert not client.is_server_ready()
+
+    client.unload_model("flaky")
+    assert states(client)["flaky"] == ("UNAVAILABLE", "unloaded")
+    assert client.is_server_ready()
+
+    with pytest.raises(InferenceServerException):
+        client.load_model("flaky")
+    assert states(client)["flaky"][0] == "UNAVAILABLE"
+    model_file = Path(str(explicit.repository)) / "flaky" / "1" / "model.py"
+    model_file.write_text(DOUBLE_MODEL)
+    client.load_model("flaky")
+    assert states(client)["flaky"] == ("READY", "")
+    answer = httpx.post(f"{explicit.url}/v2/models/flaky/infer", json=DOUBLE, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [2.0, 4.0]
+    assert client.is_server_ready()
+    client.unload_model("flaky")
 
 
 def test_unload_answers_every_admitted_request_first(
@@ -376,7 +425,10 @@ def test_an_ensembles_load_loads_the_models_it_calls_and_unload_dependents_unloa
         with pytest.raises(InferenceServerException) as failure:
             client.load_model("broken")
         assert "failed to load 'broken', failed to load 'unusable'," in str(failure.value)
-        assert states(client)["broken"][0] == "UNAVAILABLE"
+        after = states(client)  # (each listed with why, as a model failed at the start)
+        assert after["unusable"][0] == "UNAVAILABLE" and after["unusable"][1], after
+        unusable = f"failed to load 'unusable', {after['unusable'][1]}"
+        assert after["broken"] == ("UNAVAILABLE", unusable)
     finally:
         client.close()
         stack.stop()

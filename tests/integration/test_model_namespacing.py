@@ -8,8 +8,13 @@ taken from A makes every ensemble call B's, until it is back."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import signal
+import subprocess
+import sys
 from pathlib import Path
+from typing import cast
 
 import httpx
 import numpy as np
@@ -17,8 +22,12 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from prometheus_client.parser import text_string_to_metric_families
+from redis import Redis
 from tritonclient.utils import InferenceServerException
 
+from sluice.core.catalog_applied import lagging_gateways
+from sluice.core.control import live_executors
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.model_files import python_config, tensor, write_model
 from tests.support.procs import wait_until
@@ -78,6 +87,29 @@ def _stack(tmp_path: Path, redis_url: str, *args: str) -> Stack:
         env={"SLUICE_REPOSITORY_CACHE_DIR": str(tmp_path / "cache")},
         args=[f"--model-repository={second}", "--model-namespacing=true", *args],
     )
+
+
+def _joining_executor(stack: Stack, tmp_path: Path) -> subprocess.Popen[bytes]:
+    """``sluice up --no-gateway --no-controller`` on the stack's Redis, namespace and
+    repositories (explicit mode): another host joining the deployment, or the executor
+    started again beside the others."""
+    env = dict(
+        os.environ,
+        SLUICE_REDIS_URL=stack.redis_url or "",
+        SLUICE_NAMESPACE=stack.namespace,
+        SLUICE_BATCH_WORKERS="0",
+        SLUICE_REPOSITORY_CACHE_DIR=str(tmp_path / "joining-cache"),
+    )
+    argv = [sys.executable, "-m", "sluice.cli", "up", "--no-gateway", "--no-controller"]
+    argv += [f"--model-repository={tmp_path / name}" for name in ("addsub_repo", "subadd_repo")]
+    argv += ["--model-namespacing=true", "--model-control-mode=explicit"]
+    return subprocess.Popen(
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+
+
+def _revision(client: Redis, keys: Keys) -> int:
+    return int(cast(bytes, client.get(keys.catalog_revision)))
 
 
 def _times(stack: Stack, model: str) -> float:
@@ -225,6 +257,25 @@ def test_a_load_or_unload_of_a_name_held_twice_applies_to_each_copy(
                 404,
                 {"error": "Identifier of model 'via_b' is not found in global map"},
             )
+
+            # An executor that joins (one started again beside the others) publishes the
+            # catalog knowing what they know: via_b is still a model loaded once.
+            client, keys = Redis.from_url(stack.redis_url or ""), Keys(stack.namespace)
+            before = _revision(client, keys)
+            joining = _joining_executor(stack, tmp_path)
+            try:
+                assert wait_until(lambda: len(live_executors(client, keys)) == 2, 120)
+                # (it publishes twice as it starts: first what it loads, then everything)
+                assert wait_until(lambda: _revision(client, keys) >= before + 2, 120)
+                revision = _revision(client, keys)
+                assert wait_until(lambda: not lagging_gateways(client, keys, revision), 60)
+                again = http.get("/v2/models/via_b")
+                assert again.status_code == 404, again.text
+                assert http.get("/v2/models/via_a").status_code == 400  # (never loaded)
+            finally:
+                os.killpg(joining.pid, signal.SIGTERM)
+                joining.wait(60)
+                client.close()
     finally:
         stack.stop()
 

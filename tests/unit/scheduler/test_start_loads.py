@@ -19,7 +19,7 @@ from sluice.core.settings import UpSettings
 from sluice.scheduler.executor.loaded_as import remember_load
 from sluice.scheduler.executor.redis_server import RedisServer
 from sluice.scheduler.executor.snapshot import Snapshots
-from sluice.scheduler.executor.start_loads import StartLoads
+from sluice.scheduler.executor.start_loads import StartLoads, known_to_others
 from tests.support.onnx_models import write_identity
 
 
@@ -76,3 +76,20 @@ def test_joining_the_snapshot_takes_how_the_others_loaded_each_model(
     assert restored is not None
     assert restored[0] == {"plain", "rolled", "tuned"}
     assert {name: c.versions for name, c in restored[1].items()} == {"rolled": (1,)}
+
+
+def test_joining_the_executor_knows_the_models_the_others_know(client: Redis) -> None:
+    """With model namespacing a model loaded once, then unloaded, is answered otherwise
+    than one never loaded: an executor that joins (a restart beside the others) publishes
+    the catalog knowing what they know, not as if nothing was ever loaded. Alone, it starts
+    afresh, as Triton does."""
+    keys = Keys(f"t{uuid.uuid4().hex[:8]}")
+    entries = [
+        CatalogEntry("gone", (), None, "unloaded", once_loaded=True),
+        CatalogEntry("never", (), None, "unloaded"),
+    ]
+    for entry in entries:
+        client.hset(keys.catalog, entry.name, encode_entry(entry))
+    assert known_to_others(client, keys) == set()
+    client.eval(REGISTER_EXECUTOR, 1, keys.executors, "other-host", 60)
+    assert known_to_others(client, keys) == {"gone"}
