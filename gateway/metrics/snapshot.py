@@ -17,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from sluice.core.catalog import UNLOADED
 from sluice.core.clock import CLOCK
 from sluice.core.keys import WORKER_GROUP, Keys
 from sluice.core.on_demand import HostMemory, host_memories
@@ -100,7 +101,10 @@ async def take(redis: Redis, keys: Keys, view: CatalogView) -> Snapshot:
                     state.torchserve_version = entry.config.parameters.get(
                         f"{VERSION_KEY}{version}", ""
                     )
-                state.load_error = view.load_error(name, version) is not None
+                error = view.load_error(name, version)
+                if error == UNLOADED:  # (released with a failed load's other versions)
+                    state.expected_instances = 0
+                state.load_error = error is not None and error != UNLOADED
                 pipe.hgetall(keys.stats(name, version))
                 # Heartbeats hold their expiry (unix seconds): count those in the future.
                 pipe.zcount(keys.live_workers(name, version), now, "+inf")
