@@ -23,6 +23,7 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from sluice.core.control import live_executors
 from sluice.core.errors import InvalidConfig, StartupFailed
 from sluice.core.keys import Keys
 from sluice.core.redis_client.connect import connect
@@ -252,9 +253,12 @@ def _known_to_others(client: Redis, namespace: Keys) -> set[str]:
 
 
 def _first_publish(client: Redis, namespace: Keys, catalog: CatalogKeeper, redis_url: str) -> None:
-    """The catalog, published before any child starts: load errors of a previous run go."""
+    """The catalog, published before any child starts: load errors of a previous run go,
+    unless other executors are live (an executor joining them keeps theirs: the failed
+    loads they list, the on-demand versions their budget refused)."""
     try:
-        client.delete(namespace.load_errors)
+        if not live_executors(client, namespace):
+            client.delete(namespace.load_errors)
         catalog.publish()
     except RedisError as exc:
         raise StartupFailed(f"cannot reach Redis at {_redacted(redis_url)}: {exc}") from None
