@@ -22,7 +22,10 @@ from tests.support.stack import Stack
 from tests.support.stubborn_models import CONFIG, REQUEST, model_source, pid_in
 
 MIB = 1 << 20
-LOAD_TIMEOUT_S = 5
+LOAD_TIMEOUT_S = 10
+"""Long enough for the test to see the load under way (a worker forked by the fork server
+writes its pid within a second on a busy machine, and the gateways read the hosts' states
+every half second while a request waits), short for a test."""
 STOP_GRACE_S = 1
 ONNX_REQUEST = {
     "inputs": [{"name": "IN_FP32", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]
@@ -53,6 +56,10 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
             "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S": str(LOAD_TIMEOUT_S),
         },
     )
+    # (The fork server starts once the stack is ready: a load before it has done its imports
+    # starts a process of its own, whose imports take seconds of the load's deadline.)
+    ready = "the fork server has done its imports"
+    assert procs.wait_until(lambda: ready in "".join(stack.stderr_lines), 60), "no fork server"
     with ThreadPoolExecutor(2) as pool, httpx.Client(base_url=stack.url, timeout=60) as http:
         sent = time.monotonic()
         hung = pool.submit(http.post, "/v2/models/hangs/infer", json=REQUEST)
@@ -81,8 +88,8 @@ def test_a_load_that_hangs_is_abandoned_at_its_deadline(
         later = http.post("/v2/models/hangs/infer", json=REQUEST)
         assert later.status_code == 503, later.text
         assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in later.json()["error"]
-        # (The gateways read the states every so often.)
-        assert procs.wait_until(lambda: _index(http)["hangs"]["state"] == "UNAVAILABLE", 5)
+        # (The gateways read the states at their refresh: 2 s apart when idle.)
+        assert procs.wait_until(lambda: _index(http)["hangs"]["state"] == "UNAVAILABLE", 30)
         assert "SLUICE_ON_DEMAND_LOAD_TIMEOUT_S" in _index(http)["hangs"]["reason"]
 
 
@@ -118,7 +125,7 @@ def test_a_worker_that_ignores_sigterm_is_killed_to_make_room(
             answer = http.post("/v2/models/stubborn/infer", json=REQUEST)
             assert answer.status_code == 200, answer.text
             # Measured (so the second one is known not to fit beside it).
-            assert procs.wait_until(lambda: redis.hexists(keys.model_memory, "stubborn:1"), 10)
+            assert procs.wait_until(lambda: redis.hexists(keys.model_memory, "stubborn:1"), 30)
             held = json.loads(redis.hget(keys.model_memory, "stubborn:1") or b"{}")["host"]
             assert 150 * MIB < held <= 250 * MIB, f"one fits the budget, two do not: {held}"
             stubborn = pid_in(stubborn_pid)

@@ -79,7 +79,7 @@ def _wait_drained(stack: Stack, model: str) -> bool:
     redis = Redis.from_url(stack.redis_url)
     try:
         stream = Keys(stack.namespace).request_stream(model, 1)
-        return procs.wait_until(lambda: redis.xlen(stream) == 0, 15)
+        return procs.wait_until(lambda: redis.xlen(stream) == 0, 60)
     finally:
         redis.close()
 
@@ -88,8 +88,8 @@ def _after_the_flood(stack: Stack, model: str) -> Answer:
     """The model's next request once the gateway has seen its queue drain: admission reads
     the depth in the background, every refresh (2 s while the gateway is idle, as it is
     while the queue drains), so a request may still be refused until then; the bound here
-    is five idle refreshes, not one refresh's timing."""
-    deadline = time.monotonic() + 10.0
+    is fifteen idle refreshes, not one refresh's timing."""
+    deadline = time.monotonic() + 30.0
     while True:
         answer = _one(stack, model, 10**6)
         if answer.status != 503 or time.monotonic() > deadline:

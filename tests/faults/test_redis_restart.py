@@ -1,4 +1,4 @@
-"""Redis goes away for two seconds and comes back on the same port (issue 4).
+"""Redis goes away for two seconds or more and comes back on the same port (issue 4).
 
 While it is away, clients get a quick 503 (or 504) with a JSON error, never a hang
 past their timeout, and ``/v2/health/ready`` says not ready. Once it is back, Sluice
@@ -31,6 +31,10 @@ from tests.support.stack import Stack
 TIMEOUT_US = 3_000_000
 CLIENT_TIMEOUT_S = TIMEOUT_US / 1e6 + 5.0
 OUTAGE_S = 2.0
+NOTICED_WITHIN_S = 30.0
+"""Redis stays away OUTAGE_S, and longer until the gateway says it is not ready (its next
+refresh notices, half a second apart under load; a busy machine may stretch that past the
+outage): what the test checks during the outage is checked while it lasts."""
 RECOVERY_S = 15.0
 BURST = 8
 IN_FLIGHT_MARGIN_S = 0.05
@@ -121,7 +125,9 @@ def test_redis_restart_is_survived(
         outage_infer: Answer | None = None
         outage_stats: tuple[int, str | None] | None = None
         outage_grpc_health = ""
-        while time.monotonic() < killed_at + OUTAGE_S:
+        while time.monotonic() < killed_at + OUTAGE_S or (
+            not_ready_after is None and time.monotonic() < killed_at + NOTICED_WITHIN_S
+        ):
             status, _ = _get(stack.url, "/v2/health/ready")
             ready_statuses.append(status)
             if status != 200 and not_ready_after is None:

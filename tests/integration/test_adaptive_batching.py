@@ -5,7 +5,6 @@ at once without computing."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -13,10 +12,13 @@ from typing import Any
 
 import httpx
 import pytest
+from redis import Redis
 
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.test_metrics import scrape
 from tests.support.model_files import python_config, tensor, write_model
+from tests.support.procs import wait_until
 from tests.support.stack import Stack
 
 SEQUENCED = """
@@ -127,11 +129,24 @@ def test_concurrent_requests_still_share_batches(http: httpx.Client, stack: Stac
 
 
 def test_the_earlier_deadline_goes_first(stack: Stack) -> None:
-    with ThreadPoolExecutor(3) as pool, httpx.Client(base_url=stack.url, timeout=60) as client:
-        blocker = pool.submit(_infer, client, "ordered", 0.5, 0)
-        time.sleep(0.15)
+    """The blocker computes (its 2 s hold the others' arrivals, however slow a busy machine
+    makes them) while the relaxed request, then the urgent one, wait behind it."""
+    assert stack.redis_url is not None
+    stream = Keys(stack.namespace).request_stream("ordered", 1)
+    redis = Redis.from_url(stack.redis_url)
+    with (
+        redis,
+        ThreadPoolExecutor(3) as pool,
+        httpx.Client(base_url=stack.url, timeout=60) as client,
+    ):
+
+        def queued(count: int) -> bool:
+            return int(redis.xlen(stream)) >= count
+
+        blocker = pool.submit(_infer, client, "ordered", 2.0, 0)
+        assert wait_until(lambda: queued(1), 30), "the blocker never queued"
         relaxed = pool.submit(_infer, client, "ordered", 0.0, 1)  # the default timeout
-        time.sleep(0.1)
+        assert wait_until(lambda: queued(2), 30), "the relaxed request never queued"
         urgent = pool.submit(_infer, client, "ordered", 0.0, 2, timeout=10_000_000)
         first, later, earlier = (
             _order(blocker.result()),

@@ -1,6 +1,10 @@
-"""Autoscaling on one machine: a burst adds workers within seconds, they go again after a
-quiet window (down to zero), no request is lost on the way, and the first request to a
-model with no worker starts one."""
+"""Autoscaling on one machine: a burst adds workers, they go again after a quiet window (down
+to zero), no request is lost on the way, and the first request to a model with no worker
+starts one.
+
+The burst's requests are held by a gate model (tests/support/gate_model.py) until the test
+has seen the workers it waits for: a burst that computed for a guessed time could end, on a
+busy machine, before the controller had looked at it."""
 
 from __future__ import annotations
 
@@ -18,9 +22,9 @@ import pytest
 from sluice.core.keys import Keys
 from sluice.core.redis_client.connect import connect
 from sluice.scheduler.executor.redis_server import RedisServer
+from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
 from tests.support.load import slow_request
 from tests.support.procs import wait_until, worker_pids
-from tests.support.slow_model import write_slow
 from tests.support.stack import Stack
 
 POLICY = """
@@ -31,8 +35,19 @@ parameters { key: "sluice.scale_down_window_s" value { string_value: "2" } }
 """
 
 
+def write_held(repository: Path, extra: str) -> Path:
+    """The gate model ``slow`` (one instance, batches of one) with ``extra`` parameters in
+    ``repository``, and its gate folder (closed)."""
+    config = write_gate(repository, "slow") / "config.pbtxt"
+    config.write_text(config.read_text() + extra)
+    gate = repository.parent / "gate"
+    gate.mkdir()
+    return gate
+
+
 class Burst:
-    """``count`` slow requests to the ``slow`` model sent at once, one thread each."""
+    """``count`` requests to the ``slow`` gate model sent at once, one thread each, each held
+    by the worker that takes it until the gate opens."""
 
     def __init__(self, stack: Stack, count: int) -> None:
         self._codes: list[int] = []
@@ -45,7 +60,8 @@ class Burst:
 
     def _send(self, url: str, index: int) -> None:
         with httpx.Client(base_url=url, timeout=120) as http:
-            code = http.post("/v2/models/slow/infer", json=slow_request(index, 20_000)).status_code
+            request = slow_request(index, BLOCKER_ITERS)
+            code = http.post("/v2/models/slow/infer", json=request).status_code
         with self._lock:
             self._codes.append(code)
 
@@ -58,10 +74,11 @@ class Burst:
 
 @pytest.fixture
 def scaling(tmp_path: Path, redis_server: RedisServer) -> Iterator[Stack]:
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=POLICY)
-    stack = Stack(tmp_path, redis_server.url)
+    gate = write_held(tmp_path / "models", POLICY)
+    stack = Stack(tmp_path / "models", redis_server.url, env={"SLUICE_TEST_GATE": str(gate)})
     stack.start()
     yield stack
+    open_gate(gate, "slow")
     stack.stop()
 
 
@@ -74,11 +91,12 @@ def test_burst_scales_up_then_down_to_zero_and_back_without_losing_requests(
     assert len(worker_pids(root, "slow")) == 1
     started = time.monotonic()
     burst = Burst(scaling, 40)
-    assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up within 5 s"
+    assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 60), "no scale-up"
     scaled_up_s = time.monotonic() - started
+    open_gate(Path(scaling.env["SLUICE_TEST_GATE"]), "slow")
     assert burst.codes() == [200] * 40
     # Quiet now: after windows of 2 s, halving each time, down to zero (the minimum).
-    assert wait_until(lambda: not worker_pids(root, "slow"), 30), _why_not_down(scaling)
+    assert wait_until(lambda: not worker_pids(root, "slow"), 60), _why_not_down(scaling)
     cold = time.monotonic()
     with httpx.Client(base_url=scaling.url, timeout=60) as http:
         answer = http.post("/v2/models/slow/infer", json=slow_request(99, 10))
@@ -97,8 +115,13 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
     """``sluice up --no-controller`` only carries out; two ``sluice controller`` processes
     decide. The leader is killed in the middle of a burst: the standby goes on scaling,
     and every request is answered."""
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=POLICY)
-    stack = Stack(tmp_path, redis_server.url, args=["--no-controller"])
+    gate = write_held(tmp_path / "models", POLICY)
+    stack = Stack(
+        tmp_path / "models",
+        redis_server.url,
+        env={"SLUICE_TEST_GATE": str(gate)},
+        args=["--no-controller"],
+    )
     controllers: list[subprocess.Popen[str]] = []
     env = dict(os.environ, SLUICE_REDIS_URL=redis_server.url, SLUICE_NAMESPACE=stack.namespace)
     stack.start()
@@ -108,7 +131,7 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
         time.sleep(3)  # no controller yet: nothing is decided, the configured instance serves
         assert len(worker_pids(root, "slow")) == 1
         command = [sys.executable, "-m", "sluice.cli", "controller"]
-        command += ["--model-repository", str(tmp_path)]
+        command += ["--model-repository", str(tmp_path / "models")]
 
         def start_controller() -> tuple[subprocess.Popen[str], list[str]]:
             process = subprocess.Popen(
@@ -129,15 +152,18 @@ def test_controllers_of_their_own_scale_the_workers_and_a_standby_takes_over(
         _standby, standby_lines = start_controller()
         assert wait_until(lambda: any(" started" in line for line in standby_lines), 15)
         burst = Burst(stack, 60)
-        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 5), "no scale-up"
+        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 60), "no scale-up"
         leader.kill()
         killed = time.monotonic()
-        assert wait_until(lambda: leads(standby_lines), 10), standby_lines
+        # (Its lease lasts 3 s; then the standby takes it at its next attempt.)
+        assert wait_until(lambda: leads(standby_lines), 30), standby_lines
         print(f"the standby leads {time.monotonic() - killed:.1f} s after the leader's death")
+        open_gate(gate, "slow")
         assert burst.codes() == [200] * 60
         # The standby's decisions: down to zero once quiet.
-        assert wait_until(lambda: not worker_pids(root, "slow"), 30), "did not scale down"
+        assert wait_until(lambda: not worker_pids(root, "slow"), 60), "did not scale down"
     finally:
+        open_gate(gate, "slow")
         for process in controllers:
             process.kill()
             process.wait(10)
@@ -173,23 +199,29 @@ def test_an_on_demand_model_is_loaded_then_scaled_up_and_down_by_its_queue(
     """A model loaded on demand that has an autoscaling policy: the first requests load it,
     the burst gives it more workers within the memory budget, and it goes back to one
     (not to none: unloading it is the budget's business) once quiet."""
-    write_slow(tmp_path, "slow", max_batch_size=1, extra=ON_DEMAND)
+    gate = write_held(tmp_path / "models", ON_DEMAND)
     # Workers started as processes of their own, not forked: each is a child of
     # ``sluice up`` that names its model, so that they can be counted here.
-    stack = Stack(tmp_path, redis_server.url, env={"SLUICE_FORK_SERVER": "false"})
+    stack = Stack(
+        tmp_path / "models",
+        redis_server.url,
+        env={"SLUICE_FORK_SERVER": "false", "SLUICE_TEST_GATE": str(gate)},
+    )
     stack.start()
     try:
         assert stack.process is not None
         root = stack.process.pid
         assert worker_pids(root, "slow") == set()  # not loaded until asked for
         burst = Burst(stack, 40)
-        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 30), (
-            "no scale-up within 30 s:\n" + "".join(stack.stderr_lines[-20:])
+        assert wait_until(lambda: len(worker_pids(root, "slow")) >= 2, 60), (
+            "no scale-up within 60 s:\n" + "".join(stack.stderr_lines[-20:])
         )
+        open_gate(gate, "slow")
         assert burst.codes() == [200] * 40
-        assert wait_until(lambda: len(worker_pids(root, "slow")) == 1, 30), _why_not_down(stack)
+        assert wait_until(lambda: len(worker_pids(root, "slow")) == 1, 60), _why_not_down(stack)
         time.sleep(3)  # two more windows: it stays at one
         assert len(worker_pids(root, "slow")) == 1
         assert any("instances (autoscaling)" in line for line in stack.stderr_lines)
     finally:
+        open_gate(gate, "slow")
         stack.stop()

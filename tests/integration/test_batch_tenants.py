@@ -254,8 +254,11 @@ def test_bad_uploads_say_which_field_and_leave_nothing_behind(
     assert chunked.status_code == 413, chunked.text
     interrupted_upload(stack, KEYS["c"])
     assert c.get("/v2/uploads").json() == {"uploads": []}
-    assert wait_until(lambda: stored_files(store, "team-c", "uploads") == [], 5)
-    assert int(redis.get(Keys(stack.namespace).stored_bytes("team-c")) or 0) == 0
+    # The gateway notices the client gone, removes the partial file, then gives its bytes
+    # back: each one is waited for (the file may be gone before the bytes are back).
+    assert wait_until(lambda: stored_files(store, "team-c", "uploads") == [], 30)
+    stored = Keys(stack.namespace).stored_bytes("team-c")
+    assert wait_until(lambda: int(redis.get(stored) or 0) == 0, 30), redis.get(stored)
 
     fine = c.post("/v2/uploads?name=ok.jsonl", content=chunks(1 << 20))  # chunked: streamed
     assert fine.status_code == 201, fine.text

@@ -211,7 +211,12 @@ def test_a_cancelled_grpc_call_is_withdrawn(
         )
         for i in range(20)
     ]
-    time.sleep(1.0)
+    # Queued behind the blocker (the worker holds the blocker's entry) before they go.
+    stream = f"{stack.namespace}:req:{{slow}}:1"
+    deadline = time.monotonic() + 60
+    while int(slow.client.xlen(stream)) < 21:
+        assert time.monotonic() < deadline, "the calls never reached the queue"
+        time.sleep(0.05)
     for call in calls:
         call.cancel()
     # A call whose deadline passes while it waits is withdrawn too (the client's deadline,

@@ -123,7 +123,7 @@ def test_a_family_the_model_deletes_leaves_metrics(http: httpx.Client) -> None:
     refused = infer(http, -1.0)
     assert refused.status_code != 200
     assert "'MetricFamily' has been deleted" in refused.json()["error"]
-    assert wait_for(lambda: requests_seen(http) is None, 5)
+    assert wait_for(lambda: requests_seen(http) is None, 15)  # (a beat: every second)
     assert f"# TYPE {FAMILY}" not in http.get("/metrics").text
 
 

@@ -23,6 +23,7 @@ from sluice.core.observability.custom_metrics import encode_report
 from sluice.core.settings import auto_gateway_processes
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
+from tests.support.gateway_refresh import wait_for_refresh
 from tests.support.load import slow_request
 from tests.support.model_files import python_config, tensor, write_fragile, write_model
 from tests.support.onnx_models import write_identity
@@ -234,7 +235,9 @@ def test_backend_failures_are_counted_as_backend(http: httpx.Client) -> None:
     assert value(after, "nv_inference_request_failure", "fragile", "OTHER") == 0
 
 
-def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> None:
+def test_rejections_and_pending_requests(
+    metered: Stack, http: httpx.Client, redis_server: RedisServer
+) -> None:
     """A held request holds the worker: meanwhile a full queue refuses (REJECTED), a
     request queued behind it shows as pending, and one whose deadline passes while it
     waits is dropped by the worker (REJECTED too)."""
@@ -260,7 +263,10 @@ def test_rejections_and_pending_requests(metered: Stack, http: httpx.Client) -> 
         return sample(everything(http), "sluice_pending_entries", model) >= 1
 
     assert wait_for(lambda: computing("queued") and computing("slow"), 30)
-    time.sleep(2 * REFRESH_S)  # every gateway process has seen the queue's depth
+    # Every gateway process has seen the queue's depth (read at its refresh): the next
+    # request to the full queue is refused.
+    with Redis.from_url(redis_server.url) as client:
+        assert wait_for_refresh(client, Keys(metered.namespace)), "no refresh"
     waiting = threading.Thread(target=send, args=("waiting", "slow", slow_request(3)))
     waiting.start()
     # The worker gathers the next batch while one computes: it takes this request and

@@ -242,7 +242,8 @@ def test_an_ensemble_step_on_an_unloaded_model_loads_it(mixed: Stack) -> None:
         answer = http.post("/v2/models/via/infer", json=request)
         assert answer.status_code == 200, answer.text
         assert answer.json()["outputs"][0]["data"] == [1.0, 2.0]
-        assert wait_until(lambda: index(http)["stepped"]["state"] == "READY", 10)
+        # (The gateways read the hosts' states at their refresh: 2 s apart when idle.)
+        assert wait_until(lambda: index(http)["stepped"]["state"] == "READY", 30)
 
 
 def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> None:
@@ -253,7 +254,7 @@ def test_a_model_on_demand_by_its_parameter_loads_when_asked(mixed: Stack) -> No
         assert rows["lazy"]["state"] == "UNLOADED_ON_DEMAND"
         answer = http.post("/v2/models/lazy/infer", json=REQUEST)
         assert answer.status_code == 200, answer.text
-        assert wait_until(lambda: index(http)["lazy"]["state"] == "READY", 10)
+        assert wait_until(lambda: index(http)["lazy"]["state"] == "READY", 30)
 
 
 def test_a_model_larger_than_the_budget_is_refused_with_the_reason(mixed: Stack) -> None:
@@ -273,10 +274,10 @@ def test_a_model_larger_than_the_budget_is_refused_with_the_reason(mixed: Stack)
         assert answer.status_code == 503, answer.text
         assert "more than its whole SLUICE_MEMORY_BUDGET (500 MiB)" in answer.json()["error"]
     with httpx.Client(base_url=mixed.url, timeout=30) as http:
-        assert wait_until(lambda: index(http)["huge"]["state"] == "UNAVAILABLE", 5)
+        assert wait_until(lambda: index(http)["huge"]["state"] == "UNAVAILABLE", 30)
         assert "SLUICE_MEMORY_BUDGET" in index(http)["huge"]["reason"]
         location = job.headers["location"]
-        assert wait_until(lambda: http.get(location).json()["status"] == "failed", 10)
+        assert wait_until(lambda: http.get(location).json()["status"] == "failed", 30)
         result = http.get(f"{location}/result")
         assert result.status_code == 503, result.text
         assert "SLUICE_MEMORY_BUDGET" in result.json()["error"]

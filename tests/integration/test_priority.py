@@ -62,18 +62,19 @@ def test_high_priority_overtakes_queued_low_priority(
     blocker_iters = int(5.0 / per_iter)
     short_iters = max(1, int(0.1 / per_iter))
 
+    assert stack.redis_url is not None
+    redis = Redis.from_url(stack.redis_url)
+    low = Keys(stack.namespace).request_streams("slow", 1, 2)[1]
     threads = [threading.Thread(target=send, args=("blocker", blocker_iters, None))]
     threads[0].start()
-    time.sleep(0.3)
+    # The blocker first in the default level's stream (the worker takes it at once).
+    assert procs.wait_until(lambda: redis.xlen(low) >= 1, 30), "the blocker never queued"
     for index in range(6):
         threads.append(threading.Thread(target=send, args=(f"low{index}", short_iters, 2)))
         threads[-1].start()
         time.sleep(0.02)
     # The six low ones wait behind the blocker (in the same stream, the default level's)
     # before the high one comes: a busy machine may take a while to queue them.
-    assert stack.redis_url is not None
-    redis = Redis.from_url(stack.redis_url)
-    low = Keys(stack.namespace).request_streams("slow", 1, 2)[1]
     assert procs.wait_until(lambda: redis.xlen(low) >= 7, 10), redis.xlen(low)
     redis.close()
     threads.append(threading.Thread(target=send, args=("high", short_iters, 1)))

@@ -245,7 +245,20 @@ def scraped(prometheus_stack: Stack, prometheus: Prometheus) -> Prometheus:
         15,
         "prometheus to scrape the failures",
     )
-    time.sleep(3)
+
+    # A few more scrapes for the rates (a rate over the dashboard's interval needs two
+    # samples in it): three of the final counts, however late a busy machine's come.
+    def final_scrapes() -> int:
+        selector = f'nv_inference_request_success{{model="ident"}}[{RATE_INTERVAL}]'
+        return min(
+            (
+                sum(float(value) >= IDENT_REQUESTS for _, value in series["values"])
+                for series in prometheus.query(selector)
+            ),
+            default=0,
+        )
+
+    wait_for(lambda: final_scrapes() >= 3, 60, "three scrapes of the final counts")
     return prometheus
 
 

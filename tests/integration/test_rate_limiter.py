@@ -13,6 +13,7 @@ import httpx
 import orjson
 from redis import Redis
 
+from sluice.core.keys import Keys
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.gate_model import BLOCKER_ITERS, open_gate, write_gate
 from tests.support.load import slow_request
@@ -73,6 +74,9 @@ def test_instances_sharing_a_resource_take_turns(tmp_path: Path, redis_server: R
             free = send("free", 1)
             free.join(60)
             assert "free" in answered  # a model without resources is not held up
+            # Queued (its wait from then on is counted), then held a second at least.
+            queued = Keys(stack.namespace).request_stream("second", 1)
+            assert wait_until(lambda: client.xlen(queued) >= 1, 30), "second never queued"
             time.sleep(1.0)
             assert "second" not in answered  # R's one copy is held by the first
             opened = time.monotonic()

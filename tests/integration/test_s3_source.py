@@ -17,13 +17,16 @@ from typing import Any
 import boto3
 import httpx
 import pytest
+from redis import Redis
 
+from sluice.core.keys import Keys
 from sluice.core.repository import scan_repository
 from sluice.core.settings import RepositorySourceSettings
 from sluice.scheduler.executor.redis_server import free_port
 from sluice.scheduler.repository.listing import MANIFEST_NAME, build_manifest
 from sluice.scheduler.repository.locations import open_source, snapshot_repository
 from sluice.scheduler.repository.sources import SourceError, poll
+from tests.support.gateway_refresh import wait_for_refresh
 from tests.support.onnx_models import write_identity
 from tests.support.procs import wait_until
 from tests.support.stack import Stack
@@ -311,9 +314,9 @@ def test_a_new_version_uploaded_to_the_bucket_is_rolled_out_once_complete(
         with httpx.Client(base_url=stack.url, timeout=30) as http:
             while not stop.is_set():
                 answer = http.post("/v2/models/ident/infer", json=body)
-                codes.append(answer.status_code)
                 if answer.status_code == 200:
                     versions.append(answer.json()["model_version"])
+                codes.append(answer.status_code)
 
     load = threading.Thread(target=steady)
     load.start()
@@ -332,7 +335,12 @@ def test_a_new_version_uploaded_to_the_bucket_is_rolled_out_once_complete(
             return answer.status_code == 200 and answer.json()["phase"] == "promoted"
 
         assert wait_until(promoted, 60), httpx.get(rollout_url).text
-        time.sleep(0.5)
+        # The gateway routes by what it read at its refresh: once it has refreshed since,
+        # a request sent after that goes to version 2 alone.
+        with Redis.from_url(redis_server.url) as redis:
+            assert wait_for_refresh(redis, Keys(stack.namespace)), "the gateway did not refresh"
+        sent_after = len(codes) + 2
+        assert wait_until(lambda: len(codes) >= sent_after, 30), "no answer since"
     finally:
         stop.set()
         load.join(30)

@@ -20,7 +20,7 @@ import pytest
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.integration.conftest import load_examples_builder
 from tests.support.onnx_models import write_identity
-from tests.support.procs import gateway_pids, worker_pids
+from tests.support.procs import gateway_pids, wait_until, worker_pids
 from tests.support.stack import Stack
 from tests.support.stall import probe_while, stall_limit
 
@@ -284,11 +284,19 @@ def test_request_bodies_together_stay_within_the_gateway_budget(
         _infer_ok(http)  # small requests still fit
     finally:
         first.close()
-    time.sleep(0.3)
-    with _declare_body(edge_stack, 48 * MIB) as third:
-        third.settimeout(0.5)
-        with pytest.raises(TimeoutError):  # accepted: it waits for its body
-            third.recv(1)
+
+    def accepted() -> bool:
+        """Whether a third such body is accepted now: it waits for its body (no answer)."""
+        with _declare_body(edge_stack, 48 * MIB) as third:
+            third.settimeout(0.5)
+            try:
+                third.recv(1)  # (a refusal, the gateway not having seen the first go yet)
+            except TimeoutError:
+                return True
+        return False
+
+    # The first's bytes come back once the gateway has seen its client go.
+    assert wait_until(accepted, 30), "the budget never came back whole"
 
 
 # ------------------------------------------------------------------ slow clients

@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from sluice.core.keys import Keys
 from sluice.core.shm import SHM_DIR, segment_prefix
 from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support import procs
+from tests.support.gateway_refresh import wait_for_refresh
 from tests.support.onnx_models import write_identity
 from tests.support.stack import Stack
 
@@ -546,7 +546,8 @@ def test_a_worker_on_another_host_turns_shared_memory_off(
         with Redis.from_url(stack.redis_url) as redis:
             hosts = keys.worker_hosts("ident", 1)
             assert procs.wait_until(lambda: redis.hlen(hosts) == 2, 30), "no second worker"
-            time.sleep(2)  # the gateway's next look at the workers
+            # The gateway looks at the workers' hosts at its refresh.
+            assert wait_for_refresh(redis, keys), "the gateway did not refresh"
             entry = entry_while_frozen([near, far.pid])
             header = msgpack.unpackb(entry[b"h"])
             assert len(entry[b"d"]) == data.nbytes and "sp" not in header and "h" not in header
@@ -554,7 +555,7 @@ def test_a_worker_on_another_host_turns_shared_memory_off(
             far.terminate()
             assert far.wait(30) == 0
             assert redis.hlen(hosts) == 1  # it said it left
-        time.sleep(2)
+            assert wait_for_refresh(redis, keys), "the gateway did not refresh"
         entry = entry_while_frozen([near])
         assert len(entry[b"d"]) == 0  # through a segment again
         assert procs.wait_until(lambda: segments(stack) == [], 5), segments(stack)
