@@ -18,6 +18,7 @@ An ensemble brings the models it calls, as Triton loads them with it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from typing import cast
 from redis import Redis
 from redis.exceptions import RedisError
 
-from sluice.core.catalog import decode_entry
+from sluice.core.catalog import CatalogEntry, decode_entry
 from sluice.core.control import ControlCommand, live_executors
 from sluice.core.errors import StartupFailed
 from sluice.core.keys import Keys
@@ -88,17 +89,10 @@ class StartLoads:
 
     def _from_others(self) -> tuple[set[str] | None, dict[str, ControlCommand]]:
         """What the live executors have loaded, and how; None when there are none."""
-        if not live_executors(self.client, self.keys):
+        entries = others_catalog(self.client, self.keys)
+        if entries is None:
             return None, {}
-        raw = cast(dict[bytes, bytes], self.client.hgetall(self.keys.catalog))
-        names = set()
-        for value in raw.values():
-            try:
-                entry = decode_entry(value)
-            except MalformedEntry:
-                continue
-            if entry.available and not entry.on_demand:
-                names.add(entry.name)
+        names = {e.name for e in entries if e.available and not e.on_demand}
         if names:
             log.info(
                 "joining the executors already serving: loading what they have loaded (%s)",
@@ -126,18 +120,19 @@ def known_to_others(client: Redis, keys: Keys) -> set[str]:
     whose load failed: :attr:`~sluice.core.catalog.CatalogEntry.once_loaded`), read before
     this executor publishes its own: one that joins them answers those models as they do.
     None alone: a start alone starts afresh, as Triton's does."""
+    return {entry.name for entry in others_catalog(client, keys) or () if entry.once_loaded}
+
+
+def others_catalog(client: Redis, keys: Keys) -> list[CatalogEntry] | None:
+    """The catalog the live executors publish (its entries that can be read); None when no
+    executor is live."""
     if not live_executors(client, keys):
-        return set()
-    raw = cast(dict[bytes, bytes], client.hgetall(keys.catalog))
-    names = set()
-    for value in raw.values():
-        try:
-            entry = decode_entry(value)
-        except MalformedEntry:
-            continue
-        if entry.once_loaded:
-            names.add(entry.name)
-    return names
+        return None
+    entries = []
+    for value in cast(dict[bytes, bytes], client.hgetall(keys.catalog)).values():
+        with contextlib.suppress(MalformedEntry):
+            entries.append(decode_entry(value))
+    return entries
 
 
 def initially_loaded(

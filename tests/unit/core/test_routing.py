@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -28,7 +27,6 @@ from sluice.core.routing import (
 )
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.routing_view import RoutingView
-from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import identity_config
 
 MODEL = "m"
@@ -230,13 +228,6 @@ def test_labels_name_versions() -> None:
     other = _view(frozenset({1}))
     with pytest.raises(InvalidInput, match=r"model 'm' \(labels: none\)"):
         other.route(MODEL, None, "production")
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_the_view_reads_every_models_routing_in_one_refresh(redis: Redis) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -85,13 +84,6 @@ def test_an_instance_needing_more_than_given_cannot_load(redis_server: RedisServ
         limiter("execution_count", "R1:1")
     with pytest.raises(InvalidConfig, match="needs 2 of rate limiter resource 'R1'"):
         limiter("execution_count", "R1:5,R1:1:0")
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 def _limiter(redis: Redis, namespace: str, needs: dict[str, tuple[int, int | None]]) -> RateLimiter:

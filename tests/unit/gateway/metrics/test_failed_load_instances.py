@@ -5,9 +5,7 @@ expected instances as ``failed``; a version released with it (Triton lists it
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
@@ -18,14 +16,6 @@ from sluice.core.settings import GatewaySettings
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.metrics import exposition, snapshot
-from sluice.scheduler.executor.redis_server import RedisServer
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_a_version_released_with_a_failed_one_is_not_counted_failed(redis: Redis) -> None:

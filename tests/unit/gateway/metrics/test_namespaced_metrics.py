@@ -7,9 +7,7 @@ apart. With one repository, that repository; without namespacing, no ``namespace
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
@@ -22,16 +20,8 @@ from sluice.core.settings import GatewaySettings
 from sluice.core.tenant_limits import TenantLimits
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.metrics import exposition, snapshot
-from sluice.scheduler.executor.redis_server import RedisServer
 
 REPOSITORIES = ("/models/addsub", "/models/subadd")
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 def _entry(name: str, listed_as: str = "", namespace: str = "") -> CatalogEntry:

@@ -9,7 +9,6 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -31,16 +30,8 @@ from sluice.gateway.metrics import exposition, sluice_families, snapshot
 from sluice.gateway.metrics.port import MetricsOnly
 from sluice.gateway.metrics.snapshot import Snapshot, StreamState, VersionState
 from sluice.gateway.state import GatewayState
-from sluice.scheduler.executor.redis_server import RedisServer
 
 CONFIG = 'name: "m"\nbackend: "python"\nmax_batch_size: 0\n'
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 def families(text: bytes) -> dict[str, list[Any]]:

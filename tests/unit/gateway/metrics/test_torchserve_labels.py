@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from collections.abc import AsyncIterator
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
@@ -20,16 +18,8 @@ from sluice.core.torchserve.versions import VersionRecord
 from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.metrics import snapshot
 from sluice.gateway.metrics.torchserve_families import torchserve_lines
-from sluice.scheduler.executor.redis_server import RedisServer
 
 CONFIG = 'name: "{}"\nbackend: "python"\nmax_batch_size: 0\n'
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 def _entry(name: str, versions: dict[int, str]) -> CatalogEntry:

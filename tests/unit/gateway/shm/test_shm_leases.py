@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,7 +26,6 @@ from sluice.gateway.shm.leases import holding_regions_stream, region_uses, regio
 from sluice.gateway.shm.registry import RegionRegistry, RegionUse
 from sluice.gateway.shm.store import HostCounter, MemoryRegionStore, RedisRegionStore, RegionStore
 from sluice.gateway.state import GatewayState
-from sluice.scheduler.executor.redis_server import RedisServer
 from tests.support.onnx_models import identity_config
 from tests.unit.gateway.in_process import EchoDispatcher, in_process_gateway
 
@@ -51,13 +50,6 @@ def shm_key() -> Iterator[str]:
     path.write_bytes(b"\0" * 4096)
     yield "/" + name
     path.unlink(missing_ok=True)
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 @pytest.fixture

@@ -8,11 +8,9 @@ from __future__ import annotations
 import asyncio
 import socket
 import uuid
-from collections.abc import AsyncIterator
 from types import SimpleNamespace
 
 import httpx
-import pytest
 import uvicorn
 from fastapi import FastAPI
 from prometheus_client.parser import text_string_to_metric_families
@@ -26,7 +24,7 @@ from sluice.gateway.control.catalog_view import CatalogView
 from sluice.gateway.control.store import RedisControlPlane
 from sluice.gateway.metrics.snapshot import Snapshot
 from sluice.gateway.torchserve.ports import TorchServeMetrics
-from sluice.scheduler.executor.redis_server import RedisServer, free_port
+from sluice.scheduler.executor.redis_server import free_port
 
 SCRAPES = 20
 
@@ -56,13 +54,6 @@ class _Arrivals:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         self.count += 1
         await self.app(scope, receive, send)
-
-
-@pytest.fixture
-async def redis(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_scrapes_that_arrive_together_read_redis_once(redis: Redis) -> None:
