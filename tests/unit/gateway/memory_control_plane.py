@@ -26,6 +26,8 @@ class MemoryControlPlane:
     statistics: dict[tuple[str, int], RawHash] = field(default_factory=dict)
     """(model, version) -> its request statistics hash."""
     commands: list[tuple[str, Mapping[bytes, bytes]]] = field(default_factory=list)
+    reports: list[tuple[Mapping[str, int], int]] = field(default_factory=list)
+    """The gauges of each report this process published, with their time to live (s)."""
 
     async def server_identity(self) -> str:
         return "memory"
@@ -79,7 +81,7 @@ class MemoryControlPlane:
         now: float,
         counts: Sequence[tuple[str, str, int]],
     ) -> None:
-        pass
+        self.reports.append((dict(gauges), ttl_s))
 
     async def withdraw_report(self, gateway_id: str) -> None:
         pass

@@ -3,8 +3,6 @@ a model waits until every live gateway's does (:mod:`sluice.core.catalog_applied
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from sluice.core.catalog_applied import APPLIED_REVISION, REPORT_TTL_S
@@ -15,40 +13,28 @@ from tests.unit.gateway.memory_control_plane import MemoryControlPlane
 CONFIG = 'name: "m"\nbackend: "onnxruntime"\nmax_batch_size: 4\n'
 
 
-@dataclass
-class Reports(MemoryControlPlane):
-    gauges: list[Mapping[str, int]] = field(default_factory=list)
-
-    async def publish_report(
-        self,
-        gateway_id: str,
-        gauges: Mapping[str, int],
-        ttl_s: int,
-        now: float,
-        counts: Sequence[tuple[str, str, int]],
-    ) -> None:
-        assert ttl_s == REPORT_TTL_S
-        self.gauges.append(dict(gauges))
-
-
 async def test_the_report_carries_the_revision_the_view_holds() -> None:
-    control = Reports()
+    control = MemoryControlPlane()
     app: Any = in_process_gateway("m", CONFIG, EchoDispatcher(["y"]), control=control)
     state = app.app.state.sluice
     state.view.revision = b"1712345678901234"
     await report(state, "g1", 0.001)
     state.view.revision = b"1712345678901235"  # (refreshed: a catalog change applied)
     await report(state, "g1", 0.001)
-    assert [g[APPLIED_REVISION] for g in control.gauges] == [1712345678901234, 1712345678901235]
-    assert control.gauges[0][IN_FLIGHT] == 0
+    assert [g[APPLIED_REVISION] for g, _ in control.reports] == [
+        1712345678901234,
+        1712345678901235,
+    ]
+    assert control.reports[0][0][IN_FLIGHT] == 0
+    assert {ttl_s for _, ttl_s in control.reports} == {REPORT_TTL_S}
 
 
 async def test_a_gateway_that_has_read_no_catalog_reports_no_revision() -> None:
-    control = Reports()
+    control = MemoryControlPlane()
     app: Any = in_process_gateway("m", CONFIG, EchoDispatcher(["y"]), control=control)
     state = app.app.state.sluice
     state.view.revision, state.view.loaded = None, False
     await report(state, "g1", 0.0)
     state.view.revision, state.view.loaded = b"not-a-number", True
     await report(state, "g1", 0.0)
-    assert all(APPLIED_REVISION not in g for g in control.gauges)
+    assert all(APPLIED_REVISION not in g for g, _ in control.reports)
