@@ -125,11 +125,20 @@ def _in_store(url: str, store: Path | None, kind: str) -> Path:
     name = url.rstrip("/").rsplit("/", 1)[-1]
     path = Path(store) / name
     where = f"{kind} not found in {kind.lower()} store: {url}"
-    if not name or name.startswith(".") or "\\" in name or not path.exists():
+    if not name or name.startswith(".") or "\\" in name or not _exists(path):
         raise NotFound(where)
     if path.is_symlink() or not (path.is_file() or path.is_dir()):
         raise NotFound(f"{where} (not a file or folder)")
     return path
+
+
+def _exists(path: Path) -> bool:
+    """Whether ``path`` exists; a name the filesystem cannot hold (too long, a NUL) names
+    nothing."""
+    try:
+        return path.exists()
+    except (OSError, ValueError):
+        return False
 
 
 def _read(source: Path, target: Path, url: str) -> Archive:

@@ -33,7 +33,8 @@ _MAX_NAME_BYTES = 255
 
 def check_model_name(name: str) -> None:
     """A model name that names one directory of the repository, nothing else (at most 255
-    bytes in UTF-8, which the filesystem counts, not characters)."""
+    bytes in UTF-8, which the filesystem counts, not characters), with no control character
+    (which would forge lines of the logs that name it)."""
     try:
         size = len(name.encode("utf-8"))
     except UnicodeEncodeError:  # (a lone surrogate)
@@ -44,7 +45,7 @@ def check_model_name(name: str) -> None:
         or name.startswith(".")
         or "/" in name
         or "\\" in name
-        or "\0" in name
+        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
         or size > _MAX_NAME_BYTES
     ):
         raise InvalidInput(f"failed to load '{name}', invalid model name")

@@ -416,6 +416,11 @@ def test_the_management_api_registers_scales_describes_and_unregisters(managed: 
         ("file:///etc/passwd", 404, "does not match any allowed URL"),
         ("missing.mar", 404, "Model not found in model store: missing.mar"),
         ("", 404, "empty url"),
+        ("x" * 300 + ".mar", 404, "Model not found in model store: xxx"),
+        ("/etc/" + "x" * 5000, 404, "Model not found in model store: /etc/xxx"),
+        ("a\0b.mar", 404, "Model not found in model store"),
+        ("s3://bucket/m.mar", 404, "does not match any allowed URL"),
+        ("http://169.254.169.254/latest/meta-data/", 404, "does not match any allowed URL"),
     ],
 )
 def test_registering_refuses_what_is_not_in_the_store(

@@ -173,6 +173,7 @@ def test_a_node_that_fails_fails_the_run_naming_it(stack: Stack) -> None:
         ("loop.war", 400, "Invalid workflow specification: Not a valid DAG"),
         ("nowhere.war", 404, "Workflow not found in workflow store: nowhere.war"),
         ("../words.war", 404, "Relative path is not allowed in url: ../words.war"),
+        ("x" * 300 + ".war", 404, "Workflow not found in workflow store: xxx"),
         ("missing.war", 500, "Workflow missing has failed to register. Failures: [Workflow Node"),
     ],
 )

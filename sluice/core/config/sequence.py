@@ -15,6 +15,7 @@ from typing import Any
 from sluice.core.datatypes import from_config_type
 
 from ._schema import model_config_pb2
+from .paths import plain_name_problem
 
 DEFAULT_IDLE_US = 1_000_000
 """Triton's default ``max_sequence_idle_microseconds``."""
@@ -190,7 +191,7 @@ def sequence_batching_problem(msg: Any) -> str | None:
                 return f"{label}: initial_state dims must all be > 0"
             if initial.WhichOneof("state_data") == "data_file":
                 name = initial.data_file
-                if not name or "/" in name or "\\" in name or name in (".", ".."):
+                if plain_name_problem(name):
                     return f"{label}: initial_state data_file must be a plain file name"
             elif not initial.zero_data:
                 return f"{label}: initial_state needs zero_data: true or a data_file"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import PurePosixPath
 from typing import Any
 
 from sluice.core.datatypes import from_config_type
@@ -11,6 +10,7 @@ from sluice.core.errors import InvalidConfig
 
 from ._schema import model_config_pb2
 from .ensemble import ensemble_problem
+from .paths import inside_path_problem, plain_name_problem
 from .ragged import ragged_problem
 from .sequence import sequence_batching_problem
 
@@ -35,6 +35,17 @@ def validate_config(msg: Any, *, model_name: str, source: str) -> None:
             if tensor.name in seen:
                 raise fail(f"{label}: duplicate {kind} name")
             seen.add(tensor.name)
+            if kind == "output" and tensor.label_filename:
+                reason = inside_path_problem(tensor.label_filename)
+                if reason:
+                    raise fail(f"{label}: label_filename {tensor.label_filename!r} {reason}")
+    if msg.default_model_filename:
+        reason = plain_name_problem(msg.default_model_filename)
+        if reason:
+            raise fail(
+                f"default_model_filename {msg.default_model_filename!r} {reason}: it names a "
+                "file of each version folder"
+            )
     if msg.HasField("dynamic_batching"):
         reason = _dynamic_batching_problem(msg.dynamic_batching, msg.max_batch_size)
         if reason:
@@ -205,11 +216,9 @@ def _warmup_input_problem(spec: Any) -> str | None:
     source = spec.WhichOneof("input_data_type")
     if source is None:
         return "set one of zero_data, random_data or input_data_file"
-    if source == "input_data_file":
-        path = PurePosixPath(spec.input_data_file)
-        if not spec.input_data_file or path.is_absolute() or ".." in path.parts:
-            return (
-                f"input_data_file '{spec.input_data_file}' must be a file name inside the "
-                "model's warmup/ folder"
-            )
+    if source == "input_data_file" and inside_path_problem(spec.input_data_file):
+        return (
+            f"input_data_file '{spec.input_data_file}' must be a file name inside the "
+            "model's warmup/ folder"
+        )
     return None

@@ -351,6 +351,47 @@ def test_invalid_config(text: str, message: str) -> None:
     assert info.value.message.startswith("config.pbtxt: ")
 
 
+_OUT = "output { name: 'y' data_type: TYPE_FP32 dims: [1] label_filename: '%s' }"
+_STEP = (
+    "platform: 'ensemble'\ninput { name: 'x' data_type: TYPE_FP32 dims: [1] }\n"
+    "output { name: 'y' data_type: TYPE_FP32 dims: [1] }\n"
+    "ensemble_scheduling { step { model_name: '%s' model_version: -1 "
+    "input_map { key: 'x' value: 'x' } output_map { key: 'y' value: 'y' } } }"
+)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (_OUT % "/etc/passwd", "output 'y': label_filename '/etc/passwd' must be a relative"),
+        (_OUT % "../../etc/passwd", "label_filename '../../etc/passwd' must be a relative"),
+        (_OUT % "1/../../x", "label_filename '1/../../x' must be a relative"),
+        (_OUT % "labels\\0.txt", "output 'y': label_filename .* must not contain a NUL"),
+        ("default_model_filename: '/etc/passwd'", "default_model_filename '/etc/passwd' must"),
+        ("default_model_filename: '../m.onnx'", "default_model_filename '../m.onnx' must"),
+        ("default_model_filename: '..'", "default_model_filename '..' must be a plain name"),
+        ("default_model_filename: 'a\\0'", "default_model_filename .* must not contain a NUL"),
+        (_STEP % "../../etc", "step\\[0\\]: model_name '../../etc' is not the name of a model"),
+        (_STEP % "/etc", "model_name '/etc' is not the name of a model"),
+        (_STEP % "..", "model_name '..' is not the name of a model"),
+        (_STEP % ".hidden", "model_name '.hidden' is not the name of a model"),
+    ],
+)
+def test_a_config_names_no_file_or_model_outside_its_own(text: str, message: str) -> None:
+    """A configuration may be a client's (a load's): the files it names stay inside the
+    model's folder, the models it calls are models of the repository."""
+    with pytest.raises(InvalidConfig, match=message):
+        parse_config_text(text, model_name="bar")
+
+
+def test_labels_and_model_files_inside_the_model_are_fine() -> None:
+    cfg = parse_config_text(
+        (_OUT % "labels/y.txt") + "\ndefault_model_filename: 'net.onnx'", model_name="bar"
+    )
+    assert cfg.outputs[0].label_filename == "labels/y.txt"
+    assert cfg.default_model_filename == "net.onnx"
+
+
 def test_reshape_with_matching_variable_chunks_is_valid() -> None:
     cfg = parse_config_text(
         "input { name: 'x' data_type: TYPE_FP32 dims: [2, 4, -1, 6] "

@@ -25,7 +25,10 @@ CONFIG = json.dumps({"backend": "onnxruntime", "max_batch_size": 2})
 
 @pytest.mark.parametrize(
     "name",
-    ["", ".", "..", ".hidden", "a/b", "a\\b", "a\0b", "x" * 256, "\u00e9" * 128, "a\udc80"],
+    [
+        *("", ".", "..", ".hidden", "a/b", "a\\b", "a\0b", "x" * 256, "\u00e9" * 128, "a\udc80"),
+        *("a\nb", "a\rb", "a\x1b[2Jb", "a\x7fb"),
+    ],
 )
 def test_model_names_that_are_not_one_directory_are_refused(name: str) -> None:
     """A name is one folder: at most 255 bytes as the filesystem counts them (``é`` is two),
