@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import gevent
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -130,6 +132,19 @@ def http_names(client: httpclient.InferenceServerClient) -> list[str]:
     return sorted(row["name"] for row in client.get_system_shared_memory_status())
 
 
+def sent_until(check: Any, timeout_s: float) -> bool:
+    """Whether ``check`` holds within ``timeout_s``, waiting in gevent's loop: tritonclient's
+    HTTP ``async_infer`` sends its request from a greenlet, which gets only 10 ms before the
+    call returns and runs again only while the caller yields to gevent (a busy machine may
+    not have connected and sent the request by then: a plain sleep would never send it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        gevent.sleep(0.05)
+    return bool(check())
+
+
 def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
     stack: Stack, gates: Path, redis: Redis, objects: dict[str, Any]
 ) -> None:
@@ -140,7 +155,7 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
         client.register_system_shared_memory("in", key_of(objects["in"]), BYTES)
         client.register_system_shared_memory("out", key_of(objects["out"]), BYTES)
         first = client.async_infer(FIRST, **http_request(BLOCKER_ITERS))
-        assert procs.wait_until(lambda: in_flight(redis, stack, "in") == 1, 30)
+        assert sent_until(lambda: in_flight(redis, stack, "in") == 1, 30)
 
         other.unregister_system_shared_memory()  # (every region) answers at once
         assert http_names(other) == ["in", "out"]
@@ -153,7 +168,7 @@ def test_regions_unregistered_during_inferences_over_http_go_after_the_last(
         assert "shared memory region 'in' already in manager" in str(taken.value.message())
         # A new request may still use it: now two hold it.
         second = client.async_infer(SECOND, **http_request(BLOCKER_ITERS))
-        held = procs.wait_until(lambda: in_flight(redis, stack, "in") == 2, 30)
+        held = sent_until(lambda: in_flight(redis, stack, "in") == 2, 30)
         assert held, f"{in_flight(redis, stack, 'in')} request(s) hold the region, not 2"
 
         open_gate(gates, FIRST)
