@@ -18,6 +18,7 @@ from google.protobuf import json_format, text_format
 
 from sluice.core.config import CONFIG_FILENAME
 from sluice.core.config._schema import model_config_pb2
+from sluice.core.config.paths import model_name_problem
 from sluice.core.errors import InvalidInput, Unavailable
 from sluice.core.repository import CUSTOM_CONFIGS
 from sluice.scheduler.repository.sources import key_problem, path_conflict, show
@@ -27,27 +28,11 @@ _REPLACED = frozenset((CONFIG_FILENAME, CUSTOM_CONFIGS))
 
 MAX_FILES = 1000
 
-_MAX_NAME_BYTES = 255
-"""The longest file name a filesystem takes (a model name names one folder)."""
-
 
 def check_model_name(name: str) -> None:
-    """A model name that names one directory of the repository, nothing else (at most 255
-    bytes in UTF-8, which the filesystem counts, not characters), with no control character
-    (which would forge lines of the logs that name it)."""
-    try:
-        size = len(name.encode("utf-8"))
-    except UnicodeEncodeError:  # (a lone surrogate)
-        size = _MAX_NAME_BYTES + 1
-    if (
-        not name
-        or name in (".", "..")
-        or name.startswith(".")
-        or "/" in name
-        or "\\" in name
-        or any(ord(c) < 0x20 or ord(c) == 0x7F for c in name)
-        or size > _MAX_NAME_BYTES
-    ):
+    """A model name that names one directory of the repository, nothing else
+    (:func:`~sluice.core.config.paths.model_name_problem`)."""
+    if model_name_problem(name):
         raise InvalidInput(f"failed to load '{name}', invalid model name")
 
 

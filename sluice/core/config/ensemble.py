@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from .model import ENSEMBLE_PLATFORM as ENSEMBLE
-from .paths import plain_name_problem
+from .paths import model_name_problem
 
 LATEST = -1
 """``model_version`` meaning the latest ready version of the composing model."""
@@ -57,7 +57,7 @@ def ensemble_problem(msg: Any) -> str | None:
         where = f"ensemble_scheduling.step[{index}]"
         if not step.model_name:
             return f"{where}: model_name must be set"
-        if plain_name_problem(step.model_name) or step.model_name.startswith("."):
+        if model_name_problem(step.model_name):
             return f"{where}: model_name {step.model_name!r} is not the name of a model"
         if step.model_name == msg.name:
             return (

@@ -25,6 +25,25 @@ def plain_name_problem(name: str) -> str | None:
     return None
 
 
+def model_name_problem(name: str) -> str | None:
+    """Why ``name`` does not name one model folder of a repository: not a plain name
+    (:func:`plain_name_problem`; 255 bytes of UTF-8, which the filesystem counts), hidden
+    (a leading ``.``), or with a control character (which would forge the lines of the logs
+    that name it); None when it does."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:  # (a lone surrogate)
+        return "must be valid UTF-8"
+    problem = plain_name_problem(name)
+    if problem:
+        return problem
+    if name.startswith("."):
+        return "must not start with '.'"
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in name):
+        return "must not contain control characters"
+    return None
+
+
 def inside_path_problem(path: str) -> str | None:
     """Why ``path`` is not a relative path inside a folder (absolute, a ``..`` part, a
     NUL); None when it is."""
